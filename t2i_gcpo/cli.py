@@ -1,0 +1,71 @@
+"""The console script ``t2i-gcpo``.
+
+Subcommands live in ``t2i_gcpo/commands/*.py`` and are imported only when invoked, so ``--help``
+stays fast (torch, transformers and diffusers take seconds to import). A `UserError` anywhere
+becomes a one-line ``error: …`` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from t2i_gcpo import __version__
+from t2i_gcpo.errors import UserError
+
+# name -> ("module:attribute", one-line summary shown by --help without importing the module)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[name]
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, summary) for name, (_, summary) in COMMANDS.items()]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="t2i-gcpo")
+def cli() -> None:
+    """RL for discrete-token text-to-image generators with token-level credit assignment.
+
+    \b
+    Examples:
+      t2i-gcpo train --prompts prompts/shapeworld_train.txt
+      t2i-gcpo train --prompts my.jsonl --algo dapo --steps 200 --set rollout.group_size=16
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except UserError as e:
+        click.echo(f"error: {' '.join(str(e).split())}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""One typed config schema holding every default of a training run.
+
+Layering: dataclass defaults → algorithm preset (``configs/<algo>.yaml``) → ``--config FILE`` →
+command-line flags → ``--set key=value`` (dotted keys, YAML-typed values). Unknown keys and values
+of the wrong type are errors that name the key. Every field is documented once, here, with its
+paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from t2i_gcpo.errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official")
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field carrying its documentation."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = doc("P: prompts sampled per step (each gets a group of G outputs).", 8)
+    group_size: int = doc("G: outputs sampled per prompt (GCPO paper: 16).", 8)
+    cfg_scale: float = doc("s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u) (GCPO paper: 5).", 3.0)
+    temperature: float = doc("T: sampling temperature (GCPO paper: 1).", 1.0)
+    top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0)
+    train_logp: Literal["cond", "cfg"] = doc(
+        "Which distribution is trained (SPEC §5): 'cond' (GCPO, STAGE, T2I-R1) or 'cfg' (ReasonGen-R1).",
+        "cond",
+    )
+
+
+@dataclass
+class AdvantageConfig:
+    scale: Literal["group", "batch", "none"] = doc("Divide (r − mean_g r) by the group std, batch std, or nothing.", "group")
+    eps: float = doc("ε added to the std (GRPO: 1e-4).", 1e-4)
+    dynamic_sampling: bool = doc("DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False)
+    max_resample: int = doc("Dynamic sampling: at most this many extra rollout rounds per step.", 3)
+
+
+@dataclass
+class LossConfig:
+    eps_low: float = doc("ε_low: lower clip of the ratio ρ (PPO/GRPO: 0.2).", 0.2)
+    eps_high: float = doc("ε_high: upper clip of ρ (DAPO clip-higher: 0.28).", 0.2)
+    dual_clip: float | None = doc("c: dual-clip bound for Â < 0 (typical 3); null disables it.", None)
+    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "weighted-token-mean"] = doc(
+        "How per-token losses become one number: GRPO 'seq-mean-token-mean', DAPO 'token-mean', Dr. GRPO "
+        "'seq-mean-token-sum-norm', official GCPO T2I / STAGE 'weighted-token-mean' = Σ(ρ A w)/Σ w.",
+        "seq-mean-token-mean",
+    )
+    beta: float = doc("β: weight of the k3 KL to the frozen initial policy (GRPO: 0.03; DAPO/DGPO: 0).", 0.0)
+    kl_reweight: bool = doc("Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False)
+
+
+@dataclass
+class GCPOConfig:
+    normalization: Literal["hist", "softmax", "mean", "none"] = doc(
+        "How d_t becomes weights (SPEC §4.1); 'hist' is the official one.", "hist"
+    )
+    top_fraction: float = doc("x in the hist schedule: the top fraction of tokens …", 0.4)
+    top_mass: float = doc("y in the hist schedule: … that carries this fraction of the credit.", 0.8)
+    tau: float = doc("τ for normalization='softmax'.", 1.0)
+    recompute: bool = doc(
+        "Recompute cond/null log-probs with the current policy at update time (official code) instead of "
+        "reusing the rollout's recorded ones (identical with one update epoch; costs a forward pass).",
+        False,
+    )
+
+
+@dataclass
+class DGPOConfig:
+    tau: float = doc("τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5)
+    kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0)
+    squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
+    reference: Literal["initial", "rollout"] = doc("π_ref: the frozen initial policy or the rollout policy.", "initial")
+
+
+@dataclass
+class CreditConfig:
+    scheme: Literal["uniform", "gcpo", "dgpo", "stage"] = doc(
+        "Token credit: uniform (GRPO/DAPO), gcpo (guidance contrast), dgpo (Hellinger × entropy), stage.",
+        "uniform",
+    )
+    gcpo: GCPOConfig = doc("GCPO options.", factory=GCPOConfig)
+    dgpo: DGPOConfig = doc("DGPO options.", factory=DGPOConfig)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = doc("AdamW learning rate (GCPO Janus-Pro recipe: 5e-6).", 1e-5)
+    weight_decay: float = doc("AdamW weight decay.", 0.0)
+    grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
+    update_epochs: int = doc("Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1)
+    minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
+
+
+@dataclass
+class ModelOptions:
+    dtype: Literal["float32", "bfloat16"] = doc("Weights dtype for real checkpoints.", "float32")
+    gradient_checkpointing: bool = doc("Trade compute for memory (real checkpoints).", False)
+    lora_rank: int = doc("LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0)
+
+
+@dataclass
+class TrainConfig:
+    algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
+    model: str = doc("'shapeworld' (shipped), a local checkpoint dir, or 'janus:PATH'.", "shapeworld")
+    reward: str = doc("'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum.", "shapeworld")
+    prompts: str | None = doc("Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).", None)
+    eval_prompts: str | None = doc("Held-out prompts scored every eval_every steps (default: the world's test set).", None)
+    out: str | None = doc("Run directory (default runs/<algo>-<timestamp>).", None)
+    steps: int = doc("Optimizer steps (one rollout batch each).", 300)
+    seed: int = doc("Seed of prompts order, sampling and initialisation.", 0)
+    log_every: int = doc("Write metrics every N steps.", 1)
+    sample_every: int = doc("Save a sample grid and credit maps every N steps; 0 disables them.", 25)
+    save_every: int = doc("Write a checkpoint every N steps.", 50)
+    eval_every: int = doc("Score eval_prompts every N steps (and at the end); 0 only at the end; -1 never.", 0)
+    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 4)
+    rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
+    advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
+    loss: LossConfig = doc("Policy loss.", factory=LossConfig)
+    credit: CreditConfig = doc("Token credit.", factory=CreditConfig)
+    optim: OptimConfig = doc("Optimizer.", factory=OptimConfig)
+    model_options: ModelOptions = doc("Loading options for real checkpoints.", factory=ModelOptions)
+
+    def validate(self) -> None:
+        """Cross-field checks; raise UserError naming the offending key."""
+        checks = [
+            (self.rollout.group_size >= 2, "rollout.group_size must be ≥ 2 (advantages are group-relative)"),
+            (self.rollout.prompts_per_step >= 1, "rollout.prompts_per_step must be ≥ 1"),
+            (self.rollout.temperature > 0, "rollout.temperature must be > 0"),
+            (self.steps >= 0, "steps must be ≥ 0"),
+            (0 < self.credit.gcpo.top_fraction < 1, "credit.gcpo.top_fraction must be in (0, 1)"),
+            (0 < self.credit.gcpo.top_mass < 1, "credit.gcpo.top_mass must be in (0, 1)"),
+            (self.credit.dgpo.tau > 0 and self.credit.gcpo.tau > 0, "credit.*.tau must be > 0"),
+            (self.loss.eps_low >= 0 and self.loss.eps_high >= 0, "loss.eps_low/eps_high must be ≥ 0"),
+            (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
+            (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
+            (self.optim.lr > 0, "optim.lr must be > 0"),
+            (self.optim.update_epochs >= 1 and self.optim.minibatches >= 1, "optim.update_epochs/minibatches must be ≥ 1"),
+            (
+                self.rollout.prompts_per_step * self.rollout.group_size % self.optim.minibatches == 0,
+                "optim.minibatches must divide rollout.prompts_per_step × rollout.group_size",
+            ),
+            (self.algo in ALGORITHMS, f"algo must be one of {', '.join(ALGORITHMS)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(f"invalid config: {message}")
+
+
+# --------------------------------------------------------------------------- loading and overrides
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints accepted for floats)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except UserError as e:
+                errors.append(str(e))
+        raise UserError(f"config key '{key}': expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise UserError(f"config key '{key}': expected one of {_type_name(tp)}, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML reads "5e-6" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value
+    raise UserError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+
+
+def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            close = ", ".join(sorted(names))
+            raise UserError(f"unknown config key '{key}' (known at this level: {close})")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise UserError(f"config key '{key}' is a section; set its fields, e.g. {key}.<field>=…")
+            _apply(current, value, prefix=f"{key}.")
+        else:
+            setattr(obj, name, _coerce(key, value, hints[name]))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def preset_path(algo: str) -> Path:
+    if algo not in ALGORITHMS:
+        raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")
+    return CONFIG_DIR / f"{algo}.yaml"
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """'loss.beta=0.03' → ('loss.beta', 0.03); the value is read as YAML."""
+    if "=" not in item:
+        raise UserError(f"--set expects key=value, got '{item}'")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    """{'a.b': 1} → {'a': {'b': 1}}."""
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise UserError(f"config key '{key}' conflicts with another override")
+        node[leaf] = value
+    return out
+
+
+def load_config(
+    algo: str | None = None,
+    config_file: str | Path | None = None,
+    flags: dict[str, Any] | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> TrainConfig:
+    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given)."""
+    file_data = _read_yaml(Path(config_file)) if config_file else {}
+    algo = algo or file_data.get("algo") or TrainConfig.algo
+    cfg = TrainConfig()
+    _apply(cfg, _read_yaml(preset_path(algo)))
+    _apply(cfg, file_data)
+    _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
+    _apply(cfg, nest(dict(parse_set(s) for s in overrides)))
+    cfg.algo = algo
+    cfg.validate()
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    cfg = TrainConfig()
+    _apply(cfg, data)
+    cfg.validate()
+    return cfg
+
+
+def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def describe(obj: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, documentation) for every field — the source of `--help-config`."""
+    obj = obj if obj is not None else TrainConfig()
+    rows = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe(value, prefix=f"{prefix}{f.name}."))
+        else:
+            rows.append((f"{prefix}{f.name}", repr(value), f.metadata.get("doc", "")))
+    return rows
