@@ -1,0 +1,116 @@
+"""Shared pieces of the self-contained HTML pages written by viz/: data URIs, page shell, atomic writes.
+
+Every page is ONE file: images are inlined as base64 PNG data URIs, styles are inline, and the only
+script is a few lines that count the images that decoded (``<body data-images-loaded="…">``), which
+the browser test reads back.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto;
+       max-width: 1280px; padding: 0 16px; color: #222; background: #fff; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+h3 { font-size: 1.05em; margin-bottom: 0.3em; }
+.meta { color: #666; font-size: 0.9em; }
+img.fig { max-width: 100%; height: auto; border: 1px solid #eee; }
+img.pix { image-rendering: pixelated; max-width: 100%; height: auto; border: 1px solid #eee; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+th { background: #f4f4f4; }
+td.l, th.l { text-align: left; }
+pre { background: #f7f7f7; border: 1px solid #e4e4e4; padding: 10px; overflow-x: auto; font-size: 0.85em; }
+.tok { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; line-height: 1.9; font-size: 1.05em;
+       margin-right: 1px;
+       padding: 1px 0; border-radius: 2px; }
+.seq { border: 1px solid #e4e4e4; padding: 8px 10px; margin: 6px 0 18px; }
+.legend { display: inline-block; width: 160px; height: 10px; vertical-align: middle; border: 1px solid #ccc; }
+"""
+
+# Counts the <img> elements that decoded; the browser test checks it against the total.
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (im) { return im.complete && im.naturalWidth > 0; }).length;
+  document.body.setAttribute("data-images-loaded", String(ok));
+  document.body.setAttribute("data-images-total", String(imgs.length));
+});
+"""
+
+
+def esc(text: object) -> str:
+    """HTML-escape any value (quotes too, so the result is safe inside attributes)."""
+    return html.escape(str(text), quote=True)
+
+
+def png_bytes(obj: object) -> bytes:
+    """PNG bytes of a path to a PNG, PNG bytes, a PIL image, or a uint8 array [H, W, 3]."""
+    if isinstance(obj, (bytes, bytearray)):
+        data = bytes(obj)
+        if not data.startswith(_PNG_MAGIC):
+            raise ValueError("bytes are not a PNG")
+        return data
+    if isinstance(obj, (str, os.PathLike)):
+        data = Path(obj).read_bytes()
+        if data.startswith(_PNG_MAGIC):
+            return data
+        obj = Image.open(io.BytesIO(data))  # another format: re-encode below
+    if isinstance(obj, np.ndarray):
+        obj = Image.fromarray(obj)
+    if isinstance(obj, Image.Image):
+        buf = io.BytesIO()
+        obj.save(buf, format="PNG")
+        return buf.getvalue()
+    raise TypeError(f"cannot make a PNG from {type(obj).__name__}")
+
+
+def data_uri(obj: object) -> str:
+    """A ``data:image/png;base64,…`` URI for anything `png_bytes` accepts."""
+    return "data:image/png;base64," + base64.b64encode(png_bytes(obj)).decode("ascii")
+
+
+def img_tag(obj: object, alt: str, cls: str = "fig", width: int | None = None) -> str:
+    """An <img> with the image inlined as a data URI."""
+    w = f' width="{int(width)}"' if width else ""
+    return f'<img class="{cls}" alt="{esc(alt)}"{w} src="{data_uri(obj)}">'
+
+
+def page(title: str, body: str) -> str:
+    """A complete HTML document around `body` (already-escaped HTML)."""
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{_CSS}</style>\n"
+        f"<script>{_SCRIPT}</script>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to a temp file in the same folder, then rename over `path` (readers never see
+    a half-written page)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,120 @@
+"""Credit lift: does a credit scheme put its weight on the tokens that draw the prompt's objects?
+
+SPEC §6. For sample i with valid tokens V_i (mask), object tokens O_i ⊆ V_i (token-grid cells that
+cover a prompt object) and weights w_it ≥ 0:
+
+    lift_i = (Σ_{t∈O_i} w_it / Σ_{t∈V_i} w_it) / (|O_i| / |V_i|)
+
+= share of credit on object tokens ÷ share of such tokens. Uniform credit gives exactly 1.0; > 1
+means the scheme concentrates credit on the objects; the maximum, all credit on object tokens, is
+|V_i| / |O_i|.
+
+Undefined samples are returned as nan — no object token (O_i = ∅), only object tokens (O_i = V_i,
+the ratio is 1 whatever the weights), or no credit at all (Σ w = 0) — and `mean_credit_lift`
+ignores them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from t2i_gcpo.errors import UserError
+
+# Two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1 … 30 (beyond: Cornish–Fisher expansion).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """Student-t quantile t_{0.975, df}: table for df ≤ 30, else the expansion
+    z + (z³ + z)/(4ν) + (5z⁵ + 16z³ + 3z)/(96ν²), accurate to 1e-3 there (2.042 at ν = 30)."""
+    if df < 1:
+        raise ValueError(f"df must be ≥ 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z, v = _Z975, float(df)
+    return z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+
+
+def _flat(x: Any, name: str) -> np.ndarray:
+    """[B, rows, cols] or [B, T] (numpy or torch) -> numpy [B, T]."""
+    if hasattr(x, "detach"):  # torch.Tensor
+        x = x.detach().cpu()
+        x = (x.float() if x.is_floating_point() else x).numpy()  # bf16 has no numpy dtype
+    a = np.asarray(x)
+    if a.ndim not in (2, 3):
+        raise UserError(f"{name} must be [B, T] or [B, rows, cols], got shape {tuple(a.shape)}")
+    return a.reshape(a.shape[0], -1)
+
+
+def credit_lift(weights: Any, object_grids: Any, mask: Any = None) -> np.ndarray:
+    """Credit lift per sample (SPEC §6), float64 [B]; nan where undefined (see module docstring).
+
+    Args:
+        weights: token weights w ≥ 0, [B, T] or [B, rows, cols] (numpy or torch).
+        object_grids: bool, same shape: True where the token covers a prompt object.
+        mask: optional bool, same shape: valid tokens (default: all valid).
+    """
+    w = _flat(weights, "weights").astype(np.float64)  # [B, T]
+    obj = _flat(object_grids, "object_grids").astype(bool)  # [B, T]
+    valid = np.ones_like(obj) if mask is None else _flat(mask, "mask").astype(bool)
+    if obj.shape != w.shape or valid.shape != w.shape:
+        raise UserError(
+            f"credit_lift: weights {w.shape}, object_grids {obj.shape} and mask {valid.shape} must match"
+        )
+    if np.any(w[valid] < 0) or not np.all(np.isfinite(w[valid])):
+        raise UserError("credit_lift: weights must be finite and ≥ 0 on valid tokens")
+    obj = obj & valid
+    n_valid = valid.sum(axis=1).astype(np.float64)  # |V_i|
+    n_obj = obj.sum(axis=1).astype(np.float64)  # |O_i|
+    credit_all = np.where(valid, w, 0.0).sum(axis=1)  # Σ_V w
+    credit_obj = np.where(obj, w, 0.0).sum(axis=1)  # Σ_O w
+    defined = (n_obj > 0) & (n_obj < n_valid) & (credit_all > 0)
+    lift = np.full(w.shape[0], np.nan)
+    d = defined
+    lift[d] = (credit_obj[d] / credit_all[d]) / (n_obj[d] / n_valid[d])
+    return lift
+
+
+def mean_credit_lift(lifts: Iterable[float] | np.ndarray) -> float:
+    """Mean of the defined (non-nan) lifts; nan if there is none."""
+    a = np.asarray(list(lifts) if not isinstance(lifts, np.ndarray) else lifts, dtype=np.float64).ravel()
+    a = a[~np.isnan(a)]
+    return float(a.mean()) if a.size else float("nan")
+
+
+def mean_ci95(values: Iterable[float]) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) over the non-nan values: Student-t 95 % interval of the mean.
+    n = 1 gives (x, nan, nan, 1); n = 0 gives nans and 0."""
+    a = np.asarray(list(values), dtype=np.float64)
+    a = a[~np.isnan(a)]
+    n = int(a.size)
+    if n == 0:
+        return (math.nan, math.nan, math.nan, 0)
+    m = float(a.mean())
+    if n == 1:
+        return (m, math.nan, math.nan, 1)
+    half = t975(n - 1) * float(a.std(ddof=1)) / math.sqrt(n)
+    return (m, m - half, m + half, n)
+
+
+def lift_table(rows: Mapping[str, Iterable[float]]) -> str:
+    """A plain-text table, one line per scheme: mean lift, Student-t 95 % interval, n (defined
+    samples) and how many nan samples were left out."""
+    header = f"{'scheme':<16} {'mean':>7} {'95% interval':>19} {'n':>6} {'nan':>5}"
+    lines = [header, "-" * len(header)]
+    for scheme, vals in rows.items():
+        vals = list(vals)
+        m, lo, hi, n = mean_ci95(vals)
+        ci = "–" if math.isnan(lo) else f"[{lo:.3f}, {hi:.3f}]"
+        mean = "–" if math.isnan(m) else f"{m:.3f}"
+        lines.append(f"{scheme:<16} {mean:>7} {ci:>19} {n:>6} {len(vals) - n:>5}")
+    return "\n".join(lines)

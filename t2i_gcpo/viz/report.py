@@ -1,0 +1,314 @@
+"""The run report: one self-contained HTML page a person opens in a browser to follow a run.
+
+`write_run_report(run_dir)` reads what the trainer leaves in a run directory
+
+    <run_dir>/metrics.jsonl              one JSON object per logged step ("step", "reward/mean", …)
+    <run_dir>/samples/step_XXXXXX.png    sample grids
+    <run_dir>/credit_maps/step_XXXXXX.png credit-map figures
+    <run_dir>/config.yaml                the resolved config
+
+and writes `<run_dir>/report.html`: reward curves (overall and per GenEval tag), optimisation,
+credit and timing diagnostics, the latest sample grid and credit map, and the config. Every metric
+that is present is drawn, none is required. Images are inlined (base64 PNG); the file is written to a
+temp file and renamed, so it can be rewritten while training and a reader never sees half a page.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.viz import _html
+
+REPORT_NAME = "report.html"
+_STEP_PNG = re.compile(r"^step_(\d+)\.png$")
+
+# Panels drawn as small multiples (one axis per metric, since their scales differ).
+_OPTIM_KEYS = ("zero_std_ratio", "clip_frac", "kl_k3")
+_CREDIT_KEYS = ("credit/weight_max", "credit/weight_entropy", "credit_lift")
+_MAX_OTHER = 24  # cap on the "other metrics" grid
+
+Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps [n], values [n])
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_metrics(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """Records of a metrics.jsonl merged by step (later lines win key by key; a resumed run that
+    re-logs a step overwrites it), sorted by step; plus the number of unreadable lines skipped
+    (e.g. a line being written right now). A record without "step" takes its line index."""
+    by_step: dict[int, dict] = {}
+    bad = 0
+    path = Path(path)
+    if not path.exists():
+        return [], 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for idx, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if not isinstance(rec, dict):
+                bad += 1
+                continue
+            step = rec.get("step", idx)
+            step = int(step) if _is_number(step) else idx
+            by_step.setdefault(step, {"step": step}).update(rec, step=step)
+    return [by_step[s] for s in sorted(by_step)], bad
+
+
+def _series(records: Sequence[dict]) -> Series:
+    keys: dict[str, None] = {}
+    for r in records:
+        keys.update(dict.fromkeys(k for k, v in r.items() if k != "step" and _is_number(v)))
+    out: Series = {}
+    for k in keys:
+        pts = [(r["step"], float(r[k])) for r in records if _is_number(r.get(k))]
+        out[k] = (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts]))
+    return out
+
+
+def step_pngs(folder: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_XXXXXX.png` in `folder`, newest step first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_PNG.match(p.name)) and p.is_file()]
+    return sorted(found, reverse=True)
+
+
+def latest_step_png(folder: str | os.PathLike) -> tuple[int, Path] | None:
+    """(step, path) of the `step_XXXXXX.png` with the highest step in `folder`, or None."""
+    found = step_pngs(folder)
+    return found[0] if found else None
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _window(n: int) -> int:
+    """Moving-average window for a curve of n points (0: too short to smooth)."""
+    return max(5, n // 20) if n >= 30 else 0
+
+
+def _smooth(y: np.ndarray, k: int) -> np.ndarray:
+    """Trailing moving average over k points (shorter at the start)."""
+    return np.array([y[max(0, i + 1 - k) : i + 1].mean() for i in range(y.size)])
+
+
+def _plot_line(
+    ax: Any, x: np.ndarray, y: np.ndarray, label: str | None, sd: np.ndarray | None = None
+) -> None:
+    """A metric curve; long curves get a thin raw line plus a bold moving average (named in the
+    legend); `sd` adds a ± band (around the average when smoothed)."""
+    k = _window(y.size)
+    if k:
+        (raw,) = ax.plot(x, y, alpha=0.3, lw=1.0)
+        y = _smooth(y, k)
+        sd = None if sd is None else _smooth(sd, k)
+        label = None if label is None else f"{label} (avg of {k})"
+        ax.plot(x, y, label=label, color=raw.get_color(), lw=1.8)
+    else:
+        ax.plot(x, y, label=label, marker="o", ms=3, lw=1.6)
+    if sd is not None:
+        ax.fill_between(x, y - sd, y + sd, alpha=0.15, color=ax.lines[-1].get_color(), lw=0, label="± std")
+    ax.ticklabel_format(axis="y", useOffset=False)
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
+
+
+def _new_fig(w: float, h: float) -> Figure:
+    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _reward_plot(s: Series) -> bytes | None:
+    """Overall reward: reward/mean (± reward/std band), other reward/*mean curves, strict/overall."""
+    keys = [k for k in s if k.startswith("reward/") and k.endswith("mean")]
+    keys += ["strict/overall"] if "strict/overall" in s else []
+    if not keys:
+        return None
+    fig = _new_fig(8.0, 3.8)
+    ax = fig.add_subplot()
+    for k in keys:
+        x, y = s[k]
+        std_key = k[: -len("mean")] + "std"  # reward/mean -> reward/std
+        sd = s[std_key][1] if std_key in s and np.array_equal(s[std_key][0], x) else None
+        _plot_line(ax, x, y, k, sd)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def _tag_plot(s: Series) -> bytes | None:
+    """Strict GenEval-style score per prompt tag (strict/<tag>), overall dashed for reference."""
+    tags = sorted(k for k in s if k.startswith("strict/") and k != "strict/overall")
+    if not tags:
+        return None
+    fig = _new_fig(8.0, 3.8)
+    ax = fig.add_subplot()
+    for k in tags:
+        _plot_line(ax, *s[k], k.split("/", 1)[1])
+    if "strict/overall" in s:
+        ax.plot(*s["strict/overall"], "k--", lw=1.4, label="overall")
+    ax.set_xlabel("step")
+    ax.set_ylabel("strict score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+def _multiples(s: Series, keys: Sequence[str]) -> bytes | None:
+    keys = [k for k in keys if k in s]
+    if not keys:
+        return None
+    ncols = min(3, len(keys))
+    nrows = math.ceil(len(keys) / ncols)
+    fig = _new_fig(3.4 * ncols + 0.4, 2.5 * nrows + 0.5)
+    for i, k in enumerate(keys):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        _plot_line(ax, *s[k], None)
+        ax.set_title(k, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _time_plot(s: Series) -> bytes | None:
+    keys = sorted(k for k in s if k.startswith("time/"))
+    if not keys:
+        return None
+    fig = _new_fig(8.0, 3.2)
+    ax = fig.add_subplot()
+    for k in keys:
+        _plot_line(ax, *s[k], k.split("/", 1)[1])
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# page
+# ---------------------------------------------------------------------------------------------
+
+
+def _pixel_img(path: Path, alt: str) -> str:
+    """Inline a PNG; small pixel-art grids are shown enlarged (integer factor, crisp pixels)."""
+    data = path.read_bytes()
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()  # raises OSError on a truncated file
+        w = im.width
+    factor = max(1, 768 // max(w, 1)) if w < 512 else 1
+    return _html.img_tag(data, alt=alt, cls="pix", width=w * factor)
+
+
+def _latest_table(s: Series) -> str:
+    """Latest value of every metric with the step it was logged at (eval metrics such as strict/*
+    may be logged less often than the training ones)."""
+    rows = [
+        f"<tr><th class='l'>{_html.esc(k)}</th><td>{y[-1]:.4g}</td><td class='meta'>{int(x[-1])}</td></tr>"
+        for k, (x, y) in sorted(s.items())
+    ]
+    per = math.ceil(len(rows) / 3) or 1  # three side-by-side tables keep the section short
+    head = "<tr><th class='l'>metric</th><th>value</th><th>step</th></tr>"
+    tables = ["<table>" + head + "".join(rows[i : i + per]) + "</table>" for i in range(0, len(rows), per)]
+    return '<div style="display:flex; gap:24px; flex-wrap:wrap">' + "".join(tables) + "</div>"
+
+
+def write_run_report(run_dir: str | os.PathLike) -> Path:
+    """Write `<run_dir>/report.html` from the run directory's metrics, images and config.
+
+    Draws whatever is present (see the module docstring); safe to call repeatedly during training.
+    Returns the report's path.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"run directory not found: {run_dir}")
+    records, bad = read_metrics(run_dir / "metrics.jsonl")
+    s = _series(records)
+
+    parts = [f"<h1>Run report: {_html.esc(run_dir.resolve().name)}</h1>"]
+    meta = [f"{len(records)} logged steps"]
+    if records:
+        meta.append(f"latest step {records[-1]['step']}")
+    if bad:
+        meta.append(f"{bad} unreadable metrics line(s) skipped")
+    meta.append("written " + time.strftime("%Y-%m-%d %H:%M:%S"))
+    parts.append(f'<p class="meta">{_html.esc(" · ".join(meta))}</p>')
+
+    # curves
+    shown: set[str] = set()
+    panels = [
+        ("Reward", _reward_plot(s), [k for k in s if k.startswith("reward/")] + ["strict/overall"]),
+        ("Strict score per tag", _tag_plot(s), [k for k in s if k.startswith("strict/")]),
+        ("Optimisation", _multiples(s, _OPTIM_KEYS), list(_OPTIM_KEYS)),
+        ("Credit", _multiples(s, _CREDIT_KEYS), list(_CREDIT_KEYS)),
+        ("Time", _time_plot(s), [k for k in s if k.startswith("time/")]),
+    ]
+    for name, png, keys in panels:
+        shown.update(keys)
+        if png is not None:
+            parts.append(f"<h2>{_html.esc(name)}</h2>\n" + _html.img_tag(png, alt=name))
+    others = [k for k in s if k not in shown]
+    if others:
+        png = _multiples(s, others[:_MAX_OTHER])
+        parts.append("<h2>Other metrics</h2>\n" + _html.img_tag(png, alt="other metrics"))
+        if len(others) > _MAX_OTHER:
+            parts.append(f'<p class="meta">{len(others) - _MAX_OTHER} more metrics not drawn.</p>')
+    if not s:
+        parts.append('<p class="meta">No metrics yet (metrics.jsonl missing or empty).</p>')
+    if s:
+        parts.append("<h2>Latest values</h2>\n" + _latest_table(s))
+
+    # latest images (a file still being written is skipped for the previous one)
+    for folder, name in (("samples", "Latest samples"), ("credit_maps", "Latest credit map")):
+        for step, path in step_pngs(run_dir / folder)[:3]:
+            try:
+                img = _pixel_img(path, f"{name}, step {step}")
+            except (OSError, ValueError):
+                continue
+            parts.append(f"<h2>{name} (step {step})</h2>\n" + img)
+            break
+
+    # config
+    cfg = run_dir / "config.yaml"
+    if cfg.is_file():
+        text = cfg.read_text(encoding="utf-8", errors="replace")
+        parts.append("<h2>Config</h2>\n<pre>" + _html.esc(text) + "</pre>")
+
+    title = f"report: {run_dir.resolve().name}" + (f" (step {records[-1]['step']})" if records else "")
+    return _html.atomic_write_text(run_dir / REPORT_NAME, _html.page(title, "\n".join(parts)))
