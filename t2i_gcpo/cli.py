@@ -17,7 +17,24 @@ from t2i_gcpo import __version__
 from t2i_gcpo.errors import UserError
 
 # name -> ("module:attribute", one-line summary shown by --help without importing the module)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": (
+        "t2i_gcpo.commands.train:train_cmd",
+        "Train a policy with GRPO, DAPO, GCPO or DGPO (the main job).",
+    ),
+    "sample": (
+        "t2i_gcpo.commands.sample:sample_cmd",
+        "Write images for a prompt file in GenEval's folder layout.",
+    ),
+    "credit-map": (
+        "t2i_gcpo.commands.credit_map:credit_map_cmd",
+        "Draw where each credit scheme puts a sample's credit.",
+    ),
+    "pretrain": (
+        "t2i_gcpo.commands.pretrain:pretrain_cmd",
+        "Rebuild the ShapeWorld VQ tokenizer and prior from scratch.",
+    ),
+}
 
 
 class LazyGroup(click.Group):

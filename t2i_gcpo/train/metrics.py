@@ -1,0 +1,28 @@
+"""Names of every logged metric, each with its formula. metrics.jsonl, TensorBoard and the run
+report all use these keys (one place, so the docs and the code cannot drift)."""
+
+STEP = "step"  # optimizer steps completed
+REWARD_MEAN = "reward/mean"  # mean r_i over the samples of the step (before dynamic sampling)
+REWARD_STD = "reward/std"  # std r_i over the same samples
+STRICT = "strict/overall"  # mean strict GenEval correctness of the step's samples (reward details)
+STRICT_TAG = "strict/{tag}"  # same, per GenEval tag
+PARTIAL = "partial/mean"  # mean §8.2 partial-credit score, where the reward reports it
+ZERO_STD_RATIO = "zero_std_ratio"  # fraction of sampled groups whose rewards were all equal (DAPO)
+GROUPS_KEPT = "groups_kept"  # groups with signal that were trained on this step
+LOSS_POLICY = "loss/policy"  # aggregated clipped surrogate −min(ρÂ, clip(ρ)Â)
+LOSS_KL = "loss/kl"  # β × aggregated k3 KL (0 without a reference)
+KL_K3 = "kl_k3"  # mean over valid tokens of exp(q) − q − 1, q = log π_ref − log π_θ
+CLIP_FRAC = "clip_frac"  # fraction of valid tokens whose ratio was clipped (zero gradient)
+RATIO_MEAN = "ratio/mean"  # mean ρ over valid tokens
+ENTROPY = "entropy"  # mean token entropy of the trained distribution, nats
+GRAD_NORM = "grad_norm"  # global gradient norm before clipping
+CREDIT_WEIGHT_MAX = "credit/weight_max"  # mean over sequences of max_t w_t
+CREDIT_WEIGHT_ENTROPY = "credit/weight_entropy"  # mean over sequences of H(w/N) / ln N (1 = uniform)
+CREDIT_LIFT = "credit_lift"  # (share of credit on object tokens) / (share of object tokens); 1 = uniform
+TIME_ROLLOUT = "time/rollout"  # seconds spent sampling (all dynamic-sampling rounds)
+TIME_REWARD = "time/reward"  # seconds spent decoding and scoring
+TIME_UPDATE = "time/update"  # seconds spent in credit, loss, backward and optimizer
+TIME_STEP = "time/step"  # wall time of the whole step
+EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)
+EVAL_STRICT_TAG = "eval/strict/{tag}"
+EVAL_PARTIAL = "eval/partial/mean"

@@ -1,0 +1,82 @@
+"""Everything `t2i-gcpo train` checks and loads before the first step, so bad input fails with one
+line and nothing is written; then the run itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from t2i_gcpo.config import CONFIG_DIR, TrainConfig, from_dict, load_config
+from t2i_gcpo.errors import UserError
+
+REPO_PROMPTS = CONFIG_DIR.parent / "prompts"
+
+
+@dataclass
+class Job:
+    cfg: TrainConfig
+    run_dir: Path | None
+    metadata: list[dict]
+    eval_metadata: list[dict] | None
+    policy: Any
+    reward: Any
+    resume: bool
+
+
+def default_eval_prompts(cfg: TrainConfig) -> str | None:
+    """The ShapeWorld held-out prompts when training the ShapeWorld model with its reward."""
+    test = REPO_PROMPTS / "shapeworld_test.jsonl"
+    if cfg.reward == "shapeworld" and test.is_file():
+        return str(test)
+    return None
+
+
+def prompt_classes(cfg: TrainConfig) -> list[str] | None:
+    """Object classes prompts are parsed against: ShapeWorld shapes, or GenEval's 80 COCO names."""
+    if cfg.model.startswith("janus:"):
+        from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
+
+        return geneval_classes()
+    return None
+
+
+def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
+            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None) -> Job:  # fmt: skip
+    import yaml
+
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.rewards.registry import build_reward
+    from t2i_gcpo.train.data import load_prompts
+
+    if resume_dir is not None:
+        saved = resume_dir / "config.yaml"
+        if not saved.is_file():
+            raise UserError(f"cannot resume: {saved} not found (is {resume_dir} a run directory?)")
+        cfg = from_dict(yaml.safe_load(saved.read_text()))
+        if steps is not None:
+            cfg.steps = steps
+        run_dir = resume_dir
+    else:
+        cfg = load_config(algo, config_file, flags, overrides)
+        run_dir = Path(cfg.out) if cfg.out else None
+        if run_dir is not None and (run_dir / "metrics.jsonl").exists():
+            raise UserError(
+                f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
+            )
+    metadata = load_prompts(cfg.prompts, prompt_classes(cfg))
+    cfg.eval_prompts = cfg.eval_prompts or default_eval_prompts(cfg)
+    eval_metadata = load_prompts(cfg.eval_prompts, prompt_classes(cfg)) if cfg.eval_prompts else None
+    policy = load_policy(cfg.model, cfg.model_options)
+    policy.check_prompts([m["prompt"] for m in metadata + (eval_metadata or [])])
+    reward = build_reward(cfg.reward, grid=getattr(policy, "grid_shape", None))
+    return Job(cfg, run_dir, metadata, eval_metadata, policy, reward, resume=resume_dir is not None)
+
+
+def run(job: Job) -> dict:
+    from t2i_gcpo.train.trainer import Trainer
+
+    trainer = Trainer(
+        job.cfg, job.run_dir, job.metadata, job.policy, job.reward, job.eval_metadata, job.resume
+    )
+    return trainer.fit()

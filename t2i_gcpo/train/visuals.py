@@ -1,0 +1,105 @@
+"""Pictures a run writes every `sample_every` steps: a grid of the step's samples and the credit
+maps of one group under every credit scheme (the trained one first)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from t2i_gcpo.core.credit import dgpo_weights, gcpo_weights, stage_weights, uniform_weights
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """[B, 3, H, W] in [0, 1] → [B, H, W, 3] uint8."""
+    return (images.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+
+
+def image_grid(images: np.ndarray, cols: int, scale: int = 4, pad: int = 2) -> np.ndarray:
+    """Tile [B, H, W, 3] uint8 images into one upscaled (nearest) grid with white gutters."""
+    b, h, w, _ = images.shape
+    rows = -(-b // cols)
+    H, W = h * scale, w * scale
+    grid = np.full((rows * (H + pad) + pad, cols * (W + pad) + pad, 3), 255, np.uint8)
+    for i, img in enumerate(images):
+        r, c = divmod(i, cols)
+        big = img.repeat(scale, 0).repeat(scale, 1)
+        grid[pad + r * (H + pad) : pad + r * (H + pad) + H, pad + c * (W + pad) : pad + c * (W + pad) + W] = (
+            big
+        )
+    return grid
+
+
+def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 4) -> Path:
+    from PIL import Image, ImageDraw
+
+    G = group_size
+    n = min(len(batch.rollout), max_groups * G)
+    grid = image_grid(to_uint8(batch.images[:n]), cols=G)
+    caption_h = 14
+    rows = -(-n // G)
+    row_h = (grid.shape[0] - 2) // rows
+    canvas = Image.new("RGB", (grid.shape[1], grid.shape[0] + rows * caption_h), "white")
+    draw = ImageDraw.Draw(canvas)
+    for r in range(rows):
+        y = r * (row_h + caption_h)
+        draw.text((4, y + 1), batch.rollout.prompts[r * G][:90], fill="black")
+        canvas.paste(Image.fromarray(grid[r * row_h : r * row_h + row_h + 2]), (0, y + caption_h))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    return path
+
+
+SCHEMES = ("gcpo", "dgpo", "stage", "uniform")
+
+
+def scheme_weights(policy: Any, ref: Any, ro: Any, advantages: torch.Tensor, group_size: int, credit: Any,
+                   train_logp: str = "cond", schemes: tuple[str, ...] = SCHEMES) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Token weights [B, T] of `ro` under each requested scheme (SPEC §4), in the order asked.
+
+    DGPO needs a reference policy (`ref`); it is skipped without one. STAGE needs the adapter's
+    `code_embeddings`."""
+    out: dict[str, torch.Tensor] = {}
+    g, d = credit.gcpo, credit.dgpo
+    with torch.no_grad():
+        for name in schemes:
+            if name == "uniform":
+                out[name] = uniform_weights(ro.mask)
+            elif name == "gcpo":
+                out[name] = gcpo_weights(ro.logp_cond, ro.logp_uncond, ro.mask, g.normalization, g.top_fraction,
+                                         g.top_mass, g.tau)  # fmt: skip
+            elif name == "stage" and hasattr(policy, "code_embeddings"):
+                out[name] = stage_weights(policy.code_embeddings(ro), advantages, group_size, ro.mask)
+            elif name == "dgpo" and ref is not None:
+                _, logits = policy(ro, context=train_logp, full_dist=True)
+                _, ref_logits = ref(ro, context=train_logp, full_dist=True)
+                out[name] = dgpo_weights(logits, ref_logits, ro.mask, d.tau, d.kappa, d.squared)
+    return out
+
+
+def save_credit_maps(path: Path, batch: Any, trainer: Any, step: int) -> Path:
+    from t2i_gcpo.train.trainer import unwrap
+    from t2i_gcpo.viz.credit_map import credit_figure
+
+    G = trainer.cfg.rollout.group_size
+    idx = torch.arange(G)
+    cfg = trainer.cfg
+    first = cfg.credit.scheme
+    order = (first, *[x for x in SCHEMES if x != first])
+    weights = scheme_weights(unwrap(trainer.policy), trainer.ref, batch.rollout.select(idx), batch.advantages[idx], G,
+                             cfg.credit, cfg.rollout.train_logp, order)  # fmt: skip
+    rows, cols = unwrap(trainer.policy).grid_shape
+    images = to_uint8(batch.images[:G])
+    samples = [
+        {
+            "image": images[i],
+            "reward": float(batch.reward.scores[i]),
+            "advantage": float(batch.advantages[i]),
+            "weights": {k: w[i].reshape(rows, cols).cpu().numpy() for k, w in weights.items()},
+        }
+        for i in range(G)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return credit_figure(samples, list(weights), path, title=f"step {step}: {batch.rollout.prompts[0]}")

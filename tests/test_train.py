@@ -1,0 +1,152 @@
+"""The RL loop on a tiny random model: metrics, every algorithm, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+from train_fixtures import tiny_policy_dir, write_prompt_file
+
+from t2i_gcpo.cli import cli
+from t2i_gcpo.config import ALGORITHMS
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.train.run import prepare, run
+
+FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
+        "sample_every=2", "save_every=2", "eval_every=-1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {"model": str(tiny_policy_dir(root)), "prompts": str(write_prompt_file(root / "p.jsonl"))}
+
+
+def train(tiny, out, algo="gcpo", steps=3, extra=(), reward="train_fixtures:redness"):
+    flags = dict(
+        prompts=tiny["prompts"], model=tiny["model"], reward=reward, out=str(out), steps=steps, seed=0
+    )
+    job = prepare(algo=algo, flags=flags, overrides=(*FAST, *extra))
+    run(job)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def params(run_dir, step):
+    return load_file(
+        str(run_dir / "checkpoints" / f"step_{step:06d}" / "model" / "prior" / "model.safetensors")
+    )
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
+    rows = train(tiny, tmp_path / algo, algo=algo)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        for key in (
+            "reward/mean",
+            "reward/std",
+            "zero_std_ratio",
+            "time/rollout",
+            "time/reward",
+            "time/update",
+        ):
+            assert key in r and math.isfinite(r[key]), key
+        if r["groups_kept"]:
+            for key in (
+                "loss/policy",
+                "clip_frac",
+                "entropy",
+                "credit/weight_max",
+                "credit/weight_entropy",
+                "grad_norm",
+            ):
+                assert math.isfinite(r[key]), key
+    trained = [r for r in rows if r["groups_kept"]]
+    assert trained, "a continuous reward gives every group signal"
+    if algo in ("grpo", "dapo"):  # uniform credit: every weight 1, entropy exactly 1
+        assert all(abs(r["credit/weight_max"] - 1) < 1e-6 for r in trained)
+    if algo in ("gcpo", "gcpo-official"):  # hist credit is never uniform on random models
+        assert all(r["credit/weight_max"] > 1.5 for r in trained)
+    if algo == "grpo":
+        assert all("kl_k3" in r for r in trained)
+    before, after = params(tmp_path / algo, 2), params(tmp_path / algo, 3)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "parameters changed"
+    run_dir = tmp_path / algo
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "report.html").is_file()
+    assert (run_dir / "samples" / "step_000002.png").is_file()
+    assert (run_dir / "credit_maps" / "step_000002.png").is_file()
+    assert list((run_dir / "tb").iterdir()), "tensorboard events"
+    assert not list((run_dir / "checkpoints").glob("*.tmp")), "no temporary checkpoint left"
+
+
+def test_resumed_run_matches_uninterrupted(tiny, tmp_path):
+    full = train(tiny, tmp_path / "full", steps=4)
+    train(tiny, tmp_path / "part", steps=2)
+    run(prepare(resume_dir=tmp_path / "part", steps=4))
+    resumed = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(full, resumed):
+        for k in a:
+            if not k.startswith("time/"):
+                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+    pa, pb = params(tmp_path / "full", 4), params(tmp_path / "part", 4)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_nan_reward_stops_and_keeps_last_checkpoint(tiny, tmp_path):
+    out = tmp_path / "nan"
+    with pytest.raises(UserError, match="reward 'nan_reward' returned NaN"):
+        train(tiny, out, reward="train_fixtures:nan_reward")
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
+
+
+def test_cli_errors_are_one_line_and_write_nothing(tiny, tmp_path):
+    runner = CliRunner()
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text(
+        '{"tag": "single_object", "prompt": "a photo of a circle", "include": [{"class": "circle", "count": 1}]}\n{oops\n'
+    )
+    unknown = tmp_path / "unknown.txt"
+    unknown.write_text("a photo of a zebra\n")
+    out = tmp_path / "never"
+    cases = [
+        (["train", "--prompts", str(tmp_path / "missing.txt"), "--out", str(out)], "does not exist"),
+        (["train", "--prompts", str(empty), "--out", str(out)], "empty"),
+        (["train", "--prompts", str(bad_json), "--out", str(out)], "bad.jsonl:2"),
+        (["train", "--prompts", str(unknown), "--out", str(out)], "zebra"),
+        (["train", "--prompts", tiny["prompts"], "--algo", "ppo", "--out", str(out)], "unknown algorithm"),
+        (["train", "--prompts", tiny["prompts"], "--set", "loss.betta=1", "--out", str(out)], "loss.betta"),
+        (
+            ["train", "--prompts", tiny["prompts"], "--model", str(tmp_path / "nomodel"), "--out", str(out)],
+            "nomodel",
+        ),
+        (
+            [
+                "train",
+                "--prompts",
+                tiny["prompts"],
+                "--model",
+                tiny["model"],
+                "--reward",
+                "nosuchmod:f",
+                "--out",
+                str(out),
+            ],
+            "nosuchmod",
+        ),
+        (["train", "--resume", str(tmp_path / "norun")], "cannot resume"),
+    ]
+    for args, needle in cases:
+        result = runner.invoke(cli, args, catch_exceptions=True)
+        err = result.exception
+        assert isinstance(err, UserError), (args, result.output, err)
+        msg = " ".join(str(err).split())
+        assert needle.lower() in msg.lower(), (args, msg)
+    assert not out.exists(), "bad input must not create the run directory"
