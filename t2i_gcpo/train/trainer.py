@@ -377,6 +377,7 @@ class Trainer:
         finally:
             signal.signal(signal.SIGINT, previous)
             bar.close()
+        self._check_replicas()
         final = {}
         if cfg.eval_every >= 0 and self.eval_metadata:
             final = self.evaluate()
@@ -397,6 +398,22 @@ class Trainer:
         out[M.EVAL_STRICT] = res["overall"]
         out[M.EVAL_PARTIAL] = res["partial"]
         return out
+
+    def _check_replicas(self) -> None:
+        """Write run_dir/processes.json: how many processes trained and each one's parameter checksum
+        (they must agree: DDP keeps replicas identical)."""
+        acc = self.accelerator
+        total = torch.stack([p.detach().double().sum() for p in unwrap(self.policy).parameters()]).sum()
+        sums = acc.gather(total.reshape(1).to(acc.device)).tolist()
+        if acc.is_main_process:
+            info = {
+                "num_processes": acc.num_processes,
+                "param_checksums": sums,
+                "replicas_equal": len(set(sums)) == 1,
+            }
+            (self.run_dir / "processes.json").write_text(json.dumps(info, indent=1))
+            if not info["replicas_equal"]:
+                raise RuntimeError(f"parameters differ across processes: {sums}")
 
     def _on_sigint(self, *_: Any) -> None:
         if self.stop_requested:  # second Ctrl-C: stop now
