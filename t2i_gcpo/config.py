@@ -45,9 +45,13 @@ class RolloutConfig:
 
 @dataclass
 class AdvantageConfig:
-    scale: Literal["group", "batch", "none"] = doc("Divide (r − mean_g r) by the group std, batch std, or nothing.", "group")
+    scale: Literal["group", "batch", "none"] = doc(
+        "Divide (r − mean_g r) by the group std, batch std, or nothing.", "group"
+    )
     eps: float = doc("ε added to the std (GRPO: 1e-4).", 1e-4)
-    dynamic_sampling: bool = doc("DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False)
+    dynamic_sampling: bool = doc(
+        "DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False
+    )
     max_resample: int = doc("Dynamic sampling: at most this many extra rollout rounds per step.", 3)
 
 
@@ -56,13 +60,17 @@ class LossConfig:
     eps_low: float = doc("ε_low: lower clip of the ratio ρ (PPO/GRPO: 0.2).", 0.2)
     eps_high: float = doc("ε_high: upper clip of ρ (DAPO clip-higher: 0.28).", 0.2)
     dual_clip: float | None = doc("c: dual-clip bound for Â < 0 (typical 3); null disables it.", None)
-    aggregation: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "weighted-token-mean"] = doc(
+    aggregation: Literal[
+        "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "weighted-token-mean"
+    ] = doc(
         "How per-token losses become one number: GRPO 'seq-mean-token-mean', DAPO 'token-mean', Dr. GRPO "
         "'seq-mean-token-sum-norm', official GCPO T2I / STAGE 'weighted-token-mean' = Σ(ρ A w)/Σ w.",
         "seq-mean-token-mean",
     )
     beta: float = doc("β: weight of the k3 KL to the frozen initial policy (GRPO: 0.03; DAPO/DGPO: 0).", 0.0)
-    kl_reweight: bool = doc("Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False)
+    kl_reweight: bool = doc(
+        "Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False
+    )
 
 
 @dataclass
@@ -85,7 +93,9 @@ class DGPOConfig:
     tau: float = doc("τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5)
     kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0)
     squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
-    reference: Literal["initial", "rollout"] = doc("π_ref: the frozen initial policy or the rollout policy.", "initial")
+    reference: Literal["initial", "rollout"] = doc(
+        "π_ref: the frozen initial policy or the rollout policy.", "initial"
+    )
 
 
 @dataclass
@@ -103,7 +113,9 @@ class OptimConfig:
     lr: float = doc("AdamW learning rate (GCPO Janus-Pro recipe: 5e-6).", 1e-5)
     weight_decay: float = doc("AdamW weight decay.", 0.0)
     grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
-    update_epochs: int = doc("Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1)
+    update_epochs: int = doc(
+        "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
+    )
     minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
 
 
@@ -118,16 +130,25 @@ class ModelOptions:
 class TrainConfig:
     algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
     model: str = doc("'shapeworld' (shipped), a local checkpoint dir, or 'janus:PATH'.", "shapeworld")
-    reward: str = doc("'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum.", "shapeworld")
-    prompts: str | None = doc("Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).", None)
-    eval_prompts: str | None = doc("Held-out prompts scored every eval_every steps (default: the world's test set).", None)
+    reward: str = doc(
+        "'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum.",
+        "shapeworld",
+    )
+    prompts: str | None = doc(
+        "Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).", None
+    )
+    eval_prompts: str | None = doc(
+        "Held-out prompts scored every eval_every steps (default: the world's test set).", None
+    )
     out: str | None = doc("Run directory (default runs/<algo>-<timestamp>).", None)
     steps: int = doc("Optimizer steps (one rollout batch each).", 300)
     seed: int = doc("Seed of prompts order, sampling and initialisation.", 0)
     log_every: int = doc("Write metrics every N steps.", 1)
     sample_every: int = doc("Save a sample grid and credit maps every N steps; 0 disables them.", 25)
     save_every: int = doc("Write a checkpoint every N steps.", 50)
-    eval_every: int = doc("Score eval_prompts every N steps (and at the end); 0 only at the end; -1 never.", 0)
+    eval_every: int = doc(
+        "Score eval_prompts every N steps (and at the end); 0 only at the end; -1 never.", 0
+    )
     eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 4)
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
@@ -150,7 +171,10 @@ class TrainConfig:
             (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
             (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
             (self.optim.lr > 0, "optim.lr must be > 0"),
-            (self.optim.update_epochs >= 1 and self.optim.minibatches >= 1, "optim.update_epochs/minibatches must be ≥ 1"),
+            (
+                self.optim.update_epochs >= 1 and self.optim.minibatches >= 1,
+                "optim.update_epochs/minibatches must be ≥ 1",
+            ),
             (
                 self.rollout.prompts_per_step * self.rollout.group_size % self.optim.minibatches == 0,
                 "optim.minibatches must divide rollout.prompts_per_step × rollout.group_size",
@@ -186,7 +210,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 return _coerce(key, value, arg)
             except UserError as e:
                 errors.append(str(e))
-        raise UserError(f"config key '{key}': expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+        raise UserError(
+            f"config key '{key}': expected {' or '.join(_type_name(a) for a in args)}, got {value!r}"
+        )
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise UserError(f"config key '{key}': expected one of {_type_name(tp)}, got {value!r}")

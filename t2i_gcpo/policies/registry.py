@@ -29,5 +29,7 @@ def load_policy(spec: str, options: Any = None) -> Any:
 
     path = resolve_checkpoint(spec)
     if not Path(path).is_dir():
-        raise UserError(f"model '{spec}' not found: expected 'shapeworld', 'janus:PATH' or a checkpoint directory")
+        raise UserError(
+            f"model '{spec}' not found: expected 'shapeworld', 'janus:PATH' or a checkpoint directory"
+        )
     return ARPolicy.from_pretrained(path)
