@@ -1,0 +1,425 @@
+"""DPG-Bench (Hu et al., 2024, ELLA: "Equip Diffusion Models with LLM for Enhanced Semantic
+Alignment"), SPEC §9, with a transformers VQA model as a stated proxy.
+
+Each of the 1,065 dense prompts gets 4 images tiled 2×2 into one PNG. The question file
+``dpg_bench.csv`` (supplied by the user) holds yes/no questions per prompt with a dependency graph.
+A VQA model answers every question on every tile: "yes" scores 1; a question whose parent was
+answered "no" scores 0 (one level: the parent's own answer counts, not its zeroed score); tile score
+= mean over the questions, prompt score = mean over the 4 tiles, DPG = mean over prompts × 100.
+Category scores average the (tile, question) scores per category_broad / category_detailed, × 100.
+
+The original VQA model (mPLUG-large) is not in transformers, so results are labelled
+"DPG-Bench (proxy VQA: <model>)" and are not comparable with published DPG numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.eval.geneval import batch_generator, generate_images
+from t2i_gcpo.eval.layout import atomic_save_image
+from t2i_gcpo.policies.base import Policy
+
+DPG_COLUMNS = (
+    "item_id",
+    "text",
+    "keywords",
+    "proposition_id",
+    "dependency",
+    "category_broad",
+    "category_detailed",
+    "tuple",
+    "question_natural_language",
+)
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True)
+class DPGQuestion:
+    """One row of dpg_bench.csv."""
+
+    item_id: str
+    proposition_id: str
+    parents: tuple[str, ...]  # proposition ids this question depends on ("0" = none, dropped)
+    category_broad: str
+    category_detailed: str
+    question: str
+    tuple: str = ""
+    keywords: str = ""
+    text: str = ""
+    line: int = 0  # line in the CSV, for error messages
+
+
+def load_dpg_prompts() -> list[dict]:
+    """The 1,065 DPG-Bench prompts `{"item_id", "prompt"}` (package data dpg_bench/prompts.jsonl)."""
+    path = resources.files("t2i_gcpo") / "data" / "dpg_bench" / "prompts.jsonl"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"package data is missing: {path} (reinstall t2i-gcpo)") from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# questions
+# ---------------------------------------------------------------------------------------------
+
+
+def _norm_id(value: str) -> str:
+    value = value.strip()
+    return str(int(value)) if value.isdigit() else value
+
+
+def read_dpg_csv(path: str | os.PathLike) -> list[DPGQuestion]:
+    """Parse DPG-Bench's question CSV; a malformed file raises UserError naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: DPG-Bench question file not found")
+    questions: list[DPGQuestion] = []
+    seen: dict[tuple[str, str], int] = {}
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in DPG_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(
+                f"{path}:1: missing column(s) {', '.join(missing)}; expected {','.join(DPG_COLUMNS)}"
+            )
+        try:
+            for row in reader:
+                line = reader.line_num
+                if None in row or any(v is None for v in row.values()):
+                    raise UserError(f"{path}:{line}: expected {len(reader.fieldnames)} fields")
+                item, pid = row["item_id"].strip(), _norm_id(row["proposition_id"])
+                question = row["question_natural_language"].strip()
+                if not item or not pid or not question:
+                    raise UserError(f"{path}:{line}: item_id, proposition_id and question must not be empty")
+                deps = (
+                    [_norm_id(d) for d in row["dependency"].split(",")] if row["dependency"].strip() else []
+                )
+                if any(not d for d in deps):
+                    raise UserError(f"{path}:{line}: malformed dependency {row['dependency']!r}")
+                if (item, pid) in seen:
+                    raise UserError(
+                        f"{path}:{line}: duplicate proposition {pid} of {item} (first on line {seen[item, pid]})"
+                    )
+                seen[item, pid] = line
+                questions.append(
+                    DPGQuestion(
+                        item_id=item,
+                        proposition_id=pid,
+                        parents=tuple(d for d in deps if d != "0"),
+                        category_broad=row["category_broad"].strip(),
+                        category_detailed=row["category_detailed"].strip(),
+                        question=question,
+                        tuple=row["tuple"],
+                        keywords=row["keywords"],
+                        text=row["text"],
+                        line=line,
+                    )
+                )
+        except csv.Error as e:
+            raise UserError(f"{path}:{reader.line_num}: {e}") from None
+    if not questions:
+        raise UserError(f"{path}: no questions")
+    for q in questions:
+        for p in q.parents:
+            if (q.item_id, p) not in seen:
+                raise UserError(f"{path}:{q.line}: dependency {p} is not a proposition of {q.item_id}")
+    return questions
+
+
+# ---------------------------------------------------------------------------------------------
+# 2×2 grids
+# ---------------------------------------------------------------------------------------------
+
+
+def tile_2x2(images: Sequence[Image.Image]) -> Image.Image:
+    """Four equal-size images → one grid [[0, 1], [2, 3]] (row-major), twice the width and height."""
+    if len(images) != 4:
+        raise ValueError(f"tile_2x2 needs 4 images, got {len(images)}")
+    w, h = images[0].size
+    if any(im.size != (w, h) for im in images):
+        raise ValueError(f"tile_2x2 needs equal sizes, got {[im.size for im in images]}")
+    grid = Image.new("RGB", (2 * w, 2 * h))
+    for k, im in enumerate(images):
+        grid.paste(im.convert("RGB"), ((k % 2) * w, (k // 2) * h))
+    return grid
+
+
+def split_2x2(image: Image.Image) -> list[Image.Image]:
+    """Inverse of `tile_2x2`: the four tiles in row-major order (an odd last row/column is dropped)."""
+    w, h = image.size[0] // 2, image.size[1] // 2
+    return [image.crop((c * w, r * h, (c + 1) * w, (r + 1) * h)) for r in range(2) for c in range(2)]
+
+
+# ---------------------------------------------------------------------------------------------
+# VQA
+# ---------------------------------------------------------------------------------------------
+
+
+class VQA(Protocol):
+    name: str
+
+    def answer(self, image: Image.Image, question: str) -> str: ...
+
+
+def is_yes(answer: str) -> bool:
+    """DPG's scoring of a VQA answer: 1 for "yes" (case, spaces and punctuation ignored)."""
+    words = re.findall(r"[a-z]+", answer.lower())
+    return bool(words) and words[0] == "yes"
+
+
+class VQAModel:
+    """A transformers BLIP VQA model (`BlipForQuestionAnswering`) loaded from a local directory."""
+
+    def __init__(self, model, processor, *, name: str, max_new_tokens: int = 10, batch_size: int = 16):
+        self.model = model.eval()
+        self.processor = processor
+        self.name = name
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, *, device: str | torch.device = "cpu", **kwargs
+    ) -> VQAModel:
+        """Load e.g. a local copy of ``Salesforce/blip-vqa-base`` (config, weights, processor files)."""
+        from transformers import BlipForQuestionAnswering, BlipProcessor
+
+        path = Path(path)
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise UserError(f"{path}: not a model directory (no config.json)")
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{config_path}: not valid JSON") from None
+        archs = config.get("architectures") or []
+        if config.get("model_type") != "blip" or (archs and "BlipForQuestionAnswering" not in archs):
+            raise UserError(
+                f"{path}: unsupported VQA model ({config.get('model_type')}, {archs}); "
+                "a BLIP VQA checkpoint (BlipForQuestionAnswering, e.g. Salesforce/blip-vqa-base) is required"
+            )
+        try:
+            model = BlipForQuestionAnswering.from_pretrained(path, local_files_only=True)
+            processor = BlipProcessor.from_pretrained(path, local_files_only=True)
+        except OSError as e:
+            raise UserError(f"{path}: cannot load the VQA model ({str(e).splitlines()[0]})") from None
+        return cls(model.to(device), processor, name=path.name, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def answer_batch(self, images: Sequence[Image.Image], questions: Sequence[str]) -> list[str]:
+        """Answers for the pairs (images[i], questions[i]), in chunks of `batch_size`."""
+        out: list[str] = []
+        for s in range(0, len(images), self.batch_size):
+            inputs = self.processor(
+                images=[im.convert("RGB") for im in images[s : s + self.batch_size]],
+                text=list(questions[s : s + self.batch_size]),
+                return_tensors="pt",
+                padding=True,
+            ).to(self.device)
+            ids = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens)
+            out += [a.strip() for a in self.processor.batch_decode(ids, skip_special_tokens=True)]
+        return out
+
+    def answer(self, image: Image.Image, question: str) -> str:
+        return self.answer_batch([image], [question])[0]
+
+
+def _answers(vqa: VQA, images: list[Image.Image], questions: list[str]) -> list[str]:
+    batch = getattr(vqa, "answer_batch", None)
+    if callable(batch):
+        return list(batch(images, questions))
+    return [vqa.answer(im, q) for im, q in zip(images, questions)]
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+# ---------------------------------------------------------------------------------------------
+
+
+def score_tile(answers_yes: dict[str, bool], questions: Sequence[DPGQuestion]) -> dict[str, float]:
+    """Per-question scores of one tile: yes → 1, except 0 when any parent was answered "no"."""
+    return {
+        q.proposition_id: float(answers_yes[q.proposition_id] and all(answers_yes[p] for p in q.parents))
+        for q in questions
+    }
+
+
+def score_dpg(
+    images_by_item: Mapping[str, Image.Image | str | os.PathLike],
+    questions: Sequence[DPGQuestion],
+    vqa: VQA,
+    *,
+    progress: bool = True,
+) -> dict:
+    """DPG-Bench scores (SPEC §9) for 2×2 grids keyed by item_id (PIL images or paths to them).
+
+    Returns {"label", "vqa_model", "score" (×100), "n_items", "n_missing" (items with questions but
+    no image), "category_broad", "category_detailed" (×100), "per_item": {item: {"score" (×100),
+    "tile_scores", "answers" [tile][question]}}}.
+    """
+    by_item: dict[str, list[DPGQuestion]] = {}
+    for q in questions:
+        by_item.setdefault(q.item_id, []).append(q)
+    if not images_by_item:
+        raise UserError("DPG-Bench: no images to score")
+    unknown = sorted(set(images_by_item) - set(by_item))
+    if unknown:
+        raise UserError(
+            f"DPG-Bench: {len(unknown)} image item(s) have no questions in the CSV (first: {unknown[0]})"
+        )
+    name = getattr(vqa, "name", type(vqa).__name__)
+    per_item: dict[str, dict] = {}
+    cat_broad: dict[str, list[float]] = {}
+    cat_detailed: dict[str, list[float]] = {}
+    for item in tqdm(sorted(images_by_item), desc="DPG-Bench score", unit="prompt", disable=not progress):
+        grid = images_by_item[item]
+        if not isinstance(grid, Image.Image):
+            with Image.open(grid) as im:
+                grid = im.convert("RGB")
+        qs = by_item[item]
+        tiles = split_2x2(grid)
+        flat = _answers(vqa, [t for t in tiles for _ in qs], [q.question for _ in tiles for q in qs])
+        tile_scores, answers = [], []
+        for k in range(4):
+            tile_answers = flat[k * len(qs) : (k + 1) * len(qs)]  # [Q] answers on tile k
+            scores = score_tile({q.proposition_id: is_yes(a) for q, a in zip(qs, tile_answers)}, qs)
+            tile_scores.append(float(np.mean(list(scores.values()))))
+            answers.append(tile_answers)
+            for q in qs:
+                cat_broad.setdefault(q.category_broad, []).append(scores[q.proposition_id])
+                cat_detailed.setdefault(q.category_detailed, []).append(scores[q.proposition_id])
+        per_item[item] = {
+            "score": 100 * float(np.mean(tile_scores)),
+            "tile_scores": tile_scores,
+            "answers": answers,
+        }
+    return {
+        "label": f"DPG-Bench (proxy VQA: {name})",
+        "vqa_model": name,
+        "score": float(np.mean([v["score"] for v in per_item.values()])),
+        "n_items": len(per_item),
+        "n_missing": len(set(by_item) - set(per_item)),
+        "category_broad": {c: 100 * float(np.mean(v)) for c, v in sorted(cat_broad.items())},
+        "category_detailed": {c: 100 * float(np.mean(v)) for c, v in sorted(cat_detailed.items())},
+        "per_item": per_item,
+    }
+
+
+def format_dpg_summary(result: dict) -> str:
+    """A plain-text table of the overall and per-category scores."""
+    lines = [result["label"], f"{'overall':<32}{result['score']:7.2f}  ({result['n_items']} prompts)"]
+    if result.get("n_missing"):
+        lines.append(f"{'':<32}({result['n_missing']} prompts of the CSV have no image)")
+    for key in ("category_broad", "category_detailed"):
+        lines.append(f"-- {key}")
+        lines += [f"{c:<32}{s:7.2f}" for c, s in result[key].items()]
+    return "\n".join(lines)
+
+
+def dpg_image_paths(root: str | os.PathLike) -> dict[str, Path]:
+    """`<root>/<item_id>.png` grids keyed by item_id."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory")
+    return {p.stem: p for p in sorted(root.glob("*.png")) if not p.name.startswith(".")}
+
+
+def score_dpg_folder(
+    root: str | os.PathLike,
+    csv_path: str | os.PathLike,
+    vqa: VQA,
+    out_dir: str | os.PathLike,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl, summary.txt/json."""
+    questions = read_dpg_csv(csv_path)
+    result = score_dpg(dpg_image_paths(root), questions, vqa, progress=progress)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
+        for item, r in result["per_item"].items():
+            f.write(json.dumps({"item_id": item, **r}) + "\n")
+    summary = {k: v for k, v in result.items() if k != "per_item"}
+    (out_dir / "summary.txt").write_text(format_dpg_summary(result) + "\n", encoding="utf-8")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# generation
+# ---------------------------------------------------------------------------------------------
+
+
+def generate_dpg(
+    policy: Policy,
+    prompts: Sequence[dict],
+    root: str | os.PathLike,
+    *,
+    batch: int = 4,
+    cfg_scale: float = 5.0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    progress: bool = True,
+) -> int:
+    """Write 4 images per prompt as one 2×2 grid `<root>/<item_id>.png`; returns grids written.
+
+    `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `batch` prompts per
+    ``policy.rollout`` call. Resumable: existing grids are kept; RNG per batch as in GenEval.
+    """
+    if batch < 1:
+        raise UserError(f"batch must be >= 1, got {batch}")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, dict) or "item_id" not in p or "prompt" not in p:
+            raise UserError(f"DPG prompt {i} needs 'item_id' and 'prompt'")
+        if not _SAFE_ID.match(str(p["item_id"])):
+            raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
+    policy.check_prompts([p["prompt"] for p in prompts])
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    written = 0
+    bar = tqdm(total=len(prompts), desc="DPG-Bench generate", unit="prompt", disable=not progress)
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start : start + batch]
+        paths = [root / f"{p['item_id']}.png" for p in chunk]
+        todo = [not path.exists() for path in paths]
+        bar.update(len(chunk) - sum(todo))
+        if not any(todo):
+            continue
+        per_prompt = generate_images(
+            policy,
+            [p["prompt"] for p in chunk],
+            4,
+            cfg_scale=cfg_scale,
+            temperature=temperature,
+            top_k=top_k,
+            generator=batch_generator(policy, seed, start),
+        )
+        for path, images, needed in zip(paths, per_prompt, todo):
+            if needed:
+                atomic_save_image(tile_2x2(images), path)
+                written += 1
+                bar.update(1)
+    bar.close()
+    return written

@@ -1,0 +1,236 @@
+"""GenEval on real images (SPEC §8): generate into GenEval's folder layout, then score any such folder.
+
+GenEval (Ghosh et al., 2023) asks 553 prompts (6 tags) for 4 images each, detects objects with
+Mask2Former, classifies colours with CLIP, and checks counts, colours and positions against each
+prompt's metadata. Scoring here takes any detector (PIL image → list[Detection]) and any colour
+classifier with ``color_of(image)``; the rules live in t2i_gcpo/eval/geneval_rules.py.
+
+Outputs of `score_geneval_folder` (in ``out_dir``):
+  results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
+                  correct, reason, metadata, details) plus ``partial``
+  summary.txt     GenEval's per-tag table and the overall score
+  summary.json    the same numbers as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.eval import geneval_rules
+from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.eval.layout import existing_samples, iter_layout, write_prompt_folder
+from t2i_gcpo.policies.base import Policy
+
+Detector = Callable[[Image.Image], list[Detection]]
+
+
+class ColorClassifier(Protocol):
+    def color_of(self, image: Image.Image) -> Callable[[Detection], str]: ...
+
+
+def load_geneval_prompts() -> list[dict]:
+    """The 553 official GenEval prompts with metadata (package data geneval/evaluation_metadata.jsonl)."""
+    path = resources.files("t2i_gcpo") / "data" / "geneval" / "evaluation_metadata.jsonl"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"package data is missing: {path} (reinstall t2i-gcpo)") from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# generation
+# ---------------------------------------------------------------------------------------------
+
+
+def tensor_to_pil(images: torch.Tensor) -> list[Image.Image]:
+    """[B, 3, H, W] floats in [0, 1] → B RGB PIL images."""
+    arr = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+    arr = arr.permute(0, 2, 3, 1).cpu().numpy()  # [B, H, W, 3]
+    return [Image.fromarray(a) for a in arr]
+
+
+def _policy_device(policy: object) -> torch.device:
+    params = getattr(policy, "parameters", None)
+    if callable(params):
+        for p in params():
+            return p.device
+    return torch.device("cpu")
+
+
+def batch_generator(policy: object, seed: int, start: int) -> torch.Generator:
+    """The RNG of the batch starting at prompt `start`: depends on (seed, start) only, so a resumed
+    run regenerates exactly the images an uninterrupted run would have written."""
+    state = int(np.random.SeedSequence([seed, start]).generate_state(1)[0])
+    return torch.Generator(device=_policy_device(policy)).manual_seed(state)
+
+
+@torch.no_grad()
+def generate_images(
+    policy: Policy,
+    prompts: list[str],
+    n: int,
+    *,
+    cfg_scale: float,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[list[Image.Image]]:
+    """`n` images per prompt from one rollout: result[i] holds prompt i's images."""
+    rollout = policy.rollout(
+        prompts, group_size=n, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, generator=generator
+    )
+    images = tensor_to_pil(policy.decode(rollout))  # rows grouped: prompt 0's n samples first
+    if len(images) != n * len(prompts):
+        raise RuntimeError(f"policy returned {len(images)} images for {len(prompts)} prompts × {n}")
+    return [images[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def generate_geneval(
+    policy: Policy,
+    metadata_list: Sequence[dict],
+    root: str | os.PathLike,
+    *,
+    n: int = 4,
+    batch: int = 4,
+    cfg_scale: float = 5.0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    progress: bool = True,
+) -> int:
+    """Generate `n` images per prompt into GenEval's layout under `root`; returns images written.
+
+    `batch` prompts go to one ``policy.rollout`` call (batch × n images). Resumable: batches whose
+    prompts already have `n` samples are skipped, and a partly written batch is regenerated with the
+    same RNG (see `batch_generator`), only its missing files being written.
+    """
+    if n < 1 or batch < 1:
+        raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
+    for i, m in enumerate(metadata_list):
+        if not isinstance(m, dict) or "prompt" not in m:
+            raise UserError(f"GenEval metadata {i} has no 'prompt'")
+    policy.check_prompts([m["prompt"] for m in metadata_list])
+    written = 0
+    bar = tqdm(total=len(metadata_list) * n, desc="GenEval generate", unit="img", disable=not progress)
+    for start in range(0, len(metadata_list), batch):
+        idx = list(range(start, min(start + batch, len(metadata_list))))
+        have = {i: existing_samples(root, i) for i in idx}
+        todo = [i for i in idx if have[i] < n]
+        bar.update(sum(min(have[i], n) for i in idx))
+        if not todo:
+            continue
+        per_prompt = generate_images(
+            policy,
+            [metadata_list[i]["prompt"] for i in idx],
+            n,
+            cfg_scale=cfg_scale,
+            temperature=temperature,
+            top_k=top_k,
+            generator=batch_generator(policy, seed, start),
+        )
+        for i, images in zip(idx, per_prompt):
+            if i in todo:
+                write_prompt_folder(root, i, metadata_list[i], images[have[i] :], start=have[i])
+                written += n - have[i]
+                bar.update(n - have[i])
+    bar.close()
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+# ---------------------------------------------------------------------------------------------
+
+
+def _details(detections: list[Detection], colors: dict[int, str]) -> dict[str, list[dict]]:
+    """Per class: the detections' boxes, scores and (when it was classified) colour."""
+    out: dict[str, list[dict]] = {}
+    for d in detections:
+        item = {"bbox": [round(float(v), 2) for v in d.box], "score": round(float(d.score), 4)}
+        color = colors.get(id(d), d.color)
+        if color is not None:
+            item["color"] = color
+        out.setdefault(d.cls, []).append(item)
+    return out
+
+
+def score_image(
+    image: Image.Image, metadata: dict, detector: Detector, color_classifier: ColorClassifier | None
+) -> tuple[geneval_rules.ImageResult, dict[str, list[dict]]]:
+    """GenEval's verdict on one image, and the detections (with colours asked for) as details."""
+    detections = detector(image)
+    colors: dict[int, str] = {}  # id(detection) → colour, for the details of the colours asked for
+    classify = color_classifier.color_of(image) if color_classifier is not None else None
+
+    def color_of(d: Detection) -> str:
+        colors[id(d)] = classify(d)
+        return colors[id(d)]
+
+    result = geneval_rules.evaluate_detections(metadata, detections, color_of if classify else None)
+    return result, _details(detections, colors)
+
+
+def score_geneval_folder(
+    root: str | os.PathLike,
+    detector: Detector,
+    color_classifier: ColorClassifier | None,
+    out_dir: str | os.PathLike,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Score every image of the GenEval-layout folder `root`; write results and summary to `out_dir`.
+
+    `detector`: PIL image → list[Detection] (e.g. `Mask2FormerDetector`); `color_classifier`: has
+    ``color_of(image)`` (e.g. `ClipColorClassifier`), or None to use `Detection.color`. Returns the
+    summary dict of `geneval_rules.summarize` (per-tag scores and the overall mean of the tags).
+    """
+    entries = list(iter_layout(root))
+    empty = [f"{i:05d}" for i, _, paths in entries if not paths]
+    if empty:
+        raise UserError(
+            f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_tag: dict[str, list[bool]] = {}
+    tmp = out_dir / ".results.jsonl.tmp"
+    n_images = sum(len(paths) for _, _, paths in entries)
+    with (
+        open(tmp, "w", encoding="utf-8") as f,
+        tqdm(total=n_images, desc="GenEval score", unit="img", disable=not progress) as bar,
+    ):
+        for _, metadata, paths in entries:
+            for path in paths:
+                with Image.open(path) as im:
+                    image = im.convert("RGB")
+                result, details = score_image(image, metadata, detector, color_classifier)
+                by_tag.setdefault(metadata["tag"], []).append(bool(result.correct))
+                record = {
+                    "filename": str(path),
+                    "tag": metadata["tag"],
+                    "prompt": metadata["prompt"],
+                    "correct": bool(result.correct),
+                    "partial": float(result.partial),
+                    "reason": result.reason,
+                    "metadata": json.dumps(metadata),
+                    "details": json.dumps(details),
+                }
+                f.write(json.dumps(record) + "\n")
+                bar.update(1)
+    os.replace(tmp, out_dir / "results.jsonl")
+    summary = geneval_rules.summarize(by_tag)
+    (out_dir / "summary.txt").write_text(geneval_rules.format_summary(summary) + "\n", encoding="utf-8")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
