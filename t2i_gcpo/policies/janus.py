@@ -1,0 +1,519 @@
+"""Janus / Janus-Pro adapter over transformers' `JanusForConditionalGeneration` (SPEC §4.1, §5).
+
+Janus-Pro (Chen et al., 2025, arXiv 2501.17811) generates an image as T = 24×24 = 576 VQ tokens,
+autoregressively, with classifier-free guidance: ℓ = ℓ_u + s·(ℓ_c − ℓ_u), s = 5 in the paper's
+recipe. Image tokens are predicted by a dedicated generation head on the language model's hidden
+state and fed back through the generation embeddings + aligner (not the text embeddings).
+
+What this adapter adds on top of transformers' `generate(generation_mode="image")`, which runs
+under no_grad and returns only the last step's scores:
+
+- ``rollout``: a batched KV-cache CFG sampler (gpt-fast style: ``_prefill``, ``_decode_one_token``,
+  ``_decode_n_tokens``) over ONE doubled batch [cond; null] that records, for every sampled token,
+  its log-prob under the conditional, unconditional and CFG distributions at temperature T.
+- ``logprobs``: the same quantities teacher-forced with gradient, over
+  [prompt embeddings; image-token embeddings] → generation head at the image positions.
+
+Null branch (GCPO's negative context c⁻ for text-to-image, SPEC §4.1), built exactly as
+transformers' CFG path builds it: every prompt token that is neither BOS nor the begin-of-image id
+is replaced by the pad id read from the checkpoint's generation config; the attention mask is
+copied unchanged, so the pad tokens stay visible.
+
+Prompts of different lengths are LEFT-padded (pad id, attention mask 0) and position ids are
+``cumsum(mask) − 1``, so every sample sees positions 0, 1, … from its first real token whatever its
+batch-mates are. (transformers' own `generate` counts positions 0…L−1 across the pads; with the
+Llama backbone's rotary embeddings only relative positions enter attention, so the two agree up to
+float rounding — tested: a padded row scores as the same row alone to < 1e-4.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Context, Rollout
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FREEZE_GROUPS = ("vision", "vq", "language", "generation")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+FALLBACK_TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"  # Janus-Pro's T2I format, if no chat template
+
+
+def _read_config(path: Path) -> dict:
+    """config.json of `path`, with a UserError for anything that is not a Janus checkpoint."""
+    if not path.exists():
+        raise UserError(f"Janus checkpoint '{path}' does not exist")
+    cfg_file = path / "config.json"
+    if not path.is_dir() or not cfg_file.is_file():
+        raise UserError(f"'{path}' is not a Janus checkpoint: no config.json found")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"'{path}' is not a Janus checkpoint: config.json unreadable ({e})") from None
+    model_type = cfg.get("model_type")
+    if model_type != "janus":
+        hint = ""
+        if model_type == "multi_modality":
+            hint = (
+                " — this is DeepSeek's original format; convert it with transformers' "
+                "models/janus/convert_janus_weights_to_hf.py or use the deepseek-community/Janus-Pro-* checkpoints"
+            )
+        raise UserError(
+            f"'{path}' is not a Janus checkpoint: config.json has model_type {model_type!r} "
+            f"(expected 'janus'){hint}"
+        )
+    return cfg
+
+
+class JanusPolicy(nn.Module):
+    """Policy protocol (t2i_gcpo.policies.base) for a local Janus / Janus-Pro checkpoint.
+
+    ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        processor: Any = None,
+        max_rollout_batch: int | None = None,
+        decode_batch: int = 16,
+    ):
+        super().__init__()
+        self.model = model  # JanusForConditionalGeneration
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.chat_template = chat_template
+        self.max_rollout_batch = max_rollout_batch  # rows (incl. group copies) per sampling pass; None = all
+        self.decode_batch = decode_batch
+        self.lora_adapter: str | None = None
+
+        gc = model.generation_config
+        self.bos_id = gc.bos_token_id if gc.bos_token_id is not None else tokenizer.bos_token_id
+        self.pad_id = gc.pad_token_id if gc.pad_token_id is not None else tokenizer.pad_token_id
+        boi = (getattr(gc, "generation_kwargs", None) or {}).get("boi_token_id")
+        self.boi_token = getattr(tokenizer, "boi_token", None) or "<begin_of_image>"
+        if boi is None:
+            boi = tokenizer.convert_tokens_to_ids(self.boi_token)
+            if boi == tokenizer.unk_token_id:
+                boi = None
+        self.boi_id = boi
+        for name, value in (("pad", self.pad_id), ("BOS", self.bos_id), ("begin-of-image", self.boi_id)):
+            if value is None:
+                raise UserError(
+                    f"the Janus checkpoint defines no {name} token id (generation_config.json or tokenizer)"
+                )
+
+        side = model.config.vq_config.num_patches  # VQ grid side: 24 for Janus-Pro (384 px / 16)
+        self.grid_shape: tuple[int, int] = (side, side)
+        self.num_image_tokens = side * side
+        self.codebook_size = model.config.vq_config.num_embeddings
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        freeze: Sequence[str] = ("vision", "vq"),
+        lora: dict | None = None,
+        max_rollout_batch: int | None = None,
+    ) -> JanusPolicy:
+        """Load a transformers-format Janus checkpoint from a LOCAL directory.
+
+        freeze: parameter groups kept fixed — ``vision`` (SigLIP encoder + understanding aligner),
+        ``vq`` (VQ-VAE), ``language`` (the Llama model and text embeddings), ``generation``
+        (generation embeddings, aligner and head). Default: vision and vq, i.e. full fine-tuning of
+        everything that image generation uses (as GCPO does).
+        lora: ``{"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": [...]}`` — LoRA (peft) on
+        the language model's attention projections; the base language model is then frozen, the
+        generation modules stay trainable unless ``generation`` is in `freeze`.
+        """
+        path = Path(path).expanduser()
+        _read_config(path)
+        if dtype not in DTYPES:
+            raise UserError(f"unknown dtype '{dtype}' for Janus: use one of {', '.join(DTYPES)}")
+        unknown = [g for g in freeze if g not in FREEZE_GROUPS]
+        if unknown:
+            raise UserError(f"unknown freeze group(s) {unknown}: use any of {', '.join(FREEZE_GROUPS)}")
+
+        from transformers import AutoTokenizer, JanusForConditionalGeneration, JanusProcessor
+
+        processor, tokenizer, template = None, None, None
+        try:
+            processor = JanusProcessor.from_pretrained(path)
+            tokenizer = processor.tokenizer
+            template = processor.chat_template
+        except Exception:  # no processor files: fall back to the bare tokenizer
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except Exception as e:
+                raise UserError(
+                    f"no tokenizer found in Janus checkpoint '{path}' ({type(e).__name__})"
+                ) from None
+        template = template or getattr(tokenizer, "chat_template", None)
+
+        model = JanusForConditionalGeneration.from_pretrained(path, dtype=DTYPES[dtype])
+        policy = cls(
+            model, tokenizer, chat_template=template, processor=processor, max_rollout_batch=max_rollout_batch
+        )
+        policy._set_trainable(tuple(freeze), lora)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return policy
+
+    def _groups(self) -> dict[str, list[nn.Module]]:
+        m = self.model.model
+        return {
+            "vision": [m.vision_model, m.aligner],
+            "vq": [m.vqmodel],
+            "language": [m.language_model],
+            "generation": [m.generation_embeddings, m.generation_aligner, m.generation_head],
+        }
+
+    def _set_trainable(self, freeze: tuple[str, ...], lora: dict | None) -> None:
+        groups = self._groups()
+        for name, modules in groups.items():
+            for mod in modules:
+                mod.requires_grad_(name not in freeze)
+        # lm_head only produces text. If it is not tied to the (used) text embeddings it would get
+        # no gradient, which DDP rejects: freeze it.
+        lm_head = self.model.lm_head.weight
+        if lm_head is not self.model.get_input_embeddings().weight:
+            lm_head.requires_grad_(False)
+        if lora:
+            self._add_lora(lora)
+
+    def _add_lora(self, lora: dict) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
+        if rank <= 0:
+            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
+        cfg = LoraConfig(
+            r=rank,
+            lora_alpha=float(lora.get("alpha", 2 * rank)),
+            lora_dropout=float(lora.get("dropout", 0.0)),
+            target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
+        )
+        lm = self.model.model.language_model
+        inject_adapter_in_model(cfg, lm, adapter_name="default")
+        for name, p in lm.named_parameters():  # base frozen, adapters trainable
+            p.requires_grad_("lora_" in name)
+        self.lora_adapter = "default"
+
+    # ------------------------------------------------------------------ prompts
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    def format_prompt(self, prompt: str) -> str:
+        """Janus-Pro's text-to-image prompt: chat template with the generation prompt, + <begin_of_image>.
+
+        Same string as ``processor(text=processor.apply_chat_template(msgs, add_generation_prompt=True),
+        generation_mode="image")`` tokenises (the processor appends the begin-of-image token).
+        """
+        if self.chat_template:
+            messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+            if self.processor is not None:
+                text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+            else:
+                text = self.tokenizer.apply_chat_template(
+                    messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+                )
+        else:
+            text = FALLBACK_TEMPLATE.format(prompt=prompt.strip())
+        return text + self.boi_token
+
+    def prompt_ids(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids of each formatted prompt (BOS … <begin_of_image>), unpadded."""
+        out = []
+        for p in prompts:
+            ids = list(self.tokenizer(self.format_prompt(p))["input_ids"])
+            if not ids or ids[-1] != self.boi_id:
+                raise UserError(
+                    f"the Janus tokenizer does not end the prompt with the begin-of-image token "
+                    f"(id {self.boi_id}); got ids ending {ids[-3:]}"
+                )
+            out.append(ids)
+        return out
+
+    def pad_left(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad with the pad id → (ids [B, L] long, attention mask [B, L] long)."""
+        width = max(len(x) for x in ids)
+        tok = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, x in enumerate(ids):
+            tok[i, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[i, width - len(x) :] = 1
+        return tok.to(self.device), mask.to(self.device)
+
+    def null_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """CFG null branch: every token that is neither BOS nor BOI → pad id (mask unchanged). [B, L]"""
+        keep = (ids == self.bos_id) | (ids == self.boi_id)
+        return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        bad = [p for p in prompts if not isinstance(p, str) or not p.strip()]
+        if bad:
+            raise UserError(f"Janus prompts must be non-empty strings, got {bad[:3]!r}")
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None:
+            return
+        unknown = set()
+        batch = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+        for p, ids in zip(prompts, batch):
+            if unk not in ids:  # byte-level BPE (Janus-Pro) never yields <unk>: one batched pass
+                continue
+            for word in p.split():
+                if unk in self.tokenizer(word, add_special_tokens=False)["input_ids"]:
+                    unknown.add(word)
+        if unknown:
+            raise UserError(f"words unknown to the Janus tokenizer: {', '.join(sorted(unknown))}")
+
+    # ------------------------------------------------------------------ model pieces
+    def _lm(
+        self, embeds: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any = None
+    ) -> torch.Tensor:
+        """Language model hidden states [N, S, D] (KV cache `cache` filled in place if given)."""
+        out = self.model.model.language_model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=cache is not None,
+        )
+        return out.last_hidden_state
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Generation head → image-token logits, in float32. [..., D] → [..., K]"""
+        return self.model.model.generation_head(hidden).float()
+
+    def _image_embeds(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens → LM input embeddings (generation embeddings + aligner). [N, t] → [N, t, D]"""
+        return self.model.prepare_embeddings_for_image_generation(tokens)
+
+    @staticmethod
+    def _cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        """ℓ = ℓ_u + s·(ℓ_c − ℓ_u)."""
+        return uncond + scale * (cond - uncond)
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        # eval: dropout off, and gradient checkpointing would otherwise disable the KV cache
+        was = self.training
+        self.eval()
+        try:
+            yield
+        finally:
+            self.train(was)
+
+    # ------------------------------------------------------------------ sampling (gpt-fast style)
+    def _prefill(self, ids2: torch.Tensor, mask2: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Run the doubled prompt batch [cond; null] through the LM; logits of the first image token. [2N, K]"""
+        pos = (mask2.cumsum(-1) - 1).clamp(min=0)  # [2N, L]
+        embeds = self.model.get_input_embeddings()(ids2)  # [2N, L, D]
+        return self._head(self._lm(embeds, mask2, pos, cache)[:, -1])
+
+    def _decode_one_token(
+        self, tok2: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Feed one image token per row (doubled batch); logits of the next token. [2N] → [2N, K]"""
+        embeds = self._image_embeds(tok2[:, None])  # [2N, 1, D]
+        return self._head(self._lm(embeds, mask, pos[:, None], cache)[:, -1])
+
+    def _sample_step(
+        self, logits2: torch.Tensor, scale: float, temperature: float, top_k: int, u: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split [cond; null] logits, combine with CFG, sample; log-probs of the sampled token (at T).
+
+        Sampling is by inverse CDF with one pre-drawn uniform u per row, so a row's sample does not
+        depend on how the batch is chunked.
+        """
+        cond, uncond = logits2.chunk(2)  # [N, K] each
+        cfg = self._cfg(cond, uncond, scale) / temperature
+        filtered = cfg
+        if top_k and top_k < cfg.shape[-1]:  # top-k shapes sampling only; recorded log-probs are untruncated
+            kth = cfg.topk(top_k, dim=-1).values[:, -1:]
+            filtered = cfg.masked_fill(cfg < kth, float("-inf"))
+        cdf = filtered.softmax(-1).cumsum(-1)  # [N, K]
+        tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)  # [N, 1]
+        tok = tok.clamp(max=cfg.shape[-1] - 1)
+
+        def lp(x: torch.Tensor) -> torch.Tensor:
+            return x.log_softmax(-1).gather(-1, tok).squeeze(-1)
+
+        return tok.squeeze(-1), lp(cond / temperature), lp(uncond / temperature), lp(cfg)
+
+    def _decode_n_tokens(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+        temperature: float,
+        top_k: int,
+        uniforms: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """Sample T image tokens for N prompt rows (uniforms [N, T] drive the draws).
+
+        Returns tokens, logp_cond, logp_uncond, logp_cfg, each [N, T].
+        """
+        from transformers import StaticCache
+
+        n, length = ids.shape
+        steps = self.num_image_tokens
+        ids2 = torch.cat([ids, self.null_ids(ids)])  # [2N, L] — rows N.. are the null branch
+        mask2 = mask.repeat(2, 1)  # mask copied unchanged (pads stay visible)
+        # KV cache allocated once at full size; attention mask preallocated and sliced per step
+        cache = StaticCache(config=self.model.config.text_config, max_cache_len=length + steps)
+        full_mask = torch.cat([mask2, mask2.new_ones(2 * n, steps)], dim=1)  # [2N, L + T]
+        next_pos = mask2.sum(-1)  # [2N] position of the first image token
+        out = torch.empty((4, n, steps), dtype=torch.float32, device=ids.device)  # tokens, cond, uncond, cfg
+
+        logits2 = self._prefill(ids2, mask2, cache)
+        for t in range(steps):
+            tok, lc, lu, lg = self._sample_step(logits2, scale, temperature, top_k, uniforms[:, t])
+            out[0, :, t], out[1, :, t], out[2, :, t], out[3, :, t] = tok.float(), lc, lu, lg
+            if t + 1 < steps:
+                logits2 = self._decode_one_token(
+                    torch.cat([tok, tok]), full_mask[:, : length + t + 1], next_pos + t, cache
+                )
+        return out[0].long(), out[1], out[2], out[3]
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        prompts: list[str],
+        group_size: int,
+        cfg_scale: float,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample `group_size` images per prompt with CFG (rows grouped: prompt 0's G samples first).
+
+        `generator` may live on any device (the [B, T] uniforms are drawn there, then moved); the
+        same seed gives the same samples whatever ``max_rollout_batch`` is. Token ids: ``rollout.extras["prompt_ids"]``
+        (list of unpadded id lists, one per row), used by ``logprobs`` to rebuild both branches.
+        """
+        self.check_prompts(prompts)
+        if temperature <= 0:
+            raise UserError(f"temperature must be > 0, got {temperature}")
+        rows = [p for p in prompts for _ in range(group_size)]  # [B = P·G]
+        row_ids = [ids for ids in self.prompt_ids(prompts) for _ in range(group_size)]
+        noise_device = generator.device if generator is not None else self.device
+        uniforms = torch.rand((len(rows), self.num_image_tokens), generator=generator, device=noise_device)
+        uniforms = uniforms.to(self.device)  # [B, T] one uniform per draw
+        chunk = self.max_rollout_batch or len(rows)
+        parts = []
+        with self._eval_mode():
+            for s in range(0, len(rows), chunk):
+                ids, mask = self.pad_left(row_ids[s : s + chunk])
+                parts.append(
+                    self._decode_n_tokens(ids, mask, cfg_scale, temperature, top_k, uniforms[s : s + chunk])
+                )
+        tokens, lc, lu, lg = (torch.cat(x) for x in zip(*parts))
+        return Rollout(
+            tokens=tokens,
+            mask=torch.ones_like(lc),
+            logp_cond=lc,
+            logp_uncond=lu,
+            logp_cfg=lg,
+            prompts=rows,
+            cfg_scale=float(cfg_scale),
+            temperature=float(temperature),
+            extras={"prompt_ids": row_ids},
+        )
+
+    # ------------------------------------------------------------------ teacher forcing
+    def _context_logits(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, K]"""
+        length, steps = ids.shape[1], tokens.shape[1]
+        embeds = torch.cat(
+            [self.model.get_input_embeddings()(ids), self._image_embeds(tokens[:, :-1])], dim=1
+        )  # [N, L + T − 1, D] — the last image token is never fed
+        full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps - 1)], dim=1)
+        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self._lm(embeds, full_mask, pos)  # [N, L + T − 1, D]
+        return self._head(hidden[:, length - 1 :])  # position L−1+t predicts token t
+
+    def logprobs(self, rollout: Rollout, context: Context = "cond", full_dist: bool = False) -> Any:
+        """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient. [B, T]
+
+        context: ``cond`` (prompt), ``uncond`` (null branch) or ``cfg`` (log_softmax of the
+        CFG-combined logits, both branches in one doubled batch). With ``full_dist`` also returns the
+        temperature-scaled logits [B, T, K] of that context.
+        """
+        if context not in ("cond", "uncond", "cfg"):
+            raise ValueError(f"context must be cond, uncond or cfg, got {context!r}")
+        tokens = rollout.tokens.to(self.device)  # [B, T]
+        ids, mask = self.pad_left(rollout.extras["prompt_ids"])  # [B, L]
+        if context == "cond":
+            logits = self._context_logits(ids, mask, tokens)
+        elif context == "uncond":
+            logits = self._context_logits(self.null_ids(ids), mask, tokens)
+        else:
+            both = self._context_logits(
+                torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1), tokens.repeat(2, 1)
+            )
+            cond, uncond = both.chunk(2)
+            logits = self._cfg(cond, uncond, rollout.cfg_scale)
+        logits = logits / rollout.temperature  # [B, T, K]
+        logp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [B, T]
+        return (logp, logits) if full_dist else logp
+
+    def forward(self, rollout: Rollout, context: Context = "cond", full_dist: bool = False) -> Any:
+        return self.logprobs(rollout, context, full_dist)
+
+    # ------------------------------------------------------------------ images and codes
+    @torch.no_grad()
+    def decode(self, rollout: Rollout) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] through the Janus VQ decoder (384 px for Janus-Pro)."""
+        vq = self.model.model.vqmodel
+        tokens = rollout.tokens.to(self.device)
+        images = [
+            vq.decode(tokens[s : s + self.decode_batch]) for s in range(0, len(tokens), self.decode_batch)
+        ]
+        return ((torch.cat(images).float() + 1) / 2).clamp(0, 1)  # VQ output is in [−1, 1]
+
+    @torch.no_grad()
+    def code_embeddings(self, rollout: Rollout) -> torch.Tensor:
+        """VQ codebook entries of the rollout's tokens, L2-normalised as the decoder uses them. [B, T, D]"""
+        table = self.model.model.vqmodel.quantize.embedding
+        return F.normalize(table(rollout.tokens.to(self.device)).float(), dim=-1)
+
+    # ------------------------------------------------------------------ saving
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict with any LoRA deltas folded into the base weights (no mutation)."""
+        sd = dict(self.model.state_dict())
+        if self.lora_adapter is None:
+            return sd
+        from peft.tuners.lora import LoraLayer
+
+        for name, mod in self.model.named_modules():
+            if isinstance(mod, LoraLayer):
+                base = sd.pop(f"{name}.base_layer.weight")
+                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
+                if f"{name}.base_layer.bias" in sd:
+                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
+        return {k: v for k, v in sd.items() if "lora_" not in k}
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Save a plain transformers Janus checkpoint (LoRA merged) + processor/tokenizer.
+
+        Reloads with ``JanusForConditionalGeneration.from_pretrained(path)`` or ``janus:PATH``.
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, state_dict=self.merged_state_dict())
+        (self.processor or self.tokenizer).save_pretrained(path)

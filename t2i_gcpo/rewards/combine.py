@@ -1,0 +1,173 @@
+"""Combining rewards and calling user rewards, with every failure turned into a named `RewardError`.
+
+- `call_reward`: call any reward, coerce its output to `RewardOutput` and check it: an exception
+  inside the reward, a wrong number of scores, or a NaN/inf score raises `RewardError` naming the
+  reward (a NaN reward would silently poison the group advantages of SPEC §2).
+- `WeightedSum([(reward, weight), …])`: r = Σ_k w_k r_k.
+- `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
+  ``list[float] | Tensor | RewardOutput`` (``path/to/file.py:function`` works too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.rewards.base import Reward, RewardOutput
+
+
+class RewardError(UserError):
+    """A reward failed (raised, returned NaN/inf, or returned the wrong number of scores)."""
+
+
+def reward_name(reward: Any) -> str:
+    return str(getattr(reward, "name", None) or type(reward).__name__)
+
+
+def as_reward_output(value: Any, n: int, name: str) -> RewardOutput:
+    """RewardOutput from a RewardOutput, tensor, array or sequence of numbers; checks length and finiteness."""
+    if isinstance(value, RewardOutput):
+        scores, details = value.scores, list(value.details)
+    else:
+        scores, details = value, []
+    try:
+        if torch.is_tensor(scores):
+            scores = scores.detach().float().cpu()
+        else:
+            scores = torch.as_tensor(np.asarray(scores, dtype=np.float64)).float()
+    except (TypeError, ValueError) as e:
+        raise RewardError(f"reward '{name}' returned {type(value).__name__}, not numbers ({e})") from None
+    if scores.numel() == n:
+        scores = scores.reshape(-1)  # accept [B, 1]
+    if scores.dim() != 1 or scores.numel() != n:
+        raise RewardError(f"reward '{name}' returned {tuple(scores.shape)} scores for {n} samples")
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if bad:
+        raise RewardError(
+            f"reward '{name}' returned NaN/inf for sample(s) {bad[:8]} (scores {scores[bad[:4]].tolist()})"
+        )
+    if not details:
+        details = [{} for _ in range(n)]
+    if len(details) != n:
+        raise RewardError(f"reward '{name}' returned {len(details)} detail entries for {n} samples")
+    return RewardOutput(scores=scores, details=details)
+
+
+def call_reward(reward: Any, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+    """``reward(images, prompts, metadata)`` with failures raised as `RewardError` naming the reward."""
+    name = reward_name(reward)
+    try:
+        out = reward(images, prompts, metadata)
+    except RewardError:
+        raise
+    except Exception as e:
+        raise RewardError(f"reward '{name}' failed: {type(e).__name__}: {e}") from e
+    return as_reward_output(out, len(prompts), name)
+
+
+class Checked:
+    """Wraps a reward so every call goes through `call_reward` (same name)."""
+
+    def __init__(self, reward: Reward):
+        self.inner = reward
+        self.name = reward_name(reward)
+
+    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        return call_reward(self.inner, images, prompts, metadata)
+
+
+class WeightedSum:
+    """r_i = Σ_k w_k · r_k,i.
+
+    details[i] merges the parts per reward name: ``{name: r_k,i, "name/key": value, …}`` for each
+    part (a repeated name gets a ``#2`` suffix), so every component can be logged on its own.
+    """
+
+    def __init__(self, parts: Sequence[tuple[Reward, float]]):
+        if not parts:
+            raise UserError("a weighted reward sum needs at least one term")
+        self.parts = [(r, float(w)) for r, w in parts]
+        for r, w in self.parts:
+            if not math.isfinite(w):
+                raise UserError(f"reward weight for '{reward_name(r)}' must be finite, got {w}")
+        self.names: list[str] = []
+        for r, _ in self.parts:
+            base, k = reward_name(r), 2
+            name = base
+            while name in self.names:
+                name, k = f"{base}#{k}", k + 1
+            self.names.append(name)
+        self.name = "+".join(f"{w:g}*{n}" for (_, w), n in zip(self.parts, self.names))
+
+    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        total = torch.zeros(len(prompts))
+        details: list[dict] = [{} for _ in prompts]
+        for (reward, weight), name in zip(self.parts, self.names):
+            out = call_reward(reward, images, prompts, metadata)
+            total += weight * out.scores
+            for d, s, extra in zip(details, out.scores.tolist(), out.details):
+                d[name] = s
+                d.update({f"{name}/{k}": v for k, v in extra.items()})
+        return RewardOutput(scores=total, details=details)
+
+
+def _import_module(module: str) -> Any:
+    if module.endswith(".py"):
+        path = Path(module).expanduser()
+        if not path.is_file():
+            raise UserError(f"reward file '{module}' does not exist")
+        spec = importlib.util.spec_from_file_location(f"t2i_gcpo_user_reward_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise UserError(f"cannot import reward file '{module}': {type(e).__name__}: {e}") from None
+        return mod
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        hint = " (is it on PYTHONPATH?)" if e.name == module.split(".")[0] else ""
+        raise UserError(f"cannot import reward module '{module}': {e}{hint}") from None
+    except Exception as e:
+        raise UserError(f"cannot import reward module '{module}': {type(e).__name__}: {e}") from None
+
+
+class CallableReward:
+    """A user reward given as ``module:function`` (or ``path/to/file.py:function``).
+
+    The function is called as ``f(images, prompts, metadata)`` with images [B, 3, H, W] in [0, 1]
+    and returns ``list[float] | Tensor [B] | RewardOutput``; its name is the function name.
+    """
+
+    def __init__(self, spec: str):
+        module, sep, func = spec.rpartition(":")
+        if not sep or not module or not func:
+            raise UserError(f"a callable reward is written 'module:function', got '{spec}'")
+        mod = _import_module(module)
+        fn = getattr(mod, func, None)
+        if fn is None:
+            raise UserError(f"reward module '{module}' has no attribute '{func}'")
+        if not callable(fn):
+            raise UserError(f"'{spec}' is not callable (it is a {type(fn).__name__})")
+        self.fn = fn
+        self.spec = spec
+        self.name = func
+
+    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        name = self.name
+        try:
+            out = self.fn(images, prompts, metadata)
+        except Exception as e:
+            raise RewardError(f"reward '{name}' ({self.spec}) failed: {type(e).__name__}: {e}") from e
+        return as_reward_output(out, len(prompts), name)
+
+
+__all__ = ["RewardError", "Checked", "WeightedSum", "CallableReward", "call_reward", "as_reward_output"]

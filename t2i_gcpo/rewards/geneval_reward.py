@@ -1,0 +1,80 @@
+"""GenEval as an RL reward on real images (SPEC §8.2, the flow_grpo variant).
+
+Per image: detect objects (Mask2Former, a local checkpoint), classify colours with CLIP, and score
+the prompt's GenEval metadata with the rules engine's partial-credit reward: per include clause
+1 − |count − found| / count, a colour term 1 − |count − n_colour| / count and a position term (1 or 0),
+averaged; a wrong count gives 0 for its colour/position terms. The strict 0/1 GenEval correctness
+is kept in the details (``strict``) so both can be reported side by side.
+
+The detector is any callable PIL image → list[Detection]; the colour classifier anything with
+``color_of(image) -> (Detection -> colour name)``. ``from_paths`` builds the real pair:
+`Mask2FormerDetector` (t2i_gcpo/eval/detector_mask2former.py) and `ClipColorClassifier`
+(t2i_gcpo/eval/color_clip.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.rewards.clip_score import images_to_pil
+
+
+class GenEvalReward:
+    """r_i = GenEval partial credit (default) or strict correctness of image i against its metadata."""
+
+    name = "geneval"
+
+    def __init__(
+        self,
+        detector: Callable[[Any], list[Detection]],
+        color_classifier: Any,
+        score: Literal["partial", "strict"] = "partial",
+    ):
+        if score not in ("partial", "strict"):
+            raise UserError(f"GenEval reward score must be 'partial' or 'strict', got '{score}'")
+        self.detector = detector
+        self.color_classifier = color_classifier
+        self.score = score
+
+    @classmethod
+    def from_paths(
+        cls,
+        detector_dir: str,
+        clip_checkpoint: str,
+        clip_model: str = "ViT-L-14",
+        device: str | torch.device = "cpu",
+        score: Literal["partial", "strict"] = "partial",
+    ) -> GenEvalReward:
+        """Mask2Former (local transformers checkpoint dir) + open_clip colour classifier (local weights)."""
+        from t2i_gcpo.eval.color_clip import ClipColorClassifier
+        from t2i_gcpo.eval.detector_mask2former import Mask2FormerDetector
+
+        detector = Mask2FormerDetector.from_pretrained(detector_dir, device=device)
+        colors = ClipColorClassifier.from_pretrained(clip_checkpoint, clip_model, device=device)
+        return cls(detector, colors, score=score)
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        from t2i_gcpo.eval.geneval_rules import reward_detections
+
+        missing = [i for i, m in enumerate(metadata) if not m or "include" not in m]
+        if missing or len(metadata) != len(prompts):
+            raise UserError(
+                "the GenEval reward needs GenEval metadata ({'tag', 'include', …}) for every prompt; "
+                f"missing for sample(s) {missing[:8]} — use a prompt set with metadata (e.g. GenEval's)"
+            )
+        scores, details = [], []
+        for image, meta in zip(images_to_pil(images), metadata):
+            detections = self.detector(image)
+            result = reward_detections(meta, detections, self.color_classifier.color_of(image))
+            strict, partial = float(bool(result.correct)), float(result.partial)
+            scores.append(partial if self.score == "partial" else strict)
+            details.append(
+                {"strict": strict, "partial": partial, "reason": result.reason, "tag": meta.get("tag")}
+            )
+        return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), details=details)

@@ -1,0 +1,94 @@
+"""Resolve a ``--reward`` string to a reward object.
+
+Forms:
+- ``shapeworld``                              the embedded world's detector-based GenEval reward
+- ``clip:CKPT_PATH[:MODEL_NAME]``             CLIPScore, open_clip weights from a local file or
+                                              local-dir folder (MODEL_NAME default ViT-L-14)
+- ``geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL]``  GenEval partial-credit reward: Mask2Former + CLIP colours
+- ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata)
+- ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
+
+Every reward returned is wrapped so that an exception or a NaN score raises `RewardError` naming it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.rewards.combine import CallableReward, Checked, WeightedSum
+
+FORMS = (
+    "'shapeworld', 'clip:CKPT_PATH[:MODEL_NAME]', 'geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME]', "
+    "'module:function', or a weighted sum such as '0.7*clip:CKPT+0.3*shapeworld'"
+)
+DEFAULT_CLIP_MODEL = "ViT-L-14"
+_WEIGHTED = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*(.+?)\s*$")
+
+
+def _accepted(fn: Any, ctx: dict) -> dict:
+    """The entries of `ctx` that callable `fn` takes as keyword arguments."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(ctx)
+    return {k: v for k, v in ctx.items() if k in params}
+
+
+def _split_clip(rest: str) -> tuple[str, str]:
+    """'CKPT[:MODEL]' → (ckpt, model); a path that exists as written wins over a ':' split."""
+    if Path(rest).expanduser().exists() or ":" not in rest:
+        return rest, DEFAULT_CLIP_MODEL
+    ckpt, model = rest.rsplit(":", 1)
+    return ckpt, model or DEFAULT_CLIP_MODEL
+
+
+def _build_one(spec: str, ctx: dict) -> Any:
+    spec = spec.strip()
+    if spec == "shapeworld":
+        from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+
+        return ShapeWorldReward(**_accepted(ShapeWorldReward, ctx))
+    if spec.startswith("clip:"):
+        from t2i_gcpo.rewards.clip_score import ClipScoreReward
+
+        ckpt, model = _split_clip(spec[len("clip:") :])
+        if not ckpt:
+            raise UserError(f"reward '{spec}': write clip:CKPT_PATH[:MODEL_NAME]")
+        return ClipScoreReward(ckpt, model, **_accepted(ClipScoreReward, ctx))
+    if spec.startswith("geneval:"):
+        from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+
+        fields = [f.strip() for f in spec[len("geneval:") :].split(",")]
+        if len(fields) not in (2, 3) or not all(fields):
+            raise UserError(f"reward '{spec}': write geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME]")
+        model = fields[2] if len(fields) == 3 else DEFAULT_CLIP_MODEL
+        return GenEvalReward.from_paths(
+            fields[0], fields[1], model, **_accepted(GenEvalReward.from_paths, ctx)
+        )
+    if ":" in spec and not spec.startswith(":"):
+        return CallableReward(spec)
+    raise UserError(f"unknown reward '{spec}': use {FORMS}")
+
+
+def build_reward(spec: str, **ctx: Any) -> Any:
+    """The reward named by `spec` (forms in the module docstring), checked for errors and NaN.
+
+    `ctx` holds optional constructor arguments (e.g. ``device``); each reward takes the ones it
+    accepts.
+    """
+    if not spec or not spec.strip():
+        raise UserError(f"empty reward: use {FORMS}")
+    terms = [t for t in spec.split("+")] if "+" in spec or _WEIGHTED.match(spec) else [spec]
+    if len(terms) == 1 and not _WEIGHTED.match(spec):
+        return Checked(_build_one(spec, ctx))
+    parts = []
+    for term in terms:
+        m = _WEIGHTED.match(term)
+        weight, sub = (float(m.group(1)), m.group(2)) if m else (1.0, term)
+        if not sub.strip():
+            raise UserError(f"empty term in reward sum '{spec}'")
+        parts.append((_build_one(sub, ctx), weight))
+    return WeightedSum(parts)

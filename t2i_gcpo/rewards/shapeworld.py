@@ -1,0 +1,83 @@
+"""The ShapeWorld reward: GenEval's rules (SPEC §8) on the ShapeWorld detector's output.
+
+Per image: detect objects from pixels (t2i_gcpo.worlds.shapeworld.detect), then score the prompt's
+GenEval metadata twice — the strict GenEval verdict (`evaluate_detections`: top-count per class,
+thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`, SPEC §8.2). The
+scalar reward is the partial credit by default, or the strict verdict as 0/1 with `mode="strict"`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.eval.geneval_rules import default_threshold, evaluate_detections, reward_detections
+from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.worlds.shapeworld.detect import detect
+from t2i_gcpo.worlds.shapeworld.parse import parse_prompt
+from t2i_gcpo.worlds.shapeworld.render import token_grid_mask
+
+
+def to_uint8_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
+    """float [B, 3, H, W] in [0, 1] (NaN → background gray) → uint8 [B, H, W, 3]."""
+    x = torch.as_tensor(images).detach().float().cpu()
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"expected images [B, 3, H, W], got shape {tuple(x.shape)}")
+    x = torch.nan_to_num(x, nan=0.6, posinf=1.0, neginf=0.0).clamp(0, 1)
+    return (x * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+class ShapeWorldReward:
+    """r_i = §8.2 partial credit (default) or strict GenEval correctness of image i.
+
+    details[i]: {"strict": bool (GenEval verdict), "partial": float (§8.2), "strict_exact": bool
+    (§8.2 exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
+    "object_grid": bool [rows, cols] — tokens (≥ 25 % covered) on detected objects of a prompt
+    class, above the prompt's detection threshold}.
+    """
+
+    name = "shapeworld"
+
+    def __init__(self, mode: Literal["partial", "strict"] = "partial", grid: tuple[int, int] = (8, 8)) -> None:
+        if mode not in ("partial", "strict"):
+            raise UserError(f"ShapeWorld reward mode must be 'partial' or 'strict', got {mode!r}")
+        self.mode = mode
+        self.grid = (int(grid[0]), int(grid[1]))
+
+    def score_image(self, image: np.ndarray, metadata: dict) -> dict:
+        """Details of one uint8 [H, W, 3] image against GenEval metadata (see the class doc)."""
+        detections = detect(image)
+        strict = evaluate_detections(metadata, detections)
+        flow = reward_detections(metadata, detections)
+        classes = {c["class"] for c in metadata.get("include", [])}
+        thr = default_threshold(metadata)
+        kept = [d for d in detections if d.cls in classes and d.score > thr]
+        return {
+            "strict": bool(strict.correct),
+            "partial": float(flow.partial),
+            "strict_exact": bool(flow.correct),
+            "tag": metadata.get("tag", "untagged"),
+            "reason": strict.reason,
+            "detections": [
+                {"cls": d.cls, "color": d.color, "box": tuple(round(v, 2) for v in d.box), "score": round(d.score, 4)}
+                for d in detections
+            ],
+            "object_grid": token_grid_mask([d.mask for d in kept], self.grid),
+        }
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        pixels = to_uint8_images(images)  # [B, H, W, 3]
+        if len(prompts) != len(pixels) or (metadata and len(metadata) != len(pixels)):
+            raise ValueError(f"{len(pixels)} images but {len(prompts)} prompts and {len(metadata)} metadata")
+        details = []
+        for i, image in enumerate(pixels):
+            meta = metadata[i] if metadata else {}
+            if not meta.get("include"):  # no metadata: the prompt text must be a GenEval template
+                meta = parse_prompt(prompts[i])
+            details.append(self.score_image(image, meta))
+        key = "partial" if self.mode == "partial" else "strict"
+        scores = torch.tensor([float(d[key]) for d in details], dtype=torch.float32)  # [B]
+        return RewardOutput(scores=scores, details=details)
