@@ -30,6 +30,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "t2i_gcpo.commands.credit_map:credit_map_cmd",
         "Draw where each credit scheme puts a sample's credit.",
     ),
+    "eval": (
+        "t2i_gcpo.commands.eval:eval_cmd",
+        "Evaluate on GenEval, DPG-Bench or ShapeWorld (PyPI-only scorers).",
+    ),
+    "compare": (
+        "t2i_gcpo.commands.compare:compare_cmd",
+        "Train several algorithms × seeds; table and curves.",
+    ),
     "pretrain": (
         "t2i_gcpo.commands.pretrain:pretrain_cmd",
         "Rebuild the ShapeWorld VQ tokenizer and prior from scratch.",

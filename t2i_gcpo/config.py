@@ -34,7 +34,11 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 class RolloutConfig:
     prompts_per_step: int = doc("P: prompts sampled per step (each gets a group of G outputs).", 8)
     group_size: int = doc("G: outputs sampled per prompt (GCPO paper: 16).", 8)
-    cfg_scale: float = doc("s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u) (GCPO paper: 5).", 3.0)
+    cfg_scale: float | None = doc(
+        "s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u); null = the model's default "
+        "(ShapeWorld: stored in its checkpoint; GCPO paper on Janus-Pro: 5).",
+        None,
+    )
     temperature: float = doc("T: sampling temperature (GCPO paper: 1).", 1.0)
     top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0)
     train_logp: Literal["cond", "cfg"] = doc(

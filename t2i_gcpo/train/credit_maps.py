@@ -34,6 +34,7 @@ def run_credit_maps(
     from t2i_gcpo.rewards.combine import call_reward
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.train.data import load_prompts
+    from t2i_gcpo.train.run import default_cfg_scale
     from t2i_gcpo.train.trainer import attach_object_grids
     from t2i_gcpo.train.visuals import scheme_weights, to_uint8
     from t2i_gcpo.viz.credit_map import credit_figure, write_credit_html
@@ -52,7 +53,7 @@ def run_credit_maps(
     if "dgpo" in schemes:
         ref = load_policy(reference or "shapeworld").eval()
     reward = build_reward(reward_spec, grid=policy.grid_shape)
-    cfg_scale = cfg.rollout.cfg_scale if cfg_scale is None else cfg_scale
+    cfg_scale = default_cfg_scale(policy) if cfg_scale is None else cfg_scale
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, cols = policy.grid_shape

@@ -32,6 +32,20 @@ def default_eval_prompts(cfg: TrainConfig) -> str | None:
     return None
 
 
+def local_device() -> str:
+    """This process's device (accelerate sets LOCAL_RANK per process on multi-GPU launches)."""
+    import os
+
+    import torch
+
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
+def default_cfg_scale(policy: Any) -> float:
+    """The CFG scale a checkpoint recommends (ShapeWorld stores one), else the Janus-Pro default 5."""
+    return float(getattr(getattr(policy, "config", None), "default_cfg_scale", 5.0))
+
+
 def prompt_classes(cfg: TrainConfig) -> list[str] | None:
     """Object classes prompts are parsed against: ShapeWorld shapes, or GenEval's 80 COCO names."""
     if cfg.model.startswith("janus:"):
@@ -69,7 +83,9 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     eval_metadata = load_prompts(cfg.eval_prompts, prompt_classes(cfg)) if cfg.eval_prompts else None
     policy = load_policy(cfg.model, cfg.model_options)
     policy.check_prompts([m["prompt"] for m in metadata + (eval_metadata or [])])
-    reward = build_reward(cfg.reward, grid=getattr(policy, "grid_shape", None))
+    if cfg.rollout.cfg_scale is None:
+        cfg.rollout.cfg_scale = default_cfg_scale(policy)
+    reward = build_reward(cfg.reward, grid=getattr(policy, "grid_shape", None), device=local_device())
     return Job(cfg, run_dir, metadata, eval_metadata, policy, reward, resume=resume_dir is not None)
 
 

@@ -314,6 +314,8 @@ class Trainer:
         if resume:
             load_optimizer(self.ckpt, self.optimizer)
         self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
+        if self.ref is not None:
+            self.ref.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = False
         self.writer = None
@@ -331,7 +333,7 @@ class Trainer:
         return self.stream.take(base + acc.process_index * self.local_prompts, self.local_prompts)
 
     def generator(self, step: int, round_: int) -> torch.Generator:
-        g = torch.Generator()
+        g = torch.Generator(device=self.accelerator.device)
         g.manual_seed(hash((self.cfg.seed, step, round_, self.accelerator.process_index)) % (2**63))
         return g
 

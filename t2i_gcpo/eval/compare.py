@@ -1,0 +1,134 @@
+"""Multi-seed comparison of algorithms: train each (algo, seed), then tabulate the held-out strict
+score per tag (mean and 95 % interval over seeds), the steps each algorithm needs to reach GRPO's
+final score, and plot the held-out curves with bands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from t2i_gcpo.train import metrics as M
+from t2i_gcpo.viz.lift import mean_ci95
+
+
+def run_comparison(
+    algos: list[str],
+    seeds: int,
+    steps: int,
+    out: Path,
+    prompts: str,
+    model: str = "shapeworld",
+    reward: str = "shapeworld",
+    eval_every: int = 25,
+    overrides: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Train every (algo, seed) not already finished under `out/<algo>/seed<k>` (so an interrupted
+    comparison resumes where it stopped), then summarise."""
+    from t2i_gcpo.train.run import prepare, run
+
+    for algo in algos:
+        for seed in range(seeds):
+            run_dir = out / algo / f"seed{seed}"
+            if (run_dir / "eval.json").is_file():
+                continue  # finished earlier
+            if (run_dir / "checkpoints" / "latest").is_file():
+                job = prepare(resume_dir=run_dir, steps=steps)
+            else:
+                if run_dir.exists():  # started but never checkpointed: start again
+                    import shutil
+
+                    shutil.rmtree(run_dir)
+                flags = dict(
+                    prompts=prompts, model=model, reward=reward, out=str(run_dir), steps=steps, seed=seed
+                )
+                job = prepare(algo=algo, flags=flags, overrides=(f"eval_every={eval_every}", *overrides))
+            run(job)
+    return summarise(out, algos, seeds)
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, dict]]:
+    """(step, eval metrics) rows of a run, in step order (the last row for a repeated step wins)."""
+    rows: dict[int, dict] = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        r = json.loads(line)
+        if M.EVAL_STRICT in r and r[M.EVAL_STRICT] is not None:
+            rows[r[M.STEP]] = r
+    return sorted(rows.items())
+
+
+def summarise(out: Path, algos: list[str], seeds: int) -> dict[str, Any]:
+    curves = {a: [eval_curve(out / a / f"seed{s}") for s in range(seeds)] for a in algos}
+    finals = {
+        a: [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for s in range(seeds)] for a in algos
+    }
+    tags = sorted(
+        {k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")}
+        - {"overall"}
+    )
+    table: dict[str, dict[str, tuple[float, float, float, int]]] = {}
+    for a in algos:
+        table[a] = {t: mean_ci95([f.get(f"eval/strict/{t}", np.nan) for f in finals[a]]) for t in tags}
+        table[a]["overall"] = mean_ci95([f[M.EVAL_STRICT] for f in finals[a]])
+    reach: dict[str, float | None] = {}
+    if "grpo" in algos:
+        target = table["grpo"]["overall"][0]
+        for a in algos:
+            hits = []
+            for curve in curves[a]:
+                steps_hit = [step for step, r in curve if r[M.EVAL_STRICT] >= target - 1e-9]
+                hits.append(steps_hit[0] if steps_hit else np.nan)
+            reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
+    result = {"tags": tags, "table": table, "steps_to_grpo_final": reach, "seeds": seeds}
+    (out / "comparison.json").write_text(json.dumps(result, indent=1))
+    (out / "comparison.md").write_text(format_table(result))
+    plot_curves(curves, out / "curves.png")
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    tags = [*result["tags"], "overall"]
+    head = "| algorithm | " + " | ".join(tags) + " | steps to GRPO's final |"
+    lines = [head, "|" + "---|" * (len(tags) + 2)]
+    for algo, row in result["table"].items():
+        cells = [f"{row[t][0]:.3f} ± {(row[t][2] - row[t][1]) / 2:.3f}" for t in tags]
+        reach = result["steps_to_grpo_final"].get(algo)
+        lines.append(f"| {algo} | " + " | ".join(cells) + f" | {'—' if reach is None else f'{reach:.0f}'} |")
+    lines.append(
+        f"\nheld-out strict score, mean ± half-width of the 95 % interval over {result['seeds']} seed(s)"
+    )
+    return "\n".join(lines)
+
+
+def plot_curves(curves: dict[str, list[list[tuple[int, dict]]]], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for algo, runs in curves.items():
+        steps = sorted({s for run in runs for s, _ in run})
+        if not steps:
+            continue
+        grid = np.full((len(runs), len(steps)), np.nan)
+        for i, run in enumerate(runs):
+            for s, r in run:
+                grid[i, steps.index(s)] = r[M.EVAL_STRICT]
+        stats = [mean_ci95(grid[:, j]) for j in range(len(steps))]
+        mean = np.array([m for m, _, _, _ in stats])
+        lo = np.array([lo for _, lo, _, _ in stats])
+        hi = np.array([hi for _, _, hi, _ in stats])
+        ax.plot(steps, mean, label=algo, lw=2)
+        ax.fill_between(
+            steps, np.where(np.isfinite(lo), lo, mean), np.where(np.isfinite(hi), hi, mean), alpha=0.2
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out strict score")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
