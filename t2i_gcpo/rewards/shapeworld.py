@@ -41,7 +41,9 @@ class ShapeWorldReward:
 
     name = "shapeworld"
 
-    def __init__(self, mode: Literal["partial", "strict"] = "partial", grid: tuple[int, int] = (8, 8)) -> None:
+    def __init__(
+        self, mode: Literal["partial", "strict"] = "partial", grid: tuple[int, int] = (8, 8)
+    ) -> None:
         if mode not in ("partial", "strict"):
             raise UserError(f"ShapeWorld reward mode must be 'partial' or 'strict', got {mode!r}")
         self.mode = mode
@@ -62,7 +64,12 @@ class ShapeWorldReward:
             "tag": metadata.get("tag", "untagged"),
             "reason": strict.reason,
             "detections": [
-                {"cls": d.cls, "color": d.color, "box": tuple(round(v, 2) for v in d.box), "score": round(d.score, 4)}
+                {
+                    "cls": d.cls,
+                    "color": d.color,
+                    "box": tuple(round(v, 2) for v in d.box),
+                    "score": round(d.score, 4),
+                }
                 for d in detections
             ],
             "object_grid": token_grid_mask([d.mask for d in kept], self.grid),

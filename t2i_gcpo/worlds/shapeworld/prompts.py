@@ -1,0 +1,197 @@
+"""ShapeWorld prompt sets in GenEval's schema (SPEC §6, §8), and prompt-file reading/writing.
+
+With 5 shapes and 10 colours the unique prompts per tag are few for some tags (single_object 5,
+counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
+- the held-out test set takes an equal share per tag but at most 40 % (and at least 1) of a tag's
+  unique prompts — 76 unique prompts by default (2 / 8 / 6 / 20 / 20 / 20 by tag);
+- the train set is the rest, drawn tag-balanced: `n_train` rows, an equal number per tag, each tag
+  cycling through its remaining prompts (small tags repeat). Train and test share no prompt text.
+
+Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld --out prompts/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
+from t2i_gcpo.worlds.shapeworld.parse import metadata_to_prompt, parse_prompt, validate_metadata
+
+TEST_MAX_FRACTION = 0.4  # at most this share of a tag's unique prompts is held out
+
+
+def _record(tag: str, include: list[dict], exclude: list[dict] | None = None) -> dict:
+    """A metadata dict with GenEval's key order (tag, include, exclude?, prompt)."""
+    meta: dict = {"tag": tag, "include": include}
+    if exclude is not None:
+        meta["exclude"] = exclude
+    meta["prompt"] = metadata_to_prompt(meta)
+    return meta
+
+
+def all_metadata(tag: str, classes: list[str] | None = None) -> list[dict]:
+    """Every distinct GenEval prompt of `tag` over `classes` (default SHAPES), in a fixed order.
+
+    Like GenEval: the two objects of two_object / position / color_attr differ, and so do the two
+    colours of color_attr.
+    """
+    cls = list(SHAPES if classes is None else classes)
+    pairs = list(itertools.permutations(cls, 2))
+    if tag == "single_object":
+        return [_record(tag, [{"class": c, "count": 1}]) for c in cls]
+    if tag == "two_object":
+        return [_record(tag, [{"class": a, "count": 1}, {"class": b, "count": 1}]) for a, b in pairs]
+    if tag == "counting":
+        return [
+            _record(tag, [{"class": c, "count": n}], [{"class": c, "count": n + 1}])
+            for c in cls
+            for n in NUMBER_WORDS
+        ]
+    if tag == "colors":
+        return [_record(tag, [{"class": c, "count": 1, "color": k}]) for c in cls for k in COLORS]
+    if tag == "position":
+        return [
+            _record(tag, [{"class": target, "count": 1}, {"class": obj, "count": 1, "position": [rel, 0]}])
+            for target, obj in pairs
+            for rel in RELATIONS
+        ]
+    if tag == "color_attr":
+        return [
+            _record(tag, [{"class": a, "count": 1, "color": ka}, {"class": b, "count": 1, "color": kb}])
+            for a, b in pairs
+            for ka, kb in itertools.permutations(COLORS, 2)
+        ]
+    raise UserError(f"unknown GenEval tag {tag!r}: expected one of {', '.join(TAGS)}")
+
+
+def _check_tags(tags: list[str] | None) -> list[str]:
+    tags = list(TAGS if tags is None else tags)
+    bad = [t for t in tags if t not in TAGS]
+    if bad or not tags:
+        raise UserError(f"unknown GenEval tag(s) {bad}: expected some of {', '.join(TAGS)}")
+    return tags
+
+
+def generate_metadata(n: int, seed: int, tags: list[str] | None = None) -> list[dict]:
+    """`n` random ShapeWorld prompts (with replacement): a uniform tag from `tags` (default all
+    six), then a uniform prompt of that tag. Deterministic in `seed`."""
+    tags = _check_tags(tags)
+    rng = np.random.default_rng(seed)
+    pools = {t: all_metadata(t) for t in tags}
+    out = []
+    for _ in range(n):
+        pool = pools[tags[int(rng.integers(len(tags)))]]
+        out.append(json.loads(json.dumps(pool[int(rng.integers(len(pool)))])))  # independent copies
+    return out
+
+
+def make_splits(n_train: int = 1200, n_test: int = 120, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, test) metadata lists, deterministic in `seed`, disjoint by prompt text.
+
+    test: unique prompts, `n_test / 6` per tag capped at 40 % of the tag's unique prompts (≥ 1),
+    grouped by tag in GenEval's tag order. train: `n_train` rows, tag-balanced, shuffled, each tag
+    cycling through its prompts not in test (so small tags repeat).
+    """
+    if n_train < 0 or n_test < 0:
+        raise UserError(f"split sizes must be ≥ 0, got n_train={n_train}, n_test={n_test}")
+    rng = np.random.default_rng(seed)
+    train: list[dict] = []
+    test: list[dict] = []
+    for k, tag in enumerate(TAGS):
+        pool = all_metadata(tag)
+        order = rng.permutation(len(pool))
+        quota = n_test // len(TAGS) + (1 if k < n_test % len(TAGS) else 0)
+        n_held = min(quota, max(1, int(TEST_MAX_FRACTION * len(pool)))) if quota else 0
+        test.extend(pool[i] for i in order[:n_held])
+        rest = [pool[i] for i in order[n_held:]]
+        n_tag = n_train // len(TAGS) + (1 if k < n_train % len(TAGS) else 0)
+        picked: list[dict] = []
+        while len(picked) < n_tag:  # cycle through fresh permutations of the remaining prompts
+            picked.extend(rest[i] for i in rng.permutation(len(rest))[: n_tag - len(picked)])
+        train.extend(json.loads(json.dumps(m)) for m in picked)
+    train = [train[i] for i in rng.permutation(len(train))]
+    return train, test
+
+
+def write_prompts(metadata: list[dict], path: str | Path) -> None:
+    """Write prompts: `.jsonl` → one GenEval metadata JSON per line; `.txt` → one prompt per line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".jsonl":
+        text = "".join(json.dumps(m) + "\n" for m in metadata)
+    elif path.suffix == ".txt":
+        text = "".join(m["prompt"] + "\n" for m in metadata)
+    else:
+        raise UserError(f"prompt file {path} must end in .txt or .jsonl")
+    path.write_text(text)
+
+
+def read_prompt_file(
+    path: str | Path, classes: list[str] | None = None, *, strict: bool = True
+) -> list[dict]:
+    """Read a prompt file into GenEval metadata.
+
+    `.txt`: one prompt a line, each parsed with `parse_prompt(line, classes)` (classes default
+    SHAPES); blank lines and lines starting with "#" are skipped. With `strict=False` a line that
+    fits no template becomes `{"prompt": line}` (no tag) instead of an error.
+    `.jsonl`: one GenEval metadata object a line, validated (any class name
+    unless `classes` is given). Raises UserError naming file and line for a bad line, and for an
+    empty or missing file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file {path} does not exist")
+    if path.suffix not in (".txt", ".jsonl"):
+        raise UserError(f"prompt file {path} must end in .txt (prompts) or .jsonl (GenEval metadata)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"prompt file {path} is not UTF-8 text ({e.reason})") from None
+    out: list[dict] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            if path.suffix == ".txt":
+                try:
+                    out.append(parse_prompt(line, classes))
+                except UserError:
+                    if strict:
+                        raise
+                    out.append({"prompt": line.strip()})
+            else:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"malformed JSON ({e.msg})") from None
+                out.append(validate_metadata(record, classes))
+        except UserError as e:
+            raise UserError(f"{path}:{lineno}: {e}") from None
+    if not out:
+        raise UserError(f"prompt file {path} has no prompts")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="prompts", help="output folder")
+    ap.add_argument("--n-train", type=int, default=1200)
+    ap.add_argument("--n-test", type=int, default=120)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    train, test = make_splits(args.n_train, args.n_test, args.seed)
+    for name, data in (("train", train), ("test", test)):
+        for ext in ("txt", "jsonl"):
+            write_prompts(data, Path(args.out) / f"shapeworld_{name}.{ext}")
+    print(f"wrote {len(train)} train and {len(test)} test prompts to {Path(args.out)}")
+
+
+if __name__ == "__main__":
+    main()
