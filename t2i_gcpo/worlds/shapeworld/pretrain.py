@@ -1,0 +1,193 @@
+"""Rebuild the shipped ShapeWorld model from scratch: VQ tokenizer, then the text-conditioned prior.
+
+1. Data: `n_scenes` prompts drawn by `generate_metadata` (all six GenEval tags) with every held-out
+   test prompt (`make_splits()[1]`) removed, each rendered once by `sample_scene` + `render`.
+2. VQ-VAE (t2i_gcpo.tokenizers.vq) on those renders; every render is then encoded to 8×8 ids.
+3. Prior (t2i_gcpo.policies.ar): next-token cross-entropy on the image tokens, prompt replaced by
+   the null prompt with probability `cfg_dropout` (the unconditional branch of CFG, SPEC §6).
+4. Save (fp16 safetensors), reload from disk, score the reloaded model on the test prompts.
+
+The shipped model is deliberately under-trained: its strict score must leave RL room to improve
+(SPEC §6: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from t2i_gcpo.policies.ar import ARConfig, ARPolicy
+from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
+from t2i_gcpo.worlds.shapeworld.evaluate import evaluate_policy, format_table
+from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
+from t2i_gcpo.worlds.shapeworld.render import render, sample_scene
+
+
+@dataclass
+class PretrainConfig:
+    seed: int = 0
+    image_size: int = 32
+    n_scenes: int = (
+        40_000  # prompts drawn; those equal to a test prompt (≈ 30 %) are dropped, the rest rendered
+    )
+    vq_steps: int = 1_000  # VQ-VAE Adam steps at batch `vq_batch`
+    vq_batch: int = 64
+    vq_lr: float = 2e-3
+    prior_steps: int = 1_500  # prior AdamW steps at batch `prior_batch`
+    prior_batch: int = 32
+    prior_lr: float = 1e-3  # peak, linear warm-up then cosine decay to 10 %
+    warmup: int = 50
+    weight_decay: float = 0.05
+    cfg_dropout: float = 0.1  # probability of training a row on the null prompt
+    bf16: bool = True  # bf16 autocast for the prior's training forward (1.5× faster on this CPU)
+    max_minutes: float | None = None  # wall-clock cap shared by both stages (None: run all steps)
+    eval_images_per_prompt: int = 4
+    vq_path: str | None = None  # reuse this trained VQ tokenizer (skips VQ training)
+    ar: ARConfig | None = None  # prior shape; prompt_len is set from the data
+
+
+def render_dataset(metadata: list[dict], size: int, seed: int) -> np.ndarray:
+    """uint8 [N, H, W, 3]: one random scene per metadata."""
+    from tqdm.auto import tqdm
+
+    rng = np.random.default_rng(seed)
+    return np.stack([render(sample_scene(m, rng, size), size) for m in tqdm(metadata, desc="render")])
+
+
+def _to_float(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255  # [B, 3, H, W]
+
+
+@torch.no_grad()
+def encode_dataset(vq: VQTokenizer, images: np.ndarray, batch: int = 512) -> torch.Tensor:
+    """ids long [N, T]."""
+    return torch.cat([vq.encode(_to_float(images[i : i + batch])) for i in range(0, len(images), batch)])
+
+
+def train_prior(
+    policy: ARPolicy,
+    prompt_ids: torch.Tensor,
+    tokens: torch.Tensor,
+    cfg: PretrainConfig,
+    max_seconds: float | None = None,
+    callback: Callable[[int, ARPolicy], None] | None = None,
+) -> dict[str, float]:
+    """Cross-entropy on image tokens; prompt_ids [N, L], tokens [N, T]. `callback(step, policy)`
+    runs after every optimiser step (e.g. to snapshot the model)."""
+    from tqdm.auto import tqdm
+
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    params = [p for n, p in policy.named_parameters() if not n.startswith("vq.")]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.prior_lr,
+        betas=(0.9, 0.95),
+    )
+    policy.train()
+    t0, ema, step = time.time(), 0.0, 0
+    bar = tqdm(range(cfg.prior_steps), desc="prior")
+    for step in bar:
+        warm = min(1.0, (step + 1) / cfg.warmup)
+        cos = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.prior_steps))
+        for g in opt.param_groups:
+            g["lr"] = cfg.prior_lr * warm * cos
+        idx = torch.randint(0, tokens.shape[0], (cfg.prior_batch,), generator=gen)
+        null = torch.rand(cfg.prior_batch, generator=gen) < cfg.cfg_dropout  # [B] CFG dropout
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = policy.teacher_forced_logits(prompt_ids[idx], tokens[idx], null=null)  # [B, T, K]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[idx].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        ema = 0.95 * ema + 0.05 * loss.item() if step else loss.item()
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{ema:.3f}")
+        if callback is not None:
+            callback(step + 1, policy)
+        if max_seconds is not None and time.time() - t0 > max_seconds:
+            break
+    policy.eval()
+    return {"loss": ema, "steps": step + 1, "seconds": time.time() - t0}
+
+
+def pretrain(out: str, cfg: PretrainConfig | None = None, evaluate: bool = True) -> dict[str, Any]:
+    """Build, save to `out` and (optionally) evaluate the ShapeWorld model. Returns statistics,
+    also written to ``out/pretrain.json`` (timings per stage, losses, the evaluation)."""
+    cfg = cfg or PretrainConfig()
+    torch.manual_seed(cfg.seed)
+    t_start = time.time()
+    budget = None if cfg.max_minutes is None else cfg.max_minutes * 60
+    stats: dict[str, Any] = {"config": asdict(cfg), "torch_threads": torch.get_num_threads()}
+    stats["load_average"] = {"start": os.getloadavg()[0]}  # other jobs on the machine slow every stage
+
+    # ---- data: train-distribution prompts, none of the held-out test prompts --------------------
+    t = time.time()
+    _, test = make_splits()
+    held_out = {m["prompt"] for m in test}
+    meta = [m for m in generate_metadata(cfg.n_scenes, cfg.seed) if m["prompt"] not in held_out]
+    images = render_dataset(meta, cfg.image_size, cfg.seed)  # [N, H, W, 3] uint8
+    tokenizer = PromptTokenizer.build(m["prompt"] for m in meta)
+    tokenizer.check([m["prompt"] for m in test])  # every test word is seen in training
+    stats["data"] = {
+        "scenes": len(meta),
+        "unique_prompts": len({m["prompt"] for m in meta}),
+        "seconds": time.time() - t,
+    }
+
+    # ---- VQ tokenizer -----------------------------------------------------------------------------
+    if cfg.vq_path is not None:
+        vq = VQTokenizer.from_pretrained(cfg.vq_path)
+        stats["vq"] = {"from": cfg.vq_path}
+    else:
+        vq = VQTokenizer(VQConfig(image_size=cfg.image_size))
+
+        def batch_images(n: int, gen: torch.Generator) -> torch.Tensor:
+            return _to_float(images[torch.randint(0, len(images), (n,), generator=gen).numpy()])
+
+        vq_budget = None if budget is None else 0.25 * budget
+        stats["vq"] = train_vq(vq, batch_images, cfg.vq_steps, cfg.vq_batch, cfg.vq_lr, vq_budget, cfg.seed)
+    t = time.time()
+    tokens = encode_dataset(vq, images)  # [N, T]
+    stats["vq"]["encode_seconds"] = time.time() - t
+    stats["load_average"]["after_vq"] = os.getloadavg()[0]
+    stats["vq"]["codes_used"] = int(tokens.unique().numel())
+    with torch.no_grad():
+        x = _to_float(images[:512])
+        stats["vq"]["heldin_mse"] = float(F.mse_loss(vq.decode(vq.encode(x)), x))
+
+    # ---- prior ------------------------------------------------------------------------------------
+    ar_cfg = cfg.ar or ARConfig()
+    ar_cfg.prompt_len = tokenizer.max_len
+    policy = ARPolicy(ar_cfg, tokenizer, vq)
+    stats["prior_params"] = sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("vq."))
+    prompt_ids = tokenizer.encode([m["prompt"] for m in meta])  # [N, L]
+    left = None if budget is None else max(budget - (time.time() - t_start), 1.0)
+    stats["prior"] = train_prior(policy, prompt_ids, tokens, cfg, left)
+    stats["train_seconds"] = time.time() - t_start
+    stats["load_average"]["after_prior"] = os.getloadavg()[0]
+
+    # ---- save, reload (fp16 round trip), evaluate the reloaded model ------------------------------
+    policy.save_pretrained(out)
+    if evaluate:
+        t = time.time()
+        shipped = ARPolicy.from_pretrained(out)
+        result = evaluate_policy(shipped, test, cfg.eval_images_per_prompt, seed=cfg.seed, progress=True)
+        stats["eval"] = {**result, "seconds": time.time() - t, "prompts": len(test)}
+        print(format_table(result))
+    stats["total_seconds"] = time.time() - t_start
+    with open(os.path.join(out, "pretrain.json"), "w") as f:
+        json.dump(stats, f, indent=2)
+    return stats
