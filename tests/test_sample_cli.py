@@ -15,15 +15,8 @@ from PIL import Image
 from t2i_gcpo.commands.pretrain import pretrain_cmd
 from t2i_gcpo.commands.sample import sample_cmd
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.ar import SHIPPED
-
-needs_shipped = pytest.mark.skipif(
-    not os.path.isfile(os.path.join(SHIPPED["shapeworld"], "model_index.json")),
-    reason="shipped model not built",
-)
 
 
-@needs_shipped
 def test_sample_writes_geneval_layout_and_grid(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a photo of a red circle\n# a comment\na photo of two squares\n")
@@ -49,7 +42,6 @@ def test_sample_writes_geneval_layout_and_grid(tmp_path):
     assert Image.open(out / "grid.png").size == (3 * 34 * 4, 2 * 34 * 4)  # 2 rows × 3 framed, ×4
 
 
-@needs_shipped
 def test_sample_jsonl_is_seeded(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
@@ -72,7 +64,6 @@ def test_sample_jsonl_is_seeded(tmp_path):
     assert runs[0] == runs[1]
 
 
-@needs_shipped
 def test_sample_unknown_words_is_user_error(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a photo of a dog\na photo of a red hexagon\n")
@@ -187,7 +178,6 @@ def test_evaluate_policy_perfect_and_blank_images():
     assert table.splitlines()[-1].startswith("overall") and "single_object" in table
 
 
-@needs_shipped
 @pytest.mark.slow
 def test_shipped_model_is_decent_but_imperfect():
     """SPEC §6: the base model's strict score on the held-out prompts lies in [0.3, 0.7]."""

@@ -94,7 +94,6 @@ def test_from_pretrained_missing_dir_is_user_error(tmp_path):
         VQTokenizer.from_pretrained(str(tmp_path / "nope"))
 
 
-@pytest.mark.skipif(not os.path.isdir(SHIPPED_VQ), reason="shipped checkpoint not built yet")
 def test_shipped_vq_reconstructs_shapeworld_scenes():
     from t2i_gcpo.worlds.shapeworld import generate_metadata, render, sample_scene
 
