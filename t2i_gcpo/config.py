@@ -153,7 +153,7 @@ class TrainConfig:
     eval_every: int = doc(
         "Score eval_prompts every N steps (and at the end); 0 only at the end; -1 never.", 0
     )
-    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 4)
+    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8)
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)

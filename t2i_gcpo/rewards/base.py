@@ -11,7 +11,9 @@ import torch
 @dataclass
 class RewardOutput:
     scores: torch.Tensor  # [B] float — the scalar reward r_i of each sample
-    details: list[dict[str, Any]] = field(default_factory=list)  # [B] — per-sample info (strict, tag, objects…)
+    details: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # [B] — per-sample info (strict, tag, objects…)
 
 
 class Reward(Protocol):

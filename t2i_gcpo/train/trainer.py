@@ -392,12 +392,13 @@ class Trainer:
     def evaluate(self) -> dict:
         from t2i_gcpo.train.evaluate import evaluate_policy
 
+        cfg = self.cfg
         res = evaluate_policy(
-            unwrap(self.policy), self.reward, self.eval_metadata, self.cfg.eval_images_per_prompt,
-            self.cfg.rollout.cfg_scale, self.cfg.rollout.temperature, seed=self.cfg.seed, accelerator=self.accelerator,
+            unwrap(self.policy), self.reward, self.eval_metadata, cfg.eval_images_per_prompt,
+            cfg.rollout.cfg_scale, cfg.rollout.temperature, seed=cfg.seed, accelerator=self.accelerator,
         )  # fmt: skip
-        out = {M.EVAL_STRICT_TAG.format(tag=k): v for k, v in res["strict"].items()}
-        out[M.EVAL_STRICT] = res["overall"]
+        out = {M.EVAL_STRICT_TAG.format(tag=k): v["strict"] for k, v in res["per_tag"].items()}
+        out[M.EVAL_STRICT] = res["strict"]
         out[M.EVAL_PARTIAL] = res["partial"]
         return out
 

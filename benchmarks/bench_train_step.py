@@ -1,0 +1,79 @@
+"""Step time per algorithm (rollout / reward / update), warm-up excluded.
+
+Question: what does each credit scheme cost? GCPO reuses the sampler's recorded cond/uncond
+log-probs, so its step should cost what DAPO's does (target: within 5 %); DGPO needs the frozen
+reference's full distributions (one extra forward), so it costs more.
+
+    python benchmarks/bench_train_step.py [--model shapeworld] [--steps 12] [--warmup 2]
+
+Prints a table and writes benchmarks/results/train_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from t2i_gcpo.train.run import REPO_PROMPTS, prepare  # noqa: E402
+from t2i_gcpo.train.trainer import Trainer, train_step  # noqa: E402
+
+ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official"]
+PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
+
+
+def bench(algo: str, model: str, steps: int, warmup: int, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = dict(
+            prompts=str(REPO_PROMPTS / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/run", steps=steps
+        )
+        # dynamic sampling would change how many rollouts a step makes: switch it off so every
+        # algorithm does exactly one rollout of the same size per step
+        job = prepare(algo=algo, flags=flags, overrides=(*overrides, "advantage.dynamic_sampling=false",
+                                                          "sample_every=0", "eval_every=-1"))  # fmt: skip
+        t = Trainer(job.cfg, job.run_dir, job.metadata, job.policy, job.reward, None)
+        rows = []
+        for step in range(1, warmup + steps + 1):
+            tic = time.perf_counter()
+            row = train_step(t, step)
+            row["time/step"] = time.perf_counter() - tic
+            if step > warmup:
+                rows.append(row)
+    return {p: statistics.median(r[p] for r in rows) for p in PARTS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="shapeworld")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    results = {
+        a: bench(a, args.model, args.steps, args.warmup, args.overrides) for a in args.algos.split(",")
+    }
+    base = results.get("dapo", {}).get("time/step")
+    print(f"{'algo':<14}" + "".join(f"{p.split('/')[1]:>10}" for p in PARTS) + f"{'vs dapo':>10}")
+    for a, r in results.items():
+        rel = f"{100 * (r['time/step'] / base - 1):+.1f}%" if base else "—"
+        print(f"{a:<14}" + "".join(f"{r[p]:>10.3f}" for p in PARTS) + f"{rel:>10}")
+    meta = {"torch_threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup,
+            "overrides": args.overrides, "model": args.model, "unit": "seconds (median per step)"}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
