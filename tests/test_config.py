@@ -33,7 +33,14 @@ def test_presets_match_the_spec_table():
     }
     for algo, expected in table.items():
         c = rows[algo]
-        got = (c.loss.eps_low, c.loss.eps_high, c.loss.aggregation, c.advantage.dynamic_sampling, c.loss.beta, c.credit.scheme)
+        got = (
+            c.loss.eps_low,
+            c.loss.eps_high,
+            c.loss.aggregation,
+            c.advantage.dynamic_sampling,
+            c.loss.beta,
+            c.credit.scheme,
+        )
         assert got == expected, algo
     assert rows["gcpo-official"].loss.kl_reweight and not rows["gcpo"].loss.kl_reweight
     # gcpo differs from dapo only in credit
@@ -46,7 +53,9 @@ def test_presets_match_the_spec_table():
 def test_layering_preset_file_flags_then_set(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("loss:\n  beta: 0.5\nsteps: 7\n")
-    cfg = load_config("dapo", f, flags={"steps": 9, "seed": None}, overrides=["loss.beta=0.25", "credit.gcpo.tau=2"])
+    cfg = load_config(
+        "dapo", f, flags={"steps": 9, "seed": None}, overrides=["loss.beta=0.25", "credit.gcpo.tau=2"]
+    )
     assert cfg.loss.eps_high == 0.28  # preset
     assert cfg.steps == 9  # flag beats file
     assert cfg.seed == 0  # None flag = not given

@@ -66,7 +66,8 @@ def test_train_cli_run_directory_ctrl_c_and_resume(tmp_path):
     for a, b in zip(rows, resumed):
         for k in a:
             if not k.startswith("time/"):
-                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
+                # loss/policy is a mean of ±ρA terms that nearly cancel: compare it absolutely
+                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["step"], k)
 
 
 @pytest.mark.slow

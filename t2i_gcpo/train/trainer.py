@@ -306,6 +306,8 @@ class Trainer:
             cfg.credit.scheme == "dgpo" and cfg.credit.dgpo.reference == "initial"
         )
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if needs_ref else None
+        if hasattr(getattr(policy, "config", None), "storage_dtype"):
+            policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
         self.start_step = 0
         if resume:
             policy = self._load_resume(policy)
