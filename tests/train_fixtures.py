@@ -27,7 +27,6 @@ def tiny_policy_dir(root: Path, seed: int = 0) -> Path:
         num_layers=2,
         num_heads=2,
         intermediate_size=64,
-        storage_dtype="float32",
     )
     policy = ARPolicy(cfg, tok, vq)
     path = root / "tiny"
