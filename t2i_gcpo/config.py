@@ -114,7 +114,10 @@ class CreditConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = doc("AdamW learning rate (GCPO Janus-Pro recipe: 5e-6).", 1e-5)
+    lr: float = doc(
+        "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro recipe uses 5e-6.",
+        1e-4,
+    )
     weight_decay: float = doc("AdamW weight decay.", 0.0)
     grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
     update_epochs: int = doc(
