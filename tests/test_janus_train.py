@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from janus_fixtures import build_tiny_janus
 from t2i_gcpo.cli import main
+
+from janus_fixtures import build_tiny_janus
 
 
 @pytest.mark.slow

@@ -9,12 +9,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from train_fixtures import tiny_policy_dir, write_prompt_file
 
 from t2i_gcpo.cli import cli
 from t2i_gcpo.config import ALGORITHMS
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.run import prepare, run
+
+from train_fixtures import tiny_policy_dir, write_prompt_file
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=2", "save_every=2", "eval_every=-1"]  # fmt: skip

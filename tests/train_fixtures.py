@@ -13,7 +13,13 @@ from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 from t2i_gcpo.worlds.shapeworld import generate_metadata
 
-PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)]
+REPO = Path(__file__).resolve().parents[1]
+# the vocabulary covers every shipped ShapeWorld prompt, so the tiny model takes the real prompt files
+PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)] + [
+    line
+    for f in ("shapeworld_train.txt", "shapeworld_test.txt")
+    for line in (REPO / "prompts" / f).read_text().splitlines()
+]
 
 
 def tiny_policy_dir(root: Path, seed: int = 0) -> Path:

@@ -43,7 +43,7 @@ class ShapeWorldDetector:
     def __call__(self, image):
         import numpy as np
 
-        from t2i_gcpo.worlds.shapeworld import detect
+        from t2i_gcpo.worlds.shapeworld.detect import detect
 
         return detect(np.asarray(image.convert("RGB")))
 

@@ -1,0 +1,68 @@
+"""`t2i-gcpo eval shapeworld`, `eval geneval --score-only` and `compare` from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from t2i_gcpo.cli import cli
+
+from train_fixtures import tiny_policy_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join((REPO / "prompts" / "shapeworld_test.jsonl").read_text().splitlines(True)[:6]))
+    out = invoke("eval", "shapeworld", "--prompts", str(prompts), "--n", "2", "--out", str(tmp_path / "ev"))
+    assert "Overall score" in out and "partial credit" in out
+    images = sorted((tmp_path / "ev" / "images").glob("*/samples/*.png"))
+    assert len(images) == 12
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(0 <= r["partial"] <= 1 for r in rows)
+    invoke("eval", "geneval", "--score-only", str(tmp_path / "ev" / "images"), "--detector", "shapeworld",
+           "--out", str(tmp_path / "ev2"))  # fmt: skip
+    a = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    b = json.loads((tmp_path / "ev2" / "summary.json").read_text())
+    assert a == b
+    # resumable: running again writes no new image and keeps the same files
+    stamps = [p.stat().st_mtime_ns for p in images]
+    invoke("eval", "shapeworld", "--prompts", str(prompts), "--n", "2", "--out", str(tmp_path / "ev"))
+    assert stamps == [p.stat().st_mtime_ns for p in images]
+
+
+def test_eval_geneval_needs_clip_with_a_real_detector_and_one_source(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(cli, ["eval", "geneval", "--detector", "shapeworld", "--out", str(tmp_path)])
+    assert r.exit_code != 0 and "either --model" in str(r.exception)
+    r = runner.invoke(cli, ["eval", "geneval", "--score-only", str(tmp_path), "--detector", str(tmp_path / "nope"),
+                            "--out", str(tmp_path / "o")])  # fmt: skip
+    assert r.exit_code != 0 and "nope" in str(r.exception)
+
+
+@pytest.mark.slow
+def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
+    model = tiny_policy_dir(tmp_path)
+    out = tmp_path / "cmp"
+    args = ["compare", "--algos", "grpo,gcpo", "--seeds", "2", "--steps", "2", "--eval-every", "1",
+            "--model", str(model), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"), "--out", str(out),
+            "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "eval_images_per_prompt=1",
+            "--set", "sample_every=0"]  # fmt: skip
+    text = invoke(*args)
+    assert "| grpo |" in text and "| gcpo |" in text and "steps to GRPO's final" in text
+    result = json.loads((out / "comparison.json").read_text())
+    assert set(result["table"]) == {"grpo", "gcpo"} and result["table"]["grpo"]["overall"][3] == 2
+    assert (out / "curves.png").stat().st_size > 1000
+    before = (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns
+    invoke(*args)  # finished runs are kept
+    assert (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns == before
