@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +51,9 @@ COCO_TO_GENEVAL = {
 
 def geneval_object_names() -> list[str]:
     """GenEval's 80 COCO class names (package data geneval/object_names.txt, in COCO order)."""
-    path = resources.files("t2i_gcpo") / "data" / "geneval" / "object_names.txt"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"package data is missing: {path} (reinstall t2i-gcpo)") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
+
+    return list(geneval_classes())
 
 
 def to_geneval_name(label: str, names: set[str]) -> str | None:
