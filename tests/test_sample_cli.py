@@ -39,7 +39,8 @@ def test_sample_writes_geneval_layout_and_grid(tmp_path):
     assert sorted(os.listdir(out / "00001" / "samples")) == ["0000.png", "0001.png", "0002.png"]
     img = Image.open(out / "00000" / "samples" / "0000.png")
     assert img.size == (32, 32) and img.mode == "RGB"  # native resolution for GenEval tools
-    assert Image.open(out / "grid.png").size == (3 * 34 * 4, 2 * 34 * 4)  # 2 rows × 3 framed, ×4
+    # both groups on one row: 6 images ×4, 2 px white gutters
+    assert Image.open(out / "grid.png").size == (6 * (32 * 4 + 2) + 2, 32 * 4 + 2 + 2)
 
 
 def test_sample_jsonl_is_seeded(tmp_path):

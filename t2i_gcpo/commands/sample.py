@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 
@@ -41,46 +43,33 @@ def sample_cmd(
     """Sample images for every prompt of a prompt file.
 
     Writes GenEval's layout at native resolution (OUT/00000/metadata.jsonl,
-    OUT/00000/samples/0000.png, …) and OUT/grid.png (one row per prompt, each image framed by
-    a 1-pixel dark line, upscaled ×--grid-scale with nearest neighbour).
+    OUT/00000/samples/0000.png, …; resumable: written images are kept) and OUT/grid.png (each
+    prompt's images side by side, several prompts per row, upscaled ×--grid-scale with nearest
+    neighbour).
 
     \b
     Example:
       t2i-gcpo sample --prompts prompts/shapeworld_test.txt --out samples/ --n 4 --cfg 3
     """
-    import json
-    import os
-
     import numpy as np
-    import torch
     from PIL import Image
-    from tqdm.auto import tqdm
 
-    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.eval.geneval import generate_geneval
+    from t2i_gcpo.eval.layout import iter_layout
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.train.run import default_cfg_scale
+    from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
     metadata = read_prompt_file(prompts_path, strict=False)
-    policy = load_policy(model)
+    policy = load_policy(model).eval()
     policy.check_prompts([m["prompt"] for m in metadata])  # fail before sampling anything
-    s = float(policy.config.default_cfg_scale) if cfg_scale is None else cfg_scale
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    per_batch = max(1, 64 // n_images)
-    for start in tqdm(range(0, len(metadata), per_batch), desc="sample"):
-        chunk = metadata[start : start + per_batch]
-        rollout = policy.rollout([m["prompt"] for m in chunk], n_images, s, temperature, top_k, gen)
-        images = (policy.decode(rollout).permute(0, 2, 3, 1).cpu().numpy() * 255).round().astype(np.uint8)
-        for j, meta in enumerate(chunk):
-            folder = os.path.join(out, f"{start + j:05d}")
-            os.makedirs(os.path.join(folder, "samples"), exist_ok=True)
-            with open(os.path.join(folder, "metadata.jsonl"), "w") as f:
-                f.write(json.dumps(meta) + "\n")
-            group = images[j * n_images : (j + 1) * n_images]  # [n, H, W, 3]
-            for k, img in enumerate(group):
-                Image.fromarray(img).save(os.path.join(folder, "samples", f"{k:04d}.png"))
-            framed = np.pad(group, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=64)  # 1 px dark frame
-            rows.append(np.concatenate(list(framed), axis=1))  # [H+2, n·(W+2), 3]
-    grid = Image.fromarray(np.concatenate(rows, axis=0))
-    grid = grid.resize((grid.width * grid_scale, grid.height * grid_scale), Image.NEAREST)
-    grid.save(os.path.join(out, "grid.png"))
+    s = default_cfg_scale(policy) if cfg_scale is None else cfg_scale
+    generate_geneval(policy, metadata, out, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
+                     temperature=temperature, top_k=top_k, seed=seed)  # fmt: skip
+    images = np.stack(
+        [np.asarray(Image.open(p).convert("RGB")) for _, _, paths in iter_layout(out) for p in paths]
+    )
+    cols = min(len(images), n_images * max(1, 16 // n_images))  # whole groups per row, ≈ 16 images wide
+    Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(os.path.join(out, "grid.png"))
     click.echo(f"wrote {len(metadata)} × {n_images} images to {out}/ (grid: {os.path.join(out, 'grid.png')})")
