@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from t2i_gcpo.train import metrics as M
+from t2i_gcpo.train.evaluate import TAG_ORDER
 from t2i_gcpo.viz.lift import mean_ci95
 
 
@@ -65,10 +66,10 @@ def summarise(out: Path, algos: list[str], seeds: int) -> dict[str, Any]:
     finals = {
         a: [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for s in range(seeds)] for a in algos
     }
-    tags = sorted(
-        {k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")}
-        - {"overall"}
-    )
+    found = {
+        k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")
+    } - {"overall"}
+    tags = [t for t in TAG_ORDER if t in found] + sorted(found - set(TAG_ORDER))
     table: dict[str, dict[str, tuple[float, float, float, int]]] = {}
     for a in algos:
         table[a] = {t: mean_ci95([f.get(f"eval/strict/{t}", np.nan) for f in finals[a]]) for t in tags}
@@ -94,13 +95,20 @@ def format_table(result: dict[str, Any]) -> str:
     head = "| algorithm | " + " | ".join(tags) + " | steps to GRPO's final |"
     lines = [head, "|" + "---|" * (len(tags) + 2)]
     for algo, row in result["table"].items():
-        cells = [f"{row[t][0]:.3f} ± {(row[t][2] - row[t][1]) / 2:.3f}" for t in tags]
+        cells = [_cell(*row[t][:3]) for t in tags]
         reach = result["steps_to_grpo_final"].get(algo)
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {'—' if reach is None else f'{reach:.0f}'} |")
     lines.append(
         f"\nheld-out strict score, mean ± half-width of the 95 % interval over {result['seeds']} seed(s)"
     )
     return "\n".join(lines)
+
+
+def _cell(mean: float, low: float, high: float) -> str:
+    """'0.405 ± 0.021' (half-width of the 95 % interval), or just the mean with a single seed."""
+    if np.isnan(mean):
+        return "—"
+    return f"{mean:.3f}" if np.isnan(low) else f"{mean:.3f} ± {(high - low) / 2:.3f}"
 
 
 def plot_curves(curves: dict[str, list[list[tuple[int, dict]]]], path: Path) -> None:
