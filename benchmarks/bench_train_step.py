@@ -6,7 +6,8 @@ reference's full distributions (one extra forward), so it costs more.
 
     python benchmarks/bench_train_step.py [--model shapeworld] [--steps 12] [--warmup 2]
 
-Prints a table and writes benchmarks/results/train_step.json.
+Steps run round-robin across the algorithms (every algorithm's k-th step back to back), so
+machine drift affects all alike. Prints a table and writes benchmarks/results/train_step.json.
 """
 
 from __future__ import annotations
@@ -30,24 +31,30 @@ ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official"]
 PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
 
 
-def bench(algo: str, model: str, steps: int, warmup: int, overrides: list[str]) -> dict:
+def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: str) -> Trainer:
+    flags = dict(
+        prompts=str(REPO_PROMPTS / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{algo}", steps=steps
+    )
+    # dynamic sampling would change how many rollouts a step makes: switch it off so every
+    # algorithm does exactly one rollout of the same size per step
+    job = prepare(algo=algo, flags=flags, overrides=(*overrides, "advantage.dynamic_sampling=false",
+                                                      "sample_every=0", "eval_every=-1"))  # fmt: skip
+    return Trainer(job.cfg, job.run_dir, job.metadata, job.policy, job.reward, None)
+
+
+def bench(algos: list[str], model: str, steps: int, warmup: int, overrides: list[str]) -> dict:
+    """Steps interleaved round-robin across algorithms, so machine drift hits all of them alike."""
+    rows: dict[str, list[dict]] = {a: [] for a in algos}
     with tempfile.TemporaryDirectory() as tmp:
-        flags = dict(
-            prompts=str(REPO_PROMPTS / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/run", steps=steps
-        )
-        # dynamic sampling would change how many rollouts a step makes: switch it off so every
-        # algorithm does exactly one rollout of the same size per step
-        job = prepare(algo=algo, flags=flags, overrides=(*overrides, "advantage.dynamic_sampling=false",
-                                                          "sample_every=0", "eval_every=-1"))  # fmt: skip
-        t = Trainer(job.cfg, job.run_dir, job.metadata, job.policy, job.reward, None)
-        rows = []
+        trainers = {a: make_trainer(a, model, steps, overrides, tmp) for a in algos}
         for step in range(1, warmup + steps + 1):
-            tic = time.perf_counter()
-            row = train_step(t, step)
-            row["time/step"] = time.perf_counter() - tic
-            if step > warmup:
-                rows.append(row)
-    return {p: statistics.median(r[p] for r in rows) for p in PARTS}
+            for a, t in trainers.items():
+                tic = time.perf_counter()
+                row = train_step(t, step)
+                row["time/step"] = time.perf_counter() - tic
+                if step > warmup:
+                    rows[a].append(row)
+    return {a: {p: statistics.median(r[p] for r in rs) for p in PARTS} for a, rs in rows.items()}
 
 
 def main() -> None:
@@ -60,9 +67,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)
-    results = {
-        a: bench(a, args.model, args.steps, args.warmup, args.overrides) for a in args.algos.split(",")
-    }
+    results = bench(args.algos.split(","), args.model, args.steps, args.warmup, args.overrides)
     base = results.get("dapo", {}).get("time/step")
     print(f"{'algo':<14}" + "".join(f"{p.split('/')[1]:>10}" for p in PARTS) + f"{'vs dapo':>10}")
     for a, r in results.items():
