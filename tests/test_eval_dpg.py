@@ -288,3 +288,23 @@ def test_vqa_adapter_on_tiny_random_blip(tmp_path):
     (tmp_path / "m2f" / "config.json").write_text(json.dumps({"model_type": "mask2former"}))
     with pytest.raises(UserError, match="BLIP VQA checkpoint"):
         VQAModel.from_pretrained(tmp_path / "m2f")
+
+
+def test_eval_dpg_cli_score_only_with_tiny_blip(tmp_path):
+    from click.testing import CliRunner
+
+    from t2i_gcpo.cli import cli
+
+    save_tiny_blip(tmp_path / "blip")
+    write_csv(tmp_path / "q.csv", ROWS)
+    (tmp_path / "imgs").mkdir()
+    grid().save(tmp_path / "imgs" / "a.png")
+    args = ["eval", "dpg", "--score-only", str(tmp_path / "imgs"), "--csv", str(tmp_path / "q.csv"),
+            "--vqa", str(tmp_path / "blip"), "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "DPG-Bench (proxy VQA:" in result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert 0 <= summary["score"] <= 100 and summary["n_items"] == 1
+    bad = CliRunner().invoke(cli, [*args[:-2], "--out", str(tmp_path / "o2"), "--model", "shapeworld"])
+    assert bad.exit_code != 0 and "either --model" in str(bad.exception)
