@@ -151,3 +151,12 @@ def test_cli_errors_are_one_line_and_write_nothing(tiny, tmp_path):
         msg = " ".join(str(err).split())
         assert needle.lower() in msg.lower(), (args, msg)
     assert not out.exists(), "bad input must not create the run directory"
+
+
+def test_stage_credit_with_minibatches_uses_whole_groups(tiny, tmp_path):
+    """STAGE compares each sample with its group: splitting a batch into minibatches must not split
+    groups' comparisons (weights are computed once on the full batch)."""
+    rows = train(tiny, tmp_path / "stage", algo="dapo", steps=2,
+                 extra=("credit.scheme=stage", "optim.minibatches=4", "rollout.prompts_per_step=2"))  # fmt: skip
+    assert all(math.isfinite(r["credit/weight_max"]) for r in rows if r["groups_kept"])
+    assert any(r["credit/weight_max"] > 1 for r in rows if r["groups_kept"]), "STAGE credit is not uniform"

@@ -67,9 +67,8 @@ def token_credit(
             else:  # the rollout policy: its logits were stored before the first update epoch
                 ref_logits = ro.extras["rollout_logits"]
         return dgpo_weights(logits.detach(), ref_logits, ro.mask, c.dgpo.tau, c.dgpo.kappa, c.dgpo.squared)
-    if c.scheme == "stage":
-        emb = unwrap(policy).code_embeddings(ro)
-        return stage_weights(emb, batch.advantages, cfg.rollout.group_size, ro.mask)
+    if c.scheme == "stage":  # needs whole groups: computed on the full batch before minibatching
+        return ro.extras["stage_weights"]
     raise UserError(f"unknown credit scheme {c.scheme}")
 
 
@@ -82,6 +81,11 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, optimizer: Any
     need_ref_logp = loss_cfg.beta > 0
     stats: dict[str, list[float]] = {}
     rows = torch.arange(len(batch.rollout))
+    if cfg.credit.scheme == "stage":
+        emb = unwrap(policy).code_embeddings(batch.rollout)
+        batch.rollout.extras["stage_weights"] = stage_weights(
+            emb, batch.advantages, cfg.rollout.group_size, batch.rollout.mask
+        )
     if cfg.credit.scheme == "dgpo" and cfg.credit.dgpo.reference == "rollout":
         with torch.no_grad():
             batch.rollout.extras["rollout_logits"] = policy(batch.rollout, context=ctx, full_dist=True)[1]
