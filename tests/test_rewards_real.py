@@ -290,12 +290,9 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
 
 
 def test_geneval_reward_with_real_rules():
-    """SPEC §8.2 partial credit through the real rules engine (skipped until it is written)."""
-    import t2i_gcpo.eval.geneval_rules as rules
+    """SPEC §8.2 partial credit through the real rules engine."""
     from t2i_gcpo.rewards.geneval_reward import GenEvalReward
 
-    if not hasattr(rules, "reward_detections"):
-        pytest.skip("t2i_gcpo.eval.geneval_rules.reward_detections not written yet")
     dog = Detection(cls="dog", box=(0, 0, 10, 10), score=0.95, color="red")
     meta = {"tag": "two_object", "include": [{"class": "dog", "count": 1}, {"class": "cat", "count": 1}]}
     out = GenEvalReward(FakeDetector([dog]), FakeColors())(_images(1), ["a dog and a cat"], [meta])
