@@ -107,3 +107,43 @@ def test_shipped_vq_reconstructs_shapeworld_scenes():
     assert mse < 0.01  # faithful: a blank gray canvas would score ≈ 0.05 on these scenes
     blank = torch.full_like(x, 153 / 255)
     assert mse < 0.2 * torch.mean((blank - x) ** 2).item()
+
+
+def test_merge_flat_duplicates_leaves_one_id_per_flat_colour():
+    vq = VQTokenizer.from_pretrained(SHIPPED_VQ)
+    assert vq.merge_flat_duplicates() == 0  # the shipped tokenizer was merged when the model was built
+    k, t = vq.codebook_size, 64
+    with torch.no_grad():
+        patches = vq.decode(torch.arange(k)[:, None].repeat(1, t))  # [K, 3, H, W], one code per image
+    flat = patches.flatten(1).std(1) < 0.02
+    textured = int((~flat).nonzero()[0])
+    grey = int(flat.nonzero()[0])
+    with torch.no_grad():  # plant exact duplicates: one of a flat code, one of a textured (object) code
+        vq.quantizer.embed[k - 1] = vq.quantizer.embed[textured] + 1e-6
+        vq.quantizer.embed[k - 2] = vq.quantizer.embed[grey] + 1e-6
+    before = vq.decode(torch.arange(k)[:, None].repeat(1, t))
+    assert vq.merge_flat_duplicates() >= 1
+    after = vq.decode(torch.arange(k)[:, None].repeat(1, t))
+    # merged codes keep their flat colour (within the merge tolerance); the others are unchanged
+    assert (before.mean((2, 3)) - after.mean((2, 3))).abs().max() < 0.03
+    assert torch.equal(before[~flat], after[~flat])
+    emb = vq.quantizer.embed
+    colour = after.mean((2, 3))
+    groups = {}
+    for i in flat.nonzero().flatten().tolist():
+        groups.setdefault(tuple(emb[i].tolist()), []).append(i)
+    # flat codes of one colour now share one embedding, so encode emits only the group's lowest id
+    for i in flat.nonzero().flatten().tolist():
+        for j in flat.nonzero().flatten().tolist():
+            if i < j and (colour[i] - colour[j]).abs().max() < 0.01:
+                assert torch.equal(emb[i], emb[j])
+    assert torch.equal(emb[k - 2], emb[grey])
+    assert not torch.equal(emb[k - 1], emb[textured])  # object codes are never touched
+    from t2i_gcpo.worlds.shapeworld import generate_metadata, render, sample_scene
+
+    rng = np.random.default_rng(0)
+    scenes = np.stack([render(sample_scene(m, rng)) for m in generate_metadata(16, seed=0)])
+    emitted = set(vq.encode(torch.from_numpy(scenes).permute(0, 3, 1, 2).float() / 255).flatten().tolist())
+    unreachable = {i for ids in groups.values() for i in ids if i != min(ids)}
+    assert len(unreachable) >= 1 and not emitted & unreachable
+    assert vq.merge_flat_duplicates() == 0  # idempotent

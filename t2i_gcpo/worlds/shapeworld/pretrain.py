@@ -159,6 +159,7 @@ def pretrain(out: str, cfg: PretrainConfig | None = None, evaluate: bool = True)
 
         vq_budget = None if budget is None else 0.25 * budget
         stats["vq"] = train_vq(vq, batch_images, cfg.vq_steps, cfg.vq_batch, cfg.vq_lr, vq_budget, cfg.seed)
+    stats["vq"]["merged_flat_duplicates"] = vq.merge_flat_duplicates()  # idempotent
     t = time.time()
     tokens = encode_dataset(vq, images)  # [N, T]
     stats["vq"]["encode_seconds"] = time.time() - t
