@@ -63,6 +63,16 @@ def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
     result = json.loads((out / "comparison.json").read_text())
     assert set(result["table"]) == {"grpo", "gcpo"} and result["table"]["grpo"]["overall"][3] == 2
     assert (out / "curves.png").stat().st_size > 1000
+    first = {
+        a: json.loads((out / a / "seed0" / "metrics.jsonl").read_text().splitlines()[0])
+        for a in ("grpo", "gcpo")
+    }
+    assert (
+        first["grpo"]["step"] == 0 and "eval/strict/overall" in first["grpo"]
+    )  # curves start at the base model
+    assert (
+        first["grpo"]["eval/strict/overall"] == first["gcpo"]["eval/strict/overall"]
+    )  # same model, same seed
     before = (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns
     invoke(*args)  # finished runs are kept
     assert (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns == before

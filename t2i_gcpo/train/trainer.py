@@ -358,6 +358,8 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
                    dynamic_ncols=True)  # fmt: skip
         step = self.start_step
+        if cfg.eval_every > 0 and self.start_step == 0 and self.eval_metadata:
+            self._log(0, self.evaluate(), append_only=True)  # the base model: curves start at step 0
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
