@@ -15,11 +15,11 @@ from t2i_gcpo.eval.detections import Detection
 from t2i_gcpo.eval.detector_mask2former import (
     Mask2FormerDetector,
     box_from_mask,
-    geneval_object_names,
     to_geneval_name,
 )
 from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
 from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
+from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,7 +28,7 @@ HUB_COCO = [
     n.replace("computer mouse", "mouse")
     .replace("tv remote", "remote")
     .replace("computer keyboard", "keyboard")
-    for n in geneval_object_names()
+    for n in geneval_classes()
 ]
 
 
@@ -73,7 +73,7 @@ def tiny_processor():
 
 
 def test_hub_coco_labels_map_to_geneval_names():
-    names = set(geneval_object_names())
+    names = set(geneval_classes())
     assert len(names) == 80
     assert to_geneval_name("mouse", names) == "computer mouse"
     assert to_geneval_name("remote", names) == "tv remote"
@@ -94,7 +94,7 @@ def test_mask2former_tiny_checkpoint_round_trip(tmp_path):
     )  # W 64, H 48
     dets = detector(image)
     assert 0 < len(dets) <= 8  # at most one per query
-    names = set(geneval_object_names())
+    names = set(geneval_classes())
     assert [d.score for d in dets] == sorted((d.score for d in dets), reverse=True)
     for d in dets:
         assert isinstance(d, Detection) and d.cls in names

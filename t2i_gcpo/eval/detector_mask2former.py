@@ -22,6 +22,7 @@ from PIL import Image
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
 
 # COCO label spellings (detectron2 / HF checkpoints, older VOC-style and mmdet variants) that differ
 # from GenEval's object_names.txt. Labels are matched case-insensitively with '_'/'-' read as ' '.
@@ -47,13 +48,6 @@ COCO_TO_GENEVAL = {
     "sportsball": "sports ball",
     "ball": "sports ball",
 }
-
-
-def geneval_object_names() -> list[str]:
-    """GenEval's 80 COCO class names (package data geneval/object_names.txt, in COCO order)."""
-    from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
-
-    return list(geneval_classes())
 
 
 def to_geneval_name(label: str, names: set[str]) -> str | None:
@@ -84,7 +78,7 @@ class Mask2FormerDetector:
         self.processor = processor
         self.score_floor = score_floor
         self.name = name
-        names = set(geneval_object_names())
+        names = set(geneval_classes())  # GenEval's 80 COCO class names
         id2label = {int(k): v for k, v in model.config.id2label.items()}
         # label id → GenEval name; labels outside the 80 classes (e.g. panoptic "stuff") are dropped
         self.label_names = {i: n for i, lab in id2label.items() if (n := to_geneval_name(lab, names))}
