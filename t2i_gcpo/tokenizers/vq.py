@@ -139,6 +139,14 @@ class VQTokenizer(nn.Module):
         return self.quantizer.embed[ids]
 
     @torch.no_grad()
+    def code_patches(self) -> torch.Tensor:
+        """What each code looks like: images [K, 3, H, W], image k a grid filled with code k."""
+        r, c = self.grid_shape
+        return self.decode(
+            torch.arange(self.codebook_size, device=self.quantizer.embed.device)[:, None].repeat(1, r * c)
+        )
+
+    @torch.no_grad()
     def merge_flat_duplicates(self, colour_tol: float = 0.03, flat_std: float = 0.02) -> int:
         """Make codes that decode to the same flat colour one code; returns how many entries changed.
 
@@ -153,8 +161,7 @@ class VQTokenizer(nn.Module):
         for the others. Object codes (not flat) are never touched.
         """
         k = self.codebook_size
-        r, c = self.grid_shape
-        patches = self.decode(torch.arange(k, device=self.quantizer.embed.device)[:, None].repeat(1, r * c))
+        patches = self.code_patches()
         flat = patches.flatten(1).std(1) < flat_std  # [K]
         colour = patches.mean((2, 3))  # [K, 3]
         merged = 0
