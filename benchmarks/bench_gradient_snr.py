@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from t2i_gcpo.config import GCPOConfig  # noqa: E402
 from t2i_gcpo.core.advantages import group_advantages  # noqa: E402
 from t2i_gcpo.core.credit import gcpo_weights, stage_weights, uniform_weights  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
@@ -47,8 +48,11 @@ VARIANTS = [("uniform", "cond"), ("gcpo", "cond"), ("stage", "cond"), ("object",
 def weights(scheme: str, policy, ro, adv: torch.Tensor, details: list[dict], group: int) -> torch.Tensor:
     if scheme == "uniform":
         return uniform_weights(ro.mask)
-    if scheme == "gcpo":
-        return gcpo_weights(ro.logp_cond, ro.logp_uncond, ro.mask, "hist", 0.4, 0.8)
+    if scheme == "gcpo":  # the preset's settings (official hist schedule)
+        g = GCPOConfig()
+        return gcpo_weights(
+            ro.logp_cond, ro.logp_uncond, ro.mask, g.normalization, g.top_fraction, g.top_mass, g.tau
+        )
     if scheme == "stage":
         return stage_weights(policy.code_embeddings(ro), adv, group, ro.mask)
     grid = torch.stack([torch.as_tensor(d["object_grid"]).reshape(-1) for d in details]).float()  # [B, T]
@@ -64,6 +68,8 @@ def main() -> None:
     ap.add_argument("--cfg", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.batches < 3:
+        ap.error("--batches must be at least 3 (the spread of the pairwise cosines needs 2+ pairs)")
 
     policy = load_policy(args.model)
     reward = ShapeWorldReward()
@@ -80,11 +86,12 @@ def main() -> None:
             out = reward(policy.decode(ro), ro.prompts, [m for m in batch for _ in range(args.group)])
         rewards.append(out.scores.mean().item())
         adv = group_advantages(out.scores, args.group)
+        logps = {ctx: policy(ro, context=ctx) for ctx in {c for _, c in VARIANTS}}  # one forward per context
         for scheme, ctx in VARIANTS:
             w = weights(scheme, policy, ro, adv, out.details, args.group)
-            logp = policy(ro, context=ctx)
+            logp = logps[ctx]
             loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
-            gs = torch.autograd.grad(loss, params, allow_unused=True)
+            gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
             grads[(scheme, ctx)].append(
                 torch.cat(
                     [(x if x is not None else torch.zeros_like(p)).flatten() for x, p in zip(gs, params)]
