@@ -160,3 +160,26 @@ def test_stage_credit_with_minibatches_uses_whole_groups(tiny, tmp_path):
                  extra=("credit.scheme=stage", "optim.minibatches=4", "rollout.prompts_per_step=2"))  # fmt: skip
     assert all(math.isfinite(r["credit/weight_max"]) for r in rows if r["groups_kept"])
     assert any(r["credit/weight_max"] > 1 for r in rows if r["groups_kept"]), "STAGE credit is not uniform"
+
+
+def test_dynamic_sampling_resamples_only_the_missing_groups(tiny, tmp_path):
+    import train_fixtures
+
+    train_fixtures.REWARD_CALLS.clear()
+    G, P = 4, 2
+    rows = train(tiny, tmp_path / "ds", algo="dapo", steps=6, reward="train_fixtures:flat_single_object")
+    flat = {m["prompt"] for m in map(json.loads, open(tiny["prompts"])) if m["tag"] == "single_object"}
+    calls = [c[::G] for c in train_fixtures.REWARD_CALLS]  # one prompt per group
+    assert all(len(c) * G == len(raw) for c, raw in zip(calls, train_fixtures.REWARD_CALLS))
+    i, resampled = 0, 0
+    for r in rows:  # replay each step's rounds: a round draws as many prompts as groups are missing
+        missing = P
+        for _round in range(4):  # 1 + max_resample
+            assert len(calls[i]) == missing
+            missing -= sum(p not in flat for p in calls[i])
+            resampled += _round > 0
+            i += 1
+            if missing == 0:
+                break
+        assert r["groups_kept"] == P - missing
+    assert i == len(calls) and resampled > 0, "the prompt file must make some round resample"

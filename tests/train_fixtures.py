@@ -58,3 +58,15 @@ def nan_reward(images, prompts, metadata):
     out = redness(images, prompts, metadata)
     out.scores[0] = float("nan")
     return out
+
+
+REWARD_CALLS: list[list[str]] = []  # prompts scored by each call of `flat_single_object`
+
+
+def flat_single_object(images, prompts, metadata):
+    """`redness`, but constant on single_object prompts (groups without signal); records its calls."""
+    REWARD_CALLS.append(list(prompts))
+    out = redness(images, prompts, metadata)
+    flat = torch.tensor([m.get("tag") == "single_object" for m in metadata])
+    out.scores[flat] = 0.0
+    return out

@@ -131,9 +131,11 @@ def train_step(t: Trainer, step: int) -> dict:
     timings = {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0}
     kept: list[Batch] = []
     all_scores, all_details, groups_seen, groups_empty = [], [], 0, 0
+    missing = t.local_prompts  # groups this process still needs
     for round_ in range(1 + (cfg.advantage.max_resample if cfg.advantage.dynamic_sampling else 0)):
-        # 1. rollout: P prompts (this process's share), G samples each, recorded cond/uncond/cfg log-probs
-        meta = t.prompts_for(step, round_)
+        # 1. rollout: P prompts (this process's share; a resampling round draws only the groups still
+        #    missing), G samples each, recorded cond/uncond/cfg log-probs
+        meta = t.prompts_for(step, round_, missing)
         tic = time.perf_counter()
         with torch.no_grad():
             ro = unwrap(t.policy).rollout(
@@ -163,7 +165,8 @@ def train_step(t: Trainer, step: int) -> dict:
             details = [reward.details[i] for i in idx.tolist()] if reward.details else []
             kept.append(Batch(ro.select(idx), adv[idx], RewardOutput(reward.scores[idx], details),
                               [meta_rows[i] for i in idx.tolist()], images[idx]))  # fmt: skip
-        if sum(len(b.rollout) for b in kept) >= t.local_prompts * G:
+        missing = t.local_prompts - sum(len(b.rollout) for b in kept) // G
+        if missing <= 0:
             break
     batch = concat_batches(kept, limit=t.local_prompts * G)
     # 4. credit → loss → optimizer. A process whose groups all lacked signal joins the others'
@@ -333,10 +336,11 @@ class Trainer:
             )
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
-    def prompts_for(self, step: int, round_: int) -> list[dict]:
+    def prompts_for(self, step: int, round_: int, count: int) -> list[dict]:
+        """The first `count` prompts of this process's slot for (step, round) in the prompt stream."""
         acc, P = self.accelerator, self.cfg.rollout.prompts_per_step
         base = (step * (1 + self.cfg.advantage.max_resample) + round_) * P
-        return self.stream.take(base + acc.process_index * self.local_prompts, self.local_prompts)
+        return self.stream.take(base + acc.process_index * self.local_prompts, min(count, self.local_prompts))
 
     def generator(self, step: int, round_: int) -> torch.Generator:
         g = torch.Generator(device=self.accelerator.device)
