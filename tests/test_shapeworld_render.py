@@ -124,6 +124,27 @@ def test_scene_matches_metadata_for_every_shapeworld_prompt_kind():
             assert rel in relative_position(boxes[1], boxes[0])
 
 
+def test_sampled_objects_sit_on_the_token_grid_without_sharing_a_token():
+    rng = np.random.default_rng(4)
+    cells_seen = set()
+    for meta in generate_metadata(200, seed=2):
+        objs = sample_scene(meta, rng)
+        owner = np.zeros((8, 8), int)  # which object covers each 4×4-px token cell
+        for k, o in enumerate(objs, start=1):
+            x0, y0, x1, y1 = o.box(32)
+            assert (x0 % 4, y0 % 4, x1 - x0, y1 - y0) == (0, 0, 8, 8)
+            r, c = int(y0) // 4, int(x0) // 4
+            assert not owner[r : r + 2, c : c + 2].any()
+            grown = owner[max(r - 1, 0) : r + 3, max(c - 1, 0) : c + 3]
+            assert not grown.any(), "one free cell between objects"
+            owner[r : r + 2, c : c + 2] = k
+            cells_seen.add((r, c))
+            # the object's pixels stay inside its 2×2 cells
+            (m,) = object_masks([o], 32)
+            assert m.sum() == m[4 * r : 4 * r + 8, 4 * c : 4 * c + 8].sum() > 0
+    assert len(cells_seen) == 49, "every corner cell position is used"
+
+
 def test_position_scenes_cover_all_relations():
     rng = np.random.default_rng(3)
     for meta in all_metadata("position")[:8]:  # square vs circle, all four relations, both ways

@@ -2,8 +2,13 @@
 
 Coordinates are fractions of the canvas so one scene renders at any size: `cx`, `cy` ∈ [0, 1] are
 the centre (y grows downward), `size` is the side of the object's square bounding box as a
-fraction of the canvas side. Sampled scenes put boxes on whole pixels (one raster pattern per shape
-and size, which keeps the five shapes apart even at 9 px). Shapes are rasterised with 5×5
+fraction of the canvas side. Sampled scenes put every object on the token grid: an 8 px box (at
+32 px) whose corners sit on the 4 px cells of the 8×8 VQ grid, one free cell between objects. Each
+object is then exactly 2×2 tokens with one raster pattern per shape (151 distinct 4×4 patches in
+all, within the 256-entry codebook), so the prior's randomness is in what GenEval scores — layout,
+class, colour, count — and not in sub-token pixel offsets and sizes that no prompt asks about
+(those made most sampled objects malformed blobs and drowned RL's gradient in irrelevant choices;
+README "ShapeWorld"). Shapes are rasterised with 5×5
 supersampling and a hard > 50 % coverage threshold: every pixel is either exactly the object colour
 or exactly the background, which keeps colours crisp for the VQ tokenizer and the detector.
 """
@@ -19,9 +24,11 @@ from t2i_gcpo.eval.geneval_rules import relative_position
 from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB, COLORS, SHAPES
 
 _SUPERSAMPLE = 5  # odd, so a pixel is never exactly half covered
-# Object side in pixels at 32×32 (scaled with the canvas); small enough for four objects to fit.
-_SIZE_PX_RANGE = (9, 12)  # whole pixels, inclusive
-_GAP_PX = 3.0  # minimum free pixels between bounding boxes (objects never touch, even after VQ blur)
+# At 32×32 (both scale with the canvas): the token cell of the 8×8 VQ grid, and the object side —
+# two cells, the smallest at which the five shapes stay apart (detector: 100 % on clean renders).
+_CELL_PX = 4
+_SIDE_PX = 8
+_GAP_CELLS = 1  # free cells between bounding boxes: objects never share a token
 
 
 @dataclass
@@ -144,8 +151,9 @@ def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> li
 
     Every include clause gets exactly `count` objects of its class (count 1 if absent), in its
     colour if one is required, else in a random colour; no other objects are added, so excludes
-    (count + 1 for counting prompts) always hold. Objects do not overlap (≥ 3 px apart at 32 px)
-    and position clauses hold with a margin that survives ±1 px box noise.
+    (count + 1 for counting prompts) always hold. Objects sit on the token grid (2×2 cells at
+    32 px), one free cell apart, and position clauses hold with a margin that survives ±1 px box
+    noise.
     """
     _check_classes(metadata)
     includes = list(metadata.get("include", []))
@@ -163,17 +171,17 @@ def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> li
         if "position" in clause
     ]
 
-    lo, hi = (max(4, round(s * size / 32)) for s in _SIZE_PX_RANGE)
-    gap = _GAP_PX * size / 32
-    for attempt in range(200):
-        shrink = attempt // 80  # crowded scenes: objects one pixel smaller after 80 failed attempts
-        sides = rng.integers(lo, hi + 1, size=len(specs)) - shrink  # [n] whole pixels
+    cell = size / 32 * _CELL_PX
+    side = size / 32 * _SIDE_PX
+    slots = int(round((size - side) / cell)) + 1  # cell positions a box corner can take per axis
+    gap = _GAP_CELLS * cell
+    for _attempt in range(200):
         boxes: list[tuple[float, float, float, float]] = []
         ok = True
-        for side in sides:
-            for _ in range(60):  # boxes snap to the pixel grid: one raster pattern per shape and size
-                x0 = float(rng.integers(1, size - side))
-                y0 = float(rng.integers(1, size - side))
+        for _obj in specs:
+            for _ in range(60):
+                x0 = float(rng.integers(slots)) * cell
+                y0 = float(rng.integers(slots)) * cell
                 box = (x0, y0, x0 + side, y0 + side)
                 if all(_boxes_clear(box, b, gap) for b in boxes):
                     boxes.append(box)
