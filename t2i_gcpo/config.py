@@ -148,13 +148,15 @@ class TrainConfig:
         "Held-out prompts scored every eval_every steps (default: the world's test set).", None
     )
     out: str | None = doc("Run directory (default runs/<algo>-<timestamp>).", None)
-    steps: int = doc("Optimizer steps (one rollout batch each).", 300)
+    steps: int = doc("Optimizer steps (one rollout batch each).", 200)
     seed: int = doc("Seed of prompts order, sampling and initialisation.", 0)
     log_every: int = doc("Write metrics every N steps.", 1)
     sample_every: int = doc("Save a sample grid and credit maps every N steps; 0 disables them.", 25)
     save_every: int = doc("Write a checkpoint every N steps.", 50)
     eval_every: int = doc(
-        "Score eval_prompts every N steps (and at the end); 0 only at the end; -1 never.", 0
+        "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
+        "-1 never.",
+        100,
     )
     eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8)
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)

@@ -54,7 +54,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     help="'shapeworld' (default), 'clip:CKPT', 'geneval:DET,CLIP', 'module:function', sums.",
 )
 @click.option("--out", type=str, default=None, help="Run directory  [default: runs/<algo>-<time>]")
-@click.option("--steps", type=int, default=None, help="Optimizer steps  [default: 300]")
+@click.option("--steps", type=int, default=None, help="Optimizer steps  [default: 200]")
 @click.option("--seed", type=int, default=None, help="Seed  [default: 0]")
 @click.option(
     "--set",
