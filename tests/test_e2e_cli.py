@@ -84,3 +84,23 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: "), err
         assert "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
+    """The main job works: a short DAPO run on 8 position prompts (the base model gets about 6 in 10
+    right) raises their strict score within 10 steps, measured on the same prompts with 16 images
+    each (step 0 and step 10 are evaluated with the same sampling seed)."""
+    rows = [json.loads(x) for x in (REPO / "prompts" / "shapeworld_train.jsonl").read_text().splitlines()]
+    hard = tmp_path / "position.jsonl"
+    hard.write_text("".join(json.dumps(m) + "\n" for m in [m for m in rows if m["tag"] == "position"][:8]))
+    run = tmp_path / "run"
+    p = t2i("train", "--prompts", str(hard), "--algo", "dapo", "--steps", "10", "--seed", "0", "--out", str(run),
+            "--set", f"eval_prompts={hard}", "--set", "eval_every=10", "--set", "eval_images_per_prompt=16",
+            "--set", "sample_every=0", "--set", "save_every=1000")  # fmt: skip
+    out, err = p.communicate(timeout=1800)
+    assert p.returncode == 0, err[-2000:]
+    curve = {r["step"]: r["eval/strict/overall"] for r in metrics(run) if "eval/strict/overall" in r}
+    assert sorted(curve) == [0, 10]
+    # measured here: 0.609 → 0.875 in 10 steps (0.953 at 20, 0.984 at 30)
+    assert curve[10] >= curve[0] + 0.15, curve
