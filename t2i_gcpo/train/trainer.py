@@ -363,7 +363,9 @@ class Trainer:
                    dynamic_ncols=True)  # fmt: skip
         step = self.start_step
         if cfg.eval_every > 0 and self.start_step == 0 and self.eval_metadata:
-            self._log(0, self.evaluate(), append_only=True)  # the base model: curves start at step 0
+            base = self.evaluate()
+            self._log(0, base, append_only=True)  # the base model: curves start at step 0
+            self._announce(0, base, bar)
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
@@ -372,6 +374,7 @@ class Trainer:
                 row = self._gather(row)
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step != cfg.steps:
                     row.update(self.evaluate())
+                    self._announce(step, row, bar)
                 self._log(step, row)
                 bar.update(1)
                 bar.set_postfix(
@@ -400,6 +403,11 @@ class Trainer:
                 (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
         self._report()
         return final
+
+    def _announce(self, step: int, row: dict, bar: Any) -> None:
+        """One console line per held-out evaluation, above the progress bar."""
+        if self.accelerator.is_main_process:
+            bar.write(f"step {step}: held-out strict {row[M.EVAL_STRICT]:.3f}")
 
     def evaluate(self) -> dict:
         from t2i_gcpo.train.evaluate import evaluate_policy
