@@ -30,6 +30,18 @@ def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
     assert len(images) == 12
     rows = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(0 <= r["partial"] <= 1 for r in rows)
+    # "partial" is the RL reward's §8.2 partial credit, the number training's evaluation reports
+    import numpy as np
+    from PIL import Image
+
+    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+
+    reward = ShapeWorldReward()
+    for r in rows:
+        expected = reward.score_image(
+            np.asarray(Image.open(r["filename"]).convert("RGB")), json.loads(r["metadata"])
+        )
+        assert r["partial"] == pytest.approx(expected["partial"]), r["filename"]
     invoke("eval", "geneval", "--score-only", str(tmp_path / "ev" / "images"), "--detector", "shapeworld",
            "--out", str(tmp_path / "ev2"))  # fmt: skip
     a = json.loads((tmp_path / "ev" / "summary.json").read_text())

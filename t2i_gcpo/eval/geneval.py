@@ -7,7 +7,8 @@ classifier with ``color_of(image)``; the rules live in t2i_gcpo/eval/geneval_rul
 
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
-                  correct, reason, metadata, details) plus ``partial``
+                  correct, reason, metadata, details) plus ``partial``, the RL reward's partial
+                  credit (SPEC §8.2, as training's held-out evaluation reports it)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON
 """
@@ -168,18 +169,21 @@ def _details(detections: list[Detection], colors: dict[int, str]) -> dict[str, l
 
 def score_image(
     image: Image.Image, metadata: dict, detector: Detector, color_classifier: ColorClassifier | None
-) -> tuple[geneval_rules.ImageResult, dict[str, list[dict]]]:
-    """GenEval's verdict on one image, and the detections (with colours asked for) as details."""
+) -> tuple[geneval_rules.ImageResult, float, dict[str, list[dict]]]:
+    """GenEval's verdict on one image, its §8.2 partial credit, and the detections (with the colours
+    asked for) as details."""
     detections = detector(image)
     colors: dict[int, str] = {}  # id(detection) → colour, for the details of the colours asked for
     classify = color_classifier.color_of(image) if color_classifier is not None else None
 
     def color_of(d: Detection) -> str:
-        colors[id(d)] = classify(d)
+        if id(d) not in colors:  # each object is classified once for both rule sets
+            colors[id(d)] = classify(d)
         return colors[id(d)]
 
     result = geneval_rules.evaluate_detections(metadata, detections, color_of if classify else None)
-    return result, _details(detections, colors)
+    partial = geneval_rules.reward_detections(metadata, detections, color_of if classify else None).partial
+    return result, float(partial), _details(detections, colors)
 
 
 def score_geneval_folder(
@@ -215,14 +219,14 @@ def score_geneval_folder(
             for path in paths:
                 with Image.open(path) as im:
                     image = im.convert("RGB")
-                result, details = score_image(image, metadata, detector, color_classifier)
+                result, partial, details = score_image(image, metadata, detector, color_classifier)
                 by_tag.setdefault(metadata["tag"], []).append(bool(result.correct))
                 record = {
                     "filename": str(path),
                     "tag": metadata["tag"],
                     "prompt": metadata["prompt"],
                     "correct": bool(result.correct),
-                    "partial": float(result.partial),
+                    "partial": partial,
                     "reason": result.reason,
                     "metadata": json.dumps(metadata),
                     "details": json.dumps(details),
