@@ -168,7 +168,7 @@ def train_step(t: Trainer, step: int) -> dict:
         missing = t.local_prompts - sum(len(b.rollout) for b in kept) // G
         if missing <= 0:
             break
-    batch = concat_batches(kept, limit=t.local_prompts * G)
+    batch = concat_batches(kept)  # ≤ P groups: each round drew only the missing ones
     # 4. credit → loss → optimizer. A process whose groups all lacked signal joins the others'
     #    all-reduce with a zero loss; if no process has data, the step makes no update.
     tic = time.perf_counter()
@@ -200,40 +200,34 @@ def unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
 
 
-def concat_batches(batches: list[Batch], limit: int) -> Batch | None:
+def concat_batches(batches: list[Batch]) -> Batch | None:
     if not batches:
         return None
     if len(batches) == 1:
-        b = batches[0]
-    else:
-        ro = batches[0].rollout
-        ros = [x.rollout for x in batches]
-        extras = {}
-        for k, v in ro.extras.items():
-            if isinstance(v, torch.Tensor) and all(k in r.extras for r in ros):
-                extras[k] = torch.cat([r.extras[k] for r in ros])
-            elif isinstance(v, list):
-                extras[k] = [e for r in ros for e in r.extras[k]]
-            else:
-                extras[k] = v
-        merged = Rollout(
-            **{f: torch.cat([getattr(r, f) for r in ros]) for f in ("tokens", "mask", "logp_cond", "logp_uncond", "logp_cfg")},
-            prompts=[p for r in ros for p in r.prompts], cfg_scale=ro.cfg_scale, temperature=ro.temperature, extras=extras,
-        )  # fmt: skip
-        b = Batch(
-            merged,
-            torch.cat([x.advantages for x in batches]),
-            RewardOutput(
-                torch.cat([x.reward.scores for x in batches]), [d for x in batches for d in x.reward.details]
-            ),
-            [m for x in batches for m in x.metadata],
-            torch.cat([x.images for x in batches]),
-        )
-    if len(b.rollout) <= limit:
-        return b
-    idx = torch.arange(limit)
-    return Batch(b.rollout.select(idx), b.advantages[:limit], RewardOutput(b.reward.scores[:limit], b.reward.details[:limit]),
-                 b.metadata[:limit], b.images[:limit])  # fmt: skip
+        return batches[0]
+    ro = batches[0].rollout
+    ros = [x.rollout for x in batches]
+    extras = {}
+    for k, v in ro.extras.items():
+        if isinstance(v, torch.Tensor) and all(k in r.extras for r in ros):
+            extras[k] = torch.cat([r.extras[k] for r in ros])
+        elif isinstance(v, list):
+            extras[k] = [e for r in ros for e in r.extras[k]]
+        else:
+            extras[k] = v
+    merged = Rollout(
+        **{f: torch.cat([getattr(r, f) for r in ros]) for f in ("tokens", "mask", "logp_cond", "logp_uncond", "logp_cfg")},
+        prompts=[p for r in ros for p in r.prompts], cfg_scale=ro.cfg_scale, temperature=ro.temperature, extras=extras,
+    )  # fmt: skip
+    return Batch(
+        merged,
+        torch.cat([x.advantages for x in batches]),
+        RewardOutput(
+            torch.cat([x.reward.scores for x in batches]), [d for x in batches for d in x.reward.details]
+        ),
+        [m for x in batches for m in x.metadata],
+        torch.cat([x.images for x in batches]),
+    )
 
 
 def attach_object_grids(ro: Rollout, reward: RewardOutput) -> None:
