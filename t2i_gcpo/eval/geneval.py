@@ -176,13 +176,14 @@ def score_image(
     colors: dict[int, str] = {}  # id(detection) → colour, for the details of the colours asked for
     classify = color_classifier.color_of(image) if color_classifier is not None else None
 
-    def color_of(d: Detection) -> str:
-        if id(d) not in colors:  # each object is classified once for both rule sets
+    def classify_once(d: Detection) -> str:  # one classification per object for both rule sets
+        if id(d) not in colors:
             colors[id(d)] = classify(d)
         return colors[id(d)]
 
-    result = geneval_rules.evaluate_detections(metadata, detections, color_of if classify else None)
-    partial = geneval_rules.reward_detections(metadata, detections, color_of if classify else None).partial
+    color_of = classify_once if classify else None
+    result = geneval_rules.evaluate_detections(metadata, detections, color_of)
+    partial = geneval_rules.reward_detections(metadata, detections, color_of).partial
     return result, float(partial), _details(detections, colors)
 
 
