@@ -20,11 +20,11 @@ head: ℓ_cfg = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). Each step records the s
 log_softmax(ℓ/T) of the cond, uncond and CFG logits; top-k only truncates what is sampled, the
 recorded log-probs are of the untruncated distributions (the same quantity `logprobs` recomputes).
 Measured (benchmarks/bench_sampler.py, 2 threads, 32 images with CFG, 64 tokens, 3.35 M params):
-static cache 53 images/s, transformers DynamicCache 58 (equal within run-to-run noise), no cache
-(whole prefix recomputed each step, ``cache="none"``) 2.3 images/s — 23× slower.
+static cache 54 images/s, transformers DynamicCache 61 (11–13 % faster on this tiny model in two
+runs), no cache (whole prefix recomputed each step, ``cache="none"``) 2.9 images/s — 19× slower.
 
 The shipped checkpoint (``load_policy("shapeworld")`` → t2i_gcpo/assets/shapeworld, 8.4 MB of fp16
-safetensors, built by ``t2i-gcpo pretrain``) scores 0.435 strict / 0.588 partial on the 76 held-out
+safetensors, built by ``t2i-gcpo pretrain``) scores 0.630 strict / 0.729 partial on the 76 held-out
 ShapeWorld test prompts at its default CFG scale 3 (4 images each; pretrain.json holds the table).
 """
 
