@@ -384,6 +384,7 @@ class Trainer:
                 print(
                     f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
                 )
+            self._shutdown()
             raise
         finally:
             signal.signal(signal.SIGINT, previous)
@@ -396,7 +397,17 @@ class Trainer:
             if acc.is_main_process:
                 (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
         self._report()
+        self._shutdown()
         return final
+
+    def _shutdown(self) -> None:
+        """End a run every process reached together: flush TensorBoard, then leave the process group
+        only once all ranks are done (a rank exiting with a live gloo group can abort in C++ teardown)."""
+        if self.writer is not None:
+            self.writer.close()
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.num_processes > 1:
+            self.accelerator.end_training()
 
     def _announce(self, step: int, row: dict, bar: Any) -> None:
         """One console line per held-out evaluation, above the progress bar."""
