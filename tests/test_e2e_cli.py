@@ -103,5 +103,7 @@ def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
     curve = {r["step"]: r["eval/strict/overall"] for r in metrics(run) if "eval/strict/overall" in r}
     assert sorted(curve) == [0, 10]
     assert f"step 0: held-out strict {curve[0]:.3f}" in out  # the base score is printed, not only logged
+    assert f"step 10: held-out strict {curve[10]:.3f}" in out  # the final one in the same form
+    assert f"run directory: {run}" in out
     # measured here: 0.609 → 0.875 in 10 steps (0.953 at 20, 0.984 at 30)
     assert curve[10] >= curve[0] + 0.15, curve

@@ -90,8 +90,6 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
         flags = dict(prompts=prompts, model=model, reward=reward, out=out, steps=steps, seed=seed)
         job = prepare(algo=algo, config_file=config_file, flags=flags, overrides=overrides)
     try:
-        final = run(job)
+        run(job)  # prints each held-out evaluation and the run directory
     except KeyboardInterrupt:
         sys.exit(130)
-    if final:
-        click.echo(f"held-out strict score: {final.get('eval/strict/overall', float('nan')):.3f}")

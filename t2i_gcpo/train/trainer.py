@@ -394,9 +394,12 @@ class Trainer:
         if cfg.eval_every >= 0 and self.eval_metadata:
             final = self.evaluate()
             self._log(cfg.steps, final, append_only=True)
+            self._announce(cfg.steps, final, bar)
             if acc.is_main_process:
                 (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
         self._report()
+        if acc.is_main_process:
+            bar.write(f"run directory: {self.run_dir} (open report.html)")
         self._shutdown()
         return final
 

@@ -33,19 +33,20 @@ def image_grid(images: np.ndarray, cols: int, scale: int = 4, pad: int = 2) -> n
 
 
 def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 4) -> Path:
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     G = group_size
     n = min(len(batch.rollout), max_groups * G)
     grid = image_grid(to_uint8(batch.images[:n]), cols=G)
-    caption_h = 14
+    font = ImageFont.load_default(size=13)  # Pillow's default size (10) runs the words together
+    caption_h = 18
     rows = -(-n // G)
     row_h = (grid.shape[0] - 2) // rows
     canvas = Image.new("RGB", (grid.shape[1], grid.shape[0] + rows * caption_h), "white")
     draw = ImageDraw.Draw(canvas)
     for r in range(rows):
         y = r * (row_h + caption_h)
-        draw.text((4, y + 1), batch.rollout.prompts[r * G][:90], fill="black")
+        draw.text((4, y + 1), batch.rollout.prompts[r * G][:90], fill="black", font=font)
         canvas.paste(Image.fromarray(grid[r * row_h : r * row_h + row_h + 2]), (0, y + caption_h))
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
