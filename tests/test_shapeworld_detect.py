@@ -103,3 +103,20 @@ def test_robust_to_blur_and_colour_noise():
         dets = [d for d in detect(degrade(render(objs), rng, sigma=1.0)) if d.score > 0.3]
         right += sorted((d.cls, d.color) for d in dets) == sorted((o.shape, o.color) for o in objs)
     assert right >= 0.95 * len(metas)
+
+
+def test_template_blur_and_pooling_matrices_match_hand_computed_values():
+    from t2i_gcpo.worlds.shapeworld.detect import _blur, _pool_matrix
+
+    delta = np.zeros((1, 9, 9), np.float32)
+    delta[0, 4, 4] = 1.0
+    out = _blur(delta, 0.6)  # radius ceil(1.5) = 2: weights ∝ exp(−d² / 0.72), d = −2 … 2
+    k = np.exp(-(np.arange(-2, 3) ** 2) / 0.72)
+    k /= k.sum()
+    np.testing.assert_allclose(out[0, 2:7, 2:7], np.outer(k, k), rtol=1e-5)
+    assert out[0].sum() == pytest.approx(1.0, abs=1e-6) and out[0, :2].sum() == 0  # mass kept, support 2 px
+    edge = np.zeros((1, 5, 5), np.float32)
+    edge[0, 0, 0] = 1.0  # zero padding: mass blurred past the border is lost
+    assert _blur(edge, 0.6)[0].sum() == pytest.approx(k[2:].sum() ** 2, rel=1e-5)
+    sub = np.arange(12, dtype=np.float32).reshape(1, 12)  # 4 pixels × 3 sub-pixels
+    np.testing.assert_array_equal(sub @ _pool_matrix(4, 3).T, [[3, 12, 21, 30]])
