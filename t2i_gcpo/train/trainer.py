@@ -355,7 +355,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
                    dynamic_ncols=True)  # fmt: skip
-        step = self.start_step
+        step, stopped_together = self.start_step, False
         if cfg.eval_every > 0 and self.start_step == 0 and self.eval_metadata:
             base = self.evaluate()
             self._log(0, base, append_only=True)  # the base model: curves start at step 0
@@ -377,6 +377,7 @@ class Trainer:
                 if step % cfg.save_every == 0 or step == cfg.steps or self._stop():
                     self.save(step)
                 if self._stop():
+                    stopped_together = True  # every process stops here, after the checkpoint
                     raise KeyboardInterrupt
         except KeyboardInterrupt:
             bar.close()
@@ -384,7 +385,8 @@ class Trainer:
                 print(
                     f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
                 )
-            self._shutdown()
+            if stopped_together:  # not after a second Ctrl-C, which may land inside a collective
+                self._shutdown()
             raise
         finally:
             signal.signal(signal.SIGINT, previous)
