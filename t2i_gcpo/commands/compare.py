@@ -33,7 +33,7 @@ def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrid
     from t2i_gcpo.config import ALGORITHMS
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import format_table, run_comparison
-    from t2i_gcpo.train.run import REPO_PROMPTS
+    from t2i_gcpo.train.run import REPO_PROMPTS, leave_process_group
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]
@@ -47,5 +47,6 @@ def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrid
     result = run_comparison(
         names, seeds, steps, Path(out), prompts, model, reward, eval_every, tuple(overrides)
     )
+    leave_process_group()
     click.echo(format_table(result))
     click.echo(f"curves: {Path(out) / 'curves.png'}")

@@ -78,7 +78,7 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
     """
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.train.run import prepare, run
+    from t2i_gcpo.train.run import leave_process_group, prepare, run
 
     if resume:
         if any(v is not None for v in (prompts, algo, config_file, model, reward, out, seed)) or overrides:
@@ -92,4 +92,6 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     try:
         run(job)  # prints each held-out evaluation and the run directory
     except KeyboardInterrupt:
+        leave_process_group()
         sys.exit(130)
+    leave_process_group()

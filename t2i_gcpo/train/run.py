@@ -96,3 +96,13 @@ def run(job: Job) -> dict:
         job.cfg, job.run_dir, job.metadata, job.policy, job.reward, job.eval_metadata, job.resume
     )
     return trainer.fit()
+
+
+def leave_process_group() -> None:
+    """Destroy the distributed process group, if there is one, before the process exits: a process
+    that exits with a live gloo group can abort in C++ teardown ("terminate called without an active
+    exception"). Call it once per process, after the last run, when every rank got there."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -406,13 +406,11 @@ class Trainer:
         return final
 
     def _shutdown(self) -> None:
-        """End a run every process reached together: flush TensorBoard, then leave the process group
-        only once all ranks are done (a rank exiting with a live gloo group can abort in C++ teardown)."""
+        """End a run every process reached together: flush TensorBoard and wait until all ranks are
+        done, so none leaves (train.run.leave_process_group) while another still needs it."""
         if self.writer is not None:
             self.writer.close()
         self.accelerator.wait_for_everyone()
-        if self.accelerator.num_processes > 1:
-            self.accelerator.end_training()
 
     def _announce(self, step: int, row: dict, bar: Any) -> None:
         """One console line per held-out evaluation, above the progress bar."""
