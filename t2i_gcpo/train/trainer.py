@@ -274,6 +274,10 @@ def strict_stats(details: list[dict]) -> dict[str, float]:
 # ============================================================================ boilerplate: setup, logging, checkpoints
 
 
+class StopRequested(KeyboardInterrupt):
+    """Ctrl-C honoured at a step boundary: every process stops there together, after the checkpoint."""
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None, metadata: list[dict], policy: Any, reward: Any,
                  eval_metadata: list[dict] | None = None, resume: bool = False):  # fmt: skip
@@ -355,7 +359,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
                    dynamic_ncols=True)  # fmt: skip
-        step, stopped_together = self.start_step, False
+        step = self.start_step
         if cfg.eval_every > 0 and self.start_step == 0 and self.eval_metadata:
             base = self.evaluate()
             self._log(0, base, append_only=True)  # the base model: curves start at step 0
@@ -374,18 +378,18 @@ class Trainer:
                 bar.set_postfix(
                     reward=f"{row[M.REWARD_MEAN]:.3f}", strict=f"{row.get(M.STRICT, float('nan')):.2f}"
                 )
-                if step % cfg.save_every == 0 or step == cfg.steps or self._stop():
+                stop = self._stop()  # one all-reduce: every process gets the same answer
+                if step % cfg.save_every == 0 or step == cfg.steps or stop:
                     self.save(step)
-                if self._stop():
-                    stopped_together = True  # every process stops here, after the checkpoint
-                    raise KeyboardInterrupt
-        except KeyboardInterrupt:
+                if stop:
+                    raise StopRequested
+        except KeyboardInterrupt as interrupt:
             bar.close()
             if acc.is_main_process:
                 print(
                     f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
                 )
-            if stopped_together:  # not after a second Ctrl-C, which may land inside a collective
+            if isinstance(interrupt, StopRequested):  # not after a second Ctrl-C: it may land in a collective
                 self._shutdown()
             raise
         finally:
