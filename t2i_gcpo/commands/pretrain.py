@@ -64,7 +64,7 @@ def pretrain_cmd(
     VQ tokenizer, train the text-conditioned prior (10 % null-prompt dropout for CFG), save it and
     print its per-tag strict/partial scores on the held-out test prompts (4 images each).
 
-    With the defaults: 8.5 min measured on 2 CPU cores (VQ 2.6 min, prior 5.4 min, then the
+    With the defaults: 8.3 min measured on 2 CPU cores (VQ 2.4 min, prior 5.4 min, then the
     held-out scoring); slower when other jobs share the CPU. Load the result with
     --model OUT.
 
