@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from t2i_gcpo.eval.geneval_rules import evaluate_detections
+from t2i_gcpo.scoring.geneval_rules import evaluate_detections
 from t2i_gcpo.worlds.shapeworld import SHAPES, TAGS, generate_metadata, render, sample_scene
 from t2i_gcpo.worlds.shapeworld.detect import detect
 

@@ -32,13 +32,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from t2i_gcpo.config import GCPOConfig  # noqa: E402
+from t2i_gcpo.config import (
+    REPO_PROMPTS,  # noqa: E402
+    GCPOConfig,  # noqa: E402
+)
 from t2i_gcpo.core.advantages import group_advantages  # noqa: E402
 from t2i_gcpo.core.credit import gcpo_weights, stage_weights, uniform_weights  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.policies.registry import load_policy  # noqa: E402
 from t2i_gcpo.rewards.shapeworld import ShapeWorldReward  # noqa: E402
-from t2i_gcpo.train.run import REPO_PROMPTS  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gradient_snr.json"
 VARIANTS = [("uniform", "cond"), ("gcpo", "cond"), ("stage", "cond"), ("object", "cond"),

@@ -24,7 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from t2i_gcpo.train.run import REPO_PROMPTS, prepare  # noqa: E402
+from t2i_gcpo.config import REPO_PROMPTS  # noqa: E402
+from t2i_gcpo.train.run import prepare  # noqa: E402
 from t2i_gcpo.train.trainer import Trainer, train_step  # noqa: E402
 
 ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official"]

@@ -9,6 +9,7 @@ paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ import yaml
 from t2i_gcpo.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official")
+REPO_PROMPTS = CONFIG_DIR.parent / "prompts"  # the prompt files a checkout ships
+ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical")
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
@@ -41,8 +43,10 @@ class RolloutConfig:
     )
     temperature: float = doc("T: sampling temperature (GCPO paper: 1).", 1.0)
     top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0)
+    top_p: float = doc("Top-p (nucleus) filter while sampling; 1 disables it.", 1.0)
     train_logp: Literal["cond", "cfg"] = doc(
-        "Which distribution is trained (SPEC §5): 'cond' (GCPO, STAGE, T2I-R1) or 'cfg' (ReasonGen-R1).",
+        "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
+        "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
 
@@ -85,11 +89,6 @@ class GCPOConfig:
     top_fraction: float = doc("x in the hist schedule: the top fraction of tokens …", 0.4)
     top_mass: float = doc("y in the hist schedule: … that carries this fraction of the credit.", 0.8)
     tau: float = doc("τ for normalization='softmax'.", 1.0)
-    recompute: bool = doc(
-        "Recompute cond/null log-probs with the current policy at update time (official code) instead of "
-        "reusing the rollout's recorded ones (identical with one update epoch; costs a forward pass).",
-        False,
-    )
 
 
 @dataclass
@@ -97,19 +96,45 @@ class DGPOConfig:
     tau: float = doc("τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5)
     kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0)
     squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
-    reference: Literal["initial", "rollout"] = doc(
-        "π_ref: the frozen initial policy or the rollout policy.", "initial"
+
+
+@dataclass
+class CriticalConfig:
+    first_fraction: float = doc("Share of tokens credited for coming first in decoding order.", 0.1)
+    entropy_fraction: float = doc(
+        "Share credited for the largest entropy change against grid neighbours.", 0.1
+    )
+    similarity_fraction: float = doc(
+        "Share credited for the least similarity to the group's other samples.", 0.1
     )
 
 
 @dataclass
 class CreditConfig:
-    scheme: Literal["uniform", "gcpo", "dgpo", "stage"] = doc(
-        "Token credit: uniform (GRPO/DAPO), gcpo (guidance contrast), dgpo (Hellinger × entropy), stage.",
+    scheme: str = doc(
+        "Token credit, a name in the registry (t2i_gcpo/core/schemes.py): uniform (GRPO/DAPO), gcpo "
+        "(Guidance Contrastive, arXiv 2605.29198), dgpo (Hellinger × entropy), stage (group similarity), "
+        "critical (Group Critical-token PO, zghhui/GCPO — not the same method as gcpo).",
         "uniform",
+    )
+    granularity: Literal["token", "step"] = doc(
+        "'step' pools the weights over the tokens decided at one step (masked models; AR: no change).",
+        "token",
+    )
+    contrast: Literal["recorded", "recompute"] = doc(
+        "Where a contrast scheme (gcpo) gets the positive/negative log-probs: the rollout's recorded ones "
+        "(free; equal to recomputed with one update epoch) or recomputed by the current policy at update "
+        "time (official code; costs two forward passes).",
+        "recorded",
+    )
+    reference: Literal["initial", "rollout"] = doc(
+        "π_ref of a scheme that compares distributions (dgpo): the frozen initial policy, or the policy "
+        "that sampled the step's rollout (a weight snapshot, not cached logits).",
+        "initial",
     )
     gcpo: GCPOConfig = doc("GCPO options.", factory=GCPOConfig)
     dgpo: DGPOConfig = doc("DGPO options.", factory=DGPOConfig)
+    critical: CriticalConfig = doc("Critical-token options.", factory=CriticalConfig)
 
 
 @dataclass
@@ -137,9 +162,15 @@ class ModelOptions:
 class TrainConfig:
     algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
     model: str = doc("'shapeworld' (shipped), a local checkpoint dir, or 'janus:PATH'.", "shapeworld")
-    reward: str = doc(
-        "'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum.",
-        "shapeworld",
+    task: str | None = doc(
+        "What the prompts are and how samples are scored and evaluated: 'shapeworld' (GenEval rules on "
+        "ShapeWorld's shapes) or 'geneval' (GenEval's 80 COCO classes); null = the model's own task.",
+        None,
+    )
+    reward: str | None = doc(
+        "'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum; "
+        "null = the task's default reward.",
+        None,
     )
     prompts: str | None = doc(
         "Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).", None
@@ -189,7 +220,17 @@ class TrainConfig:
                 "optim.minibatches must divide rollout.prompts_per_step × rollout.group_size",
             ),
             (self.algo in ALGORITHMS, f"algo must be one of {', '.join(ALGORITHMS)}"),
+            (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+            (math.isfinite(self.rollout.cfg_scale or 0.0), "rollout.cfg_scale must be a finite number"),
         ]
+        from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
+
+        checks.append(
+            (
+                self.credit.scheme in CREDIT_SCHEMES,
+                f"credit.scheme must be one of {', '.join(CREDIT_SCHEMES)}",
+            )
+        )
         for ok, message in checks:
             if not ok:
                 raise UserError(f"invalid config: {message}")

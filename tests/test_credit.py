@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from t2i_gcpo.core import CREDIT_SCHEMES  # noqa: E402
 from t2i_gcpo.core.credit import (
-    CREDIT_SCHEMES,
     dgpo_weights,
     gcpo_divergence,
     gcpo_weights,
@@ -35,7 +35,7 @@ def row(*xs):
 
 
 def test_registry_and_uniform():
-    assert set(CREDIT_SCHEMES) == {"uniform", "gcpo", "dgpo", "stage"}
+    assert set(CREDIT_SCHEMES) == {"uniform", "gcpo", "dgpo", "stage", "critical"}
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
     assert torch.equal(uniform_weights(mask), torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
 

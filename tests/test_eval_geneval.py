@@ -10,16 +10,21 @@ import torch
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.color_clip import BACKGROUND_RGB, GENEVAL_COLORS, ClipColorClassifier, crop_on_background
-from t2i_gcpo.eval.detections import Detection
-from t2i_gcpo.eval.detector_mask2former import (
+from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
+from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
+from t2i_gcpo.scoring.color_clip import (
+    BACKGROUND_RGB,
+    GENEVAL_COLORS,
+    ClipColorClassifier,
+    crop_on_background,
+)
+from t2i_gcpo.scoring.detections import Detection
+from t2i_gcpo.scoring.detector_mask2former import (
     Mask2FormerDetector,
     box_from_mask,
     to_geneval_name,
 )
-from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
-from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
-from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
+from t2i_gcpo.scoring.geneval_classes import geneval_classes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

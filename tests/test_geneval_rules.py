@@ -2,8 +2,8 @@
 
 import pytest
 
-from t2i_gcpo.eval.detections import Detection
-from t2i_gcpo.eval.geneval_rules import (
+from t2i_gcpo.scoring.detections import Detection
+from t2i_gcpo.scoring.geneval_rules import (
     evaluate_detections,
     format_summary,
     relative_position,

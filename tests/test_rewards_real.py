@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.detections import Detection
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.combine import CallableReward, RewardError, WeightedSum, call_reward
 from t2i_gcpo.rewards.registry import build_reward
+from t2i_gcpo.scoring.detections import Detection
 
 torch.set_num_threads(2)
 TINY_CLIP = "t2i-gcpo-tiny-clip"
@@ -263,7 +263,7 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
     (real rules engine not needed: `reward_detections` is replaced by a recording fake)."""
     from types import SimpleNamespace
 
-    import t2i_gcpo.eval.geneval_rules as rules
+    import t2i_gcpo.scoring.geneval_rules as rules
     from t2i_gcpo.rewards.geneval_reward import GenEvalReward
 
     calls = []

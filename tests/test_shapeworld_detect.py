@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from t2i_gcpo.eval.geneval_rules import evaluate_detections, reward_detections
+from t2i_gcpo.scoring.geneval_rules import evaluate_detections, reward_detections
 from t2i_gcpo.worlds.shapeworld import (
     COLORS,
     SHAPES,

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.scoring.geneval_classes import geneval_classes
 from t2i_gcpo.worlds.shapeworld import SHAPES, TAGS, all_metadata, metadata_to_prompt, parse_prompt
 from t2i_gcpo.worlds.shapeworld.parse import (
     english_plural,
-    geneval_classes,
     geneval_plural,
     validate_metadata,
 )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval_rules import relative_position
+from t2i_gcpo.scoring.geneval_rules import relative_position
 from t2i_gcpo.worlds.shapeworld import (
     BACKGROUND_RGB,
     COLOR_RGB,

@@ -30,10 +30,10 @@ Re-running the same command resumes: finished runs are kept, stopped runs contin
 def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrides, out) -> None:
     """Train each algorithm with several seeds and compare held-out strict scores: mean and 95 %
     interval per tag and overall, steps to reach GRPO's final score, and curves with bands."""
-    from t2i_gcpo.config import ALGORITHMS
+    from t2i_gcpo.config import ALGORITHMS, REPO_PROMPTS
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import format_table, run_comparison
-    from t2i_gcpo.train.run import REPO_PROMPTS, leave_process_group
+    from t2i_gcpo.train.distributed import leave_process_group
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
     unknown = [a for a in names if a not in ALGORITHMS]

@@ -25,8 +25,9 @@ Examples:
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."
 )
 @click.option(
-    "--schemes", default="gcpo,dgpo,stage,uniform", show_default=True, help="Comma-separated schemes."
-)
+    "--schemes", default="gcpo,dgpo,stage,critical,uniform", show_default=True,
+    help="Comma-separated credit schemes (any registered one; critical = Group Critical-token PO, not GCPO).",
+)  # fmt: skip
 @click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
 @click.option(
     "--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the training default]."
@@ -43,16 +44,17 @@ def credit_map_cmd(
     credit lift of each scheme (share of credit on tokens covering the prompt's objects over the share of
     such tokens; uniform credit = 1).
     """
+    from t2i_gcpo.core import CREDIT_SCHEMES
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.train.credit_maps import run_credit_maps
 
     if not prompt_texts and not prompt_file:
         raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
     names = tuple(s.strip() for s in schemes.split(",") if s.strip())
-    unknown = [s for s in names if s not in ("gcpo", "dgpo", "stage", "uniform")]
+    unknown = [s for s in names if s not in CREDIT_SCHEMES]
     if unknown or not names:
         raise UserError(
-            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from gcpo, dgpo, stage, uniform"
+            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)}"
         )
     if group_size < 2:
         raise UserError("--group must be ≥ 2 (advantages are group-relative)")

@@ -30,9 +30,7 @@ def _policy(model: str):
 
 
 def _cfg_scale(policy, cfg_scale: float | None) -> float:
-    from t2i_gcpo.train.run import default_cfg_scale
-
-    return default_cfg_scale(policy) if cfg_scale is None else cfg_scale
+    return policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
 
 
 class ShapeWorldDetector:
@@ -51,13 +49,13 @@ class ShapeWorldDetector:
 def _detector(spec: str, device: str):
     if spec == "shapeworld":
         return ShapeWorldDetector(), None
-    from t2i_gcpo.eval.detector_mask2former import Mask2FormerDetector
+    from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
 
     return Mask2FormerDetector.from_pretrained(spec, device=device), "clip"
 
 
 def _print_summary(out: Path, summary: dict) -> None:
-    from t2i_gcpo.eval.geneval_rules import format_summary
+    from t2i_gcpo.scoring.geneval_rules import format_summary
 
     click.echo(format_summary(summary))
     click.echo(f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}")
@@ -101,7 +99,7 @@ def geneval_cmd(
             raise UserError(
                 "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
             )
-        from t2i_gcpo.eval.color_clip import ClipColorClassifier
+        from t2i_gcpo.scoring.color_clip import ClipColorClassifier
 
         colors = ClipColorClassifier.from_pretrained(clip_ckpt, clip_model, device=device)
     root = Path(score_only) if score_only else out / "images"
@@ -127,13 +125,14 @@ def geneval_cmd(
 def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, out):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
+    from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
-    from t2i_gcpo.train.data import load_prompts
-    from t2i_gcpo.train.run import REPO_PROMPTS
+    from t2i_gcpo.tasks.registry import get_task
 
     out = Path(out)
-    metadata = load_prompts(prompts or REPO_PROMPTS / "shapeworld_test.jsonl")
     policy = _policy(model)
+    task = get_task(policy.default_task)
+    metadata = [p.meta for p in task.load_prompts(prompts or REPO_PROMPTS / "shapeworld_test.jsonl")]
     root = out / "images"
     generate_geneval(
         policy,

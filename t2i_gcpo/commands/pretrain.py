@@ -88,5 +88,13 @@ def pretrain_cmd(
         cfg.n_scenes = n_scenes
     if cfg_scale is not None:
         cfg.ar = ARConfig(default_cfg_scale=cfg_scale)
-    stats = pretrain(out, cfg, evaluate=not no_eval)
+
+    def evaluate(policy, test, images_per_prompt, seed):
+        from t2i_gcpo.tasks.geneval import evaluate_shapeworld, format_table
+
+        result = evaluate_shapeworld(policy, test, images_per_prompt, seed=seed, progress=True)
+        click.echo(format_table(result))
+        return result
+
+    stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
     click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")

@@ -57,14 +57,13 @@ def sample_cmd(
     from t2i_gcpo.eval.geneval import generate_geneval
     from t2i_gcpo.eval.layout import iter_layout
     from t2i_gcpo.policies.registry import load_policy
-    from t2i_gcpo.train.run import default_cfg_scale
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
     metadata = read_prompt_file(prompts_path, strict=False)
     policy = load_policy(model).eval()
     policy.check_prompts([m["prompt"] for m in metadata])  # fail before sampling anything
-    s = default_cfg_scale(policy) if cfg_scale is None else cfg_scale
+    s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
     generate_geneval(policy, metadata, out, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
                      temperature=temperature, top_k=top_k, seed=seed)  # fmt: skip
     images = np.stack(

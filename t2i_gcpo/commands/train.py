@@ -78,7 +78,8 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
     """
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.train.run import leave_process_group, prepare, run
+    from t2i_gcpo.train.distributed import leave_process_group
+    from t2i_gcpo.train.run import prepare, run
 
     if resume:
         if any(v is not None for v in (prompts, algo, config_file, model, reward, out, seed)) or overrides:

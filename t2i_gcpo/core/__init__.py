@@ -1,9 +1,11 @@
 """Credit-assignment core: pure tensor maths (torch only), no models, images or files.
 
 advantages — GRPO/DAPO sequence advantages; losses — clipped surrogate, aggregation, k3 KL;
-credit — token weights (uniform, GCPO, DGPO, STAGE). See SPEC §2–4.
+credit — token weights (uniform, GCPO, DGPO, STAGE); schemes — the registry the train step reads
+(what each scheme needs); critical — the critical-token scheme. See SPEC §2–4.
 """
 
+import t2i_gcpo.core.critical  # noqa: F401, I001  (registers the critical-token scheme)
 from t2i_gcpo.core.advantages import (
     PerPromptStatTracker,
     dynamic_sampling_filter,
@@ -11,8 +13,8 @@ from t2i_gcpo.core.advantages import (
     zero_std_groups,
 )
 from t2i_gcpo.core.credit import (
-    CREDIT_SCHEMES,
     NORMALIZATIONS,
+    dgpo_scores,
     dgpo_weights,
     gcpo_divergence,
     gcpo_weights,
@@ -30,10 +32,24 @@ from t2i_gcpo.core.losses import (
     kl_k3,
     policy_loss,
 )
+from t2i_gcpo.core.schemes import (
+    CREDIT_SCHEMES,
+    CreditInputs,
+    credit_weights,
+    get_scheme,
+    pool_by_step,
+    register_scheme,
+)
 
 __all__ = [
     "AGGREGATIONS",
     "CREDIT_SCHEMES",
+    "CreditInputs",
+    "credit_weights",
+    "dgpo_scores",
+    "get_scheme",
+    "pool_by_step",
+    "register_scheme",
     "NORMALIZATIONS",
     "PerPromptStatTracker",
     "aggregate",

@@ -139,6 +139,33 @@ def hellinger_sq(logits_p: Tensor, logits_q: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def dgpo_scores(
+    logits_policy: Tensor, logits_ref: Tensor, kappa: float = 1.0, squared: bool = False
+) -> Tensor:
+    """DGPO per-token score s_t = h_t · g_t (SPEC §4.2) for any leading shape: logits [..., V] → [...].
+
+    h = Hellinger distance between π_θ and π_ref (H² if ``squared``), g = (Entropy(π_θ)/ln|V|)^κ.
+    Positions are independent, so callers may pass the sequence in chunks to bound memory.
+    """
+    V = logits_policy.shape[-1]
+    if V < 2 or kappa < 0:
+        raise ValueError(f"need |V| >= 2 and kappa >= 0; got V={V}, kappa={kappa}")
+    h2 = hellinger_sq(logits_policy, logits_ref)
+    h = h2 if squared else h2.sqrt()
+    entropy = torch.special.entr(F.softmax(logits_policy.float(), dim=-1)).sum(dim=-1)
+    return h * (entropy / math.log(V)).clamp(0, 1) ** kappa
+
+
+@torch.no_grad()
+def dgpo_weights_from_scores(scores: Tensor, mask: Tensor, tau: float = 0.5) -> Tensor:
+    """DGPO weights w = N·softmax(s/τ) over each sequence's valid tokens. scores, mask: [B, T]."""
+    m = _check(mask, scores=scores)
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    return _n_softmax(scores.float() / tau, m)  # padding scores (junk logits) are dropped there
+
+
+@torch.no_grad()
 def dgpo_weights(
     logits_policy: Tensor,
     logits_ref: Tensor,
@@ -157,17 +184,12 @@ def dgpo_weights(
         raise ValueError(
             f"need logits [B, T, V] of one shape, got {tuple(logits_policy.shape)}, {tuple(logits_ref.shape)}"
         )
-    V = logits_policy.shape[-1]
-    if V < 2 or tau <= 0 or kappa < 0:
-        raise ValueError(f"need |V| >= 2, tau > 0, kappa >= 0; got V={V}, tau={tau}, kappa={kappa}")
+    if tau <= 0:
+        raise ValueError(f"need tau > 0, got tau={tau}")
     scores = torch.zeros(m.shape, dtype=torch.float32, device=m.device)  # s [B, T]
     for b in range(m.shape[0]):
-        h2 = hellinger_sq(logits_policy[b], logits_ref[b])  # [T]
-        h = h2 if squared else h2.sqrt()
-        entropy = torch.special.entr(F.softmax(logits_policy[b].float(), dim=-1)).sum(dim=-1)  # [T]
-        g = (entropy / math.log(V)).clamp(0, 1) ** kappa
-        scores[b] = h * g
-    return _n_softmax(scores / tau, m)  # padding scores (junk logits) are dropped there
+        scores[b] = dgpo_scores(logits_policy[b], logits_ref[b], kappa, squared)
+    return dgpo_weights_from_scores(scores, m, tau)
 
 
 @torch.no_grad()
@@ -206,11 +228,3 @@ def stage_weights(code_embeddings: Tensor, advantages: Tensor, group_size: int, 
     total = raw.sum(dim=1, keepdim=True)  # [B, 1]
     n = m.sum(dim=1, keepdim=True)
     return torch.where(total > 0, n * raw / total.clamp_min(1e-30), m.float())
-
-
-CREDIT_SCHEMES = {
-    "uniform": uniform_weights,
-    "gcpo": gcpo_weights,
-    "dgpo": dgpo_weights,
-    "stage": stage_weights,
-}

@@ -41,12 +41,32 @@ def clipped_surrogate(
     return loss
 
 
+def aggregation_denominator(mode: str, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+    """The normaliser `aggregate` divides by, computed over a whole batch so that minibatches can share
+    it: Σ m (token-mean), #sequences with N_i > 0 (seq-mean-token-mean), B (seq-mean-token-sum-norm),
+    Σ m·w (weighted-token-mean). Summing `aggregate(…, denom=…)` over minibatches then equals the
+    full-batch value exactly (gradient accumulation invariance)."""
+    m = mask.bool()
+    if mode == "token-mean":
+        return m.sum().float()
+    if mode == "seq-mean-token-mean":
+        return (m.sum(dim=1) > 0).sum().float()
+    if mode == "seq-mean-token-sum-norm":
+        return torch.tensor(float(m.shape[0]), device=m.device)
+    if mode == "weighted-token-mean":
+        if weights is None:
+            raise ValueError("'weighted-token-mean' needs weights [B, T]")
+        return torch.where(m, weights.float(), 0.0).sum()
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+
+
 def aggregate(
     per_token: Tensor,
     mask: Tensor,
     mode: str,
     weights: Tensor | None = None,
     max_len: int | None = None,
+    denom: Tensor | float | None = None,
 ) -> Tensor:
     """Reduce a per-token quantity [B, T] to a scalar over valid tokens (SPEC §3 aggregation modes).
 
@@ -60,6 +80,8 @@ def aggregate(
     Padding values never leak in (masked with where, so NaN/inf at padding is harmless). When nothing
     is valid the result is 0 and still attached to per_token's graph. ``max_len`` is used only by
     the Dr. GRPO mode; ``weights`` only by the weighted mode (passing them elsewhere is an error).
+    ``denom`` replaces the batch's own normaliser (see `aggregation_denominator`): a minibatch then
+    contributes its share of the whole batch's value.
     """
     _same_shape(per_token=per_token, mask=mask)
     m = mask.bool()
@@ -67,25 +89,22 @@ def aggregate(
     x = torch.where(m, per_token, zero)  # [B, T], padding → 0
     if mode != "weighted-token-mean" and weights is not None:
         raise ValueError(f"weights are only used by 'weighted-token-mean', not {mode!r}")
-    if mode == "token-mean":
-        return x.sum() / m.sum().clamp_min(1)
-    if mode == "seq-mean-token-mean":
-        n = m.sum(dim=1)  # [B]
-        per_seq = x.sum(dim=1) / n.clamp_min(1)  # [B]
-        return per_seq.sum() / (n > 0).sum().clamp_min(1)
-    if mode == "seq-mean-token-sum-norm":
-        length = per_token.shape[1] if max_len is None else max_len
-        if length < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        return x.sum(dim=1).div(length).mean()
     if mode == "weighted-token-mean":
         if weights is None:
             raise ValueError("'weighted-token-mean' needs weights [B, T]")
         _same_shape(per_token=per_token, weights=weights)
-        w = torch.where(m, weights.to(per_token.dtype), zero)  # [B, T]
-        total = w.sum()
-        return (x * w).sum() / torch.where(total > 0, total, torch.ones_like(total))
-    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+        x = x * torch.where(m, weights.to(per_token.dtype), zero)  # [B, T]
+    elif mode == "seq-mean-token-mean":
+        x = x / m.sum(dim=1, keepdim=True).clamp_min(1)  # each sequence's token mean
+    elif mode == "seq-mean-token-sum-norm":
+        length = per_token.shape[1] if max_len is None else max_len
+        if length < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        x = x / length
+    elif mode != "token-mean":
+        raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+    total = torch.as_tensor(aggregation_denominator(mode, m, weights) if denom is None else denom).to(x)
+    return x.sum() / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
@@ -122,6 +141,7 @@ def policy_loss(
     beta: float = 0.0,
     kl_reweight: bool = False,
     max_len: int | None = None,
+    denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped policy-gradient loss with token credit and optional k3 KL (SPEC §3, §4).
 
@@ -129,6 +149,8 @@ def policy_loss(
     Token advantage Â_it = A_i·w_it (w = 1 when weights is None), except for "weighted-token-mean",
     where the surrogate uses A_i and w is the aggregation weight (official GCPO: Σ(ρ A w)/Σ w).
     KL: + β·agg(k3 · r), r = gcpo_kl_reweight(w) if kl_reweight else 1.
+    ``max_len``: Dr. GRPO's constant normaliser (the longest output the sampler can produce);
+    ``denom``: the whole batch's normaliser when this is one of several minibatches.
     Computed in float32 at least. Returns (loss, stats); stats are detached scalars: loss/policy, loss/kl, clip_frac (share of valid
     tokens whose gradient is zeroed by the clip or the dual clip), ratio/mean, and kl_k3 (mean k3 over
     valid tokens) when logp_ref is given.
@@ -157,7 +179,7 @@ def policy_loss(
     agg_w = w if weighted_mode else None
 
     per_token = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # [B, T]
-    loss_pg = aggregate(per_token, m, aggregation, agg_w, max_len)
+    loss_pg = aggregate(per_token, m, aggregation, agg_w, max_len, denom)
 
     # k3 KL to the reference, aggregated like the policy term
     loss_kl = loss_pg.new_zeros(())
@@ -165,7 +187,7 @@ def policy_loss(
     if logp_ref is not None:
         k3 = kl_k3(lp, torch.where(m, logp_ref.detach().to(dtype), zero))  # [B, T]; padding: q = 0, k3 = 0
         kl_tok = k3 * gcpo_kl_reweight(w) if kl_reweight else k3
-        loss_kl = aggregate(kl_tok, m, aggregation, agg_w, max_len)
+        loss_kl = aggregate(kl_tok, m, aggregation, agg_w, max_len, denom)
     loss = loss_pg + beta * loss_kl if beta != 0 else loss_pg
 
     with torch.no_grad():

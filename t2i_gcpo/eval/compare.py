@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from t2i_gcpo.train import metrics as M
-from t2i_gcpo.train.evaluate import TAG_ORDER
+from t2i_gcpo import metrics as M
+from t2i_gcpo.tasks.geneval import TAG_ORDER
 from t2i_gcpo.viz.lift import mean_ci95
 
 

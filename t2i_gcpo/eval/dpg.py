@@ -30,9 +30,10 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import batch_generator, generate_images
+from t2i_gcpo.eval.geneval import generate_images
 from t2i_gcpo.eval.layout import atomic_save_image
 from t2i_gcpo.policies.base import Policy
+from t2i_gcpo.tasks.loop import group_generators
 
 DPG_COLUMNS = (
     "item_id",
@@ -414,7 +415,7 @@ def generate_dpg(
             cfg_scale=cfg_scale,
             temperature=temperature,
             top_k=top_k,
-            generator=batch_generator(policy, seed, start),
+            generators=group_generators(seed, "generate", range(start, start + len(chunk))),
         )
         for path, images, needed in zip(paths, per_prompt, todo):
             if needed:

@@ -3,7 +3,7 @@
 GenEval (Ghosh et al., 2023) asks 553 prompts (6 tags) for 4 images each, detects objects with
 Mask2Former, classifies colours with CLIP, and checks counts, colours and positions against each
 prompt's metadata. Scoring here takes any detector (PIL image → list[Detection]) and any colour
-classifier with ``color_of(image)``; the rules live in t2i_gcpo/eval/geneval_rules.py.
+classifier with ``color_of(image)``; the rules live in t2i_gcpo/scoring/geneval_rules.py.
 
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
@@ -22,16 +22,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval import geneval_rules
-from t2i_gcpo.eval.detections import Detection
 from t2i_gcpo.eval.layout import existing_samples, iter_layout, write_prompt_folder
-from t2i_gcpo.policies.base import Policy
+from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
+from t2i_gcpo.scoring import geneval_rules
+from t2i_gcpo.scoring.detections import Detection
+from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
 
 Detector = Callable[[Image.Image], list[Detection]]
 
@@ -62,21 +62,6 @@ def tensor_to_pil(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(a) for a in arr]
 
 
-def _policy_device(policy: object) -> torch.device:
-    params = getattr(policy, "parameters", None)
-    if callable(params):
-        for p in params():
-            return p.device
-    return torch.device("cpu")
-
-
-def batch_generator(policy: object, seed: int, start: int) -> torch.Generator:
-    """The RNG of the batch starting at prompt `start`: depends on (seed, start) only, so a resumed
-    run regenerates exactly the images an uninterrupted run would have written."""
-    state = int(np.random.SeedSequence([seed, start]).generate_state(1)[0])
-    return torch.Generator(device=_policy_device(policy)).manual_seed(state)
-
-
 @torch.no_grad()
 def generate_images(
     policy: Policy,
@@ -86,13 +71,13 @@ def generate_images(
     cfg_scale: float,
     temperature: float = 1.0,
     top_k: int = 0,
-    generator: torch.Generator | None = None,
+    generators: Sequence[torch.Generator],
 ) -> list[list[Image.Image]]:
-    """`n` images per prompt from one rollout: result[i] holds prompt i's images."""
-    rollout = policy.rollout(
-        prompts, group_size=n, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, generator=generator
-    )
-    images = tensor_to_pil(policy.decode(rollout))  # rows grouped: prompt 0's n samples first
+    """`n` images per prompt from one rollout: result[i] holds prompt i's images, drawn with
+    generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=cfg_scale)
+    _, outputs = sample_and_decode(policy, [PromptRecord(p) for p in prompts], n, sampling, generators)
+    images = tensor_to_pil(outputs)  # rows grouped: prompt 0's n samples first
     if len(images) != n * len(prompts):
         raise RuntimeError(f"policy returned {len(images)} images for {len(prompts)} prompts × {n}")
     return [images[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -115,7 +100,7 @@ def generate_geneval(
 
     `batch` prompts go to one ``policy.rollout`` call (batch × n images). Resumable: batches whose
     prompts already have `n` samples are skipped, and a partly written batch is regenerated with the
-    same RNG (see `batch_generator`), only its missing files being written.
+    same generators (prompt i's is seeded by (seed, "generate", i)), only its missing files being written.
     """
     if n < 1 or batch < 1:
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
@@ -139,7 +124,7 @@ def generate_geneval(
             cfg_scale=cfg_scale,
             temperature=temperature,
             top_k=top_k,
-            generator=batch_generator(policy, seed, start),
+            generators=group_generators(seed, "generate", idx),
         )
         for i, images in zip(idx, per_prompt):
             if i in todo:

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, Rollout
+from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
@@ -66,6 +68,10 @@ CacheKind = Literal["static", "dynamic", "none"]
 class ARPolicy(nn.Module):
     """Text-conditioned Llama-style prior over VQ tokens plus its (frozen) VQ tokenizer."""
 
+    output = "image"
+    default_task = "shapeworld"
+    guidance = "u + s(c − u)"  # LlamaGen-style CFG on the logits
+
     def __init__(self, config: ARConfig, tokenizer: PromptTokenizer, vq: VQTokenizer) -> None:
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
@@ -77,6 +83,7 @@ class ARPolicy(nn.Module):
         self.config = config
         self.tokenizer = tokenizer
         self.grid_shape: tuple[int, int] = tuple(config.grid)
+        self.layout = TokenLayout.image(*self.grid_shape)
         self.num_tokens = self.grid_shape[0] * self.grid_shape[1]  # T
         self.prefix_len = config.prompt_len + 2  # P
         self.image_offset = len(tokenizer)  # embedding id of image code 0
@@ -97,6 +104,9 @@ class ARPolicy(nn.Module):
         self.vq = vq.eval().requires_grad_(False)
 
     # ---- sequences ------------------------------------------------------------------------------
+    def default_sampling(self) -> SamplingParams:
+        return SamplingParams(guidance_scale=float(self.config.default_cfg_scale))
+
     def check_prompts(self, prompts: list[str]) -> None:
         self.tokenizer.check(prompts)
 
@@ -124,44 +134,59 @@ class ARPolicy(nn.Module):
         h = self.llama(input_ids=seq, past_key_values=cache, use_cache=cache is not None).last_hidden_state
         return self.head(h)
 
+    def teacher_forced_hidden(
+        self, prompt_ids: torch.Tensor, tokens: torch.Tensor, null: torch.Tensor | bool = False
+    ) -> torch.Tensor:
+        """Hidden states [B, T, D] predicting every image token from its prefix (one forward pass)."""
+        seq = torch.cat(
+            [self.prefix(prompt_ids, null), tokens[:, :-1] + self.image_offset], dim=1
+        )  # [B, P+T-1]
+        return self.llama(input_ids=seq).last_hidden_state[:, self.prefix_len - 1 :]
+
     def teacher_forced_logits(
         self, prompt_ids: torch.Tensor, tokens: torch.Tensor, null: torch.Tensor | bool = False
     ) -> torch.Tensor:
         """Raw logits [B, T, K] predicting every image token from its prefix (one forward pass)."""
-        seq = torch.cat(
-            [self.prefix(prompt_ids, null), tokens[:, :-1] + self.image_offset], dim=1
-        )  # [B, P+T-1]
-        return self._logits(seq)[:, self.prefix_len - 1 :]
+        return self.head(self.teacher_forced_hidden(prompt_ids, tokens, null))
 
     # ---- differentiable log-probs ---------------------------------------------------------------
-    def context_logits(self, rollout: Rollout, context: Context = "cond") -> torch.Tensor:
-        """Unscaled logits [B, T, K] of `context` for the rollout's tokens, with gradient."""
-        pid = rollout.extras["prompt_ids"].to(self.device)
+    def _hidden(self, rollout: Rollout, context: Context) -> torch.Tensor:
+        """Hidden states predicting every image token: [B, T, D] (pos / neg) or [B, T, 2, D] (guided)."""
+        pid = rollout.state["prompt_ids"].to(self.device)
         tok = rollout.tokens.to(self.device)
-        if context == "cond":
-            return self.teacher_forced_logits(pid, tok, null=False)
-        if context == "uncond":
-            return self.teacher_forced_logits(pid, tok, null=True)
-        if context != "cfg":
-            raise ValueError(f"context must be cond, uncond or cfg, not {context!r}")
+        if context in ("pos", "neg"):
+            return self.teacher_forced_hidden(pid, tok, null=context == "neg")
+        if context != "guided":
+            raise ValueError(f"context must be pos, neg or guided, not {context!r}")
         b = tok.shape[0]
         null = torch.arange(2 * b, device=tok.device) >= b
-        both = self.teacher_forced_logits(torch.cat([pid, pid]), torch.cat([tok, tok]), null=null)
-        lc, lu = both[:b], both[b:]
-        return lu + rollout.cfg_scale * (lc - lu)
+        both = self.teacher_forced_hidden(torch.cat([pid, pid]), torch.cat([tok, tok]), null=null)
+        return torch.stack([both[:b], both[b:]], dim=2)  # [B, T, 2, D]: cond, null
 
-    def logprobs(
-        self, rollout: Rollout, context: Context = "cond", full_dist: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """log softmax(ℓ/T) at the sampled tokens [B, T]; with `full_dist` also ℓ/T [B, T, K]."""
-        z = self.context_logits(rollout, context) / rollout.temperature  # [B, T, K]
-        logp = z.log_softmax(-1).gather(-1, rollout.tokens.to(z.device)[..., None]).squeeze(-1)  # [B, T]
-        return (logp, z) if full_dist else logp
+    def _to_logits(self, rollout: Rollout, context: Context):
+        """Hidden chunk → temperature-scaled logits [B, t, K] of `context`."""
+        temperature, scale = rollout.sampling.temperature, rollout.sampling.guidance_scale
 
-    def forward(
-        self, rollout: Rollout, context: Context = "cond", full_dist: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.logprobs(rollout, context, full_dist)
+        def to_logits(h: torch.Tensor) -> torch.Tensor:
+            if context == "guided":
+                return (
+                    GUIDANCE[self.guidance](self.head(h[:, :, 0]), self.head(h[:, :, 1]), scale) / temperature
+                )
+            return self.head(h) / temperature
+
+        return to_logits
+
+    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        """log softmax(ℓ/T) at the sampled tokens [B, T], with gradient, in chunks over T; with
+        `dists` also the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+        hidden = self._hidden(rollout, context)
+        to_logits = self._to_logits(rollout, context)
+        K = self.config.codebook_size
+        logp = chunked_logprobs(hidden, to_logits, rollout.tokens.to(hidden.device), K)
+        return (logp, ChunkedDists(hidden, to_logits, K)) if dists else logp
+
+    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        return self.logprobs(rollout, context, dists)
 
     # ---- sampler (gpt-fast style) ---------------------------------------------------------------
     def prefill(self, prefix: torch.Tensor, cache) -> torch.Tensor:
@@ -173,73 +198,36 @@ class ARPolicy(nn.Module):
         x = (token + self.image_offset).repeat(2)[:, None]  # [2B, 1]
         return self._logits(x, cache)[:, -1]
 
-    @staticmethod
-    def sample_step(
-        logits: torch.Tensor,
-        cfg_scale: float,
-        temperature: float,
-        top_k: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [2B, K] (cond rows, then null rows) → token [B] and its log-probs [3, B]
-        under (cond, uncond, CFG) at temperature T."""
-        lc, lu = logits.float().chunk(2)
-        lg = lu + cfg_scale * (lc - lu)  # ℓ_cfg
-        z = lg / temperature
-        if top_k and top_k < z.shape[-1]:
-            kth = z.topk(top_k, dim=-1).values[:, -1:]
-            z_sample = z.masked_fill(z < kth, float("-inf"))
-        else:
-            z_sample = z
-        tok = torch.multinomial(z_sample.softmax(-1), 1, generator=generator).squeeze(-1)  # [B]
-        logps = torch.stack(
-            [(x / temperature).log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1) for x in (lc, lu, lg)]
-        )
-        return tok, logps
-
-    def decode_n_tokens(
-        self,
-        logits: torch.Tensor,
-        cache,
-        tokens: torch.Tensor,
-        logps: torch.Tensor,
-        cfg_scale: float,
-        temperature: float,
-        top_k: int,
-        generator: torch.Generator | None,
-    ) -> None:
-        """Fill the preallocated `tokens` [B, T] and `logps` [3, B, T] step by step."""
+    def decode_n_tokens(self, logits: torch.Tensor, cache, tokens: torch.Tensor, logps: torch.Tensor,
+                        sampling: SamplingParams, uniforms: torch.Tensor) -> None:  # fmt: skip
+        """Fill the preallocated `tokens` [B, T] and `logps` [3, B, T] (pos, neg, guided) step by step."""
         for t in range(tokens.shape[1]):
-            tokens[:, t], logps[:, :, t] = self.sample_step(logits, cfg_scale, temperature, top_k, generator)
+            lc, lu = logits.chunk(2)
+            tokens[:, t], lp = sample_step(lc, lu, sampling, uniforms[:, t], self.guidance)
+            logps[:, :, t] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
             if t + 1 < tokens.shape[1]:
                 logits = self.decode_one_token(tokens[:, t], cache)
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        cfg_scale: float,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        generator: torch.Generator | None = None,
-        cache: CacheKind = "static",
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample image tokens for word ids [B, L] → (tokens [B, T], log-probs [3, B, T] of
-        cond/uncond/CFG). ``cache="none"`` recomputes the whole prefix each step (for benchmarks)."""
-        if temperature <= 0:
-            raise UserError(f"temperature must be > 0, got {temperature}")
+    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
+                 cache: CacheKind = "static") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Sample image tokens for word ids [B, L] with uniforms [B, T] → (tokens [B, T], log-probs
+        [3, B, T] of pos / neg / guided). ``cache="none"`` recomputes the whole prefix each step
+        (for benchmarks)."""
+        if not sampling.temperature > 0:
+            raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         b, t_len = prompt_ids.shape[0], self.num_tokens
         null = torch.arange(2 * b, device=prompt_ids.device) >= b
         prefix = self.prefix(torch.cat([prompt_ids, prompt_ids]), null)  # [2B, P]: cond rows, null rows
         tokens = torch.empty(b, t_len, dtype=torch.long, device=prompt_ids.device)
         logps = torch.empty(3, b, t_len, device=prompt_ids.device)
+        uniforms = uniforms.to(prompt_ids.device)
         if cache == "none":
             seq = prefix
             for t in range(t_len):
-                logits = self._logits(seq)[:, -1]  # full recompute of [2B, P+t]
-                tokens[:, t], logps[:, :, t] = self.sample_step(
-                    logits, cfg_scale, temperature, top_k, generator
-                )
+                lc, lu = self._logits(seq)[:, -1].chunk(2)  # full recompute of [2B, P+t]
+                tokens[:, t], lp = sample_step(lc, lu, sampling, uniforms[:, t], self.guidance)
+                logps[:, :, t] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
                 seq = torch.cat([seq, (tokens[:, t] + self.image_offset).repeat(2)[:, None]], dim=1)
             return tokens, logps
         from transformers import DynamicCache, StaticCache
@@ -250,31 +238,27 @@ class ARPolicy(nn.Module):
             else DynamicCache(config=self.llama.config)
         )
         logits = self.prefill(prefix, kv)
-        self.decode_n_tokens(logits, kv, tokens, logps, cfg_scale, temperature, top_k, generator)
+        self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
         return tokens, logps
 
-    def rollout(
-        self,
-        prompts: list[str],
-        group_size: int,
-        cfg_scale: float,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
-        pid = self.encode_prompts(prompts).repeat_interleave(group_size, dim=0)  # [B·G, L]
-        tokens, logps = self.generate(pid, cfg_scale, temperature, top_k, generator)
+        if len(generators) != len(prompts):
+            raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
+        pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B·G, L]
+        uniforms = group_uniforms(generators, group_size, (self.num_tokens,), self.device)  # [B·G, T]
+        tokens, logps = self.generate(pid, sampling, uniforms)
+        b = tokens.shape[0]
         return Rollout(
             tokens=tokens,
             mask=torch.ones_like(tokens, dtype=torch.float),
-            logp_cond=logps[0],
-            logp_uncond=logps[1],
-            logp_cfg=logps[2],
+            step=torch.arange(self.num_tokens, device=tokens.device).expand(b, -1),
+            logp={"pos": logps[0], "neg": logps[1], "guided": logps[2]},
             prompts=[p for p in prompts for _ in range(group_size)],
-            cfg_scale=cfg_scale,
-            temperature=temperature,
-            extras={"prompt_ids": pid, "top_k": top_k},
+            group_size=group_size,
+            sampling=sampling,
+            state={"prompt_ids": pid},
         )
 
     # ---- images ---------------------------------------------------------------------------------
@@ -282,8 +266,8 @@ class ARPolicy(nn.Module):
         """Images [B, 3, H, W] in [0, 1]."""
         return self.vq.decode(rollout.tokens.to(self.device))
 
-    def code_embeddings(self, rollout: Rollout) -> torch.Tensor:
-        """VQ codebook vectors of the sampled tokens [B, T, D] (STAGE similarity credit)."""
+    def token_features(self, rollout: Rollout) -> torch.Tensor:
+        """VQ codebook vectors of the sampled tokens [B, T, D] (STAGE and critical-token credit)."""
         return self.vq.code_embeddings(rollout.tokens.to(self.device))
 
     # ---- persistence ----------------------------------------------------------------------------

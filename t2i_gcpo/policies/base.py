@@ -1,98 +1,177 @@
 """What every generator adapter provides: the `Rollout` container and the `Policy` protocol.
 
-Adapters (ar.py, janus.py, masked.py, ...) implement `Policy` without inheriting from each other.
-Each adapter is a ``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs`` so that
-accelerate/DDP wrapping synchronises gradients (DDP only hooks ``__call__``/``forward``).
+One contract for the three families (autoregressive images, masked images, text). Adapters (ar.py,
+janus.py, …) implement `Policy` without inheriting from each other. Each adapter is a
+``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs``, so accelerate/DDP wrapping
+synchronises gradients (DDP only hooks ``__call__``/``forward``).
+
+Contexts (the keys of `Rollout.logp`):
+- ``pos``    — the prompt (c⁺; the conditional branch of CFG)
+- ``neg``    — the negative context (c⁻): the CFG null branch for images, an empty or "answer
+               wrongly" prompt for text; GCPO's contrast is pos against neg
+- ``guided`` — the distribution that was sampled, when it combines pos and neg (CFG)
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-Context = Literal["cond", "uncond", "cfg"]
+Context = Literal["pos", "neg", "guided"]
+CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
+Output = Literal["image", "text"]
+
+
+@dataclass
+class PromptRecord:
+    """One prompt as the task knows it."""
+
+    text: str  # what the model is conditioned on
+    negative: str | None = None  # negative context; None = the adapter's own (null prompt, empty question)
+    meta: dict[str, Any] = field(default_factory=dict)  # task metadata (GenEval include/exclude, answer, …)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a rollout samples. Fields an adapter does not use are ignored by it."""
+
+    temperature: float = 1.0  # T: every recorded log-prob is of softmax(ℓ/T)
+    top_k: int = 0  # sample from the k most likely tokens only (0: off); log-probs stay untruncated
+    top_p: float = 1.0  # nucleus sampling (1: off)
+    guidance_scale: float = 1.0  # s in the adapter's guidance formula (1: the positive branch alone)
+    guidance_schedule: str = "constant"  # how s varies over the steps (masked models)
+    steps: int | None = None  # decoding steps (masked models); None = the adapter's default
+    max_new_tokens: int | None = None  # text: the length limit; None = the adapter's default
 
 
 @dataclass
 class Rollout:
-    """A batch of sampled token sequences with the log-probs recorded while sampling.
+    """A batch of sampled token sequences with what was recorded while sampling.
 
-    B = number of samples (prompts × group size), T = tokens per sample.
-    Log-probs are of the sampled token at sampling temperature, under each distribution.
+    B = samples (prompts × group size, prompt i's samples in rows i·G … i·G+G−1), T = tokens per
+    sample (padded). Every per-sample field has B first; `select` and `concat` handle all of them.
     """
 
-    tokens: torch.Tensor  # [B, T] long — sampled image (or text) tokens, raster order for images
+    tokens: torch.Tensor  # [B, T] long — image tokens (raster order) or text tokens
     mask: torch.Tensor  # [B, T] float — 1 for valid tokens, 0 for padding
-    logp_cond: torch.Tensor  # [B, T] — log π(y_t | prompt, y_<t)
-    logp_uncond: torch.Tensor  # [B, T] — log π(y_t | null prompt, y_<t)
-    logp_cfg: torch.Tensor  # [B, T] — log of the CFG-combined distribution that was sampled
-    prompts: list[str]  # [B] — the prompt of each sample
-    cfg_scale: float = 1.0  # s in ℓ_u + s·(ℓ_c − ℓ_u)
-    temperature: float = 1.0
-    extras: dict[str, Any] = field(default_factory=dict)  # adapter-specific (prompt ids, reveal steps, …)
+    step: torch.Tensor  # [B, T] long — the step that decided each token (AR / text: t; masked: reveal step)
+    logp: dict[str, torch.Tensor]  # context → [B, T] log-prob of the sampled token at temperature T
+    prompts: list[PromptRecord]  # [B]
+    group_size: int  # G
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_len: int = 0  # the longest T the sampler can produce (Dr. GRPO's constant normaliser)
+    state: dict[str, Any] = field(default_factory=dict)  # adapter state: tensors / lists with B first
+
+    PER_SAMPLE = ("tokens", "mask", "step", "logp", "prompts", "state")
+
+    def __post_init__(self) -> None:
+        if not self.max_len:
+            self.max_len = int(self.tokens.shape[1])
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def select(self, index: torch.Tensor | list[int]) -> Rollout:
-        """Rows `index` of every per-sample field (tensors in extras with a leading B dim included)."""
-        idx = torch.as_tensor(index, dtype=torch.long, device=self.tokens.device)
-        ids = idx.tolist()
-        b = self.tokens.shape[0]
+    @property
+    def texts(self) -> list[str]:
+        return [p.text for p in self.prompts]
 
-        def pick(v: Any) -> Any:
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b:
-                return v[idx.to(v.device)]
-            if isinstance(v, list) and len(v) == b:
-                return [v[i] for i in ids]
-            return v
+    def select(self, index: torch.Tensor | Sequence[int]) -> Rollout:
+        """Rows `index` of every per-sample field."""
+        ids = torch.as_tensor(index, dtype=torch.long).flatten().tolist()
+        b = len(self)
+        changes = {name: _pick(getattr(self, name), ids, b) for name in self.PER_SAMPLE}
+        return dataclasses.replace(self, **changes)
 
-        return Rollout(
-            tokens=self.tokens[idx],
-            mask=self.mask[idx],
-            logp_cond=self.logp_cond[idx],
-            logp_uncond=self.logp_uncond[idx],
-            logp_cfg=self.logp_cfg[idx],
-            prompts=[self.prompts[i] for i in ids],
-            cfg_scale=self.cfg_scale,
-            temperature=self.temperature,
-            extras={k: pick(v) for k, v in self.extras.items()},
-        )
+    @staticmethod
+    def concat(rollouts: Sequence[Rollout]) -> Rollout:
+        """Rows of every rollout, in order (tensors are right-padded to the longest T)."""
+        if not rollouts:
+            raise ValueError("nothing to concatenate")
+        first = rollouts[0]
+        if len(rollouts) == 1:
+            return first
+        changes = {name: _join([getattr(r, name) for r in rollouts]) for name in first.PER_SAMPLE}
+        return dataclasses.replace(first, **changes, max_len=max(r.max_len for r in rollouts))
 
-    def recorded_logp(self, context: Context) -> torch.Tensor:
-        return {"cond": self.logp_cond, "uncond": self.logp_uncond, "cfg": self.logp_cfg}[context]
+
+def _pick(value: Any, ids: list[int], b: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == b:
+        return value[torch.as_tensor(ids, dtype=torch.long, device=value.device)]
+    if isinstance(value, list) and len(value) == b:
+        return [value[i] for i in ids]
+    if isinstance(value, dict):
+        return {k: _pick(v, ids, b) for k, v in value.items()}
+    return value  # not per-sample (a scalar, a shared tensor)
+
+
+def _join(values: list[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        if first.dim() >= 2 and len({v.shape[1] for v in values}) > 1:  # right-pad the token axis
+            width = max(v.shape[1] for v in values)
+            values = [
+                torch.nn.functional.pad(v, (0, 0) * (v.dim() - 2) + (0, width - v.shape[1])) for v in values
+            ]
+        return torch.cat(values)
+    if isinstance(first, list):
+        return [x for v in values for x in v]
+    if isinstance(first, dict):
+        return {k: _join([v[k] for v in values]) for k in first if all(k in v for v in values)}
+    return first
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """How the T tokens of a sample are arranged, for visualisations and grid-aware credit."""
+
+    kind: Literal["grid", "sequence"]
+    grid: tuple[int, int] | None = None  # (rows, cols) for an image's token grid
+
+    @staticmethod
+    def image(rows: int, cols: int) -> TokenLayout:
+        return TokenLayout("grid", (rows, cols))
+
+
+class TokenDists(Iterable):
+    """An adapter's full next-token distributions, produced chunk by chunk and without gradient:
+    iterating yields (token slice, temperature-scaled logits [B, t, V])."""
+
+    def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]: ...
 
 
 @runtime_checkable
 class Policy(Protocol):
-    """A generator adapter. Images are float tensors [B, 3, H, W] in [0, 1]."""
+    """A generator adapter. Images are float tensors [B, 3, H, W] in [0, 1]; texts are strings."""
 
-    grid_shape: tuple[int, int]  # (rows, cols) of the image-token grid; T = rows * cols
+    output: Output  # what `decode` returns
+    layout: TokenLayout
+    default_task: str  # the task its prompts belong to unless the config names one
+    guidance: str  # its guidance formula, e.g. "u + s(c − u)"
+
+    def default_sampling(self) -> SamplingParams:
+        """The sampling settings this checkpoint recommends (e.g. its guidance scale)."""
 
     def check_prompts(self, prompts: list[str]) -> None:
         """Raise UserError naming any words (or inputs) this model cannot take."""
 
-    def rollout(
-        self,
-        prompts: list[str],
-        group_size: int,
-        cfg_scale: float,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
-        """Sample `group_size` outputs per prompt (rows grouped: prompt 0's G samples first)."""
+    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+        """Sample `group_size` outputs per prompt. `generators[i]` drives prompt i's group alone, so a
+        sample does not depend on its batch-mates, the batch size or the number of processes."""
 
-    def logprobs(self, rollout: Rollout, context: Context = "cond", full_dist: bool = False) -> Any:
-        """Teacher-forced log-probs of `rollout.tokens` under `context`, with gradient.
+    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        """Teacher-forced log-probs [B, T] of `rollout.tokens` under `context`, with gradient, computed
+        in chunks over T. With ``dists=True`` returns ``(logp, TokenDists)``: the same forward's full
+        distributions, recomputed chunk by chunk without gradient when iterated."""
 
-        Returns [B, T] log-probs; with ``full_dist=True`` returns ``(logp [B, T], logits [B, T, V])``
-        where logits are the temperature-scaled logits of that context at every position.
-        """
+    def token_features(self, rollout: Rollout) -> torch.Tensor:
+        """Per-token embeddings [B, T, D] (the VQ code vectors for images), for STAGE / critical."""
 
-    def decode(self, rollout: Rollout) -> torch.Tensor:
-        """Images [B, 3, H, W] in [0, 1] for the rollout's tokens."""
+    def decode(self, rollout: Rollout) -> Any:
+        """Images [B, 3, H, W] in [0, 1] (output "image") or a list of B strings (output "text")."""
 
     def save_pretrained(self, path: str) -> None: ...

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, Rollout
+from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FREEZE_GROUPS = ("vision", "vq", "language", "generation")
@@ -79,6 +80,11 @@ class JanusPolicy(nn.Module):
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
     """
 
+    output = "image"
+    default_task = "geneval"
+    guidance = "u + s(c − u)"  # transformers' Janus CFG: uncond + s·(cond − uncond)
+    DEFAULT_GUIDANCE_SCALE = 5.0  # Janus-Pro paper and the GCPO recipe
+
     def __init__(
         self,
         model: nn.Module,
@@ -115,6 +121,7 @@ class JanusPolicy(nn.Module):
 
         side = model.config.vq_config.num_patches  # VQ grid side: 24 for Janus-Pro (384 px / 16)
         self.grid_shape: tuple[int, int] = (side, side)
+        self.layout = TokenLayout.image(side, side)
         self.num_image_tokens = side * side
         self.codebook_size = model.config.vq_config.num_embeddings
 
@@ -263,6 +270,9 @@ class JanusPolicy(nn.Module):
         keep = (ids == self.bos_id) | (ids == self.boi_id)
         return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
 
+    def default_sampling(self) -> SamplingParams:
+        return SamplingParams(guidance_scale=self.DEFAULT_GUIDANCE_SCALE)
+
     def check_prompts(self, prompts: list[str]) -> None:
         bad = [p for p in prompts if not isinstance(p, str) or not p.strip()]
         if bad:
@@ -303,11 +313,6 @@ class JanusPolicy(nn.Module):
         """Image tokens → LM input embeddings (generation embeddings + aligner). [N, t] → [N, t, D]"""
         return self.model.prepare_embeddings_for_image_generation(tokens)
 
-    @staticmethod
-    def _cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-        """ℓ = ℓ_u + s·(ℓ_c − ℓ_u)."""
-        return uncond + scale * (cond - uncond)
-
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
         # eval: dropout off, and gradient checkpointing would otherwise disable the KV cache
@@ -332,37 +337,8 @@ class JanusPolicy(nn.Module):
         embeds = self._image_embeds(tok2[:, None])  # [2N, 1, D]
         return self._head(self._lm(embeds, mask, pos[:, None], cache)[:, -1])
 
-    def _sample_step(
-        self, logits2: torch.Tensor, scale: float, temperature: float, top_k: int, u: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Split [cond; null] logits, combine with CFG, sample; log-probs of the sampled token (at T).
-
-        Sampling is by inverse CDF with one pre-drawn uniform u per row, so a row's sample does not
-        depend on how the batch is chunked.
-        """
-        cond, uncond = logits2.chunk(2)  # [N, K] each
-        cfg = self._cfg(cond, uncond, scale) / temperature
-        filtered = cfg
-        if top_k and top_k < cfg.shape[-1]:  # top-k shapes sampling only; recorded log-probs are untruncated
-            kth = cfg.topk(top_k, dim=-1).values[:, -1:]
-            filtered = cfg.masked_fill(cfg < kth, float("-inf"))
-        cdf = filtered.softmax(-1).cumsum(-1)  # [N, K]
-        tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)  # [N, 1]
-        tok = tok.clamp(max=cfg.shape[-1] - 1)
-
-        def lp(x: torch.Tensor) -> torch.Tensor:
-            return x.log_softmax(-1).gather(-1, tok).squeeze(-1)
-
-        return tok.squeeze(-1), lp(cond / temperature), lp(uncond / temperature), lp(cfg)
-
     def _decode_n_tokens(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        scale: float,
-        temperature: float,
-        top_k: int,
-        uniforms: torch.Tensor,
+        self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         """Sample T image tokens for N prompt rows (uniforms [N, T] drive the draws).
 
@@ -382,8 +358,14 @@ class JanusPolicy(nn.Module):
 
         logits2 = self._prefill(ids2, mask2, cache)
         for t in range(steps):
-            tok, lc, lu, lg = self._sample_step(logits2, scale, temperature, top_k, uniforms[:, t])
-            out[0, :, t], out[1, :, t], out[2, :, t], out[3, :, t] = tok.float(), lc, lu, lg
+            cond, uncond = logits2.chunk(2)
+            tok, lp = sample_step(cond, uncond, sampling, uniforms[:, t], self.guidance)
+            out[0, :, t], out[1, :, t], out[2, :, t], out[3, :, t] = (
+                tok.float(),
+                lp["pos"],
+                lp["neg"],
+                lp["guided"],
+            )
             if t + 1 < steps:
                 logits2 = self._decode_one_token(
                     torch.cat([tok, tok]), full_mask[:, : length + t + 1], next_pos + t, cache
@@ -391,53 +373,42 @@ class JanusPolicy(nn.Module):
         return out[0].long(), out[1], out[2], out[3]
 
     @torch.no_grad()
-    def rollout(
-        self,
-        prompts: list[str],
-        group_size: int,
-        cfg_scale: float,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
         """Sample `group_size` images per prompt with CFG (rows grouped: prompt 0's G samples first).
 
-        `generator` may live on any device (the [B, T] uniforms are drawn there, then moved); the
-        same seed gives the same samples whatever ``max_rollout_batch`` is. Token ids: ``rollout.extras["prompt_ids"]``
+        Prompt i's uniforms come from generators[i] alone, so the same seeds give the same samples
+        whatever ``max_rollout_batch`` or the batch is. Token ids: ``rollout.state["prompt_ids"]``
         (list of unpadded id lists, one per row), used by ``logprobs`` to rebuild both branches.
         """
-        self.check_prompts(prompts)
-        if temperature <= 0:
-            raise UserError(f"temperature must be > 0, got {temperature}")
+        texts = [p.text for p in prompts]
+        self.check_prompts(texts)
+        if not sampling.temperature > 0:
+            raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         rows = [p for p in prompts for _ in range(group_size)]  # [B = P·G]
-        row_ids = [ids for ids in self.prompt_ids(prompts) for _ in range(group_size)]
-        noise_device = generator.device if generator is not None else self.device
-        uniforms = torch.rand((len(rows), self.num_image_tokens), generator=generator, device=noise_device)
-        uniforms = uniforms.to(self.device)  # [B, T] one uniform per draw
+        row_ids = [ids for ids in self.prompt_ids(texts) for _ in range(group_size)]
+        uniforms = group_uniforms(generators, group_size, (self.num_image_tokens,), self.device)  # [B, T]
         chunk = self.max_rollout_batch or len(rows)
         parts = []
         with self._eval_mode():
             for s in range(0, len(rows), chunk):
                 ids, mask = self.pad_left(row_ids[s : s + chunk])
-                parts.append(
-                    self._decode_n_tokens(ids, mask, cfg_scale, temperature, top_k, uniforms[s : s + chunk])
-                )
+                parts.append(self._decode_n_tokens(ids, mask, sampling, uniforms[s : s + chunk]))
         tokens, lc, lu, lg = (torch.cat(x) for x in zip(*parts))
         return Rollout(
             tokens=tokens,
             mask=torch.ones_like(lc),
-            logp_cond=lc,
-            logp_uncond=lu,
-            logp_cfg=lg,
+            step=torch.arange(self.num_image_tokens, device=tokens.device).expand(len(rows), -1),
+            logp={"pos": lc, "neg": lu, "guided": lg},
             prompts=rows,
-            cfg_scale=float(cfg_scale),
-            temperature=float(temperature),
-            extras={"prompt_ids": row_ids},
+            group_size=group_size,
+            sampling=sampling,
+            state={"prompt_ids": row_ids},
         )
 
     # ------------------------------------------------------------------ teacher forcing
-    def _context_logits(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, K]"""
+    def _context_hidden(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """LM hidden states at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, D]"""
         length, steps = ids.shape[1], tokens.shape[1]
         embeds = torch.cat(
             [self.model.get_input_embeddings()(ids), self._image_embeds(tokens[:, :-1])], dim=1
@@ -445,35 +416,46 @@ class JanusPolicy(nn.Module):
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps - 1)], dim=1)
         pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
         hidden = self._lm(embeds, full_mask, pos)  # [N, L + T − 1, D]
-        return self._head(hidden[:, length - 1 :])  # position L−1+t predicts token t
+        return hidden[:, length - 1 :]  # position L−1+t predicts token t
 
-    def logprobs(self, rollout: Rollout, context: Context = "cond", full_dist: bool = False) -> Any:
-        """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient. [B, T]
+    def _context_logits(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, K]"""
+        return self._head(self._context_hidden(ids, mask, tokens))
 
-        context: ``cond`` (prompt), ``uncond`` (null branch) or ``cfg`` (log_softmax of the
-        CFG-combined logits, both branches in one doubled batch). With ``full_dist`` also returns the
-        temperature-scaled logits [B, T, K] of that context.
+    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient, in chunks over T. [B, T]
+
+        context: ``pos`` (prompt), ``neg`` (null branch) or ``guided`` (log_softmax of the
+        CFG-combined logits, both branches in one doubled batch). With ``dists`` also returns the
+        full distributions of that forward (`ChunkedDists`: temperature-scaled logits, no gradient).
         """
-        if context not in ("cond", "uncond", "cfg"):
-            raise ValueError(f"context must be cond, uncond or cfg, got {context!r}")
+        if context not in ("pos", "neg", "guided"):
+            raise ValueError(f"context must be pos, neg or guided, got {context!r}")
         tokens = rollout.tokens.to(self.device)  # [B, T]
-        ids, mask = self.pad_left(rollout.extras["prompt_ids"])  # [B, L]
-        if context == "cond":
-            logits = self._context_logits(ids, mask, tokens)
-        elif context == "uncond":
-            logits = self._context_logits(self.null_ids(ids), mask, tokens)
-        else:
-            both = self._context_logits(
+        ids, mask = self.pad_left(rollout.state["prompt_ids"])  # [B, L]
+        temperature, scale = rollout.sampling.temperature, rollout.sampling.guidance_scale
+        if context == "guided":
+            both = self._context_hidden(
                 torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1), tokens.repeat(2, 1)
             )
-            cond, uncond = both.chunk(2)
-            logits = self._cfg(cond, uncond, rollout.cfg_scale)
-        logits = logits / rollout.temperature  # [B, T, K]
-        logp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [B, T]
-        return (logp, logits) if full_dist else logp
+            hidden = torch.stack(both.chunk(2), dim=2)  # [B, T, 2, D]: cond, null
 
-    def forward(self, rollout: Rollout, context: Context = "cond", full_dist: bool = False) -> Any:
-        return self.logprobs(rollout, context, full_dist)
+            def to_logits(h: torch.Tensor) -> torch.Tensor:
+                return (
+                    GUIDANCE[self.guidance](self._head(h[:, :, 0]), self._head(h[:, :, 1]), scale)
+                    / temperature
+                )
+        else:
+            hidden = self._context_hidden(ids if context == "pos" else self.null_ids(ids), mask, tokens)
+
+            def to_logits(h: torch.Tensor) -> torch.Tensor:
+                return self._head(h) / temperature
+
+        logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
+        return (logp, ChunkedDists(hidden, to_logits, self.codebook_size)) if dists else logp
+
+    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        return self.logprobs(rollout, context, dists)
 
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()
@@ -487,7 +469,7 @@ class JanusPolicy(nn.Module):
         return ((torch.cat(images).float() + 1) / 2).clamp(0, 1)  # VQ output is in [−1, 1]
 
     @torch.no_grad()
-    def code_embeddings(self, rollout: Rollout) -> torch.Tensor:
+    def token_features(self, rollout: Rollout) -> torch.Tensor:
         """VQ codebook entries of the rollout's tokens, L2-normalised as the decoder uses them. [B, T, D]"""
         table = self.model.model.vqmodel.quantize.embedding
         return F.normalize(table(rollout.tokens.to(self.device)).float(), dim=-1)

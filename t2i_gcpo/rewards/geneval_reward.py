@@ -8,8 +8,8 @@ is kept in the details (``strict``) so both can be reported side by side.
 
 The detector is any callable PIL image → list[Detection]; the colour classifier anything with
 ``color_of(image) -> (Detection -> colour name)``. ``from_paths`` builds the real pair:
-`Mask2FormerDetector` (t2i_gcpo/eval/detector_mask2former.py) and `ClipColorClassifier`
-(t2i_gcpo/eval/color_clip.py).
+`Mask2FormerDetector` (t2i_gcpo/scoring/detector_mask2former.py) and `ClipColorClassifier`
+(t2i_gcpo/scoring/color_clip.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Literal
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.detections import Detection
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.clip_score import images_to_pil
+from t2i_gcpo.scoring.detections import Detection
 
 
 class GenEvalReward:
@@ -52,15 +52,15 @@ class GenEvalReward:
         score: Literal["partial", "strict"] = "partial",
     ) -> GenEvalReward:
         """Mask2Former (local transformers checkpoint dir) + open_clip colour classifier (local weights)."""
-        from t2i_gcpo.eval.color_clip import ClipColorClassifier
-        from t2i_gcpo.eval.detector_mask2former import Mask2FormerDetector
+        from t2i_gcpo.scoring.color_clip import ClipColorClassifier
+        from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
 
         detector = Mask2FormerDetector.from_pretrained(detector_dir, device=device)
         colors = ClipColorClassifier.from_pretrained(clip_checkpoint, clip_model, device=device)
         return cls(detector, colors, score=score)
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        from t2i_gcpo.eval.geneval_rules import reward_detections
+        from t2i_gcpo.scoring.geneval_rules import reward_detections
 
         missing = [i for i, m in enumerate(metadata) if not m or "include" not in m]
         if missing or len(metadata) != len(prompts):

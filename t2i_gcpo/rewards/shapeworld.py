@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval_rules import default_threshold, evaluate_detections, reward_detections
 from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.scoring.geneval_rules import default_threshold, evaluate_detections, reward_detections
 from t2i_gcpo.worlds.shapeworld.detect import detect
 from t2i_gcpo.worlds.shapeworld.parse import parse_prompt
 from t2i_gcpo.worlds.shapeworld.render import token_grid_mask

@@ -17,115 +17,112 @@ from typing import Any
 
 import torch
 
+from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, save_config
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
-from t2i_gcpo.core.credit import dgpo_weights, gcpo_weights, stage_weights, uniform_weights
-from t2i_gcpo.core.losses import policy_loss
+from t2i_gcpo.core.losses import aggregation_denominator, policy_loss
+from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.rewards.combine import call_reward
-from t2i_gcpo.train import metrics as M
+from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.train.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, save_checkpoint
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
 from t2i_gcpo.train.data import PromptStream
-from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
+from t2i_gcpo.train.distributed import unwrap
 
 
 @dataclass
 class Batch:
     """One step's training data after dynamic sampling (B = kept groups × G)."""
 
-    rollout: Rollout  # tokens / recorded log-probs, [B, T]
+    rollout: Rollout  # tokens, mask, recorded log-probs … [B, T]
     advantages: torch.Tensor  # [B] — sequence advantages A_i
     reward: RewardOutput  # scores [B] and per-sample details
-    metadata: list[dict]  # [B] GenEval metadata
-    images: torch.Tensor  # [B, 3, H, W] in [0, 1]
+    outputs: Any  # what the rollout decoded to: images [B, 3, H, W] in [0, 1], or B strings
+
+    def select(self, index: torch.Tensor) -> Batch:
+        ids = index.tolist()
+        outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
+        details = [self.reward.details[i] for i in ids] if self.reward.details else []
+        return Batch(self.rollout.select(index), self.advantages[index],
+                     RewardOutput(self.reward.scores[index], details), outputs)  # fmt: skip
+
+    @staticmethod
+    def concat(batches: list[Batch]) -> Batch | None:
+        if not batches:
+            return None
+        outs = [b.outputs for b in batches]
+        return Batch(
+            Rollout.concat([b.rollout for b in batches]),
+            torch.cat([b.advantages for b in batches]),
+            RewardOutput(torch.cat([b.reward.scores for b in batches]), [d for b in batches for d in b.reward.details]),
+            torch.cat(outs) if torch.is_tensor(outs[0]) else [o for x in outs for o in x],
+        )  # fmt: skip
 
 
 # ============================================================================ algorithm logic
 
 
-def token_credit(
-    cfg: TrainConfig, batch: Batch, policy: Any, logits: torch.Tensor | None, ref: Any
-) -> torch.Tensor:
-    """Token weights w [B, T] of the configured scheme (SPEC §4), without gradient."""
-    ro, c = batch.rollout, cfg.credit
-    if c.scheme == "uniform":
-        return uniform_weights(ro.mask)
-    if c.scheme == "gcpo":
-        if c.gcpo.recompute:  # official code: both contexts re-scored by the current policy
-            with torch.no_grad():
-                logp_pos, logp_neg = policy(ro, context="cond"), policy(ro, context="uncond")
-        else:  # equal to the above with one update epoch, and free: the sampler recorded them
-            logp_pos, logp_neg = ro.logp_cond, ro.logp_uncond
-        g = c.gcpo
-        return gcpo_weights(logp_pos, logp_neg, ro.mask, g.normalization, g.top_fraction, g.top_mass, g.tau)
-    if c.scheme == "dgpo":
-        with torch.no_grad():
-            if c.dgpo.reference == "initial":
-                _, ref_logits = ref(ro, context=cfg.rollout.train_logp, full_dist=True)
-            else:  # the rollout policy: its logits were stored before the first update epoch
-                ref_logits = ro.extras["rollout_logits"]
-        return dgpo_weights(logits.detach(), ref_logits, ro.mask, c.dgpo.tau, c.dgpo.kappa, c.dgpo.squared)
-    if c.scheme == "stage":  # needs whole groups: computed on the full batch before minibatching
-        return ro.extras["stage_weights"]
-    raise UserError(f"unknown credit scheme {c.scheme}")
+def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, optimizer: Any,
+           accelerator: Any, loss_scale: float = 1.0) -> tuple[dict, torch.Tensor]:  # fmt: skip
+    """Clipped policy-gradient update(s) on one batch → (loss/credit statistics, weights [B, T]).
 
-
-def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, optimizer: Any, accelerator: Any,
-           loss_scale: float = 1.0) -> dict:  # fmt: skip
-    """Clipped policy-gradient update(s) on one batch; returns the step's loss/credit statistics.
-
-    `loss_scale` 0 lets a process without data join the other processes' gradient all-reduce."""
-    ctx, loss_cfg = cfg.rollout.train_logp, cfg.loss
-    need_ref_logp = loss_cfg.beta > 0
+    Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
+    batch is split into minibatches, weights and loss normalisers are computed on the whole batch
+    first (schemes may need whole groups; the normaliser must be the batch's), so any split gives the
+    same gradient. `loss_scale` 0 lets a process without data join the others' gradient all-reduce."""
+    ctx, loss_cfg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss
+    ro, adv = batch.rollout, batch.advantages
+    chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
     stats: dict[str, list[float]] = {}
-    rows = torch.arange(len(batch.rollout))
-    if cfg.credit.scheme == "stage":
-        emb = unwrap(policy).code_embeddings(batch.rollout)
-        batch.rollout.extras["stage_weights"] = stage_weights(
-            emb, batch.advantages, cfg.rollout.group_size, batch.rollout.mask
-        )
-    if cfg.credit.scheme == "dgpo" and cfg.credit.dgpo.reference == "rollout":
-        with torch.no_grad():
-            batch.rollout.extras["rollout_logits"] = policy(batch.rollout, context=ctx, full_dist=True)[1]
+    weights = torch.zeros_like(ro.mask)
     for _epoch in range(cfg.optim.update_epochs):
-        chunks = torch.tensor_split(rows, cfg.optim.minibatches)
+        whole = None  # weights of the whole batch, when it is split
+        if len(chunks) > 1:
+            whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
+        denom = None
+        if len(chunks) > 1:
+            denom = aggregation_denominator(loss_cfg.aggregation, ro.mask, whole)
         optimizer.zero_grad(set_to_none=True)
         for i, idx in enumerate(chunks):
-            mb = Batch(batch.rollout.select(idx), batch.advantages[idx], batch.reward, [], batch.images)
-            ro = mb.rollout
+            mb, mb_adv = ro.select(idx), adv[idx]
             sync = i == len(chunks) - 1
             with accelerator.no_sync(policy) if not sync and accelerator.num_processes > 1 else _null():
-                logp, logits = policy(ro, context=ctx, full_dist=True)  # [B, T], [B, T, V]
-                weights = token_credit(cfg, mb, policy, logits, ref)  # [B, T]
+                logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
+                w = (
+                    whole[idx]
+                    if whole is not None
+                    else compute_weights(cfg.credit, mb, mb_adv, policy, credit_ref, ctx, dists)
+                )
                 logp_ref = None
-                if need_ref_logp:
+                if loss_cfg.beta > 0:
                     with torch.no_grad():
-                        logp_ref = ref(ro, context=ctx)
+                        logp_ref = ref(mb, context=ctx)
                 loss, st = policy_loss(
-                    logp, ro.recorded_logp(ctx), mb.advantages, ro.mask,
-                    weights=weights, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+                    logp, mb.logp[ctx], mb_adv, mb.mask,
+                    weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                     dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
                     logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
+                    max_len=ro.max_len, denom=denom,
                 )  # fmt: skip
-                accelerator.backward(loss * (loss_scale / len(chunks)))
-            st.update(credit_stats(weights, ro.mask))
-            if "object_grid" in ro.extras:
-                lift = mean_credit_lift(credit_lift(weights, ro.extras["object_grid"], ro.mask))
-                if math.isfinite(lift):
-                    st[M.CREDIT_LIFT] = lift
-            st[M.ENTROPY] = token_entropy(logits.detach(), ro.mask)
+                accelerator.backward(loss * loss_scale)
+            weights[idx] = w.to(weights)
+            st.update(credit_stats(w, mb.mask))
+            st[M.ENTROPY] = token_entropy(dists, mb.mask)
             for k, v in st.items():
                 stats.setdefault(k, []).append(float(v))
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf"))
         stats.setdefault(M.GRAD_NORM, []).append(float(grad_norm))
         optimizer.step()
-    return {k: sum(v) / len(v) for k, v in stats.items()}
+    losses = {M.LOSS_POLICY, M.LOSS_KL}  # minibatch shares of one loss: summed; the rest averaged
+    return {
+        k: (sum(v) / cfg.optim.update_epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()
+    }, weights
 
 
 def train_step(t: Trainer, step: int) -> dict:
-    """One RL step. Reads top to bottom; every call goes into core/, policies/ or rewards/."""
+    """One RL step. Reads top to bottom; every call goes into core/, tasks/, policies/ or rewards/."""
     cfg = t.cfg
     G = cfg.rollout.group_size
     timings = {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0}
@@ -133,56 +130,51 @@ def train_step(t: Trainer, step: int) -> dict:
     all_scores, all_details, groups_seen, groups_empty = [], [], 0, 0
     missing = t.local_prompts  # groups this process still needs
     for round_ in range(1 + (cfg.advantage.max_resample if cfg.advantage.dynamic_sampling else 0)):
-        # 1. rollout: P prompts (this process's share; a resampling round draws only the groups still
-        #    missing), G samples each, recorded cond/uncond/cfg log-probs
-        meta = t.prompts_for(step, round_, missing)
-        tic = time.perf_counter()
-        with torch.no_grad():
-            ro = unwrap(t.policy).rollout(
-                [m["prompt"] for m in meta], G, cfg.rollout.cfg_scale,
-                cfg.rollout.temperature, cfg.rollout.top_k, generator=t.generator(step, round_),
-            )  # fmt: skip
-        timings[M.TIME_ROLLOUT] += time.perf_counter() - tic
-        # 2. decode and score
-        tic = time.perf_counter()
-        meta_rows = [m for m in meta for _ in range(G)]
-        with torch.no_grad():
-            images = unwrap(t.policy).decode(ro)
-        reward = call_reward(t.reward, images, ro.prompts, meta_rows)  # NaN/raise → RewardError
-        attach_object_grids(ro, reward)
-        timings[M.TIME_REWARD] += time.perf_counter() - tic
+        # 1. rollout → decode → reward: this process's share of P prompts (a resampling round draws
+        #    only the groups still missing), G samples each; each group seeded by its stream slot
+        slots, prompts = t.prompts_for(step, round_, missing)
+        scored = sample_and_score(unwrap(t.policy), t.reward, prompts, G, t.sampling,
+                                  group_generators(cfg.seed, "train", slots))  # fmt: skip
+        timings[M.TIME_ROLLOUT] += scored.seconds["rollout"]
+        timings[M.TIME_REWARD] += scored.seconds["reward"]
+        reward = scored.reward  # NaN/raise → RewardError
         all_scores.append(reward.scores)
         all_details += reward.details
-        # 3. group advantages; DAPO dynamic sampling keeps only groups with signal
+        # 2. group advantages; DAPO dynamic sampling keeps only groups with signal
         adv = group_advantages(reward.scores, G, scale=cfg.advantage.scale, eps=cfg.advantage.eps)
-        keep = torch.ones(len(ro), dtype=torch.bool)
+        keep = torch.ones(len(adv), dtype=torch.bool)
         if cfg.advantage.dynamic_sampling:
             keep, _ = dynamic_sampling_filter(reward.scores, G)
-        groups_seen += len(meta)
-        groups_empty += len(meta) - int(keep.sum()) // G
+        groups_seen += len(prompts)
+        groups_empty += len(prompts) - int(keep.sum()) // G
         idx = keep.nonzero().flatten()
         if len(idx):
-            details = [reward.details[i] for i in idx.tolist()] if reward.details else []
-            kept.append(Batch(ro.select(idx), adv[idx], RewardOutput(reward.scores[idx], details),
-                              [meta_rows[i] for i in idx.tolist()], images[idx]))  # fmt: skip
+            kept.append(Batch(scored.rollout, adv, reward, scored.outputs).select(idx))
         missing = t.local_prompts - sum(len(b.rollout) for b in kept) // G
         if missing <= 0:
             break
-    batch = concat_batches(kept)  # ≤ P groups: each round drew only the missing ones
-    # 4. credit → loss → optimizer. A process whose groups all lacked signal joins the others'
+    batch = Batch.concat(kept)  # ≤ P groups: each round drew only the missing ones
+    # 3. credit → loss → optimizer. A process whose groups all lacked signal joins the others'
     #    all-reduce with a zero loss; if no process has data, the step makes no update.
     tic = time.perf_counter()
     stats, loss_scale = {}, 1.0
     if t.any_process(batch is not None):
         if batch is None:
-            batch, loss_scale = Batch(ro.select(torch.arange(G)), torch.zeros(G), RewardOutput(reward.scores[:G]),
-                                      meta_rows[:G], images[:G]), 0.0  # fmt: skip
-        stats = update(cfg, batch, t.policy, t.ref, t.optimizer, t.accelerator, loss_scale)
+            batch = Batch(scored.rollout, torch.zeros(len(adv)), reward, scored.outputs).select(
+                torch.arange(G)
+            )
+            loss_scale = 0.0
+        t.refresh_credit_reference()
+        stats, weights = update(
+            cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator, loss_scale
+        )
+        if loss_scale:
+            stats.update(t.task.credit_metrics(weights, batch.rollout, batch.reward.details))
     timings[M.TIME_UPDATE] = time.perf_counter() - tic
     scores = torch.cat(all_scores)
     out = {M.REWARD_MEAN: scores.mean().item(), M.REWARD_STD: scores.std().item() if len(scores) > 1 else 0.0,
            M.ZERO_STD_RATIO: groups_empty / max(groups_seen, 1), M.GROUPS_KEPT: len(batch.rollout) // G if batch and loss_scale else 0,
-           **strict_stats(all_details), **stats, **timings}  # fmt: skip
+           **t.task.step_metrics(all_details), **stats, **timings}  # fmt: skip
     if batch and loss_scale and cfg.sample_every and step % cfg.sample_every == 0:
         t.last_batch = batch
     return out
@@ -194,48 +186,6 @@ def train_step(t: Trainer, step: int) -> dict:
 class _null:
     def __enter__(self) -> None: ...
     def __exit__(self, *a: Any) -> None: ...
-
-
-def unwrap(model: Any) -> Any:
-    return getattr(model, "module", model)
-
-
-def concat_batches(batches: list[Batch]) -> Batch | None:
-    if not batches:
-        return None
-    if len(batches) == 1:
-        return batches[0]
-    ro = batches[0].rollout
-    ros = [x.rollout for x in batches]
-    extras = {}
-    for k, v in ro.extras.items():
-        if isinstance(v, torch.Tensor) and all(k in r.extras for r in ros):
-            extras[k] = torch.cat([r.extras[k] for r in ros])
-        elif isinstance(v, list):
-            extras[k] = [e for r in ros for e in r.extras[k]]
-        else:
-            extras[k] = v
-    merged = Rollout(
-        **{f: torch.cat([getattr(r, f) for r in ros]) for f in ("tokens", "mask", "logp_cond", "logp_uncond", "logp_cfg")},
-        prompts=[p for r in ros for p in r.prompts], cfg_scale=ro.cfg_scale, temperature=ro.temperature, extras=extras,
-    )  # fmt: skip
-    return Batch(
-        merged,
-        torch.cat([x.advantages for x in batches]),
-        RewardOutput(
-            torch.cat([x.reward.scores for x in batches]), [d for x in batches for d in x.reward.details]
-        ),
-        [m for x in batches for m in x.metadata],
-        torch.cat([x.images for x in batches]),
-    )
-
-
-def attach_object_grids(ro: Rollout, reward: RewardOutput) -> None:
-    """Tokens covering prompt objects ([B, T] bool, from the reward's details) for credit lift."""
-    if reward.details and all("object_grid" in d for d in reward.details):
-        grids = [torch.as_tensor(d["object_grid"]).reshape(-1) for d in reward.details]
-        if all(g.numel() == ro.tokens.shape[1] for g in grids):
-            ro.extras["object_grid"] = torch.stack(grids).bool()
 
 
 def credit_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -250,25 +200,14 @@ def credit_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     }
 
 
-def token_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
-    logp = torch.log_softmax(logits.float(), -1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return ((ent * mask).sum() / mask.sum().clamp_min(1)).item()
-
-
-def strict_stats(details: list[dict]) -> dict[str, float]:
-    by_tag: dict[str, list[float]] = {}
-    partial = [d["partial"] for d in details if "partial" in d]
-    for d in details:
-        if "strict" in d and "tag" in d:
-            by_tag.setdefault(d["tag"], []).append(float(d["strict"]))
-    out = {M.STRICT_TAG.format(tag=k): sum(v) / len(v) for k, v in sorted(by_tag.items())}
-    if by_tag:
-        flat = [x for v in by_tag.values() for x in v]
-        out[M.STRICT] = sum(flat) / len(flat)
-    if partial:
-        out[M.PARTIAL] = sum(partial) / len(partial)
-    return out
+def token_entropy(dists: Any, mask: torch.Tensor) -> float:
+    """Mean entropy (nats) over valid tokens of the trained distribution, chunk by chunk."""
+    total = 0.0
+    for sl, z in dists:
+        logp = torch.log_softmax(z.float(), -1)
+        ent = -(logp.exp() * logp).sum(-1)  # [B, t]
+        total += float((ent * mask[:, sl].to(ent)).sum())
+    return total / max(float(mask.sum()), 1.0)
 
 
 # ============================================================================ boilerplate: setup, logging, checkpoints
@@ -279,12 +218,16 @@ class StopRequested(KeyboardInterrupt):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path | None, metadata: list[dict], policy: Any, reward: Any,
-                 eval_metadata: list[dict] | None = None, resume: bool = False):  # fmt: skip
+    def __init__(self, cfg: TrainConfig, run_dir: Path | None, prompts: list[PromptRecord], policy: Any, reward: Any,
+                 task: Any, eval_prompts: list[PromptRecord] | None = None, resume: bool = False):  # fmt: skip
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list
 
-        self.cfg, self.reward, self.eval_metadata = cfg, reward, eval_metadata
+        self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
+        self.sampling = SamplingParams(
+            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+            guidance_scale=float(cfg.rollout.cfg_scale),
+        )  # fmt: skip
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
@@ -305,12 +248,17 @@ class Trainer:
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the {n_proc} processes"
             )
         self.local_prompts = cfg.rollout.prompts_per_step // n_proc
-        self.stream = PromptStream(metadata, cfg.seed)
+        self.stream = PromptStream(prompts, cfg.seed)
         torch.manual_seed(cfg.seed)
-        needs_ref = cfg.loss.beta > 0 or (
-            cfg.credit.scheme == "dgpo" and cfg.credit.dgpo.reference == "initial"
-        )
+        # references: the frozen initial policy (KL term, or a credit scheme comparing to it), or a
+        # snapshot of the policy that sampled each step (credit.reference=rollout)
+        compares = "ref_dists" in get_scheme(cfg.credit.scheme).needs
+        needs_ref = cfg.loss.beta > 0 or (compares and cfg.credit.reference == "initial")
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if needs_ref else None
+        self.rollout_ref = None
+        if compares and cfg.credit.reference == "rollout":
+            self.rollout_ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
         if hasattr(getattr(policy, "config", None), "storage_dtype"):
             policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
         self.start_step = 0
@@ -321,8 +269,9 @@ class Trainer:
         if resume:
             load_optimizer(self.ckpt, self.optimizer)
         self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
-        if self.ref is not None:
-            self.ref.to(acc.device)
+        for frozen in (self.ref, self.rollout_ref):
+            if frozen is not None:
+                frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = False
         self.writer = None
@@ -334,16 +283,19 @@ class Trainer:
             )
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
-    def prompts_for(self, step: int, round_: int, count: int) -> list[dict]:
-        """The first `count` prompts of this process's slot for (step, round) in the prompt stream."""
+    def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
+        """The first `count` prompts of this process's share for (step, round), with their positions in
+        the prompt stream (global slots: the same whatever the number of processes)."""
         acc, P = self.accelerator, self.cfg.rollout.prompts_per_step
         base = (step * (1 + self.cfg.advantage.max_resample) + round_) * P
-        return self.stream.take(base + acc.process_index * self.local_prompts, min(count, self.local_prompts))
+        start = base + acc.process_index * self.local_prompts
+        count = min(count, self.local_prompts)
+        return list(range(start, start + count)), self.stream.take(start, count)
 
-    def generator(self, step: int, round_: int) -> torch.Generator:
-        g = torch.Generator(device=self.accelerator.device)
-        g.manual_seed(hash((self.cfg.seed, step, round_, self.accelerator.process_index)) % (2**63))
-        return g
+    def refresh_credit_reference(self) -> None:
+        """credit.reference=rollout: snapshot the weights that sampled this step (no cached logits)."""
+        if self.rollout_ref is not None:
+            self.rollout_ref.load_state_dict(unwrap(self.policy).state_dict())
 
     def any_process(self, flag: bool) -> bool:
         t = torch.tensor([float(flag)])
@@ -360,10 +312,10 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
                    dynamic_ncols=True)  # fmt: skip
         step = self.start_step
-        if cfg.eval_every > 0 and self.start_step == 0 and self.eval_metadata:
-            base = self.evaluate()
+        if cfg.eval_every > 0 and self.start_step == 0 and self.eval_prompts:
+            base, headline = self.evaluate()
             self._log(0, base, append_only=True)  # the base model: curves start at step 0
-            self._announce(0, base, bar)
+            self._announce(0, headline, bar)
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
@@ -371,8 +323,9 @@ class Trainer:
                 row[M.TIME_STEP] = time.perf_counter() - tic
                 row = self._gather(row)
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step != cfg.steps:
-                    row.update(self.evaluate())
-                    self._announce(step, row, bar)
+                    metrics, headline = self.evaluate()
+                    row.update(metrics)
+                    self._announce(step, headline, bar)
                 self._log(step, row)
                 bar.update(1)
                 bar.set_postfix(
@@ -397,10 +350,10 @@ class Trainer:
             bar.close()
         self._check_replicas()
         final = {}
-        if cfg.eval_every >= 0 and self.eval_metadata:
-            final = self.evaluate()
+        if cfg.eval_every >= 0 and self.eval_prompts:
+            final, headline = self.evaluate()
             self._log(cfg.steps, final, append_only=True)
-            self._announce(cfg.steps, final, bar)
+            self._announce(cfg.steps, headline, bar)
             if acc.is_main_process:
                 (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
         self._report()
@@ -411,28 +364,22 @@ class Trainer:
 
     def _shutdown(self) -> None:
         """End a run every process reached together: flush TensorBoard and wait until all ranks are
-        done, so none leaves (train.run.leave_process_group) while another still needs it."""
+        done, so none leaves (train.distributed.leave_process_group) while another still needs it."""
         if self.writer is not None:
             self.writer.close()
         self.accelerator.wait_for_everyone()
 
-    def _announce(self, step: int, row: dict, bar: Any) -> None:
+    def _announce(self, step: int, headline: str, bar: Any) -> None:
         """One console line per held-out evaluation, above the progress bar."""
         if self.accelerator.is_main_process:
-            bar.write(f"step {step}: held-out strict {row[M.EVAL_STRICT]:.3f}")
+            bar.write(f"step {step}: {headline}")
 
-    def evaluate(self) -> dict:
-        from t2i_gcpo.train.evaluate import evaluate_policy
-
+    def evaluate(self) -> tuple[dict, str]:
+        """The task's held-out score of the current policy: (metrics to log, the line to print)."""
         cfg = self.cfg
-        res = evaluate_policy(
-            unwrap(self.policy), self.reward, self.eval_metadata, cfg.eval_images_per_prompt,
-            cfg.rollout.cfg_scale, cfg.rollout.temperature, seed=cfg.seed, accelerator=self.accelerator,
-        )  # fmt: skip
-        out = {M.EVAL_STRICT_TAG.format(tag=k): v["strict"] for k, v in res["per_tag"].items()}
-        out[M.EVAL_STRICT] = res["strict"]
-        out[M.EVAL_PARTIAL] = res["partial"]
-        return out
+        res = self.task.evaluate(unwrap(self.policy), self.reward, self.eval_prompts, cfg.eval_images_per_prompt,
+                                 self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
+        return res["metrics"], res["headline"]
 
     def _check_replicas(self) -> None:
         """Write run_dir/processes.json: how many processes trained and each one's parameter checksum
@@ -495,10 +442,13 @@ class Trainer:
     def _draw(self, step: int, batch: Batch) -> None:
         from t2i_gcpo.train.visuals import save_credit_maps, save_sample_grid
 
+        if not torch.is_tensor(batch.outputs):  # text outputs: no image grid
+            return
         save_sample_grid(
             self.run_dir / "samples" / f"step_{step:06d}.png", batch, self.cfg.rollout.group_size
         )
-        save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, self, step)
+        save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, unwrap(self.policy),
+                         self.credit_ref, self.cfg, step)  # fmt: skip
 
     def _report(self) -> None:
         if self.accelerator.is_main_process:
@@ -524,8 +474,7 @@ class Trainer:
         if self.ckpt is None:
             raise UserError(f"{self.run_dir} has no checkpoint to resume from")
         self.start_step = load_trainer_state(self.ckpt)["step"]
-        prefix = "janus:" if self.cfg.model.startswith("janus:") else ""
-        resumed = load_policy(prefix + str(self.ckpt / "model"), self.cfg.model_options)
+        resumed = load_policy(str(self.ckpt / "model"), self.cfg.model_options)
         policy.load_state_dict(resumed.state_dict())
         truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
         return policy

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from t2i_gcpo.core.credit import dgpo_weights, gcpo_weights, stage_weights, uniform_weights
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_weights
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -37,7 +37,7 @@ def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 
 
     G = group_size
     n = min(len(batch.rollout), max_groups * G)
-    grid = image_grid(to_uint8(batch.images[:n]), cols=G)
+    grid = image_grid(to_uint8(batch.outputs[:n]), cols=G)
     font = ImageFont.load_default(size=13)  # Pillow's default size (10) runs the words together
     caption_h = 18
     rows = -(-n // G)
@@ -46,53 +46,28 @@ def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 
     draw = ImageDraw.Draw(canvas)
     for r in range(rows):
         y = r * (row_h + caption_h)
-        draw.text((4, y + 1), batch.rollout.prompts[r * G][:90], fill="black", font=font)
+        draw.text((4, y + 1), batch.rollout.prompts[r * G].text[:90], fill="black", font=font)
         canvas.paste(Image.fromarray(grid[r * row_h : r * row_h + row_h + 2]), (0, y + caption_h))
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
     return path
 
 
-SCHEMES = ("gcpo", "dgpo", "stage", "uniform")
-
-
-def scheme_weights(policy: Any, ref: Any, ro: Any, advantages: torch.Tensor, group_size: int, credit: Any,
-                   train_logp: str = "cond", schemes: tuple[str, ...] = SCHEMES) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Token weights [B, T] of `ro` under each requested scheme (SPEC §4), in the order asked.
-
-    DGPO needs a reference policy (`ref`); it is skipped without one. STAGE needs the adapter's
-    `code_embeddings`."""
-    out: dict[str, torch.Tensor] = {}
-    g, d = credit.gcpo, credit.dgpo
-    with torch.no_grad():
-        for name in schemes:
-            if name == "uniform":
-                out[name] = uniform_weights(ro.mask)
-            elif name == "gcpo":
-                out[name] = gcpo_weights(ro.logp_cond, ro.logp_uncond, ro.mask, g.normalization, g.top_fraction,
-                                         g.top_mass, g.tau)  # fmt: skip
-            elif name == "stage" and hasattr(policy, "code_embeddings"):
-                out[name] = stage_weights(policy.code_embeddings(ro), advantages, group_size, ro.mask)
-            elif name == "dgpo" and ref is not None:
-                _, logits = policy(ro, context=train_logp, full_dist=True)
-                _, ref_logits = ref(ro, context=train_logp, full_dist=True)
-                out[name] = dgpo_weights(logits, ref_logits, ro.mask, d.tau, d.kappa, d.squared)
-    return out
-
-
-def save_credit_maps(path: Path, batch: Any, trainer: Any, step: int) -> Path:
-    from t2i_gcpo.train.trainer import unwrap
+def save_credit_maps(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int) -> Path:
+    """The first group's samples with their weights under every registered scheme (the trained one
+    first); schemes that compare with a reference are drawn when the run has one."""
+    from t2i_gcpo.core.schemes import CREDIT_SCHEMES
     from t2i_gcpo.viz.credit_map import credit_figure
 
-    G = trainer.cfg.rollout.group_size
+    G = batch.rollout.group_size
     idx = torch.arange(G)
-    cfg = trainer.cfg
     first = cfg.credit.scheme
-    order = (first, *[x for x in SCHEMES if x != first])
-    weights = scheme_weights(unwrap(trainer.policy), trainer.ref, batch.rollout.select(idx), batch.advantages[idx], G,
-                             cfg.credit, cfg.rollout.train_logp, order)  # fmt: skip
-    rows, cols = unwrap(trainer.policy).grid_shape
-    images = to_uint8(batch.images[:G])
+    order = (first, *[x for x in CREDIT_SCHEMES if x != first])
+    ro = batch.rollout.select(idx)
+    weights = scheme_weights(cfg.credit, ro, batch.advantages[idx], policy, reference,
+                             TRAIN_CONTEXT[cfg.rollout.train_logp], order)  # fmt: skip
+    rows, cols = policy.layout.grid
+    images = to_uint8(batch.outputs[:G])
     samples = [
         {
             "image": images[i],
@@ -103,4 +78,4 @@ def save_credit_maps(path: Path, batch: Any, trainer: Any, step: int) -> Path:
         for i in range(G)
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    return credit_figure(samples, list(weights), path, title=f"step {step}: {batch.rollout.prompts[0]}")
+    return credit_figure(samples, list(weights), path, title=f"step {step}: {ro.prompts[0].text}")

@@ -2,9 +2,10 @@
 
 Coloured shapes on a #999999 canvas, prompts in GenEval's six templates and metadata schema, a
 renderer that draws scenes satisfying their metadata, and a detector that reads objects back from
-pixels so the GenEval rules (t2i_gcpo.eval.geneval_rules) score generated images.
+pixels so the GenEval rules (t2i_gcpo.scoring.geneval_rules) score generated images.
 """
 
+from t2i_gcpo.scoring.geneval_classes import geneval_classes
 from t2i_gcpo.worlds.shapeworld.constants import (
     BACKGROUND_HEX,
     BACKGROUND_RGB,
@@ -16,7 +17,6 @@ from t2i_gcpo.worlds.shapeworld.constants import (
     TAGS,
 )
 from t2i_gcpo.worlds.shapeworld.parse import (
-    geneval_classes,
     geneval_plural,
     metadata_to_prompt,
     parse_prompt,

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.scoring.detections import Detection
 from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB, COLORS, SHAPES
 from t2i_gcpo.worlds.shapeworld.render import _SUPERSAMPLE, _inside
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from importlib import resources
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.scoring.geneval_classes import geneval_classes  # noqa: F401  (old path, kept for callers)
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 
 _IRREGULAR = {
@@ -31,13 +31,6 @@ _IRREGULAR = {
     "skis": "skis",
     "scissors": "scissors",
 }
-
-
-@lru_cache(maxsize=1)
-def geneval_classes() -> list[str]:
-    """GenEval's 80 COCO class names, from the packaged copy of object_names.txt."""
-    text = resources.files("t2i_gcpo").joinpath("data/geneval/object_names.txt").read_text()
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def geneval_plural(name: str) -> str:
@@ -130,7 +123,8 @@ def _canon(word: str, vocab: tuple[str, ...]) -> str:
 def parse_prompt(text: str, classes: list[str] | None = None) -> dict:
     """GenEval metadata from prompt text alone.
 
-    `classes` defaults to ShapeWorld's SHAPES; pass `geneval_classes()` for GenEval's COCO names.
+    `classes` defaults to ShapeWorld's SHAPES; pass `geneval_classes()` (t2i_gcpo.scoring) for
+    GenEval's COCO names.
     Matching ignores case and surrounding whitespace; the returned "prompt" is the stripped text.
     Raises UserError when the text fits none of the six templates.
     """

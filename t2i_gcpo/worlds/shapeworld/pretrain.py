@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
-from t2i_gcpo.worlds.shapeworld.evaluate import evaluate_policy, format_table
 from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
 from t2i_gcpo.worlds.shapeworld.render import render, sample_scene
 
@@ -123,9 +122,13 @@ def train_prior(
     return {"loss": ema, "steps": step + 1, "seconds": time.time() - t0}
 
 
-def pretrain(out: str, cfg: PretrainConfig | None = None, evaluate: bool = True) -> dict[str, Any]:
+def pretrain(out: str, cfg: PretrainConfig | None = None,
+             evaluate: Callable[[ARPolicy, list[dict], int, int], dict] | None = None) -> dict[str, Any]:  # fmt: skip
     """Build, save to `out` and (optionally) evaluate the ShapeWorld model. Returns statistics,
-    also written to ``out/pretrain.json`` (timings per stage, losses, the evaluation)."""
+    also written to ``out/pretrain.json`` (timings per stage, losses, the evaluation).
+
+    `evaluate(policy, test_metadata, images_per_prompt, seed)` scores the saved model on the held-out
+    prompts (the command passes the ShapeWorld task's evaluation; this module stays below tasks/)."""
     cfg = cfg or PretrainConfig()
     torch.manual_seed(cfg.seed)
     t_start = time.time()
@@ -185,9 +188,8 @@ def pretrain(out: str, cfg: PretrainConfig | None = None, evaluate: bool = True)
     if evaluate:
         t = time.time()
         shipped = ARPolicy.from_pretrained(out)
-        result = evaluate_policy(shipped, test, cfg.eval_images_per_prompt, seed=cfg.seed, progress=True)
+        result = evaluate(shipped, test, cfg.eval_images_per_prompt, cfg.seed)
         stats["eval"] = {**result, "seconds": time.time() - t, "prompts": len(test)}
-        print(format_table(result))
     stats["total_seconds"] = time.time() - t_start
     with open(os.path.join(out, "pretrain.json"), "w") as f:
         json.dump(stats, f, indent=2)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval_rules import relative_position
+from t2i_gcpo.scoring.geneval_rules import relative_position
 from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB, COLORS, SHAPES
 
 _SUPERSAMPLE = 5  # odd, so a pixel is never exactly half covered

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.scoring.detections import Detection
 
 GENEVAL_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 COLOR_TEMPLATES = ("a photo of a {c} {obj}", "a photo of a {c}-colored {obj}", "a photo of a {c} object")

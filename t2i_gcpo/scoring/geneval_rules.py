@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from t2i_gcpo.eval.detections import Detection
+from t2i_gcpo.scoring.detections import Detection
 
 COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white"]
 DETECTION_THRESHOLD = 0.3  # keep detections with score > this

@@ -3,7 +3,7 @@
 GenEval (Ghosh et al., 2023) runs Mask2Former Swin-S trained on COCO instance segmentation and
 keeps, per class, detections above 0.3 (0.9 for counting prompts), at most 16, without NMS. This
 adapter returns every instance above a low score floor with its mask and the box around the mask;
-the thresholds are the rules engine's job (t2i_gcpo/eval/geneval_rules.py).
+the thresholds are the rules engine's job (t2i_gcpo/scoring/geneval_rules.py).
 
 The checkpoint is read from a LOCAL directory, e.g. a copy of the hub's
 ``facebook/mask2former-swin-small-coco-instance`` (config.json, model.safetensors,
@@ -21,8 +21,8 @@ import torch
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.detections import Detection
-from t2i_gcpo.worlds.shapeworld.parse import geneval_classes
+from t2i_gcpo.scoring.detections import Detection
+from t2i_gcpo.scoring.geneval_classes import geneval_classes
 
 # COCO label spellings (detectron2 / HF checkpoints, older VOC-style and mmdet variants) that differ
 # from GenEval's object_names.txt. Labels are matched case-insensitively with '_'/'-' read as ' '.

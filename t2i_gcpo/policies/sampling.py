@@ -1,0 +1,125 @@
+"""Pieces every adapter shares: guidance formulas, the one sample step, per-group noise, and
+log-probs computed in chunks over T.
+
+- `GUIDANCE`: the named formulas that combine positive (c) and negative (u) logits with scale s. Each
+  adapter names its own: diffusers / aMUSEd / LlamaGen / Janus ``u + s(c − u)``; Muse / Show-o /
+  MMaDA ``(1 + s)c − s·u`` (SPEC §5).
+- `sample_step`: guided logits → one token per row by inverse CDF with a pre-drawn uniform per row,
+  and the token's log-prob under pos, neg and guided at temperature T (top-k / top-p shape only what
+  is sampled; the recorded log-probs are of the untruncated distributions, the quantity a
+  teacher-forced pass recomputes).
+- `group_uniforms`: the uniforms of a rollout, drawn per prompt from that prompt's generator, so a
+  sample depends on its own generator only (not on its batch-mates, chunking or process count).
+- `chunked_logprobs` / `ChunkedDists`: log π(y_t) with gradient without a [B, T, V] tensor: the head
+  runs on chunks of T, each under activation checkpointing when there is more than one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from t2i_gcpo.policies.base import SamplingParams
+
+GUIDANCE: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    "u + s(c − u)": lambda c, u, s: u + s * (c - u),
+    "(1 + s)c − s·u": lambda c, u, s: (1 + s) * c - s * u,
+}
+LOGIT_BUDGET = 1 << 24  # elements of one logits chunk [B, t, V] (64 MB in fp32)
+
+
+def group_uniforms(generators: Sequence[torch.Generator], group_size: int, shape: tuple[int, ...],
+                   device: torch.device | str = "cpu") -> torch.Tensor:  # fmt: skip
+    """U(0, 1) noise [P·G, *shape]: prompt i's G rows drawn from generators[i] (on the CPU, so a seed
+    gives the same samples on every device), then moved to `device`."""
+    parts = [torch.rand((group_size, *shape), generator=g) for g in generators]
+    return torch.cat(parts).to(device) if parts else torch.empty((0, *shape), device=device)
+
+
+def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Top-k then top-p (nucleus) truncation of logits [N, V]: the rest set to −inf."""
+    if top_k and top_k < z.shape[-1]:
+        kth = z.topk(top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = z.sort(dim=-1, descending=True)
+        probs = sorted_z.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        z = z.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return z
+
+
+def sample_step(pos: torch.Tensor, neg: torch.Tensor | None, sampling: SamplingParams, uniforms: torch.Tensor,
+                guidance: str = "u + s(c − u)") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """Positive logits [N, V] (and negative ones, or None without guidance) → tokens [N] and their
+    log-probs {pos, neg, guided} [N] at temperature T. `uniforms` [N] drive the draws."""
+    pos = pos.float()
+    if neg is None:
+        guided = pos
+    else:
+        neg = neg.float()
+        guided = GUIDANCE[guidance](pos, neg, sampling.guidance_scale)
+    z = guided / sampling.temperature
+    probs = filter_logits(z, sampling.top_k, sampling.top_p).softmax(-1)
+    cdf = probs.cumsum(-1)  # [N, V]
+    tok = torch.searchsorted(cdf, (uniforms.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+    tok = tok.clamp(max=z.shape[-1] - 1)  # [N, 1]
+
+    def lp(x: torch.Tensor) -> torch.Tensor:
+        return (x / sampling.temperature).log_softmax(-1).gather(-1, tok).squeeze(-1)
+
+    out = {"pos": lp(pos), "guided": lp(guided)}
+    if neg is not None:
+        out["neg"] = lp(neg)
+    return tok.squeeze(-1), out
+
+
+def chunk_size(batch: int, vocab: int, length: int) -> int:
+    return max(1, min(length, LOGIT_BUDGET // max(batch * vocab, 1)))
+
+
+def _token_logprobs(to_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                    tokens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    z = to_logits(hidden)  # [B, t, V], temperature-scaled
+    return z.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def chunked_logprobs(hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor],
+                     tokens: torch.Tensor, vocab: int) -> torch.Tensor:  # fmt: skip
+    """log softmax(to_logits(h))[y] for hidden states [B, T, …] and tokens [B, T] → [B, T].
+
+    With one chunk this is a plain forward; with several, each chunk's logits are recomputed in the
+    backward pass (checkpointing) so that at most one [B, t, V] block is alive at a time."""
+    B, T = tokens.shape
+    step = chunk_size(B, vocab, T)
+    if step >= T:
+        return _token_logprobs(to_logits, hidden, tokens)
+    parts = []
+    for s in range(0, T, step):
+        h, y = hidden[:, s : s + step], tokens[:, s : s + step]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_token_logprobs, to_logits, h, y, use_reentrant=False))
+        else:
+            parts.append(_token_logprobs(to_logits, h, y))
+    return torch.cat(parts, dim=1)
+
+
+class ChunkedDists:
+    """Full distributions from (detached) hidden states, chunk by chunk and without gradient:
+    iterating yields (slice over T, temperature-scaled logits [B, t, V])."""
+
+    def __init__(self, hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor], vocab: int):
+        self.hidden, self.to_logits, self.vocab = hidden.detach(), to_logits, vocab
+
+    def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        B, T = self.hidden.shape[:2]
+        step = chunk_size(B, self.vocab, T)
+        with torch.no_grad():
+            for s in range(0, T, step):
+                yield slice(s, min(s + step, T)), self.to_logits(self.hidden[:, s : s + step]).float()
+
+    def full(self) -> torch.Tensor:
+        """All chunks joined: [B, T, V] (small vocabularies and tests only)."""
+        return torch.cat([z for _, z in self], dim=1)

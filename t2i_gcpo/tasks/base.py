@@ -1,0 +1,37 @@
+"""The `Task` protocol: everything train/ needs to know about a kind of prompt, and nothing more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+
+
+class Task(Protocol):
+    name: str
+    default_reward: str | None  # reward spec used when the config names none (None: one must be given)
+
+    def load_prompts(self, path: str | Path) -> list[PromptRecord]:
+        """Read a prompt file; a one-line UserError for anything this task cannot take."""
+
+    def parse(self, text: str) -> PromptRecord:
+        """One prompt typed by a user."""
+
+    def default_eval_prompts(self) -> str | None:
+        """The held-out prompt file scored during training when the config names none."""
+
+    def step_metrics(self, details: list[dict]) -> dict[str, float]:
+        """Metrics of one step's samples from the reward's per-sample details (e.g. strict score per tag)."""
+
+    def credit_metrics(
+        self, weights: torch.Tensor, rollout: Rollout, details: list[dict]
+    ) -> dict[str, float]:
+        """Metrics of the credit weights [B, T] against what the task knows (e.g. credit lift)."""
+
+    def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
+                 sampling: SamplingParams, seed: int, accelerator: Any = None,
+                 progress: bool = False) -> dict[str, Any]:  # fmt: skip
+        """Held-out score; the result's "metrics" are logged, its "headline" printed."""

@@ -1,0 +1,69 @@
+"""The one rollout → decode → score loop, and the one seeding scheme, used by training, held-out
+evaluation, credit maps, the GenEval generator and the benchmarks.
+
+Seeding: every prompt's group gets its own generator, seeded by (run seed, purpose, key), where the
+key names the prompt's slot (a training step's slot, a held-out prompt's index, …). A sample then
+depends on nothing else: not on its batch-mates, the batch size, a resampling round's size or the
+number of processes.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.rewards.combine import call_reward
+
+
+def seed_for(seed: int, purpose: str, *keys: int) -> int:
+    """A 63-bit seed from (seed, purpose, keys): independent streams for different purposes and slots."""
+    words = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, zlib.crc32(purpose.encode())]
+    words += [k & 0xFFFFFFFF for k in keys]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def group_generators(seed: int, purpose: str, keys: Iterable[int | tuple[int, ...]]) -> list[torch.Generator]:
+    """One CPU generator per group, keyed by its slot."""
+    gens = []
+    for key in keys:
+        parts = key if isinstance(key, tuple) else (key,)
+        gens.append(torch.Generator().manual_seed(seed_for(seed, purpose, *parts)))
+    return gens
+
+
+@dataclass
+class Scored:
+    """A rollout, what it decodes to and its reward."""
+
+    rollout: Rollout
+    outputs: Any  # images [B, 3, H, W] in [0, 1], or B strings
+    reward: RewardOutput  # scores [B], details [B]
+    seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward" (decode + score)
+
+
+@torch.no_grad()
+def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                      generators: Sequence[torch.Generator]) -> tuple[Rollout, Any]:  # fmt: skip
+    """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] or B strings)."""
+    ro = policy.rollout(list(prompts), group_size, sampling, generators)
+    return ro, policy.decode(ro)
+
+
+@torch.no_grad()
+def sample_and_score(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], group_size: int,
+                     sampling: SamplingParams, generators: Sequence[torch.Generator]) -> Scored:  # fmt: skip
+    """Sample a group per prompt, decode, and score (a failing or NaN reward raises RewardError)."""
+    tic = time.perf_counter()
+    ro = policy.rollout(list(prompts), group_size, sampling, generators)
+    mid = time.perf_counter()
+    outputs = policy.decode(ro)  # decode counts as reward time (it only serves the reward)
+    reward_out = call_reward(reward, outputs, ro.texts, [p.meta for p in ro.prompts])
+    return Scored(ro, outputs, reward_out, {"rollout": mid - tic, "reward": time.perf_counter() - mid})

@@ -1,0 +1,25 @@
+"""Task names → tasks. A model names its own task (`Policy.default_task`); `task:` in the config
+overrides it."""
+
+from __future__ import annotations
+
+from t2i_gcpo.config import REPO_PROMPTS
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.tasks.base import Task
+from t2i_gcpo.tasks.geneval import GenEvalTask
+
+TASKS = {
+    "shapeworld": lambda: GenEvalTask(
+        "shapeworld",
+        "shapeworld",
+        default_reward="shapeworld",
+        eval_file=str(REPO_PROMPTS / "shapeworld_test.jsonl"),
+    ),
+    "geneval": lambda: GenEvalTask("geneval", "coco", default_reward=None),
+}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise UserError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
+    return TASKS[name]()

@@ -1,0 +1,83 @@
+"""Fetch what a credit scheme declares it needs (core/schemes.py) and nothing else, then call it.
+
+The only place that knows where each input comes from: the rollout's recorded log-probs, a
+teacher-forced pass of the policy or of a reference, the adapter's token features, whole groups.
+Used by the train step, the step's credit-map figure and `t2i-gcpo credit-map`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from t2i_gcpo.core.schemes import CreditInputs, credit_weights, get_scheme
+from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.train.distributed import unwrap
+
+TRAIN_CONTEXT = {"cond": "pos", "cfg": "guided"}  # rollout.train_logp → the policy's context name
+
+
+def scheme_options(credit_cfg: Any, name: str) -> dict[str, Any]:
+    """The config section `credit.<name>` as keyword options (empty when the scheme has none)."""
+    section = getattr(credit_cfg, name, None)
+    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
+
+
+def no_grad_dists(model: Any, ro: Rollout, context: str) -> Any:
+    """Full distributions of `model` (policy or reference) for the rollout, chunked, no gradient."""
+    with torch.no_grad():
+        return unwrap(model)(ro, context=context, dists=True)[1]
+
+
+def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
+                 credit_cfg: Any, context: str, dists: Any = None) -> CreditInputs:  # fmt: skip
+    """CreditInputs for scheme `name` on rollout `ro`, filled only where the scheme needs it.
+
+    `dists`: the policy's distributions from a forward already made (else one is made on demand);
+    `reference`: the policy that `ref_dists` come from (frozen initial or rollout snapshot)."""
+    needs = get_scheme(name).needs
+    layout = getattr(unwrap(policy), "layout", None)
+    inp = CreditInputs(mask=ro.mask, step=ro.step, layout=layout.grid if layout is not None else None)
+    if "contrast" in needs:
+        if credit_cfg.contrast == "recompute":  # official code: both contexts re-scored by the current policy
+            with torch.no_grad():
+                inp.logp_pos, inp.logp_neg = (
+                    unwrap(policy)(ro, context="pos"),
+                    unwrap(policy)(ro, context="neg"),
+                )
+        else:  # equal to the above with one update epoch, and free: the sampler recorded them
+            inp.logp_pos, inp.logp_neg = ro.logp["pos"], ro.logp["neg"]
+    if "dists" in needs:
+        inp.dists = (lambda: dists) if dists is not None else (lambda: no_grad_dists(policy, ro, context))
+    if "ref_dists" in needs:
+        if reference is None:
+            raise ValueError(f"credit scheme {name!r} needs a reference policy")
+        inp.ref_dists = lambda: no_grad_dists(reference, ro, context)
+    if "features" in needs:
+        with torch.no_grad():
+            inp.features = unwrap(policy).token_features(ro)
+    if "groups" in needs:
+        inp.advantages, inp.group_size = advantages, ro.group_size
+    return inp
+
+
+def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
+                    context: str, dists: Any = None, name: str | None = None) -> torch.Tensor:  # fmt: skip
+    """w [B, T] of the configured scheme (or of `name`), without gradient."""
+    name = name or credit_cfg.scheme
+    inp = fetch_inputs(name, ro, advantages, policy, reference, credit_cfg, context, dists)
+    with torch.no_grad():
+        return credit_weights(name, inp, scheme_options(credit_cfg, name), credit_cfg.granularity)
+
+
+def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,
+                   context: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Weights under each named scheme, for figures; a scheme that needs a reference is skipped without one."""
+    out = {}
+    for name in names:
+        if "ref_dists" in get_scheme(name).needs and reference is None:
+            continue
+        out[name] = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name)
+    return out

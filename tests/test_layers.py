@@ -1,0 +1,179 @@
+"""Imports inside t2i_gcpo point only downward, and module-level imports form no cycle.
+
+Every module belongs to one package of LAYERS (longest dotted prefix wins; the bare "t2i_gcpo" entry
+is the package __init__ only). A module may import its own package or packages on lower layers; an
+import of a higher layer, or of a different package on the same layer, is a violation. All imports
+count here: module level, inside functions, under `if TYPE_CHECKING:`. The floor modules (FLOOR:
+the error type and the version string) import nothing from t2i_gcpo and anyone may import them.
+A module no LAYERS entry covers fails too: a new package has to be placed in the table first.
+
+Separately, imports that run when a module is imported (top level, outside functions and outside
+`if TYPE_CHECKING:`) form a graph between t2i_gcpo modules that must have no cycle.
+
+No t2i_gcpo module is imported here: the source is only parsed with `ast`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "t2i_gcpo"
+
+# package -> layer, top to bottom
+LAYERS = {
+    "t2i_gcpo.cli": 10,
+    "t2i_gcpo.commands": 10,
+    "t2i_gcpo.eval": 9,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
+    "t2i_gcpo.train": 8,
+    "t2i_gcpo.tasks": 7,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
+    "t2i_gcpo.rewards": 6,
+    "t2i_gcpo.worlds": 5,
+    "t2i_gcpo.scoring": 4,  # GenEval scoring primitives shared by rewards, worlds and eval
+    "t2i_gcpo.policies": 3,
+    "t2i_gcpo.tokenizers": 2,
+    "t2i_gcpo.viz": 2,
+    "t2i_gcpo.config": 1,  # the typed config schema (checks scheme names against core's registry)
+    "t2i_gcpo.core": 0,
+    "t2i_gcpo.errors": 0,
+    "t2i_gcpo.metrics": 0,
+    "t2i_gcpo": 0,  # the package __init__ (version string)
+}
+FLOOR = {"t2i_gcpo.errors", "t2i_gcpo"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def package_of(module: str) -> str | None:
+    """The LAYERS entry covering a module, or None."""
+    if module == "t2i_gcpo":
+        return module
+    parts = module.split(".")
+    for n in range(len(parts), 1, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in LAYERS:
+            return prefix
+    return None
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(module: str, path: Path) -> list[tuple[int, str, bool]]:
+    """(line, imported t2i_gcpo module, runs at import time) for every import in the file.
+
+    `from X import a` names X.a when that is a module of the package, X otherwise.
+    """
+    is_package = path.name == "__init__.py"
+    found: list[tuple[int, str, bool]] = []
+
+    def resolve(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        base = module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    def add(line: int, target: str, top: bool) -> None:
+        if (target == "t2i_gcpo" or target.startswith("t2i_gcpo.")) and (line, target, top) not in found:
+            found.append((line, target, top))
+
+    def visit(node: ast.AST, top: bool) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(node.lineno, alias.name, top)
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve(node)
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                add(node.lineno, sub if sub in MODULES else source, top)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for child in ast.iter_child_nodes(node):
+                visit(child, False)
+        elif isinstance(node, ast.If) and is_type_checking(node.test):
+            visit(node.test, top)
+            for child in node.body:
+                visit(child, False)
+            for child in node.orelse:
+                visit(child, top)
+        else:
+            for child in ast.iter_child_nodes(node):
+                visit(child, top)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), True)
+    return found
+
+
+IMPORTS = {m: imports(m, p) for m, p in MODULES.items()}
+
+
+def where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT.parent)}:{line}"
+
+
+def test_every_module_is_placed_in_a_layer():
+    missing = sorted(m for m in MODULES if package_of(m) is None)
+    assert not missing, "modules no LAYERS entry covers (add their package to the table): " + ", ".join(
+        missing
+    )
+
+
+def test_floor_modules_import_nothing_from_the_package():
+    bad = [f"{where(m, line)} -> {t}" for m in sorted(FLOOR & MODULES.keys()) for line, t, _ in IMPORTS[m]]
+    assert not bad, "floor modules must not import t2i_gcpo:\n  " + "\n  ".join(bad)
+
+
+def test_imports_point_only_downward():
+    bad = []
+    for module in sorted(MODULES):
+        src = package_of(module)
+        if src is None:
+            continue  # reported by test_every_module_is_placed_in_a_layer
+        for line, target, _ in IMPORTS[module]:
+            dst = package_of(target)
+            if dst is None:
+                bad.append(f"{where(module, line)} -> {target} (no LAYERS entry)")
+            elif dst == src or target in FLOOR:
+                continue
+            elif LAYERS[dst] > LAYERS[src]:
+                bad.append(
+                    f"{where(module, line)} -> {target} (layer {LAYERS[src]} {src} imports layer {LAYERS[dst]})"
+                )
+            elif LAYERS[dst] == LAYERS[src]:
+                bad.append(
+                    f"{where(module, line)} -> {target} (same layer {LAYERS[src]}: {src} imports {dst})"
+                )
+    assert not bad, f"{len(bad)} imports against the layering:\n  " + "\n  ".join(bad)
+
+
+def test_module_level_imports_have_no_cycle():
+    graph = {m: sorted({t for _, t, top in IMPORTS[m] if top and t in MODULES and t != m}) for m in MODULES}
+    cycles, state = [], {}  # state: 1 on the DFS stack, 2 done
+
+    def dfs(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                dfs(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            dfs(m, [])
+    assert not cycles, "module-level import cycles:\n  " + "\n  ".join(cycles)
