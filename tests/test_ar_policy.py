@@ -249,7 +249,8 @@ def test_chunked_logprobs_equal_one_chunk_values_and_gradients(policy, rollout, 
     assert (many - rollout.logp[context]).abs().max().item() < 1e-4
     for a, b in zip(g_many, g_one):
         assert b.abs().sum() > 0
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+        err = ((a - b).abs().max() / b.abs().max()).item()
+        assert err < 1e-5  # float rounding only (the chunks' sums are summed in another order)
 
 
 @pytest.mark.parametrize("context", CONTEXTS)

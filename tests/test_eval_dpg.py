@@ -178,11 +178,11 @@ class FakePolicy(torch.nn.Module):
     def check_prompts(self, prompts):
         pass
 
-    def rollout(self, prompts, group_size, cfg_scale, temperature=1.0, top_k=0, generator=None):
+    def rollout(self, prompts, group_size, sampling, generators):
+        assert len(generators) == len(prompts)  # one generator per prompt
         self.calls += 1
-        return SimpleNamespace(
-            tokens=torch.randint(0, 256, (len(prompts) * group_size, 1), generator=generator)
-        )
+        tokens = torch.cat([torch.randint(0, 256, (group_size, 1), generator=g) for g in generators])
+        return SimpleNamespace(tokens=tokens)
 
     def decode(self, rollout):
         return (rollout.tokens.float() / 255).view(-1, 1, 1, 1).expand(-1, 3, 6, 6)

@@ -394,16 +394,18 @@ class FakePolicy(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
         self.calls = []
+        self.sampling = []
 
     def check_prompts(self, prompts):
         bad = [p for p in prompts if "forbidden" in p]
         if bad:
             raise UserError(f"unknown words in {bad[0]!r}")
 
-    def rollout(self, prompts, group_size, cfg_scale, temperature=1.0, top_k=0, generator=None):
-        self.calls.append(list(prompts))
-        b = len(prompts) * group_size
-        tokens = torch.randint(0, 256, (b, 1), generator=generator)
+    def rollout(self, prompts, group_size, sampling, generators):
+        assert len(generators) == len(prompts)  # one generator per prompt
+        self.calls.append([p.text for p in prompts])
+        self.sampling.append(sampling)
+        tokens = torch.cat([torch.randint(0, 256, (group_size, 1), generator=g) for g in generators])
         return SimpleNamespace(tokens=tokens, prompts=[p for p in prompts for _ in range(group_size)])
 
     def decode(self, rollout):
@@ -418,7 +420,8 @@ def test_generate_geneval_writes_layout_and_resumes_identically(tmp_path):
     metas = PROMPTS[:3]
     policy = FakePolicy()
     assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 6
-    assert [len(c) for c in policy.calls] == [2, 1]
+    assert policy.calls == [[metas[0]["prompt"], metas[1]["prompt"]], [metas[2]["prompt"]]]
+    assert {s.guidance_scale for s in policy.sampling} == {3.0}
     assert [(i, m, len(p)) for i, m, p in iter_layout(tmp_path)] == [(i, m, 2) for i, m in enumerate(metas)]
     before = {(i, k): grey(sample_path(tmp_path, i, k)) for i in range(3) for k in range(2)}
     assert len(set(before.values())) > 1
@@ -431,6 +434,9 @@ def test_generate_geneval_writes_layout_and_resumes_identically(tmp_path):
     assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 3
     assert existing_samples(tmp_path, 1) == 2 and existing_samples(tmp_path, 2) == 2
     assert {(i, k): grey(sample_path(tmp_path, i, k)) for i in range(3) for k in range(2)} == before
+    # a prompt's images do not depend on its batch-mates: one prompt per batch gives the same images
+    generate_geneval(policy, metas, tmp_path / "b1", n=2, batch=1, cfg_scale=3.0, seed=7, progress=False)
+    assert {(i, k): grey(sample_path(tmp_path / "b1", i, k)) for i in range(3) for k in range(2)} == before
     # a complete folder makes no policy calls; another seed gives other images
     policy.calls.clear()
     assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 0

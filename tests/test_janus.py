@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Policy, Rollout
+from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists
 
 try:
     from tests.janus_fixtures import CODEBOOK, GRID, build_tiny_janus
@@ -28,6 +29,13 @@ except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.
 torch.set_num_threads(2)
 PROMPTS = ["a red circle", "two blue squares left of a green cat"]  # different lengths → left padding
 TOL = 1e-4
+CONTEXTS = ("pos", "neg", "guided")
+
+
+def roll(policy, texts, group_size, seed, **sampling):
+    """Rollout with fresh per-prompt generators seeded seed·100 + i (generators are stateful)."""
+    gens = [torch.Generator().manual_seed(100 * seed + i) for i in range(len(texts))]
+    return policy.rollout([PromptRecord(t) for t in texts], group_size, SamplingParams(**sampling), gens)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +52,7 @@ def policy(ckpt):
 
 @pytest.fixture(scope="module")
 def rollout(policy):
-    return policy.rollout(
-        PROMPTS, group_size=2, cfg_scale=5.0, temperature=0.8, generator=torch.Generator().manual_seed(0)
-    )
+    return roll(policy, PROMPTS, 2, seed=0, guidance_scale=5.0, temperature=0.8)
 
 
 def _fresh(ckpt, **kw):
@@ -58,9 +64,20 @@ def _fresh(ckpt, **kw):
 # ----------------------------------------------------------------------------- prompts, null branch
 def test_protocol_and_grid(policy, rollout):
     assert isinstance(policy, Policy)
-    assert policy.grid_shape == (GRID, GRID)
+    assert policy.output == "image" and policy.default_task == "geneval"
+    assert policy.guidance == "u + s(c − u)" and policy.guidance in GUIDANCE
+    assert policy.default_sampling().guidance_scale == 5.0  # the Janus-Pro recipe
+    assert policy.grid_shape == (GRID, GRID) and policy.layout.grid == (GRID, GRID)
     assert rollout.tokens.shape == (4, GRID * GRID)
-    assert rollout.prompts == [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]]  # grouped by prompt
+    assert rollout.texts == [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]]  # grouped by prompt
+    assert all(isinstance(p, PromptRecord) for p in rollout.prompts)
+    assert rollout.group_size == 2 and rollout.max_len == GRID * GRID
+    assert torch.equal(rollout.step, torch.arange(GRID * GRID).expand(4, -1))
+    assert torch.equal(rollout.mask, torch.ones(4, GRID * GRID))
+    assert set(rollout.logp) == set(CONTEXTS)
+    assert all(v.shape == (4, GRID * GRID) for v in rollout.logp.values())
+    assert rollout.state["prompt_ids"] == [i for i in policy.prompt_ids(PROMPTS) for _ in range(2)]
+    assert rollout.sampling == SamplingParams(guidance_scale=5.0, temperature=0.8)
     assert int(rollout.tokens.max()) < CODEBOOK
 
 
@@ -98,42 +115,55 @@ def test_null_branch_rule_uses_checkpoint_pad_id(ckpt, tmp_path):
 
 
 # ----------------------------------------------------------------------------- log-probs
-@pytest.mark.parametrize("context", ["cond", "uncond", "cfg"])
+@pytest.mark.parametrize("context", CONTEXTS)
 def test_rollout_logprobs_equal_teacher_forced(policy, rollout, context):
     with torch.no_grad():
-        lp, logits = policy.logprobs(rollout, context, full_dist=True)
-    recorded = rollout.recorded_logp(context)
+        lp, dists = policy.logprobs(rollout, context, dists=True)
+    assert isinstance(dists, ChunkedDists)
+    logits = dists.full()
+    recorded = rollout.logp[context]
     assert (lp - recorded).abs().max().item() < TOL
     assert logits.shape == (4, GRID * GRID, CODEBOOK)
-    # full_dist logits are temperature-scaled: log_softmax of them at the token is the log-prob
+    # the dists are temperature-scaled logits: log_softmax of them at the token is the log-prob
     assert torch.allclose(logits.log_softmax(-1).gather(-1, rollout.tokens[..., None]).squeeze(-1), lp)
     assert torch.equal(policy(rollout, context), policy.logprobs(rollout, context))  # forward = logprobs
 
 
 def test_contexts_differ_and_cfg_scale_one_is_cond(policy, rollout):
-    assert (rollout.logp_cond - rollout.logp_uncond).abs().mean() > 0.1  # the null branch is really different
-    r1 = policy.rollout(PROMPTS, 2, cfg_scale=1.0, generator=torch.Generator().manual_seed(1))
-    assert (r1.logp_cfg - r1.logp_cond).abs().max().item() < 1e-5  # ℓ_u + 1·(ℓ_c − ℓ_u) = ℓ_c
+    # the null branch is really different
+    assert (rollout.logp["pos"] - rollout.logp["neg"]).abs().mean() > 0.1
+    with torch.no_grad():  # the guided dists are the guidance formula applied to pos and neg
+        z = {c: policy.logprobs(rollout, c, dists=True)[1].full() * 0.8 for c in CONTEXTS}
+    assert torch.allclose(z["guided"], z["neg"] + 5.0 * (z["pos"] - z["neg"]), atol=1e-4)
+    r1 = roll(policy, PROMPTS, 2, seed=1, guidance_scale=1.0)
+    assert (r1.logp["guided"] - r1.logp["pos"]).abs().max().item() < 1e-5  # ℓ_u + 1·(ℓ_c − ℓ_u) = ℓ_c
 
 
 def test_seeded_rollout_reproducible(policy):
-    a = policy.rollout(PROMPTS, 2, 5.0, generator=torch.Generator().manual_seed(7))
-    b = policy.rollout(PROMPTS, 2, 5.0, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp_cfg, b.logp_cfg)
-    policy.max_rollout_batch = 3  # chunked sampling draws the same random stream in the same row order
+    a = roll(policy, PROMPTS, 2, seed=7, guidance_scale=5.0)
+    b = roll(policy, PROMPTS, 2, seed=7, guidance_scale=5.0)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logp["guided"], b.logp["guided"])
+    assert not torch.equal(a.tokens, roll(policy, PROMPTS, 2, seed=8, guidance_scale=5.0).tokens)
+    policy.max_rollout_batch = 3  # chunked sampling: each row's uniforms come from its prompt's generator
     try:
-        c = policy.rollout(PROMPTS, 2, 5.0, generator=torch.Generator().manual_seed(7))
+        c = roll(policy, PROMPTS, 2, seed=7, guidance_scale=5.0)
     finally:
         policy.max_rollout_batch = None
     assert torch.equal(a.tokens, c.tokens)
+    # a sample does not depend on its batch-mates: the second prompt alone, with its own generator
+    gen = torch.Generator().manual_seed(701)  # roll(seed=7) gave prompt 1 the seed 7·100 + 1
+    alone = policy.rollout([PromptRecord(PROMPTS[1])], 2, SamplingParams(guidance_scale=5.0), [gen])
+    assert torch.equal(alone.tokens, a.tokens[2:])
 
 
 def test_left_padding_does_not_change_a_sample(policy, rollout):
     """Row 0 (short prompt, left-padded next to the long one) scores the same alone."""
     alone = rollout.select([0])
-    alone.extras = {"prompt_ids": [rollout.extras["prompt_ids"][0]]}
+    assert alone.state["prompt_ids"] == [rollout.state["prompt_ids"][0]]  # select keeps only row 0's ids
+    assert policy.pad_left(alone.state["prompt_ids"])[1].all()  # alone, nothing is padded
+    assert not policy.pad_left(rollout.state["prompt_ids"])[1][0].all()  # in the batch, row 0 is
     with torch.no_grad():
-        for ctx in ("cond", "uncond", "cfg"):
+        for ctx in CONTEXTS:
             d = policy.logprobs(alone, ctx)[0] - policy.logprobs(rollout, ctx)[0]
             assert d.abs().max().item() < TOL
 
@@ -175,33 +205,34 @@ def test_null_branch_and_sampler_match_transformers_cfg_generate(policy):
     r = Rollout(
         tokens=tokens,
         mask=torch.ones(2, steps),
-        logp_cond=torch.zeros(2, steps),
-        logp_uncond=torch.zeros(2, steps),
-        logp_cfg=torch.zeros(2, steps),
-        prompts=prompts,
-        cfg_scale=scale,
-        temperature=1.0,
-        extras={"prompt_ids": policy.prompt_ids(prompts)},
+        step=torch.arange(steps).expand(2, -1),
+        logp={c: torch.zeros(2, steps) for c in CONTEXTS},
+        prompts=[PromptRecord(p) for p in prompts],
+        group_size=1,
+        sampling=SamplingParams(guidance_scale=scale, temperature=1.0),
+        state={"prompt_ids": policy.prompt_ids(prompts)},
     )
     with torch.no_grad():
-        _, cond = policy.logprobs(r, "cond", full_dist=True)
-        _, null = policy.logprobs(r, "uncond", full_dist=True)
+        cond = policy.logprobs(r, "pos", dists=True)[1].full()
+        null = policy.logprobs(r, "neg", dists=True)[1].full()
+        guided = policy.logprobs(r, "guided", dists=True)[1].full()
     assert (cond - cond_hf).abs().max().item() < TOL
     assert (null - null_hf).abs().max().item() < TOL
+    assert (guided - (null_hf + scale * (cond_hf - null_hf))).abs().max().item() < 10 * TOL
 
-    ours = policy.rollout(prompts, 1, scale, top_k=1, generator=torch.Generator().manual_seed(0))
+    ours = roll(policy, prompts, 1, seed=0, guidance_scale=scale, top_k=1)
     assert torch.equal(ours.tokens, tokens)
 
 
 # ----------------------------------------------------------------------------- images and codes
-def test_decode_and_code_embeddings(policy, rollout):
+def test_decode_and_token_features(policy, rollout):
     images = policy.decode(rollout)
     assert images.shape == (4, 3, 2 * GRID, 2 * GRID)
     assert images.min() >= 0 and images.max() <= 1
     with torch.no_grad():
         ref = policy.model.decode_image_tokens(rollout.tokens).permute(0, 3, 1, 2)  # [-1, 1]
     assert torch.allclose(images, ((ref + 1) / 2).clamp(0, 1))
-    codes = policy.code_embeddings(rollout)
+    codes = policy.token_features(rollout)
     table = policy.model.model.vqmodel.quantize.embedding.weight
     assert codes.shape == (4, GRID * GRID, table.shape[1])
     assert torch.allclose(codes[1, 5], torch.nn.functional.normalize(table[rollout.tokens[1, 5]], dim=0))
@@ -237,7 +268,7 @@ def test_user_errors(tmp_path, ckpt, policy):
 # ----------------------------------------------------------------------------- training, saving
 def _pg_step(pol, r, opt):
     """One policy-gradient step with advantage +1 on every token (loss −mean log π(y | prompt))."""
-    loss = -pol(r, "cond").mean()
+    loss = -pol(r, "pos").mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -258,15 +289,15 @@ def test_freezing_and_train_step_then_save_reload(ckpt, tmp_path):
     assert all(p.requires_grad for p in m.language_model.parameters())
     assert all(p.requires_grad for p in m.generation_head.parameters())
 
-    r = pol.rollout(PROMPTS, 2, 5.0, generator=torch.Generator().manual_seed(3))
+    r = roll(pol, PROMPTS, 2, seed=3, guidance_scale=5.0)
     vq_before = m.vqmodel.quantize.embedding.weight.clone()
     with torch.no_grad():
-        before = pol.logprobs(r, "cond")
+        before = pol.logprobs(r, "pos")
     pol.train()
     loss0 = _pg_step(pol, r, torch.optim.SGD(_trainable(pol), lr=1e-3))
     assert m.vision_model.embeddings.patch_embedding.weight.grad is None
     with torch.no_grad():
-        after = pol.logprobs(r, "cond")
+        after = pol.logprobs(r, "pos")
     assert after.mean() > before.mean() + 0.02, (before.mean(), after.mean(), loss0)  # measured +0.06
     assert torch.equal(m.vqmodel.quantize.embedding.weight, vq_before)
 
@@ -276,7 +307,7 @@ def test_freezing_and_train_step_then_save_reload(ckpt, tmp_path):
     assert torch.equal(plain.model.generation_head.vision_head.weight, m.generation_head.vision_head.weight)
     again = _fresh(out)
     with torch.no_grad():
-        assert (again.logprobs(r, "cond") - after).abs().max().item() < 1e-5
+        assert (again.logprobs(r, "pos") - after).abs().max().item() < 1e-5
     assert again.pad_id == pol.pad_id and again.boi_id == pol.boi_id
 
 
@@ -289,15 +320,15 @@ def test_lora_and_gradient_checkpointing(ckpt, tmp_path):
     q_base = lm.layers[0].self_attn.q_proj.base_layer.weight.clone()
 
     pol.train()  # rollout must still use the KV cache with checkpointing on in train mode
-    r = pol.rollout(PROMPTS, 2, 5.0, generator=torch.Generator().manual_seed(4))
+    r = roll(pol, PROMPTS, 2, seed=4, guidance_scale=5.0)
     assert pol.training
-    assert (pol.logprobs(r, "cfg").detach() - r.logp_cfg).abs().max().item() < TOL
+    assert (pol.logprobs(r, "guided").detach() - r.logp["guided"]).abs().max().item() < TOL
     opt = torch.optim.Adam(_trainable(pol), lr=1e-2)
     for _ in range(2):  # B starts at 0: the first step moves B, the second moves A too
         _pg_step(pol, r, opt)
     assert torch.equal(lm.layers[0].self_attn.q_proj.base_layer.weight, q_base)  # base frozen
     with torch.no_grad():
-        tuned = pol.logprobs(r, "cond")
+        tuned = pol.logprobs(r, "pos")
     out = tmp_path / "lora_merged"
     pol.save_pretrained(out)
     assert torch.equal(
@@ -308,13 +339,13 @@ def test_lora_and_gradient_checkpointing(ckpt, tmp_path):
     q_merged = merged.model.model.language_model.layers[0].self_attn.q_proj.weight
     assert (q_merged - q_base).abs().max().item() > 1e-4  # ΔW = s·B·A was folded in
     with torch.no_grad():
-        assert (merged.logprobs(r, "cond") - tuned).abs().max().item() < 1e-4
+        assert (merged.logprobs(r, "pos") - tuned).abs().max().item() < 1e-4
 
 
 def test_bfloat16_close_to_float32(ckpt, rollout, policy):
     bf = _fresh(ckpt, dtype="bfloat16")
     assert bf.model.model.generation_head.proj_out.weight.dtype == torch.bfloat16
     with torch.no_grad():
-        lp = bf.logprobs(rollout, "cond")
+        lp = bf.logprobs(rollout, "pos")
     assert lp.dtype == torch.float32
-    assert (lp - rollout.logp_cond).abs().max().item() < 0.1  # bf16 rounding; measured 0.022
+    assert (lp - rollout.logp["pos"]).abs().max().item() < 0.1  # bf16 rounding; measured 0.022

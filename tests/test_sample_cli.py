@@ -131,21 +131,26 @@ def test_tiny_pretrain_then_sample(tmp_path):
 class _RenderPolicy:
     """Stub policy whose "samples" are renders of the prompt's own metadata (perfect) or blank canvases."""
 
-    grid_shape = (8, 8)
-
     def __init__(self, metadata: list[dict], perfect: bool) -> None:
-        from types import SimpleNamespace
+        from t2i_gcpo.policies.base import TokenLayout
 
+        self.layout = TokenLayout.image(8, 8)
         self.by_prompt = {m["prompt"]: m for m in metadata}
         self.perfect = perfect
-        self.config = SimpleNamespace(default_cfg_scale=2.0)
         self.seen_cfg: list[float] = []
 
-    def rollout(self, prompts, group_size, cfg_scale, temperature=1.0, top_k=0, generator=None):
+    def default_sampling(self):
+        from t2i_gcpo.policies.base import SamplingParams
+
+        return SamplingParams(guidance_scale=2.0)
+
+    def rollout(self, prompts, group_size, sampling, generators):
         from types import SimpleNamespace
 
-        self.seen_cfg.append(cfg_scale)
-        return SimpleNamespace(prompts=[p for p in prompts for _ in range(group_size)])
+        assert len(generators) == len(prompts)
+        self.seen_cfg.append(sampling.guidance_scale)
+        rows = [p for p in prompts for _ in range(group_size)]
+        return SimpleNamespace(prompts=rows, texts=[p.text for p in rows])
 
     def decode(self, rollout):
         import numpy as np
@@ -156,23 +161,25 @@ class _RenderPolicy:
         rng = np.random.default_rng(0)
         imgs = [
             render(sample_scene(self.by_prompt[p], rng)) if self.perfect else render([])
-            for p in rollout.prompts
+            for p in rollout.texts
         ]
         return torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 255
 
 
-def test_evaluate_policy_perfect_and_blank_images():
+def test_evaluate_shapeworld_perfect_and_blank_images():
+    from t2i_gcpo.tasks.geneval import evaluate_shapeworld, format_table
     from t2i_gcpo.worlds.shapeworld import make_splits
-    from t2i_gcpo.worlds.shapeworld.evaluate import evaluate_policy, format_table
 
     _, test = make_splits()
     subset = [m for tag in ("single_object", "counting", "position") for m in test if m["tag"] == tag][:9]
     perfect = _RenderPolicy(subset, perfect=True)
-    res = evaluate_policy(perfect, subset, images_per_prompt=2, prompts_per_batch=4)
+    res = evaluate_shapeworld(perfect, subset, images_per_prompt=2, prompts_per_batch=4)
     assert set(perfect.seen_cfg) == {2.0}  # the policy's default CFG scale is used
     assert res["strict"] == 1.0 and res["partial"] == 1.0
     assert res["images"] == 18 and sum(v["images"] for v in res["per_tag"].values()) == 18
-    blank = evaluate_policy(_RenderPolicy(subset, perfect=False), subset, images_per_prompt=1, cfg_scale=4.0)
+    blank = evaluate_shapeworld(
+        _RenderPolicy(subset, perfect=False), subset, images_per_prompt=1, cfg_scale=4.0
+    )
     assert blank["strict"] == 0.0 and blank["cfg_scale"] == 4.0
     assert all(v["strict"] == 0.0 for v in blank["per_tag"].values())
     table = format_table(res)
@@ -183,10 +190,10 @@ def test_evaluate_policy_perfect_and_blank_images():
 def test_shipped_model_is_decent_but_imperfect():
     """SPEC §6: the base model's strict score on the held-out prompts lies in [0.3, 0.7]."""
     from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.tasks.geneval import evaluate_shapeworld
     from t2i_gcpo.worlds.shapeworld import make_splits
-    from t2i_gcpo.worlds.shapeworld.evaluate import evaluate_policy
 
     _, test = make_splits()
-    res = evaluate_policy(load_policy("shapeworld"), test, images_per_prompt=4, seed=0)
+    res = evaluate_shapeworld(load_policy("shapeworld"), test, images_per_prompt=4, seed=0)
     assert 0.3 <= res["strict"] <= 0.7
     assert res["per_tag"]["colors"]["strict"] > res["per_tag"]["color_attr"]["strict"]  # binding is hard

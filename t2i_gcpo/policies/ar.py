@@ -42,7 +42,14 @@ from torch import nn
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
-from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
+from t2i_gcpo.policies.sampling import (
+    GUIDANCE,
+    ChunkedDists,
+    check_records,
+    chunked_logprobs,
+    group_uniforms,
+    sample_step,
+)
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
@@ -244,8 +251,7 @@ class ARPolicy(nn.Module):
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
                 generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
-        if len(generators) != len(prompts):
-            raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
+        check_records(prompts, generators, "the ShapeWorld prior")
         pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B·G, L]
         uniforms = group_uniforms(generators, group_size, (self.num_tokens,), self.device)  # [B·G, T]
         tokens, logps = self.generate(pid, sampling, uniforms)

@@ -40,7 +40,14 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
-from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
+from t2i_gcpo.policies.sampling import (
+    GUIDANCE,
+    ChunkedDists,
+    check_records,
+    chunked_logprobs,
+    group_uniforms,
+    sample_step,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FREEZE_GROUPS = ("vision", "vq", "language", "generation")
@@ -381,6 +388,7 @@ class JanusPolicy(nn.Module):
         whatever ``max_rollout_batch`` or the batch is. Token ids: ``rollout.state["prompt_ids"]``
         (list of unpadded id lists, one per row), used by ``logprobs`` to rebuild both branches.
         """
+        check_records(prompts, generators, "Janus")
         texts = [p.text for p in prompts]
         self.check_prompts(texts)
         if not sampling.temperature > 0:

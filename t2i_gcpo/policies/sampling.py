@@ -21,13 +21,28 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from t2i_gcpo.policies.base import SamplingParams
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 
 GUIDANCE: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
     "u + s(c − u)": lambda c, u, s: u + s * (c - u),
     "(1 + s)c − s·u": lambda c, u, s: (1 + s) * c - s * u,
 }
 LOGIT_BUDGET = 1 << 24  # elements of one logits chunk [B, t, V] (64 MB in fp32)
+
+
+def check_records(
+    prompts: Sequence[PromptRecord], generators: Sequence[torch.Generator], adapter: str
+) -> None:
+    """One generator per prompt; no per-prompt negative context for adapters whose negative context is
+    their own null prompt (the CFG unconditional branch)."""
+    if len(generators) != len(prompts):
+        raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
+    if any(p.negative is not None for p in prompts):
+        raise UserError(
+            f"{adapter}: the negative context is the model's own null prompt (its CFG unconditional "
+            "branch); per-prompt negative prompts are not supported"
+        )
 
 
 def group_uniforms(generators: Sequence[torch.Generator], group_size: int, shape: tuple[int, ...],
