@@ -28,10 +28,16 @@ def main() -> None:
     if args.run:
         import torch
 
+        from t2i_gcpo.tasks.geneval import evaluate_shapeworld, format_table
         from t2i_gcpo.worlds.shapeworld.pretrain import pretrain
 
+        def evaluate(policy, test, images_per_prompt, seed):  # as `t2i-gcpo pretrain` scores the model
+            result = evaluate_shapeworld(policy, test, images_per_prompt, seed=seed, progress=True)
+            print(format_table(result))
+            return result
+
         torch.set_num_threads(args.threads)
-        pretrain(args.model)
+        pretrain(args.model, evaluate=evaluate)
     with open(os.path.join(args.model, "pretrain.json")) as f:
         s = json.load(f)
     vq, prior = s["vq"], s["prior"]

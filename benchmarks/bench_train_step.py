@@ -1,8 +1,10 @@
 """Step time per algorithm (rollout / reward / update), warm-up excluded.
 
-Question: what does each credit scheme cost? GCPO reuses the sampler's recorded cond/uncond
+Question: what does each credit scheme cost? GCPO reuses the sampler's recorded pos/neg
 log-probs, so its step should cost what DAPO's does (target: within 5 %); DGPO needs the frozen
-reference's full distributions (one extra forward), so it costs more.
+reference's full distributions (one extra forward), so it costs more; critical (critical-token
+credit, zghhui/GCPO) reads the entropies of the update's own forward and the VQ code vectors, so
+its extra cost is the per-token entropy and the group similarity.
 
     python benchmarks/bench_train_step.py [--model shapeworld] [--steps 12] [--warmup 2]
 
@@ -28,7 +30,7 @@ from t2i_gcpo.config import REPO_PROMPTS  # noqa: E402
 from t2i_gcpo.train.run import prepare  # noqa: E402
 from t2i_gcpo.train.trainer import Trainer, train_step  # noqa: E402
 
-ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official"]
+ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical"]
 PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
 
 
@@ -40,7 +42,7 @@ def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: s
     # algorithm does exactly one rollout of the same size per step
     job = prepare(algo=algo, flags=flags, overrides=(*overrides, "advantage.dynamic_sampling=false",
                                                       "sample_every=0", "eval_every=-1"))  # fmt: skip
-    return Trainer(job.cfg, job.run_dir, job.metadata, job.policy, job.reward, None)
+    return Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, eval_prompts=None)
 
 
 def bench(algos: list[str], model: str, steps: int, warmup: int, overrides: list[str]) -> dict:

@@ -30,6 +30,7 @@ def test_presets_match_the_spec_table():
         "gcpo": (0.2, 0.28, "token-mean", True, 0.0, "gcpo"),
         "dgpo": (0.2, 0.28, "token-mean", True, 0.0, "dgpo"),
         "gcpo-official": (0.2, 0.2, "weighted-token-mean", False, 0.03, "gcpo"),
+        "critical": (0.2, 0.28, "token-mean", True, 0.0, "critical"),
     }
     for algo, expected in table.items():
         c = rows[algo]
@@ -43,11 +44,12 @@ def test_presets_match_the_spec_table():
         )
         assert got == expected, algo
     assert rows["gcpo-official"].loss.kl_reweight and not rows["gcpo"].loss.kl_reweight
-    # gcpo differs from dapo only in credit
-    dapo, gcpo = to_dict(rows["dapo"]), to_dict(rows["gcpo"])
-    diff = {k for k in dapo if dapo[k] != gcpo[k]}
-    assert diff == {"algo", "credit"}
-    assert {k for k in dapo["credit"] if dapo["credit"][k] != gcpo["credit"][k]} == {"scheme"}
+    # gcpo and critical differ from dapo only in credit
+    dapo = to_dict(rows["dapo"])
+    for algo in ("gcpo", "critical"):
+        other = to_dict(rows[algo])
+        assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "credit"}, algo
+        assert {k for k in dapo["credit"] if dapo["credit"][k] != other["credit"][k]} == {"scheme"}, algo
 
 
 def test_layering_preset_file_flags_then_set(tmp_path):
@@ -74,6 +76,9 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("advantage.dynamic_sampling=3", "config key 'advantage.dynamic_sampling': expected bool"),
         ("rollout.group_size=1", "rollout.group_size must be ≥ 2"),
         ("credit.gcpo.top_fraction=1.5", "credit.gcpo.top_fraction must be in (0, 1)"),
+        ("credit.contrast=cached", "config key 'credit.contrast': expected one of 'recorded' | 'recompute'"),
+        ("credit.scheme=magic", "credit.scheme must be one of"),
+        ("credit.gcpo.recompute=true", "unknown config key 'credit.gcpo.recompute'"),  # now credit.contrast
         ("beta", "--set expects key=value"),
     ],
 )
@@ -111,4 +116,10 @@ def test_round_trip_and_helpers():
     assert nest({"a.b": 1, "a.c": 2, "d": 3}) == {"a": {"b": 1, "c": 2}, "d": 3}
     keys = [k for k, _, _ in describe()]
     assert "credit.gcpo.normalization" in keys and "rollout.cfg_scale" in keys
+    assert {
+        "credit.contrast",
+        "credit.reference",
+        "credit.granularity",
+        "credit.critical.first_fraction",
+    } <= set(keys)
     assert all(text for _, _, text in describe()), "every field is documented"

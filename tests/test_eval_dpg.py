@@ -23,6 +23,7 @@ from t2i_gcpo.eval.dpg import (
     split_2x2,
     tile_2x2,
 )
+from t2i_gcpo.policies.base import TokenLayout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -168,7 +169,7 @@ def test_score_dpg_folder_writes_results(tmp_path):
 
 
 class FakePolicy(torch.nn.Module):
-    grid_shape = (1, 1)
+    layout = TokenLayout.image(1, 1)
 
     def __init__(self):
         super().__init__()
@@ -201,6 +202,12 @@ def test_generate_dpg_grids_resume(tmp_path):
     assert generate_dpg(policy, prompts, tmp_path, batch=2, seed=1, progress=False) == 1
     assert policy.calls == 1
     np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "p1.png")), grids["p1"])
+    # a prompt's grid does not depend on its batch-mates
+    assert generate_dpg(policy, prompts, tmp_path / "b1", batch=1, seed=1, progress=False) == 3
+    for p in prompts:
+        np.testing.assert_array_equal(
+            np.asarray(Image.open(tmp_path / "b1" / f"{p['item_id']}.png")), grids[p["item_id"]]
+        )
     with pytest.raises(UserError, match="safe file name"):
         generate_dpg(policy, [{"item_id": "../x", "prompt": "p"}], tmp_path, progress=False)
 

@@ -12,6 +12,7 @@ from PIL import Image
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
 from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
+from t2i_gcpo.policies.base import TokenLayout
 from t2i_gcpo.scoring.color_clip import (
     BACKGROUND_RGB,
     GENEVAL_COLORS,
@@ -388,7 +389,7 @@ def test_score_geneval_folder_rejects_unfinished_folders(tmp_path):
 class FakePolicy(torch.nn.Module):
     """Images whose grey level is a random token drawn from the given generator."""
 
-    grid_shape = (1, 1)
+    layout = TokenLayout.image(1, 1)
 
     def __init__(self):
         super().__init__()
