@@ -387,7 +387,8 @@ def generate_dpg(
     """Write 4 images per prompt as one 2×2 grid `<root>/<item_id>.png`; returns grids written.
 
     `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `batch` prompts per
-    ``policy.rollout`` call. Resumable: existing grids are kept; RNG per batch as in GenEval.
+    ``policy.rollout`` call. Resumable: existing grids are kept. Prompt i samples from its own
+    generator (seed, i), so a grid does not depend on `batch` or on its batch-mates.
     """
     if batch < 1:
         raise UserError(f"batch must be >= 1, got {batch}")

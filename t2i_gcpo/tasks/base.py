@@ -33,5 +33,6 @@ class Task(Protocol):
 
     def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
                  sampling: SamplingParams, seed: int, accelerator: Any = None,
-                 progress: bool = False) -> dict[str, Any]:  # fmt: skip
-        """Held-out score; the result's "metrics" are logged, its "headline" printed."""
+                 progress: bool = False, prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+        """Held-out score; the result's "metrics" are logged, its "headline" printed. A prompt's
+        samples must not depend on `prompts_per_batch` or the number of processes."""

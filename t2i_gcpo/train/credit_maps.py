@@ -52,13 +52,13 @@ def run_credit_maps(
     ref = None
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
         ref = load_policy(reference or "shapeworld").eval()
-    reward = build_reward(reward_spec, grid=policy.grid_shape)
+    reward = build_reward(reward_spec, grid=policy.layout.grid)
     sampling = policy.default_sampling()
     if cfg_scale is not None:
         sampling = dataclasses.replace(sampling, guidance_scale=cfg_scale)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows, cols = policy.grid_shape
+    rows, cols = policy.layout.grid
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
     groups = []
     starts = range(0, len(prompts), batch_prompts)

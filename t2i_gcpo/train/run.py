@@ -71,7 +71,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
         cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
-    reward = build_reward(cfg.reward, grid=getattr(policy, "grid_shape", None), device=local_device())
+    reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device())
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume_dir is not None)
 
 
