@@ -268,8 +268,8 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
 
     calls = []
 
-    def fake_rules(metadata, detections, color_of):
-        calls.append((metadata["tag"], len(detections), color_of(detections[0])))
+    def fake_rules(metadata, detections, color_of, variant="spec"):
+        calls.append((metadata["tag"], len(detections), color_of(detections[0]), variant))
         return SimpleNamespace(correct=metadata["tag"] == "single_object", partial=0.25, reason="fake")
 
     monkeypatch.setattr(rules, "reward_detections", fake_rules, raising=False)
@@ -281,7 +281,7 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
     ]
     out = GenEvalReward(det, FakeColors())(_images(2), ["a photo of a dog", "x"], meta)
     assert out.scores.tolist() == [0.25, 0.25] and det.seen == [(48, 48), (48, 48)]
-    assert calls == [("single_object", 1, "red"), ("colors", 1, "red")]
+    assert calls == [("single_object", 1, "red", "spec"), ("colors", 1, "red", "spec")]
     assert out.details[0] == {"strict": 1.0, "partial": 0.25, "reason": "fake", "tag": "single_object"}
     strict = GenEvalReward(det, FakeColors(), score="strict")(_images(2), ["a", "b"], meta)
     assert strict.scores.tolist() == [1.0, 0.0]

@@ -3,8 +3,11 @@
 Per image: detect objects (Mask2Former, a local checkpoint), classify colours with CLIP, and score
 the prompt's GenEval metadata with the rules engine's partial-credit reward: per include clause
 1 − |count − found| / count, a colour term 1 − |count − n_colour| / count and a position term (1 or 0),
-averaged; a wrong count gives 0 for its colour/position terms. The strict 0/1 GenEval correctness
-is kept in the details (``strict``) so both can be reported side by side.
+averaged; a wrong count gives 0 for its colour/position terms (``variant="spec"``, the default, in
+[0, 1]), or flow_grpo's code term for term (``variant="flow_grpo"``: an over-count goes negative, a
+failed position scores 0 then 1 — `reward_detections`; reward spec ``geneval:DET,CLIP[,MODEL],flow_grpo``).
+The strict 0/1 GenEval correctness is kept in the details (``strict``) so both can be reported side
+by side.
 
 The detector is any callable PIL image → list[Detection]; the colour classifier anything with
 ``color_of(image) -> (Detection -> colour name)``. ``from_paths`` builds the real pair:
@@ -23,6 +26,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.clip_score import images_to_pil
 from t2i_gcpo.scoring.detections import Detection
+from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
 
 
 class GenEvalReward:
@@ -35,12 +39,18 @@ class GenEvalReward:
         detector: Callable[[Any], list[Detection]],
         color_classifier: Any,
         score: Literal["partial", "strict"] = "partial",
+        variant: Literal["spec", "flow_grpo"] = "spec",
     ):
         if score not in ("partial", "strict"):
             raise UserError(f"GenEval reward score must be 'partial' or 'strict', got '{score}'")
+        if variant not in PARTIAL_VARIANTS:
+            raise UserError(
+                f"GenEval partial-credit variant must be one of {', '.join(PARTIAL_VARIANTS)}, got '{variant}'"
+            )
         self.detector = detector
         self.color_classifier = color_classifier
         self.score = score
+        self.variant = variant
 
     @classmethod
     def from_paths(
@@ -50,6 +60,7 @@ class GenEvalReward:
         clip_model: str = "ViT-L-14",
         device: str | torch.device = "cpu",
         score: Literal["partial", "strict"] = "partial",
+        variant: Literal["spec", "flow_grpo"] = "spec",
     ) -> GenEvalReward:
         """Mask2Former (local transformers checkpoint dir) + open_clip colour classifier (local weights)."""
         from t2i_gcpo.scoring.color_clip import ClipColorClassifier
@@ -57,10 +68,10 @@ class GenEvalReward:
 
         detector = Mask2FormerDetector.from_pretrained(detector_dir, device=device)
         colors = ClipColorClassifier.from_pretrained(clip_checkpoint, clip_model, device=device)
-        return cls(detector, colors, score=score)
+        return cls(detector, colors, score=score, variant=variant)
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        from t2i_gcpo.scoring.geneval_rules import reward_detections
+        from t2i_gcpo.scoring.geneval_rules import reward_detections  # looked up per call (tests patch it)
 
         missing = [i for i, m in enumerate(metadata) if not m or "include" not in m]
         if missing or len(metadata) != len(prompts):
@@ -71,7 +82,8 @@ class GenEvalReward:
         scores, details = [], []
         for image, meta in zip(images_to_pil(images), metadata):
             detections = self.detector(image)
-            result = reward_detections(meta, detections, self.color_classifier.color_of(image))
+            color_of = self.color_classifier.color_of(image)
+            result = reward_detections(meta, detections, color_of, variant=self.variant)
             strict, partial = float(bool(result.correct)), float(result.partial)
             scores.append(partial if self.score == "partial" else strict)
             details.append(

@@ -1,12 +1,19 @@
 """Resolve a ``--reward`` string to a reward object.
 
 Forms:
-- ``shapeworld``                              the embedded world's detector-based GenEval reward
+- ``shapeworld[:flow_grpo]``                  the embedded world's detector-based GenEval reward
 - ``clip:CKPT_PATH[:MODEL_NAME]``             CLIPScore, open_clip weights from a local file or
                                               local-dir folder (MODEL_NAME default ViT-L-14)
-- ``geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL]``  GenEval partial-credit reward: Mask2Former + CLIP colours
-- ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata)
+- ``geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL][,flow_grpo]``
+                                              GenEval partial-credit reward: Mask2Former + CLIP colours
+- ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata) — user
+                                              code, imported and run (again on ``--resume``)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
+
+The GenEval-style rewards score partial credit by SPEC §8.2, kept in [0, 1], by default; the
+``flow_grpo`` option scores it exactly as flow_grpo's code does (an over-count goes negative, a failed
+position scores 0 then 1: `t2i_gcpo.scoring.geneval_rules.reward_detections`). ``shapeworld:flow_grpo``
+takes it after a colon, ``geneval:…,flow_grpo`` as the last comma field.
 
 Every reward returned is wrapped so that an exception or a NaN score raises `RewardError` naming it.
 """
@@ -22,9 +29,11 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.combine import CallableReward, Checked, WeightedSum
 
 FORMS = (
-    "'shapeworld', 'clip:CKPT_PATH[:MODEL_NAME]', 'geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME]', "
+    "'shapeworld[:flow_grpo]', 'clip:CKPT_PATH[:MODEL_NAME]', "
+    "'geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME][,flow_grpo]', "
     "'module:function', or a weighted sum such as '0.7*clip:CKPT+0.3*shapeworld'"
 )
+FLOW_GRPO = "flow_grpo"  # the option that picks flow_grpo's exact partial credit
 DEFAULT_CLIP_MODEL = "ViT-L-14"
 _WEIGHTED = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*(.+?)\s*$")
 
@@ -47,10 +56,17 @@ def _split_clip(rest: str) -> tuple[str, str]:
 
 def _build_one(spec: str, ctx: dict) -> Any:
     spec = spec.strip()
-    if spec == "shapeworld":
+    if spec == "shapeworld" or spec.startswith("shapeworld:"):
         from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
 
-        return ShapeWorldReward(**_accepted(ShapeWorldReward, ctx))
+        option = spec[len("shapeworld:") :].strip() if ":" in spec else ""
+        if option not in ("", FLOW_GRPO):
+            raise UserError(
+                f"reward '{spec}': write shapeworld or shapeworld:{FLOW_GRPO} "
+                "(a user module named shapeworld: give its file, ./shapeworld.py:function)"
+            )
+        kwargs = {k: v for k, v in _accepted(ShapeWorldReward, ctx).items() if k != "variant"}
+        return ShapeWorldReward(variant=option or "spec", **kwargs)
     if spec.startswith("clip:"):
         from t2i_gcpo.rewards.clip_score import ClipScoreReward
 
@@ -62,12 +78,16 @@ def _build_one(spec: str, ctx: dict) -> Any:
         from t2i_gcpo.rewards.geneval_reward import GenEvalReward
 
         fields = [f.strip() for f in spec[len("geneval:") :].split(",")]
+        variant = "spec"
+        if fields[-1] == FLOW_GRPO:
+            variant, fields = FLOW_GRPO, fields[:-1]
         if len(fields) not in (2, 3) or not all(fields):
-            raise UserError(f"reward '{spec}': write geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME]")
+            raise UserError(
+                f"reward '{spec}': write geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME][,{FLOW_GRPO}]"
+            )
         model = fields[2] if len(fields) == 3 else DEFAULT_CLIP_MODEL
-        return GenEvalReward.from_paths(
-            fields[0], fields[1], model, **_accepted(GenEvalReward.from_paths, ctx)
-        )
+        kwargs = {k: v for k, v in _accepted(GenEvalReward.from_paths, ctx).items() if k != "variant"}
+        return GenEvalReward.from_paths(fields[0], fields[1], model, variant=variant, **kwargs)
     if ":" in spec and not spec.startswith(":"):
         return CallableReward(spec)
     raise UserError(f"unknown reward '{spec}': use {FORMS}")

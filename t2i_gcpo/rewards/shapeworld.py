@@ -4,6 +4,9 @@ Per image: detect objects from pixels (t2i_gcpo.worlds.shapeworld.detect), then 
 GenEval metadata twice — the strict GenEval verdict (`evaluate_detections`: top-count per class,
 thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`, SPEC §8.2). The
 scalar reward is the partial credit by default, or the strict verdict as 0/1 with `mode="strict"`.
+The partial credit follows SPEC §8.2 in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
+exactly (`variant="flow_grpo"`: over-counts go negative, a failed position scores 0 then 1); the
+reward spec `shapeworld:flow_grpo` picks the latter (t2i_gcpo/rewards/registry.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ import torch
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.scoring.geneval_rules import default_threshold, evaluate_detections, reward_detections
+from t2i_gcpo.scoring.geneval_rules import (
+    PARTIAL_VARIANTS,
+    default_threshold,
+    evaluate_detections,
+    reward_detections,
+)
 from t2i_gcpo.worlds.shapeworld.detect import detect
 from t2i_gcpo.worlds.shapeworld.parse import parse_prompt
 from t2i_gcpo.worlds.shapeworld.render import token_grid_mask
@@ -33,8 +41,8 @@ def to_uint8_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
 class ShapeWorldReward:
     """r_i = §8.2 partial credit (default) or strict GenEval correctness of image i.
 
-    details[i]: {"strict": bool (GenEval verdict), "partial": float (§8.2), "strict_exact": bool
-    (§8.2 exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
+    details[i]: {"strict": bool (GenEval verdict), "partial": float (§8.2, in `variant`),
+    "strict_exact": bool (§8.2 exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
     "object_grid": bool [rows, cols] — tokens (≥ 25 % covered) on detected objects of a prompt
     class, above the prompt's detection threshold}.
     """
@@ -42,18 +50,26 @@ class ShapeWorldReward:
     name = "shapeworld"
 
     def __init__(
-        self, mode: Literal["partial", "strict"] = "partial", grid: tuple[int, int] = (8, 8)
+        self,
+        mode: Literal["partial", "strict"] = "partial",
+        grid: tuple[int, int] = (8, 8),
+        variant: Literal["spec", "flow_grpo"] = "spec",
     ) -> None:
         if mode not in ("partial", "strict"):
             raise UserError(f"ShapeWorld reward mode must be 'partial' or 'strict', got {mode!r}")
+        if variant not in PARTIAL_VARIANTS:
+            raise UserError(
+                f"ShapeWorld partial-credit variant must be one of {', '.join(PARTIAL_VARIANTS)}, got {variant!r}"
+            )
         self.mode = mode
+        self.variant = variant
         self.grid = (int(grid[0]), int(grid[1]))
 
     def score_image(self, image: np.ndarray, metadata: dict) -> dict:
         """Details of one uint8 [H, W, 3] image against GenEval metadata (see the class doc)."""
         detections = detect(image)
         strict = evaluate_detections(metadata, detections)
-        flow = reward_detections(metadata, detections)
+        flow = reward_detections(metadata, detections, variant=self.variant)
         classes = {c["class"] for c in metadata.get("include", [])}
         thr = default_threshold(metadata)
         kept = [d for d in detections if d.cls in classes and d.score > thr]

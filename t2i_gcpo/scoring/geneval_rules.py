@@ -162,24 +162,48 @@ def evaluate_detections(
     return ImageResult(correct, float(np.mean(checks)) if checks else 1.0, "\n".join(reasons))
 
 
+PARTIAL_VARIANTS = ("spec", "flow_grpo")  # the two partial-credit formulas of `reward_detections`
+
+
 def reward_detections(
     metadata: dict,
     detections: list[Detection],
     color_of: Callable[[Detection], str] | None = None,
     threshold: float | None = None,
+    variant: str = "spec",
 ) -> ImageResult:
     """GenEval as an RL reward, the flow_grpo variant (SPEC §8.2).
 
-    All detections of the class above the threshold are used (no top-count cut, no per-class cap)
-    and strict correctness needs the exact count. Partial credit, the mean of the terms:
-    - per include: count term 1 − |count − found| / count, clipped at 0 (so the reward stays in [0, 1]);
+    All detections of the class above the threshold are used (no top-count cut) and strict
+    correctness needs the exact count; excludes only enter the strict verdict. Partial credit is the
+    mean of per-clause terms, in one of two variants (the strict verdict is the same in both, but
+    for flow_grpo's cap of 16 detections per class):
+
+    ``variant="spec"`` (default) — SPEC §8.2's terms, kept in [0, 1]; no per-class cap:
+    - per include: count term 1 − |count − found| / count, clipped at 0 (one dog asked, two or three
+      seen: 0 either way);
     - per colour clause: 1 − |count − n_colour| / count with a right count, else 0;
     - per position clause: 1 if every object is in the relation to every target object (with a right
-      count and a matched target), else 0.
-    Excludes only enter the strict verdict.
+      count and colour and a matched target), else 0.
+
+    ``variant="flow_grpo"`` — flow_grpo's reward code term for term (its GenEval reward server,
+    yifan123/reward-server, reward_server/gen_eval.py, ``evaluate_reward``):
+    - at most 16 detections per class (GenEval's cap);
+    - per include: count term 1 − |count − found| / count, not clipped, so an over-count goes
+      negative (one dog asked, three seen: −1);
+    - a wrong count adds one 0 term, whether the clause has a colour, a position or both;
+    - with a right count: the colour term as above; then, only if the colour passed, the position:
+      a missing target adds 0, a failed relation adds 0 and then 1, a held relation adds 1 (so a
+      failed position of a two-object prompt scores (1 + 1 + 0 + 1) / 4 = 0.75, not 2/3);
+    - the target must be an earlier clause (GenEval's prompts put it first); a later one counts as
+      missing (flow_grpo's code would fail on it).
     """
+    if variant not in PARTIAL_VARIANTS:
+        raise ValueError(f"partial-credit variant must be one of {PARTIAL_VARIANTS}, got {variant!r}")
     color_of = color_of or (lambda d: d.color or "unknown")
     thr = default_threshold(metadata) if threshold is None else threshold
+    if variant == "flow_grpo":
+        return _reward_flow_grpo(metadata, _detections_by_class(detections, thr, MAX_OBJECTS), color_of)
     detected = _detections_by_class(detections, thr, None)
     includes = metadata.get("include", [])
     terms: list[float] = []
@@ -220,13 +244,64 @@ def reward_detections(
         terms.append(1.0 if ok else 0.0)
         correct &= ok
 
+    correct &= _excludes_hold(metadata, detected, reasons)
+    partial = float(np.mean(terms)) if terms else float(correct)
+    return ImageResult(bool(correct), partial, "\n".join(reasons))
+
+
+def _excludes_hold(metadata: dict, detected: dict[str, list[Detection]], reasons: list[str]) -> bool:
+    ok = True
     for req in metadata.get("exclude", []):
         n = len(detected.get(req["class"], []))
         if n >= int(req["count"]):
-            correct = False
+            ok = False
             reasons.append(f"expected {req['class']}<{req['count']}, found {n}")
+    return ok
 
-    partial = float(np.mean(terms)) if terms else float(correct)
+
+def _reward_flow_grpo(
+    metadata: dict, detected: dict[str, list[Detection]], color_of: Callable[[Detection], str]
+) -> ImageResult:
+    """`reward_detections(variant="flow_grpo")`: one pass over the includes, in order."""
+    terms: list[float] = []
+    reasons: list[str] = []
+    correct = True
+    groups: list[list[Detection] | None] = []  # matched clauses so far (position targets)
+    for req in metadata.get("include", []):
+        cls, count = req["class"], int(req.get("count", 1))
+        found = detected.get(cls, [])
+        terms.append(1.0 - abs(count - len(found)) / count)  # not clipped: may go below 0
+        matched = len(found) == count
+        if not matched:
+            reasons.append(f"expected {cls}=={count}, found {len(found)}")
+            if "color" in req or "position" in req:
+                terms.append(0.0)  # one 0 for the clause's colour and position together
+        else:
+            if "color" in req:
+                colours = [color_of(d) for d in found]
+                n_colour = colours.count(req["color"])
+                terms.append(1.0 - abs(count - n_colour) / count)
+                if n_colour != count:
+                    reasons.append(_colour_reason(cls, req["color"], count, colours))
+                    matched = False
+            if "position" in req and matched:
+                relation, target = req["position"][0], int(req["position"][1])
+                targets = groups[target] if 0 <= target < len(groups) else None
+                if targets is None:
+                    reasons.append(f"no target for {cls} to be {relation}")
+                    terms.append(0.0)
+                    matched = False
+                else:
+                    ok, why = _position_ok(found, targets, relation)
+                    if not ok:
+                        reasons.append(why)
+                        terms.append(0.0)
+                        matched = False
+                    terms.append(1.0)  # flow_grpo appends 1 after the check, passed or failed
+        correct &= matched
+        groups.append(found if matched else None)
+    correct &= _excludes_hold(metadata, detected, reasons)
+    partial = float(np.mean(terms)) if terms else 0.0
     return ImageResult(bool(correct), partial, "\n".join(reasons))
 
 

@@ -12,6 +12,39 @@ GenEval's six templates, exactly as worded in its evaluation_metadata.jsonl:
 "a" becomes "an" before a vowel. GenEval's plural appends "es" to names ending in "s" (bus → buses)
 and "s" otherwise (bench → benchs, knife → knifes, sheep → sheeps, person → persons); parsing also
 accepts the English plural (benches, knives, sheep, people).
+
+Beyond the templates, `parse_prompt` reads compositional prompts into the same schema, scored by the
+same rules (t2i_gcpo.scoring.geneval_rules):
+
+    prompt   = "a photo of" object {("," | "and" | ", and") object} [relation object]
+    object   = ("a" | "an" | "two" | "three" | "four") [colour] class   (the plural after a number)
+    relation = "left of" | "right of" | "above" | "below"
+
+- A number means exactly that many: include count n and exclude count n + 1 (GenEval's counting
+  rule); "a"/"an" is count 1 (at least one for GenEval's strict verdict, exactly one for §8.2).
+- A relation holds for every object before it: the object after it is include[0] (GenEval's
+  position layout, target first) and each object before it gets position [relation, 0], so
+  "a circle and a square left of a triangle" asks for both left of the triangle.
+- Each class is named once: GenEval's rules count and colour objects per class, so "a red circle
+  and a blue circle" could not be scored.
+- With ShapeWorld's shapes (the default classes) a prompt asks for at most 6 objects in all, what
+  a ShapeWorld scene holds (`render.sample_scene`).
+
+Tags. Text that matches one of the six templates exactly parses as before, with that template's
+tag; a prompt written otherwise whose metadata has a template's shape ("a photo of a circle, a
+square") gets that template's tag too. Every other prompt is tagged by what it tests
+(`EXTENDED_TAGS`):
+
+    multi_object          three or more objects, nothing else    a photo of a circle, a square and a triangle
+    multi_color           colours beyond colors / color_attr     a photo of a red circle and a square
+    multi_count           numbers with more than one object      a photo of two circles and a square
+    multi_position        a relation with several objects first  a photo of a circle and a bar above a cross
+    color_count           colours and numbers                    a photo of two red circles and a blue square
+    color_position        colours and a relation                 a photo of a red circle left of a blue square
+    count_position        numbers and a relation                 a photo of two circles left of a square
+    color_count_position  colours, numbers and a relation        a photo of two red circles below a blue bar
+
+The detection threshold stays GenEval's: 0.9 for the `counting` tag only, 0.3 for every other tag.
 """
 
 from __future__ import annotations
@@ -23,6 +56,27 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.scoring.geneval_classes import geneval_classes  # noqa: F401  (old path, kept for callers)
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 
+# Tags of prompts beyond GenEval's six templates (module docstring), and every tag metadata may carry.
+EXTENDED_TAGS: list[str] = [
+    "multi_object",
+    "multi_color",
+    "multi_count",
+    "multi_position",
+    "color_count",
+    "color_position",
+    "count_position",
+    "color_count_position",
+]
+ALL_TAGS: list[str] = [*TAGS, *EXTENDED_TAGS]
+
+SHAPEWORLD_MAX_OBJECTS = 6  # objects a ShapeWorld scene holds (render.sample_scene)
+ECHO_CHARS = 80  # error messages show at most this many characters of a prompt
+
+GRAMMAR = (
+    '"a photo of <object> [(,|and) <object>]… [left of|right of|above|below <object>]" '
+    "where <object> = (a|an|two|three|four) [colour] class"
+)
+
 _IRREGULAR = {
     "person": "people",
     "sheep": "sheep",
@@ -31,6 +85,11 @@ _IRREGULAR = {
     "skis": "skis",
     "scissors": "scissors",
 }
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, ending in "…" when cut (for error messages)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def geneval_plural(name: str) -> str:
@@ -63,8 +122,35 @@ def _a(phrase: str) -> str:
     return f"{article(phrase)} {phrase}"
 
 
+def _object_phrase(clause: dict) -> str:
+    """The phrase of one include clause: "a red circle", "two red circles"."""
+    colour = f"{clause['color']} " if clause.get("color") else ""
+    count = clause["count"]
+    if count == 1:
+        return _a(colour + clause["class"])
+    return f"{NUMBER_WORDS[count]} {colour}{geneval_plural(clause['class'])}"
+
+
+def _join(phrases: list[str]) -> str:
+    return phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
+
+
+def _extended_prompt(metadata: dict) -> str:
+    """The grammar's text for metadata of an extended tag (module docstring)."""
+    inc = metadata["include"]
+    subjects = [c for c in inc if "position" in c]
+    if not subjects:
+        return f"a photo of {_join([_object_phrase(c) for c in inc])}"
+    relations = {(c["position"][0], c["position"][1]) for c in subjects}
+    if len(relations) != 1 or next(iter(relations))[1] != 0 or len(subjects) != len(inc) - 1:
+        raise KeyError("position: every object but include[0] must stand in one relation to include[0]")
+    rel = next(iter(relations))[0]
+    return f"a photo of {_join([_object_phrase(c) for c in subjects])} {rel} {_object_phrase(inc[0])}"
+
+
 def metadata_to_prompt(metadata: dict) -> str:
-    """The GenEval template text for metadata (the inverse of `parse_prompt`)."""
+    """The GenEval template text for metadata (the inverse of `parse_prompt`); the grammar's text
+    (module docstring) for the extended tags."""
     tag, inc = metadata.get("tag"), metadata.get("include", [])
     try:
         if tag == "single_object":
@@ -81,21 +167,30 @@ def metadata_to_prompt(metadata: dict) -> str:
         if tag == "color_attr":
             first, second = (_a(f"{c['color']} {c['class']}") for c in inc[:2])
             return f"a photo of {first} and {second}"
+        if tag in EXTENDED_TAGS:
+            return _extended_prompt(metadata)
     except (KeyError, IndexError, TypeError) as e:
-        raise UserError(f"metadata {metadata!r} does not fit GenEval's {tag} template ({e})") from None
-    raise UserError(f"unknown GenEval tag {tag!r}: expected one of {', '.join(TAGS)}")
+        raise UserError(
+            f"metadata {shorten(str(metadata), 160)} does not fit the {tag} template ({e})"
+        ) from None
+    raise UserError(f"unknown GenEval tag {tag!r}: expected one of {', '.join(ALL_TAGS)}")
+
+
+def _alt(words) -> str:
+    """A regex alternation, longest first so "hot dog" wins over a hypothetical "hot"."""
+    return "|".join(re.escape(w) for w in sorted(set(words), key=len, reverse=True))
+
+
+def _plurals(classes: tuple[str, ...]) -> list[str]:
+    return [geneval_plural(c) for c in classes] + [english_plural(c) for c in classes]
 
 
 @lru_cache(maxsize=8)
 def _patterns(classes: tuple[str, ...]) -> list[tuple[str, re.Pattern]]:
     """Compiled full-match regexes of the six templates for a class vocabulary."""
-
-    def alt(words) -> str:  # longest first so "hot dog" wins over a hypothetical "hot"
-        return "|".join(re.escape(w) for w in sorted(set(words), key=len, reverse=True))
-
-    obj, col, rel = alt(classes), alt(COLORS), alt(RELATIONS)
-    plurals = alt([geneval_plural(c) for c in classes] + [english_plural(c) for c in classes])
-    num = alt(NUMBER_WORDS.values())
+    obj, col, rel = _alt(classes), _alt(COLORS), _alt(RELATIONS)
+    plurals = _alt(_plurals(classes))
+    num = _alt(NUMBER_WORDS.values())
     a = r"an?"
     templates = [
         ("single_object", rf"a photo of {a} (?P<o1>{obj})"),
@@ -106,6 +201,18 @@ def _patterns(classes: tuple[str, ...]) -> list[tuple[str, re.Pattern]]:
         ("color_attr", rf"a photo of {a} (?P<c1>{col}) (?P<o1>{obj}) and {a} (?P<c2>{col}) (?P<o2>{obj})"),
     ]
     return [(tag, re.compile(p, re.IGNORECASE)) for tag, p in templates]
+
+
+@lru_cache(maxsize=8)
+def _grammar(classes: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """(object phrase, separator, relation) regexes of the extended grammar, on lower-cased text."""
+    rel = _alt(RELATIONS)
+    nouns = _alt([c.lower() for c in classes] + [p.lower() for p in _plurals(classes)])
+    det = _alt(["a", "an", *NUMBER_WORDS.values()])
+    obj = re.compile(
+        rf"(?P<det>{det}) (?:(?P<col>{_alt(COLORS)}) )?(?P<noun>{nouns})(?=$|, | and | (?:{rel}) )"
+    )
+    return obj, re.compile(r", and |, | and "), re.compile(rf" (?P<rel>{rel}) ")
 
 
 def _singular(plural: str, classes: tuple[str, ...]) -> str:
@@ -120,16 +227,110 @@ def _canon(word: str, vocab: tuple[str, ...]) -> str:
     return next((v for v in vocab if v.lower() == word), word)
 
 
+def _structural_tag(include: list[dict], relation: str | None) -> str:
+    """The tag of parsed metadata: a template's tag when it has that template's shape, else the
+    extended tag naming what it tests (module docstring)."""
+    n = len(include)
+    coloured = ["color" in c for c in include]
+    counted = any(c["count"] > 1 for c in include)
+    if relation is None and not counted:
+        if n == 1:
+            return "colors" if coloured[0] else "single_object"
+        if n == 2 and not any(coloured):
+            return "two_object"
+        if n == 2 and all(coloured):
+            return "color_attr"
+    if relation is None and n == 1 and counted and not coloured[0]:
+        return "counting"
+    if relation is not None and n == 2 and not any(coloured) and not counted:
+        return "position"
+    features = [f for f, on in (("color", any(coloured)), ("count", counted), ("position", relation)) if on]
+    return "_".join(features) if len(features) > 1 else "multi_" + (features[0] if features else "object")
+
+
+class _NoParse(Exception):
+    """The text is outside the grammar; the message (if any) says why more precisely."""
+
+
+def _parse_extended(norm: str, vocab: tuple[str, ...], max_objects: int | None) -> tuple[str, list, list]:
+    """(tag, include, exclude) of lower-cased, space-normalised text in the extended grammar."""
+    obj_re, sep_re, rel_re = _grammar(vocab)
+    head = "a photo of "
+    if not norm.startswith(head):
+        raise _NoParse()
+    singular = {c.lower() for c in vocab}
+    plural = {p.lower() for p in _plurals(vocab)}
+    numbers = {w: k for k, w in NUMBER_WORDS.items()}
+    pos, phrases, relation, target = len(head), [], None, None
+    while True:
+        m = obj_re.match(norm, pos)
+        if m is None:
+            raise _NoParse()
+        det, noun = m["det"], m["noun"]
+        if det in ("a", "an"):
+            if noun not in singular:
+                raise _NoParse(f"'{m[0]}' needs a singular class name after '{det}'")
+            clause = {"class": _canon(noun, vocab), "count": 1}
+        else:
+            if noun not in plural:
+                raise _NoParse(f"'{m[0]}' needs a plural after '{det}' (e.g. '{geneval_plural(noun)}')")
+            clause = {"class": _singular(noun, vocab), "count": numbers[det]}
+        if m["col"]:
+            clause["color"] = m["col"]
+        pos = m.end()
+        if relation is not None:  # this was the relation's target: it must end the prompt
+            if pos != len(norm):
+                raise _NoParse("a relation takes one object after it, at the end of the prompt")
+            target = clause
+            break
+        phrases.append(clause)
+        if pos == len(norm):
+            break
+        if (s := sep_re.match(norm, pos)) is not None:
+            pos = s.end()
+        elif (r := rel_re.match(norm, pos)) is not None:
+            relation, pos = r["rel"], r.end()
+        else:
+            raise _NoParse()
+    if target is not None:
+        include = [target] + [{**c, "position": [relation, 0]} for c in phrases]
+    else:
+        include = phrases
+    names = [c["class"] for c in include]
+    dup = next((c for c in names if names.count(c) > 1), None)
+    if dup is not None:
+        raise _NoParse(
+            f"{dup!r} is named twice; GenEval's rules count objects per class, so name each class once"
+        )
+    total = sum(c["count"] for c in include)
+    if max_objects is not None and total > max_objects:
+        raise _NoParse(f"it asks for {total} objects; a ShapeWorld scene holds at most {max_objects}")
+    exclude = [{"class": c["class"], "count": c["count"] + 1} for c in include if c["count"] > 1]
+    return _structural_tag(include, relation), include, exclude
+
+
+def _grammar_error(prompt: str, vocab: tuple[str, ...], why: str | None = None) -> UserError:
+    if why:
+        return UserError(f"cannot parse prompt {shorten(prompt)!r}: {why}")
+    hint = ", ".join(vocab) if len(vocab) <= 12 else f"{len(vocab)} classes such as {', '.join(vocab[:3])}"
+    return UserError(
+        f"cannot parse prompt {shorten(prompt)!r}: expected {GRAMMAR}; classes: {hint}; "
+        f"colours: {', '.join(COLORS)}"
+    )
+
+
 def parse_prompt(text: str, classes: list[str] | None = None) -> dict:
     """GenEval metadata from prompt text alone.
 
-    `classes` defaults to ShapeWorld's SHAPES; pass `geneval_classes()` (t2i_gcpo.scoring) for
-    GenEval's COCO names.
+    `classes` defaults to ShapeWorld's SHAPES (and then at most 6 objects in all); pass
+    `geneval_classes()` (t2i_gcpo.scoring) for GenEval's COCO names.
+    Text matching one of GenEval's six templates is parsed by the template; other text by the
+    grammar of the module docstring, tagged as described there.
     Matching ignores case and surrounding whitespace; the returned "prompt" is the stripped text.
-    Raises UserError when the text fits none of the six templates.
+    Raises UserError (one line, the prompt cut to 80 characters) when the text fits neither.
     """
     if not isinstance(text, str):
-        raise UserError(f"cannot parse prompt {text!r}: expected a string")
+        raise UserError(f"cannot parse prompt {shorten(repr(text))}: expected a string")
     vocab = tuple(SHAPES if classes is None else classes)
     prompt = text.strip()
     norm = re.sub(r"\s+", " ", prompt).lower()
@@ -164,26 +365,73 @@ def parse_prompt(text: str, classes: list[str] | None = None) -> dict:
                 {"class": g["o2"], "count": 1, "color": g["c2"]},
             ]
         return {"tag": tag, "include": include, "prompt": prompt}
-    hint = ", ".join(vocab) if len(vocab) <= 12 else f"{len(vocab)} classes such as {', '.join(vocab[:3])}"
-    raise UserError(
-        f"cannot parse prompt {prompt!r}: expected one of GenEval's six templates "
-        f"(e.g. 'a photo of a red {vocab[0] if vocab else 'object'}') with classes: {hint}"
+    max_objects = SHAPEWORLD_MAX_OBJECTS if classes is None else None
+    try:
+        tag, include, exclude = _parse_extended(re.sub(r"\s*,\s*", ", ", norm), vocab, max_objects)
+    except _NoParse as e:
+        raise _grammar_error(prompt, vocab, str(e) or None) from None
+    meta: dict = {"tag": tag, "include": include}
+    if exclude:
+        meta["exclude"] = exclude
+    meta["prompt"] = prompt
+    return meta
+
+
+def _content(metadata: dict) -> tuple[list, list]:
+    """What metadata asks for, independent of clause order: sorted (class, count, colour) objects
+    and (class, relation, target class) relations."""
+    inc = metadata.get("include", [])
+    objects = sorted((c["class"], int(c.get("count", 1)), c.get("color") or "") for c in inc)
+    relations = sorted(
+        (c["class"], c["position"][0], inc[c["position"][1]]["class"]) for c in inc if "position" in c
+    )
+    return objects, relations
+
+
+def describe(metadata: dict) -> str:
+    """A short text of what metadata asks for: "1 red circle, 2 square; circle left of square"."""
+    objects, relations = _content(metadata)
+    text = ", ".join(f"{n} {col + ' ' if col else ''}{cls}" for cls, n, col in objects)
+    if relations:
+        text += "; " + ", ".join(f"{a} {rel} {b}" for a, rel, b in relations)
+    return text
+
+
+def metadata_conflict(metadata: dict, classes: list[str] | None = None) -> str | None:
+    """Why `metadata["prompt"]` contradicts the metadata's include clauses, or None.
+
+    The prompt is parsed (`classes` as in `parse_prompt`) and the objects (class, count, colour)
+    and relations it asks for are compared with the metadata's, in any clause order. Tags and
+    excludes are not compared, and a prompt that does not parse contradicts nothing: the metadata
+    is the ground truth (real GenEval metadata is authoritative; prompts may be free text).
+    Call on validated metadata.
+    """
+    try:
+        parsed = parse_prompt(metadata["prompt"], classes)
+    except UserError:
+        return None
+    if _content(parsed) == _content(metadata):
+        return None
+    return (
+        f"prompt {shorten(metadata['prompt'].strip())!r} asks for {describe(parsed)}, "
+        f"but its metadata asks for {shorten(describe(metadata), 160)}"
     )
 
 
 def validate_metadata(metadata: object, classes: list[str] | None = None) -> dict:
     """Check one GenEval metadata record (SPEC §8 schema); return it or raise UserError (one line).
 
-    `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others).
+    `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others). The tag
+    is one of GenEval's six or of `EXTENDED_TAGS`.
     """
 
     def fail(why: str):
-        raise UserError(f"invalid GenEval metadata ({why}): {str(metadata)[:200]}")
+        raise UserError(f"invalid GenEval metadata ({why}): {shorten(str(metadata), 160)}")
 
     if not isinstance(metadata, dict):
         fail("expected a JSON object")
-    if metadata.get("tag") not in TAGS:
-        fail(f"'tag' must be one of {', '.join(TAGS)}")
+    if metadata.get("tag") not in ALL_TAGS:
+        fail(f"'tag' must be one of {', '.join(ALL_TAGS)}")
     if not isinstance(metadata.get("prompt"), str) or not metadata["prompt"].strip():
         fail("'prompt' must be a non-empty string")
     include = metadata.get("include")

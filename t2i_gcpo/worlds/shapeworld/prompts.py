@@ -21,7 +21,12 @@ import numpy as np
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
-from t2i_gcpo.worlds.shapeworld.parse import metadata_to_prompt, parse_prompt, validate_metadata
+from t2i_gcpo.worlds.shapeworld.parse import (
+    metadata_conflict,
+    metadata_to_prompt,
+    parse_prompt,
+    validate_metadata,
+)
 
 TEST_MAX_FRACTION = 0.4  # at most this share of a tag's unique prompts is held out
 
@@ -138,21 +143,32 @@ def read_prompt_file(
     """Read a prompt file into GenEval metadata.
 
     `.txt`: one prompt a line, each parsed with `parse_prompt(line, classes)` (classes default
-    SHAPES); blank lines and lines starting with "#" are skipped. With `strict=False` a line that
-    fits no template becomes `{"prompt": line}` (no tag) instead of an error.
-    `.jsonl`: one GenEval metadata object a line, validated (any class name
-    unless `classes` is given). Raises UserError naming file and line for a bad line, and for an
-    empty or missing file.
+    SHAPES): GenEval's six templates or the compositional grammar of
+    `t2i_gcpo.worlds.shapeworld.parse`; blank lines and lines starting with "#" are skipped. With
+    `strict=False` a line that does not parse becomes `{"prompt": line}` (no tag) instead of an error.
+    `.jsonl`: one GenEval metadata object a line, validated (any class name unless `classes` is
+    given). A row whose prompt parses (with `classes`, default SHAPES) must ask for the same objects
+    (class, count, colour) and relations as its include clauses, or it is refused; a row whose
+    prompt does not parse is taken as it is — the metadata is the ground truth (GenEval's own rows
+    are authoritative, and real prompts may be free text). Tags and excludes are not compared.
+    A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
+    line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise UserError(f"prompt file {path} is a directory, not a file")
+    if not path.exists():
         raise UserError(f"prompt file {path} does not exist")
+    if not path.is_file():
+        raise UserError(f"prompt file {path} is not a regular file")
     if path.suffix not in (".txt", ".jsonl"):
         raise UserError(f"prompt file {path} must end in .txt (prompts) or .jsonl (GenEval metadata)")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as e:
         raise UserError(f"prompt file {path} is not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise UserError(f"cannot read prompt file {path}: {e.strerror or e}") from None
     out: list[dict] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -170,7 +186,11 @@ def read_prompt_file(
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise UserError(f"malformed JSON ({e.msg})") from None
-                out.append(validate_metadata(record, classes))
+                record = validate_metadata(record, classes)
+                conflict = metadata_conflict(record, classes)
+                if conflict is not None:
+                    raise UserError(f"{conflict}: fix the prompt or the metadata")
+                out.append(record)
         except UserError as e:
             raise UserError(f"{path}:{lineno}: {e}") from None
     if not out:
