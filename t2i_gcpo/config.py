@@ -293,10 +293,27 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> None:
                 raise UserError(f"config key '{key}' is a section; set its fields, e.g. {key}.<field>=…")
             _apply(current, value, prefix=f"{key}.")
         else:
-            setattr(obj, name, _coerce(key, value, hints[name]))
+            value = _coerce(key, value, hints[name])
+            if isinstance(value, float):
+                check_finite(f"config key '{key}'", value, allow_inf=key in UNBOUNDED_OK)
+            setattr(obj, name, value)
+
+
+# float keys where ±inf means "no bound" (NaN is refused everywhere)
+UNBOUNDED_OK = frozenset({"loss.eps_low", "loss.eps_high", "optim.grad_clip"})
+
+
+def check_finite(name: str, value: float, allow_inf: bool = False) -> float:
+    """`value` if it is a finite number (or ±inf with `allow_inf`); else a `UserError` naming `name`.
+    Shared by the config keys and by command-line float options (e.g. a CFG scale)."""
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise UserError(f"{name} must be a finite number, got {value}")
+    return value
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise UserError(f"config file {path} is a directory, expected a YAML file")
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:

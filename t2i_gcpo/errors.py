@@ -1,9 +1,71 @@
-"""User-facing errors.
+"""User-facing errors, and the checks of user-given paths that raise them.
 
 Anything raised as `UserError` is printed by the CLI as one line (``error: …``) with exit code 2,
 never as a traceback. Raise it for bad input: wrong paths, malformed files, unknown words or keys.
+
+This module is the floor of the package (it imports nothing from t2i_gcpo), so every layer can use:
+
+- `check_writable_dir(path, what)`: refuse an output folder that is a file or cannot be written,
+  before any work is done;
+- `check_file(path, what)`: an expected file that is a directory ("is a directory") or missing;
+- `read_json(path)`: a JSON file, or a `UserError` naming the file.
 """
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
 
 class UserError(Exception):
     """Bad input from the user; the message is shown as is, on one line."""
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
+    """Raise `UserError` unless `path` is a directory this process can create files in, or can be
+    created as one (`what` names it in the message, e.g. "--out"). Leaves nothing behind: a probe
+    folder is made in the nearest existing directory and removed at once (permission bits alone do
+    not tell: root, read-only mounts, /proc)."""
+    p = Path(path)
+    existing = p
+    while not existing.exists():
+        if existing.is_symlink():
+            raise UserError(f"{what} {p}: {existing} is a broken symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        where = f"{what} {p}" if existing == p else f"{what} {p}: {existing}"
+        raise UserError(f"{where} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".t2i-gcpo-write-test-", dir=existing))
+    except OSError as e:
+        where = "" if existing == p else f" (cannot create folders in {existing})"
+        raise UserError(f"{what} {p} is not writable{where}: {e.strerror or e}") from None
+    return p
+
+
+def check_file(path: str | os.PathLike, what: str = "") -> Path:
+    """`path` as a Path if it is a file; else a `UserError` saying it is a directory or not found."""
+    p = Path(path)
+    label = f"{what} {p}" if what else str(p)
+    if p.is_dir():
+        raise UserError(f"{label} is a directory, expected a file")
+    if not p.is_file():
+        raise UserError(f"{label} not found")
+    return p
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The parsed content of a JSON file; a `UserError` naming the file if it is missing, a
+    directory, unreadable or not valid JSON."""
+    p = check_file(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{p} is not valid JSON (not UTF-8 text: a corrupt file?)") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+    except OSError as e:
+        raise UserError(f"cannot read {p}: {e.strerror or e}") from None

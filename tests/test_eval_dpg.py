@@ -315,3 +315,69 @@ def test_eval_dpg_cli_score_only_with_tiny_blip(tmp_path):
     assert 0 <= summary["score"] <= 100 and summary["n_items"] == 1
     bad = CliRunner().invoke(cli, [*args[:-2], "--out", str(tmp_path / "o2"), "--model", "shapeworld"])
     assert bad.exit_code != 0 and "either --model" in str(bad.exception)
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming into an existing folder: only the same prompts and settings, else refuse (or overwrite)
+# ---------------------------------------------------------------------------------------------
+
+DPG_PROMPTS = [{"item_id": f"p{i}", "prompt": f"prompt {i}"} for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "change, word",
+    [({"seed": 2}, "seed"), ({"cfg_scale": 2.0}, "cfg_scale"), ({"model": "other"}, "model"),
+     ({"temperature": 0.5}, "temperature"), ({"top_k": 3}, "top_k")],
+)  # fmt: skip
+def test_generate_dpg_refuses_grids_made_with_other_settings(tmp_path, change, word):
+    policy = FakePolicy()
+    args = dict(batch=2, seed=1, cfg_scale=5.0, model="fake", progress=False)
+    generate_dpg(policy, DPG_PROMPTS, tmp_path, **args)
+    settings = json.loads((tmp_path / "generation.json").read_text())
+    assert settings["settings"] == {"model": "fake", "seed": 1, "cfg_scale": 5.0, "temperature": 1.0,
+                                    "top_k": 0, "n": 4}  # fmt: skip
+    before = (tmp_path / "p0.png").read_bytes()
+    policy.calls = 0
+    with pytest.raises(UserError, match=rf"{word}=.*--overwrite") as e:
+        generate_dpg(policy, DPG_PROMPTS, tmp_path, **{**args, **change})
+    assert "\n" not in str(e.value) and policy.calls == 0
+    assert (tmp_path / "p0.png").read_bytes() == before
+    assert generate_dpg(policy, DPG_PROMPTS, tmp_path, overwrite=True, **{**args, **change}) == 3
+
+
+def test_generate_dpg_refuses_other_prompts_and_stale_grids(tmp_path):
+    policy = FakePolicy()
+    args = dict(batch=2, seed=1, model="fake", progress=False)
+    generate_dpg(policy, DPG_PROMPTS, tmp_path, **args)
+    # the same item id for another prompt text
+    with pytest.raises(UserError, match=r"p0\.png.*another prompt.*--overwrite"):
+        generate_dpg(policy, [{"item_id": "p0", "prompt": "something else"}], tmp_path, **args)
+    # fewer prompts: the other grids are stale and would be scored
+    with pytest.raises(UserError, match=r"2 grid\(s\).*p1.*--overwrite"):
+        generate_dpg(policy, DPG_PROMPTS[:1], tmp_path, **args)
+    # grids of unknown provenance
+    (tmp_path / "legacy").mkdir()
+    grid().save(tmp_path / "legacy" / "p0.png")
+    with pytest.raises(UserError, match=r"generation.json.*--overwrite"):
+        generate_dpg(policy, DPG_PROMPTS, tmp_path / "legacy", **args)
+    assert generate_dpg(policy, DPG_PROMPTS[:1], tmp_path, overwrite=True, **args) == 1
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["p0.png"]
+
+
+def test_score_dpg_folder_scores_only_this_runs_items(tmp_path):
+    write_csv(tmp_path / "q.csv", ROWS)
+    (tmp_path / "imgs").mkdir()
+    grid().save(tmp_path / "imgs" / "a.png")
+    grid().save(tmp_path / "imgs" / "b.png")
+    vqa = ScriptedVQA(ANSWERS)
+    with pytest.raises(UserError, match=r"1 grid\(s\).*b"):
+        score_dpg_folder(
+            tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a"], progress=False
+        )
+    os.remove(tmp_path / "imgs" / "b.png")
+    with pytest.raises(UserError, match=r"b\.png"):
+        score_dpg_folder(tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a", "b"],
+                         progress=False)  # fmt: skip
+    result = score_dpg_folder(tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a"],
+                              progress=False)  # fmt: skip
+    assert result["n_items"] == 1

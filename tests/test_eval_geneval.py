@@ -458,3 +458,113 @@ def test_packaged_geneval_prompts():
     assert tags == {
         "single_object": 80, "two_object": 99, "counting": 80, "colors": 94, "position": 100, "color_attr": 100,
     }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming into an existing folder: only the same prompts and settings, else refuse (or overwrite)
+# ---------------------------------------------------------------------------------------------
+
+GEN = dict(n=2, batch=2, cfg_scale=3.0, seed=7, progress=False)
+
+
+def test_generate_geneval_records_its_settings_next_to_the_images(tmp_path):
+    generate_geneval(FakePolicy(), PROMPTS[:2], tmp_path, model="fake:1", **GEN)
+    settings = json.loads((tmp_path / "00001" / "generation.json").read_text())
+    assert settings == {
+        "model": "fake:1",
+        "seed": 7,
+        "cfg_scale": 3.0,
+        "temperature": 1.0,
+        "top_k": 0,
+        "n": 2,
+    }
+    # the layout stays readable by GenEval's scorer: no stray images, metadata untouched
+    assert [(i, m, len(p)) for i, m, p in iter_layout(tmp_path)] == [(0, PROMPTS[0], 2), (1, PROMPTS[1], 2)]
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "change, word",
+    [
+        ({"seed": 8}, "seed"),
+        ({"cfg_scale": 5.0}, "cfg_scale"),
+        ({"n": 3}, "n"),
+        ({"temperature": 0.5}, "temperature"),
+        ({"top_k": 4}, "top_k"),
+        ({"model": "fake:2"}, "model"),
+    ],
+)
+def test_generate_geneval_refuses_a_folder_made_with_other_settings(tmp_path, change, word):
+    policy = FakePolicy()
+    generate_geneval(policy, PROMPTS[:2], tmp_path, model="fake:1", **GEN)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    policy.calls.clear()
+    with pytest.raises(UserError, match=rf"{word}=.*--overwrite") as e:
+        generate_geneval(policy, PROMPTS[:2], tmp_path, **{**GEN, "model": "fake:1", **change})
+    assert "\n" not in str(e.value) and "00000" in str(e.value)
+    assert policy.calls == [] and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # --overwrite regenerates with the new settings
+    args = {**GEN, "model": "fake:1", **change}
+    assert generate_geneval(policy, PROMPTS[:2], tmp_path, overwrite=True, **args) == 2 * args["n"]
+    assert json.loads((tmp_path / "00000" / "generation.json").read_text())[word] == args[word]
+    assert [len(p) for _, _, p in iter_layout(tmp_path)] == [args["n"]] * 2
+
+
+def test_generate_geneval_refuses_other_prompts_and_stale_extra_folders(tmp_path):
+    """A one-prompt run into a folder that held other prompts' images must not reuse or keep them."""
+    policy = FakePolicy()
+    generate_geneval(policy, PROMPTS[:3], tmp_path, model="fake", **GEN)
+    with pytest.raises(UserError, match=r"00000.*'a photo of a cat'.*'a photo of a blue cat'.*--overwrite"):
+        generate_geneval(policy, PROMPTS[1:2], tmp_path, model="fake", **GEN)
+    # same first prompt, fewer prompts: the other two folders are stale and would be scored
+    with pytest.raises(UserError, match=r"2 prompt folder\(s\) .*00001.*--overwrite"):
+        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
+    # metadata differing beyond the prompt text is a mismatch too
+    other = {**PROMPTS[0], "include": [{"class": "dog", "count": 1}]}
+    with pytest.raises(UserError, match=r"00000.*metadata"):
+        generate_geneval(policy, [other, *PROMPTS[1:3]], tmp_path, model="fake", **GEN)
+    assert generate_geneval(policy, PROMPTS[1:2], tmp_path, model="fake", overwrite=True, **GEN) == 2
+    assert [(i, m) for i, m, _ in iter_layout(tmp_path)] == [(0, PROMPTS[1])]
+
+
+def test_generate_geneval_refuses_images_of_unknown_provenance(tmp_path):
+    # a folder written by another tool (or an older version): images but no recorded settings
+    write_prompt_folder(tmp_path, 0, PROMPTS[0], [Image.new("RGB", (4, 4))] * 2)
+    policy = FakePolicy()
+    with pytest.raises(UserError, match=r"00000.*generation.json.*--overwrite"):
+        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
+    assert policy.calls == []
+    # a prompt folder with metadata but no images yet (an interrupted run) is simply filled in
+    write_prompt_folder(tmp_path / "b", 0, PROMPTS[0], [])
+    assert generate_geneval(policy, PROMPTS[:1], tmp_path / "b", model="fake", **GEN) == 2
+
+
+def test_score_geneval_folder_scores_only_this_runs_prompts(tmp_path):
+    for i, (meta, levels) in enumerate(zip(PROMPTS, LEVELS)):
+        write_prompt_folder(tmp_path, i, meta, [Image.new("RGB", (32, 32), (v, v, v)) for v in levels])
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match=r"3 prompt folder\(s\).*00001"):
+        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS[:1],
+                             progress=False)  # fmt: skip
+    with pytest.raises(UserError, match=r"00001.*'a photo of a blue cat'.*'a photo of a cat'"):
+        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out,
+                             metadata_list=[PROMPTS[0], PROMPTS[0], *PROMPTS[2:]], progress=False)  # fmt: skip
+    with pytest.raises(UserError, match=r"00002.*3 image\(s\).*2"):
+        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS, n=2,
+                             progress=False)  # fmt: skip
+    summary = score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS,
+                                   progress=False)  # fmt: skip
+    assert sum(t["total"] for t in summary["tags"].values()) == 9
+
+
+def test_overwrite_removes_only_generated_prompt_folders(tmp_path):
+    policy = FakePolicy()
+    generate_geneval(policy, PROMPTS[:2], tmp_path, model="fake", **GEN)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "00001" / "samples" / "notes.txt").write_text("mine too")
+    with pytest.raises(UserError, match=r"--overwrite: .*00001 .*notes.txt"):
+        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
+    assert existing_samples(tmp_path, 0) == 2  # nothing removed
+    os.remove(tmp_path / "00001" / "samples" / "notes.txt")
+    generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
+    assert sorted(os.listdir(tmp_path)) == ["00000", "notes.txt"]

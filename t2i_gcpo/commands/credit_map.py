@@ -17,7 +17,9 @@ Examples:
 @click.command("credit-map", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--prompt", "prompt_texts", multiple=True, help="A prompt (repeatable).")
 @click.option("--prompts", "prompt_file", type=str, default=None, help="Prompt file (.txt or .jsonl).")
-@click.option("--limit", type=int, default=None, help="Use only the first N prompts of --prompts.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts of --prompts."
+)
 @click.option(
     "--model", default="shapeworld", show_default=True, help="'shapeworld' or a checkpoint directory."
 )
@@ -45,9 +47,10 @@ def credit_map_cmd(
     such tokens; uniform credit = 1).
     """
     from t2i_gcpo.core import CREDIT_SCHEMES
-    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.errors import UserError, check_writable_dir
     from t2i_gcpo.train.credit_maps import run_credit_maps
 
+    check_writable_dir(out, "--out")  # before loading any model
     if not prompt_texts and not prompt_file:
         raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
     names = tuple(s.strip() for s in schemes.split(",") if s.strip())

@@ -29,6 +29,22 @@ def _policy(model: str):
     return load_policy(model).eval()
 
 
+def _check_out(out: str) -> Path:
+    """--out must be a folder we can write into (or create): checked before any model is loaded."""
+    from t2i_gcpo.errors import check_writable_dir
+
+    return check_writable_dir(out, "--out")
+
+
+def _overwrite_option(what: str):
+    return click.option(
+        "--overwrite",
+        is_flag=True,
+        help=f"Regenerate: delete the {what} already in OUT/images/ first. Without it, a run resumes only "
+        "into images made for the same prompts, model, seed, CFG and count, and refuses anything else.",
+    )
+
+
 def _cfg_scale(policy, cfg_scale: float | None) -> float:
     return policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
 
@@ -81,17 +97,29 @@ def _print_summary(out: Path, summary: dict) -> None:
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
 )
+@_overwrite_option("prompt folders")
 def geneval_cmd(
-    model, score_only, detector, clip_ckpt, clip_model, images_per_prompt, batch, cfg_scale, seed, device, out
-):
+    model, score_only, detector, clip_ckpt, clip_model, images_per_prompt, batch, cfg_scale, seed, device, out,
+    overwrite,
+):  # fmt: skip
     """GenEval's 553 prompts: generate 4 images each (resumable), then score them with Mask2Former and
     CLIP colour classification through GenEval's rules. Output as GenEval's summary."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
+    from t2i_gcpo.eval.layout import check_resumable, model_identity
 
-    out = Path(out)
     if bool(model) == bool(score_only):
         raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and not model:
+        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
+    if images_per_prompt < 1 or batch < 1:
+        raise UserError(f"--n and --batch must be >= 1 (got {images_per_prompt}, {batch})")
+    out = _check_out(out)
+    prompts = load_geneval_prompts() if model else None
+    if model and not overwrite:  # refuse a folder of other prompts or settings before loading any model
+        known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
+                 "n": images_per_prompt, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {})}  # fmt: skip
+        check_resumable(out / "images", prompts, known)
     det, needs_clip = _detector(detector, device)
     colors = None
     if needs_clip:
@@ -106,10 +134,12 @@ def geneval_cmd(
     if model:
         policy = _policy(model)
         generate_geneval(
-            policy, load_geneval_prompts(), root, n=images_per_prompt, batch=batch,
-            cfg_scale=_cfg_scale(policy, cfg_scale), seed=seed,
+            policy, prompts, root, n=images_per_prompt, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale),
+            seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
-    _print_summary(out, score_geneval_folder(root, det, colors, out))
+    summary = score_geneval_folder(root, det, colors, out, metadata_list=prompts,
+                                   n=images_per_prompt if model else None)  # fmt: skip
+    _print_summary(out, summary)
 
 
 @eval_cmd.command("shapeworld", context_settings=CTX)
@@ -122,14 +152,16 @@ def geneval_cmd(
 @click.option(
     "--out", required=True, help="Output dir: images/ in GenEval layout, results.jsonl, summary.txt/json."
 )
-def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, out):
+@_overwrite_option("prompt folders")
+def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, out, overwrite):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
     from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
+    from t2i_gcpo.eval.layout import model_identity
     from t2i_gcpo.tasks.registry import get_task
 
-    out = Path(out)
+    out = _check_out(out)
     policy = _policy(model)
     task = get_task(policy.default_task)
     metadata = [p.meta for p in task.load_prompts(prompts or REPO_PROMPTS / "shapeworld_test.jsonl")]
@@ -142,8 +174,12 @@ def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, ou
         batch=batch,
         cfg_scale=_cfg_scale(policy, cfg_scale),
         seed=seed,
+        model=model_identity(model),
+        overwrite=overwrite,
     )
-    summary = score_geneval_folder(root, ShapeWorldDetector(), None, out)
+    summary = score_geneval_folder(
+        root, ShapeWorldDetector(), None, out, metadata_list=metadata, n=images_per_prompt
+    )
     _print_summary(out, summary)
     _print_partial(out)
 
@@ -175,29 +211,43 @@ def _print_partial(out: Path) -> None:
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
 )
-def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, seed, device, out):
+@_overwrite_option("grids")
+def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, seed, device, out, overwrite):
     """DPG-Bench: 4 images per prompt tiled 2×2, a local VQA model answers every question per tile,
     parent zeroing, per-category scores. Labelled 'DPG-Bench (proxy VQA: <model>)'."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.dpg import (
         VQAModel,
+        check_dpg_resumable,
         format_dpg_summary,
         generate_dpg,
         load_dpg_prompts,
         read_dpg_csv,
         score_dpg_folder,
     )
+    from t2i_gcpo.eval.layout import model_identity
 
-    out = Path(out)
     if bool(model) == bool(score_only):
         raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and not model:
+        raise UserError("--overwrite regenerates grids: it needs --model, not --score-only")
+    if batch < 1:
+        raise UserError(f"--batch must be >= 1 (got {batch})")
+    out = _check_out(out)
+    prompts = load_dpg_prompts() if model else None
+    if model and not overwrite:  # refuse grids of other prompts or settings before loading any model
+        known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
+                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {})}  # fmt: skip
+        check_dpg_resumable(out / "images", prompts, known)
     read_dpg_csv(csv_path)  # fail on a bad CSV before generating anything
     vqa_model = VQAModel.from_pretrained(vqa, device=device)
     root = Path(score_only) if score_only else out / "images"
     if model:
         policy = _policy(model)
         generate_dpg(
-            policy, load_dpg_prompts(), root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), seed=seed
-        )
-    result = score_dpg_folder(root, csv_path, vqa_model, out)
+            policy, prompts, root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), seed=seed,
+            model=model_identity(model), overwrite=overwrite,
+        )  # fmt: skip
+    items = [str(p["item_id"]) for p in prompts] if model else None
+    result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
     click.echo(format_dpg_summary(result))

@@ -73,6 +73,13 @@ def pretrain_cmd(
       t2i-gcpo pretrain --out my_shapeworld --seed 1
       t2i-gcpo sample --model my_shapeworld --prompts prompts/shapeworld_test.txt --out samples/
     """
+    from t2i_gcpo.config import check_finite
+    from t2i_gcpo.errors import check_writable_dir
+
+    check_writable_dir(out, "--out")  # bad input fails now, not after minutes of training
+    if cfg_scale is not None:
+        check_finite("--cfg", cfg_scale)
+
     import torch
 
     from t2i_gcpo.policies.ar import ARConfig

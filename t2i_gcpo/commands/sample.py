@@ -15,7 +15,7 @@ import click
     type=click.Path(dir_okay=False),
     help=".txt or .jsonl prompt file.",
 )
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", required=True, help="Output folder.")
 @click.option(
     "--model", default="shapeworld", show_default=True, help='"shapeworld" (shipped) or a checkpoint folder.'
 )
@@ -29,6 +29,12 @@ import click
 @click.option(
     "--grid-scale", default=4, show_default=True, type=click.IntRange(min=1), help="Upscaling of grid.png."
 )
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Regenerate: delete the prompt folders (OUT/00000/, …) already in OUT first. Without it, a run "
+    "resumes only into folders made for the same prompts, model, seed, CFG, temperature, top-k and --n.",
+)
 def sample_cmd(
     prompts_path: str,
     out: str,
@@ -39,13 +45,16 @@ def sample_cmd(
     top_k: int,
     seed: int,
     grid_scale: int,
+    overwrite: bool,
 ) -> None:
     """Sample images for every prompt of a prompt file.
 
     Writes GenEval's layout at native resolution (OUT/00000/metadata.jsonl,
-    OUT/00000/samples/0000.png, …; resumable: written images are kept) and OUT/grid.png (each
-    prompt's images side by side, several prompts per row, upscaled ×--grid-scale with nearest
-    neighbour).
+    OUT/00000/samples/0000.png, …, and OUT/00000/generation.json, the settings) and OUT/grid.png
+    (each prompt's images side by side, several prompts per row, upscaled ×--grid-scale with nearest
+    neighbour). Resumable: written images are kept when OUT was made for the same prompts and
+    settings; otherwise the run stops with an error (--overwrite regenerates). Every prompt must fit
+    the task's templates; nothing is written otherwise.
 
     \b
     Example:
@@ -54,20 +63,30 @@ def sample_cmd(
     import numpy as np
     from PIL import Image
 
+    from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.eval.geneval import generate_geneval
-    from t2i_gcpo.eval.layout import iter_layout
+    from t2i_gcpo.eval.layout import model_identity, sample_path
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
-    metadata = read_prompt_file(prompts_path, strict=False)
+    out_dir = check_writable_dir(out, "--out")  # before loading anything
+    texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
     policy = load_policy(model).eval()
-    policy.check_prompts([m["prompt"] for m in metadata])  # fail before sampling anything
+    policy.check_prompts(texts)  # every word the model cannot take, at once
+    # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
+    metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
     s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-    generate_geneval(policy, metadata, out, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
-                     temperature=temperature, top_k=top_k, seed=seed)  # fmt: skip
+    generate_geneval(policy, metadata, out_dir, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
+                     temperature=temperature, top_k=top_k, seed=seed, model=model_identity(model),
+                     overwrite=overwrite)  # fmt: skip
     images = np.stack(
-        [np.asarray(Image.open(p).convert("RGB")) for _, _, paths in iter_layout(out) for p in paths]
+        [
+            np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
+            for i in range(len(metadata))
+            for k in range(n_images)
+        ]
     )
     cols = min(len(images), n_images * max(1, 16 // n_images))  # whole groups per row, ≈ 16 images wide
     Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(os.path.join(out, "grid.png"))

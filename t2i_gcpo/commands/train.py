@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
   t2i-gcpo train --prompts my.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
+  t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
   t2i-gcpo train --help-config                               # every config key, default and meaning
 """
@@ -68,7 +70,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     default=None,
     metavar="DIR",
-    help="Continue the run in DIR from its last checkpoint.",
+    help="Continue the run in DIR from its last checkpoint (with --steps N: to N steps in all).",
 )
 @click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
               help="List every config key with its default and meaning.")  # fmt: skip
@@ -92,7 +94,7 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
         job = prepare(algo=algo, config_file=config_file, flags=flags, overrides=overrides)
     try:
         run(job)  # prints each held-out evaluation and the run directory
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         leave_process_group()
-        sys.exit(130)
+        sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
     leave_process_group()

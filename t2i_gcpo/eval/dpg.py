@@ -15,6 +15,7 @@ The original VQA model (mPLUG-large) is not in transformers, so results are labe
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -31,7 +32,13 @@ from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval.geneval import generate_images
-from t2i_gcpo.eval.layout import atomic_save_image
+from t2i_gcpo.eval.layout import (
+    SETTINGS_NAME,
+    atomic_save_image,
+    atomic_write_json,
+    generation_settings,
+    settings_mismatch,
+)
 from t2i_gcpo.policies.base import Policy
 from t2i_gcpo.tasks.loop import group_generators
 
@@ -351,11 +358,30 @@ def score_dpg_folder(
     vqa: VQA,
     out_dir: str | os.PathLike,
     *,
+    items: Sequence[str] | None = None,
     progress: bool = True,
 ) -> dict:
-    """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl, summary.txt/json."""
+    """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl, summary.txt/json.
+
+    After a generation, pass its item ids as `items`: exactly those grids are scored, and a missing
+    one or a stale grid of another run in `root` is a UserError."""
     questions = read_dpg_csv(csv_path)
-    result = score_dpg(dpg_image_paths(root), questions, vqa, progress=progress)
+    paths = dpg_image_paths(root)
+    if items is not None:
+        items = [str(i) for i in items]
+        extra = sorted(set(paths) - set(items))
+        if extra:
+            raise UserError(
+                f"{root} holds {len(extra)} grid(s) not of this run (first: {extra[0]}.png), left by another "
+                "run; use --overwrite to regenerate, or another --out"
+            )
+        missing = [i for i in items if i not in paths]
+        if missing:
+            raise UserError(
+                f"{root}: {missing[0]}.png is missing ({len(missing)} grid(s)); finish generation"
+            )
+        paths = {i: paths[i] for i in items}
+    result = score_dpg(paths, questions, vqa, progress=progress)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
@@ -372,6 +398,44 @@ def score_dpg_folder(
 # ---------------------------------------------------------------------------------------------
 
 
+def _prompt_hash(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None) -> None:
+    """Refuse (UserError, one line) to generate into `root` unless its grids were made for this run's
+    prompts (item id → same prompt text) with the same `settings` (only the keys given are compared),
+    as recorded in `<root>/generation.json`, and no grid lies outside this run's items."""
+    hint = "use --overwrite to regenerate, or another --out"
+    grids = dpg_image_paths(root) if Path(root).is_dir() else {}
+    record_path = Path(root) / SETTINGS_NAME
+    if not record_path.is_file():
+        if grids:
+            raise UserError(
+                f"{root} holds {len(grids)} grid(s) but no {SETTINGS_NAME} (written by another tool or an "
+                f"older version), so how they were made is unknown; {hint}"
+            )
+        return
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        recorded, hashes = dict(record["settings"]), dict(record["items"])
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{record_path}: not a generation record; {hint}") from None
+    why = settings_mismatch(recorded, settings or {})
+    if why and grids:
+        raise UserError(f"{root}: grids {why}; {hint}")
+    wanted = {str(p["item_id"]): p["prompt"] for p in prompts}
+    for item in sorted(set(grids) & set(wanted)):
+        if hashes.get(item) != _prompt_hash(wanted[item]):
+            raise UserError(f"{grids[item]} was made for another prompt than this run's {item}; {hint}")
+    extra = sorted(set(grids) - set(wanted))
+    if extra:
+        raise UserError(
+            f"{root} holds {len(extra)} grid(s) not among this run's {len(wanted)} prompt(s) "
+            f"(first: {extra[0]}.png), left by another run; {hint}"
+        )
+
+
 def generate_dpg(
     policy: Policy,
     prompts: Sequence[dict],
@@ -382,13 +446,18 @@ def generate_dpg(
     temperature: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
+    model: str | None = None,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> int:
     """Write 4 images per prompt as one 2×2 grid `<root>/<item_id>.png`; returns grids written.
 
     `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `batch` prompts per
-    ``policy.rollout`` call. Resumable: existing grids are kept. Prompt i samples from its own
-    generator (seed, i), so a grid does not depend on `batch` or on its batch-mates.
+    ``policy.rollout`` call. `<root>/generation.json` records the settings (`model` identity, default
+    the policy's class name; seed, CFG scale, temperature, top-k) and a hash of each item's prompt.
+    Resumable: existing grids are kept when made for the same prompts and settings, else refused
+    (UserError); ``overwrite=True`` removes the grids first. Prompt i samples from its own generator
+    (seed, i), so a grid does not depend on `batch` or on its batch-mates.
     """
     if batch < 1:
         raise UserError(f"batch must be >= 1, got {batch}")
@@ -398,8 +467,26 @@ def generate_dpg(
         if not _SAFE_ID.match(str(p["item_id"])):
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
+    settings = generation_settings(
+        model or type(policy).__name__,
+        seed=seed,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        n=4,
+    )
     root = Path(root)
+    if overwrite:
+        for path in dpg_image_paths(root).values() if root.is_dir() else ():
+            path.unlink()
+    else:
+        check_dpg_resumable(root, prompts, settings)
     root.mkdir(parents=True, exist_ok=True)
+    # recorded before any grid is written: this run's settings and prompts (a superset of the grids kept)
+    atomic_write_json(
+        root / SETTINGS_NAME,
+        {"settings": settings, "items": {str(p["item_id"]): _prompt_hash(p["prompt"]) for p in prompts}},
+    )
     written = 0
     bar = tqdm(total=len(prompts), desc="DPG-Bench generate", unit="prompt", disable=not progress)
     for start in range(0, len(prompts), batch):

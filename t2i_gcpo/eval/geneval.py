@@ -27,7 +27,18 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.layout import existing_samples, iter_layout, write_prompt_folder
+from t2i_gcpo.eval.layout import (
+    check_resumable,
+    clear_layout,
+    existing_samples,
+    folder_images,
+    generation_settings,
+    iter_layout,
+    metadata_mismatch,
+    prompt_folders,
+    read_metadata,
+    write_prompt_folder,
+)
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.scoring import geneval_rules
 from t2i_gcpo.scoring.detections import Detection
@@ -94,13 +105,19 @@ def generate_geneval(
     temperature: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
+    model: str | None = None,
+    overwrite: bool = False,
     progress: bool = True,
 ) -> int:
     """Generate `n` images per prompt into GenEval's layout under `root`; returns images written.
 
-    `batch` prompts go to one ``policy.rollout`` call (batch × n images). Resumable: batches whose
-    prompts already have `n` samples are skipped, and a partly written batch is regenerated with the
-    same generators (prompt i's is seeded by (seed, "generate", i)), only its missing files being written.
+    `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder records the
+    settings (`model`, an identity such as `layout.model_identity(--model)`, default the policy's class
+    name; seed, CFG scale, temperature, top-k, n) in generation.json. Resumable: prompts that already
+    have `n` samples are skipped, and a partly written batch is regenerated with the same generators
+    (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming is
+    refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
+    or lies beyond this run's prompts; ``overwrite=True`` removes all prompt folders first instead.
     """
     if n < 1 or batch < 1:
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
@@ -108,6 +125,18 @@ def generate_geneval(
         if not isinstance(m, dict) or "prompt" not in m:
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
+    settings = generation_settings(
+        model or type(policy).__name__,
+        seed=seed,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        n=n,
+    )
+    if overwrite:
+        clear_layout(root)
+    else:
+        check_resumable(root, metadata_list, settings)
     written = 0
     bar = tqdm(total=len(metadata_list) * n, desc="GenEval generate", unit="img", disable=not progress)
     for start in range(0, len(metadata_list), batch):
@@ -128,7 +157,9 @@ def generate_geneval(
         )
         for i, images in zip(idx, per_prompt):
             if i in todo:
-                write_prompt_folder(root, i, metadata_list[i], images[have[i] :], start=have[i])
+                write_prompt_folder(
+                    root, i, metadata_list[i], images[have[i] :], start=have[i], settings=settings
+                )
                 written += n - have[i]
                 bar.update(n - have[i])
     bar.close()
@@ -172,12 +203,41 @@ def score_image(
     return result, float(partial), _details(detections, colors)
 
 
+def _run_entries(
+    root: str | os.PathLike, metadata_list: Sequence[dict], n: int | None
+) -> list[tuple[int, dict, list[Path]]]:
+    """`iter_layout` restricted to, and checked against, one run's prompts."""
+    folders = prompt_folders(root)
+    extra = sorted(i for i in folders if i >= len(metadata_list))
+    if extra:
+        raise UserError(
+            f"{root} holds {len(extra)} prompt folder(s) beyond this run's {len(metadata_list)} prompt(s) "
+            f"(first: {folders[extra[0]].name}); use --overwrite to regenerate, or another --out"
+        )
+    entries = []
+    for i, wanted in enumerate(metadata_list):
+        folder = folders.get(i)
+        if folder is None:
+            raise UserError(f"{root}: prompt folder {i:05d} is missing; finish generation")
+        metadata = read_metadata(folder)
+        why = metadata_mismatch(folder, metadata, wanted)
+        if why:
+            raise UserError(f"{why}; use --overwrite to regenerate, or another --out")
+        images = folder_images(folder)
+        if n is not None and images and len(images) != n:
+            raise UserError(f"{folder} holds {len(images)} image(s), this run makes {n} per prompt")
+        entries.append((i, metadata, images))
+    return entries
+
+
 def score_geneval_folder(
     root: str | os.PathLike,
     detector: Detector,
     color_classifier: ColorClassifier | None,
     out_dir: str | os.PathLike,
     *,
+    metadata_list: Sequence[dict] | None = None,
+    n: int | None = None,
     progress: bool = True,
 ) -> dict:
     """Score every image of the GenEval-layout folder `root`; write results and summary to `out_dir`.
@@ -185,8 +245,12 @@ def score_geneval_folder(
     `detector`: PIL image → list[Detection] (e.g. `Mask2FormerDetector`); `color_classifier`: has
     ``color_of(image)`` (e.g. `ClipColorClassifier`), or None to use `Detection.color`. Returns the
     summary dict of `geneval_rules.summarize` (per-tag scores and the overall mean of the tags).
+
+    After a generation, pass its `metadata_list` (and images per prompt `n`): the folder must then hold
+    exactly those prompts, in order (and `n` images each); anything else is a UserError, so a stale
+    folder left by another run is never scored.
     """
-    entries = list(iter_layout(root))
+    entries = list(iter_layout(root)) if metadata_list is None else _run_entries(root, metadata_list, n)
     empty = [f"{i:05d}" for i, _, paths in entries if not paths]
     if empty:
         raise UserError(

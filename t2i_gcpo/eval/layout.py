@@ -1,11 +1,14 @@
 """GenEval's folder layout for generated images (SPEC §8), readable by the official scorer.
 
     <root>/00000/metadata.jsonl      the prompt's metadata, one JSON line
+    <root>/00000/generation.json     how the images were made (model, seed, CFG, …; ours, not GenEval's)
     <root>/00000/samples/0000.png    4 images per prompt by default
     <root>/00001/...
 
 Writes are atomic (temporary name, then rename), so an interrupted generation leaves only whole
-files behind and can resume from `existing_samples`.
+files behind and can resume from `existing_samples`. A generation resumes only into prompt folders
+made for the same prompt and settings (`check_resumable`); anything else is refused, or cleared first
+with `clear_layout` (``--overwrite``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from PIL import Image
@@ -21,6 +25,7 @@ from PIL import Image
 from t2i_gcpo.errors import UserError
 
 METADATA_NAME = "metadata.jsonl"
+SETTINGS_NAME = "generation.json"
 SAMPLES_DIR = "samples"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 _INDEX_RE = re.compile(r"^\d+$")
@@ -51,6 +56,181 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    """Write `obj` as JSON at `path` through a temporary file and a rename."""
+    _atomic_write_text(Path(path), json.dumps(obj, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# output folders
+# ---------------------------------------------------------------------------------------------
+
+
+def model_identity(spec: str) -> str:
+    """A `--model` spec as recorded with generated images: shipped names ("shapeworld") as given, paths
+    made absolute (keeping a "janus:" prefix), so the same checkpoint reached by another path compares
+    equal. (A checkpoint rewritten in place keeps its identity: use --overwrite after retraining.)"""
+    from t2i_gcpo.policies.ar import SHIPPED
+
+    if spec in SHIPPED:
+        return spec
+    prefix = "janus:" if spec.startswith("janus:") else ""
+    return prefix + os.path.realpath(os.path.expanduser(spec.removeprefix("janus:")))
+
+
+def generation_settings(
+    model: str, *, seed: int, cfg_scale: float, temperature: float, top_k: int, n: int
+) -> dict:
+    """The settings recorded next to generated images; a folder resumes only with equal settings."""
+    return {
+        "model": model,
+        "seed": int(seed),
+        "cfg_scale": float(cfg_scale),
+        "temperature": float(temperature),
+        "top_k": int(top_k),
+        "n": int(n),
+    }
+
+
+def settings_mismatch(recorded: Mapping, wanted: Mapping) -> str | None:
+    """For the first key of `wanted` whose value `recorded` holds differently (keys absent from `wanted`
+    are not compared): "made with key=old, this run asks for key=new". None when all agree."""
+    for key, value in wanted.items():
+        old = recorded.get(key, "(not recorded)")
+        if json.loads(json.dumps(old)) != json.loads(json.dumps(value)):
+            return f"made with {key}={old!r}, this run asks for {key}={value!r}"
+    return None
+
+
+def read_settings(folder: str | os.PathLike) -> dict | None:
+    """The recorded generation settings of a prompt folder, or None when there are none."""
+    path = Path(folder) / SETTINGS_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path}: not valid JSON; use --overwrite to regenerate") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object; use --overwrite to regenerate")
+    return data
+
+
+def prompt_folders(root: str | os.PathLike) -> dict[int, Path]:
+    """`<root>/<digits>/` folders keyed by index (empty when `root` does not exist)."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {int(p.name): p for p in root.iterdir() if p.is_dir() and _INDEX_RE.match(p.name)}
+
+
+def folder_images(folder: str | os.PathLike) -> list[Path]:
+    """The images of one prompt folder (`samples/*.png|jpg|…`, not hidden), sorted by name."""
+    samples = Path(folder) / SAMPLES_DIR
+    if not samples.is_dir():
+        return []
+    return sorted(
+        p for p in samples.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
+    )
+
+
+def _folder_metadata(folder: Path) -> dict | None:
+    path = folder / METADATA_NAME
+    if not path.is_file():
+        return None
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return json.loads(lines[0]) if lines else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def metadata_mismatch(folder: Path, found: dict | None, wanted: dict) -> str | None:
+    """Why prompt folder `folder` (metadata `found`) does not hold prompt `wanted`, or None."""
+    wanted = json.loads(json.dumps(wanted))
+    if found == wanted:
+        return None
+    if not isinstance(found, dict) or "prompt" not in found:
+        return f"{folder} holds no readable {METADATA_NAME}"
+    if found.get("prompt") != wanted.get("prompt"):
+        return f"{folder} holds prompt {found.get('prompt')!r}, this run's prompt {folder.name} is {wanted.get('prompt')!r}"
+    return f"{folder} holds {found.get('prompt')!r} with other metadata than this run's"
+
+
+def check_resumable(
+    root: str | os.PathLike, metadata_list: Sequence[dict], settings: Mapping | None = None
+) -> None:
+    """Refuse (UserError, one line) to generate into `root` unless every existing prompt folder was made
+    for this run's prompt at that index (same metadata) with the same `settings` (only the keys given
+    are compared; None compares none), and no folder lies beyond this run's prompts."""
+    hint = "use --overwrite to regenerate, or another --out"
+    folders = prompt_folders(root)
+    for i, folder in sorted(folders.items()):
+        if i >= len(metadata_list):
+            break
+        images = folder_images(folder)
+        meta = _folder_metadata(folder)
+        if meta is None and not images and not (folder / SETTINGS_NAME).exists():
+            continue  # an empty folder: nothing to trust or to lose
+        why = metadata_mismatch(folder, meta, metadata_list[i])
+        if why:
+            raise UserError(f"{why}; {hint}")
+        if not images:
+            continue  # settings are (re)written before its first image
+        recorded = read_settings(folder)
+        if recorded is None:
+            raise UserError(
+                f"{folder} holds images but no {SETTINGS_NAME} (written by another tool or an older "
+                f"version), so how they were made is unknown; {hint}"
+            )
+        why = settings_mismatch(recorded, settings or {})
+        if why:
+            raise UserError(f"{folder}: images {why}; {hint}")
+    extra = sorted(i for i in folders if i >= len(metadata_list))
+    if extra:
+        raise UserError(
+            f"{root} holds {len(extra)} prompt folder(s) beyond this run's {len(metadata_list)} prompt(s) "
+            f"(first: {folders[extra[0]].name}), left by another run; {hint}"
+        )
+
+
+_PROMPT_FOLDER_FILES = {METADATA_NAME, SETTINGS_NAME, SAMPLES_DIR, "grid.png", "grid.jpg"}
+
+
+def _foreign_entries(folder: Path) -> list[Path]:
+    """Entries of a prompt folder that generation did not write (hidden temporary files count as ours)."""
+    foreign = [
+        p for p in folder.iterdir() if p.name not in _PROMPT_FOLDER_FILES and not p.name.startswith(".")
+    ]
+    samples = folder / SAMPLES_DIR
+    if samples.is_dir():
+        foreign += [
+            p
+            for p in samples.iterdir()
+            if not p.name.startswith(".") and not (p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        ]
+    elif samples.exists():
+        foreign.append(samples)
+    return foreign
+
+
+def clear_layout(root: str | os.PathLike) -> int:
+    """Remove every prompt folder `<root>/<digits>/` (``--overwrite``); other entries of `root` are kept.
+    Refuses (UserError, before removing anything) when a prompt folder holds files generation does not
+    write, so a mistyped --out cannot wipe unrelated numbered folders. Returns the folders removed."""
+    folders = prompt_folders(root)
+    for folder in sorted(folders.values()):
+        foreign = _foreign_entries(folder)
+        if foreign:
+            raise UserError(
+                f"--overwrite: {folder} is not only generated images (it holds {foreign[0].name}); "
+                "remove it yourself or choose another --out"
+            )
+    for folder in folders.values():
+        shutil.rmtree(folder)
+    return len(folders)
+
+
 def write_prompt_folder(
     root: str | os.PathLike,
     index: int,
@@ -58,16 +238,20 @@ def write_prompt_folder(
     images: list[Image.Image],
     *,
     start: int = 0,
+    settings: Mapping | None = None,
 ) -> list[Path]:
-    """Write one prompt's folder: its metadata line and `images` as samples start, start+1, ….
+    """Write one prompt's folder: its generation `settings` (when given), its metadata line and `images`
+    as samples start, start+1, ….
 
-    Samples that already exist are left untouched (resumable generation). Returns the paths of
-    all samples written or kept, in order.
+    Samples that already exist are left untouched (resumable generation; `check_resumable` says whether
+    they may be trusted). Returns the paths of all samples written or kept, in order.
     """
     if index < 0:
         raise ValueError(f"prompt index must be >= 0, got {index}")
     folder = prompt_dir(root, index)
     (folder / SAMPLES_DIR).mkdir(parents=True, exist_ok=True)
+    if settings is not None and read_settings(folder) != json.loads(json.dumps(dict(settings))):
+        atomic_write_json(folder / SETTINGS_NAME, dict(settings))  # before any image
     meta_path = folder / METADATA_NAME
     if not meta_path.exists():
         _atomic_write_text(meta_path, json.dumps(metadata) + "\n")
@@ -123,15 +307,4 @@ def iter_layout(root: str | os.PathLike) -> Iterator[tuple[int, dict, list[Path]
             f"<root>/00000/{SAMPLES_DIR}/0000.png"
         )
     for index, folder in folders:
-        metadata = read_metadata(folder)
-        samples = folder / SAMPLES_DIR
-        images = (
-            sorted(
-                p
-                for p in samples.iterdir()
-                if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")
-            )
-            if samples.is_dir()
-            else []
-        )
-        yield index, metadata, images
+        yield index, read_metadata(folder), folder_images(folder)

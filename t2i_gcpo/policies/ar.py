@@ -31,6 +31,7 @@ ShapeWorld test prompts at its default CFG scale 3 (4 images each; pretrain.json
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,7 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, check_file
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import (
@@ -50,7 +51,7 @@ from t2i_gcpo.policies.sampling import (
     group_uniforms,
     sample_step,
 )
-from t2i_gcpo.tokenizers.vq import VQTokenizer
+from t2i_gcpo.tokenizers.vq import VQTokenizer, load_weights, read_config
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 SHIPPED = {"shapeworld": os.path.join(ASSETS, "shapeworld")}  # names resolved to shipped checkpoints
@@ -303,22 +304,36 @@ class ARPolicy(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str) -> ARPolicy:
-        from safetensors.torch import load_file
-
+        """Load a `save_pretrained` folder. Every way a file can be missing, misplaced (a folder where a
+        file belongs), truncated, malformed or hold NaN/inf weights is a `UserError` naming the file."""
         prior = os.path.join(path, "prior")
         need = [os.path.join(prior, n) for n in ("config.json", "model.safetensors", "vocab.json")]
-        if not all(os.path.isfile(p) for p in need):
+        if not any(os.path.exists(p) for p in need):
             raise UserError(
                 f"{path} is not an AR policy checkpoint (needs prior/config.json, model.safetensors, vocab.json)"
             )
-        with open(need[0]) as f:
-            raw = json.load(f)
-        raw.pop("model_type", None)
-        raw["grid"] = tuple(raw["grid"])
+        for p in need:
+            check_file(p)
+        raw = read_config(need[0], "model_type", "t2i_gcpo_ar")
         vq = VQTokenizer.from_pretrained(os.path.join(path, "vq"))
-        model = cls(ARConfig(**raw), PromptTokenizer.load(prior), vq)
-        state = {k: v.float() for k, v in load_file(need[1]).items()}
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            tokenizer = PromptTokenizer.load(prior)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise UserError(f"{need[2]}: not a prompt vocabulary ({type(e).__name__}: {e})") from None
+        try:
+            config = ARConfig(**{**raw, "grid": tuple(raw.get("grid", ARConfig().grid))})
+            if not math.isfinite(float(config.default_cfg_scale)):
+                raise ValueError(f"default_cfg_scale must be a finite number, got {config.default_cfg_scale}")
+            model = cls(config, tokenizer, vq)
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
+            raise UserError(f"{need[0]}: not an AR policy config: {' '.join(str(e).split())}") from None
+        state = load_weights(need[1])
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as e:  # shapes differ from the config
+            raise UserError(
+                f"{need[1]}: the weights do not match {need[0]}: {' '.join(str(e).split())[:300]}"
+            ) from None
         missing = [k for k in missing if not k.startswith("vq.")]
         if missing or unexpected:
             raise UserError(
@@ -330,6 +345,8 @@ class ARPolicy(nn.Module):
 def resolve_checkpoint(name_or_path: str) -> str:
     """ "shapeworld" → the shipped checkpoint directory; anything else must be a local directory."""
     path = SHIPPED.get(name_or_path, name_or_path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"model {name_or_path!r}: {path} is a file, expected a checkpoint directory")
     if not os.path.isdir(path):
         raise UserError(f"model {name_or_path!r}: no such directory {path}")
     return path

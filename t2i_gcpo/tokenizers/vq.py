@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, check_file, read_json
 
 
 @dataclass
@@ -222,21 +222,70 @@ class VQTokenizer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str) -> VQTokenizer:
-        from safetensors.torch import load_file
-
         cfg_path = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_path) or not os.path.isfile(os.path.join(path, "model.safetensors")):
-            raise UserError(
-                f"{path} is not a VQ tokenizer checkpoint (needs config.json and model.safetensors)"
+        weights = os.path.join(path, "model.safetensors")
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UserError(f"{path} is a file, expected a VQ tokenizer checkpoint folder")
+        if not os.path.exists(cfg_path) and not os.path.exists(weights):
+            why = (
+                "no such directory" if not os.path.isdir(path) else "needs config.json and model.safetensors"
             )
-        with open(cfg_path) as f:
-            raw = json.load(f)
-        raw.pop("model_type", None)
-        raw["channels"] = tuple(raw["channels"])
-        model = cls(VQConfig(**raw))
-        state = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
-        model.load_state_dict(state)
+            raise UserError(f"{path} is not a VQ tokenizer checkpoint ({why})")
+        raw = read_config(cfg_path, "model_type", "t2i_gcpo_vq")
+        try:
+            config = VQConfig(**{**raw, "channels": tuple(raw.get("channels", VQConfig.channels))})
+            model = cls(config)
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
+            raise UserError(f"{cfg_path}: not a VQ tokenizer config: {_one_line(e)}") from None
+        state = load_weights(weights)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise UserError(f"{weights}: the weights do not match {cfg_path}: {_one_line(e)}") from None
         return model.eval()
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def read_config(path: str, type_key: str | None = None, expected: str | None = None) -> dict:
+    """A checkpoint's ``config.json`` as a dict, the `type_key` entry removed (and checked against
+    `expected` when it is there); a `UserError` naming the file if it is missing, a directory or not
+    a JSON object."""
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a JSON object of config keys, got {type(raw).__name__}")
+    found = raw.pop(type_key, None) if type_key else None
+    if expected is not None and found is not None and found != expected:
+        raise UserError(f"{path}: {type_key} is {found!r}, expected {expected!r}")
+    return raw
+
+
+def load_weights(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, floating ones upcast to float32. A `UserError` naming the
+    file if it is missing, a directory, truncated or otherwise unreadable, or if a tensor holds NaN
+    or inf (a damaged file: sampling would fail later with a NaN traceback)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    check_file(path)
+    try:
+        raw = load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise UserError(
+            f"{path}: cannot read the weights (truncated or damaged file?): {_one_line(e)}"
+        ) from None
+    state = {}
+    for k, v in raw.items():
+        if v.is_floating_point():
+            v = v.float()
+            if not bool(torch.isfinite(v).all()):
+                bad = int((~torch.isfinite(v)).sum())
+                raise UserError(f"{path}: tensor {k} holds {bad} NaN/inf values (damaged weights?)")
+        state[k] = v
+    return state
 
 
 def train_vq(

@@ -1,12 +1,16 @@
 """Checkpoints of a run: policy weights (safetensors, via the adapter's save_pretrained), optimizer
 state and the trainer state. Each is written to a temporary directory and renamed into place, so a
-crash or Ctrl-C never leaves a half-written checkpoint behind.
+crash or Ctrl-C never leaves a half-written checkpoint behind; the ``checkpoints/latest`` pointer
+is replaced atomically, and a missing or damaged pointer falls back to the newest complete step.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +19,26 @@ import torch
 from t2i_gcpo.errors import UserError
 
 KEEP_LAST = 2
+STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and `os.replace`: a
+    reader sees the old content or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def save_checkpoint(
@@ -33,27 +53,71 @@ def save_checkpoint(
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    (run_dir / "checkpoints" / "latest").write_text(final.name + "\n")
-    for old in sorted(p for p in (run_dir / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))[
-        :-KEEP_LAST
-    ]:
-        shutil.rmtree(old, ignore_errors=True)
+    atomic_write_text(run_dir / "checkpoints" / "latest", final.name + "\n")
+    for old in _step_dirs(run_dir)[:-KEEP_LAST]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _step_dirs(run_dir: Path) -> list[Path]:
+    """The run's checkpoint folders ``step_NNNNNN`` (not the ``.tmp`` ones), oldest first."""
+    root = run_dir / "checkpoints"
+    found = (
+        [p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)] if root.is_dir() else []
+    )
+    return sorted(found, key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
+
+
+def is_complete(ckpt: Path) -> bool:
+    """A checkpoint folder with a readable trainer state, the optimizer state and the model folder."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(state, dict)
+        and isinstance(state.get("step"), int)
+        and (ckpt / "optimizer.pt").is_file()
+        and (ckpt / "model").is_dir()
+    )
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` names; if that pointer is missing, unreadable or names an
+    incomplete checkpoint, the newest complete ``step_*`` folder; None when there is none."""
     pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
-    if not (path / "trainer_state.json").is_file():
-        raise UserError(f"checkpoint {path} is incomplete (no trainer_state.json)")
-    return path
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, ValueError):
+        name = ""
+    if STEP_DIR.fullmatch(name) and is_complete(pointer.parent / name):
+        return pointer.parent / name
+    for ckpt in reversed(_step_dirs(run_dir)):
+        if is_complete(ckpt):
+            return ckpt
+    return None
 
 
 def load_trainer_state(ckpt: Path) -> dict:
     return json.loads((ckpt / "trainer_state.json").read_text())
 
 
+def mark_finished(ckpt: Path) -> None:
+    """Record in a checkpoint's trainer state that the run ended there: trained, evaluated, reported."""
+    state = load_trainer_state(ckpt)
+    if not state.get("finished"):
+        atomic_write_text(ckpt / "trainer_state.json", json.dumps({**state, "finished": True}, indent=1))
+
+
 def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+    path = ckpt / "optimizer.pt"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError … on a damaged file
+        message = " ".join(str(e).split())[:200]
+        raise UserError(f"{path}: cannot read the optimizer state (damaged file?): {message}") from None
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None

@@ -40,6 +40,8 @@ def run_credit_maps(
     from t2i_gcpo.viz.credit_map import credit_figure, write_credit_html
     from t2i_gcpo.viz.lift import credit_lift, lift_table
 
+    if limit is not None and limit < 1:
+        raise UserError(f"limit must be >= 1 (got {limit})")
     cfg = TrainConfig()
     policy = load_policy(model).eval()
     task = get_task(policy.default_task)

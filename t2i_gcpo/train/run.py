@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.config import TrainConfig, from_dict, load_config
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.config import TrainConfig, _read_yaml, from_dict, load_config
+from t2i_gcpo.errors import UserError, check_writable_dir
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Job:
     reward: Any
     task: Any
     resume: bool
+    finished: str | None = None  # a resumed run that has nothing left to do: the line to print
 
 
 def local_device() -> str:
@@ -34,20 +35,16 @@ def local_device() -> str:
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
             overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None) -> Job:  # fmt: skip
-    import yaml
-
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
 
     if resume_dir is not None:
-        saved = resume_dir / "config.yaml"
-        if not saved.is_file():
-            raise UserError(f"cannot resume: {saved} not found (is {resume_dir} a run directory?)")
-        cfg = from_dict(yaml.safe_load(saved.read_text()))
-        if steps is not None:
-            cfg.steps = steps
+        cfg, finished = _resume_config(resume_dir, steps)
+        if finished:
+            return Job(cfg, resume_dir, [], None, None, None, None, resume=True, finished=finished)
         run_dir = resume_dir
+        check_writable_dir(run_dir, "run directory")
     else:
         cfg = load_config(algo, config_file, flags, overrides)
         run_dir = Path(cfg.out) if cfg.out else None
@@ -55,6 +52,8 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             raise UserError(
                 f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
             )
+        # before any work: an --out that is a file or cannot be written fails now, not at the first save
+        check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
     policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
     task = get_task(cfg.task)
@@ -75,8 +74,52 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume_dir is not None)
 
 
+def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:
+    """The saved config of the run in `run_dir` (steps replaced by `steps` when given) and, when the
+    run has already finished those steps, the one line that says so. Reads only."""
+    from t2i_gcpo.train.checkpoint import latest_checkpoint, load_trainer_state
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"cannot resume: {run_dir} is a file, not a run directory")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
+    cfg = from_dict(_read_yaml(saved))
+    if steps is not None:
+        if steps < 0:
+            raise UserError(f"--steps must be ≥ 0, got {steps}")
+        cfg.steps = steps
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise UserError(f"cannot resume: {run_dir} has no checkpoint (the run stopped before its first save)")
+    state = load_trainer_state(ckpt)
+    done = state["step"]
+    if done > cfg.steps:
+        given = "--steps" if steps is not None else "its saved config's steps"
+        raise UserError(
+            f"cannot resume: {run_dir} has trained {done} steps, more than {given} ({cfg.steps}); "
+            f"give --steps N with N ≥ {done}"
+        )
+    if done == cfg.steps and state.get("finished"):
+        return cfg, (
+            f"{run_dir} already finished its {cfg.steps} steps; nothing to do "
+            f"(train longer with: t2i-gcpo train --resume {run_dir} --steps N)"
+        )
+    return cfg, None
+
+
 def run(job: Job) -> dict:
+    """Train (or, for a finished run, print so); the held-out scores at the end ({} when none)."""
+    import json
+    import os
+
     from t2i_gcpo.train.trainer import Trainer
+
+    if job.finished:
+        if int(os.environ.get("RANK", 0)) == 0:  # one line, also under `accelerate launch`
+            print(job.finished)
+        final = job.run_dir / "eval.json"
+        return json.loads(final.read_text()) if final.is_file() else {}
 
     trainer = Trainer(
         job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts, job.resume

@@ -1,7 +1,7 @@
 """The RL loop: rollout → decode → reward → advantages → credit → clipped loss → optimizer step.
 
 `train_step` is the algorithm and reads top to bottom; `Trainer` holds the boilerplate
-(accelerate, prompts, logging, checkpoints, resume, Ctrl-C) and stays out of its way.
+(accelerate, prompts, logging, checkpoints, resume, Ctrl-C and SIGTERM) and stays out of its way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
-from t2i_gcpo.train.checkpoint import latest_checkpoint, load_optimizer, load_trainer_state, save_checkpoint
+from t2i_gcpo.train.checkpoint import (
+    atomic_write_text,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_optimizer,
+    load_trainer_state,
+    mark_finished,
+    save_checkpoint,
+)
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import unwrap
@@ -213,8 +221,20 @@ def token_entropy(dists: Any, mask: torch.Tensor) -> float:
 # ============================================================================ boilerplate: setup, logging, checkpoints
 
 
-class StopRequested(KeyboardInterrupt):
-    """Ctrl-C honoured at a step boundary: every process stops there together, after the checkpoint."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; schedulers, `docker stop`, systemd, `kill`
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT or SIGTERM); `signum` gives the exit status 128 + signum."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__()
+        self.signum = signum
+
+
+class StopRequested(Interrupted):
+    """A stop signal honoured at a step boundary: every process stops there together, after the
+    checkpoint."""
 
 
 class Trainer:
@@ -233,8 +253,17 @@ class Trainer:
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
         )
         acc = self.accelerator
-        if run_dir is None:  # one default name, chosen by the main process
-            run_dir = Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
+        n_proc = acc.num_processes
+        if cfg.rollout.prompts_per_step % n_proc:  # before the run directory is created
+            raise UserError(
+                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the {n_proc} processes"
+            )
+        if run_dir is None:  # one default name, created (exclusively) by the main process
+            run_dir = (
+                claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+                if acc.is_main_process
+                else Path()
+            )
         self.run_dir = run_dir = (
             Path(broadcast_object_list([str(run_dir)])[0]) if acc.num_processes > 1 else run_dir
         )
@@ -242,11 +271,6 @@ class Trainer:
         if acc.is_main_process and not resume:
             prepare_run_dir(cfg, run_dir)
         acc.wait_for_everyone()
-        n_proc = acc.num_processes
-        if cfg.rollout.prompts_per_step % n_proc:
-            raise UserError(
-                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the {n_proc} processes"
-            )
         self.local_prompts = cfg.rollout.prompts_per_step // n_proc
         self.stream = PromptStream(prompts, cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -268,12 +292,15 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         if resume:
             load_optimizer(self.ckpt, self.optimizer)
+            if acc.is_main_process:  # everything loaded: only now change the run directory
+                continue_run_dir(run_dir, self.start_step, cfg.steps)
+            acc.wait_for_everyone()
         self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
         for frozen in (self.ref, self.rollout_ref):
             if frozen is not None:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
-        self.stop_requested = False
+        self.stop_requested = 0  # the stop signal received (0: none)
         self.writer = None
         if acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
@@ -308,11 +335,11 @@ class Trainer:
         from tqdm import tqdm
 
         cfg, acc = self.cfg, self.accelerator
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
                    dynamic_ncols=True)  # fmt: skip
         step = self.start_step
-        if cfg.eval_every > 0 and self.start_step == 0 and self.eval_prompts:
+        if cfg.eval_every > 0 and self.start_step == 0 and cfg.steps > 0 and self.eval_prompts:
             base, headline = self.evaluate()
             self._log(0, base, append_only=True)  # the base model: curves start at step 0
             self._announce(0, headline, bar)
@@ -335,7 +362,7 @@ class Trainer:
                 if step % cfg.save_every == 0 or step == cfg.steps or stop:
                     self.save(step)
                 if stop:
-                    raise StopRequested
+                    raise StopRequested(self.stop_requested)
         except KeyboardInterrupt as interrupt:
             bar.close()
             if acc.is_main_process:
@@ -346,7 +373,8 @@ class Trainer:
                 self._shutdown()
             raise
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             bar.close()
         self._check_replicas()
         final = {}
@@ -358,6 +386,9 @@ class Trainer:
                 (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
         self._report()
         if acc.is_main_process:
+            ckpt = checkpoint_dir(self.run_dir, cfg.steps)
+            if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
+                mark_finished(ckpt)
             bar.write(f"run directory: {self.run_dir} (open report.html)")
         self._shutdown()
         return final
@@ -397,15 +428,17 @@ class Trainer:
             if not info["replicas_equal"]:
                 raise RuntimeError(f"parameters differ across processes: {sums}")
 
-    def _on_sigint(self, *_: Any) -> None:
-        if self.stop_requested:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.stop_requested = True
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Ctrl-C or SIGTERM: finish the step, save, stop. A second one stops at once."""
+        if self.stop_requested:
+            raise Interrupted(signum)
+        self.stop_requested = signum
         if self.accelerator.is_main_process:
-            print("\nCtrl-C: finishing this step, saving a checkpoint …", flush=True)
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            print(f"\n{name}: finishing this step, saving a checkpoint …", flush=True)
 
     def _stop(self) -> bool:
-        return self.any_process(self.stop_requested)
+        return self.any_process(bool(self.stop_requested))
 
     def _gather(self, row: dict) -> dict:
         """Average per-process metrics (every process logs the same keys in the same order)."""
@@ -474,20 +507,75 @@ class Trainer:
         if self.ckpt is None:
             raise UserError(f"{self.run_dir} has no checkpoint to resume from")
         self.start_step = load_trainer_state(self.ckpt)["step"]
+        if self.start_step > self.cfg.steps:
+            raise UserError(
+                f"cannot resume: {self.run_dir} has trained {self.start_step} steps, more than steps={self.cfg.steps}"
+            )
         resumed = load_policy(str(self.ckpt / "model"), self.cfg.model_options)
         policy.load_state_dict(resumed.state_dict())
-        truncate_metrics(self.run_dir / "metrics.jsonl", self.start_step)
         return policy
 
 
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric rows written after the checkpoint being resumed (they will be recomputed)."""
-    if not path.is_file():
-        return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)[M.STEP] <= step]
-    path.write_text("".join(ln + "\n" for ln in lines))
+def claim_run_dir(base: Path) -> Path:
+    """Create `base`, or `base-2`, `base-3` … if it exists, exclusively: two runs started in the same
+    second never share a directory."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"cannot create a run directory next to {base}: too many runs share its name")
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
+
+
+def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
+    """Before a resumed run trains from `start_step` to `steps`: record `steps` in its saved config (a
+    later plain --resume continues to the same total), drop metric rows the run will write again, and
+    drop eval.json when the run goes past the end it described."""
+    import yaml
+
+    saved = run_dir / "config.yaml"
+    data = yaml.safe_load(saved.read_text())
+    if data.get("steps") != steps:
+        data["steps"] = steps
+        atomic_write_text(saved, yaml.safe_dump(data, sort_keys=False))
+    truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
+    if start_step < steps:
+        (run_dir / "eval.json").unlink(missing_ok=True)
+
+
+def _is_eval_only(row: dict) -> bool:
+    """A held-out evaluation row of its own (step 0's base model, or a run's final one)."""
+    return all(k == M.STEP or k.startswith("eval/") for k in row)
+
+
+def truncate_metrics(path: Path, step: int, redo_final: bool = False) -> None:
+    """Drop metric rows written after the checkpoint being resumed (they will be recomputed), and with
+    `redo_final` the final evaluation row at `step` too (the run is about to write it again). A
+    half-written last line (a crash mid-write) is dropped; damage anywhere else is a `UserError`."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            row_step = row[M.STEP]
+            if not isinstance(row_step, int):
+                raise TypeError(row_step)
+        except (ValueError, KeyError, TypeError):
+            if i == len(lines) - 1:
+                continue  # cut short by a crash while it was written: it will be written again
+            raise UserError(f"{path}:{i + 1}: not a metrics row (damaged file?)") from None
+        if row_step < step or (row_step == step and not (redo_final and _is_eval_only(row))):
+            kept.append(line)
+    atomic_write_text(path, "".join(ln + "\n" for ln in kept))

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from t2i_gcpo.errors import check_writable_dir
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
@@ -130,6 +131,7 @@ def pretrain(out: str, cfg: PretrainConfig | None = None,
     `evaluate(policy, test_metadata, images_per_prompt, seed)` scores the saved model on the held-out
     prompts (the command passes the ShapeWorld task's evaluation; this module stays below tasks/)."""
     cfg = cfg or PretrainConfig()
+    check_writable_dir(out, "output folder")  # before minutes of training, not at the save
     torch.manual_seed(cfg.seed)
     t_start = time.time()
     budget = None if cfg.max_minutes is None else cfg.max_minutes * 60
