@@ -69,3 +69,11 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{p} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
     except OSError as e:
         raise UserError(f"cannot read {p}: {e.strerror or e}") from None
+
+
+ECHO_CHARS = 80  # error messages show at most this many characters of user text (a prompt)
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, ending in "…" when cut (for error messages)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -199,3 +199,15 @@ def test_seeded_short_run_reproduces_pinned_metrics(tiny, tmp_path, algo):
     for key, want in PINNED[algo].items():
         got = [r[key] for r in rows]
         assert got == pytest.approx(want, abs=2e-6), (key, got)
+
+
+@pytest.mark.parametrize(
+    ("reward", "held_out"),
+    [("shapeworld", True), ("shapeworld:flow_grpo", True), ("train_fixtures:redness", False)],
+)
+def test_held_out_evaluation_follows_the_tasks_scorer(tiny, tmp_path, reward, held_out):
+    """A variant of the task's own reward keeps the default held-out prompts; another reward has none
+    unless --eval-prompts is given (its scores would not be the task's strict score)."""
+    flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward=reward, out=str(tmp_path / "r"))
+    job = prepare(algo="gcpo", flags=flags, overrides=FAST)
+    assert (job.eval_prompts is not None) == held_out

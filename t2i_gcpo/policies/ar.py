@@ -16,16 +16,19 @@ time; it is the unconditional branch of CFG and GCPO's negative context c⁻ for
 Sampling (gpt-fast style, STYLE item 6): one static KV cache for the doubled batch
 [cond rows; null rows] allocated once (transformers ``StaticCache``, filled by index), `prefill`
 then `decode_one_token` × (T − 1); both halves get the same sampled token and are split after the
-head: ℓ_cfg = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). Each step records the sampled token's log-prob under
-log_softmax(ℓ/T) of the cond, uncond and CFG logits; top-k only truncates what is sampled, the
-recorded log-probs are of the untruncated distributions (the same quantity `logprobs` recomputes).
-Measured (benchmarks/bench_sampler.py, 2 threads, 32 images with CFG, 64 tokens, 3.35 M params):
-static cache 54 images/s, transformers DynamicCache 61 (11–13 % faster on this tiny model in two
-runs), no cache (whole prefix recomputed each step, ``cache="none"``) 2.9 images/s — 19× slower.
+head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). The token is drawn by the sample step every adapter
+shares (`sampling.sample_step`: inverse CDF of the temperature-scaled, top-k/top-p-truncated guided
+distribution at a uniform pre-drawn from the prompt's own generator), so a sample depends neither on
+its batch-mates nor on the rollout batch size. Each step records the sampled token's log-prob under
+the untruncated pos, neg and guided distributions (what `logprobs` recomputes).
+Measured before the shared sample step (benchmarks/bench_sampler.py, 2 threads, 32 images with CFG,
+64 tokens, 3.35 M params): static cache 54 images/s, transformers DynamicCache 61, no cache
+(whole prefix recomputed each step, ``cache="none"``) 2.9 images/s.
 
 The shipped checkpoint (``load_policy("shapeworld")`` → t2i_gcpo/assets/shapeworld, 8.4 MB of fp16
-safetensors, built by ``t2i-gcpo pretrain``) scores 0.630 strict / 0.729 partial on the 76 held-out
-ShapeWorld test prompts at its default CFG scale 3 (4 images each; pretrain.json holds the table).
+safetensors, built by ``t2i-gcpo pretrain``) scores 0.609 strict / 0.741 partial on the 76 held-out
+ShapeWorld test prompts at its default CFG scale 3 (16 images each, README). pretrain.json holds the
+table measured at pretraining time, with the sampler of then (0.630 / 0.729 at 4 images each).
 """
 
 from __future__ import annotations

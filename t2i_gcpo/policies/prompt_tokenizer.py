@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, shorten
 
 PAD, BOS, BOI = "<pad>", "<bos>", "<boi>"
 SPECIALS = (PAD, BOS, BOI)
@@ -55,7 +55,7 @@ class PromptTokenizer:
             )
         too_long = [p for p in prompts if len(words_of(p)) > self.max_len]
         if too_long:
-            raise UserError(f"prompt longer than {self.max_len} words: {too_long[0]!r}")
+            raise UserError(f"prompt longer than {self.max_len} words: {shorten(too_long[0])!r}")
 
     def encode(self, prompts: list[str]) -> torch.Tensor:
         """Prompts → ids [B, max_len], right-padded with ``<pad>`` (call `check` first)."""

@@ -64,7 +64,10 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
                 f"task '{task.name}' has no default reward: give --reward (e.g. geneval:DETECTOR,CLIP)"
             )
         cfg.reward = task.default_reward
-    if cfg.eval_prompts is None and cfg.reward == task.default_reward:
+    # the held-out score needs the task's own scorer; its variants (e.g. shapeworld:flow_grpo) keep it
+    default = task.default_reward
+    same_scorer = default is not None and cfg.reward.split(":")[0] == default.split(":")[0]
+    if cfg.eval_prompts is None and same_scorer:
         cfg.eval_prompts = task.default_eval_prompts()
     eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])

@@ -52,7 +52,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.scoring.geneval_classes import geneval_classes  # noqa: F401  (old path, kept for callers)
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 
@@ -70,7 +70,6 @@ EXTENDED_TAGS: list[str] = [
 ALL_TAGS: list[str] = [*TAGS, *EXTENDED_TAGS]
 
 SHAPEWORLD_MAX_OBJECTS = 6  # objects a ShapeWorld scene holds (render.sample_scene)
-ECHO_CHARS = 80  # error messages show at most this many characters of a prompt
 
 GRAMMAR = (
     '"a photo of <object> [(,|and) <object>]… [left of|right of|above|below <object>]" '
@@ -85,11 +84,6 @@ _IRREGULAR = {
     "skis": "skis",
     "scissors": "scissors",
 }
-
-
-def shorten(text: str, limit: int = ECHO_CHARS) -> str:
-    """`text` cut to `limit` characters, ending in "…" when cut (for error messages)."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def geneval_plural(name: str) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.scoring.geneval_rules import relative_position
 from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB, COLORS, SHAPES
 
@@ -210,4 +210,6 @@ def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> li
                 )
                 for (_, shape, color), bx in zip(specs, boxes)
             ]
-    raise UserError(f"could not place a scene for {metadata.get('prompt', metadata)!r} on a {size}px canvas")
+    raise UserError(
+        f"could not place a scene for {shorten(str(metadata.get('prompt', metadata)))!r} on a {size}px canvas"
+    )
