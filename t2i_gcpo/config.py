@@ -44,6 +44,16 @@ class RolloutConfig:
     temperature: float = doc("T: sampling temperature (GCPO paper: 1).", 1.0)
     top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0)
     top_p: float = doc("Top-p (nucleus) filter while sampling; 1 disables it.", 1.0)
+    steps: int | None = doc(
+        "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
+        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12). Autoregressive models ignore it.",
+        None,
+    )
+    guidance_schedule: Literal["constant", "linear"] = doc(
+        "Masked models: the guidance scale over the decoding steps, constant or rising linearly from 1 "
+        "at the first step to cfg_scale at the last (open-muse's linear schedule).",
+        "constant",
+    )
     train_logp: Literal["cond", "cfg"] = doc(
         "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
@@ -156,12 +166,24 @@ class ModelOptions:
     dtype: Literal["float32", "bfloat16"] = doc("Weights dtype for real checkpoints.", "float32")
     gradient_checkpointing: bool = doc("Trade compute for memory (real checkpoints).", False)
     lora_rank: int = doc("LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0)
+    estimator: Literal["trajectory", "remask"] = doc(
+        "Masked models: how a sample's log-prob (and the ratio) is estimated. 'trajectory' replays the "
+        "recorded reveal order and scores each token at the step that revealed it (TraceRL, Mask-GRPO; "
+        "one forward per step); 'remask' scores the final tokens under remask_count random re-masks, "
+        "loss on the re-masked positions only (MaskGRPO, UniGRPO; one forward per re-mask).",
+        "trajectory",
+    )
+    remask_count: int = doc("Masked models, estimator 'remask': re-masks per sample (K).", 2)
 
 
 @dataclass
 class TrainConfig:
     algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
-    model: str = doc("'shapeworld' (shipped), a local checkpoint dir, or 'janus:PATH'.", "shapeworld")
+    model: str = doc(
+        "'shapeworld' (shipped AR prior), 'shapeworld-masked' (shipped masked prior), a local checkpoint "
+        "dir, 'masked:PATH', 'amused:PATH' or 'janus:PATH'.",
+        "shapeworld",
+    )
     task: str | None = doc(
         "What the prompts are and how samples are scored and evaluated: 'shapeworld' (GenEval rules on "
         "ShapeWorld's shapes) or 'geneval' (GenEval's 80 COCO classes); null = the model's own task.",
@@ -195,7 +217,10 @@ class TrainConfig:
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)
     credit: CreditConfig = doc("Token credit.", factory=CreditConfig)
     optim: OptimConfig = doc("Optimizer.", factory=OptimConfig)
-    model_options: ModelOptions = doc("Loading options for real checkpoints.", factory=ModelOptions)
+    model_options: ModelOptions = doc(
+        "Loading options: real checkpoints' dtype, LoRA, checkpointing; masked models' estimator.",
+        factory=ModelOptions,
+    )
 
     def validate(self) -> None:
         """Cross-field checks; raise UserError naming the offending key."""
@@ -222,6 +247,8 @@ class TrainConfig:
             (self.algo in ALGORITHMS, f"algo must be one of {', '.join(ALGORITHMS)}"),
             (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
             (math.isfinite(self.rollout.cfg_scale or 0.0), "rollout.cfg_scale must be a finite number"),
+            (self.rollout.steps is None or self.rollout.steps >= 1, "rollout.steps must be ≥ 1 (or null)"),
+            (self.model_options.remask_count >= 1, "model_options.remask_count must be ≥ 1"),
         ]
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
 

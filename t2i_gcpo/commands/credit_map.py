@@ -21,7 +21,10 @@ Examples:
     "--limit", type=click.IntRange(min=1), default=None, help="Use only the first N prompts of --prompts."
 )
 @click.option(
-    "--model", default="shapeworld", show_default=True, help="'shapeworld' or a checkpoint directory."
+    "--model",
+    default="shapeworld",
+    show_default=True,
+    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
 )
 @click.option(
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."

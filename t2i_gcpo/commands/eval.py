@@ -78,7 +78,9 @@ def _print_summary(out: Path, summary: dict) -> None:
 
 
 @eval_cmd.command("geneval", context_settings=CTX)
-@click.option("--model", default=None, help="Model to generate with ('janus:PATH', a checkpoint dir, …).")
+@click.option(
+    "--model", default=None, help="Model to generate with ('janus:PATH', 'amused:PATH', a checkpoint dir, …)."
+)
 @click.option(
     "--score-only", "score_only", default=None, metavar="DIR", help="Score an existing GenEval-layout folder."
 )
@@ -143,7 +145,12 @@ def geneval_cmd(
 
 
 @eval_cmd.command("shapeworld", context_settings=CTX)
-@click.option("--model", default="shapeworld", show_default=True, help="'shapeworld' or a checkpoint dir.")
+@click.option(
+    "--model",
+    default="shapeworld",
+    show_default=True,
+    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
+)
 @click.option("--prompts", default=None, help="Prompt file [default: prompts/shapeworld_test.jsonl].")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")

@@ -17,7 +17,10 @@ import click
 )
 @click.option("--out", required=True, help="Output folder.")
 @click.option(
-    "--model", default="shapeworld", show_default=True, help='"shapeworld" (shipped) or a checkpoint folder.'
+    "--model",
+    default="shapeworld",
+    show_default=True,
+    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
 )
 @click.option(
     "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."

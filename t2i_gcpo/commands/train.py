@@ -14,6 +14,9 @@ Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.txt
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
   t2i-gcpo train --prompts my.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --model shapeworld-masked --algo dgpo
+  t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \
+      --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
@@ -47,7 +50,11 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     "--config", "config_file", type=str, default=None, help="YAML config applied on top of the preset."
 )
 @click.option(
-    "--model", type=str, default=None, help="'shapeworld' (default), a checkpoint dir, or 'janus:PATH'."
+    "--model",
+    type=str,
+    default=None,
+    help="'shapeworld' (default, AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', "
+    "'amused:PATH' or 'janus:PATH'.",
 )
 @click.option(
     "--reward",

@@ -1,32 +1,72 @@
 """Resolve a `--model` string to a policy adapter.
 
-- ``shapeworld``           the shipped ShapeWorld checkpoint (t2i_gcpo/assets/shapeworld)
-- ``janus:PATH``           a local Janus / Janus-Pro checkpoint (transformers format; the prefix may be
-                           left out for a directory whose config.json says model_type "janus")
+- ``shapeworld``           the shipped ShapeWorld AR prior (t2i_gcpo/assets/shapeworld)
+- ``shapeworld-masked``    the shipped ShapeWorld masked (MaskGIT) prior (t2i_gcpo/assets/shapeworld_masked)
+- ``masked:PATH``          a local directory saved by ``MaskedPolicy.save_pretrained``
+- ``amused:PATH``          a local diffusers aMUSEd pipeline folder
+- ``janus:PATH``           a local Janus / Janus-Pro checkpoint (transformers format)
 - ``PATH``                 a local directory saved by ``ARPolicy.save_pretrained`` (e.g. a run's checkpoint)
+
+The prefix may be left out for a directory whose own files say what it is (a run's checkpoint of any
+family): ``config.json`` with model_type "janus", ``model_index.json`` with ``"policy": "masked"`` or
+``"_class_name": "AmusedPipeline"``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from t2i_gcpo.errors import UserError
 
+PREFIXES = ("janus", "amused", "masked", "ar")
 
-def _is_janus_dir(path: str) -> bool:
-    """A transformers Janus checkpoint (e.g. a run's checkpoint of a Janus policy) needs no prefix."""
-    import json
 
-    cfg = Path(path) / "config.json"
+def _read_json(path: Path) -> dict:
     try:
-        return cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == "janus"
+        data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
-        return False
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def detect_family(path: str) -> str:
+    """The adapter family of a checkpoint directory, from its own files (``ar`` when nothing says)."""
+    if _read_json(Path(path) / "config.json").get("model_type") == "janus":
+        return "janus"
+    index = _read_json(Path(path) / "model_index.json")
+    if index.get("_class_name") == "AmusedPipeline":
+        return "amused"
+    if index.get("policy") == "masked":
+        return "masked"
+    return "ar"
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``family:PATH`` or a name / path → (family, name or path)."""
+    from t2i_gcpo.policies.masked import SHIPPED as MASKED_SHIPPED
+
+    head, sep, rest = spec.partition(":")
+    if sep and head in PREFIXES:
+        return head, rest
+    if spec in MASKED_SHIPPED:
+        return "masked", spec
+    return detect_family(spec), spec
 
 
 def load_policy(spec: str, options: Any = None) -> Any:
-    if spec.startswith("janus:") or _is_janus_dir(spec):
+    """The policy a `--model` string names; `options` (``TrainConfig.model_options``) sets the dtype,
+    LoRA and checkpointing of real checkpoints and the log-prob estimator of masked models."""
+    family, target = split_spec(spec)
+    estimator = getattr(options, "estimator", "trajectory")
+    remask_count = getattr(options, "remask_count", 2)
+    if family != "masked" and family != "amused" and estimator != "trajectory":
+        raise UserError(
+            f"model_options.estimator={estimator!r} applies to masked models only "
+            f"(shapeworld-masked, masked:PATH, amused:PATH); '{spec}' is autoregressive"
+        )
+    if family == "janus":
         from t2i_gcpo.policies.janus import JanusPolicy
 
         kwargs = {}
@@ -36,12 +76,22 @@ def load_policy(spec: str, options: Any = None) -> Any:
                 gradient_checkpointing=options.gradient_checkpointing,
                 lora={"r": options.lora_rank} if options.lora_rank else None,
             )
-        return JanusPolicy.from_pretrained(spec.removeprefix("janus:"), **kwargs)
+        return JanusPolicy.from_pretrained(target, **kwargs)
+    if family == "amused":
+        from t2i_gcpo.policies.amused import AmusedPolicy
+
+        dtype = getattr(options, "dtype", "float32")
+        return AmusedPolicy.from_pretrained(target, dtype, estimator, remask_count)
+    if family == "masked":
+        from t2i_gcpo.policies.masked import load_masked_policy
+
+        return load_masked_policy(target, estimator, remask_count)
     from t2i_gcpo.policies.ar import ARPolicy, resolve_checkpoint
 
-    path = resolve_checkpoint(spec)
+    path = resolve_checkpoint(target)
     if not Path(path).is_dir():
         raise UserError(
-            f"model '{spec}' not found: expected 'shapeworld', 'janus:PATH' or a checkpoint directory"
+            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-masked', 'masked:PATH', "
+            "'amused:PATH', 'janus:PATH' or a checkpoint directory"
         )
     return ARPolicy.from_pretrained(path)

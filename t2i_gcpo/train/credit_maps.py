@@ -12,6 +12,13 @@ from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 
 
+def base_model(policy) -> str:
+    """The shipped model of the policy's family: DGPO's default reference in credit maps."""
+    from t2i_gcpo.policies.masked import MaskedPolicy
+
+    return "shapeworld-masked" if isinstance(policy, MaskedPolicy) else "shapeworld"
+
+
 def run_credit_maps(
     prompt_texts: list[str],
     prompt_file: str | None,
@@ -36,7 +43,7 @@ def run_credit_maps(
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import scheme_weights
-    from t2i_gcpo.train.visuals import to_uint8
+    from t2i_gcpo.train.visuals import reveal_grids, to_uint8
     from t2i_gcpo.viz.credit_map import credit_figure, write_credit_html
     from t2i_gcpo.viz.lift import credit_lift, lift_table
 
@@ -52,8 +59,9 @@ def run_credit_maps(
         raise UserError("no prompts given")
     policy.check_prompts([p.text for p in prompts])
     ref = None
+    reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
-        ref = load_policy(reference or "shapeworld").eval()
+        ref = load_policy(reference).eval()
     reward = build_reward(reward_spec, grid=policy.layout.grid)
     sampling = policy.default_sampling()
     if cfg_scale is not None:
@@ -77,6 +85,7 @@ def run_credit_maps(
             for name, w in weights.items():
                 lifts[name] += credit_lift(w, grids, ro.mask).tolist()
         pix = to_uint8(images)
+        reveal = reveal_grids(ro, rows, cols)
         for p, record in enumerate(chunk):
             idx = range(p * group_size, (p + 1) * group_size)
             samples = [
@@ -85,6 +94,7 @@ def run_credit_maps(
                     "reward": float(rew.scores[i]),
                     "advantage": float(adv[i]),
                     "weights": {k: w[i].reshape(rows, cols).numpy() for k, w in weights.items()},
+                    "reveal_step": reveal[i],
                     **({"object_grid": grids[i].reshape(rows, cols).numpy()} if grids is not None else {}),
                 }
                 for i in idx
@@ -100,7 +110,7 @@ def run_credit_maps(
     if lifts:
         (out_dir / "lift.json").write_text(json.dumps(lifts))
         summary = lift_table(lifts) + "\n" + summary
-    if ref is not None and (reference or "shapeworld") == model:
+    if ref is not None and reference == model:
         summary += (
             "\nnote: the reference is the model itself, so DGPO's weights are uniform (give --reference)."
         )

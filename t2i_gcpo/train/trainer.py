@@ -246,7 +246,8 @@ class Trainer:
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-            guidance_scale=float(cfg.rollout.cfg_scale),
+            guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
+            guidance_schedule=cfg.rollout.guidance_schedule,
         )  # fmt: skip
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),

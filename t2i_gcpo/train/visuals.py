@@ -32,6 +32,13 @@ def image_grid(images: np.ndarray, cols: int, scale: int = 4, pad: int = 2) -> n
     return grid
 
 
+def reveal_grids(rollout: Any, rows: int, cols: int) -> list[np.ndarray | None]:
+    """Per sample, the step that revealed each token as a [rows, cols] grid (masked models), or None
+    where tokens were decided in raster order (autoregressive: step t decides token t)."""
+    raster = torch.arange(rollout.step.shape[1], device=rollout.step.device)
+    return [None if torch.equal(s, raster) else s.reshape(rows, cols).cpu().numpy() for s in rollout.step]
+
+
 def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 4) -> Path:
     from PIL import Image, ImageDraw, ImageFont
 
@@ -68,12 +75,14 @@ def save_credit_maps(path: Path, batch: Any, policy: Any, reference: Any, cfg: A
                              TRAIN_CONTEXT[cfg.rollout.train_logp], order)  # fmt: skip
     rows, cols = policy.layout.grid
     images = to_uint8(batch.outputs[:G])
+    reveal = reveal_grids(ro, rows, cols)
     samples = [
         {
             "image": images[i],
             "reward": float(batch.reward.scores[i]),
             "advantage": float(batch.advantages[i]),
             "weights": {k: w[i].reshape(rows, cols).cpu().numpy() for k, w in weights.items()},
+            "reveal_step": reveal[i],
         }
         for i in range(G)
     ]

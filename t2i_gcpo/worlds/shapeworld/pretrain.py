@@ -49,11 +49,27 @@ class PretrainConfig:
     warmup: int = 50
     weight_decay: float = 0.05
     cfg_dropout: float = 0.1  # probability of training a row on the null prompt
-    bf16: bool = True  # bf16 autocast for the prior's training forward (1.5× faster on this CPU)
+    bf16: bool | None = None  # bf16 autocast for the prior's forward; None: where the CPU has native bf16
     max_minutes: float | None = None  # wall-clock cap shared by both stages (None: run all steps)
     eval_images_per_prompt: int = 4
     vq_path: str | None = None  # reuse this trained VQ tokenizer (skips VQ training)
     ar: ARConfig | None = None  # prior shape; prompt_len is set from the data
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX). bf16 autocast is ~1.5× faster
+    than fp32 there, and ~40× slower on CPUs without it (measured: a 1216×256×704 matmul takes 6 ms in
+    fp32 and 230 ms in bf16 on an EPYC without avx512), so it is only used where native."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def use_bf16(setting: bool | None) -> bool:
+    return native_cpu_bf16() if setting is None else bool(setting)
 
 
 def render_dataset(metadata: list[dict], size: int, seed: int) -> np.ndarray:
@@ -105,7 +121,7 @@ def train_prior(
             g["lr"] = cfg.prior_lr * warm * cos
         idx = torch.randint(0, tokens.shape[0], (cfg.prior_batch,), generator=gen)
         null = torch.rand(cfg.prior_batch, generator=gen) < cfg.cfg_dropout  # [B] CFG dropout
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg.bf16)):
             logits = policy.teacher_forced_logits(prompt_ids[idx], tokens[idx], null=null)  # [B, T, K]
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[idx].flatten())
         opt.zero_grad(set_to_none=True)

@@ -1,0 +1,368 @@
+"""diffusers aMUSEd (Patil et al. 2024, arXiv 2401.01808) from a local folder as a `Policy`.
+
+The folder is a diffusers ``AmusedPipeline`` checkpoint: ``transformer/`` (``UVit2DModel``),
+``vqvae/`` (``VQModel``), ``text_encoder/`` (transformers ``CLIPTextModelWithProjection``),
+``tokenizer/`` (``CLIPTokenizer``) and ``scheduler/`` (``AmusedScheduler``: its ``mask_token_id`` and
+``masking_schedule``). Only the transformer is trained; the text encoder and the VQ stay frozen.
+
+The pipeline cannot be reused for RL: ``AmusedScheduler.step`` samples with ``torch.multinomial`` and
+returns no probabilities. This adapter drives ``UVit2DModel`` with the shared masked sampler
+(maskgen.py) and keeps the pipeline's conventions (diffusers 0.42.1,
+pipelines/deprecated/amused/pipeline_amused.py and schedulers/scheduling_amused.py):
+
+- Text conditioning: the CLIP tokenizer pads / truncates to ``model_max_length``; the pooled
+  projected ``text_embeds`` and the penultimate hidden states (``hidden_states[-2]``) condition the
+  transformer.
+- Negative prompt: ``PromptRecord.negative`` when given, else the pipeline's default ``""``, through the
+  same text encoder. It is CFG's unconditional branch and GCPO's negative context c⁻.
+- Guidance: ``uncond + s·(cond − uncond)`` on all positions (``u + s(c − u)``); the pipeline applies it
+  only when s > 1, so a scale ≤ 1 samples the conditional branch alone (scales are clamped at 1).
+  Defaults: 12 steps, s = 10 (``default_sampling``). `SamplingParams.guidance_schedule` as in maskgen.
+- Micro-conditioning: ``[width, height, crop_x, crop_y, aesthetic]`` = [W, H, 0, 0, 6] with W = H =
+  ``sample_size · 2^(len(vqvae.block_out_channels) − 1)`` pixels, as the pipeline builds it.
+- Mask schedule and mask id: the scheduler config's ``masking_schedule`` (cosine by default) and
+  ``mask_token_id``; reveal counts computed exactly as ``AmusedScheduler.step`` computes them.
+- Sampling: every masked position sampled from softmax(guided logits / T) (T = 1: the scheduler's
+  distribution), the most confident kept with confidence log p + τ_s·Gumbel, τ = linspace(2, 0, S)
+  (the pipeline's ``temperature=(2, 0)``). Noise comes from the prompt's generator, not the
+  scheduler's ``torch.multinomial``: the same distributions, different draws from the pipeline's.
+- Decoding: ``vqvae.decode(ids, force_not_quantize=True, shape=…)`` clipped to [0, 1] (needs
+  ``lookup_from_codebook``, as the aMUSEd VQ has).
+
+Per-token log-probs need the transformer's hidden state before its codebook projection: the last
+1×1 convolution of ``mlm_layer`` (``conv2``) is applied here as a linear head in float32, chunked
+over T (`chunked_logprobs`), so no [B, T, 8192] tensor carries gradient. Estimators (trajectory —
+default — and remask) and the rollout's fields are those of the built-in masked prior (masked.py,
+maskgen.py).
+
+diffusers marks the aMUSEd pipeline deprecated (since 0.33.1, still shipped in 0.42.1). This
+adapter uses only ``UVit2DModel``, ``VQModel`` and the scheduler's config; it is tested with diffusers
+0.42.1 (`SUPPORTED_DIFFUSERS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.maskgen import (
+    MASK_SCHEDULES,
+    check_estimator,
+    draw_remasks,
+    estimator_mask,
+    guidance_scales,
+    masked_logprobs,
+    maskgit_generate,
+    remask_record,
+    reveal_counts,
+    step_progress,
+)
+from t2i_gcpo.policies.sampling import group_uniforms
+
+SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
+SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def import_amused() -> tuple[Any, Any, Any]:
+    """(UVit2DModel, VQModel, AmusedScheduler) from diffusers, or a UserError naming the versions that work."""
+    try:
+        import diffusers
+        from diffusers import AmusedScheduler, UVit2DModel, VQModel
+    except ImportError as e:
+        try:
+            from importlib.metadata import version
+
+            have = f"diffusers {version('diffusers')} is installed"
+        except Exception:
+            have = "diffusers is not installed"
+        raise UserError(
+            f"aMUSEd needs diffusers' UVit2DModel, VQModel and AmusedScheduler ({SUPPORTED_DIFFUSERS}); "
+            f"{have}: {e}. Install e.g. `pip install diffusers==0.42.1`."
+        ) from None
+    del diffusers
+    return UVit2DModel, VQModel, AmusedScheduler
+
+
+class AmusedPolicy(nn.Module):
+    """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
+
+    output = "image"
+    default_task = "geneval"
+    guidance = "u + s(c − u)"  # AmusedPipeline: uncond_logits + s·(cond_logits − uncond_logits)
+    DEFAULT_STEPS = 12  # AmusedPipeline num_inference_steps
+    DEFAULT_GUIDANCE_SCALE = 10.0  # AmusedPipeline guidance_scale
+    CHOICE_TEMPERATURE = (2.0, 0.0)  # AmusedPipeline temperature=(2, 0): linspace over the steps
+    AESTHETIC_SCORE = 6  # micro_conditioning_aesthetic_score
+    CROP_COORD = (0, 0)  # micro_conditioning_crop_coord
+
+    def __init__(self, transformer: nn.Module, vqvae: nn.Module, text_encoder: nn.Module, tokenizer: Any,
+                 scheduler_config: dict, estimator: str = "trajectory", remask_count: int = 2,
+                 replay_rows: int = 0) -> None:  # fmt: skip
+        super().__init__()
+        mlm = getattr(transformer, "mlm_layer", None)
+        if mlm is None or not isinstance(getattr(mlm, "conv2", None), nn.Conv2d):
+            raise UserError(
+                f"this UVit2DModel has no mlm_layer.conv2 codebook projection ({SUPPORTED_DIFFUSERS} have one)"
+            )
+        if not getattr(vqvae.config, "lookup_from_codebook", False):
+            raise UserError("the aMUSEd VQModel must have lookup_from_codebook=true to decode token ids")
+        if "mask_token_id" not in scheduler_config:
+            raise UserError("scheduler/scheduler_config.json has no mask_token_id")
+        self.transformer = transformer
+        self.vqvae = vqvae.eval().requires_grad_(False)
+        self.text_encoder = text_encoder.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.mask_id = int(scheduler_config["mask_token_id"])
+        self.mask_schedule = scheduler_config.get("masking_schedule", "cosine")
+        if self.mask_schedule not in MASK_SCHEDULES:
+            raise UserError(f"unknown masking_schedule {self.mask_schedule!r} in the scheduler config")
+        self.scheduler_config = dict(scheduler_config)
+        side = int(transformer.config.sample_size)
+        self.grid_shape: tuple[int, int] = (side, side)
+        self.layout = TokenLayout.image(side, side)
+        self.num_tokens = side * side  # T
+        self.codebook_size = int(transformer.config.codebook_size)  # K
+        self.feature_dim = mlm.conv2.in_channels
+        self.vae_scale_factor = 2 ** (len(vqvae.config.block_out_channels) - 1)
+        self.image_size = side * self.vae_scale_factor
+        self.set_estimator(estimator, remask_count)
+        self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
+
+    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
+        check_estimator(estimator, remask_count)
+        self.estimator, self.remask_count = estimator, int(remask_count)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
+                        remask_count: int = 2) -> AmusedPolicy:  # fmt: skip
+        """Load a local aMUSEd pipeline folder (never the Hub)."""
+        path = Path(path).expanduser()
+        if not path.is_dir():
+            raise UserError(f"aMUSEd checkpoint '{path}' is not a directory")
+        missing = [s for s in SUBFOLDERS if not (path / s).is_dir()]
+        if missing:
+            raise UserError(
+                f"'{path}' is not an aMUSEd pipeline folder: missing {', '.join(m + '/' for m in missing)} "
+                f"(expected {', '.join(s + '/' for s in SUBFOLDERS)})"
+            )
+        if dtype not in DTYPES:
+            raise UserError(f"unknown dtype '{dtype}' for aMUSEd: use one of {', '.join(DTYPES)}")
+        uvit_cls, vq_cls, _ = import_amused()
+        from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+
+        sched_file = path / "scheduler" / "scheduler_config.json"
+        try:
+            scheduler_config = json.loads(sched_file.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{sched_file}: cannot read the scheduler config ({e})") from None
+        try:
+            transformer = uvit_cls.from_pretrained(path / "transformer", torch_dtype=DTYPES[dtype])
+            vqvae = vq_cls.from_pretrained(path / "vqvae")
+            text_encoder = CLIPTextModelWithProjection.from_pretrained(
+                path / "text_encoder", dtype=DTYPES[dtype]
+            )
+            tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"cannot load the aMUSEd checkpoint '{path}': {' '.join(str(e).split())[:300]}"
+            ) from None
+        return cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count)
+
+    # ------------------------------------------------------------------ prompts and conditioning
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.encoder_proj.weight.device  # (mlm_layer.conv2 is swapped out inside forwards)
+
+    def default_sampling(self) -> SamplingParams:
+        return SamplingParams(guidance_scale=self.DEFAULT_GUIDANCE_SCALE, steps=self.DEFAULT_STEPS)
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        """Any text: the CLIP tokenizer truncates to its model_max_length, as the pipeline does."""
+
+    def text_ids(self, texts: list[str]) -> torch.Tensor:
+        """Texts → CLIP ids [N, model_max_length], padded and truncated as the pipeline does."""
+        return self.tokenizer(
+            texts, return_tensors="pt", padding="max_length", truncation=True,
+            max_length=self.tokenizer.model_max_length,
+        ).input_ids.to(self.device)  # fmt: skip
+
+    @torch.no_grad()
+    def text_states(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CLIP ids [N, L] → (pooled projected embeddings [N, E], penultimate hidden states [N, L, H])."""
+        out = self.text_encoder(ids.to(self.device), return_dict=True, output_hidden_states=True)
+        return out.text_embeds, out.hidden_states[-2]
+
+    def micro_conds(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """[N, 5]: width, height, crop coordinates, aesthetic score (the pipeline's order)."""
+        w = h = self.image_size
+        row = torch.tensor([w, h, *self.CROP_COORD, self.AESTHETIC_SCORE], device=self.device, dtype=dtype)
+        return row[None].expand(n, -1)
+
+    @contextlib.contextmanager
+    def _features_only(self) -> Iterator[None]:
+        """Run the transformer up to its codebook projection (mlm_layer.conv2 bypassed)."""
+        mlm = self.transformer.mlm_layer
+        conv2 = mlm.conv2
+        mlm.conv2 = nn.Identity()
+        try:
+            yield
+        finally:
+            mlm.conv2 = conv2
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Features [..., C] → codebook logits [..., K] (mlm_layer.conv2 as a linear map, float32)."""
+        conv2 = self.transformer.mlm_layer.conv2
+        bias = None if conv2.bias is None else conv2.bias.float()
+        return F.linear(h.float(), conv2.weight.flatten(1).float(), bias)
+
+    def _hidden_fn(self, pos_ids: torch.Tensor, neg_ids: torch.Tensor):
+        """hidden_fn(canvas [N, T], rows [N], null [N]) → features [N, T, C] for the maskgen routines."""
+        pooled_c, states_c = self.text_states(pos_ids)
+        pooled_u, states_u = self.text_states(neg_ids)
+        side = self.grid_shape[0]
+
+        def hidden_fn(canvas: torch.Tensor, rows: torch.Tensor, null: torch.Tensor) -> torch.Tensor:
+            n = canvas.shape[0]
+            pooled = torch.where(null[:, None], pooled_u[rows], pooled_c[rows])
+            states = torch.where(null[:, None, None], states_u[rows], states_c[rows])
+            with self._features_only():
+                h = self.transformer(
+                    canvas.view(n, side, side), micro_conds=self.micro_conds(n, states.dtype),
+                    pooled_text_emb=pooled, encoder_hidden_states=states,
+                )  # [N, C, side, side]  # fmt: skip
+            return h.flatten(2).transpose(1, 2)  # [N, T, C]
+
+        return hidden_fn
+
+    # ------------------------------------------------------------------ guidance over the steps
+    def resolve_steps(self, sampling: SamplingParams) -> int:
+        steps = int(sampling.steps if sampling.steps is not None else self.DEFAULT_STEPS)
+        if steps < 1:
+            raise UserError(f"steps must be ≥ 1, got {steps}")
+        return steps
+
+    def _scale_fn(self, sampling: SamplingParams):
+        """The pipeline guides only when s > 1: scales below 1 act as 1 (the conditional branch)."""
+        s, schedule = sampling.guidance_scale, sampling.guidance_schedule
+        return lambda p: guidance_scales(s, schedule, p).clamp_min(1.0)
+
+    def choice_temperatures(self, steps: int) -> torch.Tensor:
+        return torch.linspace(*self.CHOICE_TEMPERATURE, steps)
+
+    # ------------------------------------------------------------------ sampling
+    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+        """`group_size` samples per prompt (rows i·G … i·G+G−1); ``PromptRecord.negative`` is honoured."""
+        if len(generators) != len(prompts):
+            raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
+        if not sampling.temperature > 0:
+            raise UserError(f"temperature must be > 0, got {sampling.temperature}")
+        steps = self.resolve_steps(sampling)
+        sampling = dataclasses.replace(sampling, steps=steps)
+        pos_ids = self.text_ids([p.text for p in prompts]).repeat_interleave(group_size, dim=0)
+        neg_ids = self.text_ids([p.negative or "" for p in prompts]).repeat_interleave(group_size, dim=0)
+        uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
+        hidden_fn = self._hidden_fn(pos_ids, neg_ids)
+        scale_fn = self._scale_fn(sampling)
+        with torch.no_grad():
+            tokens, step, logps = maskgit_generate(
+                hidden_fn, self.head, self.num_tokens, self.mask_id,
+                reveal_counts(self.num_tokens, steps, self.mask_schedule), sampling, uniforms,
+                self.choice_temperatures(steps), scale_fn(step_progress(steps)), self.guidance, self.device,
+            )  # fmt: skip
+        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
+        ro = Rollout(
+            tokens=tokens,
+            mask=torch.ones_like(tokens, dtype=torch.float),
+            step=step,
+            logp=logp,
+            prompts=[p for p in prompts for _ in range(group_size)],
+            group_size=group_size,
+            sampling=sampling,
+            state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator},
+        )
+        if self.estimator == "remask":
+            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
+            masks, times = draw_remasks(u, self.mask_schedule)
+            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
+            ro.logp = remask_record(
+                hidden_fn, self.head, tokens, masks, times, self.mask_id, self.codebook_size,
+                self.feature_dim, self.guidance, sampling.temperature, scale_fn,
+            )  # fmt: skip
+            ro.mask = estimator_mask(ro)
+        return ro
+
+    # ------------------------------------------------------------------ log-probs
+    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient; with
+        `dists` also the full distributions (`ChunkedDists`, no gradient)."""
+        sampling = rollout.sampling
+        scale_fn = self._scale_fn(sampling)
+        return masked_logprobs(
+            self._hidden_fn(rollout.state["prompt_ids"], rollout.state["negative_ids"]), self.head,
+            rollout, context, dists, mask_id=self.mask_id, vocab=self.codebook_size, dim=self.feature_dim,
+            guidance=self.guidance, step_scales=scale_fn(step_progress(self.resolve_steps(sampling))),
+            scale_fn=scale_fn, device=self.device, replay_rows=self.replay_rows,
+        )  # fmt: skip
+
+    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        return self.logprobs(rollout, context, dists)
+
+    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        return estimator_mask(rollout)
+
+    # ------------------------------------------------------------------ images
+    @torch.no_grad()
+    def decode(self, rollout: Rollout) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1]."""
+        b, side = len(rollout), self.grid_shape[0]
+        latents = rollout.tokens.to(self.device).view(b, side, side)
+        shape = (b, side, side, self.vqvae.config.latent_channels)
+        return self.vqvae.decode(latents, force_not_quantize=True, shape=shape).sample.float().clip(0, 1)
+
+    def token_features(self, rollout: Rollout) -> torch.Tensor:
+        """VQ codebook entries of the sampled tokens [B, T, D]."""
+        return self.vqvae.quantize.embedding(rollout.tokens.to(self.device)).float()
+
+    # ------------------------------------------------------------------ saving
+    def save_pretrained(self, path: str | Path) -> None:
+        """A diffusers aMUSEd pipeline folder (loads with `from_pretrained` or ``AmusedPipeline``)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(path / "transformer")
+        self.vqvae.save_pretrained(path / "vqvae")
+        self.text_encoder.save_pretrained(path / "text_encoder")
+        self.tokenizer.save_pretrained(path / "tokenizer")
+        (path / "scheduler").mkdir(exist_ok=True)
+        sched = {"_class_name": "AmusedScheduler", **self.scheduler_config}
+        (path / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched, indent=2))
+        try:
+            from importlib.metadata import version
+
+            dv = version("diffusers")
+        except Exception:
+            dv = "0.42.1"
+        index = {
+            "_class_name": "AmusedPipeline",
+            "_diffusers_version": dv,
+            "scheduler": ["diffusers", "AmusedScheduler"],
+            "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+            "tokenizer": ["transformers", "CLIPTokenizer"],
+            "transformer": ["diffusers", "UVit2DModel"],
+            "vqvae": ["diffusers", "VQModel"],
+        }
+        (path / "model_index.json").write_text(json.dumps(index, indent=2))
+        os.chmod(path / "model_index.json", 0o644)

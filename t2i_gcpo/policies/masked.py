@@ -1,0 +1,350 @@
+"""The built-in masked (MaskGIT-style) text-to-image prior for ShapeWorld as a `Policy`.
+
+A transformers ``LlamaModel`` made bidirectional (``is_causal = False`` on the config and on every
+attention layer, so sdpa runs without a causal mask) over one flat sequence
+
+    [<bos>, w_1 … w_L (right-padded with <pad>), <boi>, x_1 … x_T]      P = L + 2 prefix positions
+
+where x_t is image code k (embedding id ``len(vocab) + k``) or the [MASK] id (``len(vocab) + K``);
+a separate head maps the hidden state of each image position to the K codebook logits (the mask is
+never predicted). The prompt vocabulary and the VQ tokenizer are those of the AR prior
+(t2i_gcpo/assets/shapeworld), so the two priors see the same words and the same 8×8 codes.
+
+Null prompt (CFG's unconditional branch and GCPO's c⁻, SPEC §4.1): built exactly as the AR prior
+builds it, the L prompt words replaced by ``<pad>`` — ``[<bos>, <pad>×L, <boi>]``; pretraining drops
+the prompt to this form ~10 % of the time. Guidance ℓ = ℓ_u + s·(ℓ_c − ℓ_u) (``u + s(c − u)``, as the
+AR prior, so the two priors' scales compare), optionally scheduled over the steps
+(`SamplingParams.guidance_schedule`: constant | linear, see maskgen.py).
+
+Sampling (maskgen.maskgit_generate): `steps` decoding steps (default ``MaskedConfig.default_steps``),
+cosine mask schedule, MaskGIT confidence-based unmasking with Gumbel noise whose temperature is
+annealed to 0 — τ_s = τ₀·(1 − (s + 1)/S), τ₀ = ``choice_temperature`` (MaskGIT's 4.5 by default) —
+one doubled batch [cond; null] per step, tokens drawn by the shared inverse-CDF `sample_step` from
+uniforms of the prompt's own generator. The rollout records, per token, the step that revealed it
+(``rollout.step``, 0-based) and its log-prob under the conditional, null and guided distributions of
+that step (temperature-scaled, untruncated).
+
+Log-prob estimator, a constructor choice (``MaskedPolicy(..., estimator=, remask_count=)``,
+``from_pretrained(path, estimator=…)``); the definitions and sources are in maskgen.py:
+- ``trajectory`` (default) — teacher-forced replay of the recorded reveal order, each token scored at
+  its reveal step (TraceRL in dLLM-RL, arXiv 2509.06949; Mask-GRPO, arXiv 2510.13418). Reproduces the
+  recorded log-probs. One forward per step (stacked along the batch, ``replay_rows`` rows a forward).
+- ``remask`` — the final tokens scored under K = ``remask_count`` seeded random re-masks, loss on the
+  masked positions only (MaskGRPO, arXiv 2510.04363; UniGRPO, arXiv 2505.15809). The rollout then
+  stores the re-masks in ``state["remask"]`` [B, K, T] (``state["remask_t"]`` [B, K] their times),
+  ``logp`` holds the remask estimates under the rollout policy (so the first ratio is exactly 1), the
+  sampler's reveal-step values move to ``state["sampled_logp"]``, and ``rollout.mask`` is 0 on tokens
+  no re-mask masked (their log-prob is 0 with no gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from t2i_gcpo.errors import UserError, check_file
+from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.maskgen import (
+    MASK_SCHEDULES,
+    check_estimator,
+    draw_remasks,
+    estimator_mask,
+    guidance_scales,
+    masked_logprobs,
+    maskgit_generate,
+    remask_record,
+    reveal_counts,
+    step_progress,
+)
+from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.policies.sampling import check_records, group_uniforms
+from t2i_gcpo.tokenizers.vq import VQTokenizer, load_weights, read_config
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
+SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
+AR_ASSETS = os.path.join(ASSETS, "shapeworld")  # the AR prior: its prompt vocabulary and VQ are shared
+
+
+@dataclass
+class MaskedConfig:
+    prompt_len: int = 10  # L, prompt words (padded) between <bos> and <boi>
+    hidden_size: int = 192  # d
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512  # SwiGLU width (≈ 8/3 d, Llama's ratio)
+    default_cfg_scale: float = 3.0  # s used when the caller gives none (`default_sampling`)
+    default_steps: int = 8  # S, decoding steps when SamplingParams.steps is None
+    choice_temperature: float = 4.5  # τ₀ of the annealed Gumbel noise on the confidence (MaskGIT: 4.5)
+    mask_schedule: str = "cosine"  # γ: fraction still masked against progress (cosine | linear)
+    storage_dtype: str = "float16"  # dtype of weights on disk; upcast to fp32 at load
+    grid: tuple[int, int] = field(default=(8, 8))  # (rows, cols), copied from the VQ
+    codebook_size: int = 256  # K, copied from the VQ
+
+
+class MaskedPolicy(nn.Module):
+    """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
+
+    output = "image"
+    default_task = "shapeworld"
+    guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
+
+    def __init__(self, config: MaskedConfig, tokenizer: PromptTokenizer, vq: VQTokenizer,
+                 estimator: str = "trajectory", remask_count: int = 2, replay_rows: int = 512) -> None:  # fmt: skip
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        if tuple(config.grid) != tuple(vq.grid_shape) or config.codebook_size != vq.codebook_size:
+            config.grid, config.codebook_size = tuple(vq.grid_shape), vq.codebook_size
+        if config.prompt_len != tokenizer.max_len:
+            raise ValueError(f"prompt_len {config.prompt_len} != tokenizer.max_len {tokenizer.max_len}")
+        if config.mask_schedule not in MASK_SCHEDULES:
+            raise ValueError(f"mask_schedule must be one of {MASK_SCHEDULES}, not {config.mask_schedule!r}")
+        if int(config.default_steps) < 1:
+            raise ValueError(f"default_steps must be ≥ 1, got {config.default_steps}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.grid_shape: tuple[int, int] = tuple(config.grid)
+        self.layout = TokenLayout.image(*self.grid_shape)
+        self.num_tokens = self.grid_shape[0] * self.grid_shape[1]  # T
+        self.prefix_len = config.prompt_len + 2  # P
+        self.image_offset = len(tokenizer)  # embedding id of image code 0
+        self.mask_id = config.codebook_size  # canvas value of a masked position (embedding id offset + K)
+        llama_cfg = LlamaConfig(
+            vocab_size=len(tokenizer) + config.codebook_size + 1,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            num_key_value_heads=config.num_heads,
+            max_position_embeddings=self.prefix_len + self.num_tokens,
+            pad_token_id=None,  # the pad embedding is learned: it *is* the null prompt
+            tie_word_embeddings=False,
+        )
+        llama_cfg._attn_implementation = "sdpa"
+        llama_cfg.is_causal = False  # transformers builds a bidirectional mask (None without padding)
+        self.llama = LlamaModel(llama_cfg)
+        for layer in self.llama.layers:  # … and sdpa must not fall back to is_causal=True
+            layer.self_attn.is_causal = False
+        self.head = nn.Linear(config.hidden_size, config.codebook_size, bias=False)  # → K image logits
+        self.vq = vq.eval().requires_grad_(False)
+        self.set_estimator(estimator, remask_count)
+        self.replay_rows = replay_rows  # rows per forward when replaying a trajectory
+
+    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
+        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
+        check_estimator(estimator, remask_count)
+        self.estimator, self.remask_count = estimator, int(remask_count)
+
+    # ---- sequences ------------------------------------------------------------------------------
+    def default_sampling(self) -> SamplingParams:
+        return SamplingParams(
+            guidance_scale=float(self.config.default_cfg_scale), steps=self.config.default_steps
+        )
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        self.tokenizer.check(prompts)
+
+    def encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+        """Prompts → word ids [B, L] (raises UserError on unknown words)."""
+        self.check_prompts(prompts)
+        return self.tokenizer.encode(prompts).to(self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def prefix(self, prompt_ids: torch.Tensor, null: torch.Tensor | bool = False) -> torch.Tensor:
+        """[B, L] word ids → [B, P] = [<bos>, words, <boi>]; rows where `null` get the null prompt."""
+        b = prompt_ids.shape[0]
+        ids = prompt_ids.clone()
+        ids[torch.as_tensor(null, device=ids.device).expand(b)] = self.tokenizer.pad_id
+        bos = ids.new_full((b, 1), self.tokenizer.bos_id)
+        boi = ids.new_full((b, 1), self.tokenizer.boi_id)
+        return torch.cat([bos, ids, boi], dim=1)
+
+    def hidden(self, prompt_ids: torch.Tensor, canvas: torch.Tensor,
+               null: torch.Tensor | bool = False) -> torch.Tensor:  # fmt: skip
+        """Word ids [N, L] and canvases [N, T] (codes, `mask_id` where masked) → hidden states of the
+        image positions [N, T, D] (one bidirectional forward)."""
+        seq = torch.cat([self.prefix(prompt_ids, null), canvas + self.image_offset], dim=1)  # [N, P+T]
+        return self.llama(input_ids=seq).last_hidden_state[:, self.prefix_len :]
+
+    def logits(self, prompt_ids: torch.Tensor, canvas: torch.Tensor,
+               null: torch.Tensor | bool = False) -> torch.Tensor:  # fmt: skip
+        """Raw codebook logits [N, T, K] at every image position (pretraining's forward)."""
+        return self.head(self.hidden(prompt_ids, canvas, null))
+
+    def _hidden_fn(self, prompt_ids: torch.Tensor):
+        pid = prompt_ids.to(self.device)
+        return lambda canvas, rows, null: self.hidden(pid[rows], canvas, null)
+
+    # ---- guidance over the steps -----------------------------------------------------------------
+    def resolve_steps(self, sampling: SamplingParams) -> int:
+        steps = int(sampling.steps if sampling.steps is not None else self.config.default_steps)
+        if steps < 1:
+            raise UserError(f"steps must be ≥ 1, got {steps}")
+        return steps
+
+    def _scale_fn(self, sampling: SamplingParams):
+        return lambda progress: guidance_scales(sampling.guidance_scale, sampling.guidance_schedule, progress)
+
+    def choice_temperatures(self, steps: int) -> torch.Tensor:
+        """τ_s = τ₀·(1 − (s + 1)/S): MaskGIT's annealing of the confidence noise (0 at the last step)."""
+        return self.config.choice_temperature * (1 - (torch.arange(steps) + 1) / steps)
+
+    # ---- differentiable log-probs ---------------------------------------------------------------
+    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in
+        chunks over T; with `dists` also the full distributions (`ChunkedDists`, no gradient)."""
+        sampling = rollout.sampling
+        steps = self.resolve_steps(sampling)
+        scale_fn = self._scale_fn(sampling)
+        return masked_logprobs(
+            self._hidden_fn(rollout.state["prompt_ids"]), self.head, rollout, context, dists,
+            mask_id=self.mask_id, vocab=self.config.codebook_size, dim=self.config.hidden_size,
+            guidance=self.guidance, step_scales=scale_fn(step_progress(steps)), scale_fn=scale_fn,
+            device=self.device, replay_rows=self.replay_rows,
+        )  # fmt: skip
+
+    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+        return self.logprobs(rollout, context, dists)
+
+    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        """[B, T]: the tokens the rollout's estimator scores (see maskgen.estimator_mask)."""
+        return estimator_mask(rollout)
+
+    # ---- sampler --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams,
+                 uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Sample image tokens for word ids [B, L] with uniforms [B, S, T, 2] → (tokens [B, T], reveal
+        steps [B, T], log-probs [3, B, T] of pos / neg / guided at each token's reveal step)."""
+        if not sampling.temperature > 0:
+            raise UserError(f"temperature must be > 0, got {sampling.temperature}")
+        steps = uniforms.shape[1]
+        counts = reveal_counts(self.num_tokens, steps, self.config.mask_schedule)
+        scales = self._scale_fn(sampling)(step_progress(steps))
+        return maskgit_generate(
+            self._hidden_fn(prompt_ids), self.head, self.num_tokens, self.mask_id, counts, sampling,
+            uniforms, self.choice_temperatures(steps), scales, self.guidance, self.device,
+        )  # fmt: skip
+
+    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
+                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+        """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
+        check_records(prompts, generators, "the ShapeWorld masked prior")
+        steps = self.resolve_steps(sampling)
+        sampling = dataclasses.replace(sampling, steps=steps)
+        pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B, L]
+        uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
+        tokens, step, logps = self.generate(pid, sampling, uniforms)
+        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
+        ro = Rollout(
+            tokens=tokens,
+            mask=torch.ones_like(tokens, dtype=torch.float),
+            step=step,
+            logp=logp,
+            prompts=[p for p in prompts for _ in range(group_size)],
+            group_size=group_size,
+            sampling=sampling,
+            state={"prompt_ids": pid, "estimator": self.estimator},
+        )
+        if self.estimator == "remask":
+            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
+            masks, times = draw_remasks(u, self.config.mask_schedule)
+            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
+            ro.logp = remask_record(
+                self._hidden_fn(pid), self.head, tokens, masks, times, self.mask_id,
+                self.config.codebook_size, self.config.hidden_size, self.guidance,
+                sampling.temperature, self._scale_fn(sampling),
+            )  # fmt: skip
+            ro.mask = estimator_mask(ro)
+        return ro
+
+    # ---- images ---------------------------------------------------------------------------------
+    def decode(self, rollout: Rollout) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1]."""
+        return self.vq.decode(rollout.tokens.to(self.device))
+
+    def token_features(self, rollout: Rollout) -> torch.Tensor:
+        """VQ codebook vectors of the sampled tokens [B, T, D] (STAGE and critical-token credit)."""
+        return self.vq.code_embeddings(rollout.tokens.to(self.device))
+
+    # ---- persistence ----------------------------------------------------------------------------
+    def save_pretrained(self, path: str) -> None:
+        """``path/model_index.json``, ``path/prior/{config.json, model.safetensors, vocab.json}``,
+        ``path/vq/{config.json, model.safetensors}``; weights stored in ``config.storage_dtype``."""
+        from safetensors.torch import save_file
+
+        prior = os.path.join(path, "prior")
+        os.makedirs(prior, exist_ok=True)
+        dtype = getattr(torch, self.config.storage_dtype)
+        state = {
+            k: v.detach().to(dtype).contiguous()
+            for k, v in self.state_dict().items()
+            if not k.startswith("vq.")
+        }
+        save_file(state, os.path.join(prior, "model.safetensors"))
+        os.chmod(os.path.join(prior, "model.safetensors"), 0o644)  # safetensors writes 0600
+        with open(os.path.join(prior, "config.json"), "w") as f:
+            json.dump({"model_type": "t2i_gcpo_masked", **asdict(self.config)}, f, indent=2)
+        self.tokenizer.save(prior)
+        self.vq.save_pretrained(os.path.join(path, "vq"))
+        with open(os.path.join(path, "model_index.json"), "w") as f:
+            json.dump({"policy": "masked", "prior": "prior", "vq": "vq"}, f, indent=2)
+
+    @classmethod
+    def from_pretrained(cls, path: str, estimator: str = "trajectory", remask_count: int = 2) -> MaskedPolicy:
+        """Load a `save_pretrained` folder; a missing, malformed or mismatched file is a `UserError`
+        naming it."""
+        prior = os.path.join(path, "prior")
+        need = [os.path.join(prior, n) for n in ("config.json", "model.safetensors", "vocab.json")]
+        if not any(os.path.exists(p) for p in need):
+            raise UserError(
+                f"{path} is not a masked policy checkpoint (needs prior/config.json, model.safetensors, vocab.json)"
+            )
+        for p in need:
+            check_file(p)
+        raw = read_config(need[0], "model_type", "t2i_gcpo_masked")
+        vq = VQTokenizer.from_pretrained(os.path.join(path, "vq"))
+        try:
+            tokenizer = PromptTokenizer.load(prior)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise UserError(f"{need[2]}: not a prompt vocabulary ({type(e).__name__}: {e})") from None
+        try:
+            config = MaskedConfig(**{**raw, "grid": tuple(raw.get("grid", MaskedConfig().grid))})
+            if not math.isfinite(float(config.default_cfg_scale)):
+                raise ValueError(f"default_cfg_scale must be a finite number, got {config.default_cfg_scale}")
+            model = cls(config, tokenizer, vq, estimator, remask_count)
+        except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
+            raise UserError(f"{need[0]}: not a masked policy config: {' '.join(str(e).split())}") from None
+        state = load_weights(need[1])
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as e:
+            raise UserError(
+                f"{need[1]}: the weights do not match {need[0]}: {' '.join(str(e).split())[:300]}"
+            ) from None
+        missing = [k for k in missing if not k.startswith("vq.")]
+        if missing or unexpected:
+            raise UserError(
+                f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
+            )
+        return model.eval()
+
+
+def load_masked_policy(name_or_path: str = "shapeworld-masked", estimator: str = "trajectory",
+                       remask_count: int = 2) -> MaskedPolicy:  # fmt: skip
+    """The shipped ShapeWorld masked prior by name, or a `MaskedPolicy.save_pretrained` directory."""
+    path = SHIPPED.get(name_or_path, name_or_path)
+    if not os.path.isdir(path):
+        raise UserError(f"model {name_or_path!r}: no such directory {path}")
+    return MaskedPolicy.from_pretrained(path, estimator, remask_count)

@@ -1,0 +1,315 @@
+"""Pieces every masked-image-token adapter shares (masked.py, amused.py): the mask schedule, the MaskGIT
+sampler with per-prompt noise, and the two log-prob estimators of a sample.
+
+A masked generator decodes T tokens in S steps. Step s (0-based) sees a canvas where every token not
+yet revealed holds the mask id, predicts all T positions at once, samples a token for every masked
+position and *reveals* the most confident of them; the rest stay masked (MaskGIT, Chang et al. 2022,
+arXiv 2202.04200, §3.2; Muse, Chang et al. 2023, arXiv 2301.00704; diffusers ``AmusedScheduler``).
+
+- Schedule. After step s, ⌊T·γ((s+1)/S)⌋ tokens stay masked, clamped to [1, still-masked − 1] before
+  the last step (every step reveals at least one token when it can; the last reveals the rest);
+  γ(r) = cos(πr/2) (``cosine``, MaskGIT's choice) or 1 − r (``linear``). Computed in float32 exactly
+  as ``AmusedScheduler.step`` computes it, so the counts match diffusers'. The counts depend on (T, S)
+  only: every row of a batch reveals the same number of tokens at a step.
+- Confidence. confidence = log p̃(ŷ_t) + τ_s·g_t with g_t Gumbel noise and p̃ the sampled (guided,
+  temperature-scaled, untruncated) distribution; the highest-confidence masked positions are revealed.
+  τ_s is annealed to 0 over the steps (MaskGIT: τ₀·(1 − (s+1)/S); aMUSEd: linspace(2, 0, S)).
+- Noise. Every random number comes from the prompt's own generator (`group_uniforms`): per sample a
+  [S, T, 2] block of uniforms, [..., 0] for the inverse-CDF token draw of the shared `sample_step`,
+  [..., 1] for the Gumbel noise of the confidence; then, for the ``remask`` estimator, a [K, T + 1]
+  block for the re-masks. A sample depends on its own generator only.
+- Guidance schedule (`SamplingParams.guidance_schedule`): ``constant`` s at every step; ``linear``
+  s_k = 1 + (s − 1)·p_k with progress p_k = k/(S − 1), i.e. ``linspace(1, s, S)`` — conditional
+  only at the first step, s at the last (open-muse's ``guidance_schedule="linear"``, which is
+  ``linspace(0, g, S)`` in Muse's (1 + g)c − g·u form: the same scales written as u + s(c − u)).
+
+Log-prob estimators (the importance ratio of a masked sample; SPEC §5), chosen per policy:
+
+- ``trajectory`` (default). Replay the recorded reveal order: the input of step s is the canvas with
+  every token revealed before s in place and the rest masked; each token is scored at the step that
+  revealed it, under that step's distribution (and that step's guidance scale). Teacher-forced on the
+  recorded masks, this reproduces the sampler's recorded log-probs (to float rounding) and costs one
+  forward per step. Sources: TraceRL (dLLM-RL, Wang et al. 2025, arXiv 2509.06949: the policy is
+  optimised on its own inference trajectory, each token at the step that decoded it) and Mask-GRPO
+  (Luo et al. 2025, arXiv 2510.13418: the unmasking trajectory's per-step token probabilities).
+- ``remask``. Score the final tokens under K random re-masks instead (MaskGRPO, Ma et al. 2025,
+  arXiv 2510.04363; MMaDA's UniGRPO, Yang et al. 2025, arXiv 2505.15809): re-mask k masks
+  n_k = clamp(round(γ(t_k)·T), 1, T) positions of the sample chosen uniformly, with stratified
+  times t_k = (k + u_k)/K so the K ratios cover the schedule from high to low (MaskGRPO raises the
+  ratio over its inner iterations); one forward per re-mask and context. The masks are drawn at
+  rollout time from the prompt's generator and stored in ``rollout.state["remask"]`` [B, K, T], so the
+  old log-probs and every later evaluation use the same masks. Per token:
+      log π(y_t) = mean over the re-masks k that masked t of log softmax(ℓ_k,t / T)[y_t]
+  and the token's loss mask is 1 iff some re-mask masked it (``estimator_mask``). A position that no
+  re-mask masked has no estimate: its value is 0, carries no gradient and its mask is 0 (the loss is
+  on masked positions only, as in MaskGRPO/UniGRPO). The guided context of re-mask k uses the
+  schedule's scale at progress t_k. Full distributions (``dists=True``) of a token are those of the
+  first re-mask (lowest k, largest ratio) that masked it.
+
+The adapters give the estimators two things: ``hidden_fn(canvas [N, T], rows [N], null [N]) → [N, T, D]``
+(the hidden states before the codebook head for canvas rows whose conditioning is rollout row
+``rows[i]``, the null / negative branch where ``null``) and ``head(h [..., D]) → [..., K]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Context, Rollout, SamplingParams
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, sample_step
+
+MASK_SCHEDULES = ("cosine", "linear")
+GUIDANCE_SCHEDULES = ("constant", "linear")
+ESTIMATORS = ("trajectory", "remask")
+HiddenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------- schedules
+
+
+def mask_ratio(progress: torch.Tensor, schedule: str = "cosine") -> torch.Tensor:
+    """γ(r): the fraction of tokens still masked at progress r ∈ [0, 1] (float32, as diffusers)."""
+    r = progress.float()
+    if schedule == "cosine":
+        return torch.cos(r * math.pi / 2)
+    if schedule == "linear":
+        return 1 - r
+    raise ValueError(f"unknown mask schedule {schedule!r}; expected one of {MASK_SCHEDULES}")
+
+
+def reveal_counts(num_tokens: int, steps: int, schedule: str = "cosine") -> list[int]:
+    """Tokens revealed at each of `steps` steps (sum = `num_tokens`), as ``AmusedScheduler.step``
+    counts them: after step s, ⌊T·γ((s+1)/S)⌋ stay masked, at least 1 and at most (masked − 1)
+    before the last step."""
+    if steps < 1:
+        raise UserError(f"a masked model needs at least 1 decoding step, got {steps}")
+    unknown, counts = num_tokens, []
+    for s in range(steps):
+        if s == steps - 1:
+            keep = 0
+        else:
+            ratio = (torch.tensor([[s]]) + 1) / steps  # float32, like the scheduler's step_idx
+            keep = int((num_tokens * mask_ratio(ratio, schedule)).floor().item())
+            keep = max(1, min(unknown - 1, keep))
+        counts.append(unknown - keep)
+        unknown = keep
+    return counts
+
+
+def step_progress(steps: int) -> torch.Tensor:
+    """p_k = k / (S − 1) for k = 0 … S − 1 ([1.] for one step): where step k sits in the decoding."""
+    return torch.linspace(0, 1, steps) if steps > 1 else torch.ones(1)
+
+
+def guidance_scales(scale: float, schedule: str, progress: torch.Tensor) -> torch.Tensor:
+    """The guidance scale at each progress value: ``constant`` s; ``linear`` 1 + (s − 1)·p."""
+    if schedule == "constant":
+        return torch.full_like(progress.float(), float(scale))
+    if schedule == "linear":
+        return 1 + (float(scale) - 1) * progress.float()
+    raise UserError(
+        f"unknown guidance schedule {schedule!r}; expected one of {', '.join(GUIDANCE_SCHEDULES)}"
+    )
+
+
+def gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise from uniforms, clamped as diffusers' ``gumbel_noise``."""
+    return -torch.log((-torch.log(u.clamp(1e-20))).clamp(1e-20))
+
+
+def check_estimator(estimator: str, remask_count: int) -> None:
+    if estimator not in ESTIMATORS:
+        raise UserError(f"unknown log-prob estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+    if estimator == "remask" and remask_count < 1:
+        raise UserError(f"the remask estimator needs at least 1 re-mask, got {remask_count}")
+
+
+# ---------------------------------------------------------------------------- the sampler
+
+
+@torch.no_grad()
+def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: int, counts: Sequence[int],
+                     sampling: SamplingParams, uniforms: torch.Tensor, choice_temperatures: torch.Tensor,
+                     scales: torch.Tensor, guidance: str,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Confidence-based parallel decoding with CFG (one doubled batch [cond; null] per step).
+
+    uniforms [B, S, T, 2] (token draw, Gumbel noise); choice_temperatures and scales [S] →
+    tokens [B, T] long, step [B, T] long (the step that revealed each token), log-probs [3, B, T]
+    (pos, neg, guided) of each token under the distributions of its reveal step."""
+    b, t_len = uniforms.shape[0], num_tokens
+    rows = torch.arange(b, device=device)
+    null = torch.arange(2 * b, device=device) >= b
+    tokens = torch.full((b, t_len), mask_id, dtype=torch.long, device=device)  # the canvas
+    step = torch.full((b, t_len), -1, dtype=torch.long, device=device)
+    logps = torch.zeros(3, b, t_len, device=device)
+    uniforms = uniforms.to(device)
+    for s, n_reveal in enumerate(counts):
+        if n_reveal == 0:
+            continue
+        unknown = step < 0  # [B, T]
+        h = hidden_fn(torch.cat([tokens, tokens]), torch.cat([rows, rows]), null)  # [2B, T, D]
+        hc, hu = h.chunk(2)
+        where = unknown.nonzero(as_tuple=True)  # every row has the same number of masked positions
+        sp = dataclasses.replace(sampling, guidance_scale=float(scales[s]))
+        tok, lp = sample_step(head(hc[where]), head(hu[where]), sp, uniforms[:, s, :, 0][where], guidance)
+        conf = torch.full((b, t_len), float("-inf"), device=device)
+        conf[where] = lp["guided"] + float(choice_temperatures[s]) * gumbel(uniforms[:, s, :, 1][where])
+        pick = conf.topk(n_reveal, dim=-1).indices  # [B, n]
+        reveal = torch.zeros_like(unknown).scatter_(1, pick, True) & unknown
+        cand = tokens.clone()
+        cand[where] = tok
+        tokens = torch.where(reveal, cand, tokens)
+        step = torch.where(reveal, torch.full_like(step, s), step)
+        for i, c in enumerate(("pos", "neg", "guided")):
+            full = torch.zeros(b, t_len, device=device)
+            full[where] = lp[c]
+            logps[i] = torch.where(reveal, full, logps[i])
+    if bool((step < 0).any()):
+        raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
+    return tokens, step, logps
+
+
+# ---------------------------------------------------------------------------- estimators
+
+
+def _pack(h: torch.Tensor, rows: int, scale: torch.Tensor) -> torch.Tensor:
+    """[2N, T, D] (cond rows, null rows) and per-token scales [N, T] → [N, T, 2D + 1]."""
+    hc, hu = h[:rows], h[rows:]
+    return torch.cat([hc, hu, scale.to(h)[..., None]], dim=-1)
+
+
+def context_hidden(hidden_fn: HiddenFn, canvas: torch.Tensor, rows: torch.Tensor, context: Context,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Hidden states of `canvas` [N, T] under `context`: [N, T, D] for pos / neg; for guided the cond
+    and null states with the per-token scale packed as [N, T, 2D + 1] (one doubled forward)."""
+    n = canvas.shape[0]
+    if context in ("pos", "neg"):
+        return hidden_fn(canvas, rows, torch.full((n,), context == "neg", device=canvas.device))
+    if context != "guided":
+        raise ValueError(f"context must be pos, neg or guided, not {context!r}")
+    null = torch.arange(2 * n, device=canvas.device) >= n
+    return _pack(hidden_fn(torch.cat([canvas, canvas]), torch.cat([rows, rows]), null), n, scale)
+
+
+def make_to_logits(head: Head, context: Context, guidance: str, temperature: float,
+                   dim: int) -> Callable[[torch.Tensor], torch.Tensor]:  # fmt: skip
+    """Hidden chunk [B, t, D] (or packed [B, t, 2D + 1]) → temperature-scaled logits [B, t, K]."""
+    if context != "guided":
+        return lambda h: head(h) / temperature
+    mix = GUIDANCE[guidance]
+
+    def to_logits(h: torch.Tensor) -> torch.Tensor:
+        c, u, s = h[..., :dim], h[..., dim : 2 * dim], h[..., 2 * dim :]
+        return mix(head(c), head(u), s) / temperature
+
+    return to_logits
+
+
+def trajectory_hidden(hidden_fn: HiddenFn, tokens: torch.Tensor, step: torch.Tensor, mask_id: int,
+                      context: Context, step_scales: torch.Tensor, replay_rows: int) -> torch.Tensor:  # fmt: skip
+    """Hidden states [B, T, D′] with token t taken from the replay of the step that revealed it: the
+    canvas of step s holds the tokens revealed before s, the rest masked. Steps are stacked along
+    the batch, ``replay_rows`` rows per forward (at least one step per forward)."""
+    b = tokens.shape[0]
+    present = step.unique().tolist()  # steps that revealed something
+    per = max(1, replay_rows // (b * (2 if context == "guided" else 1)))
+    out = None
+    rows = torch.arange(b, device=tokens.device)
+    for i in range(0, len(present), per):
+        group = present[i : i + per]
+        canvas = torch.cat([torch.where(step < s, tokens, mask_id) for s in group])  # [n·B, T]
+        scale = step_scales.to(tokens.device)[step].float() if context == "guided" else None
+        h = context_hidden(hidden_fn, canvas, rows.repeat(len(group)),
+                           context, None if scale is None else scale.repeat(len(group), 1))  # fmt: skip
+        h = h.view(len(group), b, *h.shape[1:])  # [n, B, T, D′]
+        if out is None:
+            out = h.new_zeros(h.shape[1:])
+        for j, s in enumerate(group):
+            out = torch.where((step == s)[..., None], h[j], out)
+    return out
+
+
+def draw_remasks(uniforms: torch.Tensor, schedule: str = "cosine") -> tuple[torch.Tensor, torch.Tensor]:
+    """uniforms [B, K, T + 1] → (masks bool [B, K, T], times t_k [B, K]): re-mask k masks
+    clamp(round(γ(t_k)·T), 1, T) uniformly chosen positions, t_k = (k + u_k)/K."""
+    b, k, t1 = uniforms.shape
+    t_len = t1 - 1
+    times = (torch.arange(k, dtype=torch.float32)[None] + uniforms[..., -1].float().cpu()) / k  # [B, K]
+    n = (mask_ratio(times, schedule) * t_len).round().clamp(1, t_len).long()  # [B, K]
+    rank = uniforms[..., :t_len].float().cpu().argsort(-1).argsort(-1)  # a random permutation per (b, k)
+    return (rank < n[..., None]).to(uniforms.device), times.to(uniforms.device)
+
+
+def estimator_mask(rollout: Rollout) -> torch.Tensor:
+    """[B, T] float: the tokens the rollout's estimator scores — ``rollout.mask`` for trajectory;
+    for remask, the valid tokens that at least one re-mask masked."""
+    remask = rollout.state.get("remask")
+    if rollout.state.get("estimator") != "remask" or remask is None:
+        return rollout.mask
+    return rollout.mask * remask.any(1).to(rollout.mask)
+
+
+def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: Context, dists: bool,
+                    mask_id: int, vocab: int, dim: int, guidance: str, step_scales: torch.Tensor,
+                    scale_fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                    replay_rows: int = 512) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:  # fmt: skip
+    """log softmax(ℓ/T) of the rollout's tokens [B, T] under `context`, with gradient, by the estimator
+    recorded in the rollout (``state["estimator"]``); with `dists` also the full distributions
+    (`ChunkedDists`, no gradient). `step_scales` [S]: the sampler's guidance scale per step;
+    `scale_fn(progress)`: the scale at a re-mask's progress."""
+    tokens = rollout.tokens.to(device)
+    temperature = rollout.sampling.temperature
+    to_logits = make_to_logits(head, context, guidance, temperature, dim)
+    if rollout.state.get("estimator", "trajectory") == "trajectory":
+        step = rollout.step.to(device)
+        hidden = trajectory_hidden(hidden_fn, tokens, step, mask_id, context, step_scales, replay_rows)
+        logp = chunked_logprobs(hidden, to_logits, tokens, vocab)
+        return (logp, ChunkedDists(hidden, to_logits, vocab)) if dists else logp
+    masks = rollout.state["remask"].to(device)  # [B, K, T]
+    times = rollout.state["remask_t"].to(device)  # [B, K]
+    rows = torch.arange(tokens.shape[0], device=device)
+    total = torch.zeros(tokens.shape, device=device)
+    chosen = None  # hidden of the first re-mask that masked each token (for dists)
+    for k in reversed(range(masks.shape[1])):
+        m = masks[:, k]  # [B, T]
+        canvas = torch.where(m, mask_id, tokens)
+        scale = scale_fn(times[:, k])[:, None].expand_as(tokens).float()
+        h = context_hidden(hidden_fn, canvas, rows, context, scale)
+        lp = chunked_logprobs(h, to_logits, tokens, vocab)
+        total = total + torch.where(m, lp, torch.zeros_like(lp))
+        if dists:
+            hd = h.detach()
+            chosen = hd if chosen is None else torch.where(m[..., None], hd, chosen)
+    count = masks.sum(1)  # [B, T]
+    logp = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
+    return (logp, ChunkedDists(chosen, to_logits, vocab)) if dists else logp
+
+
+@torch.no_grad()
+def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: torch.Tensor,
+                  times: torch.Tensor, mask_id: int, vocab: int, dim: int, guidance: str,
+                  temperature: float, scale_fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The remask estimator's log-probs {pos, neg, guided} [B, T] of sampled tokens under the rollout
+    policy (the ratio's old log-probs), from one doubled forward per re-mask."""
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    total = {c: torch.zeros(tokens.shape, device=tokens.device) for c in ("pos", "neg", "guided")}
+    for k in range(masks.shape[1]):
+        m = masks[:, k]
+        scale = scale_fn(times[:, k])[:, None].expand_as(tokens).float()
+        h = context_hidden(hidden_fn, torch.where(m, mask_id, tokens), rows, "guided", scale)
+        for c in total:
+            to_logits = make_to_logits(head, "guided", guidance, temperature, dim)
+            if c != "guided":
+                part = slice(0, dim) if c == "pos" else slice(dim, 2 * dim)
+                to_logits = lambda x, part=part: head(x[..., part]) / temperature  # noqa: E731
+            lp = chunked_logprobs(h, to_logits, tokens, vocab)
+            total[c] += torch.where(m, lp, torch.zeros_like(lp))
+    count = masks.sum(1)
+    return {c: torch.where(count > 0, v / count.clamp_min(1), torch.zeros_like(v)) for c, v in total.items()}
