@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "pretrain": (
         "t2i_gcpo.commands.pretrain:pretrain_cmd",
-        "Rebuild the ShapeWorld VQ tokenizer and prior from scratch.",
+        "Rebuild a shipped model from scratch (ShapeWorld AR or masked prior, arithmetic LM).",
     ),
 }
 

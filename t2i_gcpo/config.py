@@ -49,6 +49,10 @@ class RolloutConfig:
         "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12). Autoregressive models ignore it.",
         None,
     )
+    max_new_tokens: int | None = doc(
+        "Text models: the longest completion in tokens; null = the model's default. Image models ignore it.",
+        None,
+    )
     guidance_schedule: Literal["constant", "linear"] = doc(
         "Masked models: the guidance scale over the decoding steps, constant or rising linearly from 1 "
         "at the first step to cfg_scale at the last (open-muse's linear schedule).",
@@ -174,6 +178,12 @@ class ModelOptions:
         "trajectory",
     )
     remask_count: int = doc("Masked models, estimator 'remask': re-masks per sample (K).", 2)
+    negative: str = doc(
+        "Text models: GCPO's negative context c⁻ (SPEC §4.1) — 'empty' (the question removed, the "
+        "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
+        "or a template containing {question}.",
+        "empty",
+    )
 
 
 @dataclass
@@ -248,7 +258,16 @@ class TrainConfig:
             (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
             (math.isfinite(self.rollout.cfg_scale or 0.0), "rollout.cfg_scale must be a finite number"),
             (self.rollout.steps is None or self.rollout.steps >= 1, "rollout.steps must be ≥ 1 (or null)"),
+            (
+                self.rollout.max_new_tokens is None or self.rollout.max_new_tokens >= 1,
+                "rollout.max_new_tokens must be ≥ 1 (or null)",
+            ),  # fmt: skip
             (self.model_options.remask_count >= 1, "model_options.remask_count must be ≥ 1"),
+            (
+                self.model_options.negative in ("empty", "wrong_answer")
+                or "{question}" in self.model_options.negative,
+                "model_options.negative must be 'empty', 'wrong_answer' or a template containing {question}",
+            ),  # fmt: skip
         ]
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
 

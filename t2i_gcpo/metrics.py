@@ -26,3 +26,14 @@ TIME_STEP = "time/step"  # wall time of the whole step
 EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)
 EVAL_STRICT_TAG = "eval/strict/{tag}"
 EVAL_PARTIAL = "eval/partial/mean"
+
+# text reasoning (arithmetic task)
+ACCURACY = "accuracy"  # mean correct (0/1) over the step's samples
+FORMAT_RATE = "format_rate"  # mean format reward over the step's samples
+LENGTH_MEAN = "length/mean"  # mean completion length (the reward's unit)
+STEP_LIFT = "step_lift"  # mean over failed samples of (first wrong step credit share) / (its token share)
+STEP_LIFT_N = "step_lift/samples"  # failed samples whose step lift is defined
+EVAL_ACCURACY = "eval/accuracy"  # held-out pass@1, averaged over every sample
+EVAL_PASS_K = "eval/pass_at_k"  # held-out share of prompts with ≥ 1 correct sample among their k
+EVAL_FORMAT_RATE = "eval/format_rate"
+EVAL_LENGTH_MEAN = "eval/length/mean"

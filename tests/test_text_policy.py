@@ -386,7 +386,7 @@ def test_user_errors(chat, tmp_path):
         TextPolicy.from_pretrained(tmp_path / "empty", dtype="fp8")
     with pytest.raises(UserError, match="temperature"):
         roll(chat, PROMPTS, 1, sampling=SamplingParams(temperature=0.0))
-    with pytest.raises(UserError, match="unknown to the tokenizer: banana"):
+    with pytest.raises(UserError, match="cannot express banana"):
         chat.check_prompts(["What is banana ?"])
     with pytest.raises(ValueError, match="one generator per prompt"):
         chat.rollout([PromptRecord("Solve 1")], 1, SAMPLING, [])

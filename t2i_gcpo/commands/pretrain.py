@@ -1,5 +1,6 @@
 """`t2i-gcpo pretrain`: rebuild an embedded ShapeWorld checkpoint (AR: VQ tokenizer + prior; masked:
-a MaskGIT prior over the shipped AR checkpoint's VQ tokens and prompt vocabulary)."""
+a MaskGIT prior over the shipped AR checkpoint's VQ tokens and prompt vocabulary), or, with
+``--world arithmetic``, the arithmetic world's tiny causal LM (t2i_gcpo.worlds.arithmetic.pretrain)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import click
 
 
 @click.command("pretrain")
+@click.option(
+    "--world",
+    type=click.Choice(["shapeworld", "arithmetic"]),
+    default="shapeworld",
+    show_default=True,
+    help="shapeworld: the image world (--arch picks the prior); arithmetic: the text world's causal LM "
+    "on noisy worked solutions (--model arithmetic).",
+)
 @click.option(
     "--arch",
     type=click.Choice(["ar", "masked"]),
@@ -17,10 +26,9 @@ import click
 )
 @click.option(
     "--out",
-    default="shapeworld_model",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Checkpoint folder to write.",
+    default=None,
+    type=click.Path(),  # checked by check_writable_dir: a file there is a one-line error
+    help="Checkpoint folder to write [default: shapeworld_model; arithmetic_model with --world arithmetic].",
 )
 @click.option(
     "--vq-steps", default=None, type=click.IntRange(min=1), help="VQ-VAE steps [default: 1000; ar only]."
@@ -30,7 +38,7 @@ import click
     "prior_steps",
     default=None,
     type=click.IntRange(min=1),
-    help="Prior steps [default: ar 1500, masked 2000].",
+    help="Prior steps [default: ar 1500, masked 2000; arithmetic 2000].",
 )
 @click.option(
     "--scenes",
@@ -65,8 +73,9 @@ import click
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch threads.")
 @click.option("--no-eval", is_flag=True, help="Skip scoring the result on the held-out test prompts.")
 def pretrain_cmd(
+    world: str,
     arch: str,
-    out: str,
+    out: str | None,
     vq_steps: int | None,
     prior_steps: int | None,
     n_scenes: int | None,
@@ -95,11 +104,32 @@ def pretrain_cmd(
       t2i-gcpo sample --model my_shapeworld --prompts prompts/shapeworld_test.txt --out samples/
       t2i-gcpo pretrain --arch masked --out my_masked
       t2i-gcpo train --model masked:my_masked --prompts prompts/shapeworld_train.txt
+
+    With --world arithmetic: a 4-layer Llama (0.87 M parameters) over the arithmetic world's
+    characters, trained on prompts and noisy worked solutions (a step slips with probability 0.1),
+    loss on the completion; prints its held-out accuracy sampled at temperature 1 and greedy. 7.5 min
+    measured on a shared 2-core machine at --threads 1 (the shipped model: 0.38 sampled, 0.64
+    greedy). Load the result with --model text:OUT (the shipped one is --model arithmetic).
+
+    \b
+      t2i-gcpo pretrain --world arithmetic --out my_arithmetic --threads 1
     """
     from t2i_gcpo.config import check_finite
-    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.errors import UserError, check_writable_dir
 
+    out = out or f"{world}_model"
     check_writable_dir(out, "--out")  # bad input fails now, not after minutes of training
+    if world == "arithmetic":
+        given = [("--arch masked", arch == "masked"), ("--vq-steps", vq_steps is not None),
+                 ("--scenes", n_scenes is not None), ("--cfg", cfg_scale is not None),
+                 ("--vq", vq_path is not None)]  # fmt: skip
+        bad = [name for name, used in given if used]
+        if bad:
+            raise UserError(
+                f"{', '.join(bad)} applies to --world shapeworld only (the arithmetic model is a causal LM)"
+            )
+        _pretrain_arithmetic(out, prior_steps, max_minutes, seed, threads, no_eval)
+        return
     if cfg_scale is not None:
         check_finite("--cfg", cfg_scale)
 
@@ -145,4 +175,25 @@ def pretrain_cmd(
         cfg.ar = ARConfig(default_cfg_scale=cfg_scale)
 
     stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
+    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+
+
+def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None, seed: int, threads: int,
+                         no_eval: bool) -> None:  # fmt: skip
+    import torch
+
+    from t2i_gcpo.worlds.arithmetic.pretrain import ArithmeticPretrainConfig, pretrain
+
+    torch.set_num_threads(threads)
+    cfg = ArithmeticPretrainConfig(seed=seed, max_minutes=max_minutes)
+    if steps is not None:
+        cfg.steps = steps
+    stats = pretrain(out, cfg, run_eval=not no_eval)
+    if "eval" in stats:
+        ev = stats["eval"]
+        click.echo(
+            f"held-out accuracy on {ev['problems']} problems: sampled (T=1, {ev['sampled']['samples_per_problem']} "
+            f"each) {ev['sampled']['accuracy']:.3f}, greedy {ev['greedy']['accuracy']:.3f}; format "
+            f"{ev['sampled']['format']:.3f} / {ev['greedy']['format']:.3f}"
+        )
     click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")

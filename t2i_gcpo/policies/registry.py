@@ -2,25 +2,31 @@
 
 - ``shapeworld``           the shipped ShapeWorld AR prior (t2i_gcpo/assets/shapeworld)
 - ``shapeworld-masked``    the shipped ShapeWorld masked (MaskGIT) prior (t2i_gcpo/assets/shapeworld_masked)
+- ``arithmetic``           the shipped arithmetic-world causal LM (t2i_gcpo/assets/arithmetic), a `TextPolicy`
 - ``masked:PATH``          a local directory saved by ``MaskedPolicy.save_pretrained``
 - ``amused:PATH``          a local diffusers aMUSEd pipeline folder
 - ``janus:PATH``           a local Janus / Janus-Pro checkpoint (transformers format)
+- ``text:PATH``            a local transformers causal LM folder (config, weights, tokenizer) as a `TextPolicy`
 - ``PATH``                 a local directory saved by ``ARPolicy.save_pretrained`` (e.g. a run's checkpoint)
 
 The prefix may be left out for a directory whose own files say what it is (a run's checkpoint of any
 family): ``config.json`` with model_type "janus", ``model_index.json`` with ``"policy": "masked"`` or
-``"_class_name": "AmusedPipeline"``.
+``"_class_name": "AmusedPipeline"``, ``config.json`` with a model_type that ``AutoModelForCausalLM``
+supports (text).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from t2i_gcpo.errors import UserError
 
-PREFIXES = ("janus", "amused", "masked", "ar")
+PREFIXES = ("janus", "amused", "masked", "text", "ar")
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
+TEXT_SHIPPED = {"arithmetic": os.path.join(ASSETS, "arithmetic")}  # built by `pretrain --world arithmetic`
 
 
 def _read_json(path: Path) -> dict:
@@ -31,15 +37,27 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def is_causal_lm_type(model_type: object) -> bool:
+    """Whether ``AutoModelForCausalLM`` builds a model of this ``config.json`` model_type."""
+    if not isinstance(model_type, str) or not model_type:
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
 def detect_family(path: str) -> str:
     """The adapter family of a checkpoint directory, from its own files (``ar`` when nothing says)."""
-    if _read_json(Path(path) / "config.json").get("model_type") == "janus":
+    model_type = _read_json(Path(path) / "config.json").get("model_type")
+    if model_type == "janus":
         return "janus"
     index = _read_json(Path(path) / "model_index.json")
     if index.get("_class_name") == "AmusedPipeline":
         return "amused"
     if index.get("policy") == "masked":
         return "masked"
+    if not index and is_causal_lm_type(model_type):
+        return "text"
     return "ar"
 
 
@@ -52,6 +70,8 @@ def split_spec(spec: str) -> tuple[str, str]:
         return head, rest
     if spec in MASKED_SHIPPED:
         return "masked", spec
+    if spec in TEXT_SHIPPED:
+        return "text", spec
     return detect_family(spec), spec
 
 
@@ -86,12 +106,24 @@ def load_policy(spec: str, options: Any = None) -> Any:
         from t2i_gcpo.policies.masked import load_masked_policy
 
         return load_masked_policy(target, estimator, remask_count)
+    if family == "text":
+        from t2i_gcpo.policies.text import TextPolicy
+
+        if getattr(options, "lora_rank", 0):
+            raise UserError(
+                f"model_options.lora_rank applies to janus:PATH only, not to the text model '{spec}'"
+            )
+        kwargs = {}
+        if options is not None:
+            kwargs = dict(dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing,
+                          negative=options.negative)  # fmt: skip
+        return TextPolicy.from_pretrained(TEXT_SHIPPED.get(target, target), **kwargs)
     from t2i_gcpo.policies.ar import ARPolicy, resolve_checkpoint
 
     path = resolve_checkpoint(target)
     if not Path(path).is_dir():
         raise UserError(
-            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-masked', 'masked:PATH', "
-            "'amused:PATH', 'janus:PATH' or a checkpoint directory"
+            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-masked', 'arithmetic', "
+            "'masked:PATH', 'amused:PATH', 'janus:PATH', 'text:PATH' or a checkpoint directory"
         )
     return ARPolicy.from_pretrained(path)

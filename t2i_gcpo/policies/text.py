@@ -54,7 +54,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
@@ -156,7 +156,8 @@ class TextPolicy(nn.Module):
         **kwargs: Any,
     ) -> TextPolicy:
         """Load a LOCAL transformers causal-LM folder (config.json, weights, tokenizer files).
-        `kwargs` go to the constructor (negative, max_new_tokens, gradient_checkpointing, …)."""
+        `kwargs` go to the constructor (negative, max_new_tokens, gradient_checkpointing, …);
+        max_new_tokens defaults to the checkpoint's generation_config.max_new_tokens when it sets one."""
         if isinstance(dtype, str):
             if dtype not in DTYPES:
                 raise UserError(f"unknown dtype '{dtype}' for a text model: use one of {', '.join(DTYPES)}")
@@ -177,6 +178,9 @@ class TextPolicy(nn.Module):
         except (ValueError, OSError, KeyError, RuntimeError) as e:
             msg = " ".join(str(e).split())[:300]
             raise UserError(f"'{path}' is not a causal language model checkpoint: {msg}") from None
+        limit = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+        if limit and "max_new_tokens" not in kwargs:  # the checkpoint's own completion limit
+            kwargs["max_new_tokens"] = int(limit)
         return cls(model.to(device), tokenizer, **kwargs).eval()
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -208,14 +212,16 @@ class TextPolicy(nn.Module):
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is None or not prompts:
             return
-        unknown = set()
+        unknown, first = set(), None
         for p, ids in zip(prompts, self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]):
             if unk in ids:  # byte-level BPE never yields <unk>: words are looked at only when needed
+                first = first or p
                 unknown.update(
                     w for w in p.split() if unk in self.tokenizer(w, add_special_tokens=False)["input_ids"]
                 )
         if unknown:
-            raise UserError(f"words unknown to the tokenizer: {', '.join(sorted(unknown))}")
+            raise UserError(f"the model's tokenizer cannot express {', '.join(sorted(unknown))} "
+                            f"(first in prompt {shorten(first)!r})")  # fmt: skip
 
     def format_prompt(self, user: str) -> str:
         """The text the model is conditioned on for user message `user` (chat template or raw)."""

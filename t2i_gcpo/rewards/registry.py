@@ -6,6 +6,9 @@ Forms:
                                               local-dir folder (MODEL_NAME default ViT-L-14)
 - ``geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL][,flow_grpo]``
                                               GenEval partial-credit reward: Mask2Former + CLIP colours
+- ``arithmetic[:format=W][,overlong=L_MAX/L_CACHE]``
+                                              the arithmetic world's answer correctness (1/0), plus
+                                              W × format reward, plus DAPO's overlong penalty
 - ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata) — user
                                               code, imported and run (again on ``--resume``)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
@@ -31,6 +34,7 @@ from t2i_gcpo.rewards.combine import CallableReward, Checked, WeightedSum
 FORMS = (
     "'shapeworld[:flow_grpo]', 'clip:CKPT_PATH[:MODEL_NAME]', "
     "'geneval:DETECTOR_DIR,CLIP_CKPT[,MODEL_NAME][,flow_grpo]', "
+    "'arithmetic[:format=W][,overlong=L_MAX/L_CACHE]', "
     "'module:function', or a weighted sum such as '0.7*clip:CKPT+0.3*shapeworld'"
 )
 FLOW_GRPO = "flow_grpo"  # the option that picks flow_grpo's exact partial credit
@@ -88,6 +92,10 @@ def _build_one(spec: str, ctx: dict) -> Any:
         model = fields[2] if len(fields) == 3 else DEFAULT_CLIP_MODEL
         kwargs = {k: v for k, v in _accepted(GenEvalReward.from_paths, ctx).items() if k != "variant"}
         return GenEvalReward.from_paths(fields[0], fields[1], model, variant=variant, **kwargs)
+    if spec == "arithmetic" or spec.startswith("arithmetic:"):
+        from t2i_gcpo.rewards.arithmetic import ArithmeticReward
+
+        return ArithmeticReward.from_spec(spec[len("arithmetic:") :] if ":" in spec else "", **ctx)
     if ":" in spec and not spec.startswith(":"):
         return CallableReward(spec)
     raise UserError(f"unknown reward '{spec}': use {FORMS}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.tasks.arithmetic import TEST_FILE, ArithmeticTask
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.tasks.geneval import GenEvalTask
 
@@ -16,6 +17,7 @@ TASKS = {
         eval_file=str(REPO_PROMPTS / "shapeworld_test.jsonl"),
     ),
     "geneval": lambda: GenEvalTask("geneval", "coco", default_reward=None),
+    "arithmetic": lambda: ArithmeticTask(eval_file=str(REPO_PROMPTS / TEST_FILE)),
 }
 
 

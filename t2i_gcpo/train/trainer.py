@@ -247,7 +247,7 @@ class Trainer:
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
             guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-            guidance_schedule=cfg.rollout.guidance_schedule,
+            guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
         )  # fmt: skip
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
@@ -356,9 +356,11 @@ class Trainer:
                     self._announce(step, headline, bar)
                 self._log(step, row)
                 bar.update(1)
-                bar.set_postfix(
-                    reward=f"{row[M.REWARD_MEAN]:.3f}", strict=f"{row.get(M.STRICT, float('nan')):.2f}"
-                )
+                shown = {"reward": f"{row[M.REWARD_MEAN]:.3f}"}
+                for key, name in ((M.STRICT, "strict"), (M.ACCURACY, "acc")):  # the task's step score
+                    if key in row:
+                        shown[name] = f"{row[key]:.2f}"
+                bar.set_postfix(shown)
                 stop = self._stop()  # one all-reduce: every process gets the same answer
                 if step % cfg.save_every == 0 or step == cfg.steps or stop:
                     self.save(step)
@@ -474,9 +476,11 @@ class Trainer:
             self._report()
 
     def _draw(self, step: int, batch: Batch) -> None:
-        from t2i_gcpo.train.visuals import save_credit_maps, save_sample_grid
+        from t2i_gcpo.train.visuals import save_credit_maps, save_sample_grid, save_text_heatmap
 
-        if not torch.is_tensor(batch.outputs):  # text outputs: no image grid
+        if not torch.is_tensor(batch.outputs):  # text: a token heatmap page instead of image grids
+            save_text_heatmap(self.run_dir / "credit_maps" / f"step_{step:06d}.html", batch, unwrap(self.policy),
+                              self.credit_ref, self.cfg, step, self.task)  # fmt: skip
             return
         save_sample_grid(
             self.run_dir / "samples" / f"step_{step:06d}.png", batch, self.cfg.rollout.group_size

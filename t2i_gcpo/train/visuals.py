@@ -1,5 +1,6 @@
 """Pictures a run writes every `sample_every` steps: a grid of the step's samples and the credit
-maps of one group under every credit scheme (the trained one first)."""
+maps of one group under every credit scheme (the trained one first); for text, one HTML page of the
+group's completions with every token coloured by its weight under each scheme."""
 
 from __future__ import annotations
 
@@ -60,19 +61,43 @@ def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 
     return path
 
 
-def save_credit_maps(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int) -> Path:
-    """The first group's samples with their weights under every registered scheme (the trained one
-    first); schemes that compare with a reference are drawn when the run has one."""
+def group_weights(batch: Any, policy: Any, reference: Any, cfg: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The first group's rollout and its weights under every registered scheme (the trained one first;
+    schemes that compare with a reference only when the run has one)."""
     from t2i_gcpo.core.schemes import CREDIT_SCHEMES
-    from t2i_gcpo.viz.credit_map import credit_figure
 
-    G = batch.rollout.group_size
-    idx = torch.arange(G)
+    idx = torch.arange(batch.rollout.group_size)
     first = cfg.credit.scheme
     order = (first, *[x for x in CREDIT_SCHEMES if x != first])
     ro = batch.rollout.select(idx)
     weights = scheme_weights(cfg.credit, ro, batch.advantages[idx], policy, reference,
                              TRAIN_CONTEXT[cfg.rollout.train_logp], order)  # fmt: skip
+    return ro, weights
+
+
+def save_text_heatmap(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int,
+                      task: Any) -> Path | None:  # fmt: skip
+    """The first group's completions as a token heatmap page (`viz.text_heatmap`), with the task's
+    marks (the first wrong step for arithmetic); None when the task cannot lay out text samples."""
+    from t2i_gcpo.viz.text_heatmap import write_text_heatmap
+
+    if not hasattr(task, "text_samples"):
+        return None
+    G = batch.rollout.group_size
+    ro, weights = group_weights(batch, policy, reference, cfg)
+    samples = task.text_samples(ro, weights, batch.reward.details[:G], batch.reward.scores[:G],
+                                batch.advantages[:G])  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_heatmap(path, samples, title=f"step {step}: {ro.prompts[0].text}")
+
+
+def save_credit_maps(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int) -> Path:
+    """The first group's samples with their weights under every registered scheme (the trained one
+    first); schemes that compare with a reference are drawn when the run has one."""
+    from t2i_gcpo.viz.credit_map import credit_figure
+
+    G = batch.rollout.group_size
+    ro, weights = group_weights(batch, policy, reference, cfg)
     rows, cols = policy.layout.grid
     images = to_uint8(batch.outputs[:G])
     reveal = reveal_grids(ro, rows, cols)

@@ -5,6 +5,7 @@
     <run_dir>/metrics.jsonl              one JSON object per logged step ("step", "reward/mean", …)
     <run_dir>/samples/step_XXXXXX.png    sample grids
     <run_dir>/credit_maps/step_XXXXXX.png credit-map figures
+    <run_dir>/credit_maps/step_XXXXXX.html token heatmaps (text runs)
     <run_dir>/config.yaml                the resolved config
 
 and writes `<run_dir>/report.html`: reward curves (overall and per GenEval tag), optimisation,
@@ -303,6 +304,17 @@ def write_run_report(run_dir: str | os.PathLike) -> Path:
                 continue
             parts.append(f"<h2>{name} (step {step})</h2>\n" + img)
             break
+
+    # text runs: the latest token heatmap page, embedded whole (the report stays one file)
+    pages = (
+        sorted((run_dir / "credit_maps").glob("step_*.html")) if (run_dir / "credit_maps").is_dir() else []
+    )
+    if pages:
+        page = pages[-1]
+        text = page.read_text(encoding="utf-8", errors="replace")
+        parts.append(f"<h2>Latest token credit ({_html.esc(page.name)})</h2>\n"
+                     f'<iframe title="token credit" srcdoc="{_html.esc(text)}" '
+                     'style="width:100%;height:70vh;border:1px solid #ccc"></iframe>')  # fmt: skip
 
     # config
     cfg = run_dir / "config.yaml"

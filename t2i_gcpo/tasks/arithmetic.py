@@ -1,0 +1,338 @@
+"""The arithmetic task (SPEC §7): the text-reasoning path's prompts, reward, metrics and held-out score.
+
+Prompts: problem files as `worlds.arithmetic.read_problem_file` reads them (GSM8K-style .jsonl rows
+{"question", "answer"}, or one question a line in .txt). A record's text is the bare question
+("12+7*3=?"); the text policy wraps it in its tokenizer's chat template, which for the built-in
+character tokenizer is the world's frame "Q: 12+7*3=?\\nA:\\n". Its metadata is
+`rewards.arithmetic.problem_meta`: {"question", "answer", "steps"} (steps None for free text).
+The shipped files prompts/arithmetic_{train,test}.jsonl come from `write_prompt_files` (disjoint
+splits of `make_splits`, the test set the held-out default).
+
+Step metrics (from the reward's details): ``accuracy`` = mean correct, ``format_rate`` = mean format
+reward, ``length/mean`` = mean completion length (the reward's unit: characters unless it counts
+a tokenizer's tokens).
+
+Credit metric — step lift: over failed samples i with a first wrong step S_i (its tokens among the
+valid tokens V_i, weights w_it),
+
+    lift_i = (Σ_{t∈S_i} w_it / Σ_{t∈V_i} w_it) / (|S_i| / |V_i|),    step_lift = mean_i lift_i,
+
+the mean of per-sample ratios (as `viz.lift.credit_lift` / SPEC §6's credit lift, which it reuses):
+each failed sample counts once whatever its length. Uniform credit gives exactly 1. A sample is left
+out when the ratio is undefined: correct, no known steps (free text), S_i empty (a truncated completion
+with no answer line), S_i = V_i, or Σ w = 0.
+
+Token offsets: the first wrong step is a character span of the decoded completion; its tokens are the
+valid tokens whose characters overlap it. Offsets come from DECODING the sampled ids, never from
+re-tokenising the text (re-encoding may split it differently from what was sampled): decode each
+token alone, and if the pieces concatenate to the decoded completion take their lengths (exact for the
+character tokenizer and most BPE vocabularies; O(T)); otherwise decode every prefix ids[:k+1] and take
+token k's end as the longest common prefix of that decoding with the completion (exact for any
+tokenizer, including SentencePiece's leading spaces and multi-byte characters split over tokens;
+O(T²)). When the completion has no answer line the wrong step is the decision to stop: the span is
+empty at the end and S_i is the special token (EOS) after the text. The tokenizer is the task's
+`tokenizer` attribute — set it to the policy's (``task.tokenizer = policy.tokenizer``); otherwise the
+one of the last policy `evaluate` saw, otherwise the world's character tokenizer. A sample whose
+tokens do not decode to the completion the reward scored (details["completion"]) is left out, so a
+wrong tokenizer yields no metric rather than a wrong one.
+
+Held-out score: ``accuracy`` = pass@1 averaged over every sample (samples_per_prompt per prompt),
+``pass_at_k`` = share of prompts with at least one correct sample among their k, format rate and mean
+length; through the shared loop (tasks/loop.py), each prompt seeded by (seed, "eval", index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from t2i_gcpo.config import REPO_PROMPTS
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this task)
+    ACCURACY,
+    EVAL_ACCURACY,
+    EVAL_FORMAT_RATE,
+    EVAL_LENGTH_MEAN,
+    EVAL_PASS_K,
+    FORMAT_RATE,
+    LENGTH_MEAN,
+    STEP_LIFT,
+    STEP_LIFT_N,
+)
+from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.arithmetic import problem_meta
+from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
+
+if TYPE_CHECKING:
+    from t2i_gcpo.viz.text_heatmap import TextSample
+
+
+# The shipped prompt files (`write_prompt_files`).
+TRAIN_FILE, TEST_FILE = "arithmetic_train.jsonl", "arithmetic_test.jsonl"
+N_TRAIN, N_TEST, SPLIT_SEED = 2000, 200, 0
+
+
+def write_prompt_files(
+    directory: str | Path = REPO_PROMPTS, n_train: int = N_TRAIN, n_test: int = N_TEST, seed: int = SPLIT_SEED
+) -> tuple[Path, Path]:
+    """Write `TRAIN_FILE` and `TEST_FILE` (GSM8K-style rows with worked solutions) into `directory`:
+    `make_splits(n_train, n_test, seed)`, disjoint by question. The shipped files are
+    ``write_prompt_files()`` (python -c "from t2i_gcpo.tasks.arithmetic import write_prompt_files as
+    w; w()")."""
+    from t2i_gcpo.worlds.arithmetic import make_splits, write_problems
+
+    train, test = make_splits(n_train, n_test, seed)
+    directory = Path(directory)
+    write_problems(train, directory / TRAIN_FILE)
+    write_problems(test, directory / TEST_FILE)
+    return directory / TRAIN_FILE, directory / TEST_FILE
+
+
+def _get(detail: dict, key: str) -> Any:
+    """detail[key], or the value of "<reward name>/key" (a weighted sum of rewards prefixes them)."""
+    if key in detail:
+        return detail[key]
+    return next((v for k, v in detail.items() if k.endswith("/" + key)), None)
+
+
+# ---------------------------------------------------------------------------- token offsets
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def token_offsets(tokenizer: Any, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """(decoded completion, one (start, end) character span per token) for sampled ids, by decoding
+    (module docstring): pieces when they concatenate to the text, else prefixes. Special tokens (and
+    a byte that completes no character yet) get an empty span at their position."""
+    text = tokenizer.batch_decode([ids], skip_special_tokens=True)[0]
+    pieces = tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=True)
+    if "".join(pieces) == text:
+        ends = np.cumsum([len(p) for p in pieces]).tolist()
+    else:
+        prefixes = tokenizer.batch_decode([ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True)
+        ends, prev = [], 0
+        for p in prefixes:
+            prev = max(prev, _common_prefix(p, text))
+            ends.append(prev)
+    starts = [0] + ends[:-1]
+    return text, list(zip(starts, ends))
+
+
+def step_token_indices(tokenizer: Any, ids: list[int], detail: dict) -> list[int] | None:
+    """Indices into `ids` (a completion's valid tokens) of its first wrong step's tokens; None when
+    undefined: correct, no span, the tokens do not decode to the scored completion, or no token."""
+    span = _get(detail, "first_wrong_span")
+    if _get(detail, "correct") or span is None or not ids:
+        return None
+    lo, hi = int(span[0]), int(span[1])
+    text, offsets = token_offsets(tokenizer, ids)
+    completion = _get(detail, "completion")
+    if completion is not None and completion != text:
+        return None  # another tokenizer's ids: refuse rather than guess
+    if lo == hi:  # no answer line: the wrong decision was to stop — the special token(s) after the text
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        idx = [k for k, (t, (s, e)) in enumerate(zip(ids, offsets)) if t in special and s == e == len(text)]
+        return idx if lo == len(text) and idx else None
+    idx = [k for k, (s, e) in enumerate(offsets) if s < e and s < hi and e > lo]
+    return idx or None
+
+
+def first_wrong_step_mask(tokenizer: Any, rollout: Rollout, details: list[dict]) -> torch.Tensor:
+    """[B, T] bool: the tokens of each failed sample's first wrong step (all False where undefined)."""
+    mask = rollout.mask.detach().cpu() > 0  # [B, T]
+    out = torch.zeros_like(mask)
+    tokens = rollout.tokens.detach().cpu()
+    for i, d in enumerate(details):
+        pos = mask[i].nonzero().flatten()  # positions of the valid tokens
+        idx = step_token_indices(tokenizer, tokens[i, pos].tolist(), d)
+        if idx:
+            out[i, pos[idx]] = True
+    return out
+
+
+def step_lift(weights: torch.Tensor, rollout: Rollout, details: list[dict], tokenizer: Any) -> np.ndarray:
+    """Step lift per sample, float64 [B]; nan where undefined (module docstring)."""
+    if len(details) != len(rollout):
+        raise UserError(f"step lift: {len(details)} reward details for {len(rollout)} samples")
+    steps = first_wrong_step_mask(tokenizer, rollout, details)
+    return credit_lift(weights, steps, rollout.mask)
+
+
+def heatmap_samples(tokenizer: Any, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
+                    scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+    """`viz.text_heatmap.TextSample`s of a scored text rollout: each sample's valid tokens as text
+    (special tokens by name), each scheme's weights [B, T] on them, the first wrong step outlined."""
+    from t2i_gcpo.viz.text_heatmap import TextSample  # matplotlib: only when drawing
+
+    mask = rollout.mask.detach().cpu() > 0
+    tokens = rollout.tokens.detach().cpu()
+    out = []
+    for i in range(len(rollout)):
+        pos = mask[i].nonzero().flatten()
+        ids = tokens[i, pos].tolist()
+        text, offsets = token_offsets(tokenizer, ids)
+        pieces = [
+            text[s:e] if e > s else tokenizer.convert_ids_to_tokens(t) for t, (s, e) in zip(ids, offsets)
+        ]
+        d = details[i] if details else {}
+        answer, target = _get(d, "answer"), _get(d, "target")
+        notes = [f"answer {answer} (target {target})"] if target is not None else []
+        out.append(
+            TextSample(
+                tokens=pieces,
+                weights={k: w[i].detach().float().cpu()[pos] for k, w in weights.items()},
+                prompt=rollout.prompts[i].text,
+                reward=None if scores is None else float(scores[i]),
+                advantage=None if advantages is None else float(advantages[i]),
+                highlight=step_token_indices(tokenizer, ids, d) or (),
+                title=f"sample {i} (prompt {i // rollout.group_size}{_verdict(d)})",
+                notes=notes,
+            )
+        )
+    return out
+
+
+def _verdict(detail: dict) -> str:
+    correct = _get(detail, "correct")
+    return "" if correct is None else ", correct" if correct else ", wrong"
+
+
+# ---------------------------------------------------------------------------- the task
+
+
+@dataclass
+class ArithmeticTask:
+    name: str = "arithmetic"
+    default_reward: str | None = "arithmetic"
+    eval_file: str | None = None  # default held-out problems
+    tokenizer: Any = None  # the policy's tokenizer, for step lift (module docstring)
+    _builtin: Any = field(default=None, init=False, repr=False)  # the world's, built on first need
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if self._builtin is None:  # the built-in model's; a mismatch is detected per sample
+            from t2i_gcpo.worlds.arithmetic import build_tokenizer
+
+            self._builtin = build_tokenizer()
+        return self._builtin
+
+    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
+                     scores: Any = None, advantages: Any = None) -> list[Any]:  # fmt: skip
+        """Token heatmap samples (`viz.text_heatmap.TextSample`) with the first wrong step outlined."""
+        return heatmap_samples(self._tokenizer(), rollout, weights, details, scores, advantages)
+
+    def load_prompts(self, path: str | Path) -> list[PromptRecord]:
+        from t2i_gcpo.worlds.arithmetic import read_problem_file
+
+        return [PromptRecord(p.question, meta=problem_meta(p)) for p in read_problem_file(path)]
+
+    def parse(self, text: str) -> PromptRecord:
+        """A typed question: an expression of this world ("12+7*3=?") gets its answer and steps;
+        other text is free text without an answer (it can be sampled, not rewarded)."""
+        from t2i_gcpo.worlds.arithmetic import Problem, parse_question
+
+        if not text.strip():
+            raise UserError("empty arithmetic question")
+        problem = parse_question(text) or Problem(text.strip(), None)
+        return PromptRecord(problem.question, meta=problem_meta(problem))
+
+    def default_eval_prompts(self) -> str | None:
+        if self.eval_file and Path(self.eval_file).is_file():
+            return self.eval_file
+        return None
+
+    def step_metrics(self, details: list[dict]) -> dict[str, float]:
+        """Accuracy, format rate and mean length of the step's samples (those the reward reports)."""
+        out = {}
+        for name, key in ((ACCURACY, "correct"), (FORMAT_RATE, "format"), (LENGTH_MEAN, "length")):
+            vals = [float(v) for v in (_get(d, key) for d in details) if v is not None]
+            if vals:
+                out[name] = sum(vals) / len(vals)
+        return out
+
+    def credit_metrics(
+        self, weights: torch.Tensor, rollout: Rollout, details: list[dict]
+    ) -> dict[str, float]:
+        """Step lift of the credit weights [B, T] and how many failed samples define it."""
+        lifts = step_lift(weights, rollout, details, self._tokenizer())
+        lift = mean_credit_lift(lifts)
+        if not math.isfinite(lift):
+            return {}
+        return {STEP_LIFT: lift, STEP_LIFT_N: float(np.isfinite(lifts).sum())}
+
+    @torch.no_grad()
+    def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
+                 sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
+                 prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+        """Sample `samples_per_prompt` completions per prompt and score them; prompts are split across
+        processes, prompt i seeded by (seed, "eval", i) alone. Correctness is the reward's "correct"
+        detail (its score for a reward without one).
+
+        Returns ``{"accuracy", "pass_at_k", "k", "format_rate", "length", "samples", "prompts",
+        "metrics": {eval/… keys}, "headline": str}``.
+        """
+        if self.tokenizer is None:
+            self.tokenizer = getattr(policy, "tokenizer", None)
+        rank = accelerator.process_index if accelerator else 0
+        world = accelerator.num_processes if accelerator else 1
+        mine = list(range(rank, len(prompts), world))
+        chunks = [mine[i : i + prompts_per_batch] for i in range(0, len(mine), prompts_per_batch)]
+        if progress:
+            from tqdm import tqdm
+
+            chunks = tqdm(chunks, desc="eval", unit="batch")
+        rows: list[tuple[int, float, float, float]] = []  # (prompt index, correct, format, length) per sample
+        was_training = getattr(policy, "training", False)
+        if isinstance(policy, torch.nn.Module):
+            policy.eval()
+        for chunk in chunks:
+            scored = sample_and_score(policy, reward, [prompts[i] for i in chunk], samples_per_prompt, sampling,
+                                      group_generators(seed, "eval", chunk))  # fmt: skip
+            out = scored.reward
+            for b, (d, s) in enumerate(zip(out.details, out.scores.tolist())):
+                correct, fmt, length = (_get(d, k) for k in ("correct", "format", "length"))
+                rows.append((chunk[b // samples_per_prompt], float(s if correct is None else correct),
+                             math.nan if fmt is None else float(fmt),
+                             math.nan if length is None else float(length)))  # fmt: skip
+        if isinstance(policy, torch.nn.Module):
+            policy.train(was_training)
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            rows = gather_object(rows)
+        return summarize(rows, samples_per_prompt)
+
+
+def summarize(rows: list[tuple[int, float, float, float]], k: int) -> dict[str, Any]:
+    """Held-out accuracy (pass@1 over samples), pass@k, format rate and mean length of
+    (prompt index, correct, format, length) rows, one per sample."""
+    if not rows:
+        raise UserError("arithmetic evaluation: no samples to score")
+    a = np.asarray(rows, dtype=np.float64)  # [N, 4]
+    by_prompt: dict[int, float] = {}
+    for p, c in zip(a[:, 0].astype(int).tolist(), a[:, 1].tolist()):
+        by_prompt[p] = max(by_prompt.get(p, 0.0), float(c >= 1.0))
+    acc = float(a[:, 1].mean())
+    pass_k = sum(by_prompt.values()) / len(by_prompt)
+    fmt = float(np.nanmean(a[:, 2])) if np.isfinite(a[:, 2]).any() else math.nan
+    length = float(np.nanmean(a[:, 3])) if np.isfinite(a[:, 3]).any() else math.nan
+    metrics = {EVAL_ACCURACY: acc, EVAL_PASS_K: pass_k}
+    metrics.update(
+        {k_: v for k_, v in ((EVAL_FORMAT_RATE, fmt), (EVAL_LENGTH_MEAN, length)) if math.isfinite(v)}
+    )
+    return {"accuracy": acc, "pass_at_k": pass_k, "k": k, "format_rate": fmt, "length": length,
+            "samples": len(rows), "prompts": len(by_prompt), "metrics": metrics,
+            "headline": f"held-out accuracy {acc:.3f} (pass@{k} {pass_k:.3f})"}  # fmt: skip

@@ -1,0 +1,151 @@
+"""Token credit over text completions, side by side per credit scheme (SPEC §4, §7).
+
+`text_heatmap_html` renders a self-contained HTML page: per sample its prompt, reward and advantage,
+then one column per credit scheme in which every token's background is cmap(w_t / vmax). The tokens
+of the sample's first wrong step (the arithmetic world's `first_wrong_step`, mapped to token indices)
+are outlined and underlined, so one sees at a glance whether a scheme puts its credit there. One
+colour scale for the whole page (vmax: the largest weight shown, unless given), so that schemes
+compare directly: uniform credit (w = 1) is one flat tint, a concentrating scheme shows hot spots.
+Tokens and prompts are HTML-escaped; a newline shows as "↵" and breaks the line; hovering a token
+shows its index and weight. `token_heatmap.token_heatmap_html` is the one-sequence, one-scheme view.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.viz import _html
+from t2i_gcpo.viz.token_heatmap import DEFAULT_CMAP, _hex, _legend, _show, _text_colour
+
+_NAN_RGB = (0.85, 0.85, 0.85)  # a non-finite weight: grey
+_CSS = """
+.schemes { display: flex; flex-wrap: wrap; gap: 12px; }
+.scheme { flex: 1 1 300px; min-width: 0; border-top: 1px solid #eee; padding-top: 4px; }
+.scheme h4 { margin: 2px 0 4px; font-size: 0.95em; }
+.tok.wrong, .key.wrong { outline: 2px solid #1f5fbf; outline-offset: -1px; text-decoration: underline;
+       text-decoration-color: #1f5fbf; text-decoration-thickness: 2px; }
+.key { font-family: ui-monospace, Menlo, Consolas, monospace; padding: 0 3px; }
+pre.prompt { margin: 4px 0; white-space: pre-wrap; }
+"""
+
+
+@dataclass
+class TextSample:
+    """One completion with the credit weights of one or more schemes.
+
+    tokens: the completion's tokens as text (T pieces; a special token may be shown by its name).
+    weights: scheme name → T weights w_t (a list, numpy array or torch tensor).
+    highlight: indices of the tokens to outline (the first wrong step); empty for none.
+    """
+
+    tokens: Sequence[str]
+    weights: Mapping[str, Any]
+    prompt: str = ""
+    reward: float | None = None
+    advantage: float | None = None
+    highlight: Sequence[int] = ()
+    title: str | None = None
+    notes: Sequence[str] = field(default_factory=tuple)  # extra facts shown on the sample's line
+
+
+def _as_array(w: Any) -> np.ndarray:
+    if hasattr(w, "detach"):  # torch.Tensor (bf16 has no numpy dtype)
+        w = w.detach().float().cpu().numpy()
+    return np.asarray(w, dtype=np.float64).ravel()
+
+
+def _spans(tokens: Sequence[str], w: np.ndarray, marked: set[int], vmax: float, cmap: str) -> str:
+    cm = matplotlib.colormaps[cmap]
+    out = []
+    for t, (tok, wt) in enumerate(zip(tokens, w)):
+        rgb = cm(float(np.clip(wt / vmax, 0.0, 1.0))) if math.isfinite(wt) else _NAN_RGB
+        cls = "tok wrong" if t in marked else "tok"
+        out.append(
+            f'<span class="{cls}" title="t={t} w={wt:.4f}" '
+            f'style="background:{_hex(rgb)};color:{_text_colour(rgb)}">{_html.esc(_show(tok))}</span>'
+        )
+    return "".join(out)
+
+
+def _sample_html(k: int, s: TextSample, schemes: list[str], vmax: float, cmap: str) -> str:
+    tokens = [str(t) for t in s.tokens]
+    marked = {int(i) for i in s.highlight}
+    if any(not 0 <= i < len(tokens) for i in marked):
+        raise UserError(f"text heatmap sample {k}: highlight indices outside its {len(tokens)} tokens")
+    info = [f"{len(tokens)} tokens"]
+    if s.reward is not None:
+        info.insert(0, f"reward {float(s.reward):.3f}")
+    if s.advantage is not None:
+        info.insert(1 if s.reward is not None else 0, f"advantage {float(s.advantage):+.3f}")
+    info += [str(n) for n in s.notes]
+    if marked:
+        info.append(f"first wrong step: tokens {min(marked)}–{max(marked)}")
+    cols = []
+    for name in schemes:
+        if name not in s.weights:
+            cols.append(f'<div class="scheme"><h4>{_html.esc(name)}</h4><p class="meta">not given</p></div>')
+            continue
+        w = _as_array(s.weights[name])
+        if w.size != len(tokens):
+            raise UserError(
+                f"text heatmap sample {k}, scheme {name!r}: {len(tokens)} tokens but {w.size} weights"
+            )
+        fin = w[np.isfinite(w)]
+        head = f"{name} · max w {fin.max():.3f}" if fin.size else name
+        cols.append(
+            f'<div class="scheme"><h4>{_html.esc(head)}</h4>'
+            f"<div>{_spans(tokens, w, marked, vmax, cmap)}</div></div>"
+        )
+    return (
+        '<div class="seq">\n'
+        f"<h3>{_html.esc(s.title or f'sample {k}')}</h3>\n"
+        f'<pre class="prompt">{_html.esc(s.prompt)}</pre>\n'
+        f'<p class="meta">{_html.esc(" · ".join(info))}</p>\n'
+        f'<div class="schemes">{"".join(cols)}</div>\n</div>'
+    )
+
+
+def text_heatmap_html(
+    samples: Sequence[TextSample],
+    title: str = "Token credit",
+    vmax: float | None = None,
+    cmap: str = DEFAULT_CMAP,
+) -> str:
+    """A complete HTML page (module docstring): the legend, then one section per sample with one
+    column per scheme (the schemes of all samples, in first-seen order)."""
+    if not samples:
+        raise UserError("text heatmap: no samples to draw")
+    schemes: list[str] = []
+    for s in samples:
+        schemes += [n for n in s.weights if n not in schemes]
+    if not schemes:
+        raise UserError("text heatmap: the samples carry no credit weights")
+    if vmax is None:
+        finite = [a[np.isfinite(a)] for s in samples for a in map(_as_array, s.weights.values())]
+        vmax = max((float(a.max()) for a in finite if a.size), default=1.0)
+    vmax = float(vmax) if vmax > 0 else 1.0
+    head = (
+        f"<h1>{_html.esc(title)}</h1>\n"
+        f'<p class="meta">Background = token credit weight w, one scale for the page: {_legend(vmax, cmap)}'
+        ' &nbsp; <span class="key wrong">outlined</span> = the first wrong step\'s tokens'
+        " &nbsp; ↵ = newline; hover a token for its index and weight.</p>"
+    )
+    body = [f"<style>{_CSS}</style>", head]
+    body += [_sample_html(k, s, schemes, vmax, cmap) for k, s in enumerate(samples)]
+    return _html.page(title, "\n".join(body))
+
+
+def write_text_heatmap(
+    path: str | os.PathLike, samples: Sequence[TextSample], title: str = "Token credit", **kwargs: Any
+) -> Path:
+    """Write `text_heatmap_html(samples, title, **kwargs)` to `path` atomically."""
+    return _html.atomic_write_text(path, text_heatmap_html(samples, title, **kwargs))

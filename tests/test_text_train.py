@@ -1,0 +1,135 @@
+"""`t2i-gcpo train` on a local causal LM through the CLI (`text:DIR`, the arithmetic task from the
+model): a step changes the weights and lowers the loss it took on its own batch; the run writes
+token heatmaps (also embedded in the report) and logs accuracy and step lift; prompts the model's
+vocabulary cannot express are a one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+import yaml
+
+import t2i_gcpo.train.trainer as trainer_module
+from t2i_gcpo.cli import main
+from t2i_gcpo.config import from_dict
+from t2i_gcpo.core.advantages import group_advantages
+from t2i_gcpo.core.losses import policy_loss
+from t2i_gcpo.policies.registry import load_policy
+from t2i_gcpo.train.credit import compute_weights
+
+FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16",
+        "sample_every=1", "save_every=1", "eval_every=-1"]  # fmt: skip
+# lengths vary between random completions, so the overlong penalty gives every group signal
+REWARD = "arithmetic:overlong=16/12"
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from t2i_gcpo.worlds.arithmetic import build_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    path = str(tmp_path_factory.mktemp("text_train") / "lm")
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # an EOS likely enough that completion lengths differ within a group
+        model.lm_head.weight[tok.eos_token_id] += 0.5
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def problems(tmp_path, rows) -> str:
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+ROWS = [{"question": "12+7*3=?", "answer": "7*3=21\n12+21=33\n#### 33"},
+        {"question": "4*5-6=?", "answer": "#### 14"}]  # fmt: skip
+
+
+def cli_train(model, prompts, out, algo, lr, extra=(), capture=None, monkeypatch=None) -> list[dict]:
+    if capture is not None:  # keep each step's scored rollout
+        real = trainer_module.sample_and_score
+
+        def keep(*args, **kwargs):
+            scored = real(*args, **kwargs)
+            capture.append(scored)
+            return scored
+
+        monkeypatch.setattr(trainer_module, "sample_and_score", keep)
+    args = ["train", "--prompts", prompts, "--model", f"text:{model}", "--reward", REWARD, "--out", str(out),
+            "--steps", "1", "--algo", algo, "--seed", "0", "--set", f"optim.lr={lr}"]  # fmt: skip
+    for kv in (*FAST, *extra):
+        args += ["--set", kv]
+    try:
+        main(args)
+    except SystemExit as e:
+        assert e.code in (0, None), f"exit {e.code}"
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algo", ["gcpo", "dgpo", "dapo"])
+def test_a_cli_step_trains_the_lm_toward_positive_advantages(tiny_lm, tmp_path, monkeypatch, algo):
+    scored = []
+    out = tmp_path / "run"
+    rows = cli_train(
+        tiny_lm, problems(tmp_path, ROWS), out, algo, 1e-6, capture=scored, monkeypatch=monkeypatch
+    )
+    row = rows[0]
+    assert row["step"] == 1 and row["groups_kept"] == 2
+    assert row["accuracy"] == 0.0  # a random model solves nothing
+    # every sample failed and has a first wrong step: step lift is defined (1 exactly for uniform credit)
+    assert row["step_lift/samples"] == 8
+    if algo == "dapo":
+        assert row["step_lift"] == pytest.approx(1.0)
+
+    base = load_policy(f"text:{tiny_lm}").eval()
+    trained = load_policy(str(out / "checkpoints" / "step_000001" / "model")).eval()  # found by its files
+    ro = scored[0].rollout
+    with torch.no_grad():
+        before, after = base.logprobs(ro, "pos"), trained.logprobs(ro, "pos")
+    assert torch.allclose(before * ro.mask, ro.logp["pos"] * ro.mask, atol=1e-4), "recorded = recomputed"
+    assert not torch.allclose(before, after)
+    # the step lowered the loss it took on its own batch (Adam's first step moves against the gradient sign)
+    cfg = from_dict(yaml.safe_load((out / "config.yaml").read_text()))
+    adv = group_advantages(scored[0].reward.scores, ro.group_size)
+    weights = compute_weights(cfg.credit, ro, adv, base, base, "pos")
+
+    def loss(logp):
+        return policy_loss(logp, ro.logp["pos"], adv, ro.mask, weights=weights,
+                           aggregation=cfg.loss.aggregation, max_len=ro.max_len)[0]  # fmt: skip
+
+    assert loss(after) < loss(before)
+    # positive-advantage samples gained log-prob relative to negative ones
+    gain = ((after - before) * ro.mask).sum(1)
+    assert gain[adv > 0].mean() > gain[adv < 0].mean()
+
+    page = (out / "credit_maps" / "step_000001.html").read_text()
+    assert "first wrong step" in page and page.count("sample ") >= 4
+    assert cfg.credit.scheme in page and "uniform" in page
+    assert "<iframe" in (out / "report.html").read_text()
+
+
+def test_a_prompt_the_vocabulary_cannot_express_is_one_line(tiny_lm, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("12+7*3=?\nwhat is 5 € 3\n")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--prompts", str(prompts), "--model", f"text:{tiny_lm}", "--out", str(tmp_path / "r"),
+              "--steps", "1"])  # fmt: skip
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]  # transformers' bar
+    assert len(lines) == 1 and lines[0].startswith("error:") and "€" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
