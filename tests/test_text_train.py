@@ -133,3 +133,45 @@ def test_a_prompt_the_vocabulary_cannot_express_is_one_line(tiny_lm, tmp_path, c
     lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]  # transformers' bar
     assert len(lines) == 1 and lines[0].startswith("error:") and "€" in lines[0] and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_compare_on_a_text_model_tabulates_accuracy_and_step_lift(tiny_lm, tmp_path):
+    out = tmp_path / "cmp"
+    args = ["compare", "--algos", "dapo,gcpo", "--seeds", "2", "--steps", "1", "--eval-every", "1",
+            "--model", f"text:{tiny_lm}", "--prompts", problems(tmp_path, ROWS), "--reward", REWARD,
+            "--out", str(out)]  # fmt: skip
+    fast = [kv for kv in FAST if not kv.startswith("eval_every")]  # compare sets its own
+    for kv in (
+        *fast,
+        "sample_every=0",
+        "eval_images_per_prompt=1",
+        "eval_prompts=" + problems(tmp_path, ROWS),
+    ):
+        args += ["--set", kv]
+    try:
+        main(args)
+    except SystemExit as e:
+        assert e.code in (0, None), f"exit {e.code}"
+    result = json.loads((out / "comparison.json").read_text())
+    assert result["metric"].startswith("held-out accuracy")
+    assert result["columns"] == ["pass@k", "format", "step lift (training mean)", "overall"]
+    dapo, gcpo = result["table"]["dapo"], result["table"]["gcpo"]
+    assert dapo["step lift (training mean)"][0] == pytest.approx(1.0)  # uniform credit: exactly 1
+    assert gcpo["step lift (training mean)"][0] != pytest.approx(1.0)
+    assert dapo["overall"][3] == 2 and (out / "curves.png").stat().st_size > 1000
+    assert "| gcpo |" in (out / "comparison.md").read_text()
+
+
+def test_credit_map_on_text_writes_heatmaps_and_step_lift(tiny_lm, tmp_path, capsys):
+    out = tmp_path / "maps"
+    try:
+        main(["credit-map", "--model", f"text:{tiny_lm}", "--prompt", "12+7*3=?", "--prompt", "4*5-6=?",
+              "--schemes", "gcpo,uniform", "--group", "4", "--reward", REWARD, "--out", str(out)])  # fmt: skip
+    except SystemExit as e:
+        assert e.code in (0, None), f"exit {e.code}"
+    printed = capsys.readouterr().out
+    assert "step lift" in printed and "uniform" in printed
+    lifts = json.loads((out / "lift.json").read_text())
+    assert len(lifts["uniform"]) == 8 and all(v == pytest.approx(1.0) for v in lifts["uniform"])
+    page = (out / "credit_maps.html").read_text()
+    assert page.count("first wrong step") >= 1 and "12+7*3=?" in page

@@ -6,11 +6,15 @@ from pathlib import Path
 
 import click
 
+SHIPPED_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "shapeworld-masked": "shapeworld_train.jsonl",
+                   "arithmetic": "arithmetic_train.jsonl"}  # fmt: skip
+
 EXAMPLES = """
 \b
 Examples:
   t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 200 --out runs/compare
   t2i-gcpo compare --algos dapo,gcpo --seeds 2 --steps 100 --set rollout.group_size=16 --out runs/cmp16
+  t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
 Re-running the same command resumes: finished runs are kept, stopped runs continue.
 """
 
@@ -19,17 +23,23 @@ Re-running the same command resumes: finished runs are kept, stopped runs contin
 @click.option("--algos", default="grpo,dapo,gcpo,dgpo", show_default=True, help="Comma-separated presets.")
 @click.option("--seeds", default=3, show_default=True, help="Seeds per algorithm (0 … N−1).")
 @click.option("--steps", default=200, show_default=True, help="Steps per run.")
-@click.option("--prompts", default=None, help="Training prompts [default: prompts/shapeworld_train.jsonl].")
+@click.option(
+    "--prompts",
+    default=None,
+    help="Training prompts [default for the shipped models: prompts/shapeworld_train.jsonl, "
+    "prompts/arithmetic_train.jsonl for --model arithmetic].",
+)
 @click.option("--model", default="shapeworld", show_default=True)
-@click.option("--reward", default="shapeworld", show_default=True)
+@click.option("--reward", default=None, help="Reward spec [default: the task's own].")
 @click.option(
     "--eval-every", default=25, show_default=True, help="Held-out evaluation interval (the curves)."
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every run.")
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
 def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrides, out) -> None:
-    """Train each algorithm with several seeds and compare held-out strict scores: mean and 95 %
-    interval per tag and overall, steps to reach GRPO's final score, and curves with bands."""
+    """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
+    (image tasks: strict score per tag and overall; text: accuracy, pass@k, format rate and step
+    lift), steps to reach GRPO's final score, and curves with bands."""
     from t2i_gcpo.config import ALGORITHMS, REPO_PROMPTS
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import format_table, run_comparison
@@ -43,7 +53,10 @@ def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrid
         )
     if seeds < 1 or steps < 1 or eval_every < 1:
         raise UserError("--seeds, --steps and --eval-every must be ≥ 1")
-    prompts = prompts or str(REPO_PROMPTS / "shapeworld_train.jsonl")
+    if prompts is None:
+        if model not in SHIPPED_PROMPTS:
+            raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
+        prompts = str(REPO_PROMPTS / SHIPPED_PROMPTS[model])
     result = run_comparison(
         names, seeds, steps, Path(out), prompts, model, reward, eval_every, tuple(overrides)
     )

@@ -1,4 +1,5 @@
-"""`t2i-gcpo credit-map`: where on the image each credit scheme puts a sample's credit."""
+"""`t2i-gcpo credit-map`: where on the image (or on which tokens of a text) each credit scheme puts a
+sample's credit."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ Examples:
   t2i-gcpo credit-map --prompts prompts/shapeworld_test.txt --limit 50 --out maps/   # + credit-lift table
   t2i-gcpo credit-map --prompt "a photo of three stars" --model runs/gcpo-…/checkpoints/step_000300/model \\
       --reference shapeworld --schemes gcpo,dgpo --out maps/
+  t2i-gcpo credit-map --model arithmetic --prompts prompts/arithmetic_test.jsonl --limit 20 --out maps/  # + step lift
+  t2i-gcpo credit-map --model arithmetic --prompt "12+7*3=?" --negative wrong_answer --out maps/
 """
 
 
@@ -37,11 +40,27 @@ Examples:
 @click.option(
     "--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the training default]."
 )
-@click.option("--reward", default="shapeworld", show_default=True, help="Reward spec, as for train.")
+@click.option(
+    "--negative",
+    default=None,
+    help="Text models: GCPO's negative context, 'empty', 'wrong_answer' or a {question} template [default: empty].",
+)
+@click.option("--reward", default=None, help="Reward spec, as for train [default: the task's own].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, help="Output directory (PNG per prompt, credit_maps.html, lift.json).")
 def credit_map_cmd(
-    prompt_texts, prompt_file, limit, model, reference, schemes, group_size, cfg_scale, reward, seed, out
+    prompt_texts,
+    prompt_file,
+    limit,
+    model,
+    reference,
+    schemes,
+    group_size,
+    cfg_scale,
+    negative,
+    reward,
+    seed,
+    out,
 ):
     """Sample a group per prompt, score it, and draw every sample's token weights under each scheme.
 
@@ -76,5 +95,6 @@ def credit_map_cmd(
         reward,
         seed,
         out,
+        negative=negative,
     )
     click.echo(table)

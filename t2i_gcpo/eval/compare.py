@@ -1,6 +1,7 @@
-"""Multi-seed comparison of algorithms: train each (algo, seed), then tabulate the held-out strict
-score per tag (mean and 95 % interval over seeds), the steps each algorithm needs to reach GRPO's
-final score, and plot the held-out curves with bands."""
+"""Multi-seed comparison of algorithms: train each (algo, seed), then tabulate the held-out score
+(mean and 95 % interval over seeds) — for image tasks the strict GenEval score per tag and overall,
+for text tasks accuracy, pass@k, format rate and the step lift of the run's credit — the steps each
+algorithm needs to reach GRPO's final score, and plot the held-out curves with bands."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def run_comparison(
     out: Path,
     prompts: str,
     model: str = "shapeworld",
-    reward: str = "shapeworld",
+    reward: str | None = None,
     eval_every: int = 25,
     overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
@@ -50,56 +51,85 @@ def run_comparison(
     return summarise(out, algos, seeds)
 
 
-def eval_curve(run_dir: Path) -> list[tuple[int, dict]]:
-    """(step, eval metrics) rows of a run, in step order (the last row for a repeated step wins)."""
-    rows: dict[int, dict] = {}
+# the headline of a run's held-out evaluation, by task kind, and how the table names it
+HEADLINES = ((M.EVAL_STRICT, "held-out strict score"), (M.EVAL_ACCURACY, "held-out accuracy (pass@1)"))
+
+
+def headline_key(row: dict) -> str | None:
+    """The held-out headline metric a run logs (strict for image tasks, accuracy for text)."""
+    return next((k for k, _ in HEADLINES if row.get(k) is not None), None)
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, held-out headline) of a run, in step order (the last row for a repeated step wins)."""
+    rows: dict[int, float] = {}
     path = run_dir / "metrics.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else []:
         r = json.loads(line)
-        if M.EVAL_STRICT in r and r[M.EVAL_STRICT] is not None:
-            rows[r[M.STEP]] = r
+        key = headline_key(r)
+        if key is not None:
+            rows[r[M.STEP]] = r[key]
     return sorted(rows.items())
 
 
+def training_mean(run_dir: Path, key: str) -> float:
+    """Mean of a per-step training metric over a run (NaN when it never logged it)."""
+    path = run_dir / "metrics.jsonl"
+    vals = [r[key] for r in map(json.loads, path.read_text().splitlines()) if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else np.nan
+
+
 def summarise(out: Path, algos: list[str], seeds: int) -> dict[str, Any]:
-    curves = {a: [eval_curve(out / a / f"seed{s}") for s in range(seeds)] for a in algos}
-    finals = {
-        a: [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for s in range(seeds)] for a in algos
+    runs = {a: [out / a / f"seed{s}" for s in range(seeds)] for a in algos}
+    curves = {a: [eval_curve(r) for r in runs[a]] for a in algos}
+    finals = {a: [json.loads((r / "eval.json").read_text()) for r in runs[a]] for a in algos}
+    key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
+    if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, then overall
+        found = {
+            k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")
+        } - {"overall"}
+        tags = [t for t in TAG_ORDER if t in found] + sorted(found - set(TAG_ORDER))
+        columns = {t: (lambda f, r, t=t: f.get(f"eval/strict/{t}", np.nan)) for t in tags}
+        columns["overall"] = lambda f, r: f[M.EVAL_STRICT]
+    else:  # text: held-out accuracy and what goes with it, and where the credit went
+        columns = {
+            "pass@k": lambda f, r: f.get(M.EVAL_PASS_K, np.nan),
+            "format": lambda f, r: f.get(M.EVAL_FORMAT_RATE, np.nan),
+            "step lift (training mean)": lambda f, r: training_mean(r, M.STEP_LIFT),
+            "overall": lambda f, r: f[M.EVAL_ACCURACY],
+        }
+    table: dict[str, dict[str, tuple[float, float, float, int]]] = {
+        a: {c: mean_ci95([fn(f, r) for f, r in zip(finals[a], runs[a])]) for c, fn in columns.items()}
+        for a in algos
     }
-    found = {
-        k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")
-    } - {"overall"}
-    tags = [t for t in TAG_ORDER if t in found] + sorted(found - set(TAG_ORDER))
-    table: dict[str, dict[str, tuple[float, float, float, int]]] = {}
-    for a in algos:
-        table[a] = {t: mean_ci95([f.get(f"eval/strict/{t}", np.nan) for f in finals[a]]) for t in tags}
-        table[a]["overall"] = mean_ci95([f[M.EVAL_STRICT] for f in finals[a]])
     reach: dict[str, float | None] = {}
     if "grpo" in algos:
         target = table["grpo"]["overall"][0]
         for a in algos:
             hits = []
             for curve in curves[a]:
-                steps_hit = [step for step, r in curve if r[M.EVAL_STRICT] >= target - 1e-9]
+                steps_hit = [step for step, v in curve if v >= target - 1e-9]
                 hits.append(steps_hit[0] if steps_hit else np.nan)
             reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
-    result = {"tags": tags, "table": table, "steps_to_grpo_final": reach, "seeds": seeds}
+    label = dict(HEADLINES)[key]
+    result = {"metric": label, "columns": list(columns), "table": table, "steps_to_grpo_final": reach,
+              "seeds": seeds}  # fmt: skip
     (out / "comparison.json").write_text(json.dumps(result, indent=1))
     (out / "comparison.md").write_text(format_table(result))
-    plot_curves(curves, out / "curves.png")
+    plot_curves(curves, out / "curves.png", label)
     return result
 
 
 def format_table(result: dict[str, Any]) -> str:
-    tags = [*result["tags"], "overall"]
-    head = "| algorithm | " + " | ".join(tags) + " | steps to GRPO's final |"
-    lines = [head, "|" + "---|" * (len(tags) + 2)]
+    columns = result["columns"]
+    head = "| algorithm | " + " | ".join(columns) + " | steps to GRPO's final |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
     for algo, row in result["table"].items():
-        cells = [_cell(*row[t][:3]) for t in tags]
+        cells = [_cell(*row[c][:3]) for c in columns]
         reach = result["steps_to_grpo_final"].get(algo)
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {'—' if reach is None else f'{reach:.0f}'} |")
     lines.append(
-        f"\nheld-out strict score, mean ± half-width of the 95 % interval over {result['seeds']} seed(s)"
+        f"\n{result['metric']} (overall), mean ± half-width of the 95 % interval over {result['seeds']} seed(s)"
     )
     return "\n".join(lines)
 
@@ -111,7 +141,8 @@ def _cell(mean: float, low: float, high: float) -> str:
     return f"{mean:.3f}" if np.isnan(low) else f"{mean:.3f} ± {(high - low) / 2:.3f}"
 
 
-def plot_curves(curves: dict[str, list[list[tuple[int, dict]]]], path: Path) -> None:
+def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,
+                label: str = "held-out strict score") -> None:  # fmt: skip
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -124,8 +155,8 @@ def plot_curves(curves: dict[str, list[list[tuple[int, dict]]]], path: Path) -> 
             continue
         grid = np.full((len(runs), len(steps)), np.nan)
         for i, run in enumerate(runs):
-            for s, r in run:
-                grid[i, steps.index(s)] = r[M.EVAL_STRICT]
+            for s, v in run:
+                grid[i, steps.index(s)] = v
         stats = [mean_ci95(grid[:, j]) for j in range(len(steps))]
         mean = np.array([m for m, _, _, _ in stats])
         lo = np.array([lo for _, lo, _, _ in stats])
@@ -135,7 +166,7 @@ def plot_curves(curves: dict[str, list[list[tuple[int, dict]]]], path: Path) -> 
             steps, np.where(np.isfinite(lo), lo, mean), np.where(np.isfinite(hi), hi, mean), alpha=0.2
         )
     ax.set_xlabel("step")
-    ax.set_ylabel("held-out strict score")
+    ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

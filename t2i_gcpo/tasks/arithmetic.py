@@ -229,6 +229,10 @@ class ArithmeticTask:
             self._builtin = build_tokenizer()
         return self._builtin
 
+    def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
+        """Step lift of every sample [B] (NaN where undefined: correct, or no first wrong step)."""
+        return step_lift(weights, rollout, details, self._tokenizer())
+
     def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
                      scores: Any = None, advantages: Any = None) -> list[Any]:  # fmt: skip
         """Token heatmap samples (`viz.text_heatmap.TextSample`) with the first wrong step outlined."""

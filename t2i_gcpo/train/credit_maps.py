@@ -1,5 +1,6 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
-scheme's token weights, draw them, and measure credit lift (SPEC §6)."""
+scheme's token weights, draw them, and measure credit lift (SPEC §6); for text, token heatmaps and
+step lift against the first wrong step (SPEC §7)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def base_model(policy) -> str:
     """The shipped model of the policy's family: DGPO's default reference in credit maps."""
     from t2i_gcpo.policies.masked import MaskedPolicy
 
+    if policy.output == "text":
+        return "arithmetic"
     return "shapeworld-masked" if isinstance(policy, MaskedPolicy) else "shapeworld"
 
 
@@ -32,6 +35,7 @@ def run_credit_maps(
     seed: int,
     out: str,
     batch_prompts: int = 8,
+    negative: str | None = None,
 ) -> str:
     """Returns the printed summary (credit-lift table when the reward reports object grids)."""
     from tqdm import tqdm
@@ -50,7 +54,10 @@ def run_credit_maps(
     if limit is not None and limit < 1:
         raise UserError(f"limit must be >= 1 (got {limit})")
     cfg = TrainConfig()
-    policy = load_policy(model).eval()
+    if negative is not None:
+        cfg.model_options.negative = negative
+        cfg.validate()
+    policy = load_policy(model, cfg.model_options if negative is not None else None).eval()
     task = get_task(policy.default_task)
     prompts = [task.parse(p) for p in prompt_texts]
     if prompt_file:
@@ -62,12 +69,16 @@ def run_credit_maps(
     reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
         ref = load_policy(reference).eval()
-    reward = build_reward(reward_spec, grid=policy.layout.grid)
+    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid)
     sampling = policy.default_sampling()
     if cfg_scale is not None:
         sampling = dataclasses.replace(sampling, guidance_scale=cfg_scale)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if policy.output == "text":
+        summary = _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir,
+                             batch_prompts, model)  # fmt: skip
+        return summary + _self_reference_note(ref, reference, model)
     rows, cols = policy.layout.grid
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
     groups = []
@@ -110,8 +121,45 @@ def run_credit_maps(
     if lifts:
         (out_dir / "lift.json").write_text(json.dumps(lifts))
         summary = lift_table(lifts) + "\n" + summary
+    return summary + _self_reference_note(ref, reference, model)
+
+
+def _self_reference_note(ref, reference: str, model: str) -> str:
     if ref is not None and reference == model:
-        summary += (
-            "\nnote: the reference is the model itself, so DGPO's weights are uniform (give --reference)."
-        )
-    return summary
+        return "\nnote: the reference is the model itself, so DGPO's weights are uniform (give --reference)."
+    return ""
+
+
+def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir: Path,
+               batch_prompts: int, model: str) -> str:  # fmt: skip
+    """Token heatmaps of every group (one HTML page) and step lift per scheme over the failed samples."""
+    from tqdm import tqdm
+
+    from t2i_gcpo.core.advantages import group_advantages
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+    from t2i_gcpo.train.credit import scheme_weights
+    from t2i_gcpo.viz.lift import lift_table
+    from t2i_gcpo.viz.text_heatmap import write_text_heatmap
+
+    if not hasattr(task, "text_samples"):
+        raise UserError(f"task '{task.name}' cannot lay out text samples for credit maps")
+    cfg = TrainConfig()
+    lifts: dict[str, list[float]] = {s: [] for s in schemes}
+    samples = []
+    for start in tqdm(range(0, len(prompts), batch_prompts), desc="credit maps", unit="batch"):
+        chunk = prompts[start : start + batch_prompts]
+        scored = sample_and_score(policy, reward, chunk, group_size, sampling,
+                                  group_generators(seed, "credit-map", range(start, start + len(chunk))))  # fmt: skip
+        ro, rew = scored.rollout, scored.reward
+        adv = group_advantages(rew.scores, group_size)
+        weights = scheme_weights(cfg.credit, ro, adv, policy, ref, "pos", schemes)
+        for name, w in weights.items():
+            lifts[name] += task.sample_lifts(w, ro, rew.details).tolist()
+        samples += task.text_samples(ro, weights, rew.details, rew.scores, adv)
+    page = write_text_heatmap(out_dir / "credit_maps.html", samples, title=f"Token credit — {model}")
+    (out_dir / "lift.json").write_text(json.dumps(lifts))
+    return (
+        "step lift (credit share on the first wrong step over its token share; failed samples):\n"
+        + lift_table(lifts)
+        + f"\nwrote {page}"
+    )
