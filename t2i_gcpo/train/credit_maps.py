@@ -139,7 +139,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
     from t2i_gcpo.train.credit import scheme_weights
     from t2i_gcpo.viz.lift import lift_table
-    from t2i_gcpo.viz.text_heatmap import write_text_heatmap
+    from t2i_gcpo.viz.text_heatmap import text_heatmap_figure, write_text_heatmap
 
     if not hasattr(task, "text_samples"):
         raise UserError(f"task '{task.name}' cannot lay out text samples for credit maps")
@@ -155,11 +155,15 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         weights = scheme_weights(cfg.credit, ro, adv, policy, ref, "pos", schemes)
         for name, w in weights.items():
             lifts[name] += task.sample_lifts(w, ro, rew.details).tolist()
-        samples += task.text_samples(ro, weights, rew.details, rew.scores, adv)
+        group = task.text_samples(ro, weights, rew.details, rew.scores, adv)
+        for p, record in enumerate(chunk):  # a picture of each prompt's first samples
+            text_heatmap_figure(group[p * group_size : p * group_size + 4], out_dir / f"{start + p:05d}.png",
+                                title=record.text)  # fmt: skip
+        samples += group
     page = write_text_heatmap(out_dir / "credit_maps.html", samples, title=f"Token credit — {model}")
     (out_dir / "lift.json").write_text(json.dumps(lifts))
     return (
         "step lift (credit share on the first wrong step over its token share; failed samples):\n"
         + lift_table(lifts)
-        + f"\nwrote {page}"
+        + f"\nwrote {page} and one PNG per prompt"
     )

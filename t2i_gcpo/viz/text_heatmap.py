@@ -149,3 +149,70 @@ def write_text_heatmap(
 ) -> Path:
     """Write `text_heatmap_html(samples, title, **kwargs)` to `path` atomically."""
     return _html.atomic_write_text(path, text_heatmap_html(samples, title, **kwargs))
+
+
+def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, title: str = "",
+                        vmax: float | None = None, cmap: str = DEFAULT_CMAP) -> Path:  # fmt: skip
+    """A PNG of the samples (one column each) × schemes (one row each): every token a box coloured by
+    its weight on the scheme's own scale (0 … max(2, its largest weight), or `vmax`), laid out as the text is
+    (a newline token ends a line), the first wrong step's tokens outlined — the picture of a token heatmap for places that show no HTML (a README)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if not samples:
+        raise UserError("text heatmap: no samples to draw")
+    schemes = list(dict.fromkeys(n for s in samples for n in s.weights))
+    scale = {}  # each scheme on its own scale (0 … its largest weight here), unless vmax is given
+    for name in schemes:
+        finite = [
+            a[np.isfinite(a)] for a in (_as_array(s.weights[name]) for s in samples if name in s.weights)
+        ]
+        top = max((float(a.max()) for a in finite if a.size), default=1.0)
+        scale[name] = vmax or max(top, 2.0)  # weights average 1: uniform credit sits mid-scale
+    lines = [max(1, 1 + sum(t.endswith("\n") for t in s.tokens)) for s in samples]
+    width = [max(len(line) for line in "".join(t if t.endswith("\n") else t or "∅" for t in s.tokens).split("\n"))
+             for s in samples]  # fmt: skip
+    cw, lh = 0.13, 0.24  # inches per character and per line
+    col_w = [max(w, 12) * cw + 0.3 for w in width]
+    row_h = max(lines) * lh + 0.45
+    fig = Figure(figsize=(sum(col_w) + 1.2, row_h * len(schemes) + 0.9), dpi=120)
+    FigureCanvasAgg(fig)
+    cm = matplotlib.colormaps[cmap]
+    total_w, total_h = sum(col_w) + 1.2, row_h * len(schemes) + 0.9
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, total_w)
+    ax.set_ylim(total_h, 0)
+    ax.axis("off")
+    if title:
+        ax.text(0.1, 0.3, title, fontsize=10, weight="bold", va="center")
+    for r, scheme in enumerate(schemes):
+        y0 = 0.6 + r * row_h
+        ax.text(0.1, y0 + 0.25, scheme, fontsize=9, weight="bold", va="center")
+        ax.text(0.1, y0 + 0.5, f"w 0 … {scale[scheme]:.2g}", fontsize=7, va="center", color="#444")
+        x_col = 1.2
+        for c, s in enumerate(samples):
+            if r == 0:
+                head = s.title or f"sample {c}"
+                if s.reward is not None:
+                    head += f"  r={s.reward:.2f}"
+                ax.text(x_col, y0 - 0.12, head, fontsize=7, va="center", color="#444")
+            w = _as_array(s.weights.get(scheme, []))
+            marked = set(s.highlight)
+            x, y = x_col, y0 + 0.1
+            for i, tok in enumerate(s.tokens):
+                shown = tok.rstrip("\n") or ("↵" if tok.endswith("\n") else tok or "∅")
+                wi = float(w[i]) if i < len(w) else math.nan
+                face = "#dddddd" if not math.isfinite(wi) else cm(min(max(wi / scale[scheme], 0.0), 1.0))
+                ax.add_patch(Rectangle((x, y), cw * len(shown), lh * 0.9, facecolor=face,
+                                       edgecolor="#1f5fbf" if i in marked else "none", lw=1.2))  # fmt: skip
+                ink = "#000" if isinstance(face, str) else _text_colour(face)
+                ax.text(x + cw * len(shown) / 2, y + lh * 0.45, shown, fontsize=8, family="monospace",
+                        ha="center", va="center", color=ink)  # fmt: skip
+                x += cw * len(shown)
+                if tok.endswith("\n"):
+                    x, y = x_col, y + lh
+            x_col += col_w[c]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, facecolor="white")
+    return Path(path)
