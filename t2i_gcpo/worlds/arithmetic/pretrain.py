@@ -34,7 +34,6 @@ not knobs to cut first; `p_wrong` moves the sampled accuracy (0.15 gave 0.33 sam
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
@@ -50,6 +49,7 @@ from t2i_gcpo.worlds.arithmetic.problems import Problem, make_splits
 from t2i_gcpo.worlds.arithmetic.prompts import format_prompt
 from t2i_gcpo.worlds.arithmetic.solutions import noisy_solution
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
+from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.worlds.shapeworld.pretrain import use_bf16
 
 IGNORE = -100  # label of a position without loss (prompt, padding)
@@ -136,21 +136,12 @@ def train_lm(model: Any, tokenizer: Any, train: list[Problem], cfg: ArithmeticPr
 
     rng = random.Random(cfg.seed + 1)  # problems, dropout and slips
     params = list(model.parameters())
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = pretrain_optimizer(params, cfg.lr, cfg.weight_decay)
     model.train()
     t0, ema, step = time.time(), 0.0, 0
     bar = tqdm(range(cfg.steps), desc="arithmetic LM")
     for step in bar:
-        warm = min(1.0, (step + 1) / cfg.warmup)
-        cos = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * warm * cos
+        set_lr(opt, cfg.lr, step, cfg.steps, cfg.warmup)
         ids, mask, target = encode_batch(tokenizer, rng.choices(train, k=cfg.batch), cfg, rng)  # [B, S]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg.bf16)):
             logits = model(input_ids=ids, attention_mask=mask).logits  # [B, S, V]

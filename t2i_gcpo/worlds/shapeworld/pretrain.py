@@ -14,7 +14,6 @@ The shipped model is deliberately under-trained: its strict score must leave RL 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from t2i_gcpo.errors import check_writable_dir
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
+from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
 from t2i_gcpo.worlds.shapeworld.render import render, sample_scene
 
@@ -104,21 +104,12 @@ def train_prior(
 
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     params = [p for n, p in policy.named_parameters() if not n.startswith("vq.")]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.prior_lr,
-        betas=(0.9, 0.95),
-    )
+    opt = pretrain_optimizer(params, cfg.prior_lr, cfg.weight_decay)
     policy.train()
     t0, ema, step = time.time(), 0.0, 0
     bar = tqdm(range(cfg.prior_steps), desc="prior")
     for step in bar:
-        warm = min(1.0, (step + 1) / cfg.warmup)
-        cos = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.prior_steps))
-        for g in opt.param_groups:
-            g["lr"] = cfg.prior_lr * warm * cos
+        set_lr(opt, cfg.prior_lr, step, cfg.prior_steps, cfg.warmup)
         idx = torch.randint(0, tokens.shape[0], (cfg.prior_batch,), generator=gen)
         null = torch.rand(cfg.prior_batch, generator=gen) < cfg.cfg_dropout  # [B] CFG dropout
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg.bf16)):

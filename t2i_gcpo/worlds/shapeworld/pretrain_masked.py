@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from t2i_gcpo.policies.masked import AR_ASSETS, MaskedConfig, MaskedPolicy
 from t2i_gcpo.policies.maskgen import mask_ratio
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQTokenizer
+from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.worlds.shapeworld.pretrain import encode_dataset, render_dataset, use_bf16
 from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
 
@@ -74,21 +74,12 @@ def train_masked_prior(policy: MaskedPolicy, prompt_ids: torch.Tensor, tokens: t
 
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     params = [p for n, p in policy.named_parameters() if not n.startswith("vq.")]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = pretrain_optimizer(params, cfg.lr, cfg.weight_decay)
     policy.train()
     t0, ema, step = time.time(), 0.0, 0
     bar = tqdm(range(cfg.steps), desc="masked prior")
     for step in bar:
-        warm = min(1.0, (step + 1) / cfg.warmup)
-        cos = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * warm * cos
+        set_lr(opt, cfg.lr, step, cfg.steps, cfg.warmup)
         idx = torch.randint(0, tokens.shape[0], (cfg.batch,), generator=gen)
         y = tokens[idx]
         canvas, masked = mask_batch(y, policy.mask_id, gen, policy.config.mask_schedule)
