@@ -17,7 +17,8 @@ from t2i_gcpo.worlds.shapeworld import TAGS, all_metadata, make_splits, parse_pr
 from t2i_gcpo.worlds.shapeworld.parse import EXTENDED_TAGS, metadata_to_prompt, validate_metadata
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((REPO / "prompts").glob("*.*"))
+# the ShapeWorld prompt files (the arithmetic ones are problems, not prompts of this grammar)
+SHIPPED = sorted((REPO / "prompts").glob("shapeworld_*.*"))
 
 
 def official() -> list[dict]:
