@@ -78,6 +78,21 @@ def _check_template(spec: str) -> None:
         ) from None
 
 
+@contextlib.contextmanager
+def quiet_hub_bars() -> Iterator[None]:
+    """Silence transformers' per-load progress bars ("Loading weights", "Writing model shards"): a
+    tiny model loads in milliseconds, and the bars would interleave with the training bar."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 class TextPolicy(nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local causal language model.
 
@@ -174,7 +189,8 @@ class TextPolicy(nn.Module):
         except Exception as e:  # any failure means: no usable tokenizer there
             raise UserError(f"no tokenizer found in '{path}' ({type(e).__name__}: {e})") from None
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            with quiet_hub_bars():
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         except (ValueError, OSError, KeyError, RuntimeError) as e:
             msg = " ".join(str(e).split())[:300]
             raise UserError(f"'{path}' is not a causal language model checkpoint: {msg}") from None
@@ -188,7 +204,8 @@ class TextPolicy(nn.Module):
         ``TextPolicy.from_pretrained(path)`` or ``AutoModelForCausalLM.from_pretrained(path)``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        with quiet_hub_bars():
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 
     # ------------------------------------------------------------------ contexts
