@@ -24,8 +24,6 @@ from t2i_gcpo.policies.maskgen import reveal_counts
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists
 from t2i_gcpo.tasks.loop import group_generators
 
-pytest.importorskip("diffusers")
-
 PROMPTS = ["a red circle", "two blue squares", "a cross"]
 CONTEXTS = ("pos", "neg", "guided")
 LR = 1e-4  # a first-order step: the tiny random model is far from linear at larger ones

@@ -17,7 +17,7 @@ import torch
 from t2i_gcpo.core.losses import policy_loss
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
-from t2i_gcpo.policies.masked import SHIPPED, MaskedConfig, MaskedPolicy, load_masked_policy
+from t2i_gcpo.policies.masked import MaskedConfig, MaskedPolicy, load_masked_policy
 from t2i_gcpo.policies.maskgen import (
     draw_remasks,
     guidance_scales,
@@ -376,7 +376,6 @@ def test_load_errors_name_the_path(tmp_path):
         MaskedPolicy.from_pretrained(str(tmp_path / "empty"))
 
 
-@pytest.mark.skipif(not os.path.isdir(SHIPPED["shapeworld-masked"]), reason="no shipped masked prior yet")
 def test_shipped_checkpoint_loads_and_replays():
     policy = load_masked_policy("shapeworld-masked")
     assert policy.layout.grid == (8, 8)

@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 import yaml
+from amused_fixtures import build_tiny_amused
 
 import t2i_gcpo.train.trainer as trainer_module
 from t2i_gcpo.cli import main
@@ -51,24 +52,15 @@ def tiny_masked_dir(root) -> str:
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("masked_train")
     out = {"masked": tiny_masked_dir(str(root)), "prompts": str(write_prompt_file(root / "p.jsonl"))}
-    try:
-        from amused_fixtures import build_tiny_amused
-
-        build_tiny_amused(str(root / "amused"))
-        out["amused"] = str(root / "amused")
-        geneval = root / "geneval.txt"
-        geneval.write_text(
-            "a photo of a cat\na photo of two dogs\na photo of a red car\na photo of a bench\n"
-        )
-        out["geneval_prompts"] = str(geneval)
-    except ImportError:  # diffusers missing: the aMUSEd cases skip
-        pass
+    build_tiny_amused(str(root / "amused"))  # diffusers is a dependency: no skip when it is missing
+    out["amused"] = str(root / "amused")
+    geneval = root / "geneval.txt"
+    geneval.write_text("a photo of a cat\na photo of two dogs\na photo of a red car\na photo of a bench\n")
+    out["geneval_prompts"] = str(geneval)
     return out
 
 
 def cli_train(models, family, out, algo, extra=(), steps=1, capture=None, monkeypatch=None, lr=3e-3):
-    if family == "amused" and "amused" not in models:
-        pytest.skip("diffusers is not installed")
     prompts = models["geneval_prompts"] if family == "amused" else models["prompts"]
     if capture is not None:  # keep each step's scored rollout
         real = trainer_module.sample_and_score
