@@ -40,17 +40,15 @@ Log-prob estimator, a constructor choice (``MaskedPolicy(..., estimator=, remask
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from t2i_gcpo.errors import UserError, check_file
+from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
@@ -64,9 +62,10 @@ from t2i_gcpo.policies.maskgen import (
     reveal_counts,
     step_progress,
 )
+from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import check_records, group_uniforms
-from t2i_gcpo.tokenizers.vq import VQTokenizer, load_weights, read_config
+from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
@@ -282,63 +281,19 @@ class MaskedPolicy(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """``path/model_index.json``, ``path/prior/{config.json, model.safetensors, vocab.json}``,
         ``path/vq/{config.json, model.safetensors}``; weights stored in ``config.storage_dtype``."""
-        from safetensors.torch import save_file
-
-        prior = os.path.join(path, "prior")
-        os.makedirs(prior, exist_ok=True)
-        dtype = getattr(torch, self.config.storage_dtype)
-        state = {
-            k: v.detach().to(dtype).contiguous()
-            for k, v in self.state_dict().items()
-            if not k.startswith("vq.")
-        }
-        save_file(state, os.path.join(prior, "model.safetensors"))
-        os.chmod(os.path.join(prior, "model.safetensors"), 0o644)  # safetensors writes 0600
-        with open(os.path.join(prior, "config.json"), "w") as f:
-            json.dump({"model_type": "t2i_gcpo_masked", **asdict(self.config)}, f, indent=2)
-        self.tokenizer.save(prior)
-        self.vq.save_pretrained(os.path.join(path, "vq"))
-        with open(os.path.join(path, "model_index.json"), "w") as f:
-            json.dump({"policy": "masked", "prior": "prior", "vq": "vq"}, f, indent=2)
+        save_prior_folder(self, path, "t2i_gcpo_masked", "masked")
 
     @classmethod
     def from_pretrained(cls, path: str, estimator: str = "trajectory", remask_count: int = 2) -> MaskedPolicy:
         """Load a `save_pretrained` folder; a missing, malformed or mismatched file is a `UserError`
         naming it."""
-        prior = os.path.join(path, "prior")
-        need = [os.path.join(prior, n) for n in ("config.json", "model.safetensors", "vocab.json")]
-        if not any(os.path.exists(p) for p in need):
-            raise UserError(
-                f"{path} is not a masked policy checkpoint (needs prior/config.json, model.safetensors, vocab.json)"
-            )
-        for p in need:
-            check_file(p)
-        raw = read_config(need[0], "model_type", "t2i_gcpo_masked")
-        vq = VQTokenizer.from_pretrained(os.path.join(path, "vq"))
-        try:
-            tokenizer = PromptTokenizer.load(prior)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise UserError(f"{need[2]}: not a prompt vocabulary ({type(e).__name__}: {e})") from None
-        try:
-            config = MaskedConfig(**{**raw, "grid": tuple(raw.get("grid", MaskedConfig().grid))})
-            if not math.isfinite(float(config.default_cfg_scale)):
-                raise ValueError(f"default_cfg_scale must be a finite number, got {config.default_cfg_scale}")
-            model = cls(config, tokenizer, vq, estimator, remask_count)
-        except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
-            raise UserError(f"{need[0]}: not a masked policy config: {' '.join(str(e).split())}") from None
-        state = load_weights(need[1])
-        try:
-            missing, unexpected = model.load_state_dict(state, strict=False)
-        except RuntimeError as e:
-            raise UserError(
-                f"{need[1]}: the weights do not match {need[0]}: {' '.join(str(e).split())[:300]}"
-            ) from None
-        missing = [k for k in missing if not k.startswith("vq.")]
-        if missing or unexpected:
-            raise UserError(
-                f"{path}: checkpoint does not match the model (missing {missing}, unexpected {unexpected})"
-            )
-        return model.eval()
+        return load_prior_folder(
+            path,
+            "t2i_gcpo_masked",
+            MaskedConfig,
+            "a masked policy",
+            lambda c, t, v: cls(c, t, v, estimator, remask_count),
+        )
 
 
 def load_masked_policy(name_or_path: str = "shapeworld-masked", estimator: str = "trajectory",
