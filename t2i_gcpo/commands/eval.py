@@ -170,7 +170,7 @@ def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, ou
 
     out = _check_out(out)
     policy = _policy(model)
-    task = get_task(policy.default_task)
+    task = get_task(policy.default_task, policy)
     metadata = [p.meta for p in task.load_prompts(prompts or REPO_PROMPTS / "shapeworld_test.jsonl")]
     root = out / "images"
     generate_geneval(

@@ -21,7 +21,12 @@ TASKS = {
 }
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str, policy: object = None) -> Task:
+    """A fresh task; with `policy`, bound to its tokenizer where the task maps reward spans (text
+    positions) to the policy's tokens (arithmetic's step lift)."""
     if name not in TASKS:
         raise UserError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
-    return TASKS[name]()
+    task = TASKS[name]()
+    if policy is not None and hasattr(task, "tokenizer"):
+        task.tokenizer = getattr(policy, "tokenizer", None)
+    return task

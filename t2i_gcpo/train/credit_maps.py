@@ -58,7 +58,7 @@ def run_credit_maps(
         cfg.model_options.negative = negative
         cfg.validate()
     policy = load_policy(model, cfg.model_options if negative is not None else None).eval()
-    task = get_task(policy.default_task)
+    task = get_task(policy.default_task, policy)
     prompts = [task.parse(p) for p in prompt_texts]
     if prompt_file:
         prompts += task.load_prompts(prompt_file)[:limit]

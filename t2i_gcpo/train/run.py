@@ -56,9 +56,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
     policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
-    task = get_task(cfg.task)
-    if hasattr(task, "tokenizer"):  # text tasks map reward spans to the policy's tokens
-        task.tokenizer = getattr(policy, "tokenizer", None)
+    task = get_task(cfg.task, policy)
     prompts = task.load_prompts(cfg.prompts)
     if cfg.reward is None:
         if task.default_reward is None:
