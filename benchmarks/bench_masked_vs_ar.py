@@ -43,6 +43,8 @@ def configurations(steps: list[int]) -> list[tuple[str, object, object]]:
 
 
 def time_rollouts(configs, batch: int, group: int, repeats: int) -> dict[str, float]:
+    """Best-of-`repeats` seconds of one rollout of `batch` images (batch // group prompts × group) per
+    (label, policy, sampling) configuration; one warm-up rollout each; configurations interleaved."""
     prompts = [PromptRecord(PROMPT)] * (batch // group)
     best = {label: float("inf") for label, _, _ in configs}
     with torch.no_grad():
@@ -53,6 +55,8 @@ def time_rollouts(configs, batch: int, group: int, repeats: int) -> dict[str, fl
                 gens = group_generators(r, "bench", range(len(prompts)))
                 t = time.perf_counter()
                 policy.rollout(prompts, group, sampling, gens)
+                if policy.device.type == "cuda":
+                    torch.cuda.synchronize()
                 best[label] = min(best[label], time.perf_counter() - t)
     return best
 

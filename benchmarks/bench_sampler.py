@@ -26,14 +26,20 @@ from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 PROMPT = "a photo of a red circle and a blue square"
 
 
+def random_policy(grid_side: int = 8, seed: int = 0) -> ARPolicy:
+    """The shipped architecture with random weights and a `grid_side`² token grid (8: the shipped 64
+    tokens; the VQ's image is 4·grid_side px, two stride-2 stages). Speed does not depend on weights."""
+    torch.manual_seed(seed)
+    words = "a photo of and red blue circle square left two three four".split()
+    tok = PromptTokenizer(words, max_len=12)
+    return ARPolicy(ARConfig(prompt_len=12), tok, VQTokenizer(VQConfig(image_size=4 * grid_side))).eval()
+
+
 def build(args: argparse.Namespace) -> ARPolicy:
     """The shipped architecture (loaded if present, else random weights: speed does not depend on them)."""
     if os.path.isdir(SHIPPED["shapeworld"]) and not args.random:
         return ARPolicy.from_pretrained(SHIPPED["shapeworld"])
-    torch.manual_seed(0)
-    words = "a photo of and red blue circle square left two three four".split()
-    tok = PromptTokenizer(words, max_len=12)
-    return ARPolicy(ARConfig(prompt_len=12), tok, VQTokenizer(VQConfig())).eval()
+    return random_policy()
 
 
 def time_generate(policy: ARPolicy, batch: int, caches: list[str], repeats: int) -> dict[str, float]:

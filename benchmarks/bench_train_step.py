@@ -20,6 +20,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,18 +46,29 @@ def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: s
     return Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, eval_prompts=None)
 
 
+def round_robin(trainers: dict[str, Trainer], steps: int, warmup: int,
+                after_step: Callable[[str, dict], None] | None = None) -> dict[str, list[dict]]:  # fmt: skip
+    """Each trainer's metrics rows of `steps` timed steps (after `warmup` untimed ones), the k-th step
+    of every trainer run back to back so that machine drift hits all of them alike. `after_step(name,
+    row)` may add to a row (it is called for warm-up steps too)."""
+    rows: dict[str, list[dict]] = {a: [] for a in trainers}
+    for step in range(1, warmup + steps + 1):
+        for a, t in trainers.items():
+            tic = time.perf_counter()
+            row = train_step(t, step)
+            row["time/step"] = time.perf_counter() - tic
+            if after_step is not None:
+                after_step(a, row)
+            if step > warmup:
+                rows[a].append(row)
+    return rows
+
+
 def bench(algos: list[str], model: str, steps: int, warmup: int, overrides: list[str]) -> dict:
     """Steps interleaved round-robin across algorithms, so machine drift hits all of them alike."""
-    rows: dict[str, list[dict]] = {a: [] for a in algos}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {a: make_trainer(a, model, steps, overrides, tmp) for a in algos}
-        for step in range(1, warmup + steps + 1):
-            for a, t in trainers.items():
-                tic = time.perf_counter()
-                row = train_step(t, step)
-                row["time/step"] = time.perf_counter() - tic
-                if step > warmup:
-                    rows[a].append(row)
+        rows = round_robin(trainers, steps, warmup)
     return {a: {p: statistics.median(r[p] for r in rs) for p in PARTS} for a, rs in rows.items()}
 
 

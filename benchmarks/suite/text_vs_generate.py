@@ -1,0 +1,98 @@
+"""Section `text_vs_generate`: our text sampler against transformers' ``generate`` on the same model.
+
+The shipped arithmetic causal LM (``load_policy("arithmetic")``'s folder, a 4-layer d = 128 Llama)
+loaded as a `TextPolicy` with EOS disabled (``eos_token_ids=[]``), so both sides produce exactly
+`NEW` tokens per row: ours via ``TextPolicy.rollout`` (B/4 arithmetic questions × 4 samples, T = 1,
+untruncated), transformers via ``model.generate(do_sample=True, max_new_tokens=NEW,
+min_new_tokens=NEW, top_k=0, top_p=1, temperature=1)`` on the same left-padded prompt ids (its
+default dynamic KV cache). Ours also records three log-probs per token: pos and guided from the
+sampler, neg (the empty-question context) from one teacher-forced forward after sampling;
+``generate`` records none. One warm-up each, then best of the repeats, the two interleaved.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from benchmarks.suite.common import REPO, Context, timed
+
+TITLE = "Text sampler vs transformers `generate` (`text_vs_generate`)"
+NEW = 64  # completion length, forced on both sides (the model's max_new_tokens)
+GROUP = 4
+
+
+def questions(n: int) -> list[str]:
+    lines = (REPO / "prompts" / "arithmetic_train.jsonl").read_text().splitlines()
+    return [json.loads(line)["question"] for line in lines[:n]]
+
+
+def run(ctx: Context) -> dict:
+    from transformers.utils import logging as hf_logging
+
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.policies.registry import TEXT_SHIPPED
+    from t2i_gcpo.policies.text import TextPolicy
+    from t2i_gcpo.tasks.loop import group_generators
+
+    hf_logging.set_verbosity_error()  # generate's notes on flags it ignores
+    policy = TextPolicy.from_pretrained(TEXT_SHIPPED["arithmetic"], device=ctx.device, eos_token_ids=[])
+    batches = ctx.pick([8, 32], [8, 32, 128])
+    repeats = ctx.pick(2, 3)
+    sampling = SamplingParams(max_new_tokens=NEW)
+    rows = []
+    for batch in batches:
+        prompts = [PromptRecord(q) for q in questions(batch // GROUP)]
+        ids, mask = policy.pad_left([policy.context_ids(p.text) for p in prompts for _ in range(GROUP)])
+
+        def ours(seed: int, prompts=prompts, batch=batch) -> None:
+            ro = policy.rollout(
+                prompts, GROUP, sampling, group_generators(seed, "bench", range(len(prompts)))
+            )
+            assert ro.tokens.shape == (batch, NEW) and set(ro.logp) == {"pos", "neg", "guided"}
+
+        def theirs(seed: int, ids=ids, mask=mask) -> None:
+            torch.manual_seed(seed)
+            out = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=NEW,
+                                        min_new_tokens=NEW, top_k=0, top_p=1.0, temperature=1.0,
+                                        pad_token_id=policy.pad_id)  # fmt: skip
+            assert out.shape[1] - ids.shape[1] == NEW
+
+        best = {"ours": float("inf"), "generate": float("inf")}
+        for r in range(repeats + 1):  # r = 0: warm-up
+            for name, fn in (("ours", ours), ("generate", theirs)):
+                s, _ = timed(lambda fn=fn, r=r: fn(r), ctx)
+                if r:
+                    best[name] = min(best[name], s)
+        tokens = batch * NEW
+        rows.append({"batch": batch, "ours_s": best["ours"], "generate_s": best["generate"],
+                     "ours_tps": tokens / best["ours"], "generate_tps": tokens / best["generate"],
+                     "speed_ratio": best["generate"] / best["ours"]})  # fmt: skip
+    ratios = [r["speed_ratio"] for r in rows]
+    wins = sum(x >= 1 for x in ratios)
+    reading = (
+        f"Ours runs at {min(ratios):.2f}–{max(ratios):.2f}× the speed of `generate` over batches "
+        f"{', '.join(str(b) for b in batches)} ({wins} of {len(rows)} at or above the target of 1×), while "
+        f"also recording three log-probs per token (pos and guided from the sampler, neg from one extra "
+        f"teacher-forced forward over the empty-question context) where `generate` records none. Both "
+        f"produce {NEW} tokens per row. The model is tiny ({sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f} M "
+        f"parameters), so both loops are bound by per-step overhead rather than FLOPs: ours uses a static KV "
+        f"cache allocated once and a preallocated attention mask sliced per step, `generate` a dynamic cache "
+        f"and its logits-processor pipeline."
+    )
+    return {
+        "title": TITLE,
+        "timing": f"best of {repeats} after one warm-up each, ours and generate interleaved",
+        "columns": [
+            ("batch", "completions"),
+            ("ours_s", "ours s"),
+            ("generate_s", "generate s"),
+            ("ours_tps", "ours tokens/s"),
+            ("generate_tps", "generate tokens/s"),
+            ("speed_ratio", "ours speed / generate"),
+        ],
+        "rows": rows,
+        "summary": {"speed_ratio": {str(r["batch"]): r["speed_ratio"] for r in rows}, "target": ">= 1"},
+        "reading": reading,
+    }

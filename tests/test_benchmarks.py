@@ -1,0 +1,98 @@
+"""Pure helpers of the benchmark suite (benchmarks/suite/): FLOP counts, the markdown writer, and the
+`--only` merge. No timing is tested."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root holds benchmarks/
+
+from benchmarks.suite import SECTIONS, report  # noqa: E402
+from benchmarks.suite.common import linear_params  # noqa: E402
+from benchmarks.suite.flops import (  # noqa: E402
+    Shape,
+    ar_sampling_flops,
+    causal_keys,
+    forward_flops,
+    masked_sampling_flops,
+    teacher_forced_flops,
+)
+from benchmarks.suite.runner import parse_only  # noqa: E402
+
+SHAPE = Shape(params=10, layers=2, width=4)
+
+
+def test_forward_flops_by_hand():
+    # 3 causal positions attend to 1 + 2 + 3 = 6 keys: 2·10·3 + 4·2·4·6 = 60 + 192
+    assert causal_keys(3) == 6
+    assert forward_flops(SHAPE, 3, causal_keys(3)) == 252
+
+
+def test_sampling_and_update_flops_by_hand():
+    # AR: prefix 2 + 2 tokens → S = 3 fed positions, 2 CFG rows × 5 images
+    assert ar_sampling_flops(SHAPE, prefix=2, tokens=2, images=5) == 2 * 5 * 252
+    assert ar_sampling_flops(SHAPE, prefix=2, tokens=2, images=5, cfg=False) == 5 * 252
+    # masked: S = 4 positions, each attending to 4 keys, per step: 2·10·4 + 4·2·4·16 = 80 + 512
+    assert masked_sampling_flops(SHAPE, prefix=2, tokens=2, steps=3, images=1) == 2 * 3 * 592
+    assert teacher_forced_flops(SHAPE, prefix=2, tokens=2, rows=7) == 7 * 252
+
+
+def test_linear_params_counts_matmul_weights_only():
+    net = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                              torch.nn.Linear(16, 4, bias=False))  # fmt: skip
+    assert linear_params(net) == 8 * 16 + 16 * 4
+
+
+def test_fmt_and_markdown_table():
+    assert [report.fmt(v) for v in (1234.56, 12.345, 1.2345, 0.012345, 0.0, None, True, "x")] == [
+        "1,235", "12.3", "1.23", "0.0123", "0", "—", "yes", "x"
+    ]  # fmt: skip
+    rows = [{"algo": "dapo", "step_s": 3.5}, {"algo": "gcpo", "step_s": 3.25, "extra": 1}]
+    table = report.markdown_table(rows, [("algo", "algo"), ("step_s", "step s"), ("extra", "extra")])
+    assert table.splitlines() == [
+        "| algo | step s | extra |",
+        "|---|---|---|",
+        "| dapo | 3.50 | — |",
+        "| gcpo | 3.25 | 1 |",
+    ]
+
+
+def section(value: float, command: str) -> dict:
+    return {"title": "T", "timing": "best of 1", "columns": [["x", "x"]], "rows": [{"x": value}],
+            "reading": "r", "summary": {}, "run": {"command": command, "quick": True, "threads": 2,
+                                                     "device": "cpu", "date": "d", "seconds": 1.0}}  # fmt: skip
+
+
+def test_only_merges_into_the_existing_results(tmp_path):
+    old = {
+        "meta": {"command": "full"},
+        "sections": {"scaling": section(1.0, "full"), "peak": section(2.0, "full")},
+    }
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(old))
+    merged = report.merge(report.load(path), {"samplers": section(3.0, "only"), "peak": section(4.0, "only")},
+                          {"command": "only"}, SECTIONS)  # fmt: skip
+    assert list(merged["sections"]) == ["peak", "samplers", "scaling"]  # suite order
+    assert merged["sections"]["peak"]["rows"] == [{"x": 4.0}]  # re-measured
+    assert merged["sections"]["scaling"]["rows"] == [{"x": 1.0}]  # kept
+    assert merged["meta"] == {"command": "only"}
+    page = report.render(merged)
+    assert page.startswith("# Performance") and page.count("\n## ") == 3 and "`only`" in page
+
+
+def test_load_missing_or_broken_json(tmp_path):
+    assert report.load(tmp_path / "none.json") == {"meta": {}, "sections": {}}
+    (tmp_path / "bad.json").write_text("{")
+    assert report.load(tmp_path / "bad.json")["sections"] == {}
+
+
+def test_parse_only():
+    assert parse_only(None) == SECTIONS
+    assert parse_only("scaling, peak") == ["peak", "scaling"]
+    with pytest.raises(SystemExit, match="unknown section"):
+        parse_only("peak,nope")
