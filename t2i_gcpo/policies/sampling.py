@@ -85,7 +85,8 @@ def sample_step(pos: torch.Tensor, neg: torch.Tensor | None, sampling: SamplingP
     def lp(x: torch.Tensor) -> torch.Tensor:
         return (x / sampling.temperature).log_softmax(-1).gather(-1, tok).squeeze(-1)
 
-    out = {"pos": lp(pos), "guided": lp(guided)}
+    out = {"guided": lp(guided)}
+    out["pos"] = out["guided"] if neg is None else lp(pos)  # unguided: the same distribution
     if neg is not None:
         out["neg"] = lp(neg)
     return tok.squeeze(-1), out
