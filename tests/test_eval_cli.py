@@ -85,3 +85,31 @@ def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
     before = (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns
     invoke(*args)  # finished runs are kept
     assert (out / "gcpo" / "seed1" / "eval.json").stat().st_mtime_ns == before
+
+
+@pytest.mark.slow
+def test_compare_with_two_jobs_trains_the_same_runs_side_by_side(tmp_path):
+    """--jobs 2 trains each run in its own process, one thread each: the same runs, the same table."""
+    model = tiny_policy_dir(tmp_path)
+    common = ["compare", "--algos", "grpo,gcpo", "--seeds", "1", "--steps", "2", "--eval-every", "1",
+              "--model", str(model), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"),
+              "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
+              "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
+    invoke(*common, "--out", str(tmp_path / "one"))
+    text = invoke(*common, "--jobs", "2", "--out", str(tmp_path / "two"))
+    assert "| grpo |" in text and "| gcpo |" in text
+    for algo in ("grpo", "gcpo"):
+        run = tmp_path / "two" / algo / "seed0"
+        assert (run / "train.log").is_file() and (run / "eval.json").is_file()
+        a, b = (
+            [
+                json.loads(x)
+                for x in (tmp_path / d / algo / "seed0" / "metrics.jsonl").read_text().splitlines()
+            ]
+            for d in ("one", "two")
+        )
+        assert [r["step"] for r in a] == [r["step"] for r in b]
+        for x, y in zip(a, b):  # one thread vs two: float sums in another order, the same samples
+            for k in x:
+                if not k.startswith("time/") and x[k] is not None:
+                    assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), (algo, x["step"], k)

@@ -14,6 +14,7 @@ EXAMPLES = """
 Examples:
   t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 200 --out runs/compare
   t2i-gcpo compare --algos dapo,gcpo --seeds 2 --steps 100 --set rollout.group_size=16 --out runs/cmp16
+  t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 5 --steps 150 --jobs 2 --out runs/cmp5
   t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
 Re-running the same command resumes: finished runs are kept, stopped runs continue.
 """
@@ -35,8 +36,14 @@ Re-running the same command resumes: finished runs are kept, stopped runs contin
     "--eval-every", default=25, show_default=True, help="Held-out evaluation interval (the curves)."
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every run.")
+@click.option(
+    "--jobs",
+    default=1,
+    show_default=True,
+    help="Runs trained side by side, each with cores/jobs threads (2 on a 2-core machine: ≈1.5× the throughput).",
+)
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
-def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrides, out) -> None:
+def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrides, jobs, out) -> None:
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
     (image tasks: strict score per tag and overall; text: accuracy, pass@k, format rate and step
     lift), steps to reach GRPO's final score, and curves with bands."""
@@ -51,14 +58,14 @@ def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrid
         raise UserError(
             f"unknown algorithm(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(ALGORITHMS)}"
         )
-    if seeds < 1 or steps < 1 or eval_every < 1:
-        raise UserError("--seeds, --steps and --eval-every must be ≥ 1")
+    if seeds < 1 or steps < 1 or eval_every < 1 or jobs < 1:
+        raise UserError("--seeds, --steps, --eval-every and --jobs must be ≥ 1")
     if prompts is None:
         if model not in SHIPPED_PROMPTS:
             raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
         prompts = str(REPO_PROMPTS / SHIPPED_PROMPTS[model])
     result = run_comparison(
-        names, seeds, steps, Path(out), prompts, model, reward, eval_every, tuple(overrides)
+        names, seeds, steps, Path(out), prompts, model, reward, eval_every, tuple(overrides), jobs
     )
     leave_process_group()
     click.echo(format_table(result))

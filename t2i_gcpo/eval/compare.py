@@ -26,29 +26,107 @@ def run_comparison(
     reward: str | None = None,
     eval_every: int = 25,
     overrides: tuple[str, ...] = (),
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Train every (algo, seed) not already finished under `out/<algo>/seed<k>` (so an interrupted
-    comparison resumes where it stopped), then summarise."""
+    comparison resumes where it stopped), then summarise. `jobs` > 1 trains that many runs side by
+    side, each in its own process with an equal share of the CPU threads."""
     from t2i_gcpo.train.run import prepare, run
 
+    todo = []
     for algo in algos:
         for seed in range(seeds):
             run_dir = out / algo / f"seed{seed}"
             if (run_dir / "eval.json").is_file():
                 continue  # finished earlier
-            if (run_dir / "checkpoints" / "latest").is_file():
-                job = prepare(resume_dir=run_dir, steps=steps)
-            else:
-                if run_dir.exists():  # started but never checkpointed: start again
-                    import shutil
+            resumable = (run_dir / "checkpoints" / "latest").is_file()
+            if run_dir.exists() and not resumable:  # started but never checkpointed: start again
+                import shutil
 
-                    shutil.rmtree(run_dir)
-                flags = dict(
-                    prompts=prompts, model=model, reward=reward, out=str(run_dir), steps=steps, seed=seed
-                )
-                job = prepare(algo=algo, flags=flags, overrides=(f"eval_every={eval_every}", *overrides))
-            run(job)
+                shutil.rmtree(run_dir)
+            flags = dict(
+                prompts=prompts, model=model, reward=reward, out=str(run_dir), steps=steps, seed=seed
+            )
+            todo.append((algo, run_dir, resumable, flags))
+    overrides = (f"eval_every={eval_every}", *overrides)
+    if jobs > 1:
+        run_side_by_side(todo, steps, overrides, jobs)
+        return summarise(out, algos, seeds)
+    for algo, run_dir, resumable, flags in todo:
+        if resumable:
+            run(prepare(resume_dir=run_dir, steps=steps))
+        else:
+            run(prepare(algo=algo, flags=flags, overrides=overrides))
     return summarise(out, algos, seeds)
+
+
+def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
+                  overrides: tuple[str, ...]) -> list[str]:  # fmt: skip
+    """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison."""
+    if resumable:
+        return ["train", "--resume", str(run_dir), "--steps", str(steps)]
+    args = ["train", "--algo", algo]
+    for key in ("prompts", "model", "reward", "out", "steps", "seed"):
+        if flags.get(key) is not None:
+            args += [f"--{key}", str(flags[key])]
+    for item in overrides:
+        args += ["--set", item]
+    return args
+
+
+def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: int) -> None:
+    """Train the runs `jobs` at a time, each a `t2i-gcpo train` process with cores/jobs threads (torch
+    threads of side-by-side processes must not add up past the cores: oversubscribed, a step can take
+    20× longer). Each run logs to <run>/train.log; a failed run is reported with its log's last lines."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tqdm import tqdm
+
+    from t2i_gcpo.errors import UserError
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    pending, running, failed = list(todo), [], []
+    bar = tqdm(
+        total=len(todo), desc=f"runs ({jobs} side by side, {threads} thread(s) each)", dynamic_ncols=True
+    )
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                algo, run_dir, resumable, flags = pending.pop(0)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                log = open(run_dir / "train.log", "a")
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "t2i_gcpo.cli",
+                    *train_command(algo, run_dir, resumable, flags, steps, overrides),
+                ]
+                running.append(
+                    (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), run_dir, log)
+                )
+            time.sleep(1.0)
+            for item in [r for r in running if r[0].poll() is not None]:
+                proc, run_dir, log = item
+                log.close()
+                running.remove(item)
+                bar.update(1)
+                if proc.returncode != 0:
+                    failed.append(run_dir)
+                    tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
+                    bar.write(f"{run_dir}: failed (exit {proc.returncode}): " + " | ".join(tail))
+    finally:
+        for proc, *_ in running:  # interrupted: stop the children (each saves a checkpoint first)
+            proc.terminate()
+        for proc, _run_dir, log in running:
+            proc.wait()
+            log.close()
+        bar.close()
+    if failed:
+        raise UserError(f"{len(failed)} run(s) failed: {', '.join(map(str, failed))} (see train.log in each)")
 
 
 # the headline of a run's held-out evaluation, by task kind, and how the table names it
