@@ -75,6 +75,19 @@ class AdvantageConfig:
         "DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False
     )
     max_resample: int = doc("Dynamic sampling: at most this many extra rollout rounds per step.", 3)
+    draw_budget: float = doc(
+        "Dynamic sampling: the most groups one step draws, as a multiple of P. A round draws the missing "
+        "groups divided by (1 − r̂), r̂ the running share of groups without signal, so one batched round "
+        "usually fills the step; when most groups score alike the budget caps the step's cost and the step "
+        "trains on fewer than P groups.",
+        2.0,
+    )
+    carry_over: bool = doc(
+        "Dynamic sampling: groups with signal beyond P are trained at the next step (at most P/2 of them, "
+        "sampled one update earlier: the clipped ratio to their recorded log-probs corrects for it) "
+        "instead of being dropped.",
+        True,
+    )
 
 
 @dataclass
@@ -163,6 +176,13 @@ class OptimConfig:
         "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
     )
     minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
+    autocast: Literal["none", "bf16"] = doc(
+        "Run the update's forward passes under torch.autocast in bfloat16 (log-probs and the loss stay "
+        "float32; rollouts run in the weights' dtype, model_options.dtype for real checkpoints). Faster only where the hardware has native bf16 (CUDA since Ampere, "
+        "CPUs with AMX or avx512_bf16: `python -m benchmarks --only peak` says); on a CPU without it "
+        "bf16 matmuls are emulated (57× slower than fp32 on 2026-11-23's machine), hence the default.",
+        "none",
+    )
 
 
 @dataclass
@@ -239,6 +259,8 @@ class TrainConfig:
             (self.rollout.prompts_per_step >= 1, "rollout.prompts_per_step must be ≥ 1"),
             (self.rollout.temperature > 0, "rollout.temperature must be > 0"),
             (self.steps >= 0, "steps must be ≥ 0"),
+            (self.advantage.max_resample >= 0, "advantage.max_resample must be ≥ 0"),
+            (self.advantage.draw_budget >= 1, "advantage.draw_budget must be ≥ 1 (a multiple of P)"),
             (0 < self.credit.gcpo.top_fraction < 1, "credit.gcpo.top_fraction must be in (0, 1)"),
             (0 < self.credit.gcpo.top_mass < 1, "credit.gcpo.top_mass must be in (0, 1)"),
             (self.credit.dgpo.tau > 0 and self.credit.gcpo.tau > 0, "credit.*.tau must be > 0"),

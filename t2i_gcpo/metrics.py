@@ -9,6 +9,8 @@ STRICT_TAG = "strict/{tag}"  # same, per GenEval tag
 PARTIAL = "partial/mean"  # mean §8.2 partial-credit score, where the reward reports it
 ZERO_STD_RATIO = "zero_std_ratio"  # fraction of sampled groups whose rewards were all equal (DAPO)
 GROUPS_KEPT = "groups_kept"  # groups with signal that were trained on this step
+GROUPS_DRAWN = "groups_drawn"  # groups sampled this step, over all dynamic-sampling rounds
+GROUPS_CARRIED = "groups_carried"  # groups with signal left over from the previous step, trained now
 LOSS_POLICY = "loss/policy"  # aggregated clipped surrogate −min(ρÂ, clip(ρ)Â)
 LOSS_KL = "loss/kl"  # β × aggregated k3 KL (0 without a reference)
 KL_K3 = "kl_k3"  # mean over valid tokens of exp(q) − q − 1, q = log π_ref − log π_θ

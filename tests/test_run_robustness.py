@@ -463,3 +463,19 @@ def test_latest_pointer_is_replaced_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000002\n"
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")] == []
+
+
+def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
+    """Dynamic sampling's surplus groups are part of the checkpoint: a run resumed at a step whose
+    surplus feeds the next one continues exactly as the uninterrupted run."""
+    reward, common = "train_fixtures:flat_single_object", (*FAST, "save_every=1")
+    full = tmp_path / "full"
+    run(prepare(algo="gcpo", flags=flags(tiny, full, 6, reward), overrides=common))
+    carried = [r["step"] for r in rows(full) if r.get("groups_carried")]
+    assert carried, "the prompt file must make some step carry groups"
+    resume_at = carried[0] - 1  # the checkpoint holding the carried groups
+    part = tmp_path / "part"
+    run(prepare(algo="gcpo", flags=flags(tiny, part, resume_at, reward), overrides=common))
+    assert (part / "checkpoints" / f"step_{resume_at:06d}" / "carry.pt").is_file()
+    run(prepare(resume_dir=part, steps=6))
+    assert_same_run(full, part, 6)

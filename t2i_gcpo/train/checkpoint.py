@@ -42,14 +42,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Any, optimizer: torch.optim.Optimizer, state: dict
+    run_dir: Path, step: int, policy: Any, optimizer: torch.optim.Optimizer, state: dict, carry: Any = None
 ) -> Path:
+    """`carry`: groups kept for the next step, one entry per process (pickled to ``carry.pt``)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.save_pretrained(str(tmp / "model"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if carry is not None:
+        torch.save(carry, tmp / "carry.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -108,6 +111,18 @@ def mark_finished(ckpt: Path) -> None:
     state = load_trainer_state(ckpt)
     if not state.get("finished"):
         atomic_write_text(ckpt / "trainer_state.json", json.dumps({**state, "finished": True}, indent=1))
+
+
+def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
+    """The groups each process carried into the next step (None: the run carried none)."""
+    path = ckpt / "carry.pt"
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=False)  # written by save_checkpoint
+    except Exception as e:
+        message = " ".join(str(e).split())[:200]
+        raise UserError(f"{path}: cannot read the carried groups (damaged file?): {message}") from None
 
 
 def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:

@@ -30,6 +30,7 @@ from t2i_gcpo.train.checkpoint import (
     atomic_write_text,
     checkpoint_dir,
     latest_checkpoint,
+    load_carry,
     load_optimizer,
     load_trainer_state,
     mark_finished,
@@ -37,7 +38,15 @@ from t2i_gcpo.train.checkpoint import (
 )
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
 from t2i_gcpo.train.data import PromptStream
-from t2i_gcpo.train.distributed import unwrap
+from t2i_gcpo.train.distributed import (
+    full_optimizer_state_dict,
+    full_state_dict,
+    gather_params,
+    global_denominator,
+    load_full_optimizer_state_dict,
+    param_checksum,
+    unwrap,
+)
 
 
 @dataclass
@@ -79,7 +88,9 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
     batch is split into minibatches, weights and loss normalisers are computed on the whole batch
     first (schemes may need whole groups; the normaliser must be the batch's), so any split gives the
-    same gradient. `loss_scale` 0 lets a process without data join the others' gradient all-reduce."""
+    same gradient. With several processes the normaliser is the global batch's (`global_denominator`),
+    so DDP's gradient average equals one process training on the whole global batch. `loss_scale` 0
+    lets a process without data join the others' gradient all-reduce."""
     ctx, loss_cfg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss
     ro, adv = batch.rollout, batch.advantages
     chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
@@ -97,15 +108,21 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
             mb, mb_adv = ro.select(idx), adv[idx]
             sync = i == len(chunks) - 1
             with accelerator.no_sync(policy) if not sync and accelerator.num_processes > 1 else _null():
-                logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
+                with precision(cfg, accelerator):
+                    logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
                 w = (
                     whole[idx]
                     if whole is not None
                     else compute_weights(cfg.credit, mb, mb_adv, policy, credit_ref, ctx, dists)
                 )
+                if i == 0 and accelerator.num_processes > 1:  # the global batch's normaliser
+                    local = (
+                        aggregation_denominator(loss_cfg.aggregation, mb.mask, w) if denom is None else denom
+                    )
+                    denom = global_denominator(local, accelerator, active=loss_scale != 0)
                 logp_ref = None
                 if loss_cfg.beta > 0:
-                    with torch.no_grad():
+                    with torch.no_grad(), precision(cfg, accelerator):
                         logp_ref = ref(mb, context=ctx)
                 loss, st = policy_loss(
                     logp, mb.logp[ctx], mb_adv, mb.mask,
@@ -114,15 +131,16 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
                     max_len=ro.max_len, denom=denom,
                 )  # fmt: skip
+                st[M.ENTROPY] = token_entropy(dists, mb.mask)  # before backward: FSDP reshards weights there
                 accelerator.backward(loss * loss_scale)
             weights[idx] = w.to(weights)
             st.update(credit_stats(w, mb.mask))
-            st[M.ENTROPY] = token_entropy(dists, mb.mask)
             for k, v in st.items():
                 stats.setdefault(k, []).append(float(v))
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf"))
         stats.setdefault(M.GRAD_NORM, []).append(float(grad_norm))
         optimizer.step()
+        gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
     losses = {M.LOSS_POLICY, M.LOSS_KL}  # minibatch shares of one loss: summed; the rest averaged
     return {
         k: (sum(v) / cfg.optim.update_epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()
@@ -132,15 +150,21 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
 def train_step(t: Trainer, step: int) -> dict:
     """One RL step. Reads top to bottom; every call goes into core/, tasks/, policies/ or rewards/."""
     cfg = t.cfg
-    G = cfg.rollout.group_size
+    G, P = cfg.rollout.group_size, t.local_prompts
     timings = {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0}
-    kept: list[Batch] = []
+    kept: list[Batch] = [t.carry] if t.carry is not None else []  # the last step's surplus first
+    carried, t.carry = groups_in(kept), None
     all_scores, all_details, groups_seen, groups_empty = [], [], 0, 0
-    missing = t.local_prompts  # groups this process still needs
-    for round_ in range(1 + (cfg.advantage.max_resample if cfg.advantage.dynamic_sampling else 0)):
-        # 1. rollout → decode → reward: this process's share of P prompts (a resampling round draws
-        #    only the groups still missing), G samples each; each group seeded by its stream slot
-        slots, prompts = t.prompts_for(step, round_, missing)
+    budget = t.draw_budget  # groups this process may still draw this step
+    for round_ in range(t.rounds):
+        missing = P - groups_in(kept)  # groups this process still needs
+        if missing <= 0 or budget <= 0:
+            break
+        # 1. rollout → decode → reward: this process's missing groups, over-sampled by the expected
+        #    share without signal (one batched round usually fills the step); each group seeded by its
+        #    stream slot
+        slots, prompts = t.prompts_for(step, round_, min(t.groups_to_draw(missing), budget))
+        budget -= len(prompts)
         scored = sample_and_score(unwrap(t.policy), t.reward, prompts, G, t.sampling,
                                   group_generators(cfg.seed, "train", slots))  # fmt: skip
         timings[M.TIME_ROLLOUT] += scored.seconds["rollout"]
@@ -158,10 +182,12 @@ def train_step(t: Trainer, step: int) -> dict:
         idx = keep.nonzero().flatten()
         if len(idx):
             kept.append(Batch(scored.rollout, adv, reward, scored.outputs).select(idx))
-        missing = t.local_prompts - sum(len(b.rollout) for b in kept) // G
-        if missing <= 0:
-            break
-    batch = Batch.concat(kept)  # ≤ P groups: each round drew only the missing ones
+    batch = Batch.concat(kept)
+    if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
+        rows = torch.arange(len(batch.rollout))
+        if cfg.advantage.carry_over:
+            t.carry = batch.select(rows[P * G : (P + P // 2) * G]) if P // 2 else None
+        batch = batch.select(rows[: P * G])
     # 3. credit → loss → optimizer. A process whose groups all lacked signal joins the others'
     #    all-reduce with a zero loss; if no process has data, the step makes no update.
     tic = time.perf_counter()
@@ -182,6 +208,7 @@ def train_step(t: Trainer, step: int) -> dict:
     scores = torch.cat(all_scores)
     out = {M.REWARD_MEAN: scores.mean().item(), M.REWARD_STD: scores.std().item() if len(scores) > 1 else 0.0,
            M.ZERO_STD_RATIO: groups_empty / max(groups_seen, 1), M.GROUPS_KEPT: len(batch.rollout) // G if batch and loss_scale else 0,
+           M.GROUPS_DRAWN: groups_seen, M.GROUPS_CARRIED: carried,
            **t.task.step_metrics(all_details), **stats, **timings}  # fmt: skip
     if batch and loss_scale and cfg.sample_every and step % cfg.sample_every == 0:
         t.last_batch = batch
@@ -189,6 +216,26 @@ def train_step(t: Trainer, step: int) -> dict:
 
 
 # ============================================================================ helpers
+
+
+def precision(cfg: TrainConfig, accelerator: Any) -> Any:
+    """optim.autocast=bf16: the update's forward passes under bfloat16 autocast (a no-op otherwise).
+    Rollouts stay in the weights' dtype: KV caches are allocated in it."""
+    return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16")
+
+
+def groups_in(batches: list[Batch]) -> int:
+    return sum(len(b.rollout) // b.rollout.group_size for b in batches)
+
+
+class _Saved:
+    """An optimizer state dict already gathered (FSDP), in the place of the optimizer for saving."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
 
 
 class _null:
@@ -241,7 +288,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None, prompts: list[PromptRecord], policy: Any, reward: Any,
                  task: Any, eval_prompts: list[PromptRecord] | None = None, resume: bool = False):  # fmt: skip
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, broadcast_object_list
+        from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
@@ -259,6 +306,9 @@ class Trainer:
             raise UserError(
                 f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the {n_proc} processes"
             )
+        self.fsdp = acc.distributed_type == DistributedType.FSDP
+        if self.fsdp and not acc.is_fsdp2:
+            raise UserError("FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 is not supported)")
         if run_dir is None:  # one default name, created (exclusively) by the main process
             run_dir = (
                 claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -273,6 +323,16 @@ class Trainer:
             prepare_run_dir(cfg, run_dir)
         acc.wait_for_everyone()
         self.local_prompts = cfg.rollout.prompts_per_step // n_proc
+        # dynamic sampling: rounds per step, and how many groups a step may draw (a round's slots are
+        # `blocks` blocks of P, so an over-sampled round never reuses another round's slots)
+        dyn = cfg.advantage
+        self.rounds = 1 + (dyn.max_resample if dyn.dynamic_sampling else 0)
+        self.blocks = math.ceil(dyn.draw_budget) if dyn.dynamic_sampling else 1
+        self.draw_budget = (
+            int(dyn.draw_budget * self.local_prompts) if dyn.dynamic_sampling else self.local_prompts
+        )
+        self.zero_std_estimate: float | None = None  # r̂: running share of groups without signal
+        self.carry: Batch | None = None  # groups with signal drawn beyond P, trained at the next step
         self.stream = PromptStream(prompts, cfg.seed)
         torch.manual_seed(cfg.seed)
         # references: the frozen initial policy (KL term, or a credit scheme comparing to it), or a
@@ -291,12 +351,27 @@ class Trainer:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        if resume:
+        if resume and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer)
+        # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
+        self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
+        self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
+        if self.fsdp:
+            # weights gathered once per step (distributed.gather_params) and kept whole through rollout,
+            # forward and backward; FSDP shards gradients and optimizer states
+            self.policy.set_reshard_after_forward(False)
+            if resume:
+                path = self.ckpt / "optimizer.pt"
+                try:
+                    state = torch.load(path, weights_only=True)
+                    load_full_optimizer_state_dict(self.policy, self.optimizer, state)
+                except (KeyError, ValueError, RuntimeError) as e:
+                    raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None
+            gather_params(self.policy)
+        if resume:
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
-        self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
         for frozen in (self.ref, self.rollout_ref):
             if frozen is not None:
                 frozen.to(acc.device)
@@ -312,21 +387,36 @@ class Trainer:
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
-        """The first `count` prompts of this process's share for (step, round), with their positions in
-        the prompt stream (global slots: the same whatever the number of processes)."""
-        acc, P = self.accelerator, self.cfg.rollout.prompts_per_step
-        base = (step * (1 + self.cfg.advantage.max_resample) + round_) * P
-        start = base + acc.process_index * self.local_prompts
-        count = min(count, self.local_prompts)
-        return list(range(start, start + count)), self.stream.take(start, count)
+        """This process's first `count` prompts for (step, round), with their positions in the prompt
+        stream. A round owns `blocks` blocks of P slots; process k takes slots k·p … k·p + p − 1 of each
+        block in turn (p = P / processes), so a slot is the same whatever the number of processes."""
+        acc, P, p = self.accelerator, self.cfg.rollout.prompts_per_step, self.local_prompts
+        if count > self.blocks * p:
+            raise ValueError(f"a round holds at most {self.blocks * p} groups per process, asked for {count}")
+        base = (step * (1 + self.cfg.advantage.max_resample) + round_) * self.blocks * P
+        slots = [base + (j // p) * P + acc.process_index * p + j % p for j in range(count)]
+        return slots, [self.stream.take(slot, 1)[0] for slot in slots]
+
+    def groups_to_draw(self, missing: int) -> int:
+        """Groups to sample for `missing` groups with signal: missing / (1 − r̂), r̂ the running share
+        of groups without signal (no over-sampling before the first step has measured it)."""
+        r = self.zero_std_estimate
+        if not self.cfg.advantage.dynamic_sampling or r is None:
+            return missing
+        return math.ceil(missing / max(1.0 - r, 0.05) - 1e-9)
+
+    def observe_zero_std(self, ratio: float) -> None:
+        """Update r̂ from a step's measured share (averaged over processes, so every rank agrees)."""
+        r = self.zero_std_estimate
+        self.zero_std_estimate = ratio if r is None else 0.8 * r + 0.2 * ratio
 
     def refresh_credit_reference(self) -> None:
         """credit.reference=rollout: snapshot the weights that sampled this step (no cached logits)."""
         if self.rollout_ref is not None:
-            self.rollout_ref.load_state_dict(unwrap(self.policy).state_dict())
+            self.rollout_ref.load_state_dict(full_state_dict(self.policy, everywhere=True))
 
     def any_process(self, flag: bool) -> bool:
-        t = torch.tensor([float(flag)])
+        t = torch.tensor([float(flag)], device=self.accelerator.device)  # NCCL reduces GPU tensors only
         if self.accelerator.num_processes > 1:
             torch.distributed.all_reduce(t)
         return bool(t.item() > 0)
@@ -350,6 +440,8 @@ class Trainer:
                 row = train_step(self, step)
                 row[M.TIME_STEP] = time.perf_counter() - tic
                 row = self._gather(row)
+                if cfg.advantage.dynamic_sampling:
+                    self.observe_zero_std(row[M.ZERO_STD_RATIO])
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step != cfg.steps:
                     metrics, headline = self.evaluate()
                     row.update(metrics)
@@ -417,13 +509,15 @@ class Trainer:
 
     def _check_replicas(self) -> None:
         """Write run_dir/processes.json: how many processes trained and each one's parameter checksum
-        (they must agree: DDP keeps replicas identical)."""
+        (they must agree: DDP keeps replicas identical; FSDP: each process's checksum of the gathered
+        weights)."""
         acc = self.accelerator
-        total = torch.stack([p.detach().double().sum() for p in unwrap(self.policy).parameters()]).sum()
+        total = param_checksum(self.policy)
         sums = acc.gather(total.reshape(1).to(acc.device)).tolist()
         if acc.is_main_process:
             info = {
                 "num_processes": acc.num_processes,
+                "distributed_type": str(acc.distributed_type.value),
                 "param_checksums": sums,
                 "replicas_equal": len(set(sums)) == 1,
             }
@@ -444,17 +538,16 @@ class Trainer:
         return self.any_process(bool(self.stop_requested))
 
     def _gather(self, row: dict) -> dict:
-        """Average per-process metrics (every process logs the same keys in the same order)."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
+        """Average per-process metrics, each key over the processes that report it (their prompt tags
+        can differ: `strict/<tag>` exists only where the tag was drawn). Unweighted: exact for means over
+        equal shares (reward/mean without dynamic sampling), approximate otherwise."""
+        from accelerate.utils import gather_object
+
+        if self.accelerator.num_processes == 1:
             return row
-        keys = sorted(row)
-        vals = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64)
-        lengths = acc.gather(torch.tensor([len(keys)]))
-        if len(set(lengths.tolist())) != 1:  # tag sets differ between ranks: log rank 0's view
-            return row
-        vals = acc.reduce(vals, reduction="mean")
-        return dict(zip(keys, vals.tolist()))
+        rows = gather_object([{k: float(v) for k, v in row.items()}])  # one dict per process
+        keys = sorted(set().union(*rows))
+        return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
 
     def _log(self, step: int, row: dict, append_only: bool = False) -> None:
         if not self.accelerator.is_main_process:
@@ -497,8 +590,22 @@ class Trainer:
     def save(self, step: int) -> None:
         acc = self.accelerator
         acc.wait_for_everyone()
+        carry = [self.carry]  # one entry per process
+        if acc.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            carry = gather_object(carry)
+        policy, optimizer = unwrap(self.policy), self.optimizer
+        if self.fsdp:  # gather the shards (every process), write them from the main process's copy
+            weights = full_state_dict(self.policy)
+            optimizer = _Saved(full_optimizer_state_dict(self.policy, self.optimizer))
+            if acc.is_main_process:
+                self.save_copy.load_state_dict(weights)
+                policy = self.save_copy
         if acc.is_main_process:
-            save_checkpoint(self.run_dir, step, unwrap(self.policy), self.optimizer, {"algo": self.cfg.algo})
+            state = {"algo": self.cfg.algo, "zero_std_estimate": self.zero_std_estimate}
+            save_checkpoint(self.run_dir, step, policy, optimizer, state,
+                            carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
         acc.wait_for_everyone()
 
     def _saved_step(self) -> int:
@@ -511,7 +618,16 @@ class Trainer:
         self.ckpt = latest_checkpoint(self.run_dir)
         if self.ckpt is None:
             raise UserError(f"{self.run_dir} has no checkpoint to resume from")
-        self.start_step = load_trainer_state(self.ckpt)["step"]
+        state = load_trainer_state(self.ckpt)
+        self.start_step = state["step"]
+        self.zero_std_estimate = state.get("zero_std_estimate")
+        carry = load_carry(self.ckpt, self.accelerator.device)
+        if carry is not None and len(carry) == self.accelerator.num_processes:
+            self.carry = carry[self.accelerator.process_index]
+        elif carry is not None and self.accelerator.is_main_process:  # another process count: drop it
+            print(
+                f"note: {len(carry)} processes carried groups into step {self.start_step + 1}; dropped them"
+            )
         if self.start_step > self.cfg.steps:
             raise UserError(
                 f"cannot resume: {self.run_dir} has trained {self.start_step} steps, more than steps={self.cfg.steps}"
