@@ -147,6 +147,7 @@ class _Acc:
     """The slice of accelerate.Accelerator that `update` uses, for one process."""
 
     num_processes = 1
+    device = torch.device("cpu")
 
     def backward(self, loss):
         loss.backward()
