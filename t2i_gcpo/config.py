@@ -79,8 +79,9 @@ class AdvantageConfig:
         "Dynamic sampling: the most groups one step draws, as a multiple of P. A round draws the missing "
         "groups divided by (1 − r̂), r̂ the running share of groups without signal, so one batched round "
         "usually fills the step; when most groups score alike the budget caps the step's cost and the step "
-        "trains on fewer than P groups.",
-        2.0,
+        "trains on fewer than P groups. 1.5 keeps a late step (most groups alike) at the cost of an early "
+        "one; 2.0 made late steps 1.27× dearer for no measured gain (docs/performance.md, 'progress').",
+        1.5,
     )
     carry_over: bool = doc(
         "Dynamic sampling: groups with signal beyond P are trained at the next step (at most P/2 of them, "

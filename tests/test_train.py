@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from t2i_gcpo.cli import cli
-from t2i_gcpo.config import ALGORITHMS
+from t2i_gcpo.config import ALGORITHMS, TrainConfig
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.run import prepare, run
 
@@ -170,6 +170,7 @@ def test_dynamic_sampling_over_samples_within_budget_and_carries_the_surplus(tin
 
     train_fixtures.REWARD_CALLS.clear()
     G, P = 4, 2
+    limit = int(TrainConfig().advantage.draw_budget * P)  # the default budget, in groups
     rows = train(tiny, tmp_path / "ds", algo="dapo", steps=8, reward="train_fixtures:flat_single_object")
     flat = {m["prompt"] for m in map(json.loads, open(tiny["prompts"])) if m["tag"] == "single_object"}
     calls = [c[::G] for c in train_fixtures.REWARD_CALLS]  # one prompt per group
@@ -177,7 +178,7 @@ def test_dynamic_sampling_over_samples_within_budget_and_carries_the_surplus(tin
     estimate, carry, i, over_sampled = None, 0, 0, 0
     for r in rows:
         assert r["groups_carried"] == carry
-        have, budget, drawn = carry, 2 * P, 0
+        have, budget, drawn = carry, limit, 0
         for _round in range(4):  # 1 + max_resample
             missing = P - have
             if missing <= 0 or budget <= 0:
@@ -189,7 +190,7 @@ def test_dynamic_sampling_over_samples_within_budget_and_carries_the_surplus(tin
             drawn += len(calls[i])
             have += sum(p not in flat for p in calls[i])
             i += 1
-        assert r["groups_drawn"] == drawn <= 2 * P
+        assert r["groups_drawn"] == drawn <= limit
         assert r["groups_kept"] == min(have, P)
         carry = min(max(have - P, 0), P // 2)
         estimate = r["zero_std_ratio"] if estimate is None else 0.8 * estimate + 0.2 * r["zero_std_ratio"]
