@@ -8,33 +8,11 @@ the measured bf16/fp32 speed says the same from the other side.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from benchmarks.suite.common import Context, cpu_flags, plural
+from benchmarks.suite.common import SLOW, Context, cpu_flags, matmul_seconds, plural
 
 TITLE = "Matmul peak (`peak`)"
-SLOW = 2.0  # s: a call this slow stops a dtype's larger sizes
-
-
-def matmul_seconds(n: int, dtype: torch.dtype, device: str, repeats: int) -> float:
-    """Best-of-`repeats` seconds of one n×n @ n×n matmul (one warm-up call first)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    best = float("inf")
-    for i in range(repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        tic = time.perf_counter()
-        torch.matmul(a, b)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:  # call 0 is the warm-up
-            best = min(best, time.perf_counter() - tic)
-        elif time.perf_counter() - tic > SLOW:
-            return time.perf_counter() - tic  # too slow to repeat: one call says enough
-    return best
 
 
 def run(ctx: Context) -> dict:
