@@ -88,6 +88,49 @@ def timed(fn: Callable[[], Any], ctx: Context) -> tuple[float, Any]:
     return time.perf_counter() - tic, out
 
 
+def race(
+    ours: Callable[[int], Any], generate: Callable[[int], Any], repeats: int, ctx: Context
+) -> dict[str, float]:
+    """Best-of-`repeats` seconds of our sampler and of transformers' `generate`, after one warm-up call
+    each, the two interleaved (a slow spell of the machine hits both); each call gets its repeat index
+    as its seed."""
+    best = {"ours": float("inf"), "generate": float("inf")}
+    for r in range(repeats + 1):  # r = 0: warm-up
+        for name, fn in (("ours", ours), ("generate", generate)):
+            s, _ = timed(lambda fn=fn, r=r: fn(r), ctx)
+            if r:
+                best[name] = min(best[name], s)
+    return best
+
+
+def race_row(batch: int, best: dict[str, float], units: float, rate: str) -> dict[str, float]:
+    """One row of a `race`: seconds and `units` per second (column `ours_<rate>` / `generate_<rate>`)
+    of each side, and our speed relative to `generate`'s."""
+    return {"batch": batch, "ours_s": best["ours"], "generate_s": best["generate"],
+            f"ours_{rate}": units / best["ours"], f"generate_{rate}": units / best["generate"],
+            "speed_ratio": best["generate"] / best["ours"]}  # fmt: skip
+
+
+def race_section(title: str, rows: list[dict], repeats: int, batch_label: str, rate: str, rate_label: str,
+                 reading: str, **summary: Any) -> dict[str, Any]:  # fmt: skip
+    """The section a `race` over batch sizes reports: its table, and each batch's speed ratio."""
+    return {
+        "title": title,
+        "timing": f"best of {repeats} after one warm-up each, ours and generate interleaved",
+        "columns": [
+            ("batch", batch_label),
+            ("ours_s", "ours s"),
+            ("generate_s", "generate s"),
+            (f"ours_{rate}", f"ours {rate_label}"),
+            (f"generate_{rate}", f"generate {rate_label}"),
+            ("speed_ratio", "ours speed / generate"),
+        ],
+        "rows": rows,
+        "summary": {"speed_ratio": {str(r["batch"]): r["speed_ratio"] for r in rows}, **summary},
+        "reading": reading,
+    }
+
+
 def best_and_median(seconds: list[float]) -> dict[str, float]:
     return {"best_s": min(seconds), "median_s": statistics.median(seconds)}
 

@@ -16,7 +16,7 @@ import tempfile
 
 import torch
 
-from benchmarks.suite.common import REPO, Context, timed
+from benchmarks.suite.common import REPO, Context, race, race_row, race_section
 
 TITLE = "Janus rollout vs transformers `generate` (`janus_vs_generate`)"
 GRID = 8  # image tokens per side: T = 64
@@ -67,15 +67,7 @@ def run(ctx: Context) -> dict:
                                             temperature=1.0)  # fmt: skip
                 assert out.shape == (batch, steps)
 
-            best = {"ours": float("inf"), "generate": float("inf")}
-            for r in range(repeats + 1):  # r = 0: warm-up
-                for name, fn in (("ours", ours), ("generate", theirs)):
-                    s, _ = timed(lambda fn=fn, r=r: fn(r), ctx)
-                    if r:
-                        best[name] = min(best[name], s)
-            rows.append({"batch": batch, "ours_s": best["ours"], "generate_s": best["generate"],
-                         "ours_ips": batch / best["ours"], "generate_ips": batch / best["generate"],
-                         "speed_ratio": best["generate"] / best["ours"]})  # fmt: skip
+            rows.append(race_row(batch, race(ours, theirs, repeats, ctx), batch, "ips"))
     ratios = [r["speed_ratio"] for r in rows]
     wins = sum(x >= 1 for x in ratios)
     reading = (
@@ -86,18 +78,4 @@ def run(ctx: Context) -> dict:
         f"doubled [cond; null] batch through a static KV cache; the model is tiny, so what is measured is "
         f"the per-step overhead of each loop, not FLOPs."
     )
-    return {
-        "title": TITLE,
-        "timing": f"best of {repeats} after one warm-up each, ours and generate interleaved",
-        "columns": [
-            ("batch", "images"),
-            ("ours_s", "ours s"),
-            ("generate_s", "generate s"),
-            ("ours_ips", "ours images/s"),
-            ("generate_ips", "generate images/s"),
-            ("speed_ratio", "ours speed / generate"),
-        ],
-        "rows": rows,
-        "summary": {"speed_ratio": {str(r["batch"]): r["speed_ratio"] for r in rows}, "image_tokens": steps},
-        "reading": reading,
-    }
+    return race_section(TITLE, rows, repeats, "images", "ips", "images/s", reading, image_tokens=steps)

@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from benchmarks.suite.common import REPO, Context, timed
+from benchmarks.suite.common import REPO, Context, race, race_row, race_section
 
 TITLE = "Text sampler vs transformers `generate` (`text_vs_generate`)"
 NEW = 64  # completion length, forced on both sides (the model's max_new_tokens)
@@ -59,16 +59,7 @@ def run(ctx: Context) -> dict:
                                         pad_token_id=policy.pad_id)  # fmt: skip
             assert out.shape[1] - ids.shape[1] == NEW
 
-        best = {"ours": float("inf"), "generate": float("inf")}
-        for r in range(repeats + 1):  # r = 0: warm-up
-            for name, fn in (("ours", ours), ("generate", theirs)):
-                s, _ = timed(lambda fn=fn, r=r: fn(r), ctx)
-                if r:
-                    best[name] = min(best[name], s)
-        tokens = batch * NEW
-        rows.append({"batch": batch, "ours_s": best["ours"], "generate_s": best["generate"],
-                     "ours_tps": tokens / best["ours"], "generate_tps": tokens / best["generate"],
-                     "speed_ratio": best["generate"] / best["ours"]})  # fmt: skip
+        rows.append(race_row(batch, race(ours, theirs, repeats, ctx), batch * NEW, "tps"))
     ratios = [r["speed_ratio"] for r in rows]
     wins = sum(x >= 1 for x in ratios)
     reading = (
@@ -81,18 +72,4 @@ def run(ctx: Context) -> dict:
         f"cache allocated once and a preallocated attention mask sliced per step, `generate` a dynamic cache "
         f"and its logits-processor pipeline."
     )
-    return {
-        "title": TITLE,
-        "timing": f"best of {repeats} after one warm-up each, ours and generate interleaved",
-        "columns": [
-            ("batch", "completions"),
-            ("ours_s", "ours s"),
-            ("generate_s", "generate s"),
-            ("ours_tps", "ours tokens/s"),
-            ("generate_tps", "generate tokens/s"),
-            ("speed_ratio", "ours speed / generate"),
-        ],
-        "rows": rows,
-        "summary": {"speed_ratio": {str(r["batch"]): r["speed_ratio"] for r in rows}, "target": ">= 1"},
-        "reading": reading,
-    }
+    return race_section(TITLE, rows, repeats, "completions", "tps", "tokens/s", reading, target=">= 1")
