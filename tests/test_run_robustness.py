@@ -414,13 +414,13 @@ class _Saved:
         Path(path, "model_index.json").write_text("{}")
 
 
-def _opt():
-    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+def _optimizer_state() -> dict:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).state_dict()
 
 
 def test_latest_pointer_falls_back_to_the_newest_complete_checkpoint(tmp_path):
     for step in (2, 4):
-        save_checkpoint(tmp_path, step, _Saved(), _opt(), {})
+        save_checkpoint(tmp_path, step, _Saved(), _optimizer_state(), {})
     ckpts = tmp_path / "checkpoints"
     assert latest_checkpoint(tmp_path) == ckpts / "step_000004"
     assert (ckpts / "latest").read_text() == "step_000004\n"
@@ -442,7 +442,7 @@ def test_latest_pointer_falls_back_to_the_newest_complete_checkpoint(tmp_path):
 
 
 def test_latest_pointer_is_replaced_atomically(tmp_path, monkeypatch):
-    save_checkpoint(tmp_path, 2, _Saved(), _opt(), {})
+    save_checkpoint(tmp_path, 2, _Saved(), _optimizer_state(), {})
 
     def crash(*a, **k):
         raise OSError("disk full")
@@ -459,7 +459,7 @@ def test_latest_pointer_is_replaced_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", crash)
     monkeypatch.setattr(Path, "write_text", half_written)
     with pytest.raises(OSError):
-        save_checkpoint(tmp_path, 4, _Saved(), _opt(), {})
+        save_checkpoint(tmp_path, 4, _Saved(), _optimizer_state(), {})
     monkeypatch.undo()
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000002\n"
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")] == []

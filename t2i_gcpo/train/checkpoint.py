@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,16 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Any, optimizer: torch.optim.Optimizer, state: dict, carry: Any = None
+    run_dir: Path, step: int, policy: Any, optimizer_state: dict, state: dict, carry: Any = None
 ) -> Path:
-    """`carry`: groups kept for the next step, one entry per process (pickled to ``carry.pt``)."""
+    """`optimizer_state`: the optimizer's whole state dict (FSDP: gathered from the shards). `carry`:
+    groups kept for the next step, one entry per process (pickled to ``carry.pt``)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.save_pretrained(str(tmp / "model"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     if carry is not None:
         torch.save(carry, tmp / "carry.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
@@ -125,7 +127,9 @@ def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
         raise UserError(f"{path}: cannot read the carried groups (damaged file?): {message}") from None
 
 
-def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
+def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
+    """Read ckpt/optimizer.pt and hand it to `load`: an optimizer's `load_state_dict`, or (FSDP) the
+    loader that shards it. A damaged file or a state that does not fit the model is a UserError."""
     path = ckpt / "optimizer.pt"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -133,6 +137,6 @@ def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
         message = " ".join(str(e).split())[:200]
         raise UserError(f"{path}: cannot read the optimizer state (damaged file?): {message}") from None
     try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError) as e:
+        load(state)
+    except (ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None

@@ -228,16 +228,6 @@ def groups_in(batches: list[Batch]) -> int:
     return sum(len(b.rollout) // b.rollout.group_size for b in batches)
 
 
-class _Saved:
-    """An optimizer state dict already gathered (FSDP), in the place of the optimizer for saving."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict:
-        return self.state
-
-
 class _null:
     def __enter__(self) -> None: ...
     def __exit__(self, *a: Any) -> None: ...
@@ -352,7 +342,7 @@ class Trainer:
         params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         if resume and not self.fsdp:
-            load_optimizer(self.ckpt, self.optimizer)
+            load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
         self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
         self.policy, self.optimizer = acc.prepare(policy, self.optimizer)
@@ -361,12 +351,10 @@ class Trainer:
             # forward and backward; FSDP shards gradients and optimizer states
             self.policy.set_reshard_after_forward(False)
             if resume:
-                path = self.ckpt / "optimizer.pt"
-                try:
-                    state = torch.load(path, weights_only=True)
-                    load_full_optimizer_state_dict(self.policy, self.optimizer, state)
-                except (KeyError, ValueError, RuntimeError) as e:
-                    raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None
+                load_optimizer(
+                    self.ckpt,
+                    lambda state: load_full_optimizer_state_dict(self.policy, self.optimizer, state),
+                )
             gather_params(self.policy)
         if resume:
             if acc.is_main_process:  # everything loaded: only now change the run directory
@@ -595,16 +583,18 @@ class Trainer:
             from accelerate.utils import gather_object
 
             carry = gather_object(carry)
-        policy, optimizer = unwrap(self.policy), self.optimizer
+        policy, optimizer_state = unwrap(self.policy), None
         if self.fsdp:  # gather the shards (every process), write them from the main process's copy
             weights = full_state_dict(self.policy)
-            optimizer = _Saved(full_optimizer_state_dict(self.policy, self.optimizer))
+            optimizer_state = full_optimizer_state_dict(self.policy, self.optimizer)
             if acc.is_main_process:
                 self.save_copy.load_state_dict(weights)
                 policy = self.save_copy
         if acc.is_main_process:
+            if optimizer_state is None:
+                optimizer_state = self.optimizer.state_dict()
             state = {"algo": self.cfg.algo, "zero_std_estimate": self.zero_std_estimate}
-            save_checkpoint(self.run_dir, step, policy, optimizer, state,
+            save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
                             carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
         acc.wait_for_everyone()
 
