@@ -179,9 +179,10 @@ class OptimConfig:
     minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
     autocast: Literal["none", "bf16"] = doc(
         "Run the update's forward passes under torch.autocast in bfloat16 (log-probs and the loss stay "
-        "float32; rollouts run in the weights' dtype, model_options.dtype for real checkpoints). Faster only where the hardware has native bf16 (CUDA since Ampere, "
-        "CPUs with AMX or avx512_bf16: `python -m benchmarks --only peak` says); on a CPU without it "
-        "bf16 matmuls are emulated (57× slower than fp32 on 2026-11-23's machine), hence the default.",
+        "float32; rollouts run in the weights' dtype, model_options.dtype for real checkpoints). Faster "
+        "only where the hardware has native bf16 (CUDA since Ampere, CPUs with AMX or avx512_bf16: "
+        "`python -m benchmarks --only peak` says); on a CPU without it bf16 matmuls are emulated (0.007× "
+        "the fp32 rate on the 2-core test machine, 2026-11-23), hence the default.",
         "none",
     )
 

@@ -115,27 +115,29 @@ def mark_finished(ckpt: Path) -> None:
         atomic_write_text(ckpt / "trainer_state.json", json.dumps({**state, "finished": True}, indent=1))
 
 
+def _read(path: Path, what: str, **load_options: Any) -> Any:
+    """torch.load(path); a damaged file is a UserError naming `what` it should have held."""
+    try:
+        return torch.load(path, **load_options)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError … on a damaged file
+        message = " ".join(str(e).split())[:200]
+        raise UserError(f"{path}: cannot read {what} (damaged file?): {message}") from None
+
+
 def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
     """The groups each process carried into the next step (None: the run carried none)."""
     path = ckpt / "carry.pt"
     if not path.is_file():
         return None
-    try:
-        return torch.load(path, map_location=device, weights_only=False)  # written by save_checkpoint
-    except Exception as e:
-        message = " ".join(str(e).split())[:200]
-        raise UserError(f"{path}: cannot read the carried groups (damaged file?): {message}") from None
+    # pickled Batch objects, written by save_checkpoint
+    return _read(path, "the carried groups", map_location=device, weights_only=False)
 
 
 def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
     """Read ckpt/optimizer.pt and hand it to `load`: an optimizer's `load_state_dict`, or (FSDP) the
     loader that shards it. A damaged file or a state that does not fit the model is a UserError."""
     path = ckpt / "optimizer.pt"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError … on a damaged file
-        message = " ".join(str(e).split())[:200]
-        raise UserError(f"{path}: cannot read the optimizer state (damaged file?): {message}") from None
+    state = _read(path, "the optimizer state", map_location="cpu", weights_only=True)
     try:
         load(state)
     except (ValueError, KeyError, RuntimeError) as e:
