@@ -24,7 +24,7 @@ from t2i_gcpo.cli import cli
 from t2i_gcpo.config import from_dict, load_config
 from t2i_gcpo.errors import UserError, check_writable_dir
 from t2i_gcpo.policies.registry import load_policy
-from t2i_gcpo.train.checkpoint import latest_checkpoint, save_checkpoint
+from t2i_gcpo.train.checkpoint import latest_checkpoint, load_carry, load_optimizer, save_checkpoint
 from t2i_gcpo.train.run import prepare, run
 
 from train_fixtures import tiny_policy_dir, write_prompt_file
@@ -463,6 +463,29 @@ def test_latest_pointer_is_replaced_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000002\n"
     assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("damage", [_zero, _truncate], ids=["empty", "truncated"])
+def test_damaged_optimizer_or_carry_file_is_a_one_line_error_naming_it(tmp_path, damage):
+    ckpt = save_checkpoint(tmp_path, 2, _Saved(), _optimizer_state(), {}, carry=[None, {"rows": [1, 2]}])
+    assert load_carry(ckpt) == [None, {"rows": [1, 2]}]
+    loaded = []
+    load_optimizer(ckpt, loaded.append)
+    assert loaded == [_optimizer_state()]
+    for name, load, what in (("optimizer.pt", lambda: load_optimizer(ckpt, loaded.append), "the optimizer state"),
+                             ("carry.pt", lambda: load_carry(ckpt), "the carried groups")):  # fmt: skip
+        damage(ckpt / name)
+        with pytest.raises(UserError) as e:
+            load()
+        msg = str(e.value)
+        assert str(ckpt / name) in msg and f"cannot read {what}" in msg and "\n" not in msg, msg
+
+
+def test_an_optimizer_state_that_does_not_fit_is_a_user_error(tmp_path):
+    ckpt = save_checkpoint(tmp_path, 2, _Saved(), _optimizer_state(), {})
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(UserError, match="does not match the model"):
+        load_optimizer(ckpt, other.load_state_dict)
 
 
 def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
