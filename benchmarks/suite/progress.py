@@ -11,7 +11,6 @@ the run's own clock is the measurement, so run it on a quiet machine.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -31,11 +30,11 @@ def find_run(given: str | None) -> Path | None:
 
 
 def train_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r for r in rows if r.get("time/step") is not None]
+    """The run's training steps, one record per step (a resumed run's re-logged steps merged)."""
+    from t2i_gcpo.viz.report import read_metrics
+
+    records, _unreadable = read_metrics(run / "metrics.jsonl")
+    return [r for r in records if r.get("time/step") is not None]
 
 
 def window(rows: list[dict], name: str) -> dict:
