@@ -149,8 +149,10 @@ def test_top_k_one_is_greedy_on_guided_logits(policy):
     assert torch.equal(r.tokens[0], r.tokens[1])  # greedy: the group is identical
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "none"])
+@pytest.mark.parametrize("cache", ["fused", "dynamic", "none"])
 def test_kv_cache_and_recompute_sample_identical_tokens(policy, cache):
+    """Every sampling loop (ours with fused projections, transformers' caches, full recompute) draws
+    the same tokens and records the same log-probs as transformers' StaticCache loop."""
     pid = policy.encode_prompts(PROMPTS)
     sp = SamplingParams(guidance_scale=3.0)
     u = torch.rand(3, 16, generator=torch.Generator().manual_seed(7))
@@ -159,6 +161,38 @@ def test_kv_cache_and_recompute_sample_identical_tokens(policy, cache):
     assert lp_s.shape == (3, 3, 16)  # pos, neg, guided
     assert torch.equal(tok_s, tok_o)
     assert (lp_s - lp_o).abs().max().item() < 1e-4
+
+
+def test_fused_decoder_matches_llama_forward(policy):
+    """Prefill then one token at a time through FusedLlamaDecoder gives, at every position, the final
+    hidden state of one full LlamaModel forward over the whole sequence."""
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+    seq = torch.randint(
+        0, policy.llama.config.vocab_size, (4, 20), generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        want = policy.llama(input_ids=seq).last_hidden_state  # [4, 20, D]
+        dec = FusedLlamaDecoder(policy.llama, rows=4, max_len=20)
+        got = [dec.forward(seq[:, :8], 0)] + [dec.forward(seq[:, t : t + 1], t) for t in range(8, 20)]
+    assert torch.allclose(got[0], want[:, 7], atol=1e-5)
+    assert torch.allclose(torch.stack(got[1:], 1), want[:, 8:], atol=1e-5)
+    with pytest.raises(ValueError, match="start at position 0"):
+        dec.forward(seq[:, :2], 3)
+
+
+def test_fused_decoder_refuses_configs_it_does_not_reproduce():
+    from transformers import LlamaConfig, LlamaModel
+
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
+
+    kw = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    assert supports(LlamaConfig(**kw))
+    for extra in ({"attention_bias": True}, {"num_key_value_heads": 2}, {"mlp_bias": True}):
+        cfg = LlamaConfig(**kw, **extra)
+        assert not supports(cfg)
+        with pytest.raises(ValueError, match="unsupported"):
+            FusedLlamaDecoder(LlamaModel(cfg), rows=1, max_len=4)
 
 
 def test_seeded_rollout_is_reproducible_and_seed_matters(policy):

@@ -1,6 +1,6 @@
 """Section `samplers`: images/s of the shipped ShapeWorld samplers, and their FLOP/s against the peak.
 
-The AR prior (``load_policy("shapeworld")``: 64 tokens, static KV cache) and the masked prior
+The AR prior (``load_policy("shapeworld")``: 64 tokens, its fused KV-cache loop) and the masked prior
 (``"shapeworld-masked"``: its default 8 MaskGIT steps), both with CFG at the checkpoint's scale, each
 timed as one ``policy.rollout`` of B images (B/8 prompts × 8 samples; decoding to pixels excluded) by
 benchmarks/bench_masked_vs_ar.py's `time_rollouts`: one warm-up, then best of the repeats, the two
@@ -10,11 +10,14 @@ samplers interleaved. Achieved FLOP/s counts the useful FLOPs of benchmarks/suit
     masked: 2 rows (CFG) × B × steps × [2·N·S + 4·L·d·S²],  S = P + T
 
 with N the matmul weights (Llama layers + codebook head), L layers, d width, P prefix, T = 64 tokens.
+The AR prior's default loop (policies/fused_llama.py) is also timed against the same loop through
+transformers' layers and StaticCache at the largest batch (benchmarks/bench_sampler.py's `time_generate`).
 """
 
 from __future__ import annotations
 
 from benchmarks.bench_masked_vs_ar import time_rollouts
+from benchmarks.bench_sampler import time_generate
 from benchmarks.suite.common import Context, linear_params
 from benchmarks.suite.flops import Shape, ar_sampling_flops, masked_sampling_flops
 
@@ -58,6 +61,8 @@ def run(ctx: Context) -> dict:
             rows.append({"sampler": label, "batch": batch, "seconds": secs[label],
                          "images_per_s": batch / secs[label], "gflops": gflops,
                          "peak_pct": 100 * gflops / peak})  # fmt: skip
+    loops = time_generate(ar, batches[-1], ["fused", "static"], repeats)
+    fused_vs_static = loops["static"] / loops["fused"]
     by = {(r["sampler"], r["batch"]): r for r in rows}
     a_label, m_label = configs[0][0], configs[1][0]
     lo, hi = batches[0], batches[-1]
@@ -69,9 +74,12 @@ def run(ctx: Context) -> dict:
         f"{m_hi['images_per_s']:.0f} ({m_hi['images_per_s'] / a_hi['images_per_s']:.1f}× the AR rate), at "
         f"{a_hi['peak_pct']:.1f} % and {m_hi['peak_pct']:.1f} % of the fp32 matmul peak ({peak:.0f} GFLOP/s). "
         f"The AR prior ({params[a_label] / 1e6:.2f} M matmul weights) runs {ar.num_tokens} sequential steps "
-        f"whose matmuls have only 2B rows, so per-step overhead (Python, transformers' layers, the cache "
+        f"whose matmuls have only 2B rows, so per-step overhead (Python, small element-wise ops, the cache "
         f"update, the sample step) weighs most at small batch: going from batch {lo} to {hi} raises its rate "
-        f"{a_hi['images_per_s'] / a_lo['images_per_s']:.1f}×. The masked prior "
+        f"{a_hi['images_per_s'] / a_lo['images_per_s']:.1f}×. Its loop runs the Llama maths on the model's "
+        f"weights with fused q|k|v and gate|up projections: {fused_vs_static:.2f}× the rate of the same loop "
+        f"through transformers' layers and StaticCache at batch {hi} ({loops['fused']:.2f} s vs "
+        f"{loops['static']:.2f} s). The masked prior "
         f"({params[m_label] / 1e6:.2f} M) makes {masked.resolve_steps(ms)} full-sequence forwards instead "
         f"of {ar.num_tokens} single-token ones: {flops_ratio:.1f}× the AR prior's FLOPs per image (every step "
         f"attends over all {masked.prefix_len + masked.num_tokens} positions) in far fewer sequential steps, with "
@@ -94,6 +102,9 @@ def run(ctx: Context) -> dict:
             ("peak_pct", "% of fp32 peak"),
         ],
         "rows": rows,
-        "summary": {f"{r['sampler']} @ {r['batch']}": r["images_per_s"] for r in rows},
+        "summary": {
+            **{f"{r['sampler']} @ {r['batch']}": r["images_per_s"] for r in rows},
+            f"AR fused loop / transformers StaticCache loop @ {batches[-1]}": fused_vs_static,
+        },
         "reading": reading,
     }

@@ -13,10 +13,12 @@ mask (pads stay visible, as in Janus). Pretraining drops the prompt to this form
 time; it is the unconditional branch of CFG and GCPO's negative context c⁻ for this model
 (SPEC §4.1).
 
-Sampling (gpt-fast style, STYLE item 6): one static KV cache for the doubled batch
-[cond rows; null rows] allocated once (transformers ``StaticCache``, filled by index), `prefill`
-then `decode_one_token` × (T − 1); both halves get the same sampled token and are split after the
-head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). The token is drawn by the sample step every adapter
+Sampling (gpt-fast style, STYLE item 6): one KV cache for the doubled batch [cond rows; null rows]
+allocated once, `prefill` then `decode_one_token` × (T − 1); both halves get the same sampled token
+and are split after the head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). The default loop
+(``cache="fused"``) runs the Llama maths on the model's own weights with fused projections
+(policies/fused_llama.py); ``cache="static"`` is the same loop through transformers' layers and
+``StaticCache`` (the reference the tests compare it with). The token is drawn by the sample step every adapter
 shares (`sampling.sample_step`: inverse CDF of the temperature-scaled, top-k/top-p-truncated guided
 distribution at a uniform pre-drawn from the prompt's own generator), so a sample depends neither on
 its batch-mates nor on the rollout batch size. Each step records the sampled token's log-prob under
@@ -43,6 +45,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import (
@@ -72,7 +75,7 @@ class ARConfig:
     codebook_size: int = 256  # K, copied from the VQ
 
 
-CacheKind = Literal["static", "dynamic", "none"]
+CacheKind = Literal["fused", "static", "dynamic", "none"]
 
 
 class ARPolicy(nn.Module):
@@ -201,11 +204,16 @@ class ARPolicy(nn.Module):
     # ---- sampler (gpt-fast style) ---------------------------------------------------------------
     def prefill(self, prefix: torch.Tensor, cache) -> torch.Tensor:
         """Run the prefix [2B, P] into the cache; logits [2B, K] for the first image token."""
+        if isinstance(cache, FusedLlamaDecoder):
+            return self.head(cache.forward(prefix, 0))
         return self._logits(prefix, cache)[:, -1]
 
-    def decode_one_token(self, token: torch.Tensor, cache) -> torch.Tensor:
-        """Feed the sampled token [B] to both halves; logits [2B, K] for the next position."""
+    def decode_one_token(self, token: torch.Tensor, cache, position: int) -> torch.Tensor:
+        """Feed the sampled token [B] at sequence `position` to both halves; logits [2B, K] for the
+        next position."""
         x = (token + self.image_offset).repeat(2)[:, None]  # [2B, 1]
+        if isinstance(cache, FusedLlamaDecoder):
+            return self.head(cache.forward(x, position))
         return self._logits(x, cache)[:, -1]
 
     def decode_n_tokens(self, logits: torch.Tensor, cache, tokens: torch.Tensor, logps: torch.Tensor,
@@ -216,14 +224,15 @@ class ARPolicy(nn.Module):
             tokens[:, t], lp = sample_step(lc, lu, sampling, uniforms[:, t], self.guidance)
             logps[:, :, t] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
             if t + 1 < tokens.shape[1]:
-                logits = self.decode_one_token(tokens[:, t], cache)
+                logits = self.decode_one_token(tokens[:, t], cache, self.prefix_len + t)
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
-                 cache: CacheKind = "static") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 cache: CacheKind = "fused") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Sample image tokens for word ids [B, L] with uniforms [B, T] → (tokens [B, T], log-probs
-        [3, B, T] of pos / neg / guided). ``cache="none"`` recomputes the whole prefix each step
-        (for benchmarks)."""
+        [3, B, T] of pos / neg / guided). ``cache`` picks the loop: "fused" (ours, the default),
+        "static" / "dynamic" (transformers' layers and caches), "none" (the whole prefix recomputed
+        each step; benchmarks)."""
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         b, t_len = prompt_ids.shape[0], self.num_tokens
@@ -242,11 +251,13 @@ class ARPolicy(nn.Module):
             return tokens, logps
         from transformers import DynamicCache, StaticCache
 
-        kv = (
-            StaticCache(config=self.llama.config, max_cache_len=self.prefix_len + t_len - 1)
-            if cache == "static"
-            else DynamicCache(config=self.llama.config)
-        )
+        max_len = self.prefix_len + t_len - 1
+        if cache == "fused":
+            kv = FusedLlamaDecoder(self.llama, 2 * b, max_len)
+        elif cache == "static":
+            kv = StaticCache(config=self.llama.config, max_cache_len=max_len)
+        else:
+            kv = DynamicCache(config=self.llama.config)
         logits = self.prefill(prefix, kv)
         self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
         return tokens, logps
