@@ -163,36 +163,57 @@ def test_kv_cache_and_recompute_sample_identical_tokens(policy, cache):
     assert (lp_s - lp_o).abs().max().item() < 1e-4
 
 
-def test_fused_decoder_matches_llama_forward(policy):
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_fused_decoder_matches_llama_forward(kv_heads):
     """Prefill then one token at a time through FusedLlamaDecoder gives, at every position, the final
-    hidden state of one full LlamaModel forward over the whole sequence."""
+    hidden state of one full LlamaModel forward over the whole sequence (also with grouped-query
+    attention, and with rows left-padded: positions and key mask as the text adapter passes them)."""
+    from transformers import LlamaConfig, LlamaModel
+
     from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 
-    seq = torch.randint(
-        0, policy.llama.config.vocab_size, (4, 20), generator=torch.Generator().manual_seed(1)
-    )
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads)  # fmt: skip
+    llama = LlamaModel(cfg).eval()
+    seq = torch.randint(0, 50, (4, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        want = policy.llama(input_ids=seq).last_hidden_state  # [4, 20, D]
-        dec = FusedLlamaDecoder(policy.llama, rows=4, max_len=20)
+        want = llama(input_ids=seq).last_hidden_state  # [4, 20, D]
+        dec = FusedLlamaDecoder(llama, rows=4, max_len=20)
         got = [dec.forward(seq[:, :8], 0)] + [dec.forward(seq[:, t : t + 1], t) for t in range(8, 20)]
-    assert torch.allclose(got[0], want[:, 7], atol=1e-5)
-    assert torch.allclose(torch.stack(got[1:], 1), want[:, 8:], atol=1e-5)
+        assert torch.allclose(got[0], want[:, 7], atol=1e-5)
+        assert torch.allclose(torch.stack(got[1:], 1), want[:, 8:], atol=1e-5)
+        # row 0 left-padded by 3: it must give what its unpadded sequence gives alone
+        keep = torch.ones(4, 20, dtype=torch.bool)
+        keep[0, :3] = False
+        pos = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        dec = FusedLlamaDecoder(llama, rows=4, max_len=20)
+        dec.forward(seq[:, :8], 0, positions=pos[:, :8], key_mask=keep[:, :8])
+        last = [dec.forward(seq[:, t : t + 1], t, pos[:, t : t + 1], keep[:, : t + 1]) for t in range(8, 20)]
+        alone = llama(input_ids=seq[:1, 3:]).last_hidden_state[0, -12:]
+    assert torch.allclose(torch.stack(last, 1)[0], alone, atol=1e-5)
     with pytest.raises(ValueError, match="start at position 0"):
         dec.forward(seq[:, :2], 3)
 
 
 def test_fused_decoder_refuses_configs_it_does_not_reproduce():
-    from transformers import LlamaConfig, LlamaModel
+    from transformers import LlamaConfig, LlamaModel, Qwen2Config
 
     from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 
     kw = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
-    assert supports(LlamaConfig(**kw))
-    for extra in ({"attention_bias": True}, {"num_key_value_heads": 2}, {"mlp_bias": True}):
-        cfg = LlamaConfig(**kw, **extra)
+    assert supports(LlamaConfig(**kw)) and supports(LlamaConfig(**kw, num_key_value_heads=2))
+    llama3_rope = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    for cfg in (
+        LlamaConfig(**kw, attention_bias=True),
+        LlamaConfig(**kw, mlp_bias=True),
+        LlamaConfig(**kw, rope_parameters=llama3_rope),
+    ):
         assert not supports(cfg)
         with pytest.raises(ValueError, match="unsupported"):
             FusedLlamaDecoder(LlamaModel(cfg), rows=1, max_len=4)
+    assert not supports(Qwen2Config(**kw))  # q/k/v biases
 
 
 def test_seeded_rollout_is_reproducible_and_seed_matters(policy):

@@ -238,6 +238,26 @@ def test_greedy_sampling_equals_transformers_generate(chat):
     assert torch.equal(ro.tokens, out)
 
 
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_fused_llama_loop_equals_transformers_loop(dirs, guidance):
+    """A plain Llama samples through our fused loop by default; with left padding, EOS stops and
+    guidance (the doubled batch) it draws the same tokens and records the same log-probs as the loop
+    through transformers' layers and StaticCache."""
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+    base = with_stops(dirs["chat"])
+    ours = TextPolicy(base.model, base.tokenizer, eos_token_ids=base.eos_ids)
+    theirs = TextPolicy(base.model, base.tokenizer, eos_token_ids=base.eos_ids, fused_sampler=False)
+    assert isinstance(ours.new_cache(2, 8), FusedLlamaDecoder)
+    assert not isinstance(theirs.new_cache(2, 8), FusedLlamaDecoder)
+    s = dataclasses.replace(SAMPLING, guidance_scale=guidance)
+    a, b = roll(ours, PROMPTS, 4, seed=3, sampling=s), roll(theirs, PROMPTS, 4, seed=3, sampling=s)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+    assert 0 < a.mask.sum() < a.mask.numel()  # some rows stopped early: padding after EOS is exercised
+    for ctx in ("pos", "neg", "guided"):
+        assert (a.logp[ctx] - b.logp[ctx]).abs().max() < TOL, ctx
+
+
 # ----------------------------------------------------------------------------- log-probs
 @pytest.mark.parametrize("arch", ["chat", "raw", "qwen2", "gpt2"])
 def test_recorded_logprobs_equal_teacher_forced(dirs, arch):

@@ -22,7 +22,9 @@ Contexts (SPEC §4.1, text reasoning):
 Sampling (gpt-fast style, STYLE item 6): P prompts × G samples in one batch, prompts LEFT-padded
 (pad id, attention mask 0) with position ids ``cumsum(mask) − 1``, so each row sees positions 0, 1, …
 from its first real token whatever its batch-mates are; one static KV cache allocated at full size
-(prompt width + max_new_tokens); `prefill`, then `decode_one_token` per step through the shared
+(prompt width + max_new_tokens): for a plain Llama (the shipped arithmetic LM) our fused loop over the
+model's weights (policies/fused_llama.py, ``fused_sampler=True``), else transformers' StaticCache;
+`prefill`, then `decode_one_token` per step through the shared
 `sample_step` (inverse CDF at a uniform pre-drawn from the prompt's own generator: a sample depends on
 neither its batch-mates nor the batch size). A row stops at its first EOS (which is kept, mask 1);
 what follows is the pad id with mask 0; the batch stops when every row has. ``Rollout.tokens`` is
@@ -56,6 +58,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
 NEGATIVE_MODES = ("empty", "wrong_answer")
@@ -116,6 +119,7 @@ class TextPolicy(nn.Module):
         max_rollout_batch: int | None = None,
         gradient_checkpointing: bool = False,
         disable_dropout: bool = True,
+        fused_sampler: bool = True,
     ):
         super().__init__()
         self.model = model  # a *ForCausalLM
@@ -134,6 +138,9 @@ class TextPolicy(nn.Module):
         self.negative = negative  # the default negative context (SPEC §4.1)
         self.wrong_answer_instruction = wrong_answer_instruction
         self.max_new_tokens = int(max_new_tokens)  # used when SamplingParams.max_new_tokens is None
+        self.fused_sampler = (
+            fused_sampler  # False: sample through transformers' layers even for a plain Llama
+        )
         self.features = features  # token_features: last hidden state at each token, or its input embedding
         self.default_task = default_task
         self.max_rollout_batch = max_rollout_batch  # rows per sampling pass (None: all at once)
@@ -324,26 +331,38 @@ class TextPolicy(nn.Module):
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the left-padded contexts [N, L] into the cache; logits [N, V] of the first token."""
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        if isinstance(cache, FusedLlamaDecoder):
+            return self._head(cache.forward(ids, 0, positions=pos, key_mask=mask.bool()))
         return self._head(self._backbone(ids, mask, pos, cache)[:, -1])
 
     def decode_one_token(
         self, tok: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
     ) -> torch.Tensor:
         """Feed one token per row [N] at positions `pos` [N] (mask: all keys so far); logits [N, V]."""
+        if isinstance(cache, FusedLlamaDecoder):
+            slot = mask.shape[1] - 1
+            return self._head(cache.forward(tok[:, None], slot, positions=pos[:, None], key_mask=mask.bool()))
         return self._head(self._backbone(tok[:, None], mask, pos[:, None], cache)[:, -1])
+
+    def new_cache(self, rows: int, max_len: int) -> Any:
+        """The sampler's KV cache: our fused Llama loop where the model is a plain Llama
+        (policies/fused_llama.py; the shipped arithmetic LM), else transformers' StaticCache."""
+        from transformers import StaticCache
+
+        if self.fused_sampler and supports(self.model.config):
+            return FusedLlamaDecoder(self.model.base_model, rows, max_len)
+        return StaticCache(config=self.model.config, max_cache_len=max_len)
 
     def decode_n_tokens(self, rows: Sequence[Sequence[int]], sampling: SamplingParams, uniforms: torch.Tensor,
                         neg_rows: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """Sample up to n = uniforms.shape[1] tokens for N contexts; with `neg_rows`, guided sampling
         over the doubled batch [c⁺; c⁻]. → tokens [N, n] (pad after EOS), mask [N, n], and the log-probs
         pos, neg (zeros without guidance), guided, each [N, n] (0 at padding)."""
-        from transformers import StaticCache
-
         n_rows, steps = uniforms.shape
         guided = neg_rows is not None
         ids, mask = self.pad_left(list(rows) + list(neg_rows) if guided else rows)  # [N or 2N, L]
         width = ids.shape[1]
-        cache = StaticCache(config=self.model.config, max_cache_len=width + steps)
+        cache = self.new_cache(ids.shape[0], width + steps)
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps)], dim=1)  # [N', L + n]
         next_pos = mask.sum(-1)  # [N'] position of the first sampled token
         tokens = torch.full((n_rows, steps), self.pad_id, dtype=torch.long, device=ids.device)
