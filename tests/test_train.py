@@ -206,7 +206,9 @@ PINNED = {
         "reward/mean": [-0.021635, -0.0218682, -0.0193257],
         "credit/weight_max": [2.862504, 2.862504, 2.862642],
     },
-    "grpo": {"reward/mean": [-0.0220538, -0.0204032, -0.0196325], "credit/weight_max": [1.0] * 3},
+    # re-pinned when runs without dynamic sampling took the same stream slots as those with it: step 1
+    # (same model, prompts and sampling seeds) now scores exactly as gcpo's
+    "grpo": {"reward/mean": [-0.021635, -0.0216209, -0.0173859], "credit/weight_max": [1.0] * 3},
 }
 
 
@@ -238,3 +240,50 @@ def test_bf16_autocast_trains_with_ratios_near_one(tiny, tmp_path):
     assert trained and all(math.isfinite(v) for r in rows for k, v in r.items() if v is not None)
     ratio = trained[0]["ratio/mean"]
     assert 1e-5 < abs(ratio - 1) < 0.05, f"bf16 rounding moves the ratio a little, not a lot: {ratio}"
+
+
+def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny, tmp_path, monkeypatch):
+    """What pairs the runs of `t2i-gcpo compare` seed by seed: whatever the algorithm (with or without
+    dynamic sampling), a step's rounds take the same stream slots — the same prompts in the same order,
+    each group sampled from the generator seeded by its slot — and the held-out evaluation draws prompt
+    i's samples from the same generator. Only how many of a round's slots a run uses differs."""
+    import t2i_gcpo.tasks.geneval as geneval
+    from t2i_gcpo.train.trainer import Trainer
+
+    eval_keys = []  # (seed, purpose, keys) of every generator the held-out evaluation makes
+
+    def spy(seed, purpose, keys):
+        keys = list(keys)
+        eval_keys.append((seed, purpose, keys))
+        return group_generators(seed, purpose, keys)
+
+    group_generators = geneval.group_generators
+    monkeypatch.setattr(geneval, "group_generators", spy)
+    seen = {}
+    for algo in ALGORITHMS:
+        flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward="shapeworld", seed=3)
+        flags["out"] = str(tmp_path / algo)
+        job = prepare(algo=algo, flags=flags, overrides=(*FAST, "eval_images_per_prompt=1"))
+        t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
+        capacity = t.blocks * t.local_prompts  # a round's slots
+        draws = [t.prompts_for(step, round_, capacity) for step in (1, 2, 3) for round_ in range(t.rounds)]
+        eval_keys.clear()
+        metrics, _ = t.evaluate()  # the base model: every algorithm starts from it
+        seen[algo] = {
+            "slots": [slots for slots, _ in draws],
+            "prompts": [[p.text for p in prompts] for _, prompts in draws],
+            "held-out prompts": [p.text for p in job.eval_prompts],
+            "held-out seeds": list(eval_keys),
+            "held-out score": metrics,
+        }
+        t._shutdown()
+    first = seen["grpo"]  # one round per step: a prefix of what dynamic sampling may draw
+    assert len(first["slots"]) == 3 and len(seen["dapo"]["slots"]) == 3 * 4
+    for algo, s in seen.items():
+        rounds = len(s["slots"]) // 3
+        assert s["slots"][::rounds] == first["slots"], algo
+        assert s["prompts"][::rounds] == first["prompts"], algo
+        for key in ("held-out prompts", "held-out seeds", "held-out score"):
+            assert s[key] == first[key], (algo, key)
+    assert first["held-out seeds"] and {key[:2] for key in first["held-out seeds"]} == {(3, "eval")}
+    assert len({p for step in first["prompts"] for p in step}) > 1, "the stream moves on from step to step"

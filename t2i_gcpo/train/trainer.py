@@ -314,10 +314,12 @@ class Trainer:
         acc.wait_for_everyone()
         self.local_prompts = cfg.rollout.prompts_per_step // n_proc
         # dynamic sampling: rounds per step, and how many groups a step may draw (a round's slots are
-        # `blocks` blocks of P, so an over-sampled round never reuses another round's slots)
+        # `blocks` blocks of P, so an over-sampled round never reuses another round's slots). The slot
+        # layout is the same without dynamic sampling: runs with one seed draw their step's first
+        # groups from the same slots (prompts and sampling seeds) whatever the algorithm
         dyn = cfg.advantage
         self.rounds = 1 + (dyn.max_resample if dyn.dynamic_sampling else 0)
-        self.blocks = math.ceil(dyn.draw_budget) if dyn.dynamic_sampling else 1
+        self.blocks = math.ceil(dyn.draw_budget)
         self.draw_budget = (
             int(dyn.draw_budget * self.local_prompts) if dyn.dynamic_sampling else self.local_prompts
         )
