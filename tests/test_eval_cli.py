@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,13 @@ def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
             "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "eval_images_per_prompt=1",
             "--set", "sample_every=0"]  # fmt: skip
     text = invoke(*args)
-    assert "| grpo |" in text and "| gcpo |" in text and "steps to GRPO's final" in text
+    assert "| grpo |" in text and "| gcpo |" in text and "steps to grpo's final" in text  # no dapo: the first
     result = json.loads((out / "comparison.json").read_text())
     assert set(result["table"]) == {"grpo", "gcpo"} and result["table"]["grpo"]["overall"][3] == 2
+    assert result["baseline"] == "grpo" and set(result["paired"]) == {"gcpo"}
+    gcpo = result["paired"]["gcpo"]
+    assert set(gcpo["per_seed"]) == {"0", "1"} and gcpo["paired"][3] == 2
+    assert "paired Δ vs grpo" in text
     assert (out / "curves.png").stat().st_size > 1000
     first = {
         a: json.loads((out / a / "seed0" / "metrics.jsonl").read_text().splitlines()[0])
@@ -113,3 +118,129 @@ def test_compare_with_two_jobs_trains_the_same_runs_side_by_side(tmp_path):
             for k in x:
                 if not k.startswith("time/") and x[k] is not None:
                     assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), (algo, x["step"], k)
+
+
+# ---------------------------------------------------------------------------------------------
+# compare: seeds, baseline and the paired table, on run folders written by hand
+# ---------------------------------------------------------------------------------------------
+
+
+def test_seeds_are_a_count_or_a_list():
+    from t2i_gcpo.commands.compare import parse_seeds
+    from t2i_gcpo.errors import UserError
+
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds(" 1") == [0]
+    assert parse_seeds("0,1,2,7") == [0, 1, 2, 7] and parse_seeds("7, 2") == [7, 2]
+    assert parse_seeds("7,") == [7]  # one seed: a list needs its comma
+    for bad in ("0", "-1", "", "x", "1.5", "1,x", "1,-2", "1,1", ",", "²"):
+        with pytest.raises(UserError, match="--seeds"):
+            parse_seeds(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "0,x"], "--seeds"),
+        (["--seeds", "0"], "--seeds"),
+        (["--algos", "dapo,gcpo", "--baseline", "grpo"], "--baseline grpo is not among"),
+    ],
+)
+def test_compare_rejects_bad_seeds_and_an_untrained_baseline_in_one_line(tmp_path, capsys, args, message):
+    from t2i_gcpo.cli import main
+
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as e:
+        main(["compare", *args, "--steps", "1", "--out", str(out)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+    assert not out.exists(), "nothing is trained"
+
+
+def test_the_baseline_is_dapo_when_compared_else_the_first_algorithm():
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.eval.compare import check_baseline
+
+    assert check_baseline(["grpo", "gcpo", "dapo"], None) == "dapo"
+    assert check_baseline(["grpo", "gcpo"], None) == "grpo"
+    assert check_baseline(["grpo", "gcpo", "dapo"], "gcpo") == "gcpo"
+    with pytest.raises(UserError):
+        check_baseline(["grpo", "gcpo"], "dapo")
+
+
+# held-out overall at steps 0 / 10 / 20 (the last: eval.json), per algorithm and seed (seeds 0, 3, 5)
+CURVES = {
+    "grpo": {0: [0.30, 0.35, 0.40], 3: [0.30, 0.50, 0.65], 5: [0.30, 0.40, 0.55]},
+    "dapo": {0: [0.30, 0.45, 0.50], 3: [0.30, 0.55, 0.60], 5: [0.30, 0.62, 0.70]},
+    "gcpo": {0: [0.30, 0.45, 0.52], 3: [0.30, 0.60, 0.63], 5: [0.30, 0.65, 0.71]},
+}
+LIFT = {"grpo": 1.0, "dapo": 1.0, "gcpo": 1.5}  # training mean of credit_lift (gcpo logs 1.4 and 1.6)
+
+
+def fake_runs(out: Path) -> None:
+    """<out>/<algo>/seed<k>/ with the metrics.jsonl rows and eval.json a finished image run writes."""
+    for algo, seeds in CURVES.items():
+        for seed, curve in seeds.items():
+            run = out / algo / f"seed{seed}"
+            run.mkdir(parents=True)
+            lifts = [1.4, 1.6] if algo == "gcpo" else [1.0, 1.0]
+            rows = [{"step": 0, "eval/strict/overall": curve[0], "eval/strict/counting": curve[0]}]
+            rows += [{"step": 10, "credit_lift": lifts[0], "eval/strict/overall": curve[1]}]
+            rows += [{"step": 20, "credit_lift": lifts[1]}, {"step": 20, "eval/strict/overall": curve[2]}]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            final = {"eval/strict/overall": curve[2], "eval/strict/counting": curve[2] / 2}
+            (run / "eval.json").write_text(json.dumps(final))
+
+
+def test_paired_table_on_hand_written_runs(tmp_path):
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    result = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5])
+    assert result["baseline"] == "dapo" and result["seeds"] == [0, 3, 5]
+    assert result["columns"] == ["counting", "credit lift (training mean)", "overall"]
+    for algo, lift in LIFT.items():
+        assert result["table"][algo]["credit lift (training mean)"][0] == pytest.approx(lift)
+    # dapo ends at 0.6 on average: gcpo reaches it at step 10 on seeds 3 and 5 (never on seed 0), grpo
+    # at step 20 on seed 3 only, dapo itself at 20 (seed 3) and 10 (seed 5)
+    assert result["steps_to_baseline_final"] == {"grpo": 20.0, "dapo": 15.0, "gcpo": 10.0}
+    assert set(result["paired"]) == {"grpo", "gcpo"}
+    gcpo = result["paired"]["gcpo"]
+    assert gcpo["per_seed"] == pytest.approx({"0": 0.02, "3": 0.03, "5": 0.01})
+    half = 4.303 * 0.01 / math.sqrt(3)  # t_{0.975, 2} · s / √n, s = 0.01
+    assert gcpo["paired"] == pytest.approx((0.02, 0.02 - half, 0.02 + half, 3))
+    # unpaired: the same difference, but the seed-to-seed spread (0.1) swamps it
+    assert gcpo["unpaired"] == pytest.approx(welch_ci95(CURVES["gcpo"], CURVES["dapo"]))
+    assert gcpo["unpaired"][0] == pytest.approx(0.02) and gcpo["unpaired"][2] - gcpo["unpaired"][1] > 8 * half
+    grpo = result["paired"]["grpo"]
+    assert grpo["per_seed"] == pytest.approx({"0": -0.10, "3": 0.05, "5": -0.15}) and grpo["paired"][3] == 3
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    assert saved["paired"]["gcpo"]["paired"] == pytest.approx(list(gcpo["paired"]))
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| algorithm | counting | credit lift (training mean) | overall | steps to dapo's final |" in md
+    assert "| gcpo | 0.310 ± " in md and "| 1.500 ± 0.000 | 0.620 ± " in md
+    unpaired_half = (gcpo["unpaired"][2] - gcpo["unpaired"][1]) / 2
+    assert f"| gcpo | +0.020 ± {half:.3f} | +0.020 ± {unpaired_half:.3f} | 3/3 |" in md
+    assert "| grpo | -0.067 ± " in md and "| 1/3 |" in md
+    assert "over 3 seed(s) (0, 3, 5)" in md and "Paired:" in md
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    # another baseline: the signs turn round
+    other = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5], baseline="gcpo")
+    assert set(other["paired"]) == {"grpo", "dapo"}
+    assert other["paired"]["dapo"]["per_seed"] == pytest.approx({"0": -0.02, "3": -0.03, "5": -0.01})
+
+
+def welch_ci95(a: dict, b: dict):
+    """The module's Welch interval on two algorithms' final scores (the last point of each curve)."""
+    from t2i_gcpo.viz.lift import welch_ci95 as welch
+
+    return welch([c[-1] for c in a.values()], [c[-1] for c in b.values()])
+
+
+def test_summarise_rejects_a_baseline_it_was_not_given(tmp_path):
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    with pytest.raises(UserError, match="--baseline critical"):
+        summarise(tmp_path, ["dapo", "gcpo"], [0, 3, 5], baseline="critical")

@@ -160,6 +160,12 @@ def test_compare_on_a_text_model_tabulates_accuracy_and_step_lift(tiny_lm, tmp_p
     assert gcpo["step lift (training mean)"][0] != pytest.approx(1.0)
     assert dapo["overall"][3] == 2 and (out / "curves.png").stat().st_size > 1000
     assert "| gcpo |" in (out / "comparison.md").read_text()
+    # measured against dapo, seed by seed: each difference is of two accuracies on the same problems
+    assert result["baseline"] == "dapo" and set(result["paired"]) == {"gcpo"}
+    per_seed = result["paired"]["gcpo"]["per_seed"]
+    for s in (0, 1):
+        finals = [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for a in ("gcpo", "dapo")]
+        assert per_seed[str(s)] == pytest.approx(finals[0]["eval/accuracy"] - finals[1]["eval/accuracy"])
 
 
 def test_credit_map_on_text_writes_heatmaps_and_step_lift(tiny_lm, tmp_path, capsys):

@@ -15,14 +15,38 @@ Examples:
   t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 200 --out runs/compare
   t2i-gcpo compare --algos dapo,gcpo --seeds 2 --steps 100 --set rollout.group_size=16 --out runs/cmp16
   t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 5 --steps 150 --jobs 2 --out runs/cmp5
+  t2i-gcpo compare --algos dapo,gcpo --seeds 0,1,2,7 --baseline dapo --steps 150 --out runs/cmp_paired
   t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
 Re-running the same command resumes: finished runs are kept, stopped runs continue.
 """
 
 
+def parse_seeds(text: str) -> list[int]:
+    """--seeds: a count N (seeds 0 … N−1) or a comma-separated list of seeds ("0,1,2,7"; "7," is seed 7
+    alone)."""
+    from t2i_gcpo.errors import UserError
+
+    items = [x.strip() for x in text.split(",")]
+    if "," not in text:
+        if not items[0].isdecimal() or int(items[0]) < 1:
+            raise UserError(f"--seeds expects a count ≥ 1 or a comma-separated list of seeds, got '{text}'")
+        return list(range(int(items[0])))
+    seeds = [x for x in items if x]
+    if not seeds or not all(x.isdecimal() for x in seeds):
+        raise UserError(f"--seeds: a list of seeds holds integers ≥ 0 separated by commas, got '{text}'")
+    if len(set(map(int, seeds))) < len(seeds):
+        raise UserError(f"--seeds lists a seed twice: '{text}'")
+    return [int(x) for x in seeds]
+
+
 @click.command("compare", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--algos", default="grpo,dapo,gcpo,dgpo", show_default=True, help="Comma-separated presets.")
-@click.option("--seeds", default=3, show_default=True, help="Seeds per algorithm (0 … N−1).")
+@click.option(
+    "--seeds",
+    default="3",
+    show_default=True,
+    help="Seeds per algorithm: a count N (seeds 0 … N−1) or a list such as 0,1,2,7.",
+)
 @click.option("--steps", default=200, show_default=True, help="Steps per run.")
 @click.option(
     "--prompts",
@@ -32,6 +56,11 @@ Re-running the same command resumes: finished runs are kept, stopped runs contin
 )
 @click.option("--model", default="shapeworld", show_default=True)
 @click.option("--reward", default=None, help="Reward spec [default: the task's own].")
+@click.option(
+    "--baseline",
+    default=None,
+    help="Algorithm the others are measured against [default: dapo if compared, else the first of --algos].",
+)
 @click.option(
     "--eval-every", default=25, show_default=True, help="Held-out evaluation interval (the curves)."
 )
@@ -43,13 +72,16 @@ Re-running the same command resumes: finished runs are kept, stopped runs contin
     help="Runs trained side by side, each with cores/jobs threads (2 on a 2-core machine: ≈1.5× the throughput).",
 )
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
-def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrides, jobs, out) -> None:
+def compare_cmd(
+    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, jobs, out
+) -> None:
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
-    (image tasks: strict score per tag and overall; text: accuracy, pass@k, format rate and step
-    lift), steps to reach GRPO's final score, and curves with bands."""
+    (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
+    and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
+    baseline's, paired by seed and unpaired, and curves with bands."""
     from t2i_gcpo.config import ALGORITHMS, REPO_PROMPTS
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.compare import format_table, run_comparison
+    from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
     names = [a.strip() for a in algos.split(",") if a.strip()]
@@ -58,15 +90,16 @@ def compare_cmd(algos, seeds, steps, prompts, model, reward, eval_every, overrid
         raise UserError(
             f"unknown algorithm(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(ALGORITHMS)}"
         )
-    if seeds < 1 or steps < 1 or eval_every < 1 or jobs < 1:
-        raise UserError("--seeds, --steps, --eval-every and --jobs must be ≥ 1")
+    seed_list = parse_seeds(seeds)
+    baseline = check_baseline(names, baseline)
+    if steps < 1 or eval_every < 1 or jobs < 1:
+        raise UserError("--steps, --eval-every and --jobs must be ≥ 1")
     if prompts is None:
         if model not in SHIPPED_PROMPTS:
             raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
         prompts = str(REPO_PROMPTS / SHIPPED_PROMPTS[model])
-    result = run_comparison(
-        names, seeds, steps, Path(out), prompts, model, reward, eval_every, tuple(overrides), jobs
-    )
+    result = run_comparison(names, seed_list, steps, Path(out), prompts, model, reward, eval_every,
+                            tuple(overrides), jobs, baseline)  # fmt: skip
     leave_process_group()
     click.echo(format_table(result))
     click.echo(f"curves: {Path(out) / 'curves.png'}")

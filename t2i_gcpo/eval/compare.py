@@ -1,7 +1,9 @@
 """Multi-seed comparison of algorithms: train each (algo, seed), then tabulate the held-out score
-(mean and 95 % interval over seeds) — for image tasks the strict GenEval score per tag and overall,
-for text tasks accuracy, pass@k, format rate and the step lift of the run's credit — the steps each
-algorithm needs to reach GRPO's final score, and plot the held-out curves with bands."""
+(mean and 95 % interval over seeds) — for image tasks the strict GenEval score per tag and overall
+and the credit lift of the run's credit, for text tasks accuracy, pass@k, format rate and the step
+lift — the steps each algorithm needs to reach the baseline's final score, each algorithm's final
+score against the baseline's seed by seed (paired) and overall (unpaired), and plot the held-out
+curves with bands."""
 
 from __future__ import annotations
 
@@ -13,12 +15,24 @@ import numpy as np
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.tasks.geneval import TAG_ORDER
-from t2i_gcpo.viz.lift import mean_ci95
+from t2i_gcpo.viz.lift import mean_ci95, welch_ci95
+
+
+def check_baseline(algos: list[str], baseline: str | None) -> str:
+    """The algorithm the others are measured against: `baseline`, which must be one of `algos`, or by
+    default dapo when compared, else the first algorithm."""
+    from t2i_gcpo.errors import UserError
+
+    if baseline is None:
+        return "dapo" if "dapo" in algos else algos[0]
+    if baseline not in algos:
+        raise UserError(f"--baseline {baseline} is not among the compared algorithms ({', '.join(algos)})")
+    return baseline
 
 
 def run_comparison(
     algos: list[str],
-    seeds: int,
+    seeds: list[int],
     steps: int,
     out: Path,
     prompts: str,
@@ -27,15 +41,16 @@ def run_comparison(
     eval_every: int = 25,
     overrides: tuple[str, ...] = (),
     jobs: int = 1,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     """Train every (algo, seed) not already finished under `out/<algo>/seed<k>` (so an interrupted
-    comparison resumes where it stopped), then summarise. `jobs` > 1 trains that many runs side by
-    side, each in its own process with an equal share of the CPU threads."""
+    comparison resumes where it stopped), then summarise against `baseline`. `jobs` > 1 trains that
+    many runs side by side, each in its own process with an equal share of the CPU threads."""
     from t2i_gcpo.train.run import prepare, run
 
     todo = []
     for algo in algos:
-        for seed in range(seeds):
+        for seed in seeds:
             run_dir = out / algo / f"seed{seed}"
             if (run_dir / "eval.json").is_file():
                 continue  # finished earlier
@@ -51,13 +66,13 @@ def run_comparison(
     overrides = (f"eval_every={eval_every}", *overrides)
     if jobs > 1:
         run_side_by_side(todo, steps, overrides, jobs)
-        return summarise(out, algos, seeds)
+        return summarise(out, algos, seeds, baseline)
     for algo, run_dir, resumable, flags in todo:
         if resumable:
             run(prepare(resume_dir=run_dir, steps=steps))
         else:
             run(prepare(algo=algo, flags=flags, overrides=overrides))
-    return summarise(out, algos, seeds)
+    return summarise(out, algos, seeds, baseline)
 
 
 def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
@@ -157,17 +172,21 @@ def training_mean(run_dir: Path, key: str) -> float:
     return float(np.mean(vals)) if vals else np.nan
 
 
-def summarise(out: Path, algos: list[str], seeds: int) -> dict[str, Any]:
-    runs = {a: [out / a / f"seed{s}" for s in range(seeds)] for a in algos}
+def summarise(out: Path, algos: list[str], seeds: list[int], baseline: str | None = None) -> dict[str, Any]:
+    """Tabulate the finished runs out/<algo>/seed<k> (metrics.jsonl, eval.json) against `baseline`;
+    write comparison.json, comparison.md and curves.png in `out`."""
+    baseline = check_baseline(algos, baseline)
+    runs = {a: [out / a / f"seed{s}" for s in seeds] for a in algos}
     curves = {a: [eval_curve(r) for r in runs[a]] for a in algos}
     finals = {a: [json.loads((r / "eval.json").read_text()) for r in runs[a]] for a in algos}
     key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
-    if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, then overall
+    if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, where the credit went, then overall
         found = {
             k.split("/")[-1] for a in algos for f in finals[a] for k in f if k.startswith("eval/strict/")
         } - {"overall"}
         tags = [t for t in TAG_ORDER if t in found] + sorted(found - set(TAG_ORDER))
         columns = {t: (lambda f, r, t=t: f.get(f"eval/strict/{t}", np.nan)) for t in tags}
+        columns["credit lift (training mean)"] = lambda f, r: training_mean(r, M.CREDIT_LIFT)
         columns["overall"] = lambda f, r: f[M.EVAL_STRICT]
     else:  # text: held-out accuracy and what goes with it, and where the credit went
         columns = {
@@ -180,43 +199,88 @@ def summarise(out: Path, algos: list[str], seeds: int) -> dict[str, Any]:
         a: {c: mean_ci95([fn(f, r) for f, r in zip(finals[a], runs[a])]) for c, fn in columns.items()}
         for a in algos
     }
+    target = table[baseline]["overall"][0]
     reach: dict[str, float | None] = {}
-    if "grpo" in algos:
-        target = table["grpo"]["overall"][0]
-        for a in algos:
-            hits = []
-            for curve in curves[a]:
-                steps_hit = [step for step, v in curve if v >= target - 1e-9]
-                hits.append(steps_hit[0] if steps_hit else np.nan)
-            reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
+    for a in algos:
+        hits = []
+        for curve in curves[a]:
+            steps_hit = [step for step, v in curve if v >= target - 1e-9]
+            hits.append(steps_hit[0] if steps_hit else np.nan)
+        reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
+    headline = {a: [columns["overall"](f, r) for f, r in zip(finals[a], runs[a])] for a in algos}
     label = dict(HEADLINES)[key]
-    result = {"metric": label, "columns": list(columns), "table": table, "steps_to_grpo_final": reach,
-              "seeds": seeds}  # fmt: skip
+    result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
+              "steps_to_baseline_final": reach, "paired": paired_differences(headline, seeds, baseline),
+              "seeds": list(seeds)}  # fmt: skip
     (out / "comparison.json").write_text(json.dumps(result, indent=1))
     (out / "comparison.md").write_text(format_table(result))
     plot_curves(curves, out / "curves.png", label)
     return result
 
 
+def paired_differences(final: dict[str, list[float]], seeds: list[int], baseline: str) -> dict[str, Any]:
+    """Each other algorithm's final score minus the baseline's, from `final` (algo → score per seed,
+    in `seeds` order): per seed d_s (seeds where both scores exist), their mean with its Student-t
+    95 % interval and count ("paired"), and the difference of the means with Welch's 95 % interval
+    ("unpaired")."""
+    out = {}
+    for algo, scores in final.items():
+        if algo == baseline:
+            continue
+        per_seed = {
+            str(s): a - b
+            for s, a, b in zip(seeds, scores, final[baseline])
+            if np.isfinite(a) and np.isfinite(b)
+        }
+        out[algo] = {
+            "paired": mean_ci95(per_seed.values()),
+            "unpaired": welch_ci95(scores, final[baseline]),
+            "per_seed": per_seed,
+        }
+    return out
+
+
 def format_table(result: dict[str, Any]) -> str:
-    columns = result["columns"]
-    head = "| algorithm | " + " | ".join(columns) + " | steps to GRPO's final |"
+    """comparison.md: the score table, then each algorithm's final score against the baseline's."""
+    columns, baseline, seeds = result["columns"], result["baseline"], result["seeds"]
+    head = "| algorithm | " + " | ".join(columns) + f" | steps to {baseline}'s final |"
     lines = [head, "|" + "---|" * (len(columns) + 2)]
     for algo, row in result["table"].items():
         cells = [_cell(*row[c][:3]) for c in columns]
-        reach = result["steps_to_grpo_final"].get(algo)
+        reach = result["steps_to_baseline_final"].get(algo)
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {'—' if reach is None else f'{reach:.0f}'} |")
     lines.append(
-        f"\n{result['metric']} (overall), mean ± half-width of the 95 % interval over {result['seeds']} seed(s)"
+        f"\n{result['metric']} (overall), mean ± half-width of the 95 % interval over {len(seeds)} seed(s) "
+        f"({', '.join(map(str, seeds))})"
     )
+    if result["paired"]:
+        lines += [
+            "",
+            f"| algorithm | paired Δ vs {baseline} | unpaired Δ | seeds ahead |",
+            "|---|---|---|---|",
+        ]
+        for algo, p in result["paired"].items():
+            ahead = sum(d > 0 for d in p["per_seed"].values())
+            lines.append(
+                f"| {algo} | {_cell(*p['paired'][:3], sign=True)} | {_cell(*p['unpaired'], sign=True)} "
+                f"| {ahead}/{p['paired'][3]} |"
+            )
+        lines.append(
+            f"\nΔ: final overall minus {baseline}'s. Paired: mean over seeds of the difference between the "
+            f"two runs with the same seed, which share the prompt stream, the sampling seeds and the held-out "
+            f"draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % interval). "
+            f"Seeds ahead: seeds where the algorithm ends above {baseline}."
+        )
     return "\n".join(lines)
 
 
-def _cell(mean: float, low: float, high: float) -> str:
-    """'0.405 ± 0.021' (half-width of the 95 % interval), or just the mean with a single seed."""
+def _cell(mean: float, low: float, high: float, sign: bool = False) -> str:
+    """'0.405 ± 0.021' (half-width of the 95 % interval), or just the mean with a single seed;
+    '+0.012 ± 0.021' with `sign`."""
     if np.isnan(mean):
         return "—"
-    return f"{mean:.3f}" if np.isnan(low) else f"{mean:.3f} ± {(high - low) / 2:.3f}"
+    m = f"{mean:+.3f}" if sign else f"{mean:.3f}"
+    return m if np.isnan(low) else f"{m} ± {(high - low) / 2:.3f}"
 
 
 def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,

@@ -24,24 +24,14 @@ import numpy as np
 
 from t2i_gcpo.errors import UserError
 
-# Two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1 … 30 (beyond: Cornish–Fisher expansion).
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-_Z975 = 1.959964
 
+def t975(df: float) -> float:
+    """Student-t quantile t_{0.975, df} for df > 0 (fractional for Welch's dof)."""
+    from scipy.stats import t
 
-def t975(df: int) -> float:
-    """Student-t quantile t_{0.975, df}: table for df ≤ 30, else the expansion
-    z + (z³ + z)/(4ν) + (5z⁵ + 16z³ + 3z)/(96ν²), accurate to 1e-3 there (2.042 at ν = 30)."""
-    if df < 1:
-        raise ValueError(f"df must be ≥ 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z, v = _Z975, float(df)
-    return z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    return float(t.ppf(0.975, df))
 
 
 def _flat(x: Any, name: str) -> np.ndarray:
@@ -104,6 +94,26 @@ def mean_ci95(values: Iterable[float]) -> tuple[float, float, float, int]:
         return (m, math.nan, math.nan, 1)
     half = t975(n - 1) * float(a.std(ddof=1)) / math.sqrt(n)
     return (m, m - half, m + half, n)
+
+
+def welch_ci95(a: Iterable[float], b: Iterable[float]) -> tuple[float, float, float]:
+    """(mean(a) − mean(b), low, high) over the non-nan values: Welch's 95 % interval of the difference
+    of two means with unequal variances, t quantile at the Welch–Satterthwaite dof
+    (s²_a/n_a + s²_b/n_b)² / ((s²_a/n_a)²/(n_a − 1) + (s²_b/n_b)²/(n_b − 1)). The interval is nan
+    when either side has fewer than 2 values, and a point when both have zero spread."""
+    x, y = (np.asarray(list(v), dtype=np.float64) for v in (a, b))
+    x, y = x[~np.isnan(x)], y[~np.isnan(y)]
+    if x.size == 0 or y.size == 0:
+        return (math.nan, math.nan, math.nan)
+    diff = float(x.mean() - y.mean())
+    if x.size < 2 or y.size < 2:
+        return (diff, math.nan, math.nan)
+    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size  # squared standard errors
+    if va + vb == 0:
+        return (diff, diff, diff)
+    dof = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    half = t975(float(dof)) * math.sqrt(va + vb)
+    return (diff, diff - half, diff + half)
 
 
 def lift_table(rows: Mapping[str, Iterable[float]]) -> str:
