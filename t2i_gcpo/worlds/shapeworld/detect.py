@@ -12,6 +12,13 @@ Steps, each robust to the blur and colour drift of a VQ reconstruction:
 4. confidence: sigmoid(16·(IoU − 0.6)) times a small-area penalty: ≈ 1 for clean renders, ≈ 0.99
    for blurred ones (IoU ≈ 0.9), below 0.3 for blobs that fit no shape (IoU < 0.55).
    GenEval keeps scores > 0.3, > 0.9 for counting prompts.
+At the 64 px scale (render.has_detail) objects have a pale core on their colour's blend line
+(α ≈ 0.65): it is read as the object's colour by step 1, holes of faint colour inside a component
+(a core the VQ washed out) are filled, and step 3 sees the core as fully covered (its coverage map
+is the larger of α and the mask eroded by the rim width, 2 px), so the core does not thin the shape
+fit. Eroding by the rim rather than 1 px keeps a blurred cross's filled-in corners soft: after a
+273-step VQ round trip 99.5 % of scenes read right against 95 % (1 px) and 99 % (no correction, but
+24 % of true objects then score < 0.9). Smaller canvases are read exactly as before.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ import numpy as np
 
 from t2i_gcpo.scoring.detections import Detection
 from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB, COLORS, SHAPES
-from t2i_gcpo.worlds.shapeworld.render import _SUPERSAMPLE, _inside
+from t2i_gcpo.worlds.shapeworld.render import _SUPERSAMPLE, _inside, erode, has_detail, rim_px
 
 _MIN_AREA_32 = 10  # components smaller than this (pixels at 32×32, scaled by area) are noise
 _FULL_AREA_32 = 24  # components at least this large get no small-area penalty
 _IOU_MID, _IOU_SLOPE = 0.6, 16.0  # confidence = sigmoid(slope · (IoU − mid))
 _SPLIT_SHARE = 0.25  # a second colour with this share of a component's colour votes splits it
+_HOLE_ALPHA = 0.25  # 64 px scale: enclosed non-foreground regions of at least this mean α are filled
 
 _BG_RGB = np.array(BACKGROUND_RGB, dtype=np.float32)  # [3]
 _DIRS = np.array([COLOR_RGB[c] for c in COLORS], dtype=np.float32) - _BG_RGB  # [10, 3] colour − background
@@ -55,6 +63,26 @@ def _components(group: np.ndarray) -> np.ndarray:
         if np.array_equal(labels, prev):
             break
     return np.where(labels == big, 0, labels)
+
+
+def _faint_holes(fg: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """[H, W] bool — 4-connected regions of ~`fg` that do not reach the image border and whose mean
+    `alpha` is at least _HOLE_ALPHA (a faded core, not background enclosed by objects)."""
+    outside = np.zeros_like(fg)
+    outside[[0, -1], :], outside[:, [0, -1]] = ~fg[[0, -1], :], ~fg[:, [0, -1]]
+    while True:  # flood the background in from the border, through non-foreground pixels only
+        p = np.pad(outside, 1)
+        grown = (outside | p[:-2, 1:-1] | p[2:, 1:-1] | p[1:-1, :-2] | p[1:-1, 2:]) & ~fg
+        if np.array_equal(grown, outside):
+            break
+        outside = grown
+    comps = _components((~fg & ~outside).astype(np.int64))
+    holes = np.zeros_like(fg)
+    for lab in np.unique(comps[comps > 0]):
+        region = comps == lab
+        if alpha[region].mean() >= _HOLE_ALPHA:
+            holes |= region
+    return holes
 
 
 # Shape geometry for the moment fit: area / box area, and (centroid − box centre) / side along y.
@@ -156,6 +184,9 @@ def detect(image: np.ndarray) -> list[Detection]:
     label = resid.argmin(axis=-1)  # [H, W] the colour whose blend line passes closest
     alpha = np.take_along_axis(alphas, label[..., None], axis=-1)[..., 0]  # [H, W]
     fg = alpha >= 0.5  # more object than background
+    detail = has_detail(min(H, W))
+    if detail:
+        fg |= _faint_holes(fg, alpha)
 
     # 2. foreground components, each with its colour; two strong colours split a component
     objects: list[tuple[np.ndarray, int]] = []  # (mask [H, W], colour index)
@@ -188,6 +219,8 @@ def detect(image: np.ndarray) -> list[Detection]:
             if j != i:
                 others |= m
         cover[others[y0:y1, x0:x1]] = 0.0  # neighbours' pixels are not this object's
+        if detail:  # the pale core counts as covered
+            cover = np.maximum(cover, erode(mask, rim_px(H))[y0:y1, x0:x1])
         sims, boxes = _fit_shapes(cover, (y0, x0))
         k = int(sims.argmax())
         cx, cy, side = boxes[k]

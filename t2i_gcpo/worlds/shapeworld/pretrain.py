@@ -2,13 +2,15 @@
 
 1. Data: `n_scenes` prompts drawn by `generate_metadata` (all six GenEval tags) with every held-out
    test prompt (`make_splits()[1]`) removed, each rendered once by `sample_scene` + `render`.
-2. VQ-VAE (t2i_gcpo.tokenizers.vq) on those renders; every render is then encoded to 8×8 ids.
+2. VQ-VAE (t2i_gcpo.tokenizers.vq) on those renders; every render is then encoded to 8×8 ids
+   (16×16 at 64 px).
 3. Prior (t2i_gcpo.policies.ar): next-token cross-entropy on the image tokens, prompt replaced by
    the null prompt with probability `cfg_dropout` (the unconditional branch of CFG, SPEC §6).
 4. Save (fp16 safetensors), reload from disk, score the reloaded model on the test prompts.
 
 The shipped model is deliberately under-trained: its strict score must leave RL room to improve
-(SPEC §6: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs.
+(SPEC §6: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs. `PretrainConfig.for_size(64)`
+gives the 64 px scale's defaults (render.py: 4×4-token objects with a rim and a pale core).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from t2i_gcpo.errors import check_writable_dir
+from t2i_gcpo.errors import UserError, check_writable_dir
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
@@ -53,7 +55,20 @@ class PretrainConfig:
     max_minutes: float | None = None  # wall-clock cap shared by both stages (None: run all steps)
     eval_images_per_prompt: int = 4
     vq_path: str | None = None  # reuse this trained VQ tokenizer (skips VQ training)
+    vq: VQConfig | None = None  # tokenizer shape (None: the default VQConfig at `image_size`)
     ar: ARConfig | None = None  # prior shape; prompt_len is set from the data
+
+    @classmethod
+    def for_size(cls, image_size: int, **overrides: Any) -> PretrainConfig:
+        """The defaults of a ShapeWorld scale: 32 px (the shipped model) or 64 px — a 16×16-token
+        VQ with 1 024 codes (the 64 px renders hold 431 distinct 4×4 patches, the 32 px ones 151 for
+        256 codes) trained at batch 32 (as many codes per batch as batch 64 at 32 px), 1 500 steps."""
+        if image_size == 32:
+            return cls(**overrides)
+        if image_size == 64:
+            vq = VQConfig(image_size=64, codebook_size=1024)
+            return cls(**{"image_size": 64, "vq": vq, "vq_steps": 1_500, "vq_batch": 32, **overrides})
+        raise UserError(f"ShapeWorld pretraining supports image sizes 32 and 64, not {image_size}")
 
 
 def native_cpu_bf16() -> bool:
@@ -145,6 +160,16 @@ def pretrain(out: str, cfg: PretrainConfig | None = None,
     stats: dict[str, Any] = {"config": asdict(cfg), "torch_threads": torch.get_num_threads()}
     stats["load_average"] = {"start": os.getloadavg()[0]}  # other jobs on the machine slow every stage
 
+    if cfg.vq_path is not None:
+        vq = VQTokenizer.from_pretrained(cfg.vq_path)
+    else:
+        vq = VQTokenizer(cfg.vq or VQConfig(image_size=cfg.image_size))
+    if vq.config.image_size != cfg.image_size:  # before minutes of rendering
+        where = cfg.vq_path or "the VQ config"
+        raise UserError(
+            f"{where} is for {vq.config.image_size} px images, the scenes are {cfg.image_size} px"
+        )
+
     # ---- data: train-distribution prompts, none of the held-out test prompts --------------------
     t = time.time()
     _, test = make_splits()
@@ -161,10 +186,8 @@ def pretrain(out: str, cfg: PretrainConfig | None = None,
 
     # ---- VQ tokenizer -----------------------------------------------------------------------------
     if cfg.vq_path is not None:
-        vq = VQTokenizer.from_pretrained(cfg.vq_path)
         stats["vq"] = {"from": cfg.vq_path}
     else:
-        vq = VQTokenizer(VQConfig(image_size=cfg.image_size))
 
         def batch_images(n: int, gen: torch.Generator) -> torch.Tensor:
             return _to_float(images[torch.randint(0, len(images), (n,), generator=gen).numpy()])

@@ -2,15 +2,20 @@
 
 Coordinates are fractions of the canvas so one scene renders at any size: `cx`, `cy` ∈ [0, 1] are
 the centre (y grows downward), `size` is the side of the object's square bounding box as a
-fraction of the canvas side. Sampled scenes put every object on the token grid: an 8 px box (at
-32 px) whose corners sit on the 4 px cells of the 8×8 VQ grid, one free cell between objects. Each
-object is then exactly 2×2 tokens with one raster pattern per shape (151 distinct 4×4 patches in
-all, within the 256-entry codebook), so the prior's randomness is in what GenEval scores — layout,
-class, colour, count — and not in sub-token pixel offsets and sizes that no prompt asks about
-(those made most sampled objects malformed blobs and drowned RL's gradient in irrelevant choices;
-README "ShapeWorld"). Shapes are rasterised with 5×5
-supersampling and a hard > 50 % coverage threshold: every pixel is either exactly the object colour
-or exactly the background, which keeps colours crisp for the VQ tokenizer and the detector.
+fraction of the canvas side. Sampled scenes put every object on the token grid of the VQ (4 px
+cells), one free cell between objects, at one of two scales:
+- 32 px (8×8 tokens, the shipped world): an 8 px box, exactly 2×2 tokens with one raster pattern
+  per shape (151 distinct 4×4 patches in all, within the 256-entry codebook), so the prior's
+  randomness is in what GenEval scores — layout, class, colour, count — and not in sub-token pixel
+  offsets and sizes that no prompt asks about (those made most sampled objects malformed blobs and
+  drowned RL's gradient in irrelevant choices; README "ShapeWorld").
+- 64 px (16×16 tokens): a 16 px box, 4×4 tokens, drawn with inner detail — a 2 px rim in the
+  object's colour around a pale core of the same colour (`core_rgb`: 65 % colour over the gray
+  background) — so the tokens inside an object are not flat copies of its first one.
+Shapes are rasterised with 5×5 supersampling and a hard > 50 % coverage threshold: every pixel is
+exactly the object colour, its core colour (64 px) or the background, which keeps colours crisp for
+the VQ tokenizer and the detector. The core lies on the blend line from the background to the
+object's colour, so the detector (detect.py) reads it as that colour.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ _SUPERSAMPLE = 5  # odd, so a pixel is never exactly half covered
 _CELL_PX = 4
 _SIDE_PX = 8
 _GAP_CELLS = 1  # free cells between bounding boxes: objects never share a token
+# The 64 px scale, used for canvases of 64 px and more (scaled with the canvas like the 32 px one):
+# 4 px cells of the 16×16 VQ grid, 16 px objects (4×4 tokens) with a rim of 2 px around a core.
+DETAIL_MIN_PX = 64
+_SIDE_PX_64 = 16
+_RIM_PX_64 = 2  # the cross's 6 px arms keep a 2 px core
+CORE_ALPHA = 0.65  # core colour = background + CORE_ALPHA · (colour − background)
 
 
 @dataclass
@@ -82,14 +93,51 @@ def object_masks(objects: list[ShapeObject], size: int = 32) -> list[np.ndarray]
     return [_mask(o, size) for o in objects]
 
 
+def has_detail(size: int) -> bool:
+    """Whether a `size` px canvas is drawn at the 64 px scale (objects with a rim and a pale core)."""
+    return size >= DETAIL_MIN_PX
+
+
+def core_rgb(color: str) -> tuple[int, int, int]:
+    """The pale core colour of a `color` object at the 64 px scale: on the background–colour line."""
+    bg, c = np.array(BACKGROUND_RGB, float), np.array(COLOR_RGB[color], float)
+    return tuple(int(v) for v in np.round(bg + CORE_ALPHA * (c - bg)))
+
+
+def erode(mask: np.ndarray, r: int) -> np.ndarray:
+    """[H, W] bool — pixels whose whole (2r+1)×(2r+1) neighbourhood lies in `mask` (outside the
+    canvas counts as outside the mask)."""
+    out = np.asarray(mask, dtype=bool)
+    H, W = out.shape
+    for _ in range(r):
+        p = np.pad(out, 1, constant_values=False)
+        out = np.logical_and.reduce([p[dy : dy + H, dx : dx + W] for dy in range(3) for dx in range(3)])
+    return out
+
+
+def rim_px(size: int) -> int:
+    """Width of an object's rim on a `size` px canvas at the 64 px scale (2 px at 64 px)."""
+    return int(round(_RIM_PX_64 * size / DETAIL_MIN_PX))
+
+
+def core_masks(masks: list[np.ndarray], size: int) -> list[np.ndarray]:
+    """Each object's pale core at the 64 px scale (its mask eroded by the rim); empty below."""
+    if not has_detail(size):
+        return [np.zeros_like(m) for m in masks]
+    return [erode(m, rim_px(size)) for m in masks]
+
+
 def render(objects: list[ShapeObject], size: int = 32) -> np.ndarray:
-    """Draw objects on the #999999 background. Returns uint8 [size, size, 3]."""
+    """Draw objects on the #999999 background (with rim and pale core from 64 px). Returns uint8
+    [size, size, 3]."""
     img = np.empty((size, size, 3), dtype=np.uint8)
     img[:] = BACKGROUND_RGB
-    for obj, m in zip(objects, object_masks(objects, size)):
+    masks = object_masks(objects, size)
+    for obj, m, core in zip(objects, masks, core_masks(masks, size)):
         if obj.color not in COLOR_RGB:
             raise UserError(f"unknown colour {obj.color!r}: expected one of {', '.join(COLORS)}")
         img[m] = COLOR_RGB[obj.color]
+        img[core] = core_rgb(obj.color)
     return img
 
 
@@ -146,14 +194,22 @@ def _check_classes(metadata: dict) -> None:
             raise UserError(f"unknown colour {clause['color']!r}: expected one of {', '.join(COLORS)}")
 
 
+def _geometry(size: int) -> tuple[float, float]:
+    """(token cell, object side) in pixels of a `size` px canvas: the 32 px scale below
+    DETAIL_MIN_PX, the 64 px scale from there, each scaled with the canvas."""
+    if has_detail(size):
+        return size / DETAIL_MIN_PX * _CELL_PX, size / DETAIL_MIN_PX * _SIDE_PX_64
+    return size / 32 * _CELL_PX, size / 32 * _SIDE_PX
+
+
 def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> list[ShapeObject]:
     """A random scene that satisfies GenEval `metadata` (SPEC §6, rules of §8).
 
     Every include clause gets exactly `count` objects of its class (count 1 if absent), in its
     colour if one is required, else in a random colour; no other objects are added, so excludes
-    (count + 1 for counting prompts) always hold. Objects sit on the token grid (2×2 cells at
-    32 px), one free cell apart, and position clauses hold with a margin that survives ±1 px box
-    noise.
+    (count + 1 for counting prompts) always hold. Objects sit on the token grid (2×2 cells of
+    4 px at 32 px, 4×4 cells of 4 px at 64 px; `_geometry`), one free cell apart, and position
+    clauses hold with a margin that survives ±1 px box noise.
     """
     _check_classes(metadata)
     includes = list(metadata.get("include", []))
@@ -171,8 +227,7 @@ def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> li
         if "position" in clause
     ]
 
-    cell = size / 32 * _CELL_PX
-    side = size / 32 * _SIDE_PX
+    cell, side = _geometry(size)
     slots = int(round((size - side) / cell)) + 1  # cell positions a box corner can take per axis
     gap = _GAP_CELLS * cell
     for _attempt in range(200):
