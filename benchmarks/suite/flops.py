@@ -16,9 +16,8 @@ per layer. Classifier-free guidance runs two rows per image (cond and null), so 
 - a teacher-forced forward (the update's log-probs) is the AR case run in parallel: S = P + T − 1,
   Σ c = S(S + 1)/2, one row per sample (two for the guided context); forward + backward ≈ 3 forwards.
 
-These are the useful FLOPs: a static KV cache that attends over its whole preallocated length, the
-head run at prefix positions whose logits are dropped, and the checkpointed recomputation of the
-log-prob chunks all do work that is not counted.
+These are the useful FLOPs: the head run at prefix positions whose logits are dropped and the
+checkpointed recomputation of the log-prob chunks do work that is not counted.
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ def run(ctx: Context) -> dict:
         f"also recording three log-probs per token (pos and guided from the sampler, neg from one extra "
         f"teacher-forced forward over the empty-question context) where `generate` records none. Both "
         f"produce {NEW} tokens per row. The model is tiny ({sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f} M "
-        f"parameters), so both loops are bound by per-step overhead rather than FLOPs: ours uses a static KV "
-        f"cache allocated once and a preallocated attention mask sliced per step, `generate` a dynamic cache "
-        f"and its logits-processor pipeline."
+        f"parameters), so both loops are bound by per-step overhead rather than FLOPs: ours runs the Llama "
+        f"maths on the model's weights (fused q|k|v and gate|up projections, a KV tensor allocated once, "
+        f"policies/fused_llama.py), `generate` transformers' layers with a dynamic cache and its "
+        f"logits-processor pipeline."
     )
     return race_section(TITLE, rows, repeats, "completions", "tps", "tokens/s", reading, target=">= 1")
