@@ -22,7 +22,7 @@ from t2i_gcpo.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 REPO_PROMPTS = CONFIG_DIR.parent / "prompts"  # the prompt files a checkout ships
-ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical")
+ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical", "stage")
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:

@@ -31,6 +31,7 @@ def test_presets_match_the_spec_table():
         "dgpo": (0.2, 0.28, "token-mean", True, 0.0, "dgpo"),
         "gcpo-official": (0.2, 0.2, "weighted-token-mean", False, 0.03, "gcpo"),
         "critical": (0.2, 0.28, "token-mean", True, 0.0, "critical"),
+        "stage": (0.2, 0.28, "token-mean", True, 0.0, "stage"),
     }
     for algo, expected in table.items():
         c = rows[algo]
@@ -44,9 +45,9 @@ def test_presets_match_the_spec_table():
         )
         assert got == expected, algo
     assert rows["gcpo-official"].loss.kl_reweight and not rows["gcpo"].loss.kl_reweight
-    # gcpo and critical differ from dapo only in credit
+    # gcpo, critical and stage differ from dapo only in credit
     dapo = to_dict(rows["dapo"])
-    for algo in ("gcpo", "critical"):
+    for algo in ("gcpo", "critical", "stage"):
         other = to_dict(rows[algo])
         assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "credit"}, algo
         assert {k for k in dapo["credit"] if dapo["credit"][k] != other["credit"][k]} == {"scheme"}, algo
