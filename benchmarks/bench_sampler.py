@@ -2,8 +2,8 @@
 
 Images/s of `ARPolicy.generate` with CFG (model batch 2B) at the shipped size (64 image tokens),
 with our fused decode loop (the default: policies/fused_llama.py), transformers' static and dynamic
-KV caches, and with no cache (the whole prefix is recomputed every step). Warm-up excluded; best of `--repeats`. Prints a table and writes
-benchmarks/results/sampler.json.
+KV caches, and with no cache (the whole prefix is recomputed every step). Warm-up excluded; best of
+`--repeats`. Prints a table and writes benchmarks/results/sampler.json.
 
     python benchmarks/bench_sampler.py [--batch 32] [--threads 2] [--repeats 3]
 """

@@ -138,9 +138,8 @@ class TextPolicy(nn.Module):
         self.negative = negative  # the default negative context (SPEC §4.1)
         self.wrong_answer_instruction = wrong_answer_instruction
         self.max_new_tokens = int(max_new_tokens)  # used when SamplingParams.max_new_tokens is None
-        self.fused_sampler = (
-            fused_sampler  # False: sample through transformers' layers even for a plain Llama
-        )
+        # False: sample through transformers' layers even for a plain Llama
+        self.fused_sampler = fused_sampler
         self.features = features  # token_features: last hidden state at each token, or its input embedding
         self.default_task = default_task
         self.max_rollout_batch = max_rollout_batch  # rows per sampling pass (None: all at once)
