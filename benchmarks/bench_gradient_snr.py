@@ -1,22 +1,31 @@
 """How much of one RL step's gradient is signal? Gradient agreement across independent batches.
 
 Question: token credit exists to cut the noise that a sequence-level advantage spreads over every
-token. How noisy is one training step's gradient on ShapeWorld, and how much does each credit
-scheme clean it? Measure: draw `--batches` independent rollout batches the way training does
-(P prompts from the train set × G samples, CFG 3, T = 1, one generator per prompt), compute the
-clipped-loss gradient at ratio 1 (one on-policy step, token-mean) under each scheme, and report the
-mean pairwise cosine c between the batches' gradients. With per-batch gradient g = μ + noise,
-c ≈ |μ|² / (|μ|² + σ²/B), so c is the fraction of a step that points the same way as the next step,
-and B·(1 − c)/c is the number of samples whose averaged gradient would be half signal.
+token. How noisy is one training step's gradient, and how much does each credit scheme clean it?
+Measure: draw `--batches` independent rollout batches the way training does (P prompts from the
+train set × G samples, the preset's sampling: CFG from the checkpoint, T = 1, one generator per
+prompt), compute the clipped-loss gradient at ratio 1 (one on-policy step, token-mean) under each
+scheme, and report the mean pairwise cosine c between the batches' gradients. With per-batch gradient
+g = μ + noise, c ≈ |μ|² / (|μ|² + σ²/B), so c is the fraction of a step that points the same way as
+the next step, and B·(1 − c)/c is the number of samples whose averaged gradient would be half signal.
 
-Schemes come from the credit registry (t2i_gcpo/core/schemes.py) with the schema's default options,
-fetched the way the train step fetches them (t2i_gcpo/train/credit.py): uniform (GRPO/DAPO), gcpo
-(hist), stage, critical (critical-token credit, zghhui/GCPO — not this package's gcpo), and
-`object` — an oracle that puts all credit on the tokens covering the prompt's detected objects
-(ShapeWorld ground truth; not an algorithm, a reference for what perfect spatial credit would buy).
-Trained distribution (rollout.train_logp): cond (the positive context) or cfg (the guided one).
+Schemes are the presets of the credit study (configs/<algo>.yaml: each preset's credit options and
+trained distribution, fetched the way the train step fetches them, t2i_gcpo/train/credit.py): dapo
+(uniform), gcpo, dgpo, stage, critical (critical-token credit, zghhui/GCPO — not this package's gcpo);
+and `oracle`, a reference for what perfect credit would buy, not an algorithm: on ShapeWorld all
+credit on the tokens covering the prompt's detected objects (ground truth), on arithmetic all of a
+wrong solution's credit on its first wrong step (correct solutions uniform). With CFG the uniform and
+gcpo schemes are also measured training the guided distribution (`/cfg`).
+
+Any model the trainer takes: the shipped ones (shapeworld, shapeworld-masked, arithmetic) or a
+checkpoint folder, e.g. a study run's last step, with the model it started from as `--reference`
+(DGPO's Hellinger deviation is zero while the policy is its reference: on the base model DGPO's
+weights are its entropy gate alone).
 
     python benchmarks/bench_gradient_snr.py [--model shapeworld] [--batches 10]
+    python benchmarks/bench_gradient_snr.py --model arithmetic --batches 10 --out /tmp/snr_text.json
+    python benchmarks/bench_gradient_snr.py --model runs/study/sw32-ar/dapo/seed0/checkpoints/latest/model \
+        --reference shapeworld --batches 10 --out /tmp/snr_trained.json
 
 Writes benchmarks/results/gradient_snr.json (`--out` to write elsewhere).
 """
@@ -35,42 +44,56 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from t2i_gcpo.config import REPO_PROMPTS, CreditConfig  # noqa: E402
+from t2i_gcpo.config import REPO_PROMPTS, load_config  # noqa: E402
 from t2i_gcpo.core.advantages import group_advantages  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.policies.base import SamplingParams  # noqa: E402
 from t2i_gcpo.policies.registry import load_policy  # noqa: E402
-from t2i_gcpo.rewards.shapeworld import ShapeWorldReward  # noqa: E402
+from t2i_gcpo.rewards.registry import build_reward  # noqa: E402
+from t2i_gcpo.tasks.arithmetic import first_wrong_step_mask  # noqa: E402
+from t2i_gcpo.tasks.geneval import object_grids  # noqa: E402
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score  # noqa: E402
 from t2i_gcpo.tasks.registry import get_task  # noqa: E402
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gradient_snr.json"
-VARIANTS = [("uniform", "cond"), ("gcpo", "cond"), ("stage", "cond"), ("critical", "cond"), ("object", "cond"),
-            ("uniform", "cfg"), ("gcpo", "cfg"), ("critical", "cfg")]  # fmt: skip
+PRESETS = ("dapo", "gcpo", "dgpo", "stage", "critical")
+TRAIN_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "arithmetic": "arithmetic_train.jsonl"}
 
 
-def object_weights(ro, details: list[dict]) -> torch.Tensor:
-    """The oracle: all credit on the tokens covering detected prompt objects, mass-preserving."""
-    grid = torch.stack([torch.as_tensor(d["object_grid"]).reshape(-1) for d in details]).float()  # [B, T]
-    grid = grid.to(ro.mask.device) * ro.mask
-    return grid * ro.mask.sum(-1, keepdim=True) / grid.sum(-1, keepdim=True).clamp_min(1)
+def oracle_target(task, ro, details: list[dict]) -> torch.Tensor | None:
+    """[B, T] bool: the tokens perfect credit would pick (module docstring); None if the task has none."""
+    grid = object_grids(details, ro.tokens.shape[1])
+    if grid is None and task.name == "arithmetic":
+        grid = first_wrong_step_mask(task.tokenizer, ro, details)
+        grid[~grid.any(-1)] = True  # correct solutions (and ones with no located mistake): uniform
+    return grid
 
 
-def weights(scheme: str, credit: CreditConfig, policy, ro, adv: torch.Tensor, details: list[dict],
-            context: str, dists) -> torch.Tensor:  # fmt: skip
-    if scheme == "object":
-        return object_weights(ro, details)
-    return compute_weights(credit, ro, adv, policy, None, context, dists, name=scheme)
+def oracle_weights(target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """All credit on `target`, mass-preserving: each sequence's weights sum to its token count."""
+    grid = target.to(mask.device).float() * mask
+    return grid * mask.sum(-1, keepdim=True) / grid.sum(-1, keepdim=True).clamp_min(1)
+
+
+def variants(guided: bool) -> list[tuple[str, str]]:
+    """(scheme, trained distribution) pairs: every preset on its own distribution, the oracle, and with
+    CFG uniform and gcpo on the guided one."""
+    out = [(algo, load_config(algo).rollout.train_logp) for algo in PRESETS] + [("oracle", "cond")]
+    return out + ([("dapo", "cfg"), ("gcpo", "cfg")] if guided else [])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="shapeworld")
+    ap.add_argument("--model", default="shapeworld", help="Any --model the trainer takes.")
+    ap.add_argument("--reference", default=None, help="DGPO's reference model [default: --model itself].")
+    ap.add_argument(
+        "--prompts", default=None, help="Training prompts [default: the task's shipped train set]."
+    )
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--prompts-per-batch", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--cfg", type=float, default=3.0)
+    ap.add_argument("--cfg", type=float, default=None, help="Guidance scale [default: the checkpoint's].")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
@@ -78,13 +101,21 @@ def main() -> None:
         ap.error("--batches must be at least 3 (the spread of the pairwise cosines needs 2+ pairs)")
 
     policy = load_policy(args.model)
-    reward = ShapeWorldReward(grid=tuple(policy.layout.grid))
-    credit = CreditConfig()  # every scheme's default options (gcpo: the official hist schedule)
-    sampling = SamplingParams(temperature=1.0, guidance_scale=args.cfg)
+    reference = load_policy(args.reference) if args.reference else policy
+    task = get_task(policy.default_task, policy)
+    if args.prompts is None and task.name not in TRAIN_PROMPTS:
+        ap.error(f"give --prompts: there is no shipped train set for task {task.name!r}")
+    prompts = task.load_prompts(args.prompts or REPO_PROMPTS / TRAIN_PROMPTS[task.name])
+    reward = build_reward(task.default_reward, grid=policy.layout.grid)
+    rollout_cfg = load_config("dapo").rollout
+    cfg_scale = args.cfg if args.cfg is not None else policy.default_sampling().guidance_scale
+    sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=cfg_scale,
+                              max_new_tokens=rollout_cfg.max_new_tokens)  # fmt: skip
+    schemes = variants(guided=cfg_scale != 1.0)
+    credit = {algo: load_config(algo).credit for algo in PRESETS}
     params = [p for n, p in policy.named_parameters() if p.requires_grad and not n.startswith("vq.")]
-    prompts = get_task("shapeworld").load_prompts(REPO_PROMPTS / "shapeworld_train.jsonl")
     rng = random.Random(args.seed)
-    grads: dict[tuple[str, str], list[torch.Tensor]] = {v: [] for v in VARIANTS}
+    grads: dict[tuple[str, str], list[torch.Tensor]] = {v: [] for v in schemes}
     rewards = []
     for b in range(args.batches):
         batch = rng.sample(prompts, args.prompts_per_batch)
@@ -93,11 +124,18 @@ def main() -> None:
         ro, out = scored.rollout, scored.reward
         rewards.append(out.scores.mean().item())
         adv = group_advantages(out.scores, args.group)
+        target = oracle_target(task, ro, out.details)
         # one forward per trained context: log-probs with gradient and its full distributions
-        forwards = {c: policy(ro, context=TRAIN_CONTEXT[c], dists=True) for c in {c for _, c in VARIANTS}}
-        for scheme, ctx in VARIANTS:
+        forwards = {c: policy(ro, context=TRAIN_CONTEXT[c], dists=True) for c in {c for _, c in schemes}}
+        for scheme, ctx in schemes:
             logp, dists = forwards[ctx]
-            w = weights(scheme, credit, policy, ro, adv, out.details, TRAIN_CONTEXT[ctx], dists)
+            if scheme == "oracle":
+                if target is None:
+                    continue
+                w = oracle_weights(target, ro.mask)
+            else:
+                cc = credit[scheme]
+                w = compute_weights(cc, ro, adv, policy, reference, TRAIN_CONTEXT[ctx], dists, name=cc.scheme)
             loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
             gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
             grads[(scheme, ctx)].append(
@@ -109,11 +147,13 @@ def main() -> None:
 
     n = args.prompts_per_batch * args.group
     rows = {}
-    print(f"\n{n} samples per batch, {args.batches} batches, {args.batches * (args.batches - 1) // 2} pairs")
+    print(f"\n{args.model}: {n} samples per batch, {args.batches} batches, "
+          f"{args.batches * (args.batches - 1) // 2} pairs, mean reward {statistics.mean(rewards):.3f}")  # fmt: skip
     print(f"{'scheme':10s} {'trains':6s} {'cos mean':>9s} {'± s.e.':>7s} {'samples for half signal':>24s}")
-    for scheme, ctx in VARIANTS:
-        cos = [torch.nn.functional.cosine_similarity(a, b, 0).item()
-               for a, b in itertools.combinations(grads[(scheme, ctx)], 2)]  # fmt: skip
+    for (scheme, ctx), g in grads.items():
+        if len(g) < 2:  # the oracle on a task without one
+            continue
+        cos = [torch.nn.functional.cosine_similarity(a, b, 0).item() for a, b in itertools.combinations(g, 2)]
         c = statistics.mean(cos)
         se = statistics.stdev(cos) / len(cos) ** 0.5
         need = n * (1 - c) / c if c > 0 else float("inf")
@@ -126,15 +166,9 @@ def main() -> None:
         print(f"{scheme:10s} {ctx:6s} {c:9.4f} {se:7.4f} {need:24.0f}")
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in vars(args).items() if k != "out"} | {"cfg": cfg_scale, "task": task.name}
     path.write_text(
-        json.dumps(
-            {
-                "config": {k: v for k, v in vars(args).items() if k != "out"},
-                "mean_reward": statistics.mean(rewards),
-                "variants": rows,
-            },
-            indent=1,
-        )
+        json.dumps({"config": config, "mean_reward": statistics.mean(rewards), "variants": rows}, indent=1)
     )
     print(f"wrote {path}")
 

@@ -96,3 +96,35 @@ def test_parse_only():
     assert parse_only("scaling, peak") == ["peak", "scaling"]
     with pytest.raises(SystemExit, match="unknown section"):
         parse_only("peak,nope")
+
+
+def test_gradient_snr_oracle_weights_preserve_mass_and_skip_padding():
+    from benchmarks.bench_gradient_snr import oracle_weights
+
+    target = torch.tensor(
+        [[True, False, True, False], [False, False, False, False], [True, True, True, True]]
+    )
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    w = oracle_weights(target, mask)
+    # row 0: 3 valid tokens, all on the two targets (1.5 each); row 1: no target, no credit; row 2: the
+    # target on padding gets nothing, the 2 valid tokens keep their 2 units
+    assert torch.allclose(w, torch.tensor([[1.5, 0, 1.5, 0], [0, 0, 0, 0], [1, 1, 0, 0]]))
+
+
+def test_gradient_snr_arithmetic_oracle_is_the_first_wrong_step_and_uniform_when_correct():
+    from types import SimpleNamespace
+
+    from benchmarks.bench_gradient_snr import oracle_target
+    from t2i_gcpo.rewards.registry import build_reward
+    from t2i_gcpo.tasks.arithmetic import ArithmeticTask
+    from t2i_gcpo.worlds.arithmetic import build_tokenizer
+
+    tok = build_tokenizer()
+    texts = ["3*4=12\n2+12=15\n#### 15", "3*4=12\n2+12=14\n#### 14"]  # wrong (step 2), correct
+    ids = torch.tensor([tok(t, add_special_tokens=False)["input_ids"] for t in texts])
+    ro = SimpleNamespace(tokens=ids, mask=torch.ones(ids.shape))
+    meta = ArithmeticTask().parse("2+3*4=?").meta
+    details = build_reward("arithmetic")(texts, ["2+3*4=?"] * 2, [meta] * 2).details
+    target = oracle_target(SimpleNamespace(name="arithmetic", tokenizer=tok), ro, details)
+    assert target[0].nonzero().flatten().tolist() == list(range(7, 14))  # "2+12=15", one token a character
+    assert target[1].all()  # a correct solution: uniform
