@@ -143,6 +143,8 @@ def test_seeds_are_a_count_or_a_list():
         (["--seeds", "0,x"], "--seeds"),
         (["--seeds", "0"], "--seeds"),
         (["--algos", "dapo,gcpo", "--baseline", "grpo"], "--baseline grpo is not among"),
+        (["--algos", "dapo,gcpo@4", "--seeds", "3"], "NAME@N must be a count from 1 to 3"),
+        (["--algos", "dapo,ppo"], "unknown algorithm 'ppo'"),
     ],
 )
 def test_compare_rejects_bad_seeds_and_an_untrained_baseline_in_one_line(tmp_path, capsys, args, message):
@@ -155,6 +157,18 @@ def test_compare_rejects_bad_seeds_and_an_untrained_baseline_in_one_line(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err
     assert not out.exists(), "nothing is trained"
+
+
+def test_algos_take_a_seed_count_each():
+    from t2i_gcpo.commands.compare import parse_algos
+    from t2i_gcpo.errors import UserError
+
+    names, seeds = parse_algos("dapo, gcpo,stage@2,critical@1,", [4, 0, 9])
+    assert names == ["dapo", "gcpo", "stage", "critical"]
+    assert seeds == {"dapo": [4, 0, 9], "gcpo": [4, 0, 9], "stage": [4, 0], "critical": [4]}
+    for bad in ("dapo,dapo@2", "stage@0", "stage@x", "stage@", "ppo", ","):
+        with pytest.raises(UserError):
+            parse_algos(bad, [4, 0, 9])
 
 
 def test_the_baseline_is_dapo_when_compared_else_the_first_algorithm():
@@ -228,6 +242,21 @@ def test_paired_table_on_hand_written_runs(tmp_path):
     other = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5], baseline="gcpo")
     assert set(other["paired"]) == {"grpo", "dapo"}
     assert other["paired"]["dapo"]["per_seed"] == pytest.approx({"0": -0.02, "3": -0.03, "5": -0.01})
+
+
+def test_an_algorithm_with_fewer_seeds_is_paired_on_the_seeds_it_has(tmp_path):
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    seeds = {"grpo": [0, 3, 5], "dapo": [0, 3, 5], "gcpo": [3, 5]}
+    result = summarise(tmp_path, ["grpo", "dapo", "gcpo"], seeds)
+    assert result["seeds"] == [0, 3, 5] and result["seeds_of"]["gcpo"] == [3, 5]
+    gcpo = result["paired"]["gcpo"]
+    assert gcpo["per_seed"] == pytest.approx({"3": 0.03, "5": 0.01}) and gcpo["paired"][3] == 2
+    assert gcpo["unpaired"][0] == pytest.approx((0.63 + 0.71) / 2 - 0.6)  # its 2 seeds against dapo's 3
+    assert result["table"]["gcpo"]["overall"][3] == 2 and result["table"]["dapo"]["overall"][3] == 3
+    md = (tmp_path / "comparison.md").read_text()
+    assert "over 3 seed(s) (0, 3, 5); gcpo: 2 (3, 5)" in md and "| 2/2 |" in md
 
 
 def welch_ci95(a: dict, b: dict):

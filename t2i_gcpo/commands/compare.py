@@ -16,6 +16,7 @@ Examples:
   t2i-gcpo compare --algos dapo,gcpo --seeds 2 --steps 100 --set rollout.group_size=16 --out runs/cmp16
   t2i-gcpo compare --algos grpo,dapo,gcpo,dgpo --seeds 5 --steps 150 --jobs 2 --out runs/cmp5
   t2i-gcpo compare --algos dapo,gcpo --seeds 0,1,2,7 --baseline dapo --steps 150 --out runs/cmp_paired
+  t2i-gcpo compare --algos dapo,gcpo,dgpo,stage@3,critical@3 --seeds 5 --steps 150 --jobs 2 --out runs/study
   t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
 Re-running the same command resumes: finished runs are kept, stopped runs continue.
 """
@@ -39,8 +40,39 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in seeds]
 
 
+def parse_algos(text: str, seeds: list[int]) -> tuple[list[str], dict[str, list[int]]]:
+    """--algos: preset names, each optionally NAME@N (the first N of `seeds` only) → (names, each
+    one's seeds)."""
+    from t2i_gcpo.config import ALGORITHMS
+    from t2i_gcpo.errors import UserError
+
+    names, lists = [], {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, at, count = item.partition("@")
+        if name not in ALGORITHMS:
+            raise UserError(f"unknown algorithm '{name}': choose from {', '.join(ALGORITHMS)}")
+        if name in lists:
+            raise UserError(f"--algos names {name} twice")
+        if at and not (count.isdecimal() and 1 <= int(count) <= len(seeds)):
+            raise UserError(
+                f"--algos {item}: N in NAME@N must be a count from 1 to {len(seeds)} (the --seeds given)"
+            )
+        names.append(name)
+        lists[name] = seeds[: int(count)] if at else list(seeds)
+    if not names:
+        raise UserError(f"--algos names no algorithm: choose from {', '.join(ALGORITHMS)}")
+    return names, lists
+
+
 @click.command("compare", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--algos", default="grpo,dapo,gcpo,dgpo", show_default=True, help="Comma-separated presets.")
+@click.option(
+    "--algos",
+    default="grpo,dapo,gcpo,dgpo",
+    show_default=True,
+    help="Comma-separated presets; NAME@N trains that one on the first N of --seeds only.",
+)
 @click.option(
     "--seeds",
     default="3",
@@ -79,18 +111,13 @@ def compare_cmd(
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
     baseline's, paired by seed and unpaired, and curves with bands."""
-    from t2i_gcpo.config import ALGORITHMS, REPO_PROMPTS
+    from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
-    names = [a.strip() for a in algos.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALGORITHMS]
-    if unknown or not names:
-        raise UserError(
-            f"unknown algorithm(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(ALGORITHMS)}"
-        )
     seed_list = parse_seeds(seeds)
+    names, seed_lists = parse_algos(algos, seed_list)
     baseline = check_baseline(names, baseline)
     if steps < 1 or eval_every < 1 or jobs < 1:
         raise UserError("--steps, --eval-every and --jobs must be ≥ 1")
@@ -98,7 +125,7 @@ def compare_cmd(
         if model not in SHIPPED_PROMPTS:
             raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
         prompts = str(REPO_PROMPTS / SHIPPED_PROMPTS[model])
-    result = run_comparison(names, seed_list, steps, Path(out), prompts, model, reward, eval_every,
+    result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
                             tuple(overrides), jobs, baseline)  # fmt: skip
     leave_process_group()
     click.echo(format_table(result))

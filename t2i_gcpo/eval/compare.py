@@ -30,9 +30,14 @@ def check_baseline(algos: list[str], baseline: str | None) -> str:
     return baseline
 
 
+def seed_lists(algos: list[str], seeds: list[int] | dict[str, list[int]]) -> dict[str, list[int]]:
+    """Each algorithm's seeds, from one list for all or a dict algorithm → list."""
+    return {a: list(seeds[a]) for a in algos} if isinstance(seeds, dict) else {a: list(seeds) for a in algos}
+
+
 def run_comparison(
     algos: list[str],
-    seeds: list[int],
+    seeds: list[int] | dict[str, list[int]],
     steps: int,
     out: Path,
     prompts: str,
@@ -45,12 +50,14 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Train every (algo, seed) not already finished under `out/<algo>/seed<k>` (so an interrupted
     comparison resumes where it stopped), then summarise against `baseline`. `jobs` > 1 trains that
-    many runs side by side, each in its own process with an equal share of the CPU threads."""
+    many runs side by side, each in its own process with an equal share of the CPU threads. `seeds`:
+    one list for every algorithm, or each algorithm's own list."""
     from t2i_gcpo.train.run import prepare, run
 
+    seeds = seed_lists(algos, seeds)
     todo = []
     for algo in algos:
-        for seed in seeds:
+        for seed in seeds[algo]:
             run_dir = out / algo / f"seed{seed}"
             if (run_dir / "eval.json").is_file():
                 continue  # finished earlier
@@ -172,11 +179,14 @@ def training_mean(run_dir: Path, key: str) -> float:
     return float(np.mean(vals)) if vals else np.nan
 
 
-def summarise(out: Path, algos: list[str], seeds: list[int], baseline: str | None = None) -> dict[str, Any]:
+def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int]],
+              baseline: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Tabulate the finished runs out/<algo>/seed<k> (metrics.jsonl, eval.json) against `baseline`;
-    write comparison.json, comparison.md and curves.png in `out`."""
+    write comparison.json, comparison.md and curves.png in `out`. `seeds`: one list for every
+    algorithm, or each algorithm's own list (the paired differences use the seeds both runs have)."""
     baseline = check_baseline(algos, baseline)
-    runs = {a: [out / a / f"seed{s}" for s in seeds] for a in algos}
+    seeds = seed_lists(algos, seeds)
+    runs = {a: [out / a / f"seed{s}" for s in seeds[a]] for a in algos}
     curves = {a: [eval_curve(r) for r in runs[a]] for a in algos}
     finals = {a: [json.loads((r / "eval.json").read_text()) for r in runs[a]] for a in algos}
     key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
@@ -207,34 +217,37 @@ def summarise(out: Path, algos: list[str], seeds: list[int], baseline: str | Non
             steps_hit = [step for step, v in curve if v >= target - 1e-9]
             hits.append(steps_hit[0] if steps_hit else np.nan)
         reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
-    headline = {a: [columns["overall"](f, r) for f, r in zip(finals[a], runs[a])] for a in algos}
+    headline = {
+        a: {s: columns["overall"](f, r) for s, f, r in zip(seeds[a], finals[a], runs[a])} for a in algos
+    }
     label = dict(HEADLINES)[key]
     result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
-              "steps_to_baseline_final": reach, "paired": paired_differences(headline, seeds, baseline),
-              "seeds": list(seeds)}  # fmt: skip
+              "steps_to_baseline_final": reach, "paired": paired_differences(headline, baseline),
+              "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
     (out / "comparison.json").write_text(json.dumps(result, indent=1))
     (out / "comparison.md").write_text(format_table(result))
     plot_curves(curves, out / "curves.png", label)
     return result
 
 
-def paired_differences(final: dict[str, list[float]], seeds: list[int], baseline: str) -> dict[str, Any]:
-    """Each other algorithm's final score minus the baseline's, from `final` (algo → score per seed,
-    in `seeds` order): per seed d_s (seeds where both scores exist), their mean with its Student-t
-    95 % interval and count ("paired"), and the difference of the means with Welch's 95 % interval
-    ("unpaired")."""
+def paired_differences(final: dict[str, dict[int, float]], baseline: str) -> dict[str, Any]:
+    """Each other algorithm's final score minus the baseline's, from `final` (algo → seed → score): per
+    seed d_s (seeds where both scores exist), their mean with its Student-t 95 % interval and count
+    ("paired"), and the difference of the means over all of each one's seeds with Welch's 95 %
+    interval ("unpaired")."""
+    base = final[baseline]
     out = {}
     for algo, scores in final.items():
         if algo == baseline:
             continue
         per_seed = {
-            str(s): a - b
-            for s, a, b in zip(seeds, scores, final[baseline])
-            if np.isfinite(a) and np.isfinite(b)
+            str(s): a - base[s]
+            for s, a in scores.items()
+            if s in base and np.isfinite(a) and np.isfinite(base[s])
         }
         out[algo] = {
             "paired": mean_ci95(per_seed.values()),
-            "unpaired": welch_ci95(scores, final[baseline]),
+            "unpaired": welch_ci95(list(scores.values()), list(base.values())),
             "per_seed": per_seed,
         }
     return out
@@ -253,6 +266,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"\n{result['metric']} (overall), mean ± half-width of the 95 % interval over {len(seeds)} seed(s) "
         f"({', '.join(map(str, seeds))})"
     )
+    fewer = {a: s for a, s in result.get("seeds_of", {}).items() if s != seeds}
+    if fewer:  # algorithms given fewer seeds (--algos NAME@N)
+        lines[-1] += "; " + "; ".join(f"{a}: {len(s)} ({', '.join(map(str, s))})" for a, s in fewer.items())
     if result["paired"]:
         lines += [
             "",
