@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-SHIPPED_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "shapeworld-masked": "shapeworld_train.jsonl",
-                   "arithmetic": "arithmetic_train.jsonl"}  # fmt: skip
+SHIPPED_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "shapeworld-64": "shapeworld_train.jsonl",
+                   "shapeworld-masked": "shapeworld_train.jsonl", "arithmetic": "arithmetic_train.jsonl"}  # fmt: skip
 
 EXAMPLES = """
 \b

@@ -27,7 +27,8 @@ Examples:
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
+    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
+    "'janus:PATH'.",
 )
 @click.option(
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."

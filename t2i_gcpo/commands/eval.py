@@ -149,7 +149,8 @@ def geneval_cmd(
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
+    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
+    "'janus:PATH'.",
 )
 @click.option("--prompts", default=None, help="Prompt file [default: prompts/shapeworld_test.jsonl].")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")

@@ -107,8 +107,8 @@ def pretrain_cmd(
     --model OUT.
 
     With --size 64: 64 px scenes, a VQ with a 16×16 grid and 1 024 codes (1 500 steps at batch 32),
-    a prior over 256 image tokens (1 500 steps at batch 32): about 1–1.5 h on 2 CPU cores (the VQ
-    measured at 1.1 steps/s, 23 min; a prior step costs ≈ 4.5× a 32 px one).
+    a prior over 256 image tokens (1 500 steps at batch 32): 85 min measured on 2 CPU cores (VQ 24
+    min, prior 57 min); the shipped one is --model shapeworld-64.
 
     With --arch masked: a bidirectional MaskGIT prior (cosine mask schedule, masked-token
     cross-entropy, the same 10 % null-prompt dropout) trained on the same scenes, encoded by the

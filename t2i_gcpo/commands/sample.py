@@ -20,7 +20,8 @@ import click
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', 'janus:PATH'.",
+    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
+    "'janus:PATH'.",
 )
 @click.option(
     "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."

@@ -53,7 +53,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     "--model",
     type=str,
     default=None,
-    help="'shapeworld' (default, AR), 'shapeworld-masked', a checkpoint dir, 'masked:PATH', "
+    help="'shapeworld' (default, AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', "
     "'amused:PATH' or 'janus:PATH'.",
 )
 @click.option(

@@ -31,6 +31,8 @@ The shipped checkpoint (``load_policy("shapeworld")`` → t2i_gcpo/assets/shapew
 safetensors, built by ``t2i-gcpo pretrain``) scores 0.609 strict / 0.741 partial on the 76 held-out
 ShapeWorld test prompts at its default CFG scale 3 (16 images each, README). pretrain.json holds the
 table measured at pretraining time, with the sampler of then (0.630 / 0.729 at 4 images each).
+``load_policy("shapeworld-64")`` → t2i_gcpo/assets/shapeworld64, the 64 px scale (16×16 tokens, 1 024
+codes, 3.7 M-parameter prior; ``pretrain --size 64``, 85 min): 0.527 strict / 0.682 partial at 4 images each.
 """
 
 from __future__ import annotations
@@ -59,7 +61,10 @@ from t2i_gcpo.policies.sampling import (
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
-SHIPPED = {"shapeworld": os.path.join(ASSETS, "shapeworld")}  # names resolved to shipped checkpoints
+SHIPPED = {  # names resolved to shipped checkpoints
+    "shapeworld": os.path.join(ASSETS, "shapeworld"),  # 32 px, 8×8 tokens
+    "shapeworld-64": os.path.join(ASSETS, "shapeworld64"),  # 64 px, 16×16 tokens (`pretrain --size 64`)
+}
 
 
 @dataclass

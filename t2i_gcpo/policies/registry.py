@@ -1,6 +1,7 @@
 """Resolve a `--model` string to a policy adapter.
 
 - ``shapeworld``           the shipped ShapeWorld AR prior (t2i_gcpo/assets/shapeworld)
+- ``shapeworld-64``        the shipped 64 px ShapeWorld AR prior, 16×16 tokens (t2i_gcpo/assets/shapeworld64)
 - ``shapeworld-masked``    the shipped ShapeWorld masked (MaskGIT) prior (t2i_gcpo/assets/shapeworld_masked)
 - ``arithmetic``           the shipped arithmetic-world causal LM (t2i_gcpo/assets/arithmetic), a `TextPolicy`
 - ``masked:PATH``          a local directory saved by ``MaskedPolicy.save_pretrained``
@@ -123,7 +124,7 @@ def load_policy(spec: str, options: Any = None) -> Any:
     path = resolve_checkpoint(target)
     if not Path(path).is_dir():
         raise UserError(
-            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-masked', 'arithmetic', "
+            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-64', 'shapeworld-masked', 'arithmetic', "
             "'masked:PATH', 'amused:PATH', 'janus:PATH', 'text:PATH' or a checkpoint directory"
         )
     return ARPolicy.from_pretrained(path)

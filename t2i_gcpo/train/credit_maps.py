@@ -19,7 +19,9 @@ def base_model(policy) -> str:
 
     if policy.output == "text":
         return "arithmetic"
-    return "shapeworld-masked" if isinstance(policy, MaskedPolicy) else "shapeworld"
+    if isinstance(policy, MaskedPolicy):
+        return "shapeworld-masked"
+    return "shapeworld-64" if tuple(policy.layout.grid) == (16, 16) else "shapeworld"
 
 
 def run_credit_maps(
