@@ -76,10 +76,10 @@ def oracle_weights(target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return grid * mask.sum(-1, keepdim=True) / grid.sum(-1, keepdim=True).clamp_min(1)
 
 
-def variants(guided: bool) -> list[tuple[str, str]]:
+def variants(presets: dict, guided: bool) -> list[tuple[str, str]]:
     """(scheme, trained distribution) pairs: every preset on its own distribution, the oracle, and with
     CFG uniform and gcpo on the guided one."""
-    out = [(algo, load_config(algo).rollout.train_logp) for algo in PRESETS] + [("oracle", "cond")]
+    out = [(algo, cfg.rollout.train_logp) for algo, cfg in presets.items()] + [("oracle", "cond")]
     return out + ([("dapo", "cfg"), ("gcpo", "cfg")] if guided else [])
 
 
@@ -107,12 +107,12 @@ def main() -> None:
         ap.error(f"give --prompts: there is no shipped train set for task {task.name!r}")
     prompts = task.load_prompts(args.prompts or REPO_PROMPTS / TRAIN_PROMPTS[task.name])
     reward = build_reward(task.default_reward, grid=policy.layout.grid)
-    rollout_cfg = load_config("dapo").rollout
+    presets = {algo: load_config(algo) for algo in PRESETS}
+    rollout_cfg = presets["dapo"].rollout
     cfg_scale = args.cfg if args.cfg is not None else policy.default_sampling().guidance_scale
     sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=cfg_scale,
                               max_new_tokens=rollout_cfg.max_new_tokens)  # fmt: skip
-    schemes = variants(guided=cfg_scale != 1.0)
-    credit = {algo: load_config(algo).credit for algo in PRESETS}
+    schemes = variants(presets, guided=cfg_scale != 1.0)
     params = [p for n, p in policy.named_parameters() if p.requires_grad and not n.startswith("vq.")]
     rng = random.Random(args.seed)
     grads: dict[tuple[str, str], list[torch.Tensor]] = {v: [] for v in schemes}
@@ -134,7 +134,7 @@ def main() -> None:
                     continue
                 w = oracle_weights(target, ro.mask)
             else:
-                cc = credit[scheme]
+                cc = presets[scheme].credit
                 w = compute_weights(cc, ro, adv, policy, reference, TRAIN_CONTEXT[ctx], dists, name=cc.scheme)
             loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
             gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)

@@ -212,9 +212,8 @@ class ModelOptions:
 class TrainConfig:
     algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
     model: str = doc(
-        "'shapeworld' (shipped AR prior), 'shapeworld-64' (its 64 px scale), 'shapeworld-masked' (shipped masked "
-        "prior), a local checkpoint "
-        "dir, 'masked:PATH', 'amused:PATH' or 'janus:PATH'.",
+        "'shapeworld' (shipped AR prior), 'shapeworld-64' (its 64 px scale), 'shapeworld-masked' (shipped "
+        "masked prior), a local checkpoint dir, 'masked:PATH', 'amused:PATH' or 'janus:PATH'.",
         "shapeworld",
     )
     task: str | None = doc(
