@@ -44,7 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from t2i_gcpo.config import REPO_PROMPTS, load_config  # noqa: E402
+from t2i_gcpo.config import load_config  # noqa: E402
 from t2i_gcpo.core.advantages import group_advantages  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.policies.base import SamplingParams  # noqa: E402
@@ -58,7 +58,6 @@ from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gradient_snr.json"
 PRESETS = ("dapo", "gcpo", "dgpo", "stage", "critical")
-TRAIN_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "arithmetic": "arithmetic_train.jsonl"}
 
 
 def oracle_target(task, ro, details: list[dict]) -> torch.Tensor | None:
@@ -103,9 +102,10 @@ def main() -> None:
     policy = load_policy(args.model)
     reference = load_policy(args.reference) if args.reference else policy
     task = get_task(policy.default_task, policy)
-    if args.prompts is None and task.name not in TRAIN_PROMPTS:
+    train_file = args.prompts or task.default_train_prompts()
+    if train_file is None:
         ap.error(f"give --prompts: there is no shipped train set for task {task.name!r}")
-    prompts = task.load_prompts(args.prompts or REPO_PROMPTS / TRAIN_PROMPTS[task.name])
+    prompts = task.load_prompts(train_file)
     reward = build_reward(task.default_reward, grid=policy.layout.grid)
     presets = {algo: load_config(algo) for algo in PRESETS}
     rollout_cfg = presets["dapo"].rollout

@@ -171,6 +171,19 @@ def test_algos_take_a_seed_count_each():
             parse_algos(bad, [4, 0, 9])
 
 
+def test_compare_defaults_to_the_train_prompts_of_the_models_world(tmp_path):
+    from t2i_gcpo.commands.compare import default_train_prompts
+    from t2i_gcpo.errors import UserError
+
+    shapeworld = REPO / "prompts" / "shapeworld_train.jsonl"
+    for model in ("shapeworld", "shapeworld-64", "shapeworld-masked", str(tiny_policy_dir(tmp_path))):
+        assert Path(default_train_prompts(model)) == shapeworld, model
+    assert Path(default_train_prompts("arithmetic")) == REPO / "prompts" / "arithmetic_train.jsonl"
+    for model in ("janus:/some/where", "amused:/some/where", "text:/some/where"):
+        with pytest.raises(UserError, match="give --prompts"):
+            default_train_prompts(model)
+
+
 def test_the_baseline_is_dapo_when_compared_else_the_first_algorithm():
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import check_baseline

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-SHIPPED_PROMPTS = {"shapeworld": "shapeworld_train.jsonl", "shapeworld-64": "shapeworld_train.jsonl",
-                   "shapeworld-masked": "shapeworld_train.jsonl", "arithmetic": "arithmetic_train.jsonl"}  # fmt: skip
+FAMILY_TASKS = {"ar": "shapeworld", "masked": "shapeworld"}  # families whose world ships train prompts
 
 EXAMPLES = """
 \b
@@ -66,6 +65,22 @@ def parse_algos(text: str, seeds: list[int]) -> tuple[list[str], dict[str, list[
     return names, lists
 
 
+def default_train_prompts(model: str) -> str:
+    """The shipped training prompts of the task a `--model` belongs to, read from the model's family
+    without loading it: ShapeWorld models and their checkpoints (AR or masked) train on ShapeWorld
+    prompts, the shipped arithmetic LM on arithmetic problems; other models need `--prompts`."""
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.policies.registry import TEXT_SHIPPED, split_spec
+    from t2i_gcpo.tasks.registry import get_task
+
+    family, target = split_spec(model)
+    task = "arithmetic" if family == "text" and target in TEXT_SHIPPED else FAMILY_TASKS.get(family)
+    path = get_task(task).default_train_prompts() if task else None
+    if path is None:
+        raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
+    return path
+
+
 @click.command("compare", epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--algos",
@@ -83,8 +98,8 @@ def parse_algos(text: str, seeds: list[int]) -> tuple[list[str], dict[str, list[
 @click.option(
     "--prompts",
     default=None,
-    help="Training prompts [default for the shipped models: prompts/shapeworld_train.jsonl, "
-    "prompts/arithmetic_train.jsonl for --model arithmetic].",
+    help="Training prompts [default: prompts/shapeworld_train.jsonl for ShapeWorld models and their "
+    "checkpoints, prompts/arithmetic_train.jsonl for --model arithmetic].",
 )
 @click.option("--model", default="shapeworld", show_default=True)
 @click.option("--reward", default=None, help="Reward spec [default: the task's own].")
@@ -111,7 +126,6 @@ def compare_cmd(
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
     baseline's, paired by seed and unpaired, and curves with bands."""
-    from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
@@ -122,9 +136,7 @@ def compare_cmd(
     if steps < 1 or eval_every < 1 or jobs < 1:
         raise UserError("--steps, --eval-every and --jobs must be ≥ 1")
     if prompts is None:
-        if model not in SHIPPED_PROMPTS:
-            raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
-        prompts = str(REPO_PROMPTS / SHIPPED_PROMPTS[model])
+        prompts = default_train_prompts(model)
     result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
                             tuple(overrides), jobs, baseline)  # fmt: skip
     leave_process_group()

@@ -217,6 +217,7 @@ class ArithmeticTask:
     name: str = "arithmetic"
     default_reward: str | None = "arithmetic"
     eval_file: str | None = None  # default held-out problems
+    train_file: str | None = None  # shipped training prompts
     tokenizer: Any = None  # the policy's tokenizer, for step lift (module docstring)
     _builtin: Any = field(default=None, init=False, repr=False)  # the world's, built on first need
 
@@ -256,6 +257,11 @@ class ArithmeticTask:
     def default_eval_prompts(self) -> str | None:
         if self.eval_file and Path(self.eval_file).is_file():
             return self.eval_file
+        return None
+
+    def default_train_prompts(self) -> str | None:
+        if self.train_file and Path(self.train_file).is_file():
+            return self.train_file
         return None
 
     def step_metrics(self, details: list[dict]) -> dict[str, float]:

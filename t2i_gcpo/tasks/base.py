@@ -23,6 +23,10 @@ class Task(Protocol):
     def default_eval_prompts(self) -> str | None:
         """The held-out prompt file scored during training when the config names none."""
 
+    def default_train_prompts(self) -> str | None:
+        """The shipped training prompt file of the task's world (`compare` and the gradient-signal
+        benchmark default to it), None where the repository ships none."""
+
     def step_metrics(self, details: list[dict]) -> dict[str, float]:
         """Metrics of one step's samples from the reward's per-sample details (e.g. strict score per tag)."""
 

@@ -31,6 +31,7 @@ class GenEvalTask:
     classes: str  # "shapeworld" (ShapeWorld's shapes) or "coco" (GenEval's 80 classes)
     default_reward: str | None
     eval_file: str | None = None  # default held-out prompts
+    train_file: str | None = None  # shipped training prompts
 
     def _classes(self) -> list[str] | None:
         if self.classes == "shapeworld":
@@ -56,6 +57,11 @@ class GenEvalTask:
     def default_eval_prompts(self) -> str | None:
         if self.eval_file and Path(self.eval_file).is_file():
             return self.eval_file
+        return None
+
+    def default_train_prompts(self) -> str | None:
+        if self.train_file and Path(self.train_file).is_file():
+            return self.train_file
         return None
 
     def step_metrics(self, details: list[dict]) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.tasks.arithmetic import TEST_FILE, ArithmeticTask
+from t2i_gcpo.tasks.arithmetic import TEST_FILE, TRAIN_FILE, ArithmeticTask
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.tasks.geneval import GenEvalTask
 
@@ -15,9 +15,12 @@ TASKS = {
         "shapeworld",
         default_reward="shapeworld",
         eval_file=str(REPO_PROMPTS / "shapeworld_test.jsonl"),
+        train_file=str(REPO_PROMPTS / "shapeworld_train.jsonl"),
     ),
     "geneval": lambda: GenEvalTask("geneval", "coco", default_reward=None),
-    "arithmetic": lambda: ArithmeticTask(eval_file=str(REPO_PROMPTS / TEST_FILE)),
+    "arithmetic": lambda: ArithmeticTask(
+        eval_file=str(REPO_PROMPTS / TEST_FILE), train_file=str(REPO_PROMPTS / TRAIN_FILE)
+    ),
 }
 
 
