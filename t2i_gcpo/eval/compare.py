@@ -160,22 +160,26 @@ def headline_key(row: dict) -> str | None:
     return next((k for k, _ in HEADLINES if row.get(k) is not None), None)
 
 
-def eval_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, held-out headline) of a run, in step order (the last row for a repeated step wins)."""
-    rows: dict[int, float] = {}
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl (none when it has not logged yet)."""
     path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        r = json.loads(line)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
+    """(step, held-out headline) of a run's metric rows, in step order (the last row for a repeated
+    step wins)."""
+    points: dict[int, float] = {}
+    for r in rows:
         key = headline_key(r)
         if key is not None:
-            rows[r[M.STEP]] = r[key]
-    return sorted(rows.items())
+            points[r[M.STEP]] = r[key]
+    return sorted(points.items())
 
 
-def training_mean(run_dir: Path, key: str) -> float:
-    """Mean of a per-step training metric over a run (NaN when it never logged it)."""
-    path = run_dir / "metrics.jsonl"
-    vals = [r[key] for r in map(json.loads, path.read_text().splitlines()) if r.get(key) is not None]
+def training_mean(rows: list[dict], key: str) -> float:
+    """Mean of a per-step training metric over a run's metric rows (NaN when it never logged it)."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
     return float(np.mean(vals)) if vals else np.nan
 
 
@@ -186,9 +190,10 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     algorithm, or each algorithm's own list (the paired differences use the seeds both runs have)."""
     baseline = check_baseline(algos, baseline)
     seeds = seed_lists(algos, seeds)
-    runs = {a: [out / a / f"seed{s}" for s in seeds[a]] for a in algos}
-    curves = {a: [eval_curve(r) for r in runs[a]] for a in algos}
-    finals = {a: [json.loads((r / "eval.json").read_text()) for r in runs[a]] for a in algos}
+    metric_rows = {a: [read_metrics(out / a / f"seed{s}") for s in seeds[a]] for a in algos}
+    finals = {a: [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for s in seeds[a]]
+              for a in algos}  # fmt: skip
+    curves = {a: [eval_curve(r) for r in metric_rows[a]] for a in algos}
     key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
     if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, where the credit went, then overall
         found = {
@@ -206,7 +211,7 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
             "overall": lambda f, r: f[M.EVAL_ACCURACY],
         }
     table: dict[str, dict[str, tuple[float, float, float, int]]] = {
-        a: {c: mean_ci95([fn(f, r) for f, r in zip(finals[a], runs[a])]) for c, fn in columns.items()}
+        a: {c: mean_ci95([fn(f, r) for f, r in zip(finals[a], metric_rows[a])]) for c, fn in columns.items()}
         for a in algos
     }
     target = table[baseline]["overall"][0]
@@ -218,7 +223,8 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
             hits.append(steps_hit[0] if steps_hit else np.nan)
         reach[a] = float(np.nanmean(hits)) if not all(np.isnan(hits)) else None
     headline = {
-        a: {s: columns["overall"](f, r) for s, f, r in zip(seeds[a], finals[a], runs[a])} for a in algos
+        a: {s: columns["overall"](f, r) for s, f, r in zip(seeds[a], finals[a], metric_rows[a])}
+        for a in algos
     }
     label = dict(HEADLINES)[key]
     result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
