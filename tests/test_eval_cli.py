@@ -120,6 +120,53 @@ def test_compare_with_two_jobs_trains_the_same_runs_side_by_side(tmp_path):
                     assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), (algo, x["step"], k)
 
 
+@pytest.mark.slow
+def test_a_terminated_compare_stops_its_runs_and_they_keep_a_checkpoint(tmp_path):
+    """SIGTERM to `compare --jobs 2` (a scheduler, `kill`) stops both training children, each saving a
+    checkpoint, before compare exits: no run is left training on its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "compare", "--algos", "dapo,gcpo", "--seeds", "1",
+           "--steps", "100000", "--eval-every", "100000", "--jobs", "2", "--out", str(out),
+           "--model", str(tiny_policy_dir(tmp_path)), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"),
+           "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
+           "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
+    parent = subprocess.Popen(
+        cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stderr=subprocess.PIPE, text=True
+    )
+    runs = [out / algo / "seed0" for algo in ("dapo", "gcpo")]
+
+    def trained(run) -> bool:
+        path = run / "metrics.jsonl"
+        return path.is_file() and '"time/step"' in path.read_text()
+
+    deadline = time.monotonic() + 240
+    while not all(trained(r) for r in runs):
+        assert parent.poll() is None and time.monotonic() < deadline, parent.stderr.read()
+        time.sleep(0.5)
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=120)
+    assert parent.returncode != 0
+    assert "run the same command again to resume" in err
+    left = [p for p in os.listdir("/proc") if p.isdigit() and str(out) in _cmdline(p)]
+    assert left == [], "training children outlived compare"
+    for run in runs:
+        assert (run / "checkpoints" / "latest").is_file(), run
+        assert not (run / "eval.json").exists()
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 # ---------------------------------------------------------------------------------------------
 # compare: seeds, baseline and the paired table, on run folders written by hand
 # ---------------------------------------------------------------------------------------------

@@ -99,8 +99,11 @@ def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps:
 def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: int) -> None:
     """Train the runs `jobs` at a time, each a `t2i-gcpo train` process with cores/jobs threads (torch
     threads of side-by-side processes must not add up past the cores: oversubscribed, a step can take
-    20× longer). Each run logs to <run>/train.log; a failed run is reported with its log's last lines."""
+    20× longer). Each run logs to <run>/train.log; a failed run is reported with its log's last lines.
+    Ctrl-C or SIGTERM (`kill`, a scheduler) stops the children the same way, each saving a checkpoint,
+    before this process exits: none is left training on its own."""
     import os
+    import signal
     import subprocess
     import sys
     import time
@@ -115,6 +118,11 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
     bar = tqdm(
         total=len(todo), desc=f"runs ({jobs} side by side, {threads} thread(s) each)", dynamic_ncols=True
     )
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -140,7 +148,14 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
                     failed.append(run_dir)
                     tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
                     bar.write(f"{run_dir}: failed (exit {proc.returncode}): " + " | ".join(tail))
+    except KeyboardInterrupt:
+        bar.write(
+            f"stopping: {len(running)} run(s) save a checkpoint; run the same command again to resume",
+            file=sys.stderr,
+        )
+        raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for proc, *_ in running:  # interrupted: stop the children (each saves a checkpoint first)
             proc.terminate()
         for proc, _run_dir, log in running:
