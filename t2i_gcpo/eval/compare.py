@@ -205,9 +205,9 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     algorithm, or each algorithm's own list (the paired differences use the seeds both runs have)."""
     baseline = check_baseline(algos, baseline)
     seeds = seed_lists(algos, seeds)
-    metric_rows = {a: [read_metrics(out / a / f"seed{s}") for s in seeds[a]] for a in algos}
-    finals = {a: [json.loads((out / a / f"seed{s}" / "eval.json").read_text()) for s in seeds[a]]
-              for a in algos}  # fmt: skip
+    run_dirs = {a: [out / a / f"seed{s}" for s in seeds[a]] for a in algos}
+    metric_rows = {a: [read_metrics(r) for r in run_dirs[a]] for a in algos}
+    finals = {a: [json.loads((r / "eval.json").read_text()) for r in run_dirs[a]] for a in algos}
     curves = {a: [eval_curve(r) for r in metric_rows[a]] for a in algos}
     key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
     if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, where the credit went, then overall

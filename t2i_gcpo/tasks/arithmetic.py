@@ -66,6 +66,7 @@ from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this t
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.arithmetic import problem_meta
+from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
@@ -255,14 +256,10 @@ class ArithmeticTask:
         return PromptRecord(problem.question, meta=problem_meta(problem))
 
     def default_eval_prompts(self) -> str | None:
-        if self.eval_file and Path(self.eval_file).is_file():
-            return self.eval_file
-        return None
+        return shipped_file(self.eval_file)
 
     def default_train_prompts(self) -> str | None:
-        if self.train_file and Path(self.train_file).is_file():
-            return self.train_file
-        return None
+        return shipped_file(self.train_file)
 
     def step_metrics(self, details: list[dict]) -> dict[str, float]:
         """Accuracy, format rate and mean length of the step's samples (those the reward reports)."""

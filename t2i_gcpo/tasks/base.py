@@ -10,6 +10,11 @@ import torch
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 
 
+def shipped_file(path: str | None) -> str | None:
+    """`path` where that file exists (a task's shipped prompt file), else None."""
+    return path if path and Path(path).is_file() else None
+
+
 class Task(Protocol):
     name: str
     default_reward: str | None  # reward spec used when the config names none (None: one must be given)

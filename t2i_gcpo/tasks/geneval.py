@@ -19,6 +19,7 @@ import torch
 from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
@@ -55,14 +56,10 @@ class GenEvalTask:
         return PromptRecord(m["prompt"], meta=m)
 
     def default_eval_prompts(self) -> str | None:
-        if self.eval_file and Path(self.eval_file).is_file():
-            return self.eval_file
-        return None
+        return shipped_file(self.eval_file)
 
     def default_train_prompts(self) -> str | None:
-        if self.train_file and Path(self.train_file).is_file():
-            return self.train_file
-        return None
+        return shipped_file(self.train_file)
 
     def step_metrics(self, details: list[dict]) -> dict[str, float]:
         """Strict correctness per tag and overall, and mean partial credit, of the step's samples."""
