@@ -58,6 +58,13 @@ class RolloutConfig:
         "at the first step to cfg_scale at the last (open-muse's linear schedule).",
         "constant",
     )
+    reveal_order: Literal["confidence", "random"] | None = doc(
+        "Masked models: which masked positions a decoding step reveals — the most confident (MaskGIT, "
+        "aMUSEd) or a uniformly random subset, whose order does not depend on the weights, so the "
+        "trajectory log-prob is the sample's exact likelihood (policies/maskgen.py); null = the model's "
+        "default (aMUSEd: confidence; ShapeWorld masked: stored in its checkpoint).",
+        None,
+    )
     train_logp: Literal["cond", "cfg"] = doc(
         "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",

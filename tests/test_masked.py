@@ -102,7 +102,9 @@ def test_is_a_policy_and_rollout_layout(policy, rollout):
     assert policy.output == "image" and policy.default_task == "shapeworld"
     assert policy.guidance == "u + s(c − u)" and policy.guidance in GUIDANCE
     assert policy.layout.grid == (4, 4) and policy.layout.kind == "grid"
-    assert policy.default_sampling() == SamplingParams(guidance_scale=3.0, steps=STEPS)
+    assert policy.default_sampling() == SamplingParams(
+        guidance_scale=3.0, steps=STEPS, reveal_order="confidence"
+    )
     assert rollout.tokens.shape == (6, T) and rollout.tokens.dtype == torch.long
     assert int(rollout.tokens.max()) < K  # no [MASK] left, only codes
     assert rollout.texts == [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
@@ -251,6 +253,33 @@ def test_steps_override_and_bad_values(policy):
         roll(policy, PROMPTS[:1], 1, seed=2, temperature=0.0)
     with pytest.raises(UserError, match="estimator"):
         policy.set_estimator("bogus")
+
+
+def test_random_reveal_order_does_not_depend_on_the_weights(policy):
+    """Under ``random`` the positions each step reveals come from the prompt's noise alone: two models
+    with different weights reveal the same positions in the same steps (and the replay still equals the
+    record); under ``confidence`` the weights choose, so the orders differ."""
+    other = tiny_policy(seed=5)
+    same = [
+        roll(m, PROMPTS[:2], 3, seed=4, guidance_scale=2.0, reveal_order="random") for m in (policy, other)
+    ]
+    assert torch.equal(same[0].step, same[1].step) and not torch.equal(same[0].tokens, same[1].tokens)
+    assert same[0].sampling.reveal_order == "random"
+    assert (policy.logprobs(same[0], "guided") - same[0].logp["guided"]).abs().max().item() < 1e-4
+    assert ((same[0].step >= 0).sum(-1) == T).all()  # each token still revealed exactly once
+    conf = [
+        roll(m, PROMPTS[:2], 3, seed=4, guidance_scale=2.0, reveal_order="confidence")
+        for m in (policy, other)
+    ]
+    assert not torch.equal(conf[0].step, conf[1].step)
+    # the default order is the checkpoint's
+    assert roll(policy, PROMPTS[:1], 1, seed=4).sampling.reveal_order == "confidence"
+    shuffled = tiny_policy()
+    shuffled.config.reveal_order = "random"
+    assert shuffled.default_sampling().reveal_order == "random"
+    assert torch.equal(roll(shuffled, PROMPTS[:2], 3, seed=4, guidance_scale=2.0).step, same[0].step)
+    with pytest.raises(UserError, match="reveal order"):
+        roll(policy, PROMPTS[:1], 1, seed=4, reveal_order="bogus")
 
 
 # ----------------------------------------------------------------------------- remask estimator

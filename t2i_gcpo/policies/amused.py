@@ -24,7 +24,8 @@ pipelines/deprecated/amused/pipeline_amused.py and schedulers/scheduling_amused.
   ``mask_token_id``; reveal counts computed exactly as ``AmusedScheduler.step`` computes them.
 - Sampling: every masked position sampled from softmax(guided logits / T) (T = 1: the scheduler's
   distribution), the most confident kept with confidence log p + τ_s·Gumbel, τ = linspace(2, 0, S)
-  (the pipeline's ``temperature=(2, 0)``). Noise comes from the prompt's generator, not the
+  (the pipeline's ``temperature=(2, 0)``); ``rollout.reveal_order=random`` reveals a uniformly random
+  subset instead (maskgen.py says why that matters for RL). Noise comes from the prompt's generator, not the
   scheduler's ``torch.multinomial``: the same distributions, different draws from the pipeline's.
 - Decoding: ``vqvae.decode(ids, force_not_quantize=True, shape=…)`` clipped to [0, 1] (needs
   ``lookup_from_codebook``, as the aMUSEd VQ has).
@@ -59,6 +60,7 @@ from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParam
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
+    check_reveal_order,
     draw_remasks,
     estimator_mask,
     guidance_scales,
@@ -271,7 +273,8 @@ class AmusedPolicy(nn.Module):
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         steps = self.resolve_steps(sampling)
-        sampling = dataclasses.replace(sampling, steps=steps)
+        order = check_reveal_order(sampling.reveal_order or "confidence")  # the pipeline's order by default
+        sampling = dataclasses.replace(sampling, steps=steps, reveal_order=order)
         pos_ids = self.text_ids([p.text for p in prompts]).repeat_interleave(group_size, dim=0)
         neg_ids = self.text_ids([p.negative or "" for p in prompts]).repeat_interleave(group_size, dim=0)
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
@@ -282,6 +285,7 @@ class AmusedPolicy(nn.Module):
                 hidden_fn, self.head, self.num_tokens, self.mask_id,
                 reveal_counts(self.num_tokens, steps, self.mask_schedule), sampling, uniforms,
                 self.choice_temperatures(steps), scale_fn(step_progress(steps)), self.guidance, self.device,
+                order,
             )  # fmt: skip
         logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
         ro = Rollout(

@@ -45,6 +45,7 @@ class SamplingParams:
     guidance_scale: float = 1.0  # s in the adapter's guidance formula (1: the positive branch alone)
     guidance_schedule: str = "constant"  # how s varies over the steps (masked models)
     steps: int | None = None  # decoding steps (masked models); None = the adapter's default
+    reveal_order: str | None = None  # masked models: "confidence" or "random"; None = the adapter's default
     max_new_tokens: int | None = None  # text: the length limit; None = the adapter's default
 
 

@@ -18,7 +18,8 @@ AR prior, so the two priors' scales compare), optionally scheduled over the step
 
 Sampling (maskgen.maskgit_generate): `steps` decoding steps (default ``MaskedConfig.default_steps``),
 cosine mask schedule, MaskGIT confidence-based unmasking with Gumbel noise whose temperature is
-annealed to 0 — τ_s = τ₀·(1 − (s + 1)/S), τ₀ = ``choice_temperature`` (MaskGIT's 4.5 by default) —
+annealed to 0 — τ_s = τ₀·(1 − (s + 1)/S), τ₀ = ``choice_temperature`` (MaskGIT's 4.5 by default), or a
+uniformly random reveal order (``reveal_order``, the checkpoint's default or `SamplingParams.reveal_order`) —
 one doubled batch [cond; null] per step, tokens drawn by the shared inverse-CDF `sample_step` from
 uniforms of the prompt's own generator. The rollout records, per token, the step that revealed it
 (``rollout.step``, 0-based) and its log-prob under the conditional, null and guided distributions of
@@ -53,6 +54,7 @@ from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParam
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
+    check_reveal_order,
     draw_remasks,
     estimator_mask,
     guidance_scales,
@@ -82,6 +84,7 @@ class MaskedConfig:
     default_cfg_scale: float = 3.0  # s used when the caller gives none (`default_sampling`)
     default_steps: int = 8  # S, decoding steps when SamplingParams.steps is None
     choice_temperature: float = 4.5  # τ₀ of the annealed Gumbel noise on the confidence (MaskGIT: 4.5)
+    reveal_order: str = "confidence"  # default order when SamplingParams.reveal_order is None (maskgen.py)
     mask_schedule: str = "cosine"  # γ: fraction still masked against progress (cosine | linear)
     storage_dtype: str = "float16"  # dtype of weights on disk; upcast to fp32 at load
     grid: tuple[int, int] = field(default=(8, 8))  # (rows, cols), copied from the VQ
@@ -106,6 +109,7 @@ class MaskedPolicy(nn.Module):
             raise ValueError(f"prompt_len {config.prompt_len} != tokenizer.max_len {tokenizer.max_len}")
         if config.mask_schedule not in MASK_SCHEDULES:
             raise ValueError(f"mask_schedule must be one of {MASK_SCHEDULES}, not {config.mask_schedule!r}")
+        check_reveal_order(config.reveal_order)
         if int(config.default_steps) < 1:
             raise ValueError(f"default_steps must be ≥ 1, got {config.default_steps}")
         self.config = config
@@ -145,7 +149,9 @@ class MaskedPolicy(nn.Module):
     # ---- sequences ------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(
-            guidance_scale=float(self.config.default_cfg_scale), steps=self.config.default_steps
+            guidance_scale=float(self.config.default_cfg_scale),
+            steps=self.config.default_steps,
+            reveal_order=self.config.reveal_order,
         )
 
     def check_prompts(self, prompts: list[str]) -> None:
@@ -234,6 +240,7 @@ class MaskedPolicy(nn.Module):
         return maskgit_generate(
             self._hidden_fn(prompt_ids), self.head, self.num_tokens, self.mask_id, counts, sampling,
             uniforms, self.choice_temperatures(steps), scales, self.guidance, self.device,
+            sampling.reveal_order or self.config.reveal_order,
         )  # fmt: skip
 
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
@@ -241,7 +248,8 @@ class MaskedPolicy(nn.Module):
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
         check_records(prompts, generators, "the ShapeWorld masked prior")
         steps = self.resolve_steps(sampling)
-        sampling = dataclasses.replace(sampling, steps=steps)
+        order = check_reveal_order(sampling.reveal_order or self.config.reveal_order)
+        sampling = dataclasses.replace(sampling, steps=steps, reveal_order=order)
         pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B, L]
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
         tokens, step, logps = self.generate(pid, sampling, uniforms)

@@ -11,9 +11,18 @@ arXiv 2202.04200, §3.2; Muse, Chang et al. 2023, arXiv 2301.00704; diffusers ``
   γ(r) = cos(πr/2) (``cosine``, MaskGIT's choice) or 1 − r (``linear``). Computed in float32 exactly
   as ``AmusedScheduler.step`` computes it, so the counts match diffusers'. The counts depend on (T, S)
   only: every row of a batch reveals the same number of tokens at a step.
-- Confidence. confidence = log p̃(ŷ_t) + τ_s·g_t with g_t Gumbel noise and p̃ the sampled (guided,
-  temperature-scaled, untruncated) distribution; the highest-confidence masked positions are revealed.
-  τ_s is annealed to 0 over the steps (MaskGIT: τ₀·(1 − (s+1)/S); aMUSEd: linspace(2, 0, S)).
+- Reveal order (`SamplingParams.reveal_order`). ``confidence`` (MaskGIT, aMUSEd): confidence =
+  log p̃(ŷ_t) + τ_s·g_t with g_t Gumbel noise and p̃ the sampled (guided, temperature-scaled,
+  untruncated) distribution; the highest-confidence masked positions are revealed. τ_s is annealed to
+  0 over the steps (MaskGIT: τ₀·(1 − (s+1)/S); aMUSEd: linspace(2, 0, S)). ``random``: the positions
+  a step reveals are a uniformly random subset of the masked ones (the top g_t), whatever the model
+  predicts — the order of a masked diffusion model's reverse process. Why it matters for RL: the
+  trajectory estimator scores each token at its reveal step, i.e. the likelihood of the tokens *given*
+  the order. Under ``random`` the order does not depend on the weights, so that is the exact
+  likelihood of the sample and the policy gradient is the true one; under ``confidence`` the weights
+  also choose the order (sharpening a token moves it earlier), a dependence no estimator here
+  differentiates — on the ShapeWorld masked prior, RL lowered the held-out score under ``confidence``
+  and not under ``random`` (README, "RL on the masked prior").
 - Noise. Every random number comes from the prompt's own generator (`group_uniforms`): per sample a
   [S, T, 2] block of uniforms, [..., 0] for the inverse-CDF token draw of the shared `sample_step`,
   [..., 1] for the Gumbel noise of the confidence; then, for the ``remask`` estimator, a [K, T + 1]
@@ -66,6 +75,7 @@ from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs,
 MASK_SCHEDULES = ("cosine", "linear")
 GUIDANCE_SCHEDULES = ("constant", "linear")
 ESTIMATORS = ("trajectory", "remask")
+REVEAL_ORDERS = ("confidence", "random")
 HiddenFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -123,6 +133,12 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log((-torch.log(u.clamp(1e-20))).clamp(1e-20))
 
 
+def check_reveal_order(order: str) -> str:
+    if order not in REVEAL_ORDERS:
+        raise UserError(f"unknown reveal order {order!r}; expected one of {', '.join(REVEAL_ORDERS)}")
+    return order
+
+
 def check_estimator(estimator: str, remask_count: int) -> None:
     if estimator not in ESTIMATORS:
         raise UserError(f"unknown log-prob estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
@@ -136,14 +152,16 @@ def check_estimator(estimator: str, remask_count: int) -> None:
 @torch.no_grad()
 def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: int, counts: Sequence[int],
                      sampling: SamplingParams, uniforms: torch.Tensor, choice_temperatures: torch.Tensor,
-                     scales: torch.Tensor, guidance: str,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Confidence-based parallel decoding with CFG (one doubled batch [cond; null] per step).
+                     scales: torch.Tensor, guidance: str, device: torch.device,
+                     reveal_order: str = "confidence") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Parallel decoding with CFG (one doubled batch [cond; null] per step), revealing the most
+    confident masked positions or (``reveal_order="random"``) a uniformly random subset of them.
 
     uniforms [B, S, T, 2] (token draw, Gumbel noise); choice_temperatures and scales [S] →
     tokens [B, T] long, step [B, T] long (the step that revealed each token), log-probs [3, B, T]
     (pos, neg, guided) of each token under the distributions of its reveal step."""
     b, t_len = uniforms.shape[0], num_tokens
+    random_order = check_reveal_order(reveal_order) == "random"
     rows = torch.arange(b, device=device)
     null = torch.arange(2 * b, device=device) >= b
     tokens = torch.full((b, t_len), mask_id, dtype=torch.long, device=device)  # the canvas
@@ -160,7 +178,8 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
         sp = dataclasses.replace(sampling, guidance_scale=float(scales[s]))
         tok, lp = sample_step(head(hc[where]), head(hu[where]), sp, uniforms[:, s, :, 0][where], guidance)
         conf = torch.full((b, t_len), float("-inf"), device=device)
-        conf[where] = lp["guided"] + float(choice_temperatures[s]) * gumbel(uniforms[:, s, :, 1][where])
+        noise = gumbel(uniforms[:, s, :, 1][where])
+        conf[where] = noise if random_order else lp["guided"] + float(choice_temperatures[s]) * noise
         pick = conf.topk(n_reveal, dim=-1).indices  # [B, n]
         reveal = torch.zeros_like(unknown).scatter_(1, pick, True) & unknown
         cand = tokens.clone()

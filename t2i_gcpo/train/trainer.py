@@ -285,6 +285,7 @@ class Trainer:
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
             guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
             guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
+            reveal_order=cfg.rollout.reveal_order,
         )  # fmt: skip
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
