@@ -60,7 +60,6 @@ from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParam
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
-    check_reveal_order,
     draw_remasks,
     estimator_mask,
     guidance_scales,
@@ -273,7 +272,7 @@ class AmusedPolicy(nn.Module):
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         steps = self.resolve_steps(sampling)
-        order = check_reveal_order(sampling.reveal_order or "confidence")  # the pipeline's order by default
+        order = sampling.reveal_order or "confidence"  # the pipeline's order; the sampler checks it
         sampling = dataclasses.replace(sampling, steps=steps, reveal_order=order)
         pos_ids = self.text_ids([p.text for p in prompts]).repeat_interleave(group_size, dim=0)
         neg_ids = self.text_ids([p.negative or "" for p in prompts]).repeat_interleave(group_size, dim=0)

@@ -198,6 +198,10 @@ class MaskedPolicy(nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
+    def resolve_reveal_order(self, sampling: SamplingParams) -> str:
+        """The sampling's reveal order, or the checkpoint's when it names none (checked by the sampler)."""
+        return sampling.reveal_order or self.config.reveal_order
+
     def _scale_fn(self, sampling: SamplingParams):
         return lambda progress: guidance_scales(sampling.guidance_scale, sampling.guidance_schedule, progress)
 
@@ -240,7 +244,7 @@ class MaskedPolicy(nn.Module):
         return maskgit_generate(
             self._hidden_fn(prompt_ids), self.head, self.num_tokens, self.mask_id, counts, sampling,
             uniforms, self.choice_temperatures(steps), scales, self.guidance, self.device,
-            sampling.reveal_order or self.config.reveal_order,
+            self.resolve_reveal_order(sampling),
         )  # fmt: skip
 
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
@@ -248,8 +252,9 @@ class MaskedPolicy(nn.Module):
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
         check_records(prompts, generators, "the ShapeWorld masked prior")
         steps = self.resolve_steps(sampling)
-        order = check_reveal_order(sampling.reveal_order or self.config.reveal_order)
-        sampling = dataclasses.replace(sampling, steps=steps, reveal_order=order)
+        sampling = dataclasses.replace(
+            sampling, steps=steps, reveal_order=self.resolve_reveal_order(sampling)
+        )
         pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B, L]
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
         tokens, step, logps = self.generate(pid, sampling, uniforms)
