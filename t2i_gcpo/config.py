@@ -242,9 +242,8 @@ class TrainConfig:
     out: str | None = doc("Run directory (default runs/<algo>-<timestamp>).", None)
     steps: int = doc("Optimizer steps (one rollout batch each).", 200)
     seed: int = doc("Seed of prompts order, sampling and initialisation.", 0)
-    log_every: int = doc("Write metrics every N steps.", 1)
     sample_every: int = doc("Save a sample grid and credit maps every N steps; 0 disables them.", 25)
-    save_every: int = doc("Write a checkpoint every N steps.", 50)
+    save_every: int = doc("Write a checkpoint every N steps (and at the end, and when stopped).", 50)
     eval_every: int = doc(
         "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
         "-1 never.",
@@ -268,6 +267,10 @@ class TrainConfig:
             (self.rollout.prompts_per_step >= 1, "rollout.prompts_per_step must be ≥ 1"),
             (self.rollout.temperature > 0, "rollout.temperature must be > 0"),
             (self.steps >= 0, "steps must be ≥ 0"),
+            (self.save_every >= 1, "save_every must be ≥ 1 (a checkpoint is also written at the end)"),
+            (self.sample_every >= 0, "sample_every must be ≥ 0 (0: no sample grids)"),
+            (self.eval_every >= -1, "eval_every must be ≥ -1 (0: only at the end, -1: never)"),
+            (self.eval_images_per_prompt >= 1, "eval_images_per_prompt must be ≥ 1"),
             (self.advantage.max_resample >= 0, "advantage.max_resample must be ≥ 0"),
             (self.advantage.draw_budget >= 1, "advantage.draw_budget must be ≥ 1 (a multiple of P)"),
             (0 < self.credit.gcpo.top_fraction < 1, "credit.gcpo.top_fraction must be in (0, 1)"),
@@ -457,9 +460,13 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+# keys that older runs' config.yaml may hold and that no longer exist (they did nothing): dropped on resume
+RETIRED_KEYS = frozenset({"log_every"})
+
+
 def from_dict(data: dict[str, Any]) -> TrainConfig:
     cfg = TrainConfig()
-    _apply(cfg, data)
+    _apply(cfg, {k: v for k, v in data.items() if k not in RETIRED_KEYS})
     cfg.validate()
     return cfg
 

@@ -81,12 +81,24 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("credit.scheme=magic", "credit.scheme must be one of"),
         ("credit.gcpo.recompute=true", "unknown config key 'credit.gcpo.recompute'"),  # now credit.contrast
         ("beta", "--set expects key=value"),
+        ("save_every=0", "save_every must be ≥ 1"),  # was a ZeroDivisionError at the first step
+        ("sample_every=-1", "sample_every must be ≥ 0"),
+        ("eval_every=-2", "eval_every must be ≥ -1"),
+        ("eval_images_per_prompt=0", "eval_images_per_prompt must be ≥ 1"),
+        ("log_every=5", "unknown config key 'log_every'"),  # retired: it never did anything
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(UserError, match=None) as e:
         load_config("gcpo", overrides=[override])
     assert message in str(e.value)
+
+
+def test_resume_reads_configs_that_hold_a_retired_key():
+    from t2i_gcpo.config import from_dict, to_dict
+
+    saved = {**to_dict(load_config("dapo", overrides=["steps=7"])), "log_every": 1}  # a run from before
+    assert from_dict(saved).steps == 7
 
 
 def test_unknown_algorithm_and_missing_or_bad_file(tmp_path):
