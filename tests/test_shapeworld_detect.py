@@ -120,3 +120,40 @@ def test_template_blur_and_pooling_matrices_match_hand_computed_values():
     assert _blur(edge, 0.6)[0].sum() == pytest.approx(k[2:].sum() ** 2, rel=1e-5)
     sub = np.arange(12, dtype=np.float32).reshape(1, 12)  # 4 pixels × 3 sub-pixels
     np.testing.assert_array_equal(sub @ _pool_matrix(4, 3).T, [[3, 12, 21, 30]])
+
+
+def flood_fill_components(group: np.ndarray) -> np.ndarray:
+    """Oracle: 4-connected components of equal positive values by breadth-first search, each
+    labelled 1 + the flat index of its first pixel in raster order."""
+    H, W = group.shape
+    labels = np.zeros((H, W), dtype=np.int64)
+    for y in range(H):
+        for x in range(W):
+            if group[y, x] > 0 and labels[y, x] == 0:
+                name, queue = y * W + x + 1, [(y, x)]
+                labels[y, x] = name
+                while queue:
+                    cy, cx = queue.pop()
+                    for ny, nx in ((cy - 1, cx), (cy + 1, cx), (cy, cx - 1), (cy, cx + 1)):
+                        if (
+                            0 <= ny < H
+                            and 0 <= nx < W
+                            and labels[ny, nx] == 0
+                            and group[ny, nx] == group[y, x]
+                        ):
+                            labels[ny, nx] = name
+                            queue.append((ny, nx))
+    return labels
+
+
+def test_components_are_4_connected_regions_of_one_value_labelled_in_raster_order():
+    from t2i_gcpo.worlds.shapeworld.detect import _components
+
+    group = np.array([[1, 1, 0, 2], [0, 1, 2, 2], [1, 0, 0, 2], [1, 3, 3, 0]])
+    expected = np.array([[1, 1, 0, 4], [0, 1, 4, 4], [9, 0, 0, 4], [9, 14, 14, 0]])
+    assert np.array_equal(_components(group), expected)  # (2, 0) does not join (1, 1): diagonal
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        h, w = rng.integers(1, 24, 2)
+        group = rng.integers(0, 4, (h, w)) * (rng.random((h, w)) < rng.random())
+        assert np.array_equal(_components(group), flood_fill_components(group))

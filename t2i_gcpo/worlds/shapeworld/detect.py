@@ -45,24 +45,22 @@ _DIRS_SQ = (_DIRS**2).sum(axis=1)  # [10]
 def _components(group: np.ndarray) -> np.ndarray:
     """4-connected components of equal positive values of `group` [H, W] int (0 = none).
 
-    Returns [H, W] int labels (0 = none). Iterative min-label propagation: fine at 32–64 px.
+    Returns [H, W] int labels (0 = none); a component's label is 1 + the flat index of its first
+    pixel in raster order, so labels sort in the order the components start.
     """
-    H, W = group.shape
-    big = H * W + 1
-    labels = np.where(group > 0, np.arange(1, H * W + 1).reshape(H, W), big)
-    while True:
-        prev = labels
-        padded = np.pad(labels, 1, constant_values=big)
-        gpad = np.pad(group, 1, constant_values=0)
-        best = labels
-        for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
-            nb = padded[dy : dy + H, dx : dx + W]
-            same = gpad[dy : dy + H, dx : dx + W] == group
-            best = np.minimum(best, np.where(same & (group > 0), nb, big))
-        labels = np.where(group > 0, best, big)
-        if np.array_equal(labels, prev):
-            break
-    return np.where(labels == big, 0, labels)
+    from scipy.ndimage import label
+
+    labels = np.zeros(group.shape, dtype=np.int64)
+    count = 0
+    for value in np.unique(group[group > 0]):
+        found, n = label(group == value)  # scipy's default structure in 2-D: 4-connectivity
+        labels[found > 0] = found[found > 0] + count
+        count += n
+    values, first = np.unique(labels, return_index=True)
+    relabel = np.zeros(count + 1, dtype=np.int64)
+    relabel[values] = first + 1
+    relabel[0] = 0
+    return relabel[labels]
 
 
 def _faint_holes(fg: np.ndarray, alpha: np.ndarray) -> np.ndarray:
