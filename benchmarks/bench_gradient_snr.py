@@ -24,6 +24,7 @@ weights are its entropy gate alone).
 
     python benchmarks/bench_gradient_snr.py [--model shapeworld] [--batches 10]
     python benchmarks/bench_gradient_snr.py --model arithmetic --batches 10 --out /tmp/snr_text.json
+    python benchmarks/bench_gradient_snr.py --model shapeworld-masked --reveal-order random --out /tmp/snr_masked.json
     python benchmarks/bench_gradient_snr.py --model runs/study/sw32-ar/dapo/seed0/checkpoints/latest/model \
         --reference shapeworld --batches 10 --out /tmp/snr_trained.json
 
@@ -93,6 +94,12 @@ def main() -> None:
     ap.add_argument("--prompts-per-batch", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--cfg", type=float, default=None, help="Guidance scale [default: the checkpoint's].")
+    ap.add_argument(
+        "--reveal-order",
+        choices=("confidence", "random"),
+        default=None,
+        help="Masked models: which positions each step reveals [default: the model's own].",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
@@ -101,6 +108,8 @@ def main() -> None:
 
     policy = load_policy(args.model)
     reference = load_policy(args.reference) if args.reference else policy
+    if args.reveal_order and not hasattr(policy, "resolve_reveal_order"):
+        ap.error(f"--reveal-order applies to masked models only, not to --model {args.model}")
     task = get_task(policy.default_task, policy)
     train_file = args.prompts or task.default_train_prompts()
     if train_file is None:
@@ -111,7 +120,7 @@ def main() -> None:
     rollout_cfg = presets["dapo"].rollout
     cfg_scale = args.cfg if args.cfg is not None else policy.default_sampling().guidance_scale
     sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=cfg_scale,
-                              max_new_tokens=rollout_cfg.max_new_tokens)  # fmt: skip
+                              max_new_tokens=rollout_cfg.max_new_tokens, reveal_order=args.reveal_order)  # fmt: skip
     schemes = variants(presets, guided=cfg_scale != 1.0)
     params = [p for n, p in policy.named_parameters() if p.requires_grad and not n.startswith("vq.")]
     rng = random.Random(args.seed)
