@@ -134,24 +134,28 @@ def main() -> None:
         rewards.append(out.scores.mean().item())
         adv = group_advantages(out.scores, args.group)
         target = oracle_target(task, ro, out.details)
-        # one forward per trained context: log-probs with gradient and its full distributions
-        forwards = {c: policy(ro, context=TRAIN_CONTEXT[c], dists=True) for c in {c for _, c in schemes}}
-        for scheme, ctx in schemes:
-            logp, dists = forwards[ctx]
-            if scheme == "oracle":
-                if target is None:
-                    continue
-                w = oracle_weights(target, ro.mask)
-            else:
-                cc = presets[scheme].credit
-                w = compute_weights(cc, ro, adv, policy, reference, TRAIN_CONTEXT[ctx], dists, name=cc.scheme)
-            loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
-            gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
-            grads[(scheme, ctx)].append(
-                torch.cat(
-                    [(x if x is not None else torch.zeros_like(p)).flatten() for x, p in zip(gs, params)]
+        # one forward per trained context, one context at a time: its graph is freed before the next
+        # (a masked model's trajectory forward holds the activations of every decoding step)
+        for ctx in dict.fromkeys(c for _, c in schemes):
+            logp, dists = policy(ro, context=TRAIN_CONTEXT[ctx], dists=True)
+            for scheme in (s for s, c in schemes if c == ctx):
+                if scheme == "oracle":
+                    if target is None:
+                        continue
+                    w = oracle_weights(target, ro.mask)
+                else:
+                    cc = presets[scheme].credit
+                    w = compute_weights(
+                        cc, ro, adv, policy, reference, TRAIN_CONTEXT[ctx], dists, name=cc.scheme
+                    )
+                loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
+                gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+                grads[(scheme, ctx)].append(
+                    torch.cat(
+                        [(x if x is not None else torch.zeros_like(p)).flatten() for x, p in zip(gs, params)]
+                    )
                 )
-            )
+            del logp, dists
         print(f"batch {b + 1}/{args.batches}: reward {rewards[-1]:.3f}", flush=True)
 
     n = args.prompts_per_batch * args.group
