@@ -200,3 +200,15 @@ def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path
     err = capsys.readouterr().err.strip()
     assert "applies to masked models only" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_checkpoint_trained_under_a_reveal_order_samples_in_it(models, tmp_path):
+    for order in ("random", "confidence"):
+        out = tmp_path / order
+        cli_train(models, "masked", out, "dapo", [f"rollout.reveal_order={order}"], steps=1)
+        trained = load_policy(str(out / "checkpoints" / "step_000001" / "model"))
+        assert trained.config.reveal_order == order  # what eval, sample and credit-map will use
+    untouched = tmp_path / "default"
+    cli_train(models, "masked", untouched, "dapo", steps=1)
+    base = load_policy(f"masked:{models['masked']}").config.reveal_order
+    assert load_policy(str(untouched / "checkpoints" / "step_000001" / "model")).config.reveal_order == base

@@ -287,6 +287,10 @@ class Trainer:
             guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
             reveal_order=cfg.rollout.reveal_order,
         )  # fmt: skip
+        if cfg.rollout.reveal_order and hasattr(getattr(policy, "config", None), "reveal_order"):
+            # a masked prior trained under an order keeps it as its default: its checkpoints then sample
+            # (`eval`, `sample`, `credit-map`) the way they were trained
+            policy.config.reveal_order = cfg.rollout.reveal_order
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
