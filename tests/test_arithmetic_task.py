@@ -335,12 +335,18 @@ def tiny_policy(tok):
     return TextPolicy(model, tok, max_new_tokens=12)
 
 
-def test_evaluate_on_a_tiny_random_lm(tiny_policy):
+def test_evaluate_on_a_tiny_random_lm(tiny_policy, monkeypatch):
     task = get_task("arithmetic")
     prompts = task.load_prompts(task.default_eval_prompts())[:5]
     reward = build_reward("arithmetic:format=0.1")
     sampling = SamplingParams(max_new_tokens=12)
+    contexts = []  # teacher-forced passes: evaluation reads only the completions, so none
+    real = type(tiny_policy).logprobs
+    monkeypatch.setattr(type(tiny_policy), "logprobs", lambda self, ro, context="pos", dists=False: (
+        contexts.append(context) or real(self, ro, context, dists)))  # fmt: skip
     res = task.evaluate(tiny_policy, reward, prompts, 3, sampling, seed=7, prompts_per_batch=2)
+    assert contexts == []
+    monkeypatch.undo()
     assert {
         "accuracy",
         "pass_at_k",

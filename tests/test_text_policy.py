@@ -271,6 +271,36 @@ def test_recorded_logprobs_equal_teacher_forced(dirs, arch):
     assert (ro.logp["pos"] - ro.logp["neg"]).abs().max() > 0.05, "the two contexts really differ"
 
 
+def test_without_score_negative_the_neg_pass_is_skipped_and_scored_on_demand(chat, monkeypatch):
+    from t2i_gcpo.config import CreditConfig
+    from t2i_gcpo.train.credit import compute_weights
+
+    full = roll(chat, PROMPTS, 3)
+    scored = []
+    real = TextPolicy.logprobs
+
+    def counted(self, ro, context="pos", dists=False):
+        scored.append(context)
+        return real(self, ro, context, dists)
+
+    monkeypatch.setattr(TextPolicy, "logprobs", counted)
+    lean = roll(chat, PROMPTS, 3, sampling=dataclasses.replace(SAMPLING, score_negative=False))
+    assert scored == [] and set(lean.logp) == {"pos", "guided"}  # no teacher-forced pass at all
+    assert torch.equal(lean.tokens, full.tokens) and torch.equal(lean.mask, full.mask)
+    for ctx in ("pos", "guided"):
+        assert torch.equal(lean.logp[ctx], full.logp[ctx])
+    # a contrast scheme given such a rollout scores c⁻ itself: the same weights as from the recorded one
+    adv = torch.linspace(-1, 1, len(full))
+    cfg = CreditConfig(scheme="gcpo")
+    w_full = compute_weights(cfg, full, adv, chat, None, "pos")
+    w_lean = compute_weights(cfg, lean, adv, chat, None, "pos")
+    assert scored == ["neg"] and torch.allclose(w_lean, w_full, atol=1e-5)
+    assert not torch.allclose(w_full, torch.ones_like(w_full) * full.mask)  # gcpo weights, not uniform
+    # guided sampling samples from c⁻, so it records neg whatever the flag says
+    guided = dataclasses.replace(SAMPLING, guidance_scale=3.0, score_negative=False)
+    assert "neg" in roll(chat, PROMPTS, 2, sampling=guided).logp
+
+
 def test_guided_sampling_records_all_three_contexts(chat):
     s = dataclasses.replace(SAMPLING, guidance_scale=3.0)
     ro = roll(chat, PROMPTS, 2, sampling=s, negatives=[None, "wrong_answer"])

@@ -98,6 +98,9 @@ def test_a_cli_step_trains_the_lm_toward_positive_advantages(tiny_lm, tmp_path, 
     base = load_policy(f"text:{tiny_lm}").eval()
     trained = load_policy(str(out / "checkpoints" / "step_000001" / "model")).eval()  # found by its files
     ro = scored[0].rollout
+    # the sampler scores the negative context only for the scheme that reads it (the figure's gcpo
+    # column of a dapo / dgpo run scores it on demand, checked by the page below)
+    assert ("neg" in ro.logp) == (algo == "gcpo")
     with torch.no_grad():
         before, after = base.logprobs(ro, "pos"), trained.logprobs(ro, "pos")
     assert torch.allclose(before * ro.mask, ro.logp["pos"] * ro.mask, atol=1e-4), "recorded = recomputed"
@@ -118,7 +121,7 @@ def test_a_cli_step_trains_the_lm_toward_positive_advantages(tiny_lm, tmp_path, 
 
     page = (out / "credit_maps" / "step_000001.html").read_text()
     assert "first wrong step" in page and page.count("sample ") >= 4
-    assert cfg.credit.scheme in page and "uniform" in page
+    assert cfg.credit.scheme in page and "uniform" in page and "gcpo" in page
     assert "<iframe" in (out / "report.html").read_text()
 
 

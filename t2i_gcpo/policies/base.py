@@ -47,6 +47,10 @@ class SamplingParams:
     steps: int | None = None  # decoding steps (masked models); None = the adapter's default
     reveal_order: str | None = None  # masked models: "confidence" or "random"; None = the adapter's default
     max_new_tokens: int | None = None  # text: the length limit; None = the adapter's default
+    # text without guidance: score the completions under c⁻ after sampling (one teacher-forced pass over
+    # every token, at large batch as costly as the sampling); False where nothing reads logp["neg"]
+    # (held-out evaluation, schemes without a contrast): the rollout then has no "neg" entry
+    score_negative: bool = True
 
 
 @dataclass

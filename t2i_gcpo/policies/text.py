@@ -37,6 +37,9 @@ at B rows (it is latency-bound, T sequential steps), the extra forward is one pa
 prefill-shaped pass, and no second cache is held during sampling. With guidance (s ≠ 1) the negative
 logits are needed at every step, so the batch is doubled [c⁺ rows; c⁻ rows] (one cache, both halves
 fed the same sampled token) and pos / neg / guided come from the sampler, as in the image adapters.
+At batch 128 that pass costs about as much as the sampling itself (both are bound by the same matmuls), so
+a rollout sampled with ``SamplingParams.score_negative=False`` skips it and has no "neg" entry: the
+trainer asks for it only when its credit scheme reads the contrast, held-out evaluation never.
 
 Logits are the model's own: the output embedding on the backbone's last hidden state, then the
 model's ``logit_scale`` (Cohere) or ``final_logit_softcapping`` (Gemma 2/3) if it has them; in float32.
@@ -430,7 +433,9 @@ class TextPolicy(nn.Module):
             max_len=steps,
             state={"prompt_ids": pos_ids, "negative_ids": neg_ids},
         )
-        if not guided:  # score the completions under c⁻: one teacher-forced batched forward
+        if not guided and not sampling.score_negative:
+            del ro.logp["neg"]  # zeros from the sampler: nothing reads it (SamplingParams.score_negative)
+        elif not guided:  # score the completions under c⁻: one teacher-forced batched forward
             with self._eval_mode():
                 ro.logp["neg"] = torch.cat(
                     [

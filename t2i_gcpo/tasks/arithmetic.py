@@ -43,6 +43,7 @@ length; through the shared loop (tasks/loop.py), each prompt seeded by (seed, "e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,6 +294,7 @@ class ArithmeticTask:
         """
         if self.tokenizer is None:
             self.tokenizer = getattr(policy, "tokenizer", None)
+        sampling = dataclasses.replace(sampling, score_negative=False)  # only the completions are scored
         rank = accelerator.process_index if accelerator else 0
         world = accelerator.num_processes if accelerator else 1
         mine = list(range(rank, len(prompts), world))

@@ -25,6 +25,12 @@ def scheme_options(credit_cfg: Any, name: str) -> dict[str, Any]:
     return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
 
 
+def reads_recorded_contrast(credit_cfg: Any) -> bool:
+    """Whether the configured scheme reads the rollout's recorded pos / neg log-probs: the trainer then
+    asks the sampler to score the negative context (`SamplingParams.score_negative`)."""
+    return "contrast" in get_scheme(credit_cfg.scheme).needs and credit_cfg.contrast == "recorded"
+
+
 def no_grad_dists(model: Any, ro: Rollout, context: str) -> Any:
     """Full distributions of `model` (policy or reference) for the rollout, chunked, no gradient."""
     with torch.no_grad():
@@ -48,6 +54,10 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
                     unwrap(policy)(ro, context="neg"),
                 )
         else:  # equal to the above with one update epoch, and free: the sampler recorded them
+            # sampled without it (a run whose own scheme reads no contrast, drawing this one): score it now
+            if "neg" not in ro.logp:
+                with torch.no_grad():
+                    ro.logp["neg"] = unwrap(policy)(ro, context="neg")
             inp.logp_pos, inp.logp_neg = ro.logp["pos"], ro.logp["neg"]
     if "dists" in needs:
         inp.dists = (lambda: dists) if dists is not None else (lambda: no_grad_dists(policy, ro, context))

@@ -36,7 +36,7 @@ from t2i_gcpo.train.checkpoint import (
     mark_finished,
     save_checkpoint,
 )
-from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, reads_recorded_contrast
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import (
     full_optimizer_state_dict,
@@ -285,7 +285,7 @@ class Trainer:
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
             guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
             guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-            reveal_order=cfg.rollout.reveal_order,
+            reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
         )  # fmt: skip
         if cfg.rollout.reveal_order and hasattr(getattr(policy, "config", None), "reveal_order"):
             # a masked prior trained under an order keeps it as its default: its checkpoints then sample
