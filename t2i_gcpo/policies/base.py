@@ -48,7 +48,7 @@ class SamplingParams:
     reveal_order: str | None = None  # masked models: "confidence" or "random"; None = the adapter's default
     max_new_tokens: int | None = None  # text: the length limit; None = the adapter's default
     # text without guidance: score the completions under c⁻ after sampling (one teacher-forced pass over
-    # every token, at large batch as costly as the sampling); False where nothing reads logp["neg"]
+    # every token: a third of the rollout at batch 128); False where nothing reads logp["neg"]
     # (held-out evaluation, schemes without a contrast): the rollout then has no "neg" entry
     score_negative: bool = True
 

@@ -37,7 +37,8 @@ at B rows (it is latency-bound, T sequential steps), the extra forward is one pa
 prefill-shaped pass, and no second cache is held during sampling. With guidance (s ≠ 1) the negative
 logits are needed at every step, so the batch is doubled [c⁺ rows; c⁻ rows] (one cache, both halves
 fed the same sampled token) and pos / neg / guided come from the sampler, as in the image adapters.
-At batch 128 that pass costs about as much as the sampling itself (both are bound by the same matmuls), so
+At batch 128 that pass is about a third of the rollout (as many token-positions as the sampling, bound by
+the same matmuls; benchmarks' text_vs_generate), so
 a rollout sampled with ``SamplingParams.score_negative=False`` skips it and has no "neg" entry: the
 trainer asks for it only when its credit scheme reads the contrast, held-out evaluation never.
 
