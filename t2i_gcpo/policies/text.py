@@ -38,9 +38,9 @@ prefill-shaped pass, and no second cache is held during sampling. With guidance 
 logits are needed at every step, so the batch is doubled [c⁺ rows; c⁻ rows] (one cache, both halves
 fed the same sampled token) and pos / neg / guided come from the sampler, as in the image adapters.
 At batch 128 that pass is about a third of the rollout (as many token-positions as the sampling, bound by
-the same matmuls; benchmarks' text_vs_generate), so
-a rollout sampled with ``SamplingParams.score_negative=False`` skips it and has no "neg" entry: the
-trainer asks for it only when its credit scheme reads the contrast, held-out evaluation never.
+the same matmuls; benchmarks' text_vs_generate), so a rollout sampled with
+``SamplingParams.score_negative=False`` skips it and has no "neg" entry: the trainer asks for it only
+when its credit scheme reads the contrast, held-out evaluation never.
 
 Logits are the model's own: the output embedding on the backbone's last hidden state, then the
 model's ``logit_scale`` (Cohere) or ``final_logit_softcapping`` (Gemma 2/3) if it has them; in float32.
@@ -427,16 +427,15 @@ class TextPolicy(nn.Module):
             tokens=tokens,
             mask=mask,
             step=torch.arange(width, device=tokens.device).expand(len(rows), -1),
-            logp={"pos": lp_pos, "neg": lp_neg, "guided": lp_guided},
+            # unguided, the sampler's neg row is zeros: c⁻ is only scored, below, where it is asked for
+            logp={"pos": lp_pos, "guided": lp_guided, **({"neg": lp_neg} if guided else {})},
             prompts=rows,
             group_size=group_size,
             sampling=sampling,
             max_len=steps,
             state={"prompt_ids": pos_ids, "negative_ids": neg_ids},
         )
-        if not guided and not sampling.score_negative:
-            del ro.logp["neg"]  # zeros from the sampler: nothing reads it (SamplingParams.score_negative)
-        elif not guided:  # score the completions under c⁻: one teacher-forced batched forward
+        if not guided and sampling.score_negative:  # score the completions under c⁻: one batched forward
             with self._eval_mode():
                 ro.logp["neg"] = torch.cat(
                     [

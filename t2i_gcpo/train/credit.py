@@ -47,18 +47,14 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     layout = getattr(unwrap(policy), "layout", None)
     inp = CreditInputs(mask=ro.mask, step=ro.step, layout=layout.grid if layout is not None else None)
     if "contrast" in needs:
-        if credit_cfg.contrast == "recompute":  # official code: both contexts re-scored by the current policy
-            with torch.no_grad():
-                inp.logp_pos, inp.logp_neg = (
-                    unwrap(policy)(ro, context="pos"),
-                    unwrap(policy)(ro, context="neg"),
-                )
-        else:  # equal to the above with one update epoch, and free: the sampler recorded them
-            # sampled without it (a run whose own scheme reads no contrast, drawing this one): score it now
-            if "neg" not in ro.logp:
-                with torch.no_grad():
-                    ro.logp["neg"] = unwrap(policy)(ro, context="neg")
-            inp.logp_pos, inp.logp_neg = ro.logp["pos"], ro.logp["neg"]
+        # "recorded": the sampler's log-probs, equal to re-scoring with one update epoch, and free; a context
+        # the rollout lacks (text sampled without c⁻ for a scheme that reads no contrast, its figure drawing
+        # this one) is scored now, as "recompute" (the official code) scores both
+        recorded = {} if credit_cfg.contrast == "recompute" else ro.logp
+        with torch.no_grad():
+            inp.logp_pos, inp.logp_neg = (
+                recorded[c] if c in recorded else unwrap(policy)(ro, context=c) for c in ("pos", "neg")
+            )
     if "dists" in needs:
         inp.dists = (lambda: dists) if dists is not None else (lambda: no_grad_dists(policy, ro, context))
     if "ref_dists" in needs:
