@@ -89,14 +89,19 @@ def timed(fn: Callable[[], Any], ctx: Context) -> tuple[float, Any]:
 
 
 def race(
-    ours: Callable[[int], Any], generate: Callable[[int], Any], repeats: int, ctx: Context
+    ours: Callable[[int], Any],
+    generate: Callable[[int], Any],
+    repeats: int,
+    ctx: Context,
+    **variants: Callable[[int], Any],
 ) -> dict[str, float]:
-    """Best-of-`repeats` seconds of our sampler and of transformers' `generate`, after one warm-up call
-    each, the two interleaved (a slow spell of the machine hits both); each call gets its repeat index
-    as its seed."""
-    best = {"ours": float("inf"), "generate": float("inf")}
+    """Best-of-`repeats` seconds of our sampler and of transformers' `generate` (and of any named
+    `variants` of ours), after one warm-up call each, all interleaved (a slow spell of the machine hits
+    every one); each call gets its repeat index as its seed."""
+    runners = {"ours": ours, "generate": generate, **variants}
+    best = dict.fromkeys(runners, float("inf"))
     for r in range(repeats + 1):  # r = 0: warm-up
-        for name, fn in (("ours", ours), ("generate", generate)):
+        for name, fn in runners.items():
             s, _ = timed(lambda fn=fn, r=r: fn(r), ctx)
             if r:
                 best[name] = min(best[name], s)

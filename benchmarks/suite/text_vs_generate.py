@@ -8,8 +8,7 @@ min_new_tokens=NEW, top_k=0, top_p=1, temperature=1)`` on the same left-padded p
 default dynamic KV cache). Ours also records three log-probs per token: pos and guided from the
 sampler, neg (the empty-question context) from one teacher-forced forward after sampling;
 ``generate`` records none. Also ours without the neg pass (``score_negative=False``, pos and guided
-only), raced against ``generate`` the same way. One warm-up each, then best of the repeats, the two
-interleaved.
+only), in the same race. One warm-up each, then best of the repeats, the three interleaved.
 """
 
 from __future__ import annotations
@@ -66,9 +65,9 @@ def run(ctx: Context) -> dict:
                                         pad_token_id=policy.pad_id)  # fmt: skip
             assert out.shape[1] - ids.shape[1] == NEW
 
-        row = race_row(batch, race(ours, theirs, repeats, ctx), batch * NEW, "tps")
-        lean_best = race(ours_lean, theirs, repeats, ctx)
-        row["lean_s"], row["lean_speed_ratio"] = lean_best["ours"], lean_best["generate"] / lean_best["ours"]
+        best = race(ours, theirs, repeats, ctx, lean=ours_lean)
+        row = race_row(batch, best, batch * NEW, "tps")
+        row["lean_s"], row["lean_speed_ratio"] = best["lean"], best["generate"] / best["lean"]
         rows.append(row)
     ratios = [r["speed_ratio"] for r in rows]
     lean_ratios = [r["lean_speed_ratio"] for r in rows]
