@@ -51,6 +51,9 @@ class SamplingParams:
     # every token: a third of the rollout at batch 128); False where nothing reads logp["neg"]
     # (held-out evaluation, schemes without a contrast): the rollout then has no "neg" entry
     score_negative: bool = True
+    # "bf16": sample under torch.autocast in bfloat16 (the matmuls and KV caches; the sample step and the
+    # recorded log-probs stay float32). Faster only where the hardware has native bf16
+    autocast: str = "none"
 
 
 @dataclass

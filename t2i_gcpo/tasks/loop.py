@@ -9,6 +9,7 @@ number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -49,11 +50,21 @@ class Scored:
     seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward" (decode + score)
 
 
+def sampler_precision(policy: Policy, sampling: SamplingParams) -> Any:
+    """The context a rollout runs in: bfloat16 autocast for `sampling.autocast == "bf16"`, else none."""
+    if sampling.autocast == "none":
+        return contextlib.nullcontext()
+    if sampling.autocast != "bf16":
+        raise ValueError(f"sampling.autocast must be 'none' or 'bf16', got {sampling.autocast!r}")
+    return torch.autocast(policy.device.type, dtype=torch.bfloat16)
+
+
 @torch.no_grad()
 def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
                       generators: Sequence[torch.Generator]) -> tuple[Rollout, Any]:  # fmt: skip
     """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] or B strings)."""
-    ro = policy.rollout(list(prompts), group_size, sampling, generators)
+    with sampler_precision(policy, sampling):
+        ro = policy.rollout(list(prompts), group_size, sampling, generators)
     return ro, policy.decode(ro)
 
 
@@ -62,7 +73,8 @@ def sample_and_score(policy: Policy, reward: Any, prompts: Sequence[PromptRecord
                      sampling: SamplingParams, generators: Sequence[torch.Generator]) -> Scored:  # fmt: skip
     """Sample a group per prompt, decode, and score (a failing or NaN reward raises RewardError)."""
     tic = time.perf_counter()
-    ro = policy.rollout(list(prompts), group_size, sampling, generators)
+    with sampler_precision(policy, sampling):
+        ro = policy.rollout(list(prompts), group_size, sampling, generators)
     mid = time.perf_counter()
     outputs = policy.decode(ro)  # decode counts as reward time (it only serves the reward)
     reward_out = call_reward(reward, outputs, ro.texts, [p.meta for p in ro.prompts])

@@ -220,7 +220,7 @@ def train_step(t: Trainer, step: int) -> dict:
 
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
     """optim.autocast=bf16: the update's forward passes under bfloat16 autocast (a no-op otherwise).
-    Rollouts stay in the weights' dtype: KV caches are allocated in it."""
+    Rollouts follow rollout.autocast (tasks/loop.py `sampler_precision`)."""
     return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16")
 
 
@@ -286,6 +286,7 @@ class Trainer:
             guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
             guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
             reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
+            autocast=cfg.rollout.autocast,
         )  # fmt: skip
         if cfg.rollout.reveal_order and hasattr(getattr(policy, "config", None), "reveal_order"):
             # a masked prior trained under an order keeps it as its default: its checkpoints then sample
