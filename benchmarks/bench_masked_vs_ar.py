@@ -26,7 +26,7 @@ import torch
 
 from t2i_gcpo.policies.base import PromptRecord
 from t2i_gcpo.policies.registry import load_policy
-from t2i_gcpo.tasks.loop import group_generators
+from t2i_gcpo.tasks.loop import group_generators, sampler_precision
 from t2i_gcpo.worlds.shapeworld import make_splits
 
 PROMPT = "a photo of a red circle and a blue square"
@@ -49,12 +49,14 @@ def time_rollouts(configs, batch: int, group: int, repeats: int) -> dict[str, fl
     best = {label: float("inf") for label, _, _ in configs}
     with torch.no_grad():
         for _, policy, sampling in configs:  # warm-up
-            policy.rollout(prompts[:1], 2, sampling, group_generators(0, "bench", range(1)))
+            with sampler_precision(policy, sampling):
+                policy.rollout(prompts[:1], 2, sampling, group_generators(0, "bench", range(1)))
         for r in range(repeats):
             for label, policy, sampling in configs:
                 gens = group_generators(r, "bench", range(len(prompts)))
                 t = time.perf_counter()
-                policy.rollout(prompts, group, sampling, gens)
+                with sampler_precision(policy, sampling):  # sampling.autocast="bf16": the bf16 sampler
+                    policy.rollout(prompts, group, sampling, gens)
                 if policy.device.type == "cuda":
                     torch.cuda.synchronize()
                 best[label] = min(best[label], time.perf_counter() - t)

@@ -24,7 +24,7 @@ class Context:
     quick: bool = False
     threads: int = 2
     device: str = "cpu"
-    run: str | None = None  # --run: a training run's directory (section progress)
+    run: str | None = None  # --progress-run: a training run's directory (section progress)
     previous: dict[str, Any] = field(default_factory=dict)  # sections of the existing JSON
     results: dict[str, Any] = field(default_factory=dict)  # sections measured in this run
     _peak: float | None = None
@@ -242,6 +242,14 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def native_bf16(device: str) -> bool:
+    """Whether bf16 matmuls run natively here (CUDA: the GPU says; CPU: avx512_bf16 or amx_bf16). Where
+    they do not, torch emulates them ~100× slower than fp32, so bf16 variants are not timed."""
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def cpu_flags() -> set[str]:

@@ -1,7 +1,7 @@
 """Section `progress`: how a step's cost grows with training, read from a real run.
 
 As the reward rises, more groups score the same for every sample and dynamic sampling has to draw more
-groups for the same batch. This section reads a finished run's metrics.jsonl (``--run DIR``; default:
+groups for the same batch. This section reads a finished run's metrics.jsonl (``--progress-run DIR``; default:
 the newest ``runs/gcpo-*`` or ``runs/dapo-*`` directory with at least 150 steps, e.g. the README's
 default ``t2i-gcpo train --prompts prompts/shapeworld_train.txt``) and compares the median step time
 of the first 50 steps with that of the last 50, with what the steps drew, kept and carried. Target: a
@@ -57,7 +57,7 @@ def run(ctx: Context) -> dict:
     rows = train_rows(found) if found else []
     if len(rows) < 2 * WINDOW:  # nothing to read: say how to get it, measure nothing
         note = (
-            f"Not measured: this section reads a run of ≥ {2 * WINDOW} steps. Give --run DIR, or first run "
+            f"Not measured: this section reads a run of ≥ {2 * WINDOW} steps. Give --progress-run DIR, or first run "
             "`t2i-gcpo train --prompts prompts/shapeworld_train.txt` (the README's default run)."
         )
         return {"title": TITLE, "timing": "—", "columns": [("steps", "steps")], "rows": [],

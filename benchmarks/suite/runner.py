@@ -48,9 +48,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
     ap.add_argument(
-        "--run",
+        "--progress-run",
+        dest="run",
+        metavar="DIR",
         default=None,
-        help="section progress: a training run's directory (default: the newest long runs/gcpo-*)",
+        help="section progress: the training run it reads (default: the newest long runs/gcpo-*); it selects "
+        "no section (--only does)",
     )
     ap.add_argument(
         "--json", type=Path, default=JSON_PATH, help=f"results JSON (default {JSON_PATH.relative_to(REPO)})"

@@ -16,9 +16,11 @@ transformers' layers and StaticCache at the largest batch (benchmarks/bench_samp
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.bench_masked_vs_ar import time_rollouts
 from benchmarks.bench_sampler import time_generate
-from benchmarks.suite.common import Context, linear_params
+from benchmarks.suite.common import Context, linear_params, native_bf16
 from benchmarks.suite.flops import Shape, ar_sampling_flops, masked_sampling_flops
 
 TITLE = "Samplers: images/s and FLOP/s (`samplers`)"
@@ -50,6 +52,8 @@ def run(ctx: Context) -> dict:
         ("AR (KV cache)", ar, ar.default_sampling()),
         (f"masked ({masked.resolve_steps(ms)} steps)", masked, ms),
     ]
+    if native_bf16(ctx.device):  # rollout.autocast=bf16 (emulated bf16 would take minutes: not timed)
+        configs += [(f"{label}, bf16", p, replace(s, autocast="bf16")) for label, p, s in configs]
     batches = ctx.pick([16, 32], [16, 64, 128])
     repeats = ctx.pick(2, 3)
     peak = ctx.fp32_peak()
@@ -69,6 +73,11 @@ def run(ctx: Context) -> dict:
     a_hi, m_hi, a_lo = by[(a_label, hi)], by[(m_label, hi)], by[(a_label, lo)]
     params = {label: shape_of(p).params for label, p, _ in configs}
     flops_ratio = rollout_flops(masked, ms, 1) / rollout_flops(ar, configs[0][2], 1)
+    low = [
+        f"{label} {by[(label + ', bf16', hi)]['images_per_s'] / by[(label, hi)]['images_per_s']:.2f}×"
+        for label in (a_label, m_label)
+        if (label + ", bf16", hi) in by
+    ]
     reading = (
         f"At batch {hi} the AR sampler makes {a_hi['images_per_s']:.0f} images/s and the masked sampler "
         f"{m_hi['images_per_s']:.0f} ({m_hi['images_per_s'] / a_hi['images_per_s']:.1f}× the AR rate), at "
@@ -89,10 +98,17 @@ def run(ctx: Context) -> dict:
             if m_hi["peak_pct"] > a_hi["peak_pct"]
             else "here reach no larger share of the peak."
         )
+        + (
+            f" Sampling under bf16 autocast (`rollout.autocast=bf16`: bf16 matmuls and KV cache, fp32 sample "
+            f"step and log-probs) changes the rate at batch {hi} by: {', '.join(low)} (FLOP/s of the bf16 rows "
+            f"are still given as a share of the fp32 peak)."
+            if low
+            else ""
+        )
     )
     return {
         "title": TITLE,
-        "timing": f"best of {repeats} rollouts after one warm-up, the two samplers interleaved",
+        "timing": f"best of {repeats} rollouts after one warm-up, the samplers interleaved",
         "columns": [
             ("sampler", "sampler"),
             ("batch", "images"),
