@@ -182,6 +182,8 @@ def test_seeds_are_a_count_or_a_list():
     for bad in ("0", "-1", "", "x", "1.5", "1,x", "1,-2", "1,1", ",", "²"):
         with pytest.raises(UserError, match="--seeds"):
             parse_seeds(bad)
+    with pytest.raises(UserError, match="seed 0 alone: '0,'"):  # the one count that reads like a seed
+        parse_seeds("0")
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,10 @@ def parse_seeds(text: str) -> list[int]:
     items = [x.strip() for x in text.split(",")]
     if "," not in text:
         if not items[0].isdecimal() or int(items[0]) < 1:
-            raise UserError(f"--seeds expects a count ≥ 1 or a comma-separated list of seeds, got '{text}'")
+            hint = f" (seed {items[0]} alone: '{items[0]},')" if items[0].isdecimal() else ""
+            raise UserError(
+                f"--seeds expects a count ≥ 1 or a comma-separated list of seeds, got '{text}'{hint}"
+            )
         return list(range(int(items[0])))
     seeds = [x for x in items if x]
     if not seeds or not all(x.isdecimal() for x in seeds):
