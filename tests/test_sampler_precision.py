@@ -61,6 +61,23 @@ def test_fused_decoder_under_autocast_runs_in_bf16_and_stays_close():
     err = (got - want).abs().max().item()
     assert 0 < err < 0.05 * want.abs().max().item(), err  # rounded, but only by bf16's 8 mantissa bits
 
+    # rows left-padded as the text adapter passes them (positions and key mask): the same agreement
+    keep = torch.ones(4, 16, dtype=torch.bool)
+    keep[0, :3] = keep[2, :1] = False
+    pos = (keep.long().cumsum(-1) - 1).clamp(min=0)
+
+    def decode_padded(dec):
+        first = dec.forward(seq[:, :6], 0, positions=pos[:, :6], key_mask=keep[:, :6])
+        rest = [dec.forward(seq[:, t : t + 1], t, pos[:, t : t + 1], keep[:, : t + 1]) for t in range(6, 16)]
+        return torch.stack([first, *rest], 1)
+
+    with torch.no_grad():
+        want = decode_padded(FusedLlamaDecoder(llama, rows=4, max_len=16))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = decode_padded(FusedLlamaDecoder(llama, rows=4, max_len=16))
+    err = (got - want).abs().max().item()
+    assert torch.isfinite(got).all() and 0 < err < 0.05 * want.abs().max().item(), err
+
 
 def test_sampler_precision_is_a_no_op_by_default_and_rejects_unknown_values():
     class NoDevice:  # the "none" path needs nothing from the policy (test doubles have no device)
