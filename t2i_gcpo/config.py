@@ -70,13 +70,14 @@ class RolloutConfig:
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
-    autocast: Literal["none", "bf16"] = doc(
+    autocast: Literal["auto", "none", "bf16"] = doc(
         "Sample (training rollouts and held-out evaluation) under torch.autocast in bfloat16: the "
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
-        "Faster only where the hardware has native bf16 (see optim.autocast); the update then sees "
-        "log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 recomputation on the "
-        "ShapeWorld prior).",
-        "none",
+        "'auto': bf16 where the hardware has native bf16 (see optim.autocast), else none; the run's "
+        "config.yaml records what it resolved to. The update then sees log-probs recorded in bf16 (a mean "
+        "|Δ log p| of 0.002 against its float32 recomputation on the ShapeWorld prior); 5 seeds each of "
+        "DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
+        "auto",
     )
 
 
@@ -192,13 +193,13 @@ class OptimConfig:
         "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
     )
     minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
-    autocast: Literal["none", "bf16"] = doc(
+    autocast: Literal["auto", "none", "bf16"] = doc(
         "Run the update's forward passes under torch.autocast in bfloat16 (log-probs and the loss stay "
-        "float32; rollouts run in the weights' dtype, model_options.dtype for real checkpoints). Faster "
-        "only where the hardware has native bf16 (CUDA since Ampere, CPUs with AMX or avx512_bf16: "
-        "`python -m benchmarks --only peak` says); on a CPU without it bf16 matmuls are emulated (0.007× "
-        "the fp32 rate on the 2-core test machine, 2026-11-23), hence the default.",
-        "none",
+        "float32; rollouts follow rollout.autocast, in the weights' dtype otherwise: model_options.dtype "
+        "for real checkpoints). 'auto': bf16 where the hardware has native bf16 (CUDA since Ampere, CPUs "
+        "with AMX or avx512_bf16: `python -m benchmarks --only peak` says), else none — on a CPU without "
+        "it bf16 matmuls are emulated, 0.007× the fp32 rate (the 2-core test machine, 2026-11-23).",
+        "auto",
     )
 
 

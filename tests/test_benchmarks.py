@@ -128,3 +128,50 @@ def test_gradient_snr_arithmetic_oracle_is_the_first_wrong_step_and_uniform_when
     target = oracle_target(SimpleNamespace(name="arithmetic", tokenizer=tok), ro, details)
     assert target[0].nonzero().flatten().tolist() == list(range(7, 14))  # "2+12=15", one token a character
     assert target[1].all()  # a correct solution: uniform
+
+
+def _fake_comparison(root: Path, finals: dict[str, dict[int, float]], start: float, autocast: str) -> None:
+    """A finished `compare` output: per run config.yaml (written at `start` + 100·k s), 3 steps of 10 s
+    each in metrics.jsonl, eval.json with the final score (written 60 s after its config.yaml)."""
+    import os
+
+    import yaml
+
+    k = 0
+    for algo, seeds in finals.items():
+        for seed, score in seeds.items():
+            run = root / algo / f"seed{seed}"
+            run.mkdir(parents=True)
+            cfg = {"rollout": {"autocast": autocast}, "optim": {"autocast": autocast}}
+            (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+            rows = [{"step": 0, "eval/strict/overall": 0.5}] + [
+                {"step": s, "time/step": 10.0} for s in (1, 2, 3)
+            ]
+            (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+            (run / "eval.json").write_text(json.dumps({"eval/strict/overall": score}))
+            os.utime(run / "config.yaml", (start + 100 * k, start + 100 * k))
+            os.utime(run / "eval.json", (start + 100 * k + 60, start + 100 * k + 60))
+            k += 1
+
+
+def test_compare_cost_reads_times_and_pairs_final_scores_by_seed(tmp_path):
+    from benchmarks.suite import compare_cost
+    from benchmarks.suite.common import Context
+
+    fast = {"dapo": {0: 0.70, 1: 0.72, 2: 0.74}, "gcpo": {0: 0.71, 1: 0.70, 2: 0.75}}
+    ref = {"dapo": {0: 0.69, 1: 0.70, 2: 0.72}, "gcpo": {0: 0.72, 1: 0.69, 2: 0.74}}
+    _fake_comparison(tmp_path / "fast", fast, 1000.0, "bf16")
+    _fake_comparison(tmp_path / "ref", ref, 0.0, "none")
+    ctx = Context(compare_dir=str(tmp_path / "fast"), compare_reference=str(tmp_path / "ref"))
+    out = compare_cost.run(ctx)
+    by = {r["algo"]: r for r in out["rows"]}
+    assert by["dapo"]["runs"] == 3 and by["dapo"]["train_min"] == pytest.approx(0.5)  # 3 × 10 s
+    assert by["dapo"]["wall_min"] == pytest.approx(1.0)  # 60 s from config.yaml to eval.json
+    assert out["summary"]["total_min"] == pytest.approx((500 + 60) / 60)  # 6 runs, 100 s apart, last + 60 s
+    assert by["dapo"]["paired_diff"] == pytest.approx(0.05 / 3)  # (0.01 + 0.02 + 0.02) / 3
+    assert by["gcpo"]["paired_diff"] == pytest.approx(0.01 / 3)  # (−0.01 + 0.01 + 0.01) / 3
+    assert by["dapo"]["ci_low"] < by["dapo"]["paired_diff"] < by["dapo"]["ci_high"]
+    assert "met" in out["reading"] and "rollout.autocast bf16" in out["reading"]
+    assert compare_cost.run(Context()) is None  # nothing given: the earlier result is kept
+    with pytest.raises(SystemExit, match="no finished runs"):
+        compare_cost.run(Context(compare_dir=str(tmp_path / "empty")))

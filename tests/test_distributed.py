@@ -55,7 +55,10 @@ def environment() -> dict[str, str]:
 
 
 def train(args: list[str], launch: list[str] | None = None) -> None:
-    """`t2i-gcpo train ARGS` in one plain process, or under `accelerate launch LAUNCH` in two."""
+    """`t2i-gcpo train ARGS` in one plain process, or under `accelerate launch LAUNCH` in two (in float32:
+    bf16 rounds by batch shape, and 1 process ≡ 2 processes is asserted to float32 tolerances)."""
+    if "--resume" not in args:  # a resumed run keeps its saved config
+        args = [*args, "--set", "rollout.autocast=none", "--set", "optim.autocast=none"]
     if launch is None:
         cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", *args]
     else:

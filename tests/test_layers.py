@@ -37,6 +37,7 @@ LAYERS = {
     "t2i_gcpo.core": 0,
     "t2i_gcpo.errors": 0,
     "t2i_gcpo.metrics": 0,
+    "t2i_gcpo.hardware": 0,  # what the device does natively (bf16), for training and pretraining defaults
     "t2i_gcpo": 0,  # the package __init__ (version string)
 }
 FLOOR = {"t2i_gcpo.errors", "t2i_gcpo"}

@@ -30,8 +30,11 @@ from t2i_gcpo.train.credit import compute_weights
 
 from train_fixtures import PROMPTS, write_prompt_file
 
+# float32 whatever the machine ('auto' picks bf16 where native): recorded ≡ replayed log-probs is
+# asserted to float32 tolerances (tests/test_sampler_precision.py covers bf16)
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "rollout.steps=4",
-        "sample_every=1", "save_every=1", "eval_every=-1"]  # fmt: skip
+        "sample_every=1", "save_every=1", "eval_every=-1",
+        "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
 
 
 def tiny_masked_dir(root) -> str:

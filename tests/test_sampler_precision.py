@@ -176,3 +176,42 @@ def test_trainer_samples_with_rollout_autocast(tmp_path, monkeypatch):
     assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2]  # step 0: the base model's evaluation
     assert seen and set(seen) == {"bf16"}, seen
     assert job.eval_prompts and (tmp_path / "run" / "eval.json").is_file()  # held-out evaluation ran
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_path, monkeypatch, native):
+    """The default 'auto' resolves per machine (bf16 where the device multiplies bf16 natively, else
+    none) before config.yaml is written, so the run directory says what ran and a resume keeps it;
+    explicit values are left alone."""
+    import yaml
+
+    import t2i_gcpo.hardware as hardware
+    from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.train.trainer import resolve_autocast
+
+    monkeypatch.setattr(hardware, "native_bf16", lambda device_type: native)
+    cfg = TrainConfig()
+    assert cfg.rollout.autocast == cfg.optim.autocast == "auto"
+    resolve_autocast(cfg, "cpu")
+    want = "bf16" if native else "none"
+    assert cfg.rollout.autocast == cfg.optim.autocast == want
+    cfg = TrainConfig()
+    cfg.rollout.autocast, cfg.optim.autocast = "none", "bf16"
+    resolve_autocast(cfg, "cpu")
+    assert (cfg.rollout.autocast, cfg.optim.autocast) == ("none", "bf16")
+
+    from t2i_gcpo.train.run import prepare, run
+
+    try:
+        from tests.train_fixtures import tiny_policy_dir, write_prompt_file
+    except ImportError:
+        from train_fixtures import tiny_policy_dir, write_prompt_file
+
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path / "m")),
+        reward="train_fixtures:redness", out=str(tmp_path / "run"), steps=1, seed=0,
+    )  # fmt: skip
+    sets = ("rollout.prompts_per_step=2", "rollout.group_size=4", "eval_every=-1", "sample_every=0")
+    run(prepare(algo="dapo", flags=flags, overrides=sets))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["rollout"]["autocast"] == saved["optim"]["autocast"] == want

@@ -22,8 +22,11 @@ from t2i_gcpo.core.losses import policy_loss
 from t2i_gcpo.policies.registry import load_policy
 from t2i_gcpo.train.credit import compute_weights
 
+# float32 whatever the machine ('auto' picks bf16 where native): recorded ≡ replayed log-probs is
+# asserted to float32 tolerances (tests/test_sampler_precision.py covers bf16)
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16",
-        "sample_every=1", "save_every=1", "eval_every=-1"]  # fmt: skip
+        "sample_every=1", "save_every=1", "eval_every=-1",
+        "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
 # lengths vary between random completions, so the overlong penalty gives every group signal
 REWARD = "arithmetic:overlong=16/12"
 

@@ -2,4 +2,13 @@
 ``run(ctx) -> dict`` (rows, columns, timing, summary, reading); common.py holds what they share,
 flops.py the FLOP counts, report.py the JSON and markdown writers, runner.py the command."""
 
-SECTIONS = ["peak", "samplers", "text_vs_generate", "janus_vs_generate", "rl_step", "scaling", "progress"]
+SECTIONS = [
+    "peak",
+    "samplers",
+    "text_vs_generate",
+    "janus_vs_generate",
+    "rl_step",
+    "scaling",
+    "progress",
+    "compare_cost",
+]

@@ -25,6 +25,8 @@ class Context:
     threads: int = 2
     device: str = "cpu"
     run: str | None = None  # --progress-run: a training run's directory (section progress)
+    compare_dir: str | None = None  # --compare-dir: a finished `t2i-gcpo compare` output (compare_cost)
+    compare_reference: str | None = None  # --compare-reference: the same comparison run another way
     previous: dict[str, Any] = field(default_factory=dict)  # sections of the existing JSON
     results: dict[str, Any] = field(default_factory=dict)  # sections measured in this run
     _peak: float | None = None
@@ -242,25 +244,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def native_bf16(device: str) -> bool:
-    """Whether bf16 matmuls run natively here (CUDA: the GPU says; CPU: avx512_bf16 or amx_bf16). Where
-    they do not, torch emulates them ~100× slower than fp32, so bf16 variants are not timed."""
-    if device == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def machine(device: str, threads: int) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.suite.common import SLOW, Context, cpu_flags, matmul_seconds, plural
+from benchmarks.suite.common import SLOW, Context, matmul_seconds, plural
+from t2i_gcpo.hardware import cpu_flags
 
 TITLE = "Matmul peak (`peak`)"
 

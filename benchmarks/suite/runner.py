@@ -4,10 +4,13 @@
     python -m benchmarks --quick                 # smaller batches and repeats (≲ 4 min)
     python -m benchmarks --only rl_step,scaling  # re-measure these, keep the others' earlier results
     python -m benchmarks --threads 4 --device cuda
+    python -m benchmarks --only compare_cost --compare-dir runs/cmp5 --compare-reference runs/cmp5-fp32
 
 Results: benchmarks/results/suite.json and docs/performance.md (rewritten after every section, so an
 interrupted run keeps what it measured). Sections: peak, samplers, text_vs_generate, janus_vs_generate,
-rl_step, scaling (benchmarks/suite/<name>.py; each module's docstring says what it measures and how).
+rl_step, scaling, and two that read finished runs instead of timing anything: progress (one training run,
+--progress-run) and compare_cost (a `t2i-gcpo compare` output, --compare-dir, optionally paired against
+--compare-reference) (benchmarks/suite/<name>.py; each module's docstring says what it measures and how).
 """
 
 from __future__ import annotations
@@ -56,6 +59,20 @@ def parser() -> argparse.ArgumentParser:
         "no section (--only does)",
     )
     ap.add_argument(
+        "--compare-dir",
+        metavar="DIR",
+        default=None,
+        help="section compare_cost: a finished `t2i-gcpo compare` output (without it the section keeps its "
+        "earlier result)",
+    )
+    ap.add_argument(
+        "--compare-reference",
+        metavar="DIR",
+        default=None,
+        help="section compare_cost: the same comparison run another way (e.g. float32); final scores are "
+        "paired by seed against it",
+    )
+    ap.add_argument(
         "--json", type=Path, default=JSON_PATH, help=f"results JSON (default {JSON_PATH.relative_to(REPO)})"
     )
     ap.add_argument(
@@ -85,7 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["python", "-m", "benchmarks", *argv])
     existing = report.load(args.json)
     ctx = Context(
-        quick=args.quick, threads=args.threads, device=device, run=args.run, previous=existing["sections"]
+        quick=args.quick,
+        threads=args.threads,
+        device=device,
+        run=args.run,
+        previous=existing["sections"],
+        compare_dir=args.compare_dir,
+        compare_reference=args.compare_reference,
     )
     meta = {"command": command, "quick": args.quick, "machine": machine(device, args.threads)}
     print(
@@ -99,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
         tic = time.perf_counter()
         section = module.run(ctx)
         seconds = time.perf_counter() - tic
+        if section is None:  # the section had nothing to read: its earlier result stays
+            print(f"[{i}/{len(names)}] {name}: nothing to measure, earlier result kept", flush=True)
+            continue
         section["run"] = {"command": command, "date": meta["machine"]["date"], "quick": args.quick,
                           "threads": args.threads, "device": device, "seconds": seconds}  # fmt: skip
         ctx.results[name] = section

@@ -20,8 +20,9 @@ from dataclasses import replace
 
 from benchmarks.bench_masked_vs_ar import time_rollouts
 from benchmarks.bench_sampler import time_generate
-from benchmarks.suite.common import Context, linear_params, native_bf16
+from benchmarks.suite.common import Context, linear_params
 from benchmarks.suite.flops import Shape, ar_sampling_flops, masked_sampling_flops
+from t2i_gcpo.hardware import native_bf16
 
 TITLE = "Samplers: images/s and FLOP/s (`samplers`)"
 GROUP = 8

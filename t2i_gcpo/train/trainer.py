@@ -218,6 +218,16 @@ def train_step(t: Trainer, step: int) -> dict:
 # ============================================================================ helpers
 
 
+def resolve_autocast(cfg: TrainConfig, device_type: str) -> None:
+    """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
+    else 'none' (in place: the run's config.yaml then says what ran, and a resumed run keeps it)."""
+    from t2i_gcpo.hardware import native_bf16
+
+    for section in (cfg.rollout, cfg.optim):
+        if section.autocast == "auto":
+            section.autocast = "bf16" if native_bf16(device_type) else "none"
+
+
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
     """optim.autocast=bf16: the update's forward passes under bfloat16 autocast (a no-op otherwise).
     Rollouts follow rollout.autocast (tasks/loop.py `sampler_precision`)."""
@@ -280,6 +290,7 @@ class Trainer:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
+        resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu")  # before config.yaml is written
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
