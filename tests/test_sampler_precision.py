@@ -200,6 +200,13 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
     resolve_autocast(cfg, "cpu")
     assert (cfg.rollout.autocast, cfg.optim.autocast) == ("none", "bf16")
 
+    class Unchecked:  # a sampler not checked under bf16 (Janus, aMUSEd): 'auto' leaves it alone
+        bf16_sampling = False
+
+    cfg = TrainConfig()
+    resolve_autocast(cfg, "cpu", Unchecked())
+    assert (cfg.rollout.autocast, cfg.optim.autocast) == ("none", want)
+
     from t2i_gcpo.train.run import prepare, run
 
     try:

@@ -100,6 +100,7 @@ class AmusedPolicy(nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
 
     output = "image"
+    bf16_sampling = False  # rollout.autocast='auto' leaves diffusers' transformer in its dtype (not checked)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # AmusedPipeline: uncond_logits + s·(cond_logits − uncond_logits)
     DEFAULT_STEPS = 12  # AmusedPipeline num_inference_steps

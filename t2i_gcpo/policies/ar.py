@@ -87,6 +87,8 @@ class ARPolicy(nn.Module):
     """Text-conditioned Llama-style prior over VQ tokens plus its (frozen) VQ tokenizer."""
 
     output = "image"
+    # rollout.autocast='auto' samples in bf16 where native: checked to train as float32 does (5 seeds)
+    bf16_sampling = True
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # LlamaGen-style CFG on the logits
 

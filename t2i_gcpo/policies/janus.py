@@ -88,6 +88,9 @@ class JanusPolicy(nn.Module):
     """
 
     output = "image"
+    # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
+    # autocast fails on torch 2.15 (cache float32, keys bf16); rollout.autocast=bf16 asks for it anyway
+    bf16_sampling = False
     default_task = "geneval"
     guidance = "u + s(c − u)"  # transformers' Janus CFG: uncond + s·(cond − uncond)
     DEFAULT_GUIDANCE_SCALE = 5.0  # Janus-Pro paper and the GCPO recipe

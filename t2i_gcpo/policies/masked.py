@@ -95,6 +95,7 @@ class MaskedPolicy(nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
 
     output = "image"
+    bf16_sampling = True  # rollout.autocast='auto' samples in bf16 where native (its own transformer)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
 

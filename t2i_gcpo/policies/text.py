@@ -218,6 +218,12 @@ class TextPolicy(nn.Module):
             self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 
+    @property
+    def bf16_sampling(self) -> bool:
+        """Whether rollout.autocast='auto' samples in bf16 where native: through the fused decoder only
+        (transformers' StaticCache under CPU autocast fails on torch 2.15: cache float32, keys bf16)."""
+        return self.fused_sampler and supports(self.model.config)
+
     # ------------------------------------------------------------------ contexts
     @property
     def device(self) -> torch.device:

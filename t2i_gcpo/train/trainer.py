@@ -218,14 +218,19 @@ def train_step(t: Trainer, step: int) -> dict:
 # ============================================================================ helpers
 
 
-def resolve_autocast(cfg: TrainConfig, device_type: str) -> None:
+def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any = None) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
-    else 'none' (in place: the run's config.yaml then says what ran, and a resumed run keeps it)."""
+    else 'none'; the rollout only for a policy whose sampler declares bf16 support (`bf16_sampling`:
+    the ShapeWorld priors, the fused text decoder). In place: the run's config.yaml then says what ran,
+    and a resumed run keeps it."""
     from t2i_gcpo.hardware import native_bf16
 
-    for section in (cfg.rollout, cfg.optim):
-        if section.autocast == "auto":
-            section.autocast = "bf16" if native_bf16(device_type) else "none"
+    native = native_bf16(device_type)
+    if cfg.rollout.autocast == "auto":
+        sampler = bool(getattr(unwrap(policy), "bf16_sampling", False)) if policy is not None else True
+        cfg.rollout.autocast = "bf16" if native and sampler else "none"
+    if cfg.optim.autocast == "auto":
+        cfg.optim.autocast = "bf16" if native else "none"
 
 
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
@@ -290,7 +295,7 @@ class Trainer:
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
-        resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu")  # before config.yaml is written
+        resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
