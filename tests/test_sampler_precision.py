@@ -17,10 +17,21 @@ from t2i_gcpo.tasks.loop import group_generators, sample_and_decode, sampler_pre
 
 try:
     from tests.text_fixtures import build_tiny_text_lm
+    from tests.train_fixtures import tiny_policy_dir, write_prompt_file
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from text_fixtures import build_tiny_text_lm
 
+    from train_fixtures import tiny_policy_dir, write_prompt_file
+
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares"]
+
+
+def run_flags(tmp_path, reward: str, steps: int) -> dict:
+    """`train` flags for a tiny random prior and a small prompt file under `tmp_path`."""
+    return dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path / "m")),
+        reward=reward, out=str(tmp_path / "run"), steps=steps, seed=0,
+    )  # fmt: skip
 
 
 def _llama():
@@ -158,15 +169,7 @@ def test_trainer_samples_with_rollout_autocast(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "sampler_precision", spy)
 
-    try:
-        from tests.train_fixtures import tiny_policy_dir, write_prompt_file
-    except ImportError:
-        from train_fixtures import tiny_policy_dir, write_prompt_file
-
-    flags = dict(
-        prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path / "m")),
-        reward="shapeworld", out=str(tmp_path / "run"), steps=2, seed=0,
-    )  # fmt: skip
+    flags = run_flags(tmp_path, reward="shapeworld", steps=2)
     sets = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.autocast=bf16",
             "optim.autocast=bf16", "eval_every=2", "eval_images_per_prompt=1", "sample_every=0")  # fmt: skip
     job = prepare(algo="gcpo", flags=flags, overrides=sets)
@@ -209,15 +212,7 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
 
     from t2i_gcpo.train.run import prepare, run
 
-    try:
-        from tests.train_fixtures import tiny_policy_dir, write_prompt_file
-    except ImportError:
-        from train_fixtures import tiny_policy_dir, write_prompt_file
-
-    flags = dict(
-        prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path / "m")),
-        reward="train_fixtures:redness", out=str(tmp_path / "run"), steps=1, seed=0,
-    )  # fmt: skip
+    flags = run_flags(tmp_path, reward="train_fixtures:redness", steps=1)
     sets = ("rollout.prompts_per_step=2", "rollout.group_size=4", "eval_every=-1", "sample_every=0")
     run(prepare(algo="dapo", flags=flags, overrides=sets))
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
