@@ -75,9 +75,10 @@ class RolloutConfig:
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
         "checked for it (the ShapeWorld priors, the fused Llama text decoder; not Janus, aMUSEd or "
-        "transformers' cache), else none; the run's config.yaml records what it resolved to. The update then sees log-probs recorded in bf16 (a mean "
-        "|Δ log p| of 0.002 against its float32 recomputation on the ShapeWorld prior); 5 seeds each of "
-        "DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
+        "transformers' cache), else none; the run's config.yaml records what it resolved to. The update "
+        "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
+        "recomputation on the ShapeWorld prior); 5 seeds each of DAPO, GCPO and DGPO on ShapeWorld-32 "
+        "ended as the float32 runs did (docs/performance.md).",
         "auto",
     )
 

@@ -3,6 +3,8 @@ defaults, pretraining, the benchmarks)."""
 
 from __future__ import annotations
 
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPU features that multiply bf16 natively
+
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
@@ -24,4 +26,4 @@ def native_bf16(device_type: str) -> bool:
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return bool(BF16_CPU_FLAGS & cpu_flags())

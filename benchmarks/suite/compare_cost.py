@@ -35,14 +35,15 @@ def runs_of(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def final_score(run: Path) -> float | None:
-    from t2i_gcpo.eval.compare import HEADLINES
+    from t2i_gcpo.eval.compare import headline_key
 
     data = json.loads((run / "eval.json").read_text())
-    return next((data[k] for k, _ in HEADLINES if data.get(k) is not None), None)
+    key = headline_key(data)
+    return data[key] if key else None
 
 
 def run(ctx: Context) -> dict | None:
-    from t2i_gcpo.eval.compare import paired_differences
+    from t2i_gcpo.eval.compare import paired_differences, read_metrics
 
     if not ctx.compare_dir:
         return None  # nothing given: keep the earlier result
@@ -55,8 +56,7 @@ def run(ctx: Context) -> dict | None:
     for algo, seeds in runs.items():
         train_s, wall_s = [], []
         for run_dir in seeds.values():
-            steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-            train_s.append(sum(r.get("time/step") or 0.0 for r in steps))
+            train_s.append(sum(r.get("time/step") or 0.0 for r in read_metrics(run_dir)))
             start, end = (run_dir / "config.yaml").stat().st_mtime, (run_dir / "eval.json").stat().st_mtime
             starts.append(start)
             ends.append(end)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.suite.common import SLOW, Context, matmul_seconds, plural
-from t2i_gcpo.hardware import cpu_flags
+from t2i_gcpo.hardware import BF16_CPU_FLAGS, cpu_flags, native_bf16
 
 TITLE = "Matmul peak (`peak`)"
 
@@ -35,8 +35,8 @@ def run(ctx: Context) -> dict:
     bf16 = max(r["gflops"] for r in rows if r["dtype"] == "bf16")
     for r in rows:
         r["vs_fp32"] = r["gflops"] / fp32
-    flags = sorted({"avx512_bf16", "amx_bf16"} & cpu_flags())
-    native = torch.cuda.is_bf16_supported() if cuda else bool(flags)
+    flags = sorted(BF16_CPU_FLAGS & cpu_flags())  # named in the reading
+    native = native_bf16(ctx.device)
     where = (
         "the GPU"
         if cuda
