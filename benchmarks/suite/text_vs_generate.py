@@ -8,7 +8,10 @@ min_new_tokens=NEW, top_k=0, top_p=1, temperature=1)`` on the same left-padded p
 default dynamic KV cache). Ours also records three log-probs per token: pos and guided from the
 sampler, neg (the empty-question context) from one teacher-forced forward after sampling;
 ``generate`` records none. Also ours without the neg pass (``score_negative=False``, pos and guided
-only), in the same race. One warm-up each, then best of the repeats, the three interleaved.
+only), in the same race. Where the device multiplies bf16 natively, both sides again under bf16 autocast
+(ours as ``rollout.autocast=bf16`` runs it: the fused decoder's weights and KV cache in bf16, the sample
+step and log-probs in float32; ``generate`` under the same ``torch.autocast``): the race of the default
+precision there. One warm-up each, then best of the repeats, all interleaved.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import torch
 
 from benchmarks.suite.common import REPO, Context, race, race_row, race_section
+from t2i_gcpo.hardware import native_bf16
 
 TITLE = "Text sampler vs transformers `generate` (`text_vs_generate`)"
 NEW = 64  # completion length, forced on both sides (the model's max_new_tokens)
@@ -35,7 +39,7 @@ def run(ctx: Context) -> dict:
     from t2i_gcpo.policies.base import PromptRecord, SamplingParams
     from t2i_gcpo.policies.registry import TEXT_SHIPPED
     from t2i_gcpo.policies.text import TextPolicy
-    from t2i_gcpo.tasks.loop import group_generators
+    from t2i_gcpo.tasks.loop import group_generators, sampler_precision
 
     hf_logging.set_verbosity_error()  # generate's notes on flags it ignores
     policy = TextPolicy.from_pretrained(TEXT_SHIPPED["arithmetic"], device=ctx.device, eos_token_ids=[])
@@ -43,6 +47,7 @@ def run(ctx: Context) -> dict:
     repeats = ctx.pick(2, 3)
     sampling = SamplingParams(max_new_tokens=NEW)
     lean = SamplingParams(max_new_tokens=NEW, score_negative=False)
+    bf16 = native_bf16(ctx.device)  # emulated bf16 is far slower on both sides: not raced
     rows = []
     for batch in batches:
         prompts = [PromptRecord(q) for q in questions(batch // GROUP)]
@@ -65,9 +70,22 @@ def run(ctx: Context) -> dict:
                                         pad_token_id=policy.pad_id)  # fmt: skip
             assert out.shape[1] - ids.shape[1] == NEW
 
-        best = race(ours, theirs, repeats, ctx, lean=ours_lean)
+        def in_bf16(fn):
+            def run(seed: int) -> None:
+                with sampler_precision(policy, SamplingParams(autocast="bf16")):
+                    fn(seed)
+
+            return run
+
+        variants = dict(lean=ours_lean)
+        if bf16:
+            variants.update(ours_bf16=in_bf16(ours), generate_bf16=in_bf16(theirs))
+        best = race(ours, theirs, repeats, ctx, **variants)
         row = race_row(batch, best, batch * NEW, "tps")
         row["lean_s"], row["lean_speed_ratio"] = best["lean"], best["generate"] / best["lean"]
+        if bf16:
+            row["ours_bf16_s"], row["generate_bf16_s"] = best["ours_bf16"], best["generate_bf16"]
+            row["bf16_speed_ratio"] = best["generate_bf16"] / best["ours_bf16"]
         rows.append(row)
     ratios = [r["speed_ratio"] for r in rows]
     lean_ratios = [r["lean_speed_ratio"] for r in rows]
@@ -89,10 +107,27 @@ def run(ctx: Context) -> dict:
         f"({1 - rows[-1]['lean_s'] / rows[-1]['ours_s']:.0%}): as many token-positions as the sampling, in one "
         f"parallel pass."
     )
+    if bf16:
+        bf16_ratios = [r["bf16_speed_ratio"] for r in rows]
+        reading += (
+            f" In bf16 (the default precision where the device multiplies bf16 natively: `rollout.autocast=auto`), "
+            f"both sides under the same autocast, ours with the neg pass runs at {min(bf16_ratios):.2f}–"
+            f"{max(bf16_ratios):.2f}× `generate` ({sum(x >= 1 for x in bf16_ratios)} of {len(rows)} at or above 1×); "
+            f"at the largest batch ours takes {rows[-1]['ours_bf16_s']:.3f} s in bf16 against "
+            f"{rows[-1]['ours_s']:.3f} s in float32, `generate` {rows[-1]['generate_bf16_s']:.3f} s against "
+            f"{rows[-1]['generate_s']:.3f} s."
+        )
     section = race_section(TITLE, rows, repeats, "completions", "tps", "tokens/s", reading, target=">= 1")
     section["columns"] += [
         ("lean_s", "ours without neg s"),
         ("lean_speed_ratio", "without neg speed / generate"),
     ]
     section["summary"]["lean_speed_ratio"] = {str(r["batch"]): r["lean_speed_ratio"] for r in rows}
+    if bf16:
+        section["columns"] += [
+            ("ours_bf16_s", "ours bf16 s"),
+            ("generate_bf16_s", "generate bf16 s"),
+            ("bf16_speed_ratio", "bf16: ours speed / generate"),
+        ]
+        section["summary"]["bf16_speed_ratio"] = {str(r["batch"]): r["bf16_speed_ratio"] for r in rows}
     return section
