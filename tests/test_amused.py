@@ -237,6 +237,25 @@ def test_save_load_round_trip(tmp_path, policy, rollout):
     assert torch.equal(again.tokens, rollout.tokens)
 
 
+def test_a_kept_reveal_order_is_the_default_and_survives_save_and_load(folder, tmp_path):
+    from t2i_gcpo.policies.amused import SAMPLING_FILE, AmusedPolicy
+
+    fresh = AmusedPolicy.from_pretrained(folder)
+    assert fresh.default_sampling().reveal_order == "confidence"  # the pipeline's order
+    fresh.keep_reveal_order("random")  # what training under rollout.reveal_order=random does
+    named = roll(fresh, PROMPTS[:2], 2, seed=1, guidance_scale=3.0, steps=4, reveal_order="random")
+    unnamed = roll(fresh, PROMPTS[:2], 2, seed=1, guidance_scale=3.0, steps=4)
+    assert unnamed.sampling.reveal_order == "random" and torch.equal(unnamed.tokens, named.tokens)
+    fresh.save_pretrained(tmp_path / "trained")
+    back = AmusedPolicy.from_pretrained(tmp_path / "trained")
+    assert back.default_sampling().reveal_order == "random"
+    with pytest.raises(UserError, match="unknown reveal order"):
+        back.keep_reveal_order("raster")
+    (tmp_path / "trained" / SAMPLING_FILE).write_text('{"reveal_order": "raster"}')
+    with pytest.raises(UserError, match="unknown reveal order"):
+        AmusedPolicy.from_pretrained(tmp_path / "trained")
+
+
 def test_load_errors(tmp_path):
     from t2i_gcpo.policies.amused import AmusedPolicy
 

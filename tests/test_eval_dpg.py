@@ -23,7 +23,7 @@ from t2i_gcpo.eval.dpg import (
     split_2x2,
     tile_2x2,
 )
-from t2i_gcpo.policies.base import TokenLayout
+from t2i_gcpo.policies.base import SamplingParams, TokenLayout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -381,3 +381,31 @@ def test_score_dpg_folder_scores_only_this_runs_items(tmp_path):
     result = score_dpg_folder(tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a"],
                               progress=False)  # fmt: skip
     assert result["n_items"] == 1
+
+
+class FakeMaskedPolicy(FakePolicy):
+    """Decodes in steps (a masked model's default_sampling names its steps); records what it was asked."""
+
+    def default_sampling(self):
+        return SamplingParams(guidance_scale=3.0, steps=8, reveal_order="confidence")
+
+    def rollout(self, prompts, group_size, sampling, generators):
+        self.sampling = sampling
+        return super().rollout(prompts, group_size, sampling, generators)
+
+
+def test_generate_dpg_passes_and_records_a_masked_models_steps_and_reveal_order(tmp_path):
+    policy = FakeMaskedPolicy()
+    args = dict(batch=2, seed=1, cfg_scale=5.0, model="fake", progress=False)
+    generate_dpg(policy, DPG_PROMPTS, tmp_path, steps=3, reveal_order="random", **args)
+    assert (policy.sampling.steps, policy.sampling.reveal_order) == (3, "random")
+    settings = json.loads((tmp_path / "generation.json").read_text())["settings"]
+    assert (settings["steps"], settings["reveal_order"]) == (3, "random")
+    with pytest.raises(UserError, match=r"steps=3, this run asks for steps=4"):
+        generate_dpg(policy, DPG_PROMPTS, tmp_path, steps=4, reveal_order="random", **args)
+    with pytest.raises(UserError, match="unknown reveal order"):
+        generate_dpg(policy, DPG_PROMPTS, tmp_path / "x", reveal_order="raster", **args)
+    autoregressive = FakePolicy()
+    autoregressive.default_sampling = lambda: SamplingParams(guidance_scale=3.0)  # steps None: token by token
+    with pytest.raises(UserError, match="--steps and --reveal-order apply to masked models only"):
+        generate_dpg(autoregressive, DPG_PROMPTS, tmp_path / "y", steps=3, reveal_order="random", **args)

@@ -67,3 +67,15 @@ def test_not_a_layout_folder_is_a_user_error(tmp_path):
     (tmp_path / "00000" / "metadata.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(UserError, match="'tag', 'prompt' and 'include'"):
         list(iter_layout(tmp_path))
+
+
+def test_model_identity_keeps_shipped_names_and_makes_paths_absolute(tmp_path, monkeypatch):
+    from t2i_gcpo.eval.layout import model_identity
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("shapeworld", "shapeworld-64", "shapeworld-masked", "arithmetic", "masked:shapeworld-masked"):
+        assert model_identity(name) == name
+    (tmp_path / "ckpt").mkdir()
+    assert model_identity("ckpt") == str(tmp_path / "ckpt")
+    assert model_identity("amused:ckpt") == "amused:" + str(tmp_path / "ckpt")
+    assert model_identity("janus:./ckpt/") == model_identity(f"janus:{tmp_path}/ckpt")  # one checkpoint, one name

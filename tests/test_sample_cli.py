@@ -85,6 +85,43 @@ def test_sample_missing_model_is_user_error(tmp_path):
     assert isinstance(res.exception, UserError) and str(tmp_path / "nope") in str(res.exception)
 
 
+def test_masked_steps_and_reveal_order_are_used_recorded_and_checked_on_resume(tmp_path, monkeypatch):
+    from t2i_gcpo.eval import geneval
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a photo of a red circle\n")
+    seen = []
+    real = geneval.sample_and_decode
+    monkeypatch.setattr(geneval, "sample_and_decode", lambda p, pr, n, s, g: seen.append(s) or real(p, pr, n, s, g))
+    out = tmp_path / "m"
+    args = ["--prompts", str(prompts), "--out", str(out), "--n", "2", "--model", "shapeworld-masked"]
+    res = CliRunner().invoke(sample_cmd, [*args, "--steps", "3", "--reveal-order", "random"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert (seen[0].steps, seen[0].reveal_order) == (3, "random")
+    recorded = json.loads((out / "00000" / "generation.json").read_text())
+    assert recorded["model"] == "shapeworld-masked"  # a shipped name, not a path under the working dir
+    assert (recorded["steps"], recorded["reveal_order"]) == (3, "random")
+    res = CliRunner().invoke(sample_cmd, [*args, "--steps", "5"])
+    assert isinstance(res.exception, UserError) and "steps=3" in str(res.exception)
+    res = CliRunner().invoke(sample_cmd, [*args, "--steps", "5", "--overwrite"])
+    assert res.exit_code == 0 and (seen[-1].steps, seen[-1].reveal_order) == (5, None)  # None: the model's
+
+
+def test_masked_options_on_an_autoregressive_model_are_a_user_error(tmp_path):
+    from t2i_gcpo.commands.options import REVEAL_ORDER_CHOICES
+    from t2i_gcpo.policies.maskgen import REVEAL_ORDERS
+
+    assert REVEAL_ORDER_CHOICES == REVEAL_ORDERS
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a photo of a red circle\n")
+    res = CliRunner().invoke(sample_cmd, ["--prompts", str(prompts), "--out", str(tmp_path / "o"), "--steps", "4"])
+    assert isinstance(res.exception, UserError)
+    assert str(res.exception) == (
+        "--steps applies to masked models only (MaskGIT, aMUSEd); this model decodes token by token"
+    )
+    assert not list(tmp_path.glob("o/*/samples/*.png"))  # nothing generated
+
+
 def test_help_shows_examples():
     for cmd, example in (
         (sample_cmd, "t2i-gcpo sample --prompts"),

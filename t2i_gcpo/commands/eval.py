@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from t2i_gcpo.commands.options import masked_sampling_options, masked_settings
+
 CTX = {"help_option_names": ["-h", "--help"]}
 
 
@@ -41,7 +43,8 @@ def _overwrite_option(what: str):
         "--overwrite",
         is_flag=True,
         help=f"Regenerate: delete the {what} already in OUT/images/ first. Without it, a run resumes only "
-        "into images made for the same prompts, model, seed, CFG and count, and refuses anything else.",
+        "into images made for the same prompts, model, seed, CFG, count (and masked steps / reveal order), "
+        "and refuses anything else.",
     )
 
 
@@ -94,6 +97,7 @@ def _print_summary(out: Path, summary: dict) -> None:
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
 @click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
 @click.option(
@@ -101,8 +105,8 @@ def _print_summary(out: Path, summary: dict) -> None:
 )
 @_overwrite_option("prompt folders")
 def geneval_cmd(
-    model, score_only, detector, clip_ckpt, clip_model, images_per_prompt, batch, cfg_scale, seed, device, out,
-    overwrite,
+    model, score_only, detector, clip_ckpt, clip_model, images_per_prompt, batch, cfg_scale, steps, reveal_order,
+    seed, device, out, overwrite,
 ):  # fmt: skip
     """GenEval's 553 prompts: generate 4 images each (resumable), then score them with Mask2Former and
     CLIP colour classification through GenEval's rules. Output as GenEval's summary."""
@@ -120,7 +124,8 @@ def geneval_cmd(
     prompts = load_geneval_prompts() if model else None
     if model and not overwrite:  # refuse a folder of other prompts or settings before loading any model
         known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
-                 "n": images_per_prompt, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {})}  # fmt: skip
+                 "n": images_per_prompt, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+                 **masked_settings(steps, reveal_order)}  # fmt: skip
         check_resumable(out / "images", prompts, known)
     det, needs_clip = _detector(detector, device)
     colors = None
@@ -137,7 +142,7 @@ def geneval_cmd(
         policy = _policy(model)
         generate_geneval(
             policy, prompts, root, n=images_per_prompt, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale),
-            seed=seed, model=model_identity(model), overwrite=overwrite,
+            steps=steps, reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
     summary = score_geneval_folder(root, det, colors, out, metadata_list=prompts,
                                    n=images_per_prompt if model else None)  # fmt: skip
@@ -156,12 +161,13 @@ def geneval_cmd(
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
 @click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--out", required=True, help="Output dir: images/ in GenEval layout, results.jsonl, summary.txt/json."
 )
 @_overwrite_option("prompt folders")
-def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, out, overwrite):
+def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, steps, reveal_order, seed, out, overwrite):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
     from t2i_gcpo.config import REPO_PROMPTS
@@ -181,6 +187,8 @@ def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, seed, ou
         n=images_per_prompt,
         batch=batch,
         cfg_scale=_cfg_scale(policy, cfg_scale),
+        steps=steps,
+        reveal_order=reveal_order,
         seed=seed,
         model=model_identity(model),
         overwrite=overwrite,
@@ -214,13 +222,14 @@ def _print_partial(out: Path) -> None:
 @click.option("--vqa", required=True, help="Local transformers VQA checkpoint (BLIP VQA).")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
 @click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
 )
 @_overwrite_option("grids")
-def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, seed, device, out, overwrite):
+def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, steps, reveal_order, seed, device, out, overwrite):
     """DPG-Bench: 4 images per prompt tiled 2×2, a local VQA model answers every question per tile,
     parent zeroing, per-category scores. Labelled 'DPG-Bench (proxy VQA: <model>)'."""
     from t2i_gcpo.errors import UserError
@@ -245,7 +254,8 @@ def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, seed, device, ou
     prompts = load_dpg_prompts() if model else None
     if model and not overwrite:  # refuse grids of other prompts or settings before loading any model
         known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
-                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {})}  # fmt: skip
+                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+                 **masked_settings(steps, reveal_order)}  # fmt: skip
         check_dpg_resumable(out / "images", prompts, known)
     read_dpg_csv(csv_path)  # fail on a bad CSV before generating anything
     vqa_model = VQAModel.from_pretrained(vqa, device=device)
@@ -253,8 +263,8 @@ def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, seed, device, ou
     if model:
         policy = _policy(model)
         generate_dpg(
-            policy, prompts, root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), seed=seed,
-            model=model_identity(model), overwrite=overwrite,
+            policy, prompts, root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), steps=steps,
+            reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)

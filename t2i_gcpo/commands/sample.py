@@ -6,6 +6,8 @@ import os
 
 import click
 
+from t2i_gcpo.commands.options import masked_sampling_options
+
 
 @click.command("sample")
 @click.option(
@@ -29,6 +31,7 @@ import click
 @click.option("--cfg", "cfg_scale", default=None, type=float, help="CFG scale s [default: the checkpoint's].")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 = no truncation.")
+@masked_sampling_options
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--grid-scale", default=4, show_default=True, type=click.IntRange(min=1), help="Upscaling of grid.png."
@@ -37,7 +40,8 @@ import click
     "--overwrite",
     is_flag=True,
     help="Regenerate: delete the prompt folders (OUT/00000/, …) already in OUT first. Without it, a run "
-    "resumes only into folders made for the same prompts, model, seed, CFG, temperature, top-k and --n.",
+    "resumes only into folders made for the same prompts, model, seed, CFG, temperature, top-k, --n (and "
+    "masked --steps / --reveal-order).",
 )
 def sample_cmd(
     prompts_path: str,
@@ -47,6 +51,8 @@ def sample_cmd(
     cfg_scale: float | None,
     temperature: float,
     top_k: int,
+    steps: int | None,
+    reveal_order: str | None,
     seed: int,
     grid_scale: int,
     overwrite: bool,
@@ -63,6 +69,7 @@ def sample_cmd(
     \b
     Example:
       t2i-gcpo sample --prompts prompts/shapeworld_test.txt --out samples/ --n 4 --cfg 3
+      t2i-gcpo sample --model shapeworld-masked --steps 16 --prompts prompts/shapeworld_test.txt --out masked16/
     """
     import numpy as np
     from PIL import Image
@@ -83,7 +90,8 @@ def sample_cmd(
     metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
     s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
     generate_geneval(policy, metadata, out_dir, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
-                     temperature=temperature, top_k=top_k, seed=seed, model=model_identity(model),
+                     temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed,
+                     model=model_identity(model),
                      overwrite=overwrite)  # fmt: skip
     images = np.stack(
         [

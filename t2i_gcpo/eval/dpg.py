@@ -31,7 +31,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import generate_images
+from t2i_gcpo.eval.geneval import generate_images, masked_sampling
 from t2i_gcpo.eval.layout import (
     SETTINGS_NAME,
     atomic_save_image,
@@ -445,6 +445,8 @@ def generate_dpg(
     cfg_scale: float = 5.0,
     temperature: float = 1.0,
     top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
     seed: int = 0,
     model: str | None = None,
     overwrite: bool = False,
@@ -454,7 +456,8 @@ def generate_dpg(
 
     `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `batch` prompts per
     ``policy.rollout`` call. `<root>/generation.json` records the settings (`model` identity, default
-    the policy's class name; seed, CFG scale, temperature, top-k) and a hash of each item's prompt.
+    the policy's class name; seed, CFG scale, temperature, top-k, and a masked model's steps / reveal
+    order when given) and a hash of each item's prompt.
     Resumable: existing grids are kept when made for the same prompts and settings, else refused
     (UserError); ``overwrite=True`` removes the grids first. Prompt i samples from its own generator
     (seed, i), so a grid does not depend on `batch` or on its batch-mates.
@@ -467,6 +470,7 @@ def generate_dpg(
         if not _SAFE_ID.match(str(p["item_id"])):
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
+    masked = masked_sampling(policy, steps, reveal_order)
     settings = generation_settings(
         model or type(policy).__name__,
         seed=seed,
@@ -474,7 +478,7 @@ def generate_dpg(
         temperature=temperature,
         top_k=top_k,
         n=4,
-    )
+    ) | masked
     root = Path(root)
     if overwrite:
         for path in dpg_image_paths(root).values() if root.is_dir() else ():
@@ -503,6 +507,7 @@ def generate_dpg(
             cfg_scale=cfg_scale,
             temperature=temperature,
             top_k=top_k,
+            masked=masked,
             generators=group_generators(seed, "generate", range(start, start + len(chunk))),
         )
         for path, images, needed in zip(paths, per_prompt, todo):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from PIL import Image
@@ -40,6 +40,7 @@ from t2i_gcpo.eval.layout import (
     write_prompt_folder,
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
+from t2i_gcpo.policies.maskgen import check_reveal_order
 from t2i_gcpo.scoring import geneval_rules
 from t2i_gcpo.scoring.detections import Detection
 from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
@@ -82,16 +83,33 @@ def generate_images(
     cfg_scale: float,
     temperature: float = 1.0,
     top_k: int = 0,
+    masked: Mapping[str, Any] | None = None,
     generators: Sequence[torch.Generator],
 ) -> list[list[Image.Image]]:
     """`n` images per prompt from one rollout: result[i] holds prompt i's images, drawn with
-    generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=cfg_scale)
+    generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates).
+    `masked`: steps / reveal_order for a masked model (see `masked_sampling`; absent: the model's)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=cfg_scale, **(masked or {}))
     _, outputs = sample_and_decode(policy, [PromptRecord(p) for p in prompts], n, sampling, generators)
     images = tensor_to_pil(outputs)  # rows grouped: prompt 0's n samples first
     if len(images) != n * len(prompts):
         raise RuntimeError(f"policy returned {len(images)} images for {len(prompts)} prompts × {n}")
     return [images[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def masked_sampling(policy: Policy, steps: int | None = None, reveal_order: str | None = None) -> dict[str, Any]:
+    """The decoding steps and reveal order asked of a masked model, only those given (SamplingParams
+    fields, also recorded with the images); UserError for a model that does not decode in steps."""
+    asked = {k: v for k, v in (("steps", steps), ("reveal_order", reveal_order)) if v is not None}
+    if asked and policy.default_sampling().steps is None:
+        flags = " and ".join("--" + k.replace("_", "-") for k in asked)
+        verb = "apply" if len(asked) > 1 else "applies"
+        raise UserError(f"{flags} {verb} to masked models only (MaskGIT, aMUSEd); this model decodes token by token")
+    if steps is not None and steps < 1:
+        raise UserError(f"steps must be >= 1, got {steps}")
+    if reveal_order is not None:
+        check_reveal_order(reveal_order)
+    return asked
 
 
 def generate_geneval(
@@ -104,6 +122,8 @@ def generate_geneval(
     cfg_scale: float = 5.0,
     temperature: float = 1.0,
     top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
     seed: int = 0,
     model: str | None = None,
     overwrite: bool = False,
@@ -113,7 +133,8 @@ def generate_geneval(
 
     `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder records the
     settings (`model`, an identity such as `layout.model_identity(--model)`, default the policy's class
-    name; seed, CFG scale, temperature, top-k, n) in generation.json. Resumable: prompts that already
+    name; seed, CFG scale, temperature, top-k, n, and a masked model's steps / reveal order when given)
+    in generation.json. Resumable: prompts that already
     have `n` samples are skipped, and a partly written batch is regenerated with the same generators
     (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming is
     refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
@@ -125,6 +146,7 @@ def generate_geneval(
         if not isinstance(m, dict) or "prompt" not in m:
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
+    masked = masked_sampling(policy, steps, reveal_order)
     settings = generation_settings(
         model or type(policy).__name__,
         seed=seed,
@@ -132,7 +154,7 @@ def generate_geneval(
         temperature=temperature,
         top_k=top_k,
         n=n,
-    )
+    ) | masked
     if overwrite:
         clear_layout(root)
     else:
@@ -153,6 +175,7 @@ def generate_geneval(
             cfg_scale=cfg_scale,
             temperature=temperature,
             top_k=top_k,
+            masked=masked,
             generators=group_generators(seed, "generate", idx),
         )
         for i, images in zip(idx, per_prompt):

@@ -67,15 +67,17 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 
 
 def model_identity(spec: str) -> str:
-    """A `--model` spec as recorded with generated images: shipped names ("shapeworld") as given, paths
-    made absolute (keeping a "janus:" prefix), so the same checkpoint reached by another path compares
-    equal. (A checkpoint rewritten in place keeps its identity: use --overwrite after retraining.)"""
-    from t2i_gcpo.policies.ar import SHIPPED
+    """A `--model` spec as recorded with generated images: shipped names ("shapeworld",
+    "shapeworld-masked", …) as given, paths made absolute (keeping a family prefix such as "janus:"), so
+    the same checkpoint reached by another path compares equal. (A checkpoint rewritten in place keeps
+    its identity: use --overwrite after retraining.)"""
+    from t2i_gcpo.policies.registry import PREFIXES, is_shipped
 
-    if spec in SHIPPED:
+    head, sep, rest = spec.partition(":")
+    prefix, target = (head + ":", rest) if sep and head in PREFIXES else ("", spec)
+    if is_shipped(target):
         return spec
-    prefix = "janus:" if spec.startswith("janus:") else ""
-    return prefix + os.path.realpath(os.path.expanduser(spec.removeprefix("janus:")))
+    return prefix + os.path.realpath(os.path.expanduser(target))
 
 
 def generation_settings(

@@ -60,6 +60,7 @@ from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParam
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
+    check_reveal_order,
     draw_remasks,
     estimator_mask,
     guidance_scales,
@@ -73,6 +74,9 @@ from t2i_gcpo.policies.sampling import group_uniforms
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
+# our sampling defaults beside the pipeline's files (AmusedPipeline ignores it): the reveal order a
+# checkpoint was trained under, so that `eval`, `sample` and `credit-map` sample it the same way
+SAMPLING_FILE = "t2i_gcpo_sampling.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -141,6 +145,7 @@ class AmusedPolicy(nn.Module):
         self.image_size = side * self.vae_scale_factor
         self.set_estimator(estimator, remask_count)
         self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
+        self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
 
     def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
         check_estimator(estimator, remask_count)
@@ -181,7 +186,14 @@ class AmusedPolicy(nn.Module):
             raise UserError(
                 f"cannot load the aMUSEd checkpoint '{path}': {' '.join(str(e).split())[:300]}"
             ) from None
-        return cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count)
+        policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count)
+        if (path / SAMPLING_FILE).is_file():
+            try:
+                order = json.loads((path / SAMPLING_FILE).read_text())["reveal_order"]
+                policy.keep_reveal_order(order)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise UserError(f"{path / SAMPLING_FILE}: cannot read the reveal order ({e})") from None
+        return policy
 
     # ------------------------------------------------------------------ prompts and conditioning
     @property
@@ -189,7 +201,13 @@ class AmusedPolicy(nn.Module):
         return self.transformer.encoder_proj.weight.device  # (mlm_layer.conv2 is swapped out inside forwards)
 
     def default_sampling(self) -> SamplingParams:
-        return SamplingParams(guidance_scale=self.DEFAULT_GUIDANCE_SCALE, steps=self.DEFAULT_STEPS)
+        return SamplingParams(
+            guidance_scale=self.DEFAULT_GUIDANCE_SCALE, steps=self.DEFAULT_STEPS, reveal_order=self.reveal_order
+        )
+
+    def keep_reveal_order(self, order: str) -> None:
+        """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""
+        self.reveal_order = check_reveal_order(order)
 
     def check_prompts(self, prompts: list[str]) -> None:
         """Any text: the CLIP tokenizer truncates to its model_max_length, as the pipeline does."""
@@ -273,7 +291,7 @@ class AmusedPolicy(nn.Module):
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         steps = self.resolve_steps(sampling)
-        order = sampling.reveal_order or "confidence"  # the pipeline's order; the sampler checks it
+        order = sampling.reveal_order or self.reveal_order
         sampling = dataclasses.replace(sampling, steps=steps, reveal_order=order)
         pos_ids = self.text_ids([p.text for p in prompts]).repeat_interleave(group_size, dim=0)
         neg_ids = self.text_ids([p.negative or "" for p in prompts]).repeat_interleave(group_size, dim=0)
@@ -369,4 +387,5 @@ class AmusedPolicy(nn.Module):
             "vqvae": ["diffusers", "VQModel"],
         }
         (path / "model_index.json").write_text(json.dumps(index, indent=2))
+        (path / SAMPLING_FILE).write_text(json.dumps({"reveal_order": self.reveal_order}, indent=2))
         os.chmod(path / "model_index.json", 0o644)

@@ -199,6 +199,10 @@ class MaskedPolicy(nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
+    def keep_reveal_order(self, order: str) -> None:
+        """Make `order` this model's default reveal order, saved with it (config.json)."""
+        self.config.reveal_order = check_reveal_order(order)
+
     def resolve_reveal_order(self, sampling: SamplingParams) -> str:
         """The sampling's reveal order, or the checkpoint's when it names none (checked by the sampler)."""
         return sampling.reveal_order or self.config.reveal_order

@@ -62,6 +62,14 @@ def detect_family(path: str) -> str:
     return "ar"
 
 
+def is_shipped(name: str) -> bool:
+    """Whether `name` is a model the package ships ("shapeworld", "shapeworld-masked", "arithmetic", …)."""
+    from t2i_gcpo.policies.ar import SHIPPED as AR_SHIPPED
+    from t2i_gcpo.policies.masked import SHIPPED as MASKED_SHIPPED
+
+    return name in AR_SHIPPED or name in MASKED_SHIPPED or name in TEXT_SHIPPED
+
+
 def split_spec(spec: str) -> tuple[str, str]:
     """``family:PATH`` or a name / path → (family, name or path)."""
     from t2i_gcpo.policies.masked import SHIPPED as MASKED_SHIPPED

@@ -304,10 +304,10 @@ class Trainer:
             reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
             autocast=cfg.rollout.autocast,
         )  # fmt: skip
-        if cfg.rollout.reveal_order and hasattr(getattr(policy, "config", None), "reveal_order"):
-            # a masked prior trained under an order keeps it as its default: its checkpoints then sample
+        if cfg.rollout.reveal_order and hasattr(policy, "keep_reveal_order"):
+            # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
-            policy.config.reveal_order = cfg.rollout.reveal_order
+            policy.keep_reveal_order(cfg.rollout.reveal_order)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
