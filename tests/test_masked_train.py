@@ -215,3 +215,7 @@ def test_a_checkpoint_trained_under_a_reveal_order_samples_in_it(models, tmp_pat
     cli_train(models, "masked", untouched, "dapo", steps=1)
     base = load_policy(f"masked:{models['masked']}").config.reveal_order
     assert load_policy(str(untouched / "checkpoints" / "step_000001" / "model")).config.reveal_order == base
+    amused = tmp_path / "amused"  # aMUSEd keeps it beside the pipeline's folders
+    cli_train(models, "amused", amused, "dapo", ["rollout.reveal_order=random"], steps=1)
+    trained = load_policy(str(amused / "checkpoints" / "step_000001" / "model"))
+    assert trained.default_sampling().reveal_order == "random"
