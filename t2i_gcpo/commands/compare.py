@@ -128,7 +128,8 @@ def compare_cmd(
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
-    baseline's, paired by seed and unpaired, and curves with bands."""
+    baseline's, paired by seed and unpaired, every run's held-out score at each evaluation, the paired
+    differences at each evaluation, and curves with bands."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group

@@ -2,8 +2,9 @@
 (mean and 95 % interval over seeds) — for image tasks the strict GenEval score per tag and overall
 and the credit lift of the run's credit, for text tasks accuracy, pass@k, format rate and the step
 lift — the steps each algorithm needs to reach the baseline's final score, each algorithm's final
-score against the baseline's seed by seed (paired) and overall (unpaired), and plot the held-out
-curves with bands."""
+score against the baseline's seed by seed (paired) and overall (unpaired), every run's held-out curve
+and the paired differences at every evaluation (with each algorithm's gain over its own start), and
+plot the held-out curves with bands."""
 
 from __future__ import annotations
 
@@ -242,8 +243,11 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
         for a in algos
     }
     label = dict(HEADLINES)[key]
+    by_seed = {a: dict(zip(seeds[a], curves[a])) for a in algos}
     result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
               "steps_to_baseline_final": reach, "paired": paired_differences(headline, baseline),
+              "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
+              "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
               "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
     (out / "comparison.json").write_text(json.dumps(result, indent=1))
     (out / "comparison.md").write_text(format_table(result))
@@ -272,6 +276,60 @@ def paired_differences(final: dict[str, dict[int, float]], baseline: str) -> dic
             "per_seed": per_seed,
         }
     return out
+
+
+def paired_by_step(curves: dict[str, dict[int, list[tuple[int, float]]]], baseline: str) -> dict[str, Any]:
+    """Each other algorithm minus the baseline at every evaluation step both runs of a seed reached:
+    algo → step → the mean of the per-seed differences with its Student-t 95 % interval and count. At
+    step 0 the two runs of a seed hold the same weights and draw the same held-out samples, so the
+    difference is exactly 0 when the pairing works."""
+    base = {s: dict(c) for s, c in curves[baseline].items()}
+    out: dict[str, Any] = {}
+    for algo, runs in curves.items():
+        if algo == baseline:
+            continue
+        diffs: dict[int, list[float]] = {}
+        for seed, curve in runs.items():
+            for step, v in curve:
+                if step in base.get(seed, {}):
+                    diffs.setdefault(step, []).append(v - base[seed][step])
+        out[algo] = {step: mean_ci95(d) for step, d in sorted(diffs.items())}
+    return out
+
+
+def gain_over_start(curves: dict[str, dict[int, list[tuple[int, float]]]]) -> dict[str, Any]:
+    """Each algorithm's last evaluation minus its step-0 one, over the seeds whose curve has both: the
+    mean with its Student-t 95 % interval and count (does RL move the model at all?)."""
+    return {
+        algo: mean_ci95([c[-1][1] - c[0][1] for c in runs.values() if len(c) > 1 and c[0][0] == 0])
+        for algo, runs in curves.items()
+    }
+
+
+def format_curves(result: dict[str, Any]) -> list[str]:
+    """comparison.md's per-run table (the headline at every evaluation) and the paired differences
+    against the baseline at every evaluation, with each algorithm's gain over its own start."""
+    curves, baseline = result["curves"], result["baseline"]
+    steps = sorted({step for runs in curves.values() for c in runs.values() for step, _ in c})
+    if not steps:
+        return []
+    lines = ["", f"{result['metric']} per run at each evaluation:", "",
+             "| run | " + " | ".join(f"step {s}" for s in steps) + " |", "|" + "---|" * (len(steps) + 1)]  # fmt: skip
+    for algo, runs in curves.items():
+        for seed, curve in runs.items():
+            points = dict(curve)
+            cells = [f"{points[s]:.3f}" if s in points else "—" for s in steps]
+            lines.append(f"| {algo} seed {seed} | " + " | ".join(cells) + " |")
+    lines += ["", f"Paired with {baseline} at each evaluation (mean of the per-seed differences ± half-width "
+              "of its 95 % interval; step 0 reads +0.000 when the runs of a seed share their start and "
+              "their held-out draws), and each algorithm's last evaluation minus its own step 0:", "",
+              "| algorithm | " + " | ".join(f"step {s}" for s in steps) + " | gain over its own start |",
+              "|" + "---|" * (len(steps) + 2)]  # fmt: skip
+    for algo, gain in result["gain_over_start"].items():
+        by_step = result["paired_by_step"].get(algo, {})
+        cells = ["—" if algo == baseline or s not in by_step else _cell(*by_step[s][:3], sign=True) for s in steps]
+        lines.append(f"| {algo} | " + " | ".join(cells) + f" | {_cell(*gain[:3], sign=True)} |")
+    return lines
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -308,6 +366,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % interval). "
             f"Seeds ahead: seeds where the algorithm ends above {baseline}."
         )
+    if "curves" in result:  # (comparison.json files written before the per-run tables lack them)
+        lines += format_curves(result)
     return "\n".join(lines)
 
 
