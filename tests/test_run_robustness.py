@@ -143,6 +143,17 @@ def test_extended_run_crashes_then_plain_resume_finishes_it(tiny, tmp_path, monk
         prepare(resume_dir=out, steps=3)
 
 
+def test_a_run_extended_with_resume_steps_is_the_longer_run(tiny, tmp_path):
+    """`train --resume DIR --steps 4` on a finished 2-step run trains what a 4-step run does: the same
+    training rows and, at step 4, bit-identical weights (how the study extends its runs)."""
+    short, long = tmp_path / "short", tmp_path / "long"
+    train(tiny, short, steps=2)
+    run(prepare(resume_dir=short, steps=4))
+    train(tiny, long, steps=4)
+    assert [r["step"] for r in rows(short)] == [r["step"] for r in rows(long)] == [1, 2, 3, 4]
+    assert_same_run(short, long, 4)
+
+
 def test_resume_refuses_a_checkpoint_past_the_saved_steps(tiny, tmp_path):
     """A run directory written before the fix: --steps 4 was not saved, the checkpoint is at 4."""
     out = tmp_path / "old"
