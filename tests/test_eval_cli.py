@@ -303,9 +303,11 @@ def test_paired_table_on_hand_written_runs(tmp_path):
     assert "| run | step 0 | step 10 | step 20 |" in md and "| gcpo seed 3 | 0.300 | 0.600 | 0.630 |" in md
     by_step = result["paired_by_step"]["gcpo"]
     assert by_step[0] == (0.0, 0.0, 0.0, 3)
-    assert by_step[10][0] == pytest.approx((0.0 + 0.05 + 0.03) / 3) and by_step[20] == pytest.approx(gcpo["paired"])
+    assert by_step[10][0] == pytest.approx((0.0 + 0.05 + 0.03) / 3) and by_step[20] == pytest.approx(
+        gcpo["paired"]
+    )
     assert result["gain_over_start"]["dapo"] == pytest.approx((0.3, 0.3 - 10 * half, 0.3 + 10 * half, 3))
-    assert f"| gcpo | +0.000 ± 0.000 | +0.027 ± " in md and f"| +0.320 ± " in md
+    assert "| gcpo | +0.000 ± 0.000 | +0.027 ± " in md and "| +0.320 ± " in md
     assert f"| dapo | — | — | — | +0.300 ± {10 * half:.3f} |" in md
     assert (tmp_path / "curves.png").stat().st_size > 1000
     # another baseline: the signs turn round

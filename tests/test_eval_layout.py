@@ -73,9 +73,17 @@ def test_model_identity_keeps_shipped_names_and_makes_paths_absolute(tmp_path, m
     from t2i_gcpo.eval.layout import model_identity
 
     monkeypatch.chdir(tmp_path)
-    for name in ("shapeworld", "shapeworld-64", "shapeworld-masked", "arithmetic", "masked:shapeworld-masked"):
+    for name in (
+        "shapeworld",
+        "shapeworld-64",
+        "shapeworld-masked",
+        "arithmetic",
+        "masked:shapeworld-masked",
+    ):
         assert model_identity(name) == name
     (tmp_path / "ckpt").mkdir()
     assert model_identity("ckpt") == str(tmp_path / "ckpt")
     assert model_identity("amused:ckpt") == "amused:" + str(tmp_path / "ckpt")
-    assert model_identity("janus:./ckpt/") == model_identity(f"janus:{tmp_path}/ckpt")  # one checkpoint, one name
+    assert model_identity("janus:./ckpt/") == model_identity(
+        f"janus:{tmp_path}/ckpt"
+    )  # one checkpoint, one name

@@ -92,7 +92,9 @@ def test_masked_steps_and_reveal_order_are_used_recorded_and_checked_on_resume(t
     prompts.write_text("a photo of a red circle\n")
     seen = []
     real = geneval.sample_and_decode
-    monkeypatch.setattr(geneval, "sample_and_decode", lambda p, pr, n, s, g: seen.append(s) or real(p, pr, n, s, g))
+    monkeypatch.setattr(
+        geneval, "sample_and_decode", lambda p, pr, n, s, g: seen.append(s) or real(p, pr, n, s, g)
+    )
     out = tmp_path / "m"
     args = ["--prompts", str(prompts), "--out", str(out), "--n", "2", "--model", "shapeworld-masked"]
     res = CliRunner().invoke(sample_cmd, [*args, "--steps", "3", "--reveal-order", "random"])
@@ -114,7 +116,9 @@ def test_masked_options_on_an_autoregressive_model_are_a_user_error(tmp_path):
     assert REVEAL_ORDER_CHOICES == REVEAL_ORDERS
     prompts = tmp_path / "p.txt"
     prompts.write_text("a photo of a red circle\n")
-    res = CliRunner().invoke(sample_cmd, ["--prompts", str(prompts), "--out", str(tmp_path / "o"), "--steps", "4"])
+    res = CliRunner().invoke(
+        sample_cmd, ["--prompts", str(prompts), "--out", str(tmp_path / "o"), "--steps", "4"]
+    )
     assert isinstance(res.exception, UserError)
     assert str(res.exception) == (
         "--steps applies to masked models only (MaskGIT, aMUSEd); this model decodes token by token"

@@ -167,7 +167,9 @@ def geneval_cmd(
     "--out", required=True, help="Output dir: images/ in GenEval layout, results.jsonl, summary.txt/json."
 )
 @_overwrite_option("prompt folders")
-def shapeworld_cmd(model, prompts, images_per_prompt, batch, cfg_scale, steps, reveal_order, seed, out, overwrite):
+def shapeworld_cmd(
+    model, prompts, images_per_prompt, batch, cfg_scale, steps, reveal_order, seed, out, overwrite
+):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
     from t2i_gcpo.config import REPO_PROMPTS
@@ -229,7 +231,9 @@ def _print_partial(out: Path) -> None:
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
 )
 @_overwrite_option("grids")
-def dpg_cmd(model, score_only, csv_path, vqa, batch, cfg_scale, steps, reveal_order, seed, device, out, overwrite):
+def dpg_cmd(
+    model, score_only, csv_path, vqa, batch, cfg_scale, steps, reveal_order, seed, device, out, overwrite
+):
     """DPG-Bench: 4 images per prompt tiled 2×2, a local VQA model answers every question per tile,
     parent zeroing, per-category scores. Labelled 'DPG-Bench (proxy VQA: <model>)'."""
     from t2i_gcpo.errors import UserError

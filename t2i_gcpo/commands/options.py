@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
-REVEAL_ORDER_CHOICES = ("confidence", "random")  # policies/maskgen.py REVEAL_ORDERS (a test checks they agree)
+REVEAL_ORDER_CHOICES = (
+    "confidence",
+    "random",
+)  # policies/maskgen.py REVEAL_ORDERS (a test checks they agree)
 
 
 def masked_sampling_options(command: Callable) -> Callable:

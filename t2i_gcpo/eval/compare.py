@@ -327,7 +327,9 @@ def format_curves(result: dict[str, Any]) -> list[str]:
               "|" + "---|" * (len(steps) + 2)]  # fmt: skip
     for algo, gain in result["gain_over_start"].items():
         by_step = result["paired_by_step"].get(algo, {})
-        cells = ["—" if algo == baseline or s not in by_step else _cell(*by_step[s][:3], sign=True) for s in steps]
+        cells = [
+            "—" if algo == baseline or s not in by_step else _cell(*by_step[s][:3], sign=True) for s in steps
+        ]
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {_cell(*gain[:3], sign=True)} |")
     return lines
 

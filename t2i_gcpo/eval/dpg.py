@@ -471,14 +471,17 @@ def generate_dpg(
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
     masked = masked_sampling(policy, steps, reveal_order)
-    settings = generation_settings(
-        model or type(policy).__name__,
-        seed=seed,
-        cfg_scale=cfg_scale,
-        temperature=temperature,
-        top_k=top_k,
-        n=4,
-    ) | masked
+    settings = (
+        generation_settings(
+            model or type(policy).__name__,
+            seed=seed,
+            cfg_scale=cfg_scale,
+            temperature=temperature,
+            top_k=top_k,
+            n=4,
+        )
+        | masked
+    )
     root = Path(root)
     if overwrite:
         for path in dpg_image_paths(root).values() if root.is_dir() else ():

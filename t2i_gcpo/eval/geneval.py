@@ -89,7 +89,9 @@ def generate_images(
     """`n` images per prompt from one rollout: result[i] holds prompt i's images, drawn with
     generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates).
     `masked`: steps / reveal_order for a masked model (see `masked_sampling`; absent: the model's)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=cfg_scale, **(masked or {}))
+    sampling = SamplingParams(
+        temperature=temperature, top_k=top_k, guidance_scale=cfg_scale, **(masked or {})
+    )
     _, outputs = sample_and_decode(policy, [PromptRecord(p) for p in prompts], n, sampling, generators)
     images = tensor_to_pil(outputs)  # rows grouped: prompt 0's n samples first
     if len(images) != n * len(prompts):
@@ -97,14 +99,18 @@ def generate_images(
     return [images[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
-def masked_sampling(policy: Policy, steps: int | None = None, reveal_order: str | None = None) -> dict[str, Any]:
+def masked_sampling(
+    policy: Policy, steps: int | None = None, reveal_order: str | None = None
+) -> dict[str, Any]:
     """The decoding steps and reveal order asked of a masked model, only those given (SamplingParams
     fields, also recorded with the images); UserError for a model that does not decode in steps."""
     asked = {k: v for k, v in (("steps", steps), ("reveal_order", reveal_order)) if v is not None}
     if asked and policy.default_sampling().steps is None:
         flags = " and ".join("--" + k.replace("_", "-") for k in asked)
         verb = "apply" if len(asked) > 1 else "applies"
-        raise UserError(f"{flags} {verb} to masked models only (MaskGIT, aMUSEd); this model decodes token by token")
+        raise UserError(
+            f"{flags} {verb} to masked models only (MaskGIT, aMUSEd); this model decodes token by token"
+        )
     if steps is not None and steps < 1:
         raise UserError(f"steps must be >= 1, got {steps}")
     if reveal_order is not None:
@@ -147,14 +153,17 @@ def generate_geneval(
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
     masked = masked_sampling(policy, steps, reveal_order)
-    settings = generation_settings(
-        model or type(policy).__name__,
-        seed=seed,
-        cfg_scale=cfg_scale,
-        temperature=temperature,
-        top_k=top_k,
-        n=n,
-    ) | masked
+    settings = (
+        generation_settings(
+            model or type(policy).__name__,
+            seed=seed,
+            cfg_scale=cfg_scale,
+            temperature=temperature,
+            top_k=top_k,
+            n=n,
+        )
+        | masked
+    )
     if overwrite:
         clear_layout(root)
     else:

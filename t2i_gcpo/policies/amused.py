@@ -202,7 +202,9 @@ class AmusedPolicy(nn.Module):
 
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(
-            guidance_scale=self.DEFAULT_GUIDANCE_SCALE, steps=self.DEFAULT_STEPS, reveal_order=self.reveal_order
+            guidance_scale=self.DEFAULT_GUIDANCE_SCALE,
+            steps=self.DEFAULT_STEPS,
+            reveal_order=self.reveal_order,
         )
 
     def keep_reveal_order(self, order: str) -> None:
