@@ -65,7 +65,9 @@ def rollout(policy):
 def test_is_a_policy_with_the_pipeline_defaults(policy, rollout):
     assert isinstance(policy, Policy)
     assert policy.guidance == "u + s(c − u)" and policy.guidance in GUIDANCE
-    assert policy.default_sampling() == SamplingParams(guidance_scale=10.0, steps=12)
+    assert policy.default_sampling() == SamplingParams(
+        guidance_scale=10.0, steps=12, reveal_order="confidence"
+    )
     assert policy.mask_id == MASK_ID and policy.codebook_size == K and policy.layout.grid == (SIDE, SIDE)
     assert policy.image_size == 8  # sample_size 4 × VQ scale factor 2: micro-conditioning [8, 8, 0, 0, 6]
     assert policy.micro_conds(1, torch.float32).tolist() == [[8.0, 8.0, 0.0, 0.0, 6.0]]
