@@ -31,12 +31,11 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import generate_images, masked_sampling
+from t2i_gcpo.eval.geneval import generate_images, image_settings
 from t2i_gcpo.eval.layout import (
     SETTINGS_NAME,
     atomic_save_image,
     atomic_write_json,
-    generation_settings,
     settings_mismatch,
 )
 from t2i_gcpo.policies.base import Policy
@@ -470,17 +469,8 @@ def generate_dpg(
         if not _SAFE_ID.match(str(p["item_id"])):
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
-    masked = masked_sampling(policy, steps, reveal_order)
-    settings = (
-        generation_settings(
-            model or type(policy).__name__,
-            seed=seed,
-            cfg_scale=cfg_scale,
-            temperature=temperature,
-            top_k=top_k,
-            n=4,
-        )
-        | masked
+    settings, masked = image_settings(
+        policy, model, seed, cfg_scale, temperature, top_k, 4, steps, reveal_order
     )
     root = Path(root)
     if overwrite:

@@ -118,6 +118,22 @@ def masked_sampling(
     return asked
 
 
+def image_settings(policy: Policy, model: str | None, seed: int, cfg_scale: float, temperature: float, top_k: int,
+                   n: int, steps: int | None, reveal_order: str | None) -> tuple[dict, dict[str, Any]]:  # fmt: skip
+    """(the settings recorded with generated images, the masked-decoding fields asked for): see
+    `generation_settings` and `masked_sampling`. `model` defaults to the policy's class name."""
+    masked = masked_sampling(policy, steps, reveal_order)
+    settings = generation_settings(
+        model or type(policy).__name__,
+        seed=seed,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        n=n,
+    )
+    return settings | masked, masked
+
+
 def generate_geneval(
     policy: Policy,
     metadata_list: Sequence[dict],
@@ -152,17 +168,8 @@ def generate_geneval(
         if not isinstance(m, dict) or "prompt" not in m:
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
-    masked = masked_sampling(policy, steps, reveal_order)
-    settings = (
-        generation_settings(
-            model or type(policy).__name__,
-            seed=seed,
-            cfg_scale=cfg_scale,
-            temperature=temperature,
-            top_k=top_k,
-            n=n,
-        )
-        | masked
+    settings, masked = image_settings(
+        policy, model, seed, cfg_scale, temperature, top_k, n, steps, reveal_order
     )
     if overwrite:
         clear_layout(root)
