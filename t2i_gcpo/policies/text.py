@@ -219,10 +219,15 @@ class TextPolicy(nn.Module):
         self.tokenizer.save_pretrained(path)
 
     @property
+    def samples_fused(self) -> bool:
+        """Whether rollouts run through our fused Llama loop (asked for, and a plain Llama model)."""
+        return self.fused_sampler and supports(self.model.config)
+
+    @property
     def bf16_sampling(self) -> bool:
         """Whether rollout.autocast='auto' samples in bf16 where native: through the fused decoder only
         (transformers' StaticCache under CPU autocast fails on torch 2.15: cache float32, keys bf16)."""
-        return self.fused_sampler and supports(self.model.config)
+        return self.samples_fused
 
     # ------------------------------------------------------------------ contexts
     @property
@@ -358,7 +363,7 @@ class TextPolicy(nn.Module):
         (policies/fused_llama.py; the shipped arithmetic LM), else transformers' StaticCache."""
         from transformers import StaticCache
 
-        if self.fused_sampler and supports(self.model.config):
+        if self.samples_fused:
             return FusedLlamaDecoder(self.model.base_model, rows, max_len)
         return StaticCache(config=self.model.config, max_cache_len=max_len)
 
