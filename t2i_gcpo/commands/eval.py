@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import masked_sampling_options, masked_settings
+from t2i_gcpo.commands.options import masked_sampling_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -111,7 +111,12 @@ def geneval_cmd(
     """GenEval's 553 prompts: generate 4 images each (resumable), then score them with Mask2Former and
     CLIP colour classification through GenEval's rules. Output as GenEval's summary."""
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
+    from t2i_gcpo.eval.geneval import (
+        generate_geneval,
+        load_geneval_prompts,
+        masked_asked,
+        score_geneval_folder,
+    )
     from t2i_gcpo.eval.layout import check_resumable, model_identity
 
     if bool(model) == bool(score_only):
@@ -125,7 +130,7 @@ def geneval_cmd(
     if model and not overwrite:  # refuse a folder of other prompts or settings before loading any model
         known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
                  "n": images_per_prompt, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                 **masked_settings(steps, reveal_order)}  # fmt: skip
+                 **masked_asked(steps, reveal_order)}  # fmt: skip
         check_resumable(out / "images", prompts, known)
     det, needs_clip = _detector(detector, device)
     colors = None
@@ -246,6 +251,7 @@ def dpg_cmd(
         read_dpg_csv,
         score_dpg_folder,
     )
+    from t2i_gcpo.eval.geneval import masked_asked
     from t2i_gcpo.eval.layout import model_identity
 
     if bool(model) == bool(score_only):
@@ -259,7 +265,7 @@ def dpg_cmd(
     if model and not overwrite:  # refuse grids of other prompts or settings before loading any model
         known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
                  **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                 **masked_settings(steps, reveal_order)}  # fmt: skip
+                 **masked_asked(steps, reveal_order)}  # fmt: skip
         check_dpg_resumable(out / "images", prompts, known)
     read_dpg_csv(csv_path)  # fail on a bad CSV before generating anything
     vqa_model = VQAModel.from_pretrained(vqa, device=device)

@@ -6,10 +6,8 @@ from collections.abc import Callable
 
 import click
 
-REVEAL_ORDER_CHOICES = (
-    "confidence",
-    "random",
-)  # policies/maskgen.py REVEAL_ORDERS (a test checks they agree)
+# policies/maskgen.py REVEAL_ORDERS, repeated so that --help imports no torch (a test checks they agree)
+REVEAL_ORDER_CHOICES = ("confidence", "random")
 
 
 def masked_sampling_options(command: Callable) -> Callable:
@@ -27,8 +25,3 @@ def masked_sampling_options(command: Callable) -> Callable:
         default=None,
         help="Masked models: decoding steps [default: the model's].",
     )(command)
-
-
-def masked_settings(steps: int | None, reveal_order: str | None) -> dict:
-    """The masked-decoding settings given on the command line (only those given)."""
-    return {k: v for k, v in (("steps", steps), ("reveal_order", reveal_order)) if v is not None}

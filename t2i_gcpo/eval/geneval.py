@@ -99,12 +99,17 @@ def generate_images(
     return [images[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
+def masked_asked(steps: int | None, reveal_order: str | None) -> dict[str, Any]:
+    """The masked-decoding settings asked for, only those given (--steps, --reveal-order)."""
+    return {k: v for k, v in (("steps", steps), ("reveal_order", reveal_order)) if v is not None}
+
+
 def masked_sampling(
     policy: Policy, steps: int | None = None, reveal_order: str | None = None
 ) -> dict[str, Any]:
     """The decoding steps and reveal order asked of a masked model, only those given (SamplingParams
     fields, also recorded with the images); UserError for a model that does not decode in steps."""
-    asked = {k: v for k, v in (("steps", steps), ("reveal_order", reveal_order)) if v is not None}
+    asked = masked_asked(steps, reveal_order)
     if asked and policy.default_sampling().steps is None:
         flags = " and ".join("--" + k.replace("_", "-") for k in asked)
         verb = "apply" if len(asked) > 1 else "applies"
