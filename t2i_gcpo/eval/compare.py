@@ -368,9 +368,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % interval). "
             f"Seeds ahead: seeds where the algorithm ends above {baseline}."
         )
-    if "curves" in result:  # (comparison.json files written before the per-run tables lack them)
-        lines += format_curves(result)
-    return "\n".join(lines)
+    return "\n".join(lines + format_curves(result))
 
 
 def _cell(mean: float, low: float, high: float, sign: bool = False) -> str:
