@@ -192,19 +192,22 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
     from t2i_gcpo.config import TrainConfig
     from t2i_gcpo.train.trainer import resolve_autocast
 
+    class Checked:  # a sampler checked under bf16 (the ShapeWorld priors, the fused text decoder)
+        bf16_sampling = True
+
+    class Unchecked:  # a sampler not checked under bf16 (Janus, aMUSEd): 'auto' leaves it alone
+        bf16_sampling = False
+
     monkeypatch.setattr(hardware, "native_bf16", lambda device_type: native)
     cfg = TrainConfig()
     assert cfg.rollout.autocast == cfg.optim.autocast == "auto"
-    resolve_autocast(cfg, "cpu")
+    resolve_autocast(cfg, "cpu", Checked())
     want = "bf16" if native else "none"
     assert cfg.rollout.autocast == cfg.optim.autocast == want
     cfg = TrainConfig()
     cfg.rollout.autocast, cfg.optim.autocast = "none", "bf16"
-    resolve_autocast(cfg, "cpu")
+    resolve_autocast(cfg, "cpu", Checked())
     assert (cfg.rollout.autocast, cfg.optim.autocast) == ("none", "bf16")
-
-    class Unchecked:  # a sampler not checked under bf16 (Janus, aMUSEd): 'auto' leaves it alone
-        bf16_sampling = False
 
     cfg = TrainConfig()
     resolve_autocast(cfg, "cpu", Unchecked())

@@ -218,7 +218,7 @@ def train_step(t: Trainer, step: int) -> dict:
 # ============================================================================ helpers
 
 
-def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any = None) -> None:
+def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
     else 'none'; the rollout only for a policy whose sampler declares bf16 support (`bf16_sampling`:
     the ShapeWorld priors, the fused text decoder). In place: the run's config.yaml then says what ran,
@@ -227,7 +227,7 @@ def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any = None) -> 
 
     native = native_bf16(device_type)
     if cfg.rollout.autocast == "auto":
-        sampler = bool(getattr(unwrap(policy), "bf16_sampling", False)) if policy is not None else True
+        sampler = bool(getattr(unwrap(policy), "bf16_sampling", False))
         cfg.rollout.autocast = "bf16" if native and sampler else "none"
     if cfg.optim.autocast == "auto":
         cfg.optim.autocast = "bf16" if native else "none"
