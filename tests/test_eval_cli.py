@@ -280,6 +280,7 @@ def test_paired_table_on_hand_written_runs(tmp_path):
     # dapo ends at 0.6 on average: gcpo reaches it at step 10 on seeds 3 and 5 (never on seed 0), grpo
     # at step 20 on seed 3 only, dapo itself at 20 (seed 3) and 10 (seed 5)
     assert result["steps_to_baseline_final"] == {"grpo": 20.0, "dapo": 15.0, "gcpo": 10.0}
+    assert result["seeds_reaching_baseline_final"] == {"grpo": [1, 3], "dapo": [2, 3], "gcpo": [2, 3]}
     assert set(result["paired"]) == {"grpo", "gcpo"}
     gcpo = result["paired"]["gcpo"]
     assert gcpo["per_seed"] == pytest.approx({"0": 0.02, "3": 0.03, "5": 0.01})
@@ -295,6 +296,7 @@ def test_paired_table_on_hand_written_runs(tmp_path):
     md = (tmp_path / "comparison.md").read_text()
     assert "| algorithm | counting | credit lift (training mean) | overall | steps to dapo's final |" in md
     assert "| gcpo | 0.310 ± " in md and "| 1.500 ± 0.000 | 0.620 ± " in md
+    assert "| 20 (1/3 seeds) |" in md and "| 15 (2/3 seeds) |" in md and "| 10 (2/3 seeds) |" in md
     unpaired_half = (gcpo["unpaired"][2] - gcpo["unpaired"][1]) / 2
     assert f"| gcpo | +0.020 ± {half:.3f} | +0.020 ± {unpaired_half:.3f} | 3/3 |" in md
     assert "| grpo | -0.067 ± " in md and "| 1/3 |" in md
