@@ -249,7 +249,8 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     label = dict(HEADLINES)[key]
     by_seed = {a: dict(zip(seeds[a], curves[a])) for a in algos}
     result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
-              "steps_to_baseline_final": reach, "seeds_reaching_baseline_final": reaching, "paired": paired_differences(headline, baseline),
+              "steps_to_baseline_final": reach, "seeds_reaching_baseline_final": reaching,
+              "paired": paired_differences(headline, baseline),
               "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
               "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
               "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
