@@ -8,10 +8,12 @@ paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -452,16 +454,23 @@ def load_config(
     algo: str | None = None,
     config_file: str | Path | None = None,
     flags: dict[str, Any] | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+    base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given)."""
-    file_data = _read_yaml(Path(config_file)) if config_file else {}
-    algo = algo or file_data.get("algo") or TrainConfig.algo
-    cfg = TrainConfig()
-    _apply(cfg, _read_yaml(preset_path(algo)))
-    _apply(cfg, file_data)
+    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given);
+    `overrides` is ``--set`` strings ("key=value", the value read as YAML) or a dict of dotted keys to
+    values. A `base` config (a copy of it) replaces the preset and the config file."""
+    if base is not None:
+        cfg, algo = copy.deepcopy(base), base.algo
+    else:
+        file_data = _read_yaml(Path(config_file)) if config_file else {}
+        algo = algo or file_data.get("algo") or TrainConfig.algo
+        cfg = TrainConfig()
+        _apply(cfg, _read_yaml(preset_path(algo)))
+        _apply(cfg, file_data)
     _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
-    _apply(cfg, nest(dict(parse_set(s) for s in overrides)))
+    pairs = overrides.items() if isinstance(overrides, Mapping) else (parse_set(s) for s in overrides)
+    _apply(cfg, nest(dict(pairs)))
     cfg.algo = algo
     cfg.validate()
     return cfg

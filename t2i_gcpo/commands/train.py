@@ -87,21 +87,19 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
 
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
     """
+    from t2i_gcpo.api import train
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.train.distributed import leave_process_group
-    from t2i_gcpo.train.run import prepare, run
 
     if resume:
         if any(v is not None for v in (prompts, algo, config_file, model, reward, out, seed)) or overrides:
             raise UserError("--resume takes the run's saved config; only --steps may be given with it")
-        job = prepare(resume_dir=Path(resume), steps=steps)
-    else:
-        if not prompts:
-            raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
-        flags = dict(prompts=prompts, model=model, reward=reward, out=out, steps=steps, seed=seed)
-        job = prepare(algo=algo, config_file=config_file, flags=flags, overrides=overrides)
+    elif not prompts:
+        raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
     try:
-        run(job)  # prints each held-out evaluation and the run directory
+        # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
+        train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
+              out=out, steps=steps, seed=seed, resume=resume)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)

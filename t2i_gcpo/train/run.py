@@ -24,6 +24,15 @@ class Job:
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
 
 
+# config.yaml's `model` / `reward` for a policy or reward given as a Python object that no string can
+# load again: "<python>:NAME" (resume takes the object again, or the model from the latest checkpoint)
+PYTHON_OBJECT = "<python>"
+
+
+def is_python_object(spec: str | None) -> bool:
+    return bool(spec) and spec.split(":", 1)[0] == PYTHON_OBJECT
+
+
 def local_device() -> str:
     """This process's device (accelerate sets LOCAL_RANK per process on multi-GPU launches)."""
     import os
@@ -34,7 +43,11 @@ def local_device() -> str:
 
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
-            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None) -> Job:  # fmt: skip
+            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None, *,
+            cfg: TrainConfig | None = None, policy: Any = None, reward: Any = None) -> Job:  # fmt: skip
+    """Check and load everything a run needs. `cfg` replaces the config built from the other arguments;
+    `policy` and `reward` objects (from the Python API) replace loading ``cfg.model`` and building
+    ``cfg.reward``, which then name them (`PYTHON_OBJECT` where they cannot be loaded again)."""
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
@@ -45,8 +58,22 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             return Job(cfg, resume_dir, [], None, None, None, None, resume=True, finished=finished)
         run_dir = resume_dir
         check_writable_dir(run_dir, "run directory")
+        if reward is None and is_python_object(cfg.reward):
+            raise UserError(
+                f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
+                f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
+            )
+        if policy is None and is_python_object(cfg.model):  # the latest checkpoint is a whole model
+            from t2i_gcpo.train.checkpoint import latest_checkpoint
+
+            policy = load_policy(str(latest_checkpoint(run_dir) / "model"), cfg.model_options)
     else:
-        cfg = load_config(algo, config_file, flags, overrides)
+        cfg = cfg if cfg is not None else load_config(algo, config_file, flags, overrides)
+        for key, given in (("model", policy), ("reward", reward)):
+            if given is None and is_python_object(getattr(cfg, key)):
+                raise UserError(
+                    f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python"
+                )
         run_dir = Path(cfg.out) if cfg.out else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
             raise UserError(
@@ -54,7 +81,8 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             )
         # before any work: an --out that is a file or cannot be written fails now, not at the first save
         check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
-    policy = load_policy(cfg.model, cfg.model_options)
+    if policy is None:
+        policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
     task = get_task(cfg.task, policy)
     prompts = task.load_prompts(cfg.prompts)
@@ -73,7 +101,8 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
         cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
-    reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device())
+    if reward is None:
+        reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device())
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume_dir is not None)
 
 

@@ -1,0 +1,767 @@
+"""The Python API: train a policy, generate and evaluate images, draw credit maps.
+
+The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval`` and ``credit-map`` parse
+their options and call these functions, so a notebook and the command line run the same code and,
+for the same seed, give the same results.
+
+    import t2i_gcpo
+
+    result = t2i_gcpo.train(
+        prompts=["a photo of a red circle", "a photo of two blue squares"],
+        reward=lambda images, prompts, metadata: images[:, 0].mean((1, 2)),  # redness
+        overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 4},
+        steps=2,
+        out="runs/redness",
+    )
+    print(result.run_dir, result.metrics[-1]["reward/mean"])
+
+Bad input raises `t2i_gcpo.errors.UserError` (a failing reward: its subclass `RewardError`) with a
+one-line message, before anything is written where it can be checked beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from t2i_gcpo.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.policies.base import Policy
+    from t2i_gcpo.rewards.base import RewardOutput
+
+__all__ = [
+    "RewardFn",
+    "SampleResult",
+    "TrainResult",
+    "credit_maps",
+    "evaluate_geneval",
+    "evaluate_shapeworld",
+    "generate",
+    "load_config",
+    "load_policy",
+    "sample",
+    "train",
+]
+
+RewardFn = Callable[[Any, list, list], Union[Sequence[float], "torch.Tensor", "RewardOutput"]]
+"""A Python reward: ``reward(images, prompts, metadata) -> scores``.
+
+- ``images``: float tensor [B, 3, H, W] in [0, 1] (a text model: a list of B strings);
+- ``prompts``: the B prompt texts, each prompt's group of samples next to each other (B = prompts × G);
+- ``metadata``: B dicts, each prompt's GenEval metadata (``tag``, ``include``, … — empty keys where the
+  prompt has none; for the arithmetic world the question's ``answer`` and ``steps``);
+- returns B finite scores: a list of floats, a tensor [B] (or [B, 1]), or a
+  `t2i_gcpo.rewards.base.RewardOutput` (scores and per-sample details, e.g. ``strict`` and ``tag`` for
+  the GenEval step metrics).
+
+An exception inside it, a NaN/inf score or a wrong number of scores raises `RewardError` naming it.
+"""
+
+PromptsArg = str | os.PathLike | Sequence[str] | Sequence[Mapping[str, Any]]
+ModelArg = Union[str, "Policy"]
+
+
+# ----------------------------------------------------------------------------- models and configs
+
+
+def load_policy(model: str, **options: Any) -> Policy:
+    """Load a policy by name or path, as ``--model`` does.
+
+    Args:
+        model: ``"shapeworld"`` (the shipped AR prior), ``"shapeworld-64"``, ``"shapeworld-masked"``,
+            ``"arithmetic"`` (the shipped text model), a checkpoint directory (e.g. a run's
+            ``checkpoints/step_000200/model``), or ``"janus:PATH"``, ``"amused:PATH"``,
+            ``"masked:PATH"``, ``"text:PATH"``.
+        **options: ``model_options`` config keys: ``dtype``, ``lora_rank``, ``gradient_checkpointing``
+            (real checkpoints), ``estimator``, ``remask_count`` (masked models), ``negative`` (text).
+
+    Returns:
+        The policy adapter (a ``torch.nn.Module``): ``rollout``, ``logprobs``, ``decode``,
+        ``save_pretrained``.
+
+    Raises:
+        UserError: unknown model, missing path, or an unknown option.
+    """
+    from t2i_gcpo.config import ModelOptions, _apply
+    from t2i_gcpo.policies.registry import load_policy as _load
+
+    opts = None
+    if options:
+        opts = ModelOptions()
+        _apply(opts, options, prefix="model_options.")
+    return _load(model, opts)
+
+
+def load_config(preset: str | None = None, file: str | os.PathLike | None = None,
+                overrides: Mapping[str, Any] | Sequence[str] | None = None) -> TrainConfig:  # fmt: skip
+    """A training config: an algorithm preset, a YAML file on top of it, then overrides.
+
+    Args:
+        preset: ``grpo``, ``dapo``, ``gcpo``, ``dgpo``, ``gcpo-official``, ``critical``, ``stage``
+            (default: the ``algo`` a YAML `file` names, else ``gcpo``).
+        file: a YAML config (``--config``).
+        overrides: dotted keys to values (``{"optim.lr": 3e-5}``) or ``--set`` strings
+            (``["optim.lr=3e-5"]``).
+
+    Returns:
+        The validated `t2i_gcpo.config.TrainConfig`; edit its fields and pass it to `train`.
+
+    Raises:
+        UserError: unknown preset or key, a value of the wrong type, a failed cross-field check.
+    """
+    from t2i_gcpo.config import load_config as _load
+
+    return _load(preset, file, None, _overrides(overrides))
+
+
+def _overrides(
+    overrides: Mapping[str, Any] | Sequence[str] | str | None,
+) -> Mapping[str, Any] | tuple[str, ...]:
+    if overrides is None:
+        return ()
+    if isinstance(overrides, str):  # one "key=value" string, not its characters
+        return (overrides,)
+    return overrides if isinstance(overrides, Mapping) else tuple(overrides)
+
+
+def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
+    """(the policy object or None, the string config.yaml records for `model`)."""
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    if model is None or isinstance(model, (str, os.PathLike)):
+        return None, None if model is None else os.fspath(model)
+    if not hasattr(model, "rollout") or not hasattr(model, "decode"):
+        raise UserError(
+            f"model must be a name, a path or a policy (with rollout and decode), got {type(model).__name__}"
+        )
+    return model, f"{PYTHON_OBJECT}:{type(model).__name__}"
+
+
+def _load(model: ModelArg) -> Any:
+    policy, name = _policy_and_name(model)
+    return policy if policy is not None else load_policy(name)
+
+
+def _model_identity(model: ModelArg, policy: Any) -> str:
+    """What generated images record as their model: a name or absolute path, or for a Python object its
+    class and parameter checksum (a later call with changed weights does not resume into the folder)."""
+    from t2i_gcpo.eval.layout import model_identity
+
+    if isinstance(model, (str, os.PathLike)):
+        return model_identity(os.fspath(model))
+    from t2i_gcpo.train.distributed import param_checksum
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    return f"{PYTHON_OBJECT}:{type(policy).__name__}:{float(param_checksum(policy)):.17g}"
+
+
+def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
+    """(a reward object or None, the string config.yaml records for `reward`): a function importable
+    as ``module:function`` is recorded so, which the command line can resume."""
+    from t2i_gcpo.rewards.combine import Checked, FunctionReward
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    if reward is None or isinstance(reward, str):
+        return None, reward
+    wrapped = FunctionReward(reward)
+    module, qualname = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+    spec = f"{PYTHON_OBJECT}:{wrapped.name}"
+    if module and module != "__main__" and qualname.isidentifier():
+        import importlib
+
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is reward:
+                spec = f"{module}:{qualname}"
+                wrapped.origin = spec
+        except Exception:  # not importable again: recorded as a Python object
+            pass
+    return Checked(wrapped), spec
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def _is_prompt_file(prompts: Any) -> bool:
+    return isinstance(prompts, os.PathLike) or (
+        isinstance(prompts, str) and Path(prompts).suffix in (".txt", ".jsonl")
+    )
+
+
+def _prompt_file_text(prompts: Sequence[Any]) -> tuple[str, str]:
+    """(file name, content) of a prompt list: strings → prompts.txt, metadata dicts → prompts.jsonl."""
+    items = list(prompts)
+    if not items:
+        raise UserError("prompts: the list is empty")
+    if all(isinstance(p, str) for p in items):
+        for i, p in enumerate(items):
+            if not p.strip() or "\n" in p or p.lstrip().startswith("#"):
+                raise UserError(f"prompts[{i}] must be one non-empty line not starting with '#', got {p!r}")
+        return "prompts.txt", "".join(p.strip() + "\n" for p in items)
+    if all(isinstance(p, Mapping) for p in items):
+        try:
+            return "prompts.jsonl", "".join(json.dumps(dict(p), ensure_ascii=False) + "\n" for p in items)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"prompts: a metadata dict is not JSON data ({e})") from None
+    raise UserError("prompts must be a .txt/.jsonl file path, a list of strings or a list of metadata dicts")
+
+
+@contextmanager
+def _prompt_path(prompts: PromptsArg) -> Iterator[str]:
+    """A file path for `prompts`: the file itself, or a temporary file holding the list."""
+    if _is_prompt_file(prompts):
+        yield os.fspath(prompts)
+        return
+    name, text = _prompt_file_text([prompts] if isinstance(prompts, str) else prompts)
+    with tempfile.TemporaryDirectory(prefix="t2i-gcpo-prompts-") as tmp:
+        path = Path(tmp) / name
+        path.write_text(text, encoding="utf-8")
+        yield str(path)
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns.
+
+    Attributes:
+        run_dir: the run directory: config.yaml, metrics.jsonl, checkpoints/, tb/, report.html.
+        metrics: every row of metrics.jsonl (dicts keyed by the names in `t2i_gcpo.metrics`), in order.
+        eval: the final held-out scores (``eval/…`` keys); empty when the run has no held-out prompts.
+        policy: the trained policy (trained in place when one was passed in); None when a resumed run
+            had nothing left to do — load its last checkpoint with `load_policy`.
+    """
+
+    run_dir: Path
+    metrics: list[dict]
+    eval: dict
+    policy: Any
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The last checkpoint's model directory (give it to `load_policy`), None if there is none."""
+        from t2i_gcpo.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir)
+        return ckpt / "model" if ckpt is not None else None
+
+
+def train(
+    model: ModelArg | None = None,
+    prompts: PromptsArg | None = None,
+    reward: str | RewardFn | None = None,
+    config: str | os.PathLike | TrainConfig | None = None,
+    *,
+    algo: str | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    out: str | os.PathLike | None = None,
+    steps: int | None = None,
+    seed: int | None = None,
+    resume: str | os.PathLike | None = None,
+) -> TrainResult:
+    """Train a policy with GRPO, DAPO, GCPO or DGPO (``t2i-gcpo train``).
+
+    Args:
+        model: a model name or path as for `load_policy` (default: the config's, ``"shapeworld"``),
+            or a policy object (e.g. from `load_policy`), which is trained in place.
+        prompts: a .txt/.jsonl prompt file, a prompt string, a list of them (parsed like a .txt file's lines:
+            they must fit the model's task, e.g. ShapeWorld's GenEval templates), or a list of GenEval
+            metadata dicts (as a .jsonl file's rows). A list is saved as the run's ``prompts.txt`` /
+            ``prompts.jsonl``, so the run can be resumed.
+        reward: a reward spec string as for ``--reward`` (``"shapeworld"``, ``"clip:CKPT"``,
+            ``"module:function"``, weighted sums; default: the task's own), or a Python callable
+            ``reward(images, prompts, metadata)`` (see `RewardFn`).
+        config: a preset name (``"dapo"``, ``"gcpo"``, …), a YAML config file (applied on top of the
+            preset `algo` or the one it names), or a `TrainConfig` object (e.g. from `load_config`,
+            used as it is).
+        algo: the preset under a YAML `config` (``--algo``).
+        overrides: dotted config keys to values, ``{"rollout.group_size": 16}``, or ``--set`` strings.
+        out: the run directory (default ``runs/<algo>-<time>``); it must not hold a run already.
+        steps: optimizer steps (default: the config's, 200). With `resume`: train to this many in all.
+        seed: seed of prompt order, sampling and initialisation (default 0).
+        resume: continue the run in this directory from its last checkpoint, with its saved config
+            (only `steps` may change; a run trained with a Python reward needs the same function as
+            `reward`, and a run of a policy object loads it from the checkpoint or takes `model`).
+
+    Returns:
+        `TrainResult`: the run directory, its metrics rows, the final held-out scores and the policy.
+
+    Raises:
+        UserError: bad input (paths, prompts the model cannot take, config keys), checked before the
+            run directory is written; RewardError (a UserError) when the reward raises or returns NaN
+            or the wrong number of scores.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after saving a checkpoint (resume with ``resume=``).
+    """
+    from t2i_gcpo.train.run import prepare, run
+
+    policy, model_name = _policy_and_name(model)
+    reward_obj, reward_name = _reward_and_name(reward)
+    if resume is not None:
+        given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides),
+                                ("out", out), ("seed", seed)) if v is not None]  # fmt: skip
+        given += [k for k, v in (("model", model), ("reward", reward)) if isinstance(v, (str, os.PathLike))]
+        if given:
+            raise UserError(
+                f"resume takes the run's saved config; only steps may be given with it (and a Python "
+                f"policy or reward object again), not {', '.join(given)}"
+            )
+        job = prepare(resume_dir=Path(resume), steps=steps, policy=policy, reward=reward_obj)
+        return _finish(job, run(job))
+    if prompts is None:
+        raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
+    from t2i_gcpo.config import ALGORITHMS, TrainConfig
+    from t2i_gcpo.config import load_config as _load
+
+    if isinstance(config, str) and config in ALGORITHMS:  # a preset name; any other string is a file
+        if algo is not None:
+            raise UserError(f"give the preset once: config={config!r} or algo={algo!r}")
+        config, algo = None, config
+
+    base = config if isinstance(config, TrainConfig) else None
+    listed = not _is_prompt_file(prompts)
+    with _prompt_path(prompts) as prompt_file:
+        flags = dict(prompts=prompt_file, model=model_name, reward=reward_name,
+                     out=None if out is None else os.fspath(out), steps=steps, seed=seed)  # fmt: skip
+        file = None if base is not None or config is None else os.fspath(config)
+        cfg = _load(algo, file, flags, _overrides(overrides), base=base)
+        job = prepare(cfg=cfg, policy=policy, reward=reward_obj)
+        if listed:  # the list becomes the run's own prompt file, so that it can be resumed
+            _keep_prompt_list(job, Path(prompt_file))
+    return _finish(job, run(job))
+
+
+def _keep_prompt_list(job: Any, temporary: Path) -> None:
+    """Copy a prompt list's temporary file into the run directory and point the config at it (the
+    main process writes; under several processes the run directory must be named)."""
+    from t2i_gcpo.train.checkpoint import atomic_write_text
+    from t2i_gcpo.train.trainer import claim_run_dir
+
+    several = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if job.run_dir is None:
+        if several:
+            raise UserError("give out= when training on a list of prompts under several processes")
+        job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path = job.run_dir / temporary.name
+    if int(os.environ.get("RANK", 0)) == 0:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, temporary.read_text(encoding="utf-8"))
+    job.cfg.prompts = str(path)
+
+
+def _finish(job: Any, final: dict) -> TrainResult:
+    run_dir = Path(job.run_dir) if job.run_dir is not None else Path(job.cfg.out)
+    rows = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return TrainResult(run_dir=run_dir, metrics=rows, eval=final, policy=None if job.finished else job.policy)
+
+
+# ----------------------------------------------------------------------------- generate, sample, evaluate
+
+
+def generate(
+    model: ModelArg,
+    prompts: PromptsArg,
+    n: int = 4,
+    *,
+    cfg_scale: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    batch: int = 16,
+) -> Any:
+    """Generate `n` images (or texts) per prompt, in memory.
+
+    Prompt i's samples are drawn from its own generator, seeded by (seed, "generate", i), exactly as
+    `sample` and the ``eval`` commands draw them: the same settings give the same images as the files
+    `sample` writes.
+
+    Args:
+        model: a model name or path (see `load_policy`) or a policy object.
+        prompts: a prompt, a list of prompts, or a .txt/.jsonl prompt file.
+        n: samples per prompt.
+        cfg_scale: classifier-free guidance scale (default: the model's recommended one).
+        temperature: sampling temperature.
+        top_k: keep the k most likely tokens (0: all).
+        steps: masked models' decoding steps (default: the model's).
+        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: the model's).
+        seed: the seed.
+        batch: prompts per sampling call (does not change the samples).
+
+    Returns:
+        Images as a float tensor [P, n, 3, H, W] in [0, 1]; for a text model, P lists of n strings.
+
+    Raises:
+        UserError: a prompt the model cannot take, masked settings for a model that has none.
+    """
+    import torch
+
+    from t2i_gcpo.eval.geneval import masked_sampling
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
+
+    if n < 1 or batch < 1:
+        raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
+    if isinstance(prompts, str) and not _is_prompt_file(prompts):
+        prompts = [prompts]
+    if _is_prompt_file(prompts):
+        from t2i_gcpo.worlds.shapeworld import read_prompt_file
+
+        texts = [m["prompt"] for m in read_prompt_file(os.fspath(prompts), strict=False)]
+    else:
+        texts = list(prompts)
+    policy = _load(model).eval()
+    policy.check_prompts(texts)
+    scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=scale,
+                              **masked_sampling(policy, steps, reveal_order))  # fmt: skip
+    outputs: list[Any] = []
+    for start in range(0, len(texts), batch):
+        chunk = texts[start : start + batch]
+        _, out = sample_and_decode(policy, [PromptRecord(t) for t in chunk], n, sampling,
+                                   group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
+        outputs += [out[i * n : (i + 1) * n] for i in range(len(chunk))]
+    if outputs and torch.is_tensor(outputs[0]):
+        return torch.stack(outputs)
+    return [list(o) for o in outputs]
+
+
+@dataclass
+class SampleResult:
+    """What `sample` wrote.
+
+    Attributes:
+        folder: the output folder, in GenEval's layout (``folder/00000/samples/0000.png`` …).
+        grid: the path of grid.png (each prompt's images side by side).
+        prompts: the prompt texts, in folder order.
+        n: images per prompt.
+    """
+
+    folder: Path
+    grid: Path
+    prompts: list[str]
+    n: int
+
+    def image_paths(self, index: int) -> list[Path]:
+        """The image files of prompt `index`."""
+        from t2i_gcpo.eval.layout import sample_path
+
+        return [sample_path(self.folder, index, k) for k in range(self.n)]
+
+
+def sample(
+    prompts: PromptsArg,
+    out: str | os.PathLike,
+    model: ModelArg = "shapeworld",
+    n: int = 4,
+    *,
+    cfg_scale: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    grid_scale: int = 4,
+    overwrite: bool = False,
+) -> SampleResult:
+    """Write `n` images per prompt in GenEval's folder layout (``t2i-gcpo sample``).
+
+    Writes ``out/00000/metadata.jsonl``, ``out/00000/samples/0000.png`` … and ``generation.json`` (the
+    settings) per prompt, and ``out/grid.png``. Resumable: images already written for the same prompts
+    and settings are kept; other settings are refused unless ``overwrite=True``.
+
+    Args:
+        prompts: a .txt/.jsonl prompt file, a prompt or a list of prompts (each must fit the model's task).
+        out: the output folder.
+        model: a model name or path (see `load_policy`) or a policy object.
+        n: images per prompt.
+        cfg_scale: guidance scale (default: the model's).
+        temperature: sampling temperature.
+        top_k: keep the k most likely tokens (0: all).
+        steps: masked models' decoding steps (default: the model's).
+        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: the model's).
+        seed: the seed (the images equal `generate`'s for the same settings).
+        grid_scale: nearest-neighbour upscaling of grid.png.
+        overwrite: delete the prompt folders already in `out` first.
+
+    Returns:
+        `SampleResult`: the folder, grid.png, the prompts and the image paths.
+
+    Raises:
+        UserError: an unwritable `out`, a prompt that does not parse or that the model cannot take,
+            a folder made for other prompts or settings; nothing is written then.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.eval.geneval import generate_geneval
+    from t2i_gcpo.eval.layout import sample_path
+    from t2i_gcpo.tasks.registry import get_task
+    from t2i_gcpo.train.visuals import image_grid
+    from t2i_gcpo.worlds.shapeworld import read_prompt_file
+
+    out_dir = check_writable_dir(out, "--out")  # before loading anything
+    with _prompt_path(prompts) as prompts_path:
+        texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
+        policy = _load(model).eval()
+        policy.check_prompts(texts)  # every word the model cannot take, at once
+        # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
+        metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
+    s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
+    generate_geneval(policy, metadata, out_dir, n=n, batch=max(1, 64 // n), cfg_scale=s,
+                     temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed,
+                     model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+    images = np.stack(
+        [
+            np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
+            for i in range(len(metadata))
+            for k in range(n)
+        ]
+    )
+    cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
+    grid = out_dir / "grid.png"
+    Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
+    return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n)
+
+
+def evaluate_shapeworld(
+    model: ModelArg = "shapeworld",
+    out: str | os.PathLike = "eval/shapeworld",
+    prompts: PromptsArg | None = None,
+    n: int = 4,
+    *,
+    batch: int = 16,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict:
+    """Score a model on held-out ShapeWorld prompts with the ShapeWorld detector through GenEval's rules
+    (``t2i-gcpo eval shapeworld``).
+
+    Writes ``out/images/`` (GenEval layout, resumable as in `sample`), ``out/results.jsonl`` (one row
+    per image: ``tag``, ``correct``, ``partial`` …) and ``out/summary.txt`` / ``summary.json``.
+
+    Args:
+        model: a model name or path (see `load_policy`) or a policy object.
+        out: the output folder.
+        prompts: a prompt file or list (default: the shipped prompts/shapeworld_test.jsonl).
+        n: images per prompt.
+        batch: prompts per sampling call.
+        cfg_scale: guidance scale (default: the model's).
+        steps: masked models' decoding steps (default: the model's).
+        reveal_order: masked models' reveal order (default: the model's).
+        seed: the seed.
+        overwrite: regenerate the images already in ``out/images``.
+
+    Returns:
+        GenEval's summary: ``{"overall": strict score, "per_tag": {tag: {…}}, …}`` as summary.json.
+    """
+    from t2i_gcpo.config import REPO_PROMPTS
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
+    from t2i_gcpo.tasks.registry import get_task
+
+    out = check_writable_dir(out, "--out")
+    policy = _load(model).eval()
+    task = get_task(policy.default_task, policy)
+    with _prompt_path(prompts if prompts is not None else REPO_PROMPTS / "shapeworld_test.jsonl") as path:
+        metadata = [p.meta for p in task.load_prompts(path)]
+    root = out / "images"
+    scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
+    generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=scale, steps=steps,
+                     reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                     overwrite=overwrite)  # fmt: skip
+    return score_geneval_folder(root, ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+
+
+class ShapeWorldDetector:
+    """ShapeWorld's pixel detector behind the GenEval detector interface (PIL image → detections)."""
+
+    name = "shapeworld"
+
+    def __call__(self, image: Any) -> Any:
+        import numpy as np
+
+        from t2i_gcpo.worlds.shapeworld.detect import detect
+
+        return detect(np.asarray(image.convert("RGB")))
+
+
+def evaluate_geneval(
+    out: str | os.PathLike,
+    detector: str,
+    model: ModelArg | None = None,
+    *,
+    clip: str | None = None,
+    clip_model: str = "ViT-L-14",
+    score_only: str | os.PathLike | None = None,
+    n: int = 4,
+    batch: int = 4,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    overwrite: bool = False,
+) -> dict:
+    """GenEval's 553 prompts: generate `n` images each (resumable), score them with the detector and
+    CLIP colour classification through GenEval's rules (``t2i-gcpo eval geneval``).
+
+    Args:
+        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json.
+        detector: a local Mask2Former checkpoint folder (COCO instance segmentation), or
+            ``"shapeworld"`` (ShapeWorld's pixel detector, no CLIP needed).
+        model: a model name or path (see `load_policy`) or a policy object to generate with.
+        clip: a local open_clip checkpoint (required with Mask2Former).
+        clip_model: the open_clip architecture of `clip`.
+        score_only: score this existing GenEval-layout folder instead of generating (no `model`).
+        n: images per prompt.
+        batch: prompts per sampling call.
+        cfg_scale: guidance scale (default: the model's).
+        steps: masked models' decoding steps (default: the model's).
+        reveal_order: masked models' reveal order (default: the model's).
+        seed: the seed.
+        device: device of the scoring models.
+        overwrite: regenerate the images already in ``out/images``.
+
+    Returns:
+        GenEval's summary (as summary.json).
+    """
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.eval.geneval import load_geneval_prompts, masked_asked, score_geneval_folder
+    from t2i_gcpo.eval.layout import check_resumable
+
+    if (model is None) == (score_only is None):
+        raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and model is None:
+        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
+    if n < 1 or batch < 1:
+        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
+    out = check_writable_dir(out, "--out")
+    prompts = load_geneval_prompts() if model is not None else None
+    if isinstance(model, (str, os.PathLike)) and not overwrite:
+        # refuse a folder of other prompts or settings before loading any model
+        known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0,
+                 "n": n, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+                 **masked_asked(steps, reveal_order)}  # fmt: skip
+        check_resumable(out / "images", prompts, known)
+    if detector == "shapeworld":
+        det, colors = ShapeWorldDetector(), None
+    else:
+        from t2i_gcpo.scoring.color_clip import ClipColorClassifier
+        from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
+
+        det = Mask2FormerDetector.from_pretrained(detector, device=device)  # a bad path fails first
+        if not clip:
+            raise UserError(
+                "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
+            )
+
+        colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
+    root = Path(score_only) if score_only is not None else out / "images"
+    if model is not None:
+        from t2i_gcpo.eval.geneval import generate_geneval
+
+        policy = _load(model).eval()
+        scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
+        generate_geneval(policy, prompts, root, n=n, batch=batch, cfg_scale=scale, steps=steps,
+                         reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                         overwrite=overwrite)  # fmt: skip
+    return score_geneval_folder(
+        root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
+    )
+
+
+# ----------------------------------------------------------------------------- credit maps
+
+
+def credit_maps(
+    prompts: PromptsArg,
+    out: str | os.PathLike,
+    model: str = "shapeworld",
+    *,
+    prompt_file: str | os.PathLike | None = None,
+    limit: int | None = None,
+    reference: str | None = None,
+    schemes: Sequence[str] = ("gcpo", "dgpo", "stage", "critical", "uniform"),
+    group_size: int = 8,
+    cfg_scale: float | None = None,
+    reward: str | None = None,
+    negative: str | None = None,
+    seed: int = 0,
+) -> str:
+    """Sample a group per prompt, score it, and draw every sample's token credit under each scheme
+    (``t2i-gcpo credit-map``).
+
+    Writes one PNG per prompt (``out/00000.png`` …) and ``out/credit_maps.html``; where the reward
+    reports object masks (ShapeWorld) also ``out/lift.json``, each scheme's credit lift per sample
+    (its credit share on the prompt's object tokens over their token share; uniform credit = 1).
+
+    Args:
+        prompts: a prompt, a list of prompts, or a .txt/.jsonl prompt file.
+        out: the output folder.
+        model: a model name or path (see `load_policy`).
+        prompt_file: more prompts from a file, after those of `prompts` (``--prompts`` next to
+            ``--prompt``).
+        limit: use only the first `limit` prompts of the file.
+        reference: DGPO's reference model (default: the shipped base model of the family).
+        schemes: credit schemes to draw (any of `t2i_gcpo.core.CREDIT_SCHEMES`).
+        group_size: samples per prompt, G ≥ 2.
+        cfg_scale: guidance scale (default: the model's).
+        reward: a reward spec as for `train` (default: the task's own).
+        negative: text models: GCPO's negative context (``"empty"``, ``"wrong_answer"`` or a
+            ``{question}`` template).
+        seed: the seed.
+
+    Returns:
+        The summary the command prints: the credit-lift table (ShapeWorld) or step-lift table (text)
+        and the files written.
+
+    Raises:
+        UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take.
+    """
+    from t2i_gcpo.core import CREDIT_SCHEMES
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.train.credit_maps import run_credit_maps
+
+    check_writable_dir(out, "--out")  # before loading any model
+    texts: list[str] = []
+    if prompts is not None and _is_prompt_file(prompts):
+        if prompt_file is not None:
+            raise UserError("give prompts as a list when prompt_file is also given")
+        prompt_file = prompts
+    elif isinstance(prompts, str):
+        texts = [prompts]
+    elif prompts is not None:
+        texts = list(prompts)
+    if not texts and prompt_file is None:
+        raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
+    names = tuple(s.strip() for s in schemes if s.strip())
+    unknown = [s for s in names if s not in CREDIT_SCHEMES]
+    if unknown or not names:
+        raise UserError(
+            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)}"
+        )
+    if group_size < 2:
+        raise UserError("--group must be ≥ 2 (advantages are group-relative)")
+    file = None if prompt_file is None else os.fspath(prompt_file)
+    return run_credit_maps(texts, file, limit, model, reference, names, group_size, cfg_scale, reward, seed,
+                           os.fspath(out), negative=negative)  # fmt: skip
