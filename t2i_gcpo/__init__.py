@@ -1,24 +1,17 @@
 """t2i-gcpo: RL for discrete-token text-to-image generators with token-level credit assignment.
 
-The Python API (`t2i_gcpo.api`) is exported here and imported on first use, so ``import t2i_gcpo``
-stays fast (torch is loaded only when a function runs)."""
+The Python API is `t2i_gcpo.api` (``from t2i_gcpo import api; api.train(...)``). It is a module of its
+own, not names re-exported here: ``t2i_gcpo.train`` is the training package, and ``import t2i_gcpo``
+stays fast (torch is imported when an API function first runs)."""
 
 from typing import Any
 
 __version__ = "0.1.0"
 
-_API = ("train", "generate", "sample", "evaluate_shapeworld", "evaluate_geneval", "credit_maps", "load_policy",
-        "load_config", "TrainResult", "SampleResult")  # fmt: skip
-__all__ = ["__version__", *_API]
-
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from t2i_gcpo import api
+    if name == "api":  # `import t2i_gcpo; t2i_gcpo.api.train(...)` without importing it first
+        import importlib
 
-        return getattr(api, name)
+        return importlib.import_module("t2i_gcpo.api")
     raise AttributeError(f"module 't2i_gcpo' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_API))

@@ -4,9 +4,9 @@ The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval`` and
 their options and call these functions, so a notebook and the command line run the same code and,
 for the same seed, give the same results.
 
-    import t2i_gcpo
+    from t2i_gcpo import api
 
-    result = t2i_gcpo.train(
+    result = api.train(
         prompts=["a photo of a red circle", "a photo of two blue squares"],
         reward=lambda images, prompts, metadata: images[:, 0].mean((1, 2)),  # redness
         overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 4},
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -226,7 +227,13 @@ def _prompt_path(prompts: PromptsArg) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="t2i-gcpo-prompts-") as tmp:
         path = Path(tmp) / name
         path.write_text(text, encoding="utf-8")
-        yield str(path)
+        try:
+            yield str(path)
+        except UserError as e:  # name the list's entry, not the temporary file's line (one entry a line)
+            message = re.sub(
+                rf"{re.escape(str(path))}:(\d+):", lambda m: f"prompts[{int(m[1]) - 1}]:", str(e)
+            )
+            raise type(e)(message.replace(str(path), "the prompt list")) from e.__cause__
 
 
 # ----------------------------------------------------------------------------- train
@@ -275,7 +282,8 @@ def train(
 
     Args:
         model: a model name or path as for `load_policy` (default: the config's, ``"shapeworld"``),
-            or a policy object (e.g. from `load_policy`), which is trained in place.
+            or a policy object (e.g. from `load_policy`), which is trained in place; its initial
+            weights are saved as ``run_dir/initial_model``, the run's model for a resume.
         prompts: a .txt/.jsonl prompt file, a prompt string, a list of them (parsed like a .txt file's lines:
             they must fit the model's task, e.g. ShapeWorld's GenEval templates), or a list of GenEval
             metadata dicts (as a .jsonl file's rows). A list is saved as the run's ``prompts.txt`` /
@@ -293,7 +301,7 @@ def train(
         seed: seed of prompt order, sampling and initialisation (default 0).
         resume: continue the run in this directory from its last checkpoint, with its saved config
             (only `steps` may change; a run trained with a Python reward needs the same function as
-            `reward`, and a run of a policy object loads it from the checkpoint or takes `model`).
+            `reward`).
 
     Returns:
         `TrainResult`: the run directory, its metrics rows, the final held-out scores and the policy.
@@ -304,21 +312,22 @@ def train(
             or the wrong number of scores.
         KeyboardInterrupt: Ctrl-C or SIGTERM, after saving a checkpoint (resume with ``resume=``).
     """
-    from t2i_gcpo.train.run import prepare, run
+    from t2i_gcpo.train.run import prepare
 
     policy, model_name = _policy_and_name(model)
     reward_obj, reward_name = _reward_and_name(reward)
     if resume is not None:
-        given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides),
+        given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
                                 ("out", out), ("seed", seed)) if v is not None]  # fmt: skip
-        given += [k for k, v in (("model", model), ("reward", reward)) if isinstance(v, (str, os.PathLike))]
+        given += ["model"] if model is not None else []
+        given += ["reward"] if isinstance(reward, str) else []
         if given:
             raise UserError(
                 f"resume takes the run's saved config; only steps may be given with it (and a Python "
-                f"policy or reward object again), not {', '.join(given)}"
+                f"reward function again), not {', '.join(given)}"
             )
-        job = prepare(resume_dir=Path(resume), steps=steps, policy=policy, reward=reward_obj)
-        return _finish(job, run(job))
+        job = prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
+        return _finish(job, _run(job))
     if prompts is None:
         raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
     from t2i_gcpo.config import ALGORITHMS, TrainConfig
@@ -328,6 +337,12 @@ def train(
         if algo is not None:
             raise UserError(f"give the preset once: config={config!r} or algo={algo!r}")
         config, algo = None, config
+    elif (
+        isinstance(config, str) and Path(config).suffix not in (".yaml", ".yml") and not Path(config).exists()
+    ):
+        raise UserError(f"config {config!r} is neither a preset ({', '.join(ALGORITHMS)}) nor a YAML file")
+    elif isinstance(config, TrainConfig) and algo is not None:
+        raise UserError("algo= picks a preset; a TrainConfig object already holds its own (config.algo)")
 
     base = config if isinstance(config, TrainConfig) else None
     listed = not _is_prompt_file(prompts)
@@ -337,27 +352,72 @@ def train(
         file = None if base is not None or config is None else os.fspath(config)
         cfg = _load(algo, file, flags, _overrides(overrides), base=base)
         job = prepare(cfg=cfg, policy=policy, reward=reward_obj)
-        if listed:  # the list becomes the run's own prompt file, so that it can be resumed
+        # what a string cannot load again goes into the run directory, so that the run can be resumed
+        if listed or policy is not None:
+            _claim_run_dir(job)
+        if listed:
             _keep_prompt_list(job, Path(prompt_file))
-    return _finish(job, run(job))
+        if policy is not None:
+            _keep_initial_policy(job)
+    return _finish(job, _run(job))
+
+
+def _main_process() -> bool:
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def _claim_run_dir(job: Any) -> None:
+    """Name and create the run directory now (the trainer would only at its start); under several
+    processes it must be given (each would pick its own name)."""
+    from t2i_gcpo.train.trainer import claim_run_dir
+
+    if job.run_dir is None:
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise UserError(
+                "give out= when training a policy object or a prompt list under several processes"
+            )
+        job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if _main_process():
+        job.run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _keep_prompt_list(job: Any, temporary: Path) -> None:
-    """Copy a prompt list's temporary file into the run directory and point the config at it (the
-    main process writes; under several processes the run directory must be named)."""
+    """Copy a prompt list's temporary file into the run directory and point the config at it."""
     from t2i_gcpo.train.checkpoint import atomic_write_text
-    from t2i_gcpo.train.trainer import claim_run_dir
 
-    several = int(os.environ.get("WORLD_SIZE", 1)) > 1
-    if job.run_dir is None:
-        if several:
-            raise UserError("give out= when training on a list of prompts under several processes")
-        job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
     path = job.run_dir / temporary.name
-    if int(os.environ.get("RANK", 0)) == 0:
-        job.run_dir.mkdir(parents=True, exist_ok=True)
+    if _main_process():
         atomic_write_text(path, temporary.read_text(encoding="utf-8"))
     job.cfg.prompts = str(path)
+
+
+INITIAL_MODEL = "initial_model"  # a policy object's weights before training, in the run directory
+
+
+def _keep_initial_policy(job: Any) -> None:
+    """Save a policy object's weights before training as run_dir/initial_model and record that path as
+    the run's model: a resumed run starts from it (the KL and DGPO reference is the initial policy),
+    then loads the checkpoint. Lossless (float32), as the trainer's checkpoints."""
+    import shutil
+
+    path = job.run_dir / INITIAL_MODEL
+    if _main_process():
+        if hasattr(getattr(job.policy, "config", None), "storage_dtype"):
+            job.policy.config.storage_dtype = "float32"
+        partial = job.run_dir / f".{INITIAL_MODEL}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        job.policy.save_pretrained(str(partial))
+        os.replace(partial, path)
+    job.cfg.model = str(path)
+
+
+def _run(job: Any) -> dict:
+    from t2i_gcpo.train.run import run
+
+    try:
+        return run(job)
+    except UserError as e:  # the message says what went wrong: the traceback starts here, the cause is kept
+        raise e.with_traceback(None) from e.__cause__
 
 
 def _finish(job: Any, final: dict) -> TrainResult:
@@ -572,7 +632,8 @@ def evaluate_shapeworld(
         overwrite: regenerate the images already in ``out/images``.
 
     Returns:
-        GenEval's summary: ``{"overall": strict score, "per_tag": {tag: {…}}, …}`` as summary.json.
+        GenEval's summary, as summary.json: ``{"tags": {tag: {"score", "correct", "total"}},
+        "overall": the unweighted mean of the tag scores}``.
     """
     from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.errors import check_writable_dir
@@ -643,7 +704,7 @@ def evaluate_geneval(
         overwrite: regenerate the images already in ``out/images``.
 
     Returns:
-        GenEval's summary (as summary.json).
+        GenEval's summary, as summary.json (see `evaluate_shapeworld`).
     """
     from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.eval.geneval import load_geneval_prompts, masked_asked, score_geneval_folder

@@ -24,8 +24,8 @@ class Job:
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
 
 
-# config.yaml's `model` / `reward` for a policy or reward given as a Python object that no string can
-# load again: "<python>:NAME" (resume takes the object again, or the model from the latest checkpoint)
+# `model` / `reward` for a policy or reward given as a Python object that no string can load again:
+# "<python>:NAME" (the API saves such a policy's initial weights and records their path instead)
 PYTHON_OBJECT = "<python>"
 
 
@@ -63,10 +63,6 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
                 f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
                 f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
             )
-        if policy is None and is_python_object(cfg.model):  # the latest checkpoint is a whole model
-            from t2i_gcpo.train.checkpoint import latest_checkpoint
-
-            policy = load_policy(str(latest_checkpoint(run_dir) / "model"), cfg.model_options)
     else:
         cfg = cfg if cfg is not None else load_config(algo, config_file, flags, overrides)
         for key, given in (("model", policy), ("reward", reward)):
