@@ -22,7 +22,7 @@ def main(out: str = "runs/example-sample") -> None:
 
     # held-out prompts: here a list of four; by default the shipped prompts/shapeworld_test.jsonl
     held_out = prompts + ["a photo of three yellow crosses", "a photo of a triangle above a bar"]
-    summary = api.evaluate_shapeworld("shapeworld", Path(out) / "eval", held_out, n=4, seed=0)
+    summary = api.evaluate_shapeworld(Path(out) / "eval", "shapeworld", held_out, n=4, seed=0)
     print(f"ShapeWorld strict score {summary['overall']:.3f} over {len(held_out)} prompts × 4 images")
 
 

@@ -601,8 +601,8 @@ def sample(
 
 
 def evaluate_shapeworld(
+    out: str | os.PathLike,
     model: ModelArg = "shapeworld",
-    out: str | os.PathLike = "eval/shapeworld",
     prompts: PromptsArg | None = None,
     n: int = 4,
     *,
@@ -620,8 +620,8 @@ def evaluate_shapeworld(
     per image: ``tag``, ``correct``, ``partial`` …) and ``out/summary.txt`` / ``summary.json``.
 
     Args:
-        model: a model name or path (see `load_policy`) or a policy object.
         out: the output folder.
+        model: a model name or path (see `load_policy`) or a policy object.
         prompts: a prompt file or list (default: the shipped prompts/shapeworld_test.jsonl).
         n: images per prompt.
         batch: prompts per sampling call.
@@ -650,10 +650,10 @@ def evaluate_shapeworld(
     generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=scale, steps=steps,
                      reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
                      overwrite=overwrite)  # fmt: skip
-    return score_geneval_folder(root, ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+    return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
 
 
-class ShapeWorldDetector:
+class _ShapeWorldDetector:
     """ShapeWorld's pixel detector behind the GenEval detector interface (PIL image → detections)."""
 
     name = "shapeworld"
@@ -725,7 +725,7 @@ def evaluate_geneval(
                  **masked_asked(steps, reveal_order)}  # fmt: skip
         check_resumable(out / "images", prompts, known)
     if detector == "shapeworld":
-        det, colors = ShapeWorldDetector(), None
+        det, colors = _ShapeWorldDetector(), None
     else:
         from t2i_gcpo.scoring.color_clip import ClipColorClassifier
         from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector

@@ -123,7 +123,7 @@ def shapeworld_cmd(
     from t2i_gcpo.api import evaluate_shapeworld
 
     # a Path is a file, never a prompt
-    summary = evaluate_shapeworld(model, out, Path(prompts) if prompts else None, images_per_prompt, batch=batch,
+    summary = evaluate_shapeworld(out, model, Path(prompts) if prompts else None, images_per_prompt, batch=batch,
                                   cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
                                   overwrite=overwrite)  # fmt: skip
     _print_summary(Path(out), summary)
