@@ -154,6 +154,10 @@ def test_bad_input_fails_before_anything_is_written(tiny, tmp_path):
         api.train(tiny["model"], PROMPTS, redness, algo="ppo", out=out)
     with pytest.raises(UserError, match="list is empty"):
         api.train(tiny["model"], [], redness, out=out)
+    with pytest.raises(UserError, match="'ppo' is neither a preset"):
+        api.train(tiny["model"], PROMPTS, redness, config="ppo", out=out)
+    with pytest.raises(UserError, match="unknown config key 'model_options.nope'"):
+        api.load_policy(tiny["model"], nope=1)
     assert not out.exists()
 
 
