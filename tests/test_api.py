@@ -199,3 +199,25 @@ def test_importing_the_api_loads_no_torch():
     code = ("import sys, t2i_gcpo; t2i_gcpo.api.train; from t2i_gcpo.api import credit_maps; "
             "assert 'torch' not in sys.modules; print('ok')")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_a_janus_policy_object_generates_trains_and_resumes(tmp_path):
+    """docs/real_checkpoints.md's API path on a tiny random Janus: its initial weights are saved and
+    a resume loads them (another family's save_pretrained than the ShapeWorld prior's)."""
+    from janus_fixtures import build_tiny_janus
+
+    ckpt = build_tiny_janus(tmp_path / "janus")
+    policy = api.load_policy(f"janus:{ckpt}", dtype="float32")
+    prompts = ["a photo of a cat", "a photo of two dogs"]
+    images = api.generate(policy, prompts, n=2, seed=0)
+    assert images.shape == (2, 2, 3, 8, 8) and 0 <= images.min() and images.max() <= 1
+    fast = {**FAST, "rollout.cfg_scale": 5.0}
+    out = tmp_path / "run"
+    api.train(policy, prompts, redness, "gcpo-official", overrides=fast, steps=1, out=out)
+    initial = api.load_policy(str(out / "initial_model"))
+    base = api.load_policy(f"janus:{ckpt}", dtype="float32")
+    for (name, a), (_, b) in zip(initial.state_dict().items(), base.state_dict().items()):
+        assert torch.equal(a, b), name
+    resumed = api.train(resume=out, steps=2, reward=redness)
+    assert [r["step"] for r in resumed.metrics] == [1, 2]
