@@ -194,8 +194,9 @@ def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
 
 
 def _is_prompt_file(prompts: Any) -> bool:
+    """A path, or a string naming a prompt file (any other string is a prompt)."""
     return isinstance(prompts, os.PathLike) or (
-        isinstance(prompts, str) and Path(prompts).suffix in (".txt", ".jsonl")
+        isinstance(prompts, str) and (Path(prompts).suffix in (".txt", ".jsonl") or Path(prompts).is_file())
     )
 
 

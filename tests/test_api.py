@@ -161,6 +161,15 @@ def test_bad_input_fails_before_anything_is_written(tiny, tmp_path):
     assert not out.exists()
 
 
+def test_a_list_of_metadata_dicts_trains_as_a_jsonl_file_does(tiny, tmp_path):
+    rows = [json.loads(line) for line in open(tiny["prompts"])]
+    listed = api.train(tiny["model"], rows, redness, overrides=FAST, steps=1, seed=1, out=tmp_path / "list")
+    from_file = api.train(tiny["model"], tiny["prompts"], redness, overrides=FAST, steps=1, seed=1,
+                          out=tmp_path / "file")  # fmt: skip
+    assert [json.loads(line) for line in open(listed.run_dir / "prompts.jsonl")] == rows
+    assert untimed(listed.metrics) == untimed(from_file.metrics)
+
+
 def test_cli_and_api_give_the_same_run_for_the_same_seed(tiny, tmp_path):
     sets = [x for k, v in FAST.items() for x in ("--set", f"{k}={v}")]
     r = CliRunner().invoke(cli, ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--reward",
@@ -221,3 +230,21 @@ def test_a_janus_policy_object_generates_trains_and_resumes(tmp_path):
         assert torch.equal(a, b), name
     resumed = api.train(resume=out, steps=2, reward=redness)
     assert [r["step"] for r in resumed.metrics] == [1, 2]
+
+
+def test_credit_maps_draws_each_prompt_and_measures_lift(tmp_path):
+    out = tmp_path / "maps"
+    with pytest.raises(UserError, match="unknown scheme"):
+        api.credit_maps(PROMPTS[:2], out, schemes=("gcpo", "nope"))
+    assert not out.exists()
+    table = api.credit_maps(PROMPTS[:2], out, model="shapeworld", schemes=("gcpo", "uniform"), group_size=2)
+    assert (
+        (out / "00000.png").is_file()
+        and (out / "00001.png").is_file()
+        and (out / "credit_maps.html").is_file()
+    )
+    lifts = json.loads((out / "lift.json").read_text())
+    assert len(lifts["uniform"]) == len(lifts["gcpo"]) == 4  # 2 prompts × G = 2
+    defined = [v for v in lifts["uniform"] if not math.isnan(v)]  # the shipped model draws the objects
+    assert defined and all(v == pytest.approx(1.0) for v in defined)  # uniform credit lifts nothing
+    assert "gcpo" in table and "wrote 2 figures" in table
