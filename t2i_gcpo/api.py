@@ -480,13 +480,17 @@ def generate(
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
     if isinstance(prompts, str) and not _is_prompt_file(prompts):
         prompts = [prompts]
-    if _is_prompt_file(prompts):
+    policy = _load(model).eval()
+    if _is_prompt_file(prompts) and policy.output == "text":  # e.g. arithmetic questions
+        from t2i_gcpo.tasks.registry import get_task
+
+        texts = [p.text for p in get_task(policy.default_task, policy).load_prompts(os.fspath(prompts))]
+    elif _is_prompt_file(prompts):  # any text a line, as `sample` reads it (GenEval rows: their prompt)
         from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
         texts = [m["prompt"] for m in read_prompt_file(os.fspath(prompts), strict=False)]
     else:
         texts = list(prompts)
-    policy = _load(model).eval()
     policy.check_prompts(texts)
     scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
     sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=scale,
