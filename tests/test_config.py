@@ -24,7 +24,7 @@ def test_every_config_file_loads_and_opens_with_a_header(path: Path):
 
 def test_presets_match_the_spec_table():
     rows = {a: load_config(a) for a in ALGORITHMS}
-    table = {  # SPEC §3: ε_low / ε_high, aggregation, dynamic sampling, β, credit
+    table = {  # docs/concepts/algorithms.md#presets: ε_low / ε_high, aggregation, dynamic sampling, β, credit
         "grpo": (0.2, 0.2, "seq-mean-token-mean", False, 0.03, "uniform"),
         "dapo": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
         "gcpo": (0.2, 0.28, "token-mean", True, 0.0, "gcpo"),

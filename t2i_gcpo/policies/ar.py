@@ -11,11 +11,11 @@ Embedding ids: prompt words and specials first, then image code k at ``len(vocab
 Null prompt: the L prompt words replaced by ``<pad>`` — ``[<bos>, <pad>×L, <boi>]``, no attention
 mask (pads stay visible, as in Janus). Pretraining drops the prompt to this form ~10 % of the
 time; it is the unconditional branch of CFG and GCPO's negative context c⁻ for this model
-(SPEC §4.1).
+(docs/concepts/credit.md#gcpo).
 
 Sampling (gpt-fast style, STYLE item 6): one KV cache for the doubled batch [cond rows; null rows]
 allocated once, `prefill` then `decode_one_token` × (T − 1); both halves get the same sampled token
-and are split after the head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). The default loop
+and are split after the head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (docs/concepts/generation.md). The default loop
 (``cache="fused"``) runs the Llama maths on the model's own weights with fused projections
 (policies/fused_llama.py); ``cache="static"`` is the same loop through transformers' layers and
 ``StaticCache`` (the reference the tests compare it with). The token is drawn by the sample step every adapter

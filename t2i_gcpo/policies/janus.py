@@ -1,4 +1,4 @@
-"""Janus / Janus-Pro adapter over transformers' `JanusForConditionalGeneration` (SPEC §4.1, §5).
+"""Janus / Janus-Pro adapter over transformers' `JanusForConditionalGeneration` (docs/concepts/credit.md#gcpo, docs/concepts/generation.md).
 
 Janus-Pro (Chen et al., 2025, arXiv 2501.17811) generates an image as T = 24×24 = 576 VQ tokens,
 autoregressively, with classifier-free guidance: ℓ = ℓ_u + s·(ℓ_c − ℓ_u), s = 5 in the paper's
@@ -14,7 +14,7 @@ under no_grad and returns only the last step's scores:
 - ``logprobs``: the same quantities teacher-forced with gradient, over
   [prompt embeddings; image-token embeddings] → generation head at the image positions.
 
-Null branch (GCPO's negative context c⁻ for text-to-image, SPEC §4.1), built exactly as
+Null branch (GCPO's negative context c⁻ for text-to-image, docs/concepts/credit.md#gcpo), built exactly as
 transformers' CFG path builds it: every prompt token that is neither BOS nor the begin-of-image id
 is replaced by the pad id read from the checkpoint's generation config; the attention mask is
 copied unchanged, so the pad tokens stay visible.

@@ -10,7 +10,7 @@ a separate head maps the hidden state of each image position to the K codebook l
 never predicted). The prompt vocabulary and the VQ tokenizer are those of the AR prior
 (t2i_gcpo/assets/shapeworld), so the two priors see the same words and the same 8×8 codes.
 
-Null prompt (CFG's unconditional branch and GCPO's c⁻, SPEC §4.1): built exactly as the AR prior
+Null prompt (CFG's unconditional branch and GCPO's c⁻, docs/concepts/credit.md#gcpo): built exactly as the AR prior
 builds it, the L prompt words replaced by ``<pad>`` — ``[<bos>, <pad>×L, <boi>]``; pretraining drops
 the prompt to this form ~10 % of the time. Guidance ℓ = ℓ_u + s·(ℓ_c − ℓ_u) (``u + s(c − u)``, as the
 AR prior, so the two priors' scales compare), optionally scheduled over the steps

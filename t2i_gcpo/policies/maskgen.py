@@ -33,7 +33,7 @@ arXiv 2202.04200, §3.2; Muse, Chang et al. 2023, arXiv 2301.00704; diffusers ``
   only at the first step, s at the last (open-muse's ``guidance_schedule="linear"``, which is
   ``linspace(0, g, S)`` in Muse's (1 + g)c − g·u form: the same scales written as u + s(c − u)).
 
-Log-prob estimators (the importance ratio of a masked sample; SPEC §5), chosen per policy:
+Log-prob estimators (the importance ratio of a masked sample; docs/concepts/generation.md), chosen per policy:
 
 - ``trajectory`` (default). Replay the recorded reveal order: the input of step s is the canvas with
   every token revealed before s in place and the rest masked; each token is scored at the step that

@@ -1,6 +1,6 @@
 """Any local transformers causal LM (``AutoModelForCausalLM`` + ``AutoTokenizer``) as a text `Policy`.
 
-Contexts (SPEC §4.1, text reasoning):
+Contexts (docs/concepts/credit.md#gcpo, text reasoning):
 
 - ``pos`` (c⁺): the prompt as the user turn of the tokenizer's chat template with the generation
   prompt added; without a chat template, the raw prompt text. Token ids as the tokenizer gives them:
@@ -139,7 +139,7 @@ class TextPolicy(nn.Module):
             raise UserError(f"features must be 'hidden' or 'embedding', not {features!r}")
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-        self.negative = negative  # the default negative context (SPEC §4.1)
+        self.negative = negative  # the default negative context (docs/concepts/credit.md#gcpo)
         self.wrong_answer_instruction = wrong_answer_instruction
         self.max_new_tokens = int(max_new_tokens)  # used when SamplingParams.max_new_tokens is None
         # False: sample through transformers' layers even for a plain Llama

@@ -1,4 +1,4 @@
-"""The arithmetic task (SPEC §7): the text-reasoning path's prompts, reward, metrics and held-out score.
+"""The arithmetic task (docs/worlds/arithmetic.md): the text-reasoning path's prompts, reward, metrics and held-out score.
 
 Prompts: problem files as `worlds.arithmetic.read_problem_file` reads them (GSM8K-style .jsonl rows
 {"question", "answer"}, or one question a line in .txt). A record's text is the bare question
@@ -17,7 +17,7 @@ valid tokens V_i, weights w_it),
 
     lift_i = (Σ_{t∈S_i} w_it / Σ_{t∈V_i} w_it) / (|S_i| / |V_i|),    step_lift = mean_i lift_i,
 
-the mean of per-sample ratios (as `viz.lift.credit_lift` / SPEC §6's credit lift, which it reuses):
+the mean of per-sample ratios (as `viz.lift.credit_lift` / the credit lift of docs/worlds/shapeworld.md#credit-lift, which it reuses):
 each failed sample counts once whatever its length. Uniform credit gives exactly 1. A sample is left
 out when the ratio is undefined: correct, no known steps (free text), S_i empty (a truncated completion
 with no answer line), S_i = V_i, or Σ w = 0.

@@ -1,4 +1,4 @@
-"""Pretrain the arithmetic world's tiny causal LM on noisy worked solutions (SPEC §7).
+"""Pretrain the arithmetic world's tiny causal LM on noisy worked solutions (docs/worlds/arithmetic.md).
 
 1. Data: the training problems of `make_splits(n_train, n_test)` (the held-out test problems are
    drawn first, so they are those of `make_splits()` whatever `n_train` is, and never trained on).

@@ -1,4 +1,4 @@
-"""GenEval prompt text ↔ metadata (SPEC §8 schema), for ShapeWorld shapes or the 80 COCO classes.
+"""GenEval prompt text ↔ metadata (docs/evaluation/geneval.md schema), for ShapeWorld shapes or the 80 COCO classes.
 
 GenEval's six templates, exactly as worded in its evaluation_metadata.jsonl:
 
@@ -413,7 +413,7 @@ def metadata_conflict(metadata: dict, classes: list[str] | None = None) -> str |
 
 
 def validate_metadata(metadata: object, classes: list[str] | None = None) -> dict:
-    """Check one GenEval metadata record (SPEC §8 schema); return it or raise UserError (one line).
+    """Check one GenEval metadata record (docs/evaluation/geneval.md schema); return it or raise UserError (one line).
 
     `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others). The tag
     is one of GenEval's six or of `EXTENDED_TAGS`.
