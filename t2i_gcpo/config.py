@@ -416,6 +416,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def preset_names() -> tuple[str, ...]:
+    """The algorithm presets shipped as configs/<name>.yaml (recipes/ holds full runs, not presets)."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+
+
 def preset_path(algo: str) -> Path:
     if algo not in ALGORITHMS:
         raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from t2i_gcpo.config import preset_names
+
 EXAMPLES = """
 \b
 Examples:
@@ -44,9 +46,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     help="Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).",
 )
-@click.option(
-    "--algo", type=str, default=None, help="grpo | dapo | gcpo | dgpo | gcpo-official  [default: gcpo]"
-)
+@click.option("--algo", type=str, default=None, help=" | ".join(preset_names()) + "  [default: gcpo]")
 @click.option(
     "--config", "config_file", type=str, default=None, help="YAML config applied on top of the preset."
 )
