@@ -17,7 +17,7 @@ Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
   t2i-gcpo train --prompts my.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --model shapeworld-masked \\
-      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (README)
+      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (docs/guides/masked.md)
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run

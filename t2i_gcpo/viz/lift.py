@@ -1,6 +1,6 @@
 """Credit lift: does a credit scheme put its weight on the tokens that draw the prompt's objects?
 
-docs/worlds/shapeworld.md. For sample i with valid tokens V_i (mask), object tokens O_i ⊆ V_i (token-grid cells that
+See docs/worlds/shapeworld.md#credit-lift. For sample i with valid tokens V_i (mask), object tokens O_i ⊆ V_i (token-grid cells that
 cover a prompt object) and weights w_it ≥ 0:
 
     lift_i = (Σ_{t∈O_i} w_it / Σ_{t∈V_i} w_it) / (|O_i| / |V_i|)

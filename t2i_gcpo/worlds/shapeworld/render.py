@@ -8,7 +8,7 @@ cells), one free cell between objects, at one of two scales:
   per shape (151 distinct 4×4 patches in all, within the 256-entry codebook), so the prior's
   randomness is in what GenEval scores — layout, class, colour, count — and not in sub-token pixel
   offsets and sizes that no prompt asks about (those made most sampled objects malformed blobs and
-  drowned RL's gradient in irrelevant choices; README "ShapeWorld").
+  drowned RL's gradient in irrelevant choices; docs/results/shapeworld.md#gradient-signal).
 - 64 px (16×16 tokens): a 16 px box, 4×4 tokens, drawn with inner detail — a 2 px rim in the
   object's colour around a pale core of the same colour (`core_rgb`: 65 % colour over the gray
   background) — so the tokens inside an object are not flat copies of its first one.
