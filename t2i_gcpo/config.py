@@ -66,7 +66,7 @@ class RolloutConfig:
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
-        "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
+        "Which distribution is trained (docs/concepts/generation.md): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
@@ -130,7 +130,7 @@ class LossConfig:
 @dataclass
 class GCPOConfig:
     normalization: Literal["hist", "softmax", "mean", "none"] = doc(
-        "How d_t becomes weights (SPEC §4.1); 'hist' is the official one.", "hist"
+        "How d_t becomes weights (docs/concepts/credit.md#gcpo); 'hist' is the official one.", "hist"
     )
     top_fraction: float = doc("x in the hist schedule: the top fraction of tokens …", 0.4)
     top_mass: float = doc("y in the hist schedule: … that carries this fraction of the credit.", 0.8)
@@ -219,7 +219,7 @@ class ModelOptions:
     )
     remask_count: int = doc("Masked models, estimator 'remask': re-masks per sample (K).", 2)
     negative: str = doc(
-        "Text models: GCPO's negative context c⁻ (SPEC §4.1) — 'empty' (the question removed, the "
+        "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "
         "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
         "or a template containing {question}.",
         "empty",
@@ -414,6 +414,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def preset_names() -> tuple[str, ...]:
+    """The algorithm presets shipped as configs/<name>.yaml (recipes/ holds full runs, not presets)."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
 
 
 def preset_path(algo: str) -> Path:
