@@ -1,6 +1,6 @@
 """One typed config schema holding every default of a training run.
 
-Layering: dataclass defaults → algorithm preset (``configs/<algo>.yaml``) → ``--config FILE`` →
+Layering: dataclass defaults → algorithm preset (``t2i_gcpo/configs/<algo>.yaml``) → ``--config FILE`` →
 command-line flags → ``--set key=value`` (dotted keys, YAML-typed values). Unknown keys and values
 of the wrong type are errors that name the key. Every field is documented once, here, with its
 paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
@@ -19,9 +19,9 @@ from typing import Any, Literal, Union
 import yaml
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR, config_file_path
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-REPO_PROMPTS = CONFIG_DIR.parent / "prompts"  # the prompt files a checkout ships
+REPO_PROMPTS = PROMPTS_DIR  # the name branches older than t2i_gcpo/resources.py import
 ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical", "stage")
 
 
@@ -417,6 +417,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def preset_path(algo: str) -> Path:
+    """The shipped preset of `algo`: always the package's own file (in a clone, the checkout's
+    t2i_gcpo/configs/, edits included); a file of the user's is given with --config, on top of it."""
     if algo not in ALGORITHMS:
         raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")
     return CONFIG_DIR / f"{algo}.yaml"
@@ -455,7 +457,7 @@ def load_config(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> TrainConfig:
     """Build the resolved config. `flags` holds top-level values from CLI options (None = not given)."""
-    file_data = _read_yaml(Path(config_file)) if config_file else {}
+    file_data = _read_yaml(config_file_path(config_file)) if config_file else {}
     algo = algo or file_data.get("algo") or TrainConfig.algo
     cfg = TrainConfig()
     _apply(cfg, _read_yaml(preset_path(algo)))
