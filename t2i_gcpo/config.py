@@ -190,6 +190,23 @@ class OptimConfig:
         1e-4,
     )
     weight_decay: float = doc("AdamW weight decay.", 0.0)
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = doc(
+        "Learning-rate schedule over the run's steps (transformers.get_scheduler), after warmup_steps of "
+        "linear warmup: constant, linear decay to 0, cosine decay to 0, or cosine decay to min_lr_rate × lr "
+        "(the official GCPO launch script: cosine_with_min_lr, min_lr_rate 0.05). The lr at step k is "
+        "lr × λ(k − 1), λ transformers' schedule; the logged metric 'lr' shows it.",
+        "constant",
+    )
+    warmup_steps: int = doc(
+        "Steps of linear warmup before the schedule (0: none); transformers' warmup starts at lr 0 (step 1 "
+        "makes no change) and reaches optim.lr at step warmup_steps + 1.",
+        0,
+    )
+    min_lr_rate: float = doc(
+        "cosine_with_min_lr: the floor as a fraction of optim.lr (the cosine ends there one step after the "
+        "last).",
+        0.0,
+    )
     grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
     update_epochs: int = doc(
         "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
@@ -291,6 +308,12 @@ class TrainConfig:
             (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
             (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
             (self.optim.lr > 0, "optim.lr must be > 0"),
+            (self.optim.warmup_steps >= 0, "optim.warmup_steps must be ≥ 0"),
+            (0 <= self.optim.min_lr_rate <= 1, "optim.min_lr_rate must be in [0, 1]"),
+            (
+                self.optim.min_lr_rate == 0 or self.optim.lr_scheduler == "cosine_with_min_lr",
+                "optim.min_lr_rate applies to optim.lr_scheduler=cosine_with_min_lr only",
+            ),
             (
                 self.optim.update_epochs >= 1 and self.optim.minibatches >= 1,
                 "optim.update_epochs/minibatches must be ≥ 1",

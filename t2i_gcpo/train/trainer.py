@@ -32,6 +32,7 @@ from t2i_gcpo.train.checkpoint import (
     latest_checkpoint,
     load_carry,
     load_optimizer,
+    load_scheduler,
     load_trainer_state,
     mark_finished,
     save_checkpoint,
@@ -47,6 +48,7 @@ from t2i_gcpo.train.distributed import (
     param_checksum,
     unwrap,
 )
+from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
 
 
 @dataclass
@@ -364,7 +366,11 @@ class Trainer:
         if resume:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.optimizer = optimizer = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
+        self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
         if resume and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
@@ -381,6 +387,7 @@ class Trainer:
                 )
             gather_params(self.policy)
         if resume:
+            restore_scheduler(self.scheduler, load_scheduler(self.ckpt), self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
@@ -449,8 +456,11 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
+                lr = current_lr(self.scheduler)  # the lr this step's update used
                 row = train_step(self, step)
+                self.scheduler.step()  # once per training step, with or without an update
                 row[M.TIME_STEP] = time.perf_counter() - tic
+                row[M.LR] = lr
                 row = self._gather(row)
                 if cfg.advantage.dynamic_sampling:
                     self.observe_zero_std(row[M.ZERO_STD_RATIO])
@@ -619,7 +629,8 @@ class Trainer:
                 optimizer_state = self.optimizer.state_dict()
             state = {"algo": self.cfg.algo, "zero_std_estimate": self.zero_std_estimate}
             save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
-                            carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
+                            carry=carry if any(c is not None for c in carry) else None,
+                            scheduler_state=self.scheduler.state_dict())  # fmt: skip
         acc.wait_for_everyone()
 
     def _saved_step(self) -> int:
