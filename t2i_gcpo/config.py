@@ -278,6 +278,12 @@ class TrainConfig:
         100,
     )
     eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8)
+    report_to: str = doc(
+        "Experiment trackers the metrics also go to: tensorboard, wandb, mlflow, trackio, a comma-separated "
+        "list of them, all (every installed one) or none; metrics.jsonl is always written "
+        "(docs/tracking-and-schedules.md).",
+        "tensorboard",
+    )
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)
@@ -338,6 +344,9 @@ class TrainConfig:
             ),  # fmt: skip
         ]
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
+        from t2i_gcpo.train.tracking import check_report_to
+
+        check_report_to(self.report_to)
 
         checks.append(
             (

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo import metrics as M
-from t2i_gcpo.config import TrainConfig, save_config
+from t2i_gcpo.config import TrainConfig, save_config, to_dict
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss
 from t2i_gcpo.core.schemes import get_scheme
@@ -49,6 +49,7 @@ from t2i_gcpo.train.distributed import (
     unwrap,
 )
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
+from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
 
 
 @dataclass
@@ -298,6 +299,7 @@ class Trainer:
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
+        trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
@@ -313,6 +315,8 @@ class Trainer:
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+            log_with=trackers or None,
+            project_dir=".",  # TensorBoard's folder is set once the run directory is known (start_trackers)
         )
         acc = self.accelerator
         n_proc = acc.num_processes
@@ -396,13 +400,7 @@ class Trainer:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
-        self.writer = None
-        if acc.is_main_process:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(
-                str(run_dir / "tb"), purge_step=self.start_step + 1 if resume else None
-            )
+        start_trackers(acc, trackers, run_dir, to_dict(cfg), self.start_step)
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
@@ -511,10 +509,9 @@ class Trainer:
         return final
 
     def _shutdown(self) -> None:
-        """End a run every process reached together: flush TensorBoard and wait until all ranks are
+        """End a run every process reached together: close the trackers and wait until all ranks are
         done, so none leaves (train.distributed.leave_process_group) while another still needs it."""
-        if self.writer is not None:
-            self.writer.close()
+        finish_trackers(self.accelerator)
         self.accelerator.wait_for_everyone()
 
     def _announce(self, step: int, headline: str, bar: Any) -> None:
@@ -577,10 +574,7 @@ class Trainer:
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        for k, v in row.items():
-            if k != M.STEP and v is not None:
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
+        log_metrics(self.accelerator, row, step)
         if (
             not append_only
             and self.cfg.sample_every
