@@ -1,6 +1,6 @@
 """One typed config schema holding every default of a training run.
 
-Layering: dataclass defaults → algorithm preset (``configs/<algo>.yaml``) → ``--config FILE`` →
+Layering: dataclass defaults → algorithm preset (``t2i_gcpo/configs/<algo>.yaml``) → ``--config FILE`` →
 command-line flags → ``--set key=value`` (dotted keys, YAML-typed values). Unknown keys and values
 of the wrong type are errors that name the key. Every field is documented once, here, with its
 paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
@@ -19,9 +19,9 @@ from typing import Any, Literal, Union
 import yaml
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR, config_file_path
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-REPO_PROMPTS = CONFIG_DIR.parent / "prompts"  # the prompt files a checkout ships
+REPO_PROMPTS = PROMPTS_DIR  # the name branches older than t2i_gcpo/resources.py import
 ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical", "stage")
 
 
@@ -190,6 +190,23 @@ class OptimConfig:
         1e-4,
     )
     weight_decay: float = doc("AdamW weight decay.", 0.0)
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = doc(
+        "Learning-rate schedule over the run's steps (transformers.get_scheduler), after warmup_steps of "
+        "linear warmup: constant, linear decay to 0, cosine decay to 0, or cosine decay to min_lr_rate × lr "
+        "(the official GCPO launch script: cosine_with_min_lr, min_lr_rate 0.05). The lr at step k is "
+        "lr × λ(k − 1), λ transformers' schedule; the logged metric 'lr' shows it.",
+        "constant",
+    )
+    warmup_steps: int = doc(
+        "Steps of linear warmup before the schedule (0: none); transformers' warmup starts at lr 0 (step 1 "
+        "makes no change) and reaches optim.lr at step warmup_steps + 1.",
+        0,
+    )
+    min_lr_rate: float = doc(
+        "cosine_with_min_lr: the floor as a fraction of optim.lr (the cosine ends there one step after the "
+        "last).",
+        0.0,
+    )
     grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
     update_epochs: int = doc(
         "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
@@ -261,6 +278,12 @@ class TrainConfig:
         100,
     )
     eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8)
+    report_to: str = doc(
+        "Experiment trackers the metrics also go to: tensorboard, wandb, mlflow, trackio, a comma-separated "
+        "list of them, all (every installed one) or none; metrics.jsonl is always written "
+        "(docs/tracking-and-schedules.md).",
+        "tensorboard",
+    )
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)
@@ -291,6 +314,12 @@ class TrainConfig:
             (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
             (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
             (self.optim.lr > 0, "optim.lr must be > 0"),
+            (self.optim.warmup_steps >= 0, "optim.warmup_steps must be ≥ 0"),
+            (0 <= self.optim.min_lr_rate <= 1, "optim.min_lr_rate must be in [0, 1]"),
+            (
+                self.optim.min_lr_rate == 0 or self.optim.lr_scheduler == "cosine_with_min_lr",
+                "optim.min_lr_rate applies to optim.lr_scheduler=cosine_with_min_lr only",
+            ),
             (
                 self.optim.update_epochs >= 1 and self.optim.minibatches >= 1,
                 "optim.update_epochs/minibatches must be ≥ 1",
@@ -315,6 +344,9 @@ class TrainConfig:
             ),  # fmt: skip
         ]
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
+        from t2i_gcpo.train.tracking import check_report_to
+
+        check_report_to(self.report_to)
 
         checks.append(
             (
@@ -422,6 +454,8 @@ def preset_names() -> tuple[str, ...]:
 
 
 def preset_path(algo: str) -> Path:
+    """The shipped preset of `algo`: always the package's own file (in a clone, the checkout's
+    t2i_gcpo/configs/, edits included); a file of the user's is given with --config, on top of it."""
     if algo not in ALGORITHMS:
         raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")
     return CONFIG_DIR / f"{algo}.yaml"
@@ -460,7 +494,7 @@ def load_config(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> TrainConfig:
     """Build the resolved config. `flags` holds top-level values from CLI options (None = not given)."""
-    file_data = _read_yaml(Path(config_file)) if config_file else {}
+    file_data = _read_yaml(config_file_path(config_file)) if config_file else {}
     algo = algo or file_data.get("algo") or TrainConfig.algo
     cfg = TrainConfig()
     _apply(cfg, _read_yaml(preset_path(algo)))

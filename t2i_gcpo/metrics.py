@@ -18,6 +18,7 @@ CLIP_FRAC = "clip_frac"  # fraction of valid tokens whose ratio was clipped (zer
 RATIO_MEAN = "ratio/mean"  # mean ρ over valid tokens
 ENTROPY = "entropy"  # mean token entropy of the trained distribution, nats
 GRAD_NORM = "grad_norm"  # global gradient norm before clipping
+LR = "lr"  # learning rate of the step's update (optim.lr_scheduler)
 CREDIT_WEIGHT_MAX = "credit/weight_max"  # mean over sequences of max_t w_t
 CREDIT_WEIGHT_ENTROPY = "credit/weight_entropy"  # mean over sequences of H(w/N) / ln N (1 = uniform)
 CREDIT_LIFT = "credit_lift"  # (share of credit on object tokens) / (share of object tokens); 1 = uniform

@@ -30,17 +30,18 @@ from pathlib import Path
 
 import pytest
 
+from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR
+
 from train_fixtures import tiny_policy_dir, write_prompt_file
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["--reward", "train_fixtures:redness", "--set", "rollout.group_size=4", "--set", "optim.lr=3e-3"]
 # the shipped arithmetic LM: completions of different lengths, so each process's token count differs
-TEXT = ["--model", "arithmetic", "--prompts", str(REPO / "prompts" / "arithmetic_train.jsonl"), "--reward",
+TEXT = ["--model", "arithmetic", "--prompts", str(PROMPTS_DIR / "arithmetic_train.jsonl"), "--reward",
         "arithmetic", "--algo", "dapo", "--set", "rollout.group_size=8", "--set", "optim.lr=3e-4"]  # fmt: skip
 COMMON = ["--steps", "3", "--set", "rollout.prompts_per_step=4", "--set", "advantage.dynamic_sampling=false",
           "--set", "eval_every=-1", "--set", "sample_every=0"]  # fmt: skip
 DDP = ["--multi_gpu"]
-FSDP = ["--config_file", str(REPO / "configs" / "accelerate" / "fsdp.yaml")]  # the shipped file
+FSDP = ["--config_file", str(CONFIG_DIR / "accelerate" / "fsdp.yaml")]  # the shipped file
 
 
 def free_port() -> int:

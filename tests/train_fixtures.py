@@ -9,16 +9,16 @@ import torch
 
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 from t2i_gcpo.worlds.shapeworld import generate_metadata
 
-REPO = Path(__file__).resolve().parents[1]
 # the vocabulary covers every shipped ShapeWorld prompt, so the tiny model takes the real prompt files
 PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)] + [
     line
     for f in ("shapeworld_train.txt", "shapeworld_test.txt")
-    for line in (REPO / "prompts" / f).read_text().splitlines()
+    for line in (PROMPTS_DIR / f).read_text().splitlines()
 ]
 
 

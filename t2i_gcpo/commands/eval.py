@@ -177,15 +177,15 @@ def shapeworld_cmd(
 ):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
-    from t2i_gcpo.config import REPO_PROMPTS
     from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
     from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
     out = _check_out(out)
     policy = _policy(model)
     task = get_task(policy.default_task, policy)
-    metadata = [p.meta for p in task.load_prompts(prompts or REPO_PROMPTS / "shapeworld_test.jsonl")]
+    metadata = [p.meta for p in task.load_prompts(prompts or PROMPTS_DIR / "shapeworld_test.jsonl")]
     root = out / "images"
     generate_geneval(
         policy,

@@ -78,11 +78,13 @@ def sample_cmd(
     from t2i_gcpo.eval.geneval import generate_geneval
     from t2i_gcpo.eval.layout import model_identity, sample_path
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.resources import prompt_file
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
     out_dir = check_writable_dir(out, "--out")  # before loading anything
+    prompts_path = prompt_file(prompts_path)  # the user's file, else the shipped one it names
     texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
     policy = load_policy(model).eval()
     policy.check_prompts(texts)  # every word the model cannot take, at once

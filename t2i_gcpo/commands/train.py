@@ -20,6 +20,7 @@ Examples:
       --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (docs/guides/masked.md)
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --report-to wandb --set optim.lr_scheduler=cosine
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
@@ -64,6 +65,14 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     help="'shapeworld' (default), 'clip:CKPT', 'geneval:DET,CLIP', 'module:function', sums.",
 )
 @click.option("--out", type=str, default=None, help="Run directory  [default: runs/<algo>-<time>]")
+@click.option(
+    "--report-to",
+    "report_to",
+    type=str,
+    default=None,
+    metavar="TRACKERS",
+    help="tensorboard | wandb | mlflow | trackio | all | none, or a comma-separated list  [default: tensorboard]",
+)
 @click.option("--steps", type=int, default=None, help="Optimizer steps  [default: 200]")
 @click.option("--seed", type=int, default=None, help="Seed  [default: 0]")
 @click.option(
@@ -82,7 +91,9 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
 )
 @click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
               help="List every config key with its default and meaning.")  # fmt: skip
-def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overrides, resume) -> None:
+def train_cmd(
+    prompts, algo, config_file, model, reward, out, report_to, steps, seed, overrides, resume
+) -> None:
     """Train a text-to-image policy with GRPO, DAPO, GCPO or DGPO.
 
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
@@ -92,13 +103,18 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     from t2i_gcpo.train.run import prepare, run
 
     if resume:
-        if any(v is not None for v in (prompts, algo, config_file, model, reward, out, seed)) or overrides:
+        if (
+            any(v is not None for v in (prompts, algo, config_file, model, reward, out, report_to, seed))
+            or overrides
+        ):
             raise UserError("--resume takes the run's saved config; only --steps may be given with it")
         job = prepare(resume_dir=Path(resume), steps=steps)
     else:
         if not prompts:
             raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
-        flags = dict(prompts=prompts, model=model, reward=reward, out=out, steps=steps, seed=seed)
+        flags = dict(
+            prompts=prompts, model=model, reward=reward, out=out, steps=steps, seed=seed, report_to=report_to
+        )
         job = prepare(algo=algo, config_file=config_file, flags=flags, overrides=overrides)
     try:
         run(job)  # prints each held-out evaluation and the run directory

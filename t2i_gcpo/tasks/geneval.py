@@ -42,8 +42,10 @@ class GenEvalTask:
         return geneval_classes()
 
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
+        from t2i_gcpo.resources import prompt_file
         from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
+        path = prompt_file(path)  # the user's file, else the shipped one it names
         metadata = read_prompt_file(path, classes=self._classes())
         if not metadata:
             raise UserError(f"prompt file {path} holds no prompts")

@@ -43,10 +43,17 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Any, optimizer_state: dict, state: dict, carry: Any = None
+    run_dir: Path,
+    step: int,
+    policy: Any,
+    optimizer_state: dict,
+    state: dict,
+    carry: Any = None,
+    scheduler_state: dict | None = None,
 ) -> Path:
     """`optimizer_state`: the optimizer's whole state dict (FSDP: gathered from the shards). `carry`:
-    groups kept for the next step, one entry per process (pickled to ``carry.pt``)."""
+    groups kept for the next step, one entry per process (pickled to ``carry.pt``). `scheduler_state`:
+    the lr scheduler's state dict (``scheduler.pt``)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -55,6 +62,8 @@ def save_checkpoint(
     torch.save(optimizer_state, tmp / "optimizer.pt")
     if carry is not None:
         torch.save(carry, tmp / "carry.pt")
+    if scheduler_state is not None:
+        torch.save(scheduler_state, tmp / "scheduler.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -142,3 +151,9 @@ def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
         load(state)
     except (ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None
+
+
+def load_scheduler(ckpt: Path) -> dict | None:
+    """The lr scheduler's saved state (None: a checkpoint from before runs saved one)."""
+    path = ckpt / "scheduler.pt"
+    return _read(path, "the lr scheduler state", weights_only=True) if path.is_file() else None

@@ -38,6 +38,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
+    from t2i_gcpo.train.tracking import resolve_report_to
 
     if resume_dir is not None:
         cfg, finished = _resume_config(resume_dir, steps)
@@ -47,6 +48,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         check_writable_dir(run_dir, "run directory")
     else:
         cfg = load_config(algo, config_file, flags, overrides)
+        resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
         run_dir = Path(cfg.out) if cfg.out else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
             raise UserError(

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo import metrics as M
-from t2i_gcpo.config import TrainConfig, save_config
+from t2i_gcpo.config import TrainConfig, save_config, to_dict
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss
 from t2i_gcpo.core.schemes import get_scheme
@@ -32,6 +32,7 @@ from t2i_gcpo.train.checkpoint import (
     latest_checkpoint,
     load_carry,
     load_optimizer,
+    load_scheduler,
     load_trainer_state,
     mark_finished,
     save_checkpoint,
@@ -47,6 +48,8 @@ from t2i_gcpo.train.distributed import (
     param_checksum,
     unwrap,
 )
+from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
+from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
 
 
 @dataclass
@@ -296,6 +299,7 @@ class Trainer:
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
+        trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
@@ -311,6 +315,8 @@ class Trainer:
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+            log_with=trackers or None,
+            project_dir=".",  # TensorBoard's folder is set once the run directory is known (start_trackers)
         )
         acc = self.accelerator
         n_proc = acc.num_processes
@@ -364,7 +370,11 @@ class Trainer:
         if resume:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.optimizer = optimizer = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
+        self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
         if resume and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
@@ -381,6 +391,7 @@ class Trainer:
                 )
             gather_params(self.policy)
         if resume:
+            restore_scheduler(self.scheduler, load_scheduler(self.ckpt), self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
@@ -389,13 +400,7 @@ class Trainer:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
-        self.writer = None
-        if acc.is_main_process:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(
-                str(run_dir / "tb"), purge_step=self.start_step + 1 if resume else None
-            )
+        start_trackers(acc, trackers, run_dir, to_dict(cfg), self.start_step)
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
@@ -449,8 +454,11 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
+                lr = current_lr(self.scheduler)  # the lr this step's update used
                 row = train_step(self, step)
+                self.scheduler.step()  # once per training step, with or without an update
                 row[M.TIME_STEP] = time.perf_counter() - tic
+                row[M.LR] = lr
                 row = self._gather(row)
                 if cfg.advantage.dynamic_sampling:
                     self.observe_zero_std(row[M.ZERO_STD_RATIO])
@@ -501,10 +509,9 @@ class Trainer:
         return final
 
     def _shutdown(self) -> None:
-        """End a run every process reached together: flush TensorBoard and wait until all ranks are
+        """End a run every process reached together: close the trackers and wait until all ranks are
         done, so none leaves (train.distributed.leave_process_group) while another still needs it."""
-        if self.writer is not None:
-            self.writer.close()
+        finish_trackers(self.accelerator)
         self.accelerator.wait_for_everyone()
 
     def _announce(self, step: int, headline: str, bar: Any) -> None:
@@ -567,10 +574,7 @@ class Trainer:
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        for k, v in row.items():
-            if k != M.STEP and v is not None:
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
+        log_metrics(self.accelerator, row, step)
         if (
             not append_only
             and self.cfg.sample_every
@@ -619,7 +623,8 @@ class Trainer:
                 optimizer_state = self.optimizer.state_dict()
             state = {"algo": self.cfg.algo, "zero_std_estimate": self.zero_std_estimate}
             save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
-                            carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
+                            carry=carry if any(c is not None for c in carry) else None,
+                            scheduler_state=self.scheduler.state_dict())  # fmt: skip
         acc.wait_for_everyone()
 
     def _saved_step(self) -> int:

@@ -7,7 +7,7 @@ counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
 - the train set is the rest, drawn tag-balanced: `n_train` rows, an equal number per tag, each tag
   cycling through its remaining prompts (small tags repeat). Train and test share no prompt text.
 
-Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld --out prompts/`.
+Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld` (into t2i_gcpo/prompts/).
 """
 
 from __future__ import annotations
@@ -199,9 +199,11 @@ def read_prompt_file(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    """Write t2i_gcpo/prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    from t2i_gcpo.resources import PROMPTS_DIR
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="prompts", help="output folder")
+    ap.add_argument("--out", default=str(PROMPTS_DIR), help="output folder [default: the shipped files]")
     ap.add_argument("--n-train", type=int, default=1200)
     ap.add_argument("--n-test", type=int, default=120)
     ap.add_argument("--seed", type=int, default=0)
