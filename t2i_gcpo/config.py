@@ -262,7 +262,7 @@ class OptimConfig:
     lr: float = doc(
         "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro recipe uses 5e-6.",
         1e-4,
-        bounds=Bounds(0, low_open=True),
+        bounds=Bounds(0, 1, low_open=True, why="AdamW moves each weight by up to about lr per step"),
     )
     weight_decay: float = doc("AdamW weight decay.", 0.0, bounds=Bounds(0))
     grad_clip: float = doc(
@@ -378,6 +378,12 @@ class TrainConfig:
                 "optim.minibatches",
                 P * G % self.optim.minibatches == 0,
                 f"must divide rollout.prompts_per_step × rollout.group_size ({P} × {G})",
+            ),
+            (
+                "optim.weight_decay",
+                self.optim.lr * self.optim.weight_decay <= 1,
+                f"optim.lr × optim.weight_decay must be ≤ 1 (AdamW multiplies each weight by 1 − lr·wd per "
+                f"step), got {self.optim.lr:g} × {self.optim.weight_decay:g}",
             ),
             (
                 "credit.critical",
