@@ -265,6 +265,17 @@ def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
         cfg.optim.autocast = "bf16" if native else "none"
 
 
+def sampling_params(cfg: TrainConfig) -> SamplingParams:
+    """How the run samples (rollouts and held-out evaluation); rollout.cfg_scale already resolved."""
+    return SamplingParams(
+        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+        guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
+        guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
+        reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
+        autocast=cfg.rollout.autocast,
+    )  # fmt: skip
+
+
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
     """optim.autocast=bf16: the update's forward passes under bfloat16 autocast (a no-op otherwise).
     Rollouts follow rollout.autocast (tasks/loop.py `sampler_precision`)."""
@@ -329,13 +340,7 @@ class Trainer:
 
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
-        self.sampling = SamplingParams(
-            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-            guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-            guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-            reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-            autocast=cfg.rollout.autocast,
-        )  # fmt: skip
+        self.sampling = sampling_params(cfg)
         if cfg.rollout.reveal_order and hasattr(policy, "keep_reveal_order"):
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
