@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 import t2i_gcpo.train.trainer as trainer_mod
-import train_fixtures
 from t2i_gcpo.cli import main
 from t2i_gcpo.config import load_config
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.checkpoint import latest_checkpoint
+
+import train_fixtures
 from train_fixtures import tiny_policy_dir, write_prompt_file
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
@@ -146,6 +147,7 @@ def test_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tiny, tmp_pat
     """Rewards of ±3e38 at step 3 overflow the group mean: NaN advantages, NaN loss. The run stops
     there with one line and exit 1, writes no NaN weights, and resumes from step 2."""
     monkeypatch.setitem(train_fixtures.HUGE_FROM_CALL, "call", 0)
+    monkeypatch.setitem(train_fixtures.HUGE_FROM_CALL, "from", 4)  # call 1 scores the dry sample
     out = tmp_path / "run"
     code, err = cli(*train_args(tiny, out, steps=4, reward="train_fixtures:huge_from_call"))
     one_line_error(code, err, "step 3: the loss became NaN or inf", status=1)
@@ -175,3 +177,183 @@ def test_non_finite_weights_after_a_step_are_never_saved(tiny, tmp_path, monkeyp
     kept = latest_checkpoint(out)  # none, or the base model's at step 0
     assert ("no checkpoint was written" in err and kept is None) or "(step 0)" in err, err
     assert kept is None or all(torch.isfinite(t).all() for t in weights(kept).values())
+
+
+# ------------------------------------------------------------- 5. one loading check for every family
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _nan(p: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = load_file(str(p))
+    state[sorted(state)[0]].view(-1)[0] = float("nan")
+    save_file(state, str(p), metadata={"format": "pt"})
+
+
+def _int_weights(p: Path) -> None:
+    from safetensors.torch import save_file
+
+    state = load_file(str(p))
+    name = sorted(state)[0]
+    state[name] = torch.zeros(state[name].shape, dtype=torch.complex64)
+    save_file(state, str(p), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [(_truncate, "cannot read the weights"), (_nan, "NaN/inf values"), (_int_weights, "not a weight type")],
+    ids=["truncated", "nan", "dtype"],
+)
+def test_text_checkpoints_get_the_check_image_ones_get(tmp_path, damage, needle):
+    """A truncated model.safetensors was a traceback and NaN weights were trained on: now the same
+    one-line error as a ShapeWorld checkpoint, before any run directory exists."""
+    from t2i_gcpo.policies.registry import TEXT_SHIPPED
+
+    model = tmp_path / "model"
+    shutil.copytree(TEXT_SHIPPED["arithmetic"], model)
+    damage(model / "model.safetensors")
+    out = tmp_path / "run"
+    code, err = cli("train", "--model", f"text:{model}", "--prompts", "prompts/arithmetic_train.jsonl",
+                    "--out", str(out), "--steps", "1")  # fmt: skip
+    one_line_error(code, err, f"{model / 'model.safetensors'}: ")
+    assert needle in err and not out.exists()
+
+
+def test_every_family_goes_through_the_same_check():
+    """One function reads the ShapeWorld priors' and VQ's files; the transformers / diffusers families
+    check their folders with its streaming twin before loading."""
+    import inspect
+
+    from t2i_gcpo.policies import amused, janus, prior_folder, text
+    from t2i_gcpo.tokenizers import vq
+
+    assert "read_weights" in inspect.getsource(vq.load_weights)
+    assert "load_weights" in inspect.getsource(prior_folder.load_prior_folder)
+    for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy):
+        assert "check_weight_files(path)" in inspect.getsource(family.from_pretrained), family
+
+
+# --------------------------------------------------------------- 8. what used to be a traceback
+
+
+def test_a_reward_of_the_other_kind_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    code, err = cli("train", "--model", "arithmetic", "--reward", "shapeworld", "--prompts",
+                    "prompts/arithmetic_train.jsonl", "--out", str(out))  # fmt: skip
+    one_line_error(
+        code, err, "reward 'shapeworld' scores images, but the model writes text: use 'arithmetic'"
+    )
+    code, err = cli("train", "--reward", "arithmetic", "--prompts", "prompts/shapeworld_train.txt",
+                    "--out", str(out))  # fmt: skip
+    one_line_error(code, err, "reward 'arithmetic' scores text, but the model writes images")
+    code, err = cli("credit-map", "--model", "arithmetic", "--reward", "shapeworld", "--prompt", "1+2=?",
+                    "--out", str(out))  # fmt: skip
+    one_line_error(code, err, "reward 'shapeworld' scores images")
+    assert not out.exists()
+
+
+def test_a_question_with_a_thousand_operators_is_one_line(tmp_path):
+    from t2i_gcpo.worlds.arithmetic import parse_question
+
+    prompts = tmp_path / "long.txt"
+    prompts.write_text("+".join(["1"] * 1001) + "=?\n")
+    code, err = cli(
+        "credit-map", "--model", "arithmetic", "--prompts", str(prompts), "--out", str(tmp_path / "o")
+    )
+    one_line_error(code, err, "has 1000 operators, more than this world's 200")
+    assert parse_question("+".join(["1"] * 201)).answer == 201  # the limit itself still parses
+
+
+def test_overwrite_refuses_a_prompt_folder_that_is_a_symbolic_link(tmp_path):
+    from t2i_gcpo.eval.layout import clear_layout
+
+    target = tmp_path / "elsewhere"
+    (target / "samples").mkdir(parents=True)
+    (target / "samples" / "0000.png").write_bytes(b"")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "00000").symlink_to(target)
+    with pytest.raises(UserError, match="00000 is a symbolic link"):
+        clear_layout(out)
+    assert (target / "samples" / "0000.png").exists() and (out / "00000").is_symlink()
+
+
+# ---------------------------------------------- 9. everything checked before the run directory exists
+
+BROKEN_REWARDS = """
+def raises(images, prompts, metadata):
+    raise ValueError("my reward is broken")
+
+def nan(images, prompts, metadata):
+    return [float("nan")] * len(prompts)
+"""
+
+
+@pytest.mark.parametrize("name, needle", [("raises", "my reward is broken"), ("nan", "returned NaN/inf")])
+def test_a_failing_user_reward_leaves_no_run_directory(tiny, tmp_path, name, needle):
+    module = tmp_path / "broken_rewards.py"
+    module.write_text(BROKEN_REWARDS)
+    out = tmp_path / "run"
+    code, err = cli(*train_args(tiny, out, reward=f"{module}:{name}"))
+    one_line_error(code, err, needle)
+    assert "on a dry sample, before the run started" in err and not out.exists()
+
+
+def test_text_prompts_without_answers_leave_no_run_directory(tmp_path):
+    prompts = tmp_path / "q.txt"
+    prompts.write_text("3*4=?\nWhat is two plus two?\n")  # the world's expressions carry their answer
+    out = tmp_path / "run"
+    code, err = cli("train", "--model", "arithmetic", "--prompts", str(prompts), "--out", str(out))
+    one_line_error(code, err, f"{prompts}: question 'What is two plus two?' has no answer")
+    assert not out.exists()
+
+
+def test_prompts_the_model_cannot_read_leave_no_run_directory(tiny, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a photo of a zebra\n")
+    out = tmp_path / "run"
+    code, err = cli("train", "--prompts", str(prompts), "--model", tiny["model"], "--out", str(out))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+# --------------------------------------------------------------- 13. answers and impossible metadata
+
+
+def test_the_arithmetic_reward_reads_thousands_commas_as_problem_files_do():
+    from t2i_gcpo.rewards.arithmetic import ArithmeticReward
+    from t2i_gcpo.worlds.arithmetic.files import answer_from_text
+
+    assert answer_from_text("#### 2,000") == 2000
+    meta = [{"question": "How many?", "answer": 2000, "steps": None}] * 3
+    out = ArithmeticReward()(["#### 2,000", "#### 2000", "#### 2,00"], ["How many?"] * 3, meta)
+    assert out.scores.tolist() == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "row, needle",
+    [
+        ({"tag": "counting", "include": [{"class": "circle", "count": 10**9}], "prompt": "circles"},
+         "requires 1000000000 objects; a scene holds at most 6"),
+        ({"tag": "two_object", "include": [{"class": "circle", "count": 1}, {"class": "square", "count": 1}],
+          "exclude": [{"class": "circle", "count": 1}], "prompt": "a photo of a circle and a square"},
+         "include[0] requires 1 circle and exclude[0] allows fewer than 1"),
+    ],
+    ids=["count-1e9", "required-and-excluded"],
+)  # fmt: skip
+def test_impossible_shapeworld_metadata_is_refused(tmp_path, row, needle):
+    from t2i_gcpo.tasks.registry import get_task
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(UserError, match=None) as e:
+        get_task("shapeworld", None).load_prompts(path)
+    assert f"{path}:1: " in str(e.value) and needle in str(e.value), e.value
+    counting = {"tag": "counting", "include": [{"class": "circle", "count": 2}],
+                "exclude": [{"class": "circle", "count": 3}], "prompt": "a photo of two circles"}  # fmt: skip
+    path.write_text(json.dumps(counting) + "\n")  # exactly two: possible
+    assert get_task("shapeworld", None).load_prompts(path)[0].meta["include"][0]["count"] == 2
