@@ -191,26 +191,30 @@ class LossConfig:
     )
 
 
+HIST = "the hist schedule takes ln(1 − x) and ln(1 − y)"
+TAU = "> 0; smaller overflows the scaled scores"
+
+
 @dataclass
 class GCPOConfig:
     normalization: Literal["hist", "softmax", "mean", "none"] = doc(
         "How d_t becomes weights (SPEC §4.1); 'hist' is the official one.", "hist"
     )
     top_fraction: float = doc(
-        "x in the hist schedule: the top fraction of tokens …", 0.4, bounds=Bounds(0, 1, True, True)
+        "x in the hist schedule: the top fraction of tokens …", 0.4, bounds=Bounds(1e-6, 1 - 1e-6, why=HIST)
     )
     top_mass: float = doc(
         "y in the hist schedule: … that carries this fraction of the credit.", 0.8,
-        bounds=Bounds(0, 1, True, True),
+        bounds=Bounds(1e-6, 1 - 1e-6, why=HIST),
     )  # fmt: skip
-    tau: float = doc("τ for normalization='softmax'.", 1.0, bounds=Bounds(0, low_open=True))
+    tau: float = doc("τ for normalization='softmax'.", 1.0, bounds=Bounds(1e-6, why=TAU))
 
 
 @dataclass
 class DGPOConfig:
     tau: float = doc(
         "τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5,
-        bounds=Bounds(0, low_open=True),
+        bounds=Bounds(1e-6, why=TAU),
     )  # fmt: skip
     kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0, bounds=Bounds(0))
     squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
@@ -384,6 +388,12 @@ class TrainConfig:
                 self.optim.lr * self.optim.weight_decay <= 1,
                 f"optim.lr × optim.weight_decay must be ≤ 1 (AdamW multiplies each weight by 1 − lr·wd per "
                 f"step), got {self.optim.lr:g} × {self.optim.weight_decay:g}",
+            ),
+            (
+                "credit.gcpo.top_fraction",
+                self.credit.gcpo.normalization != "hist" or self.credit.gcpo.top_fraction <= self.credit.gcpo.top_mass,
+                "must be ≤ credit.gcpo.top_mass (the hist schedule gives the top fraction x of tokens a share "
+                f"y ≥ x of the credit), got {self.credit.gcpo.top_fraction:g} > {self.credit.gcpo.top_mass:g}",
             ),
             (
                 "credit.critical",
@@ -572,7 +582,13 @@ def load_config(
     _apply(cfg, _read_yaml(preset_path(algo)))
     _apply(cfg, file_data)
     _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
-    _apply(cfg, nest(dict(parse_set(s) for s in overrides)))
+    sets = nest(dict(parse_set(s) for s in overrides))
+    if "algo" in sets and sets["algo"] != algo:  # it would be overwritten below: never silently
+        raise UserError(
+            f"config key 'algo': give the algorithm with --algo {sets['algo']} (it picks the preset every "
+            "other value starts from), not with --set"
+        )
+    _apply(cfg, sets)
     cfg.algo = algo
     cfg.validate()
     return cfg

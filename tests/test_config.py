@@ -76,7 +76,10 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("credit=gcpo", "config key 'credit' is a section"),
         ("advantage.dynamic_sampling=3", "config key 'advantage.dynamic_sampling': expected bool"),
         ("rollout.group_size=1", "config key 'rollout.group_size': must be ≥ 2"),
-        ("credit.gcpo.top_fraction=1.5", "config key 'credit.gcpo.top_fraction': must be in (0, 1)"),
+        (
+            "credit.gcpo.top_fraction=1.5",
+            "config key 'credit.gcpo.top_fraction': must be in [1e-06, 0.999999]",
+        ),
         ("credit.contrast=cached", "config key 'credit.contrast': expected one of 'recorded' | 'recompute'"),
         ("credit.scheme=magic", "config key 'credit.scheme': must be one of"),
         ("credit.gcpo.recompute=true", "unknown config key 'credit.gcpo.recompute'"),  # now credit.contrast

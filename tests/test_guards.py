@@ -357,3 +357,144 @@ def test_impossible_shapeworld_metadata_is_refused(tmp_path, row, needle):
                 "exclude": [{"class": "circle", "count": 3}], "prompt": "a photo of two circles"}  # fmt: skip
     path.write_text(json.dumps(counting) + "\n")  # exactly two: possible
     assert get_task("shapeworld", None).load_prompts(path)[0].meta["include"][0]["count"] == 2
+
+
+# ------------------------------------------------- property: random values for every config key
+
+
+def _annotations(obj=None, prefix: str = "") -> dict[str, object]:
+    """Dotted config key → its type annotation, for every leaf of the config tree."""
+    import dataclasses
+    import typing
+
+    from t2i_gcpo.config import TrainConfig
+
+    obj = obj if obj is not None else TrainConfig()
+    hints, out = typing.get_type_hints(type(obj)), {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_annotations(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = hints[f.name]
+    return out
+
+
+KEYS = _annotations()
+# integer keys whose valid values set a run's cost: the training property draws them small
+COST = {"steps", "rollout.prompts_per_step", "rollout.group_size", "rollout.steps", "rollout.max_new_tokens",
+        "advantage.max_resample", "optim.update_epochs", "optim.minibatches", "model_options.remask_count",
+        "eval_images_per_prompt", "sample_every", "save_every", "eval_every", "model_options.lora_rank"}  # fmt: skip
+
+
+def _values(key: str, small: bool = False):
+    """A hypothesis strategy of values for `key`: of its type (edges included) and of other types."""
+    import typing
+
+    from hypothesis import strategies as st
+
+    tp = KEYS[key]
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    if typing.get_origin(tp) is typing.Literal:
+        own = st.sampled_from(typing.get_args(tp))
+    elif int in args:
+        own = st.integers(-3, 8) if small and key in COST else st.integers(-(2**70), 2**70)
+    elif float in args:
+        edges = st.sampled_from(
+            [0.0, -0.0, 1e-300, 1e-13, 1e-6, 0.5, 1.0, 2.0, 999.0, 1e4, 1e38, 1e300, -1.0]
+        )
+        own = st.one_of(edges, st.floats(allow_nan=True, allow_infinity=True))
+    elif bool in args:
+        own = st.booleans()
+    else:
+        own = st.text(max_size=6)
+    other = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-10, 10), st.text(max_size=4))
+    return st.one_of(own, own, own, other)
+
+
+def _setting(key: str, value) -> str:
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return f"{key}={text.removesuffix('...').strip()}"
+
+
+def test_random_values_for_every_key_are_valid_or_one_line_naming_it():
+    """Every key, random values of its type and of others (NaN, ±inf, huge, negative, wrong type):
+    the config is either accepted whole, or refused with one line that names the key."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from t2i_gcpo.config import parse_set
+
+    @settings(max_examples=600, deadline=None, derandomize=True)
+    @given(st.sampled_from(sorted(KEYS)).flatmap(lambda k: st.tuples(st.just(k), _values(k))))
+    def check(pair):
+        key, value = pair
+        setting = _setting(key, value)
+        try:
+            cfg = load_config(overrides=[setting])
+        except UserError as e:
+            message = str(e)
+            assert "\n" not in message and key.split(".")[-1] in message, (setting, message)
+            return
+        got = cfg
+        for part in key.split("."):
+            got = getattr(got, part)
+        assert got == parse_set(setting)[1], setting  # accepted as given
+
+    check()
+
+
+@pytest.mark.slow
+def test_random_values_either_stop_before_any_work_or_train_finite_weights(tiny, tmp_path_factory):
+    """Through the CLI, one random key at a time on a one-step run of the tiny model: exit 2 with one
+    line and no run directory, exit 1 with the NaN guard's line, or a run; every checkpoint written
+    holds finite weights. No traceback (main lets anything but a UserError through)."""
+    import os
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    root = tmp_path_factory.mktemp("property")
+    evals = str(write_prompt_file(root / "eval.jsonl", n=2))
+    counter = iter(range(10**6))
+
+    @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(sorted(KEYS)).flatmap(lambda k: st.tuples(st.just(k), _values(k, small=True))))
+    def check(pair):
+        key, value = pair
+        work = root / f"example{next(counter)}"
+        work.mkdir()
+        out = work / "run"
+        cwd = os.getcwd()
+        os.chdir(work)  # a random 'out' or relative path stays inside this example's folder
+        try:
+            args = train_args(tiny, out, steps=1, sets=[f"eval_prompts={evals}", _setting(key, value)])
+            code, err = cli(*args)
+        finally:
+            os.chdir(cwd)
+        lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+        assert code in (0, 1, 2), (key, value, err)
+        if code == 2:
+            assert len(lines) == 1 and not out.exists(), (key, value, err)
+        if code == 1:
+            assert len(lines) == 1 and "became NaN or inf" in lines[0], (key, value, err)
+        for ckpt in work.rglob("checkpoints/step_*"):
+            for path in ckpt.rglob("*.safetensors"):
+                assert all(torch.isfinite(t).all() for t in load_file(str(path)).values()), (key, value, path)
+
+    check()
+
+
+def test_values_that_were_silently_ignored_are_refused(tiny):
+    """--set algo=dapo kept the gcpo preset; model_options.lora_rank on a ShapeWorld model trained
+    every weight."""
+    from t2i_gcpo.config import ModelOptions
+    from t2i_gcpo.policies.registry import load_policy
+
+    with pytest.raises(UserError, match="config key 'algo': give the algorithm with --algo dapo"):
+        load_config("gcpo", overrides=["algo=dapo"])
+    assert load_config("dapo", overrides=["algo=dapo"]).algo == "dapo"
+    with pytest.raises(UserError, match="lora_rank applies to janus:PATH only"):
+        load_policy(tiny["model"], ModelOptions(lora_rank=4))
