@@ -47,6 +47,8 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         check_writable_dir(run_dir, "run directory")
     else:
         cfg = load_config(algo, config_file, flags, overrides)
+        if not cfg.prompts:  # null in a --config file or --set prompts=null
+            raise UserError("config key 'prompts': a training run needs a prompt file, got none")
         run_dir = Path(cfg.out) if cfg.out else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
             raise UserError(
