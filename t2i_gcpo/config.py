@@ -113,7 +113,7 @@ class RolloutConfig:
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
-        "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
+        "Which distribution is trained (docs/concepts/generation.md): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
@@ -198,7 +198,7 @@ TAU = "> 0; smaller overflows the scaled scores"
 @dataclass
 class GCPOConfig:
     normalization: Literal["hist", "softmax", "mean", "none"] = doc(
-        "How d_t becomes weights (SPEC §4.1); 'hist' is the official one.", "hist"
+        "How d_t becomes weights (docs/concepts/credit.md#gcpo); 'hist' is the official one.", "hist"
     )
     top_fraction: float = doc(
         "x in the hist schedule: the top fraction of tokens …", 0.4, bounds=Bounds(1e-6, 1 - 1e-6, why=HIST)
@@ -309,7 +309,7 @@ class ModelOptions:
         "Masked models, estimator 'remask': re-masks per sample (K).", 2, bounds=Bounds(1)
     )
     negative: str = doc(
-        "Text models: GCPO's negative context c⁻ (SPEC §4.1) — 'empty' (the question removed, the "
+        "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "
         "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
         "or a template containing {question}.",
         "empty",
@@ -535,6 +535,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def preset_names() -> tuple[str, ...]:
+    """The algorithm presets shipped as configs/<name>.yaml (recipes/ holds full runs, not presets)."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
 
 
 def preset_path(algo: str) -> Path:

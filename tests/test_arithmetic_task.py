@@ -1,4 +1,4 @@
-"""The arithmetic task (SPEC §7): prompt files, the reward, step lift, the text heatmap, and the
+"""The arithmetic task (docs/worlds/arithmetic.md#step-lift): prompt files, the reward, step lift, the text heatmap, and the
 held-out evaluation on a tiny random Llama over the world's character tokenizer."""
 
 from __future__ import annotations

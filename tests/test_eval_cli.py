@@ -347,3 +347,26 @@ def test_summarise_rejects_a_baseline_it_was_not_given(tmp_path):
     fake_runs(tmp_path)
     with pytest.raises(UserError, match="--baseline critical"):
         summarise(tmp_path, ["dapo", "gcpo"], [0, 3, 5], baseline="critical")
+
+
+def test_comparison_json_is_strict_json_with_null_for_missing_values(tmp_path):
+    """A value with no number (one seed: no interval; grpo never logs credit_lift here) is written as null,
+    not bare NaN, and the table built from the file read back is the one built from the result itself."""
+    from t2i_gcpo.eval.compare import format_table, summarise
+
+    fake_runs(tmp_path)
+    for seed in (0, 3, 5):  # grpo's runs log no credit_lift: its training mean is NaN
+        rows = tmp_path / "grpo" / f"seed{seed}" / "metrics.jsonl"
+        kept = [r for r in rows.read_text().splitlines() if "credit_lift" not in r]
+        rows.write_text("".join(r + "\n" for r in kept))
+    result = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5])
+    assert math.isnan(result["table"]["grpo"]["credit lift (training mean)"][0])
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    text = (tmp_path / "comparison.json").read_text()
+    saved = json.loads(text, parse_constant=refuse)  # NaN / Infinity would raise here
+    assert saved["table"]["grpo"]["credit lift (training mean)"] == [None, None, None, 0]
+    assert format_table(saved) == format_table(result)
+    assert "| grpo | " in format_table(saved) and "| — |" in format_table(saved)

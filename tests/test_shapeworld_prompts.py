@@ -1,4 +1,4 @@
-"""ShapeWorld prompt sets and prompt-file reading/writing (SPEC §6, §8 schema)."""
+"""ShapeWorld prompt sets and prompt-file reading/writing (docs/worlds/shapeworld.md, docs/evaluation/geneval.md schema)."""
 
 import json
 from collections import Counter

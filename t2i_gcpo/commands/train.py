@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from t2i_gcpo.config import preset_names
+
 EXAMPLES = """
 \b
 Examples:
@@ -15,7 +17,7 @@ Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
   t2i-gcpo train --prompts my.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --model shapeworld-masked \\
-      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (README)
+      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (docs/guides/masked.md)
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
@@ -44,9 +46,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     help="Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).",
 )
-@click.option(
-    "--algo", type=str, default=None, help="grpo | dapo | gcpo | dgpo | gcpo-official  [default: gcpo]"
-)
+@click.option("--algo", type=str, default=None, help=" | ".join(preset_names()) + "  [default: gcpo]")
 @click.option(
     "--config", "config_file", type=str, default=None, help="YAML config applied on top of the preset."
 )

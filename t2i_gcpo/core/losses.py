@@ -1,4 +1,4 @@
-"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term (SPEC §3).
+"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term (docs/concepts/algorithms.md#policy-loss).
 
 Symbols: ρ_it = π_θ(y_it)/π_old(y_it), Â_it token advantage, m_it ∈ {0,1} valid-token mask,
 w_it credit weights (core/credit.py). The surrogate and aggregation are separate named functions so
@@ -68,7 +68,7 @@ def aggregate(
     max_len: int | None = None,
     denom: Tensor | float | None = None,
 ) -> Tensor:
-    """Reduce a per-token quantity [B, T] to a scalar over valid tokens (SPEC §3 aggregation modes).
+    """Reduce a per-token quantity [B, T] to a scalar over valid tokens (docs/concepts/algorithms.md#aggregation).
 
     - "seq-mean-token-mean" (GRPO Eq. 3): (1/|S|) Σ_{i∈S} (1/N_i) Σ_t m·L, S = sequences with N_i > 0
       (fully-masked sequences are left out of the count, not averaged in as zeros).
@@ -119,7 +119,7 @@ def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
 
 
 def gcpo_kl_reweight(weights: Tensor) -> Tensor:
-    """Official GCPO T2I KL reweighting (SPEC §4.1): 0.5 + 0.5·clamp(2 − 2w, 0, 1).
+    """Official GCPO T2I KL reweighting (docs/concepts/credit.md#gcpo): 0.5 + 0.5·clamp(2 − 2w, 0, 1).
 
     Tokens with little credit (w ≤ 0.5) keep the full KL, high-credit tokens (w ≥ 1) half of it.
     """
@@ -143,7 +143,7 @@ def policy_loss(
     max_len: int | None = None,
     denom: Tensor | float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped policy-gradient loss with token credit and optional k3 KL (SPEC §3, §4).
+    """Clipped policy-gradient loss with token credit and optional k3 KL (docs/concepts/algorithms.md#policy-loss, docs/concepts/credit.md).
 
     logp, logp_old, mask, weights, logp_ref: [B, T]; advantages: [B] (sequence advantage A_i).
     Token advantage Â_it = A_i·w_it (w = 1 when weights is None), except for "weighted-token-mean",

@@ -1,5 +1,5 @@
 """DPG-Bench (Hu et al., 2024, ELLA: "Equip Diffusion Models with LLM for Enhanced Semantic
-Alignment"), SPEC §9, with a transformers VQA model as a stated proxy.
+Alignment"), docs/evaluation/dpg-bench.md, with a transformers VQA model as a stated proxy.
 
 Each of the 1,065 dense prompts gets 4 images tiled 2×2 into one PNG. The question file
 ``dpg_bench.csv`` (supplied by the user) holds yes/no questions per prompt with a dependency graph.
@@ -278,7 +278,7 @@ def score_dpg(
     *,
     progress: bool = True,
 ) -> dict:
-    """DPG-Bench scores (SPEC §9) for 2×2 grids keyed by item_id (PIL images or paths to them).
+    """DPG-Bench scores (docs/evaluation/dpg-bench.md) for 2×2 grids keyed by item_id (PIL images or paths to them).
 
     Returns {"label", "vqa_model", "score" (×100), "n_items", "n_missing" (items with questions but
     no image), "category_broad", "category_detailed" (×100), "per_item": {item: {"score" (×100),

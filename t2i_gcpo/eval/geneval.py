@@ -1,4 +1,4 @@
-"""GenEval on real images (SPEC §8): generate into GenEval's folder layout, then score any such folder.
+"""GenEval on real images (docs/evaluation/geneval.md): generate into GenEval's folder layout, then score any such folder.
 
 GenEval (Ghosh et al., 2023) asks 553 prompts (6 tags) for 4 images each, detects objects with
 Mask2Former, classifies colours with CLIP, and checks counts, colours and positions against each
@@ -8,7 +8,7 @@ classifier with ``color_of(image)``; the rules live in t2i_gcpo/scoring/geneval_
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
                   correct, reason, metadata, details) plus ``partial``, the RL reward's partial
-                  credit (SPEC §8.2, as training's held-out evaluation reports it)
+                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON
 """

@@ -1,4 +1,4 @@
-"""GenEval's folder layout for generated images (SPEC §8), readable by the official scorer.
+"""GenEval's folder layout for generated images (docs/evaluation/geneval.md), readable by the official scorer.
 
     <root>/00000/metadata.jsonl      the prompt's metadata, one JSON line
     <root>/00000/generation.json     how the images were made (model, seed, CFG, …; ours, not GenEval's)

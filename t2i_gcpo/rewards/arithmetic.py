@@ -1,4 +1,4 @@
-"""The arithmetic reward (SPEC §7): answer correctness, an optional format bonus and DAPO's soft
+"""The arithmetic reward (docs/worlds/arithmetic.md): answer correctness, an optional format bonus and DAPO's soft
 overlong penalty, on the completions of the text path.
 
     r_i = correct_i + λ_fmt · format_i + overlong_i

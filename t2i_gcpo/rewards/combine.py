@@ -2,7 +2,7 @@
 
 - `call_reward`: call any reward, coerce its output to `RewardOutput` and check it: an exception
   inside the reward, a wrong number of scores, or a NaN/inf score raises `RewardError` naming the
-  reward (a NaN reward would silently poison the group advantages of SPEC §2).
+  reward (a NaN reward would silently poison the group advantages of docs/concepts/algorithms.md#sequence-advantages).
 - `WeightedSum([(reward, weight), …])`: r = Σ_k w_k r_k.
 - `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
   ``list[float] | Tensor | RewardOutput`` (``path/to/file.py:function`` works too).

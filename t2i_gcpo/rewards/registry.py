@@ -13,7 +13,7 @@ Forms:
                                               code, imported and run (again on ``--resume``)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
 
-The GenEval-style rewards score partial credit by SPEC §8.2, kept in [0, 1], by default; the
+The GenEval-style rewards score partial credit by docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1], by default; the
 ``flow_grpo`` option scores it exactly as flow_grpo's code does (an over-count goes negative, a failed
 position scores 0 then 1: `t2i_gcpo.scoring.geneval_rules.reward_detections`). ``shapeworld:flow_grpo``
 takes it after a colon, ``geneval:…,flow_grpo`` as the last comma field.

@@ -1,9 +1,9 @@
-"""GenEval-style text-to-image tasks (SPEC §6, §8): prompts in GenEval's templates or metadata
+"""GenEval-style text-to-image tasks (docs/worlds/shapeworld.md, docs/evaluation/geneval.md): prompts in GenEval's templates or metadata
 schema, scored by the GenEval rules; `shapeworld` parses against ShapeWorld's shapes, `geneval`
 against GenEval's 80 COCO classes.
 
 Step metrics: strict GenEval correctness per tag and overall, §8.2 partial credit. Credit metric:
-credit lift against the object masks the ShapeWorld reward reports (SPEC §6). Held-out score: per-tag
+credit lift against the object masks the ShapeWorld reward reports (docs/worlds/shapeworld.md#credit-lift). Held-out score: per-tag
 strict and partial, overall as the unweighted mean of the tag scores (GenEval's convention).
 """
 

@@ -1,6 +1,6 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
-scheme's token weights, draw them, and measure credit lift (SPEC §6); for text, token heatmaps and
-step lift against the first wrong step (SPEC §7)."""
+scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
+step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Problem files: GSM8K-style .jsonl and one-question-a-line .txt (SPEC §7).
+"""Problem files: GSM8K-style .jsonl and one-question-a-line .txt (docs/worlds/arithmetic.md).
 
 `.jsonl` rows are objects with a question — "question", else "prompt" — and an "answer" that is
 either GSM8K's solution text ending in "#### N" (N may carry thousands commas: "#### 1,200") or an

@@ -1,4 +1,4 @@
-"""ShapeWorld prompt sets in GenEval's schema (SPEC §6, §8), and prompt-file reading/writing.
+"""ShapeWorld prompt sets in GenEval's schema (docs/worlds/shapeworld.md, docs/evaluation/geneval.md), and prompt-file reading/writing.
 
 With 5 shapes and 10 colours the unique prompts per tag are few for some tags (single_object 5,
 counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
