@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {' '.join(str(e).split())}", err=True)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; a run that diverged says 1
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

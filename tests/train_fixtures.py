@@ -70,3 +70,17 @@ def flat_single_object(images, prompts, metadata):
     flat = torch.tensor([m.get("tag") == "single_object" for m in metadata])
     out.scores[flat] = 0.0
     return out
+
+
+HUGE_FROM_CALL = {"call": 0, "from": 4}  # `huge_from_call` counts its calls here
+
+
+def huge_from_call(images, prompts, metadata):
+    """`redness` until call HUGE_FROM_CALL["from"], then finite rewards of ±3e38 whose group mean
+    overflows float32: the advantages, hence the loss, become NaN (the trainer's NaN guard)."""
+    HUGE_FROM_CALL["call"] += 1
+    out = redness(images, prompts, metadata)
+    if HUGE_FROM_CALL["call"] >= HUGE_FROM_CALL["from"]:
+        out.scores[:] = 3e38
+        out.scores[1::4] = -3e38
+    return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from t2i_gcpo.commands.options import cfg_option
+
 EXAMPLES = """
 \b
 Examples:
@@ -38,9 +40,7 @@ Examples:
     help="Comma-separated credit schemes (any registered one; critical = Group Critical-token PO, not GCPO).",
 )  # fmt: skip
 @click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
-@click.option(
-    "--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the training default]."
-)
+@cfg_option(help="CFG scale [default: the training default].")
 @click.option(
     "--negative",
     default=None,

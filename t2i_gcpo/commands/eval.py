@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -96,7 +96,7 @@ def _print_summary(out: Path, summary: dict) -> None:
 @click.option("--clip-model", default="ViT-L-14", show_default=True, help="open_clip architecture of --clip.")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
@@ -165,7 +165,7 @@ def geneval_cmd(
 @click.option("--prompts", default=None, help="Prompt file [default: prompts/shapeworld_test.jsonl].")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -228,7 +228,7 @@ def _print_partial(out: Path) -> None:
 @click.option("--csv", "csv_path", required=True, help="DPG-Bench question file dpg_bench.csv.")
 @click.option("--vqa", required=True, help="Local transformers VQA checkpoint (BLIP VQA).")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)

@@ -222,6 +222,11 @@ def clear_layout(root: str | os.PathLike) -> int:
     write, so a mistyped --out cannot wipe unrelated numbered folders. Returns the folders removed."""
     folders = prompt_folders(root)
     for folder in sorted(folders.values()):
+        if folder.is_symlink():  # rmtree refuses links, and what it points to is not ours to remove
+            raise UserError(
+                f"--overwrite: {folder} is a symbolic link (to {os.readlink(folder)}); "
+                "remove it yourself or choose another --out"
+            )
         foreign = _foreign_entries(folder)
         if foreign:
             raise UserError(

@@ -152,6 +152,9 @@ class TextPolicy(nn.Module):
             raise UserError(f"'{path}' is not a transformers checkpoint: no config.json found")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from t2i_gcpo.policies.weights import check_weight_files
+
+        check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # any failure means: no usable tokenizer there

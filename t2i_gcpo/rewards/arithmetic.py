@@ -152,6 +152,16 @@ class ArithmeticReward:
             "completion": text,
         }
 
+    def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
+        """Every prompt must carry its answer (a question alone cannot be scored)."""
+        for i, text in enumerate(prompts):
+            problem = problem_from(metadata[i] if metadata else None, text)
+            if problem.answer is None:
+                raise UserError(
+                    f"question {shorten(problem.question)!r} has no answer to score against "
+                    "(give a .jsonl problem file with answers)"
+                )
+
     def __call__(self, texts: Sequence[str], prompts: list[str], metadata: list[dict]) -> RewardOutput:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise UserError("the arithmetic reward scores text completions (a list of strings)")

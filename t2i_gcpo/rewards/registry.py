@@ -58,8 +58,21 @@ def _split_clip(rest: str) -> tuple[str, str]:
     return ckpt, model or DEFAULT_CLIP_MODEL
 
 
+# what each built-in form scores; `build_reward(…, output=policy.output)` refuses a mismatch up front
+SCORES = {"shapeworld": "image", "clip": "image", "geneval": "image", "arithmetic": "text"}
+PLURAL = {"image": "images", "text": "text"}
+
+
 def _build_one(spec: str, ctx: dict) -> Any:
     spec = spec.strip()
+    form, output = spec.split(":")[0], ctx.get("output")
+    if output is not None and SCORES.get(form, output) != output:
+        fits = " or ".join(f"'{f}'" for f, o in SCORES.items() if o == output)
+        raise UserError(
+            f"reward '{spec}' scores {PLURAL[SCORES[form]]}, but the model writes {PLURAL[output]}: use {fits} "
+            "(or a module:function of your own)"
+        )
+    ctx = {k: v for k, v in ctx.items() if k != "output"}
     if spec == "shapeworld" or spec.startswith("shapeworld:"):
         from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
 
@@ -105,7 +118,7 @@ def build_reward(spec: str, **ctx: Any) -> Any:
     """The reward named by `spec` (forms in the module docstring), checked for errors and NaN.
 
     `ctx` holds optional constructor arguments (e.g. ``device``); each reward takes the ones it
-    accepts.
+    accepts. ``output`` ("image" or "text", the policy's) refuses a built-in reward of the other kind.
     """
     if not spec or not spec.strip():
         raise UserError(f"empty reward: use {FORMS}")

@@ -44,9 +44,11 @@ class GenEvalTask:
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
         from t2i_gcpo.resources import prompt_file
         from t2i_gcpo.worlds.shapeworld import read_prompt_file
+        from t2i_gcpo.worlds.shapeworld.parse import SHAPEWORLD_MAX_OBJECTS
 
         path = prompt_file(path)  # the user's file, else the shipped one it names
-        metadata = read_prompt_file(path, classes=self._classes())
+        limit = SHAPEWORLD_MAX_OBJECTS if self.classes == "shapeworld" else None  # a scene's objects
+        metadata = read_prompt_file(path, classes=self._classes(), max_objects=limit)
         if not metadata:
             raise UserError(f"prompt file {path} holds no prompts")
         return [PromptRecord(m["prompt"], meta=m) for m in metadata]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from t2i_gcpo.errors import UserError, check_file, read_json
+from t2i_gcpo.errors import UserError, read_json
 
 
 @dataclass
@@ -257,28 +257,12 @@ def read_config(path: str, type_key: str | None = None, expected: str | None = N
 
 
 def load_weights(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, floating ones upcast to float32. A `UserError` naming the
-    file if it is missing, a directory, truncated or otherwise unreadable, or if a tensor holds NaN
-    or inf (a damaged file: sampling would fail later with a NaN traceback)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    """The tensors of a safetensors file, floating ones upcast to float32, through the loading check
+    every family shares (`policies.weights`): a `UserError` naming the file if it is missing, a
+    directory, truncated or otherwise unreadable, holds a non-number dtype, or NaN/inf values."""
+    from t2i_gcpo.policies.weights import read_weights
 
-    check_file(path)
-    try:
-        raw = load_file(path)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise UserError(
-            f"{path}: cannot read the weights (truncated or damaged file?): {_one_line(e)}"
-        ) from None
-    state = {}
-    for k, v in raw.items():
-        if v.is_floating_point():
-            v = v.float()
-            if not bool(torch.isfinite(v).all()):
-                bad = int((~torch.isfinite(v)).sum())
-                raise UserError(f"{path}: tensor {k} holds {bad} NaN/inf values (damaged weights?)")
-        state[k] = v
-    return state
+    return read_weights(path)
 
 
 def train_vq(

@@ -71,7 +71,8 @@ def run_credit_maps(
     reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
         ref = load_policy(reference).eval()
-    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid)
+    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid,
+                          output=policy.output)  # fmt: skip
     sampling = policy.default_sampling()
     if cfg_scale is not None:
         sampling = dataclasses.replace(sampling, guidance_scale=cfg_scale)

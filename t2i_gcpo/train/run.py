@@ -48,6 +48,8 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         check_writable_dir(run_dir, "run directory")
     else:
         cfg = load_config(algo, config_file, flags, overrides)
+        if not cfg.prompts:  # null in a --config file or --set prompts=null
+            raise UserError("config key 'prompts': a training run needs a prompt file, got none")
         resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
         run_dir = Path(cfg.out) if cfg.out else None
         if run_dir is not None and (run_dir / "metrics.jsonl").exists():
@@ -75,8 +77,34 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
         cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
-    reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device())
+    reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output)
+    check_reward(cfg, policy, reward, prompts, eval_prompts)
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume_dir is not None)
+
+
+def check_reward(
+    cfg: TrainConfig, policy: Any, reward: Any, prompts: list, eval_prompts: list | None
+) -> None:
+    """Before the run directory exists: the reward takes every training and held-out prompt (the
+    arithmetic reward needs answers), and a reward that runs user code scores a dry sample (one group
+    of 2 of the first prompt) without failing — an exception, NaN or a wrong count stops here."""
+    import dataclasses
+
+    from t2i_gcpo.rewards.combine import RewardError, check_prompts, runs_user_code
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+    from t2i_gcpo.train.trainer import sampling_params
+
+    for key, records in (("prompts", prompts), ("eval_prompts", eval_prompts or [])):
+        try:
+            check_prompts(reward, [p.text for p in records], [p.meta for p in records])
+        except UserError as e:
+            raise UserError(f"{getattr(cfg, key)}: {e}") from None
+    if runs_user_code(reward) and prompts:
+        sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
+        try:
+            sample_and_score(policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0]))
+        except RewardError as e:
+            raise UserError(f"{e} (on a dry sample, before the run started)") from None
 
 
 def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:

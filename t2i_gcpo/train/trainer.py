@@ -100,6 +100,7 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     stats: dict[str, list[float]] = {}
     weights = torch.zeros_like(ro.mask)
     for _epoch in range(cfg.optim.update_epochs):
+        finite_loss = True
         whole = None  # weights of the whole batch, when it is split
         if len(chunks) > 1:
             whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
@@ -135,6 +136,7 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     max_len=ro.max_len, denom=denom,
                 )  # fmt: skip
                 st[M.ENTROPY] = token_entropy(dists, mb.mask)  # before backward: FSDP reshards weights there
+                finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
             weights[idx] = w.to(weights)
             st.update(credit_stats(w, mb.mask))
@@ -142,8 +144,14 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                 stats.setdefault(k, []).append(float(v))
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf"))
         stats.setdefault(M.GRAD_NORM, []).append(float(grad_norm))
+        # the NaN guard: a non-finite loss or gradient never reaches the weights, non-finite weights
+        # never reach a checkpoint (the run stops; Trainer.fit names the last good checkpoint)
+        refuse_non_finite(
+            {"loss": not finite_loss, "gradient norm": not math.isfinite(float(grad_norm))}, accelerator
+        )
         optimizer.step()
         gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
+        refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
     losses = {M.LOSS_POLICY, M.LOSS_KL}  # minibatch shares of one loss: summed; the rest averaged
     return {
         k: (sum(v) / cfg.optim.update_epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()
@@ -221,6 +229,30 @@ def train_step(t: Trainer, step: int) -> dict:
 # ============================================================================ helpers
 
 
+class NonFiniteError(UserError):
+    """The loss, the gradient or the weights became NaN or inf: the run stops, its last checkpoint
+    (written before) is kept. Not a usage error: exit status 1."""
+
+    exit_code = 1
+
+
+def refuse_non_finite(bad: dict[str, bool], accelerator: Any) -> None:
+    """Raise NonFiniteError naming the first of `bad`'s quantities that is flagged on any process
+    (all processes agree, so all stop together)."""
+    flags = torch.tensor([float(v) for v in bad.values()], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    for name, flag in zip(bad, flags.tolist()):
+        if flag:
+            raise NonFiniteError(f"the {name} became NaN or inf")
+
+
+def weights_finite(model: Any) -> bool:
+    """Whether every trainable parameter (this process's shard under FSDP) is finite; one sync."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    return bool(torch.stack([p.detach().isfinite().all() for p in local]).all()) if local else True
+
+
 def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
     else 'none'; the rollout only for a policy whose sampler declares bf16 support (`bf16_sampling`:
@@ -234,6 +266,17 @@ def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
         cfg.rollout.autocast = "bf16" if native and sampler else "none"
     if cfg.optim.autocast == "auto":
         cfg.optim.autocast = "bf16" if native else "none"
+
+
+def sampling_params(cfg: TrainConfig) -> SamplingParams:
+    """How the run samples (rollouts and held-out evaluation); rollout.cfg_scale already resolved."""
+    return SamplingParams(
+        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+        guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
+        guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
+        reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
+        autocast=cfg.rollout.autocast,
+    )  # fmt: skip
 
 
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
@@ -301,13 +344,7 @@ class Trainer:
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
         trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
-        self.sampling = SamplingParams(
-            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-            guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-            guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-            reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-            autocast=cfg.rollout.autocast,
-        )  # fmt: skip
+        self.sampling = sampling_params(cfg)
         if cfg.rollout.reveal_order and hasattr(policy, "keep_reveal_order"):
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
@@ -478,6 +515,19 @@ class Trainer:
                     self.save(step)
                 if stop:
                     raise StopRequested(self.stop_requested)
+        except NonFiniteError as e:
+            bar.close()
+            kept = "no checkpoint was written before it"
+            if latest_checkpoint(self.run_dir) is not None:
+                saved = self._saved_step()
+                kept = (
+                    f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the "
+                    f"same steps: end the run there with --resume {self.run_dir} --steps N ({saved} ≤ N < {step})"
+                )
+            raise NonFiniteError(
+                f"step {step}: {e}, stopped before the update was applied or saved; {kept}; or start over "
+                "with other settings (e.g. a lower optim.lr)"
+            ) from None
         except KeyboardInterrupt as interrupt:
             bar.close()
             if acc.is_main_process:

@@ -370,11 +370,15 @@ def metadata_conflict(metadata: dict, classes: list[str] | None = None) -> str |
     )
 
 
-def validate_metadata(metadata: object, classes: list[str] | None = None) -> dict:
+def validate_metadata(
+    metadata: object, classes: list[str] | None = None, max_objects: int | None = None
+) -> dict:
     """Check one GenEval metadata record (docs/evaluation/geneval.md schema); return it or raise UserError (one line).
 
     `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others). The tag
-    is one of GenEval's six or of `EXTENDED_TAGS`.
+    is one of GenEval's six or of `EXTENDED_TAGS`. A record no image can satisfy is refused too: a
+    class required at least n times and excluded from n on (exclude count ≤ include count), or, with
+    `max_objects` (a ShapeWorld scene's 6), more objects required in all than a scene holds.
     """
 
     def fail(why: str):
@@ -415,4 +419,15 @@ def validate_metadata(metadata: object, classes: list[str] | None = None) -> dic
                 )
                 if key != "include" or not ok:
                     fail(f"{key}[{i}] 'position' must be [relation, index of another include]")
+    for j, ex in enumerate(metadata.get("exclude", [])):  # "fewer than count" of a class (in a colour)
+        for i, c in enumerate(include):
+            same = c["class"] == ex["class"] and ex.get("color") in (None, c.get("color"))
+            if same and c["count"] >= ex["count"]:
+                fail(
+                    f"impossible: include[{i}] requires {c['count']} {c['class']} and exclude[{j}] allows "
+                    f"fewer than {ex['count']}"
+                )
+    total = sum(c["count"] for c in include)
+    if max_objects is not None and total > max_objects:
+        fail(f"impossible: it requires {total} objects; a scene holds at most {max_objects}")
     return metadata

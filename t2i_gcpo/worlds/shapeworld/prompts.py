@@ -138,7 +138,7 @@ def write_prompts(metadata: list[dict], path: str | Path) -> None:
 
 
 def read_prompt_file(
-    path: str | Path, classes: list[str] | None = None, *, strict: bool = True
+    path: str | Path, classes: list[str] | None = None, *, strict: bool = True, max_objects: int | None = None
 ) -> list[dict]:
     """Read a prompt file into GenEval metadata.
 
@@ -151,7 +151,8 @@ def read_prompt_file(
     (class, count, colour) and relations as its include clauses, or it is refused; a row whose
     prompt does not parse is taken as it is — the metadata is the ground truth (GenEval's own rows
     are authoritative, and real prompts may be free text). Tags and excludes are not compared.
-    A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
+    A row no image can satisfy is refused (`validate_metadata`; `max_objects`: the most objects a
+    scene holds). A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
     line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
     path = Path(path)
@@ -186,7 +187,7 @@ def read_prompt_file(
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise UserError(f"malformed JSON ({e.msg})") from None
-                record = validate_metadata(record, classes)
+                record = validate_metadata(record, classes, max_objects)
                 conflict = metadata_conflict(record, classes)
                 if conflict is not None:
                     raise UserError(f"{conflict}: fix the prompt or the metadata")
