@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this task)
     ACCURACY,
@@ -31,6 +30,7 @@ from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this t
     STEP_LIFT_N,
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
 from t2i_gcpo.rewards.arithmetic import problem_meta
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
@@ -46,7 +46,7 @@ N_TRAIN, N_TEST, SPLIT_SEED = 2000, 200, 0
 
 
 def write_prompt_files(
-    directory: str | Path = REPO_PROMPTS, n_train: int = N_TRAIN, n_test: int = N_TEST, seed: int = SPLIT_SEED
+    directory: str | Path = PROMPTS_DIR, n_train: int = N_TRAIN, n_test: int = N_TEST, seed: int = SPLIT_SEED
 ) -> tuple[Path, Path]:
     """Write `TRAIN_FILE` and `TEST_FILE` (GSM8K-style rows with worked solutions) into `directory`:
     `make_splits(n_train, n_test, seed)`, disjoint by question. The shipped files are
@@ -209,7 +209,8 @@ class ArithmeticTask:
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
         from t2i_gcpo.worlds.arithmetic import read_problem_file
 
-        return [PromptRecord(p.question, meta=problem_meta(p)) for p in read_problem_file(path)]
+        problems = read_problem_file(prompt_file(path))  # the user's file, else the shipped one it names
+        return [PromptRecord(p.question, meta=problem_meta(p)) for p in problems]
 
     def parse(self, text: str) -> PromptRecord:
         """A typed question: an expression of this world ("12+7*3=?") gets its answer and steps;
