@@ -103,6 +103,8 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     try:
         run(job)  # prints each held-out evaluation and the run directory
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
+            signal.signal(sig, signal.SIG_IGN)
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
     leave_process_group()

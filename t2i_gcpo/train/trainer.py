@@ -321,12 +321,14 @@ class Trainer:
         self.fsdp = acc.distributed_type == DistributedType.FSDP
         if self.fsdp and not acc.is_fsdp2:
             raise UserError("FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 is not supported)")
+        self.lock = None  # a default run directory's lock (an --out one is taken in train.run.prepare)
         if run_dir is None:  # one default name, created (exclusively) by the main process
-            run_dir = (
-                claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-                if acc.is_main_process
-                else Path()
-            )
+            run_dir = Path()
+            if acc.is_main_process:
+                from t2i_gcpo.outdir import lock_output
+
+                run_dir = claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+                self.lock = lock_output(run_dir)
         self.run_dir = run_dir = (
             Path(broadcast_object_list([str(run_dir)])[0]) if acc.num_processes > 1 else run_dir
         )
@@ -360,12 +362,12 @@ class Trainer:
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
         if hasattr(getattr(policy, "config", None), "storage_dtype"):
             policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
-        self.start_step = 0
+        self.start_step, self.ckpt = 0, None
         if resume:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        if resume and not self.fsdp:
+        if resume and self.ckpt is not None and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
         self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
@@ -374,7 +376,7 @@ class Trainer:
             # weights gathered once per step (distributed.gather_params) and kept whole through rollout,
             # forward and backward; FSDP shards gradients and optimizer states
             self.policy.set_reshard_after_forward(False)
-            if resume:
+            if resume and self.ckpt is not None:
                 load_optimizer(
                     self.ckpt,
                     lambda state: load_full_optimizer_state_dict(self.policy, self.optimizer, state),
@@ -389,13 +391,13 @@ class Trainer:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
+        self.final_phase = False  # in the final evaluation: a stop signal ends it at once
         self.writer = None
         if acc.is_main_process:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(
-                str(run_dir / "tb"), purge_step=self.start_step + 1 if resume else None
-            )
+            purge = (self.start_step + 1 if self.start_step else 0) if resume else None  # what is rewritten
+            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
@@ -470,12 +472,31 @@ class Trainer:
                     self.save(step)
                 if stop:
                     raise StopRequested(self.stop_requested)
+            self._check_replicas()
+            # the final evaluation: a stop signal ends it at once (the last checkpoint is saved; a
+            # resume evaluates again), with the same line and the report as far as it goes
+            self.final_phase = True
+            final = {}
+            if cfg.eval_every >= 0 and self.eval_prompts:
+                final, headline = self.evaluate()
+                self._log(cfg.steps, final, append_only=True)
+                self._announce(cfg.steps, headline, bar)
+                if acc.is_main_process:
+                    (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
+            self._report()
+            if acc.is_main_process:
+                ckpt = checkpoint_dir(self.run_dir, cfg.steps)
+                if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
+                    mark_finished(ckpt)
+                bar.write(f"run directory: {self.run_dir} (open report.html)")
         except KeyboardInterrupt as interrupt:
+            for sig in STOP_SIGNALS:  # stopping: a late Ctrl-C must not cut the line or the report short
+                signal.signal(sig, signal.SIG_IGN)
             bar.close()
             if acc.is_main_process:
-                print(
-                    f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
-                )
+                print(self._interrupted_line(), flush=True)
+            if self.final_phase:
+                self._report_as_far_as_possible()
             if isinstance(interrupt, StopRequested):  # not after a second Ctrl-C: it may land in a collective
                 self._shutdown()
             raise
@@ -483,22 +504,25 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             bar.close()
-        self._check_replicas()
-        final = {}
-        if cfg.eval_every >= 0 and self.eval_prompts:
-            final, headline = self.evaluate()
-            self._log(cfg.steps, final, append_only=True)
-            self._announce(cfg.steps, headline, bar)
-            if acc.is_main_process:
-                (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
-        self._report()
-        if acc.is_main_process:
-            ckpt = checkpoint_dir(self.run_dir, cfg.steps)
-            if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
-                mark_finished(ckpt)
-            bar.write(f"run directory: {self.run_dir} (open report.html)")
         self._shutdown()
         return final
+
+    def _interrupted_line(self) -> str:
+        """What a stopped run says: where it stopped and the command that continues it."""
+        resume = f"t2i-gcpo train --resume {self.run_dir}"
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return f"interrupted before the first checkpoint; start it again from step 0 with: {resume}"
+        where = " during the final evaluation" if self.final_phase else ""
+        return f"interrupted{where}: checkpoint at step {load_trainer_state(ckpt)['step']}; continue with: {resume}"
+
+    def _report_as_far_as_possible(self) -> None:
+        """report.html from what the run logged so far (stopped in its final evaluation)."""
+        try:
+            self._report()
+        except Exception as e:  # the report is a convenience: its failure must not hide the resume line
+            if self.accelerator.is_main_process:
+                print(f"note: report.html not written: {e}")
 
     def _shutdown(self) -> None:
         """End a run every process reached together: flush TensorBoard and wait until all ranks are
@@ -539,7 +563,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         """Ctrl-C or SIGTERM: finish the step, save, stop. A second one stops at once."""
-        if self.stop_requested:
+        if self.stop_requested or self.final_phase:
             raise Interrupted(signum)
         self.stop_requested = signum
         if self.accelerator.is_main_process:
@@ -622,16 +646,12 @@ class Trainer:
                             carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
         acc.wait_for_everyone()
 
-    def _saved_step(self) -> int:
-        ckpt = latest_checkpoint(self.run_dir)
-        return load_trainer_state(ckpt)["step"] if ckpt else 0
-
     def _load_resume(self, policy: Any) -> Any:
         from t2i_gcpo.policies.registry import load_policy
 
         self.ckpt = latest_checkpoint(self.run_dir)
-        if self.ckpt is None:
-            raise UserError(f"{self.run_dir} has no checkpoint to resume from")
+        if self.ckpt is None:  # stopped before its first save: the run starts again from its config
+            return policy
         state = load_trainer_state(self.ckpt)
         self.start_step = state["step"]
         self.zero_std_estimate = state.get("zero_std_estimate")
@@ -666,7 +686,12 @@ def claim_run_dir(base: Path) -> Path:
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
+    """Mark `run_dir` as a run (outdir.is_run_dir) and save its config: from here on `--resume` continues
+    it, from its latest checkpoint or, before the first one, from the beginning."""
+    from t2i_gcpo.outdir import RUN_MARKER
+
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_MARKER).write_text("written by t2i-gcpo train: this folder is a run (config.yaml)\n")
     save_config(cfg, run_dir / "config.yaml")
 
 
@@ -681,7 +706,10 @@ def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
     if data.get("steps") != steps:
         data["steps"] = steps
         atomic_write_text(saved, yaml.safe_dump(data, sort_keys=False))
-    truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
+    if start_step == 0:  # no checkpoint yet: the run starts again, base evaluation included
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    else:
+        truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
     if start_step < steps:
         (run_dir / "eval.json").unlink(missing_ok=True)
 
