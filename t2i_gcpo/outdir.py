@@ -40,6 +40,12 @@ class OutputLock:
         self._fd = None
         _remove_empty(self._created)
 
+    def __del__(self) -> None:  # a lock nobody holds any more (a prepared run never started) frees its folder
+        try:
+            self.release()
+        except Exception:  # at interpreter exit: the kernel frees the lock anyway
+            pass
+
     def __enter__(self) -> OutputLock:
         return self
 

@@ -365,3 +365,38 @@ def test_credit_map_replaces_the_figures_of_an_earlier_larger_run(tmp_path, caps
     code, _, err = run(capsys, *common[:-1], photos, "--prompt", BLUE)
     assert code == 2 and "no credit_maps.html" in one_line_error(err)
     assert (photos / "00000.png").read_bytes() == b"my photo"
+
+
+def test_a_resumed_dpg_folder_continues_with_its_recorded_cfg(tmp_path, capsys, monkeypatch):
+    import t2i_gcpo.eval.dpg as dpg
+
+    class YesVQA:
+        name = "yes"
+
+        def answer(self, image, question):
+            return "yes"
+
+    monkeypatch.setattr(
+        dpg,
+        "load_dpg_prompts",
+        lambda: [{"item_id": "a", "prompt": RED[0]}, {"item_id": "b", "prompt": BLUE}],
+    )
+    monkeypatch.setattr(
+        dpg.VQAModel, "from_pretrained", classmethod(lambda cls, path, device="cpu": YesVQA())
+    )
+    csv_path = tmp_path / "q.csv"
+    csv_path.write_text(
+        "item_id,text,keywords,proposition_id,dependency,category_broad,category_detailed,tuple,"
+        "question_natural_language\n"
+        "a,t,k,1,0,entity,entity - whole,t,is there a circle?\n"
+        "b,t,k,1,0,entity,entity - whole,t,is there a square?\n"
+    )
+    out = tmp_path / "dpg"
+    args = ["eval", "dpg", "--model", "shapeworld", "--csv", csv_path, "--vqa", "x", "--out", out]
+    assert run(capsys, *args, "--cfg", "1.5")[0] == 0
+    images = {p.name: p.read_bytes() for p in (out / "images").iterdir()}
+    (out / "images" / "b.png").unlink()
+    assert run(capsys, *args)[0] == 0  # --cfg left out: the recorded 1.5
+    assert {p.name: p.read_bytes() for p in (out / "images").iterdir()} == images, (
+        "b.png as before; record kept"
+    )

@@ -484,7 +484,7 @@ def generate_dpg(
     root = Path(root)
     if not overwrite:  # flags left out: the settings recorded with the grids already there
         cfg_scale, steps, reveal_order = adopt_recorded(
-            _recorded_grid_settings(root), cfg_scale, steps, reveal_order
+            policy, _recorded_grid_settings(root), cfg_scale, steps, reveal_order
         )
     if cfg_scale is None:
         cfg_scale = policy.default_sampling().guidance_scale

@@ -124,15 +124,22 @@ def masked_sampling(
     return asked
 
 
-def adopt_recorded(recorded: Mapping, cfg_scale: float | None, steps: int | None,
+def adopt_recorded(policy: Policy, recorded: Mapping, cfg_scale: float | None, steps: int | None,
                    reveal_order: str | None) -> tuple[float | None, int | None, str | None]:  # fmt: skip
     """A resumed folder continues with the settings recorded there for the flags left out (--cfg,
-    --steps, --reveal-order), not with the model's defaults: its images are never of two kinds."""
+    --steps, --reveal-order), not with the model's defaults: its images are never of two kinds. (Steps
+    and reveal order only for a model that decodes in steps: another model's folder is then refused
+    by `check_resumable` for its model, not for flags this run was not given.)"""
+    masked = policy.default_sampling().steps is not None
 
-    def pick(given: Any, key: str) -> Any:
-        return recorded.get(key) if given is None else given
+    def pick(given: Any, key: str, adopt: bool = True) -> Any:
+        return recorded.get(key) if given is None and adopt else given
 
-    return pick(cfg_scale, "cfg_scale"), pick(steps, "steps"), pick(reveal_order, "reveal_order")
+    return (
+        pick(cfg_scale, "cfg_scale"),
+        pick(steps, "steps", masked),
+        pick(reveal_order, "reveal_order", masked),
+    )
 
 
 def image_settings(policy: Policy, model: str | None, seed: int, cfg_scale: float, temperature: float, top_k: int,
@@ -189,7 +196,7 @@ def generate_geneval(
     policy.check_prompts([m["prompt"] for m in metadata_list])
     if not overwrite:
         cfg_scale, steps, reveal_order = adopt_recorded(
-            recorded_settings(root), cfg_scale, steps, reveal_order
+            policy, recorded_settings(root), cfg_scale, steps, reveal_order
         )
     if cfg_scale is None:
         cfg_scale = policy.default_sampling().guidance_scale

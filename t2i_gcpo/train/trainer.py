@@ -476,6 +476,8 @@ class Trainer:
             # the final evaluation: a stop signal ends it at once (the last checkpoint is saved; a
             # resume evaluates again), with the same line and the report as far as it goes
             self.final_phase = True
+            if self.stop_requested:  # a stop signal after the last step's save: no final evaluation
+                raise StopRequested(self.stop_requested)
             final = {}
             if cfg.eval_every >= 0 and self.eval_prompts:
                 final, headline = self.evaluate()
