@@ -48,17 +48,19 @@ def flaky(images, prompts, metadata):
     return redness(images, prompts, metadata)
 """
 
-# an object whose unpickling writes a marker file: what a crafted run directory could hold
+# a process that holds an output folder's lock until it is killed
 HOLD_LOCK = """
 import sys, time
 from t2i_gcpo.outdir import lock_output
-lock_output(sys.argv[1], sys.argv[2])
+lock = lock_output(sys.argv[1], sys.argv[2])  # held while referenced
 print("locked", flush=True)
 time.sleep(300)
 """
 
 
 class Payload:
+    """An object whose unpickling writes a marker file: what a crafted run directory could hold."""
+
     def __init__(self, marker: Path) -> None:
         self.marker = str(marker)
 
