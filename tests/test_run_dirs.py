@@ -22,7 +22,7 @@ from t2i_gcpo.errors import UserError, one_line
 from t2i_gcpo.outdir import LOCK_NAME, lock_output
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.train.checkpoint import carry_types, latest_checkpoint
+from t2i_gcpo.train.checkpoint import carry_types, latest_checkpoint, load_carry
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree
 from t2i_gcpo.train.trainer import Batch
@@ -196,6 +196,9 @@ def test_carried_groups_round_trip_through_safetensors_and_json(tmp_path):
     (tmp_path / "carry.json").write_text(json.dumps(tree))
     with pytest.raises(UserError, match="'Popen' is not a type this file may hold"):
         load_tree(tmp_path, "carry", "the carried groups", carry_types())
+    (tmp_path / "carry.safetensors").unlink()  # half of a carry is an error, not "no carried groups"
+    with pytest.raises(UserError, match="cannot read the carried groups"):
+        load_carry(tmp_path)
 
 
 def test_a_crafted_pickle_in_a_run_directory_never_runs(tiny, tmp_path, capsys):

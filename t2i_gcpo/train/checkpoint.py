@@ -132,7 +132,7 @@ def carry_types() -> dict[str, type]:
 def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
     """The groups each process carried into the next step (None: the run carried none). A carry.pt
     (a pickle, written by earlier versions) is refused unread: reading it could run its code."""
-    if all(p.is_file() for p in tree_files(ckpt, "carry")):
+    if any(p.exists() for p in tree_files(ckpt, "carry")):  # one of the two missing: an error, not "none"
         return load_tree(ckpt, "carry", "the carried groups", carry_types(), device)
     legacy = ckpt / LEGACY_CARRY
     if legacy.exists():
