@@ -361,6 +361,23 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     assert_same_run(full, stopped, 3)
 
 
+def test_a_ctrl_c_before_the_loop_says_how_to_continue(tiny, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+
+    def interrupted(self):
+        raise KeyboardInterrupt  # Python's own handler: the loop has not installed its handlers yet
+
+    monkeypatch.setattr(trainer_mod.Trainer, "fit", interrupted)
+    code, stdout, err = cli(capsys, *cli_args(tiny, out, 2))
+    assert code == 130 and "Traceback" not in err
+    assert f"interrupted before training began; continue with: t2i-gcpo train --resume {out}" in stdout
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(tiny["root"]))
+    monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
+    run(prepare(resume_dir=out))
+    assert [r["step"] for r in rows(out)] == [1, 2]
+
+
 # ------------------------------------------------------------------------ item 10: a folder of the user's
 
 
