@@ -137,7 +137,8 @@ def compare_cmd(
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
     baseline's, paired by seed and unpaired, every run's held-out score at each evaluation, the paired
     differences at each evaluation, and curves with bands."""
-    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.commands.options import lock_out
+    from t2i_gcpo.errors import UserError, check_writable_dir
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
@@ -150,6 +151,7 @@ def compare_cmd(
         prompts = default_train_prompts(model)
     if report_to is not None:
         overrides = (*overrides, f"report_to={report_to}")
+    lock_out(check_writable_dir(out, "--out"))  # each run's own folder is locked by its training
     result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
                             tuple(overrides), jobs, baseline)  # fmt: skip
     leave_process_group()

@@ -69,11 +69,12 @@ def credit_map_cmd(
     credit lift of each scheme (share of credit on tokens covering the prompt's objects over the share of
     such tokens; uniform credit = 1).
     """
+    from t2i_gcpo.commands.options import lock_out
     from t2i_gcpo.core import CREDIT_SCHEMES
     from t2i_gcpo.errors import UserError, check_writable_dir
-    from t2i_gcpo.train.credit_maps import run_credit_maps
+    from t2i_gcpo.train.credit_maps import check_credit_out, run_credit_maps
 
-    check_writable_dir(out, "--out")  # before loading any model
+    check_credit_out(lock_out(check_writable_dir(out, "--out")))  # before loading any model
     if not prompt_texts and not prompt_file:
         raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
     names = tuple(s.strip() for s in schemes.split(",") if s.strip())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -32,10 +32,11 @@ def _policy(model: str):
 
 
 def _check_out(out: str) -> Path:
-    """--out must be a folder we can write into (or create): checked before any model is loaded."""
+    """--out must be a folder we can write into (or create), and no other command's: checked (and
+    locked until the command ends) before any model is loaded."""
     from t2i_gcpo.errors import check_writable_dir
 
-    return check_writable_dir(out, "--out")
+    return lock_out(check_writable_dir(out, "--out"))
 
 
 def _overwrite_option(what: str):
@@ -46,10 +47,6 @@ def _overwrite_option(what: str):
         "into images made for the same prompts, model, seed, CFG, count (and masked steps / reveal order), "
         "and refuses anything else.",
     )
-
-
-def _cfg_scale(policy, cfg_scale: float | None) -> float:
-    return policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
 
 
 class ShapeWorldDetector:
@@ -146,7 +143,7 @@ def geneval_cmd(
     if model:
         policy = _policy(model)
         generate_geneval(
-            policy, prompts, root, n=images_per_prompt, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale),
+            policy, prompts, root, n=images_per_prompt, batch=batch, cfg_scale=cfg_scale,
             steps=steps, reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
     summary = score_geneval_folder(root, det, colors, out, metadata_list=prompts,
@@ -193,7 +190,7 @@ def shapeworld_cmd(
         root,
         n=images_per_prompt,
         batch=batch,
-        cfg_scale=_cfg_scale(policy, cfg_scale),
+        cfg_scale=cfg_scale,  # left out: the recorded one of a resumed folder, else the model's
         steps=steps,
         reveal_order=reveal_order,
         seed=seed,
@@ -273,7 +270,7 @@ def dpg_cmd(
     if model:
         policy = _policy(model)
         generate_dpg(
-            policy, prompts, root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), steps=steps,
+            policy, prompts, root, batch=batch, cfg_scale=cfg_scale, steps=steps,
             reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None

@@ -6,6 +6,16 @@ from collections.abc import Callable
 
 import click
 
+
+def lock_out(folder):
+    """Lock the output folder `folder` (outdir.lock_output) until the running command ends; returns it."""
+    from t2i_gcpo.outdir import lock_output
+
+    lock = lock_output(folder)
+    click.get_current_context().call_on_close(lock.release)
+    return folder
+
+
 # policies/maskgen.py REVEAL_ORDERS, repeated so that --help imports no torch (a test checks they agree)
 REVEAL_ORDER_CHOICES = ("confidence", "random")
 

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
 
 
 @click.command("sample")
@@ -85,13 +85,14 @@ def sample_cmd(
 
     out_dir = check_writable_dir(out, "--out")  # before loading anything
     prompts_path = prompt_file(prompts_path)  # the user's file, else the shipped one it names
+    lock_out(out_dir)
     texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
     policy = load_policy(model).eval()
     policy.check_prompts(texts)  # every word the model cannot take, at once
     # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
     metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-    s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-    generate_geneval(policy, metadata, out_dir, n=n_images, batch=max(1, 64 // n_images), cfg_scale=s,
+    # --cfg, --steps, --reveal-order left out: a resumed folder's recorded values, else the model's
+    generate_geneval(policy, metadata, out_dir, n=n_images, batch=max(1, 64 // n_images), cfg_scale=cfg_scale,
                      temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed,
                      model=model_identity(model),
                      overwrite=overwrite)  # fmt: skip

@@ -119,6 +119,26 @@ def train_cmd(
     try:
         run(job)  # prints each held-out evaluation and the run directory
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
+            signal.signal(sig, signal.SIG_IGN)
+        _say_how_to_continue(job, interrupt)
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
     leave_process_group()
+
+
+def _say_how_to_continue(job, interrupt: KeyboardInterrupt) -> None:
+    """A Ctrl-C before the training loop took over the signals (the loop prints its own line): the run
+    directory, once it is one, continues with --resume like any other."""
+    import os
+
+    from t2i_gcpo.outdir import is_run_dir
+    from t2i_gcpo.train.trainer import Interrupted
+
+    run_dir = job.run_dir
+    if isinstance(interrupt, Interrupted) or run_dir is None or int(os.environ.get("RANK", 0)) != 0:
+        return
+    if is_run_dir(run_dir):
+        print(
+            f"interrupted before training began; continue with: t2i-gcpo train --resume {run_dir}", flush=True
+        )

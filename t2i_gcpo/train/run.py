@@ -22,6 +22,7 @@ class Job:
     task: Any
     resume: bool
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
+    lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
 
 
 def local_device() -> str:
@@ -35,29 +36,85 @@ def local_device() -> str:
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
             overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None) -> Job:  # fmt: skip
-    from t2i_gcpo.policies.registry import load_policy
-    from t2i_gcpo.rewards.registry import build_reward
-    from t2i_gcpo.tasks.registry import get_task
-    from t2i_gcpo.train.tracking import resolve_report_to
-
+    """Everything a run needs, checked and loaded; the run directory locked (released by `run`)."""
+    lock = None
     if resume_dir is not None:
-        cfg, finished = _resume_config(resume_dir, steps)
-        if finished:
-            return Job(cfg, resume_dir, [], None, None, None, None, resume=True, finished=finished)
-        run_dir = resume_dir
-        check_writable_dir(run_dir, "run directory")
+        if resume_dir.is_dir():
+            lock = _lock(resume_dir)
+        try:
+            cfg, finished = _resume_config(resume_dir, steps)
+            if finished:
+                return Job(
+                    cfg, resume_dir, [], None, None, None, None, resume=True, finished=finished, lock=lock
+                )
+            run_dir = resume_dir
+            check_writable_dir(run_dir, "run directory")
+        except BaseException:
+            _release(lock)
+            raise
     else:
         cfg = load_config(algo, config_file, flags, overrides)
         if not cfg.prompts:  # null in a --config file or --set prompts=null
             raise UserError("config key 'prompts': a training run needs a prompt file, got none")
+        from t2i_gcpo.train.tracking import resolve_report_to
+
         resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
         run_dir = Path(cfg.out) if cfg.out else None
-        if run_dir is not None and (run_dir / "metrics.jsonl").exists():
-            raise UserError(
-                f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
-            )
         # before any work: an --out that is a file or cannot be written fails now, not at the first save
         check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
+        if run_dir is not None:
+            lock = _lock(run_dir)
+            try:
+                check_new_run_dir(run_dir)
+            except BaseException:
+                _release(lock)
+                raise
+    try:
+        return _load(cfg, run_dir, resume_dir is not None, lock)
+    except BaseException:
+        _release(lock)
+        raise
+
+
+def _lock(run_dir: Path) -> Any:
+    """The run directory's lock, taken by the main process only (the others share its run)."""
+    import os
+
+    from t2i_gcpo.outdir import lock_output
+
+    return lock_output(run_dir) if int(os.environ.get("RANK", 0)) == 0 else None
+
+
+def _release(lock: Any) -> None:
+    if lock is not None:
+        lock.release()
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run goes into a new or empty folder: a run's folder is continued with --resume, and any
+    other folder holds the user's files, which a run would overwrite (config.yaml, report.html) or be
+    mixed with (an earlier eval.json)."""
+    from t2i_gcpo.errors import shorten
+    from t2i_gcpo.outdir import foreign_entries, is_run_dir
+
+    if is_run_dir(run_dir):
+        raise UserError(
+            f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
+        )
+    entries = foreign_entries(run_dir)
+    if entries:
+        raise UserError(
+            f"--out {run_dir} is not empty and not a run directory (it holds {shorten(entries[0], 60)}"
+            f"{f' and {len(entries) - 1} more' if len(entries) > 1 else ''}); pick a new or empty folder"
+        )
+
+
+def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any) -> Job:
+    """Load the model, task, prompts and reward of a run (everything checked before the first step)."""
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.rewards.registry import build_reward
+    from t2i_gcpo.tasks.registry import get_task
+
     policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
     task = get_task(cfg.task, policy)
@@ -79,7 +136,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
     reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output)
     check_reward(cfg, policy, reward, prompts, eval_prompts)
-    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume_dir is not None)
+    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
 
 
 def check_reward(
@@ -123,9 +180,7 @@ def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str |
             raise UserError(f"--steps must be ≥ 0, got {steps}")
         cfg.steps = steps
     ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise UserError(f"cannot resume: {run_dir} has no checkpoint (the run stopped before its first save)")
-    state = load_trainer_state(ckpt)
+    state = load_trainer_state(ckpt) if ckpt is not None else {"step": 0}  # none: start from the beginning
     done = state["step"]
     if done > cfg.steps:
         given = "--steps" if steps is not None else "its saved config's steps"
@@ -148,13 +203,17 @@ def run(job: Job) -> dict:
 
     from t2i_gcpo.train.trainer import Trainer
 
-    if job.finished:
-        if int(os.environ.get("RANK", 0)) == 0:  # one line, also under `accelerate launch`
-            print(job.finished)
-        final = job.run_dir / "eval.json"
-        return json.loads(final.read_text()) if final.is_file() else {}
-
-    trainer = Trainer(
-        job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts, job.resume
-    )
-    return trainer.fit()
+    trainer = None
+    try:
+        if job.finished:
+            if int(os.environ.get("RANK", 0)) == 0:  # one line, also under `accelerate launch`
+                print(job.finished)
+            final = job.run_dir / "eval.json"
+            return json.loads(final.read_text()) if final.is_file() else {}
+        trainer = Trainer(
+            job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts, job.resume
+        )
+        return trainer.fit()
+    finally:
+        _release(job.lock)
+        _release(getattr(trainer, "lock", None))  # a default run directory, locked when it was claimed

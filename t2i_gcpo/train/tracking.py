@@ -66,17 +66,18 @@ def flat_config(data: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def start_trackers(
-    accelerator: Any, trackers: list[str], run_dir: Path, config: dict, start_step: int
+    accelerator: Any, trackers: list[str], run_dir: Path, config: dict, start_step: int, resume: bool = False
 ) -> None:
-    """init_trackers for a run in `run_dir` that resumes after `start_step` (0: a new run). TensorBoard
-    drops events past start_step (a killed run's steps after its checkpoint are trained again)."""
+    """init_trackers for a run in `run_dir` that resumes after `start_step`. TensorBoard drops events
+    past start_step (a killed run's steps after its checkpoint are trained again), and all of them when
+    a resumed run starts over from step 0 (it had no checkpoint)."""
     if not trackers:
         return
     # the run directory is known only now (the Accelerator was made first): TensorBoard writes under it
     accelerator.project_configuration.logging_dir = str(run_dir / "tb")  # <run>/tb/t2i-gcpo
     name = run_dir.resolve().name
     kwargs = {
-        "tensorboard": {"purge_step": start_step + 1} if start_step else {},
+        "tensorboard": {"purge_step": start_step + 1 if start_step else 0} if resume else {},
         "wandb": {"dir": str(run_dir), "name": name},
         "mlflow": {"run_name": name},
         "trackio": {"name": name},

@@ -364,12 +364,14 @@ class Trainer:
         self.fsdp = acc.distributed_type == DistributedType.FSDP
         if self.fsdp and not acc.is_fsdp2:
             raise UserError("FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 is not supported)")
+        self.lock = None  # a default run directory's lock (an --out one is taken in train.run.prepare)
         if run_dir is None:  # one default name, created (exclusively) by the main process
-            run_dir = (
-                claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-                if acc.is_main_process
-                else Path()
-            )
+            run_dir = Path()
+            if acc.is_main_process:
+                from t2i_gcpo.outdir import lock_output
+
+                run_dir = claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+                self.lock = lock_output(run_dir)
         self.run_dir = run_dir = (
             Path(broadcast_object_list([str(run_dir)])[0]) if acc.num_processes > 1 else run_dir
         )
@@ -403,7 +405,7 @@ class Trainer:
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
         if hasattr(getattr(policy, "config", None), "storage_dtype"):
             policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
-        self.start_step = 0
+        self.start_step, self.ckpt = 0, None
         if resume:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
@@ -412,7 +414,7 @@ class Trainer:
         )
         # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
         self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
-        if resume and not self.fsdp:
+        if resume and self.ckpt is not None and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
         self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
@@ -421,14 +423,15 @@ class Trainer:
             # weights gathered once per step (distributed.gather_params) and kept whole through rollout,
             # forward and backward; FSDP shards gradients and optimizer states
             self.policy.set_reshard_after_forward(False)
-            if resume:
+            if resume and self.ckpt is not None:
                 load_optimizer(
                     self.ckpt,
                     lambda state: load_full_optimizer_state_dict(self.policy, self.optimizer, state),
                 )
             gather_params(self.policy)
         if resume:
-            restore_scheduler(self.scheduler, load_scheduler(self.ckpt), self.start_step)
+            saved = load_scheduler(self.ckpt) if self.ckpt is not None else None
+            restore_scheduler(self.scheduler, saved, self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
@@ -437,7 +440,8 @@ class Trainer:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
-        start_trackers(acc, trackers, run_dir, to_dict(cfg), self.start_step)
+        self.final_phase = False  # in the final evaluation: a stop signal ends it at once
+        start_trackers(acc, trackers, run_dir, to_dict(cfg), self.start_step, resume=resume)
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
@@ -515,11 +519,31 @@ class Trainer:
                     self.save(step)
                 if stop:
                     raise StopRequested(self.stop_requested)
+            self._check_replicas()
+            # the final evaluation: a stop signal ends it at once (the last checkpoint is saved; a
+            # resume evaluates again), with the same line and the report as far as it goes
+            self.final_phase = True
+            if self.stop_requested:  # a stop signal after the last step's save: no final evaluation
+                raise StopRequested(self.stop_requested)
+            final = {}
+            if cfg.eval_every >= 0 and self.eval_prompts:
+                final, headline = self.evaluate()
+                self._log(cfg.steps, final, append_only=True)
+                self._announce(cfg.steps, headline, bar)
+                if acc.is_main_process:
+                    (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
+            self._report()
+            if acc.is_main_process:
+                ckpt = checkpoint_dir(self.run_dir, cfg.steps)
+                if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
+                    mark_finished(ckpt)
+                bar.write(f"run directory: {self.run_dir} (open report.html)")
         except NonFiniteError as e:
             bar.close()
             kept = "no checkpoint was written before it"
-            if latest_checkpoint(self.run_dir) is not None:
-                saved = self._saved_step()
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is not None:
+                saved = load_trainer_state(ckpt)["step"]
                 kept = (
                     f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the "
                     f"same steps: end the run there with --resume {self.run_dir} --steps N ({saved} ≤ N < {step})"
@@ -529,11 +553,13 @@ class Trainer:
                 "with other settings (e.g. a lower optim.lr)"
             ) from None
         except KeyboardInterrupt as interrupt:
+            for sig in STOP_SIGNALS:  # stopping: a late Ctrl-C must not cut the line or the report short
+                signal.signal(sig, signal.SIG_IGN)
             bar.close()
             if acc.is_main_process:
-                print(
-                    f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
-                )
+                print(self._interrupted_line(), flush=True)
+            if self.final_phase:
+                self._report_as_far_as_possible()
             if isinstance(interrupt, StopRequested):  # not after a second Ctrl-C: it may land in a collective
                 self._shutdown()
             raise
@@ -541,22 +567,25 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             bar.close()
-        self._check_replicas()
-        final = {}
-        if cfg.eval_every >= 0 and self.eval_prompts:
-            final, headline = self.evaluate()
-            self._log(cfg.steps, final, append_only=True)
-            self._announce(cfg.steps, headline, bar)
-            if acc.is_main_process:
-                (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
-        self._report()
-        if acc.is_main_process:
-            ckpt = checkpoint_dir(self.run_dir, cfg.steps)
-            if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
-                mark_finished(ckpt)
-            bar.write(f"run directory: {self.run_dir} (open report.html)")
         self._shutdown()
         return final
+
+    def _interrupted_line(self) -> str:
+        """What a stopped run says: where it stopped and the command that continues it."""
+        resume = f"t2i-gcpo train --resume {self.run_dir}"
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return f"interrupted before the first checkpoint; start it again from step 0 with: {resume}"
+        where = " during the final evaluation" if self.final_phase else ""
+        return f"interrupted{where}: checkpoint at step {load_trainer_state(ckpt)['step']}; continue with: {resume}"
+
+    def _report_as_far_as_possible(self) -> None:
+        """report.html from what the run logged so far (stopped in its final evaluation)."""
+        try:
+            self._report()
+        except Exception as e:  # the report is a convenience: its failure must not hide the resume line
+            if self.accelerator.is_main_process:
+                print(f"note: report.html not written: {e}")
 
     def _shutdown(self) -> None:
         """End a run every process reached together: close the trackers and wait until all ranks are
@@ -596,7 +625,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         """Ctrl-C or SIGTERM: finish the step, save, stop. A second one stops at once."""
-        if self.stop_requested:
+        if self.stop_requested or self.final_phase:
             raise Interrupted(signum)
         self.stop_requested = signum
         if self.accelerator.is_main_process:
@@ -677,16 +706,12 @@ class Trainer:
                             scheduler_state=self.scheduler.state_dict())  # fmt: skip
         acc.wait_for_everyone()
 
-    def _saved_step(self) -> int:
-        ckpt = latest_checkpoint(self.run_dir)
-        return load_trainer_state(ckpt)["step"] if ckpt else 0
-
     def _load_resume(self, policy: Any) -> Any:
         from t2i_gcpo.policies.registry import load_policy
 
         self.ckpt = latest_checkpoint(self.run_dir)
-        if self.ckpt is None:
-            raise UserError(f"{self.run_dir} has no checkpoint to resume from")
+        if self.ckpt is None:  # stopped before its first save: the run starts again from its config
+            return policy
         state = load_trainer_state(self.ckpt)
         self.start_step = state["step"]
         self.zero_std_estimate = state.get("zero_std_estimate")
@@ -721,7 +746,12 @@ def claim_run_dir(base: Path) -> Path:
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
+    """Mark `run_dir` as a run (outdir.is_run_dir) and save its config: from here on `--resume` continues
+    it, from its latest checkpoint or, before the first one, from the beginning."""
+    from t2i_gcpo.outdir import RUN_MARKER
+
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_MARKER).write_text("written by t2i-gcpo train: this folder is a run (config.yaml)\n")
     save_config(cfg, run_dir / "config.yaml")
 
 
@@ -736,7 +766,10 @@ def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
     if data.get("steps") != steps:
         data["steps"] = steps
         atomic_write_text(saved, yaml.safe_dump(data, sort_keys=False))
-    truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
+    if start_step == 0:  # no checkpoint yet: the run starts again, base evaluation included
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    else:
+        truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
     if start_step < steps:
         (run_dir / "eval.json").unlink(missing_ok=True)
 
