@@ -81,6 +81,16 @@ class RolloutConfig:
         "ended as the float32 runs did (docs/performance.md).",
         "auto",
     )
+    old_logprobs: Literal["recorded", "recompute"] = doc(
+        "π_old of the ratio ρ = π_θ/π_old: 'recorded', the log-probs the sampler wrote while sampling (free; "
+        "under bf16 the KV-cache decode rounds differently from the update's full forward, so ρ ≠ 1 before "
+        "any step: logged as mismatch/*), or 'recompute', the update's own teacher-forced log-probs of the "
+        "trained context under the weights that sampled, in the update's precision: with one update epoch "
+        "the first pass's forward, detached (free: a separate no-grad pass would give the same numbers); "
+        "with more epochs a no-grad forward before the update (one forward per batch, docs/mismatch.md). "
+        "The recorded log-probs then feed only loss.tis_cap and the mismatch metrics.",
+        "recorded",
+    )
 
 
 @dataclass
@@ -124,6 +134,13 @@ class LossConfig:
     beta: float = doc("β: weight of the k3 KL to the frozen initial policy (GRPO: 0.03; DAPO/DGPO: 0).", 0.0)
     kl_reweight: bool = doc(
         "Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False
+    )
+    tis_cap: float | None = doc(
+        "C: truncated importance sampling of the rollout/update mismatch (needs rollout.old_logprobs="
+        "recompute): each token's surrogate is multiplied by min(π_old/π_rollout, C), π_old the recomputed "
+        "log-prob and π_rollout the sampler's, detached (Yao et al. 2025, 'Your efficient RL framework "
+        "secretly brings you off-policy RL training'; verl and slime use C = 2). null disables it.",
+        None,
     )
 
 
@@ -290,6 +307,11 @@ class TrainConfig:
             (self.loss.eps_low >= 0 and self.loss.eps_high >= 0, "loss.eps_low/eps_high must be ≥ 0"),
             (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
             (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
+            (self.loss.tis_cap is None or self.loss.tis_cap > 0, "loss.tis_cap must be > 0 (or null)"),
+            (
+                self.loss.tis_cap is None or self.rollout.old_logprobs == "recompute",
+                "loss.tis_cap needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
+            ),
             (self.optim.lr > 0, "optim.lr must be > 0"),
             (
                 self.optim.update_epochs >= 1 and self.optim.minibatches >= 1,
