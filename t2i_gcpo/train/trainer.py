@@ -39,6 +39,7 @@ from t2i_gcpo.train.checkpoint import (
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, reads_recorded_contrast
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import (
+    check_launch,
     full_optimizer_state_dict,
     full_state_dict,
     gather_params,
@@ -353,11 +354,13 @@ class Trainer:
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
             policy.keep_reveal_order(cfg.rollout.reveal_order)
+        check_launch()  # before accelerate: it would import DeepSpeed for a DeepSpeed launch
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
         )
         acc = self.accelerator
+        check_launch(acc)  # the strategy asked for is the one accelerate gave
         n_proc = acc.num_processes
         if cfg.rollout.prompts_per_step % n_proc:  # before the run directory is created
             raise UserError(
