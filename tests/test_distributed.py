@@ -275,7 +275,12 @@ def test_kill_9_and_resume_under_each_strategy_is_bit_identical(tmp_path, strate
         torch.load(r / "checkpoints" / "step_000004" / "optimizer.pt", weights_only=True)
         for r in (full, part)
     )
-    assert oa["param_groups"] == ob["param_groups"] and oa["state"].keys() == ob["state"].keys()
+
+    def group(g: dict) -> dict:  # FSDP's optimizer state dict round trip turns the betas tuple into a list
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
+
+    assert [group(g) for g in oa["param_groups"]] == [group(g) for g in ob["param_groups"]]
+    assert oa["state"].keys() == ob["state"].keys()
     for key in oa["state"]:
         assert all(torch.equal(oa["state"][key][n], ob["state"][key][n]) for n in oa["state"][key]), key
 
