@@ -35,7 +35,12 @@ from t2i_gcpo.tasks.registry import get_task
 from t2i_gcpo.train.trainer import resolve_autocast
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_PROMPTS = ["a photo of a cat", "a photo of two dogs", "a photo of a red cat", "a photo of a dog left of a cat"]
+TINY_PROMPTS = [
+    "a photo of a cat",
+    "a photo of two dogs",
+    "a photo of a red cat",
+    "a photo of a dog left of a cat",
+]
 
 
 def build(spec: str, scratch: Path) -> tuple[str, list[PromptRecord] | None]:
@@ -82,7 +87,9 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", action="append", required=True, help="load_policy spec, tiny-janus or tiny-amused")
+    ap.add_argument(
+        "--model", action="append", required=True, help="load_policy spec, tiny-janus or tiny-amused"
+    )
     ap.add_argument("--label", action="append", help="a name per --model for the table (default: the spec)")
     ap.add_argument("--prompts-per-model", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
