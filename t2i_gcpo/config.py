@@ -77,8 +77,8 @@ class RolloutConfig:
         "checked for it (the ShapeWorld priors, the fused Llama text decoder; not Janus, aMUSEd or "
         "transformers' cache), else none; the run's config.yaml records what it resolved to. The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
-        "recomputation on the ShapeWorld prior); 5 seeds each of DAPO, GCPO and DGPO on ShapeWorld-32 "
-        "ended as the float32 runs did (docs/performance.md).",
+        "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
+        "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
         "auto",
     )
     old_logprobs: Literal["recorded", "recompute"] = doc(
@@ -88,7 +88,9 @@ class RolloutConfig:
         "trained context under the weights that sampled, in the update's precision: with one update epoch "
         "the first pass's forward, detached (free: a separate no-grad pass would give the same numbers); "
         "with more epochs a no-grad forward before the update (one forward per batch, docs/mismatch.md). "
-        "The recorded log-probs then feed only loss.tis_cap and the mismatch metrics.",
+        "Alone it drops the correction that 'recorded' makes (ρ = π_θ/π_rollout is the importance weight): use "
+        "it with loss.tis_cap. The recorded ones still feed loss.tis_cap, the mismatch metrics and GCPO's "
+        "contrast (credit.contrast).",
         "recorded",
     )
 

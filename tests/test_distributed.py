@@ -1,8 +1,8 @@
 """`t2i-gcpo train` under `accelerate launch` with two real CPU processes (gloo): DDP and FSDP2.
 
 Every run asserts processes.json says 2 processes and the expected `distributed_type`: accelerate
-falls back silently (`--cpu --num_processes 2` runs ONE process; FSDP on CPU runs plain DDP, see
-`allow_fsdp_on_cpu`).
+falls back silently (`--cpu --num_processes 2` runs ONE process; FSDP on CPU processes would run plain
+DDP: the trainer refuses that launch, and `allow_fsdp_on_cpu` lets these tests run FSDP2 on CPU).
 
 Two processes must train like one process on the same global batch: samples are seeded per prompt
 slot (tasks/loop.py), so both see the same samples, and the loss normaliser is the global batch's
