@@ -85,6 +85,61 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
     return row
 
 
+def cost(spec: str, args) -> dict:
+    """Seconds of the update's pieces on one rollout batch (P·G samples, `auto` precision), the variants
+    interleaved repeat by repeat so that a busy machine slows them alike; medians over `--repeats`:
+    the update's forward + backward with the recorded π_old; the same with `recompute` + TIS at one
+    epoch (π_old = the forward detached, weights min(π_old/π_rollout, 2)); and the no-grad forward
+    that `recompute` adds before the update when optim.update_epochs > 1."""
+    import statistics
+    import time
+
+    from t2i_gcpo.core.losses import policy_loss, tis_weights
+
+    policy = load_policy(spec)
+    task = get_task(policy.default_task, policy)
+    prompts = task.load_prompts(task.default_train_prompts())[: args.prompts_per_model]
+    cfg = TrainConfig()
+    resolve_autocast(cfg, "cpu", policy)
+    sampling = policy.default_sampling()
+    sampling = type(sampling)(**{**sampling.__dict__, "autocast": cfg.rollout.autocast})
+    with torch.no_grad():
+        ro = policy.rollout(
+            prompts,
+            args.group_size,
+            sampling,
+            group_generators(args.seed, "train", list(range(len(prompts)))),
+        )
+    adv = torch.randn(len(ro), generator=torch.Generator().manual_seed(0))
+    bf16 = cfg.optim.autocast == "bf16"
+
+    def update(tis: bool) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logp = policy(ro, context="pos")
+        old = logp.detach() if tis else ro.logp["pos"]
+        w = tis_weights(old, ro.logp["pos"], 2.0) if tis else None
+        loss, _ = policy_loss(logp, old, adv, ro.mask, aggregation="token-mean", is_weights=w)
+        loss.backward()
+        policy.zero_grad(set_to_none=True)
+
+    def recompute_pass() -> None:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            policy(ro, context="pos")
+
+    variants = {"update_recorded": lambda: update(False), "update_recompute_tis": lambda: update(True),
+                "recompute_pass": recompute_pass}  # fmt: skip
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for rep in range(args.repeats + 1):
+        for name, fn in variants.items():
+            tic = time.perf_counter()
+            fn()
+            if rep:  # the first round is warm-up
+                times[name].append(time.perf_counter() - tic)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["samples"], out["precision"] = len(ro), cfg.optim.autocast
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -96,8 +151,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "mismatch.json"))
+    ap.add_argument(
+        "--cost", action="store_true", help="time the update with and without recompute/TIS instead"
+    )
+    ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.cost:
+        res = cost(args.model[0], args)
+        print(json.dumps(res, indent=1))
+        Path(args.out).write_text(json.dumps({"machine": platform.processor() or platform.machine(),
+                                              "torch": torch.__version__, "cost": res}, indent=1))  # fmt: skip
+        return
     labels = args.label or args.model
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
