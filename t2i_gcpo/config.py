@@ -141,7 +141,7 @@ class LossConfig:
         "C: truncated importance sampling of the rollout/update mismatch (needs rollout.old_logprobs="
         "recompute): each token's surrogate is multiplied by min(π_old/π_rollout, C), π_old the recomputed "
         "log-prob and π_rollout the sampler's, detached (Yao et al. 2025, 'Your efficient RL framework "
-        "secretly brings you off-policy RL training'; verl and slime use C = 2). null disables it.",
+        "secretly brings you off-policy RL training'; docs/mismatch.md measured C = 2). null disables it.",
         None,
     )
 
