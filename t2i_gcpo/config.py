@@ -124,9 +124,21 @@ class RolloutConfig:
         "checked for it (the ShapeWorld priors, the fused Llama text decoder; not Janus, aMUSEd or "
         "transformers' cache), else none; the run's config.yaml records what it resolved to. The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
-        "recomputation on the ShapeWorld prior); 5 seeds each of DAPO, GCPO and DGPO on ShapeWorld-32 "
-        "ended as the float32 runs did (docs/performance.md).",
+        "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
+        "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
         "auto",
+    )
+    old_logprobs: Literal["recorded", "recompute"] = doc(
+        "π_old of the ratio ρ = π_θ/π_old: 'recorded', the log-probs the sampler wrote while sampling (free; "
+        "under bf16 the KV-cache decode rounds differently from the update's full forward, so ρ ≠ 1 before "
+        "any step: logged as mismatch/*), or 'recompute', the update's own teacher-forced log-probs of the "
+        "trained context under the weights that sampled, in the update's precision: with one update epoch "
+        "the first pass's forward, detached (free: a separate no-grad pass would give the same numbers); "
+        "with more epochs a no-grad forward before the update (one forward per batch, docs/mismatch.md). "
+        "Alone it drops the correction that 'recorded' makes (ρ = π_θ/π_rollout is the importance weight): use "
+        "it with loss.tis_cap. The recorded ones still feed loss.tis_cap, the mismatch metrics and GCPO's "
+        "contrast (credit.contrast).",
+        "recorded",
     )
 
 
@@ -188,6 +200,14 @@ class LossConfig:
     )
     kl_reweight: bool = doc(
         "Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False
+    )
+    tis_cap: float | None = doc(
+        "C: truncated importance sampling of the rollout/update mismatch (needs rollout.old_logprobs="
+        "recompute): each token's surrogate is multiplied by min(π_old/π_rollout, C), π_old the recomputed "
+        "log-prob and π_rollout the sampler's, detached (Yao et al. 2025, 'Your efficient RL framework "
+        "secretly brings you off-policy RL training'; docs/mismatch.md measured C = 2). null disables it.",
+        None,
+        bounds=Bounds(0, low_open=True),
     )
 
 
@@ -422,6 +442,11 @@ class TrainConfig:
                 self.credit.gcpo.normalization != "hist" or self.credit.gcpo.top_fraction <= self.credit.gcpo.top_mass,
                 "must be ≤ credit.gcpo.top_mass (the hist schedule gives the top fraction x of tokens a share "
                 f"y ≥ x of the credit), got {self.credit.gcpo.top_fraction:g} > {self.credit.gcpo.top_mass:g}",
+            ),
+            (
+                "loss.tis_cap",
+                self.loss.tis_cap is None or self.rollout.old_logprobs == "recompute",
+                "needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
             ),
             (
                 "optim.min_lr_rate",

@@ -20,7 +20,7 @@ import torch
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, save_config, to_dict
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
-from t2i_gcpo.core.losses import aggregation_denominator, policy_loss
+from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
@@ -40,6 +40,7 @@ from t2i_gcpo.train.checkpoint import (
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, reads_recorded_contrast
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import (
+    check_launch,
     full_optimizer_state_dict,
     full_state_dict,
     gather_params,
@@ -85,7 +86,7 @@ class Batch:
 
 
 def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, optimizer: Any,
-           accelerator: Any, loss_scale: float = 1.0) -> tuple[dict, torch.Tensor]:  # fmt: skip
+           accelerator: Any, loss_scale: float = 1.0, stale_rows: int = 0) -> tuple[dict, torch.Tensor]:  # fmt: skip
     """Clipped policy-gradient update(s) on one batch → (loss/credit statistics, weights [B, T]).
 
     Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
@@ -93,12 +94,23 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     first (schemes may need whole groups; the normaliser must be the batch's), so any split gives the
     same gradient. With several processes the normaliser is the global batch's (`global_denominator`),
     so DDP's gradient average equals one process training on the whole global batch. `loss_scale` 0
-    lets a process without data join the others' gradient all-reduce."""
+    lets a process without data join the others' gradient all-reduce.
+
+    π_old is the sampler's recorded log-prob, or (rollout.old_logprobs=recompute) the update's own
+    forward under the weights that sampled; the first pass measures how far the recorded ones are from
+    it (`mismatch/*`, over rows from row `stale_rows` on: the first rows were carried over from the
+    previous step and sampled by older weights)."""
     ctx, loss_cfg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss
     ro, adv = batch.rollout, batch.advantages
     chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
     stats: dict[str, list[float]] = {}
     weights = torch.zeros_like(ro.mask)
+    recompute = cfg.rollout.old_logprobs == "recompute"
+    logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
+    if recompute and cfg.optim.update_epochs > 1:
+        logp_old = recompute_old_logprobs(cfg, ro, chunks, policy, accelerator, ctx)
+    fresh = (torch.arange(len(ro)) >= stale_rows).to(ro.mask)  # [B]: rows sampled by these weights
+    k3_sum, n_fresh, max_abs = 0.0, 0.0, 0.0
     for _epoch in range(cfg.optim.update_epochs):
         finite_loss = True
         whole = None  # weights of the whole batch, when it is split
@@ -114,6 +126,16 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
             with accelerator.no_sync(policy) if not sync and accelerator.num_processes > 1 else _null():
                 with precision(cfg, accelerator):
                     logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
+                recorded = mb.logp[ctx]  # [B, T] π_rollout
+                if _epoch == 0:  # weights unchanged since sampling: any gap is numerics
+                    on = mb.mask * fresh[idx, None]
+                    k3, gap = rollout_mismatch(logp, recorded, on)
+                    k3_sum, n_fresh = k3_sum + float(k3) * float(on.sum()), n_fresh + float(on.sum())
+                    max_abs = max(max_abs, float(gap))
+                old = recorded
+                if recompute:  # one epoch: this forward is π_old itself
+                    old = logp_old[idx] if logp_old is not None else logp.detach()
+                is_w = tis_weights(old, recorded, loss_cfg.tis_cap) if loss_cfg.tis_cap else None
                 w = (
                     whole[idx]
                     if whole is not None
@@ -129,12 +151,14 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     with torch.no_grad(), precision(cfg, accelerator):
                         logp_ref = ref(mb, context=ctx)
                 loss, st = policy_loss(
-                    logp, mb.logp[ctx], mb_adv, mb.mask,
+                    logp, old, mb_adv, mb.mask,
                     weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                     dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
                     logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
-                    max_len=ro.max_len, denom=denom,
+                    max_len=ro.max_len, denom=denom, is_weights=is_w,
                 )  # fmt: skip
+                if is_w is not None:
+                    st.update(tis_stats(is_w, old, recorded, mb.mask))
                 st[M.ENTROPY] = token_entropy(dists, mb.mask)  # before backward: FSDP reshards weights there
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
@@ -153,9 +177,24 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
         gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
         refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
     losses = {M.LOSS_POLICY, M.LOSS_KL}  # minibatch shares of one loss: summed; the rest averaged
-    return {
+    out = {
         k: (sum(v) / cfg.optim.update_epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()
-    }, weights
+    }
+    if n_fresh:
+        out[M.MISMATCH_K3.format(context=ctx)] = k3_sum / n_fresh
+        out[M.MISMATCH_MAX.format(context=ctx)] = max_abs
+    return out, weights
+
+
+def recompute_old_logprobs(cfg: TrainConfig, ro: Rollout, chunks: Any, policy: Any, accelerator: Any,
+                           ctx: str) -> torch.Tensor:  # fmt: skip
+    """π_old [B, T] of the trained context: a teacher-forced no-grad forward of the weights that sampled,
+    minibatch by minibatch in the update's precision (the same numbers its first pass computes)."""
+    out = torch.zeros_like(ro.mask, dtype=torch.float32)
+    with torch.no_grad(), precision(cfg, accelerator):
+        for idx in chunks:
+            out[idx] = unwrap(policy)(ro.select(idx), context=ctx).float()
+    return out
 
 
 def train_step(t: Trainer, step: int) -> dict:
@@ -210,9 +249,8 @@ def train_step(t: Trainer, step: int) -> dict:
             )
             loss_scale = 0.0
         t.refresh_credit_reference()
-        stats, weights = update(
-            cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator, loss_scale
-        )
+        stats, weights = update(cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator,
+                                loss_scale, stale_rows=carried * G if loss_scale else len(batch.rollout))  # fmt: skip
         if loss_scale:
             stats.update(t.task.credit_metrics(weights, batch.rollout, batch.reward.details))
     timings[M.TIME_UPDATE] = time.perf_counter() - tic
@@ -306,6 +344,14 @@ def credit_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     }
 
 
+def tis_stats(is_w: torch.Tensor, old: torch.Tensor, recorded: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Mean TIS weight and the share of tokens whose π_old/π_rollout went past the cap."""
+    m = mask.bool()
+    n = m.sum().clamp_min(1)
+    capped = (old.detach().float() - recorded.float()).exp() > is_w
+    return {M.TIS_WEIGHT_MEAN: float(is_w[m].sum() / n), M.TIS_CAPPED: float((capped & m).sum() / n)}
+
+
 def token_entropy(dists: Any, mask: torch.Tensor) -> float:
     """Mean entropy (nats) over valid tokens of the trained distribution, chunk by chunk."""
     total = 0.0
@@ -349,6 +395,7 @@ class Trainer:
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
             policy.keep_reveal_order(cfg.rollout.reveal_order)
+        check_launch()  # before accelerate: it would import DeepSpeed for a DeepSpeed launch
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
@@ -356,6 +403,7 @@ class Trainer:
             project_dir=".",  # TensorBoard's folder is set once the run directory is known (start_trackers)
         )
         acc = self.accelerator
+        check_launch(acc)  # the strategy asked for is the one accelerate gave
         n_proc = acc.num_processes
         if cfg.rollout.prompts_per_step % n_proc:  # before the run directory is created
             raise UserError(
