@@ -1,4 +1,4 @@
-"""How well does the ShapeWorld detector read scenes back (SPEC §6)?
+"""How well does the ShapeWorld detector read scenes back (docs/worlds/shapeworld.md)?
 
 Renders random scenes for all six GenEval tags and counts an image as right when the detections
 above GenEval's 0.3 threshold are exactly the scene's objects (class + colour, with multiplicity).

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from t2i_gcpo.config import REPO_PROMPTS  # noqa: E402
+from t2i_gcpo.resources import PROMPTS_DIR  # noqa: E402
 from t2i_gcpo.train.run import prepare  # noqa: E402
 from t2i_gcpo.train.trainer import Trainer, train_step  # noqa: E402
 
@@ -37,7 +37,7 @@ PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
 
 def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: str) -> Trainer:
     flags = dict(
-        prompts=str(REPO_PROMPTS / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{algo}", steps=steps
+        prompts=str(PROMPTS_DIR / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{algo}", steps=steps
     )
     # dynamic sampling would change how many rollouts a step makes: switch it off so every
     # algorithm does exactly one rollout of the same size per step

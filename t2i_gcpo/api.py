@@ -190,6 +190,25 @@ def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
     return Checked(wrapped), spec
 
 
+def _check_cfg(cfg_scale: float | None) -> float | None:
+    """`cfg_scale` checked as the config key rollout.cfg_scale (``--cfg``): no NaN or inf, in range."""
+    from t2i_gcpo.config import check_value
+
+    return cfg_scale if cfg_scale is None else check_value("rollout.cfg_scale", cfg_scale, what="cfg_scale")
+
+
+@contextmanager
+def _locked_out(out: str | os.PathLike) -> Iterator[Path]:
+    """The output folder, checked writable and locked while the caller writes it (one command at a time
+    per folder, as `t2i_gcpo.outdir.lock_output`: another holder is a UserError naming it)."""
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.outdir import lock_output
+
+    out_dir = check_writable_dir(out, "--out")
+    with lock_output(out_dir):
+        yield out_dir
+
+
 # ----------------------------------------------------------------------------- prompts
 
 
@@ -220,9 +239,12 @@ def _prompt_file_text(prompts: Sequence[Any]) -> tuple[str, str]:
 
 @contextmanager
 def _prompt_path(prompts: PromptsArg) -> Iterator[str]:
-    """A file path for `prompts`: the file itself, or a temporary file holding the list."""
+    """A file path for `prompts`: the file itself (the user's, else the shipped one it names, e.g.
+    ``prompts/shapeworld_test.txt``), or a temporary file holding the list."""
     if _is_prompt_file(prompts):
-        yield os.fspath(prompts)
+        from t2i_gcpo.resources import prompt_file
+
+        yield str(prompt_file(prompts))
         return
     name, text = _prompt_file_text([prompts] if isinstance(prompts, str) else prompts)
     with tempfile.TemporaryDirectory(prefix="t2i-gcpo-prompts-") as tmp:
@@ -277,6 +299,7 @@ def train(
     out: str | os.PathLike | None = None,
     steps: int | None = None,
     seed: int | None = None,
+    report_to: str | None = None,
     resume: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train a policy with GRPO, DAPO, GCPO or DGPO (``t2i-gcpo train``).
@@ -300,6 +323,9 @@ def train(
         out: the run directory (default ``runs/<algo>-<time>``); it must not hold a run already.
         steps: optimizer steps (default: the config's, 200). With `resume`: train to this many in all.
         seed: seed of prompt order, sampling and initialisation (default 0).
+        report_to: experiment trackers (``--report-to``): ``"tensorboard"`` (default), ``"wandb"``,
+            ``"mlflow"``, ``"trackio"``, ``"all"``, ``"none"`` or a comma-separated list; one that is not
+            installed is refused before anything is loaded.
         resume: continue the run in this directory from its last checkpoint, with its saved config
             (only `steps` may change; a run trained with a Python reward needs the same function as
             `reward`).
@@ -313,13 +339,11 @@ def train(
             or the wrong number of scores.
         KeyboardInterrupt: Ctrl-C or SIGTERM, after saving a checkpoint (resume with ``resume=``).
     """
-    from t2i_gcpo.train.run import prepare
-
     policy, model_name = _policy_and_name(model)
     reward_obj, reward_name = _reward_and_name(reward)
     if resume is not None:
         given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
-                                ("out", out), ("seed", seed)) if v is not None]  # fmt: skip
+                                ("out", out), ("report_to", report_to), ("seed", seed)) if v is not None]  # fmt: skip
         given += ["model"] if model is not None else []
         given += ["reward"] if isinstance(reward, str) else []
         if given:
@@ -327,7 +351,7 @@ def train(
                 f"resume takes the run's saved config; only steps may be given with it (and a Python "
                 f"reward function again), not {', '.join(given)}"
             )
-        job = prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
+        job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
         return _finish(job, _run(job))
     if prompts is None:
         raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
@@ -349,17 +373,23 @@ def train(
     listed = not _is_prompt_file(prompts)
     with _prompt_path(prompts) as prompt_file:
         flags = dict(prompts=prompt_file, model=model_name, reward=reward_name,
-                     out=None if out is None else os.fspath(out), steps=steps, seed=seed)  # fmt: skip
+                     out=None if out is None else os.fspath(out), steps=steps, seed=seed,
+                     report_to=report_to)  # fmt: skip
         file = None if base is not None or config is None else os.fspath(config)
         cfg = _load(algo, file, flags, _overrides(overrides), base=base)
-        job = prepare(cfg=cfg, policy=policy, reward=reward_obj)
-        # what a string cannot load again goes into the run directory, so that the run can be resumed
-        if listed or policy is not None:
-            _claim_run_dir(job)
-        if listed:
-            _keep_prompt_list(job, Path(prompt_file))
-        if policy is not None:
-            _keep_initial_policy(job)
+        job = _prepare(cfg=cfg, policy=policy, reward=reward_obj)  # locks an out= run directory
+        try:
+            # what a string cannot load again goes into the run directory, so that the run can be resumed
+            if listed or policy is not None:
+                _claim_run_dir(job)
+            if listed:
+                _keep_prompt_list(job, Path(prompt_file))
+            if policy is not None:
+                _keep_initial_policy(job)
+        except BaseException:
+            if job.lock is not None:
+                job.lock.release()
+            raise
     return _finish(job, _run(job))
 
 
@@ -368,8 +398,9 @@ def _main_process() -> bool:
 
 
 def _claim_run_dir(job: Any) -> None:
-    """Name and create the run directory now (the trainer would only at its start); under several
+    """Name, create and lock the run directory now (the trainer would only at its start); under several
     processes it must be given (each would pick its own name)."""
+    from t2i_gcpo.outdir import lock_output
     from t2i_gcpo.train.trainer import claim_run_dir
 
     if job.run_dir is None:
@@ -378,6 +409,7 @@ def _claim_run_dir(job: Any) -> None:
                 "give out= when training a policy object or a prompt list under several processes"
             )
         job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+        job.lock = lock_output(job.run_dir)  # released when the run ends, as an out= one
     if _main_process():
         job.run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -412,11 +444,23 @@ def _keep_initial_policy(job: Any) -> None:
     job.cfg.model = str(path)
 
 
+def _prepare(**kwargs: Any) -> Any:
+    from t2i_gcpo.train.run import prepare
+
+    try:
+        return prepare(**kwargs)
+    except UserError as e:  # e.g. the dry sample's RewardError: raised here, its cause kept
+        raise e.with_traceback(None) from e.__cause__
+
+
 def _run(job: Any) -> dict:
     from t2i_gcpo.train.run import run
 
     try:
-        return run(job)
+        return run(job)  # releases the run directory's lock
+    except KeyboardInterrupt as interrupt:  # the command line names the folder to continue
+        interrupt.run_dir = job.run_dir
+        raise
     except UserError as e:  # the message says what went wrong: the traceback starts here, the cause is kept
         raise e.with_traceback(None) from e.__cause__
 
@@ -478,9 +522,14 @@ def generate(
 
     if n < 1 or batch < 1:
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
+    _check_cfg(cfg_scale)
     if isinstance(prompts, str) and not _is_prompt_file(prompts):
         prompts = [prompts]
     policy = _load(model).eval()
+    if _is_prompt_file(prompts):
+        from t2i_gcpo.resources import prompt_file
+
+        prompts = prompt_file(prompts)  # the user's file, else the shipped one it names
     if _is_prompt_file(prompts) and policy.output == "text":  # e.g. arithmetic questions
         from t2i_gcpo.tasks.registry import get_task
 
@@ -548,18 +597,20 @@ def sample(
 
     Writes ``out/00000/metadata.jsonl``, ``out/00000/samples/0000.png`` … and ``generation.json`` (the
     settings) per prompt, and ``out/grid.png``. Resumable: images already written for the same prompts
-    and settings are kept; other settings are refused unless ``overwrite=True``.
+    and settings are kept, and `cfg_scale`, `steps`, `reveal_order` left out take the values recorded
+    there; other settings are refused unless ``overwrite=True``. `out` is locked while it is written
+    (another command writing it is refused).
 
     Args:
         prompts: a .txt/.jsonl prompt file, a prompt or a list of prompts (each must fit the model's task).
         out: the output folder.
         model: a model name or path (see `load_policy`) or a policy object.
         n: images per prompt.
-        cfg_scale: guidance scale (default: the model's).
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
         temperature: sampling temperature.
         top_k: keep the k most likely tokens (0: all).
-        steps: masked models' decoding steps (default: the model's).
-        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: the model's).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: as `cfg_scale`).
         seed: the seed (the images equal `generate`'s for the same settings).
         grid_scale: nearest-neighbour upscaling of grid.png.
         overwrite: delete the prompt folders already in `out` first.
@@ -568,40 +619,41 @@ def sample(
         `SampleResult`: the folder, grid.png, the prompts and the image paths.
 
     Raises:
-        UserError: an unwritable `out`, a prompt that does not parse or that the model cannot take,
-            a folder made for other prompts or settings; nothing is written then.
+        UserError: an unwritable `out` or one another command holds, a prompt that does not parse or
+            that the model cannot take, a folder made for other prompts or settings; nothing is written
+            then.
     """
     import numpy as np
     from PIL import Image
 
-    from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.eval.geneval import generate_geneval
     from t2i_gcpo.eval.layout import sample_path
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
-    out_dir = check_writable_dir(out, "--out")  # before loading anything
-    with _prompt_path(prompts) as prompts_path:
-        texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
-        policy = _load(model).eval()
-        policy.check_prompts(texts)  # every word the model cannot take, at once
-        # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
-        metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-    s = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-    generate_geneval(policy, metadata, out_dir, n=n, batch=max(1, 64 // n), cfg_scale=s,
-                     temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed,
-                     model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
-    images = np.stack(
-        [
-            np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
-            for i in range(len(metadata))
-            for k in range(n)
-        ]
-    )
-    cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
-    grid = out_dir / "grid.png"
-    Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out_dir:  # before loading anything
+        with _prompt_path(prompts) as prompts_path:
+            texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
+            policy = _load(model).eval()
+            policy.check_prompts(texts)  # every word the model cannot take, at once
+            # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
+            metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
+        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+        generate_geneval(policy, metadata, out_dir, n=n, batch=max(1, 64 // n), cfg_scale=cfg_scale,
+                         temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order,
+                         seed=seed, model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        images = np.stack(
+            [
+                np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
+                for i in range(len(metadata))
+                for k in range(n)
+            ]
+        )
+        cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
+        grid = out_dir / "grid.png"
+        Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
     return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n)
 
 
@@ -621,8 +673,9 @@ def evaluate_shapeworld(
     """Score a model on held-out ShapeWorld prompts with the ShapeWorld detector through GenEval's rules
     (``t2i-gcpo eval shapeworld``).
 
-    Writes ``out/images/`` (GenEval layout, resumable as in `sample`), ``out/results.jsonl`` (one row
-    per image: ``tag``, ``correct``, ``partial`` …) and ``out/summary.txt`` / ``summary.json``.
+    Writes ``out/images/`` (GenEval layout, resumable as in `sample`, recorded settings included),
+    ``out/results.jsonl`` (one row per image: ``tag``, ``correct``, ``partial`` …) and
+    ``out/summary.txt`` / ``summary.json``; `out` is locked meanwhile.
 
     Args:
         out: the output folder.
@@ -630,9 +683,9 @@ def evaluate_shapeworld(
         prompts: a prompt file or list (default: the shipped prompts/shapeworld_test.jsonl).
         n: images per prompt.
         batch: prompts per sampling call.
-        cfg_scale: guidance scale (default: the model's).
-        steps: masked models' decoding steps (default: the model's).
-        reveal_order: masked models' reveal order (default: the model's).
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' reveal order (default: as `cfg_scale`).
         seed: the seed.
         overwrite: regenerate the images already in ``out/images``.
 
@@ -640,22 +693,22 @@ def evaluate_shapeworld(
         GenEval's summary, as summary.json: ``{"tags": {tag: {"score", "correct", "total"}},
         "overall": the unweighted mean of the tag scores}``.
     """
-    from t2i_gcpo.config import REPO_PROMPTS
-    from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
+    from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
-    out = check_writable_dir(out, "--out")
-    policy = _load(model).eval()
-    task = get_task(policy.default_task, policy)
-    with _prompt_path(prompts if prompts is not None else REPO_PROMPTS / "shapeworld_test.jsonl") as path:
-        metadata = [p.meta for p in task.load_prompts(path)]
-    root = out / "images"
-    scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-    generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=scale, steps=steps,
-                     reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
-                     overwrite=overwrite)  # fmt: skip
-    return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out:
+        policy = _load(model).eval()
+        task = get_task(policy.default_task, policy)
+        with _prompt_path(prompts if prompts is not None else PROMPTS_DIR / "shapeworld_test.jsonl") as path:
+            metadata = [p.meta for p in task.load_prompts(path)]
+        root = out / "images"
+        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+        generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
+                         reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                         overwrite=overwrite)  # fmt: skip
+        return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
 
 
 class _ShapeWorldDetector:
@@ -701,9 +754,9 @@ def evaluate_geneval(
         score_only: score this existing GenEval-layout folder instead of generating (no `model`).
         n: images per prompt.
         batch: prompts per sampling call.
-        cfg_scale: guidance scale (default: the model's).
-        steps: masked models' decoding steps (default: the model's).
-        reveal_order: masked models' reveal order (default: the model's).
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' reveal order (default: as `cfg_scale`).
         seed: the seed.
         device: device of the scoring models.
         overwrite: regenerate the images already in ``out/images``.
@@ -711,7 +764,6 @@ def evaluate_geneval(
     Returns:
         GenEval's summary, as summary.json (see `evaluate_shapeworld`).
     """
-    from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.eval.geneval import load_geneval_prompts, masked_asked, score_geneval_folder
     from t2i_gcpo.eval.layout import check_resumable
 
@@ -721,39 +773,40 @@ def evaluate_geneval(
         raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
     if n < 1 or batch < 1:
         raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
-    out = check_writable_dir(out, "--out")
-    prompts = load_geneval_prompts() if model is not None else None
-    if isinstance(model, (str, os.PathLike)) and not overwrite:
-        # refuse a folder of other prompts or settings before loading any model
-        known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0,
-                 "n": n, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                 **masked_asked(steps, reveal_order)}  # fmt: skip
-        check_resumable(out / "images", prompts, known)
-    if detector == "shapeworld":
-        det, colors = _ShapeWorldDetector(), None
-    else:
-        from t2i_gcpo.scoring.color_clip import ClipColorClassifier
-        from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out:
+        prompts = load_geneval_prompts() if model is not None else None
+        if isinstance(model, (str, os.PathLike)) and not overwrite:
+            # refuse a folder of other prompts or settings before loading any model
+            known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0,
+                     "n": n, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+                     **masked_asked(steps, reveal_order)}  # fmt: skip
+            check_resumable(out / "images", prompts, known)
+        if detector == "shapeworld":
+            det, colors = _ShapeWorldDetector(), None
+        else:
+            from t2i_gcpo.scoring.color_clip import ClipColorClassifier
+            from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
 
-        det = Mask2FormerDetector.from_pretrained(detector, device=device)  # a bad path fails first
-        if not clip:
-            raise UserError(
-                "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
-            )
+            det = Mask2FormerDetector.from_pretrained(detector, device=device)  # a bad path fails first
+            if not clip:
+                raise UserError(
+                    "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
+                )
 
-        colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
-    root = Path(score_only) if score_only is not None else out / "images"
-    if model is not None:
-        from t2i_gcpo.eval.geneval import generate_geneval
+            colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
+        root = Path(score_only) if score_only is not None else out / "images"
+        if model is not None:
+            from t2i_gcpo.eval.geneval import generate_geneval
 
-        policy = _load(model).eval()
-        scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-        generate_geneval(policy, prompts, root, n=n, batch=batch, cfg_scale=scale, steps=steps,
-                         reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
-                         overwrite=overwrite)  # fmt: skip
-    return score_geneval_folder(
-        root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
-    )
+            policy = _load(model).eval()
+            # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+            generate_geneval(policy, prompts, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
+                             reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                             overwrite=overwrite)  # fmt: skip
+        return score_geneval_folder(
+            root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
+        )
 
 
 # ----------------------------------------------------------------------------- credit maps
@@ -777,8 +830,9 @@ def credit_maps(
     """Sample a group per prompt, score it, and draw every sample's token credit under each scheme
     (``t2i-gcpo credit-map``).
 
-    Writes one PNG per prompt (``out/00000.png`` …) and ``out/credit_maps.html``; where the reward
-    reports object masks (ShapeWorld) also ``out/lift.json``, each scheme's credit lift per sample
+    Writes one PNG per prompt (``out/00000.png`` …) and ``out/credit_maps.html``, replacing an earlier
+    run's figures there (`out` is locked meanwhile); where the reward reports object masks (ShapeWorld)
+    also ``out/lift.json``, each scheme's credit lift per sample
     (its credit share on the prompt's object tokens over their token share; uniform credit = 1).
 
     Args:
@@ -804,11 +858,24 @@ def credit_maps(
     Raises:
         UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take.
     """
-    from t2i_gcpo.core import CREDIT_SCHEMES
     from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.outdir import lock_output
+    from t2i_gcpo.train.credit_maps import check_credit_out
+
+    out_dir = check_writable_dir(out, "--out")  # before loading any model
+    with lock_output(out_dir):
+        check_credit_out(out_dir)  # someone else's files named like ours: refused before any work
+        return _credit_maps(prompts, out_dir, model, prompt_file, limit, reference, schemes, group_size,
+                            _check_cfg(cfg_scale), reward, negative, seed)  # fmt: skip
+
+
+def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: int | None, reference: str | None,
+                 schemes: Sequence[str], group_size: int, cfg_scale: float | None, reward: str | None,
+                 negative: str | None, seed: int) -> str:  # fmt: skip
+    """`credit_maps` once its output folder is locked."""
+    from t2i_gcpo.core import CREDIT_SCHEMES
     from t2i_gcpo.train.credit_maps import run_credit_maps
 
-    check_writable_dir(out, "--out")  # before loading any model
     texts: list[str] = []
     if prompts is not None and _is_prompt_file(prompts):
         if prompt_file is not None:

@@ -14,7 +14,7 @@ import sys
 import click
 
 from t2i_gcpo import __version__
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, one_line
 
 # name -> ("module:attribute", one-line summary shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, standalone_mode=False)
     except UserError as e:
-        click.echo(f"error: {' '.join(str(e).split())}", err=True)
-        sys.exit(2)
+        click.echo(f"error: {one_line(str(e))}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; a run that diverged says 1
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

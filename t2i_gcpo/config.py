@@ -1,6 +1,6 @@
 """One typed config schema holding every default of a training run.
 
-Layering: dataclass defaults → algorithm preset (``configs/<algo>.yaml``) → ``--config FILE`` →
+Layering: dataclass defaults → algorithm preset (``t2i_gcpo/configs/<algo>.yaml``) → ``--config FILE`` →
 command-line flags → ``--set key=value`` (dotted keys, YAML-typed values). Unknown keys and values
 of the wrong type are errors that name the key. Every field is documented once, here, with its
 paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
@@ -21,39 +21,86 @@ from typing import Any, Literal, Union
 import yaml
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR, config_file_path
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-REPO_PROMPTS = CONFIG_DIR.parent / "prompts"  # the prompt files a checkout ships
+REPO_PROMPTS = PROMPTS_DIR  # the name branches older than t2i_gcpo/resources.py import
 ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical", "stage")
 
 
-def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field carrying its documentation."""
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric field accepts, declared next to it: `low` ≤ v ≤ `high` (`low_open`,
+    `high_open`: strict). null passes (it means "the default"); NaN never does. `why` follows the
+    range in the error message and in ``--help-config``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def __str__(self) -> str:
+        lo, hi = (f"{v:g}" if isinstance(v, float) else v for v in (self.low, self.high))
+        if lo is not None and hi is not None:
+            return f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        if lo is not None:
+            return f"{'>' if self.low_open else '≥'} {lo}"
+        return f"{'<' if self.high_open else '≤'} {hi}"
+
+    def problem(self, value: Any) -> str | None:
+        """None if `value` is accepted, else what it must be."""
+        if value is None:
+            return None
+        ok = not (isinstance(value, float) and math.isnan(value))
+        if ok and self.low is not None:
+            ok = value > self.low if self.low_open else value >= self.low
+        if ok and self.high is not None:
+            ok = value < self.high if self.high_open else value <= self.high
+        return None if ok else f"must be {self}" + (f" ({self.why})" if self.why else "")
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING,
+        bounds: Bounds | None = None) -> Any:  # fmt: skip
+    """A dataclass field carrying its documentation and, for a number, the `Bounds` it accepts."""
+    metadata = {"doc": text, "bounds": bounds}
     if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class RolloutConfig:
-    prompts_per_step: int = doc("P: prompts sampled per step (each gets a group of G outputs).", 8)
-    group_size: int = doc("G: outputs sampled per prompt (GCPO paper: 16).", 8)
+    prompts_per_step: int = doc(
+        "P: prompts sampled per step (each gets a group of G outputs).", 8, bounds=Bounds(1)
+    )
+    group_size: int = doc(
+        "G: outputs sampled per prompt (GCPO paper: 16).", 8,
+        bounds=Bounds(2, why="advantages are group-relative"),
+    )  # fmt: skip
     cfg_scale: float | None = doc(
         "s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u); null = the model's default "
         "(ShapeWorld: stored in its checkpoint; GCPO paper on Janus-Pro: 5).",
         None,
+        bounds=Bounds(0, 1000, why="1 = the conditional model alone, 0 = the unconditional one"),
     )
-    temperature: float = doc("T: sampling temperature (GCPO paper: 1).", 1.0)
-    top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0)
-    top_p: float = doc("Top-p (nucleus) filter while sampling; 1 disables it.", 1.0)
+    temperature: float = doc(
+        "T: sampling temperature (GCPO paper: 1).", 1.0,
+        bounds=Bounds(1e-6, why="> 0; smaller overflows the scaled logits: top_k=1 samples greedily"),
+    )  # fmt: skip
+    top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0, bounds=Bounds(0, why="0 disables it"))
+    top_p: float = doc(
+        "Top-p (nucleus) filter while sampling; 1 disables it.", 1.0, bounds=Bounds(0, 1, low_open=True)
+    )
     steps: int | None = doc(
         "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
         "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12). Autoregressive models ignore it.",
         None,
+        bounds=Bounds(1, why="or null"),
     )
     max_new_tokens: int | None = doc(
         "Text models: the longest completion in tokens; null = the model's default. Image models ignore it.",
         None,
+        bounds=Bounds(1, why="or null"),
     )
     guidance_schedule: Literal["constant", "linear"] = doc(
         "Masked models: the guidance scale over the decoding steps, constant or rising linearly from 1 "
@@ -68,7 +115,7 @@ class RolloutConfig:
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
-        "Which distribution is trained (SPEC §5): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
+        "Which distribution is trained (docs/concepts/generation.md): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
         "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
@@ -79,9 +126,21 @@ class RolloutConfig:
         "checked for it (the ShapeWorld priors, the fused Llama text decoder; not Janus, aMUSEd or "
         "transformers' cache), else none; the run's config.yaml records what it resolved to. The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
-        "recomputation on the ShapeWorld prior); 5 seeds each of DAPO, GCPO and DGPO on ShapeWorld-32 "
-        "ended as the float32 runs did (docs/performance.md).",
+        "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
+        "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
         "auto",
+    )
+    old_logprobs: Literal["recorded", "recompute"] = doc(
+        "π_old of the ratio ρ = π_θ/π_old: 'recorded', the log-probs the sampler wrote while sampling (free; "
+        "under bf16 the KV-cache decode rounds differently from the update's full forward, so ρ ≠ 1 before "
+        "any step: logged as mismatch/*), or 'recompute', the update's own teacher-forced log-probs of the "
+        "trained context under the weights that sampled, in the update's precision: with one update epoch "
+        "the first pass's forward, detached (free: a separate no-grad pass would give the same numbers); "
+        "with more epochs a no-grad forward before the update (one forward per batch, docs/mismatch.md). "
+        "Alone it drops the correction that 'recorded' makes (ρ = π_θ/π_rollout is the importance weight): use "
+        "it with loss.tis_cap. The recorded ones still feed loss.tis_cap, the mismatch metrics and GCPO's "
+        "contrast (credit.contrast).",
+        "recorded",
     )
 
 
@@ -90,11 +149,16 @@ class AdvantageConfig:
     scale: Literal["group", "batch", "none"] = doc(
         "Divide (r − mean_g r) by the group std, batch std, or nothing.", "group"
     )
-    eps: float = doc("ε added to the std (GRPO: 1e-4).", 1e-4)
+    eps: float = doc(
+        "ε added to the std (GRPO: 1e-4).", 1e-4,
+        bounds=Bounds(1e-12, why="> 0: a group whose rewards are all equal has std 0"),
+    )  # fmt: skip
     dynamic_sampling: bool = doc(
         "DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False
     )
-    max_resample: int = doc("Dynamic sampling: at most this many extra rollout rounds per step.", 3)
+    max_resample: int = doc(
+        "Dynamic sampling: at most this many extra rollout rounds per step.", 3, bounds=Bounds(0, 1000)
+    )
     draw_budget: float = doc(
         "Dynamic sampling: the most groups one step draws, as a multiple of P. A round draws the missing "
         "groups divided by (1 − r̂), r̂ the running share of groups without signal, so one batched round "
@@ -102,6 +166,7 @@ class AdvantageConfig:
         "trains on fewer than P groups. 1.5 keeps a late step (most groups alike) at the cost of an early "
         "one; 2.0 made late steps 1.27× dearer for no measured gain (docs/performance.md, 'progress').",
         1.5,
+        bounds=Bounds(1, 1000, why="a multiple of P"),
     )
     carry_over: bool = doc(
         "Dynamic sampling: groups with signal beyond P are trained at the next step (at most P/2 of them, "
@@ -113,9 +178,16 @@ class AdvantageConfig:
 
 @dataclass
 class LossConfig:
-    eps_low: float = doc("ε_low: lower clip of the ratio ρ (PPO/GRPO: 0.2).", 0.2)
-    eps_high: float = doc("ε_high: upper clip of ρ (DAPO clip-higher: 0.28).", 0.2)
-    dual_clip: float | None = doc("c: dual-clip bound for Â < 0 (typical 3); null disables it.", None)
+    eps_low: float = doc(
+        "ε_low: lower clip of the ratio ρ (PPO/GRPO: 0.2); .inf: no lower clip.", 0.2, bounds=Bounds(0)
+    )
+    eps_high: float = doc(
+        "ε_high: upper clip of ρ (DAPO clip-higher: 0.28); .inf: no upper clip.", 0.2, bounds=Bounds(0)
+    )
+    dual_clip: float | None = doc(
+        "c: dual-clip bound for Â < 0 (typical 3); null disables it.", None,
+        bounds=Bounds(1, low_open=True, why="or null"),
+    )  # fmt: skip
     aggregation: Literal[
         "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "weighted-token-mean"
     ] = doc(
@@ -123,37 +195,63 @@ class LossConfig:
         "'seq-mean-token-sum-norm', official GCPO T2I / STAGE 'weighted-token-mean' = Σ(ρ A w)/Σ w.",
         "seq-mean-token-mean",
     )
-    beta: float = doc("β: weight of the k3 KL to the frozen initial policy (GRPO: 0.03; DAPO/DGPO: 0).", 0.0)
+    beta: float = doc(
+        "β: weight of the k3 KL to the frozen initial policy (GRPO: 0.03; DAPO/DGPO: 0).",
+        0.0,
+        bounds=Bounds(0),
+    )
     kl_reweight: bool = doc(
         "Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False
     )
+    tis_cap: float | None = doc(
+        "C: truncated importance sampling of the rollout/update mismatch (needs rollout.old_logprobs="
+        "recompute): each token's surrogate is multiplied by min(π_old/π_rollout, C), π_old the recomputed "
+        "log-prob and π_rollout the sampler's, detached (Yao et al. 2025, 'Your efficient RL framework "
+        "secretly brings you off-policy RL training'; docs/mismatch.md measured C = 2). null disables it.",
+        None,
+        bounds=Bounds(0, low_open=True),
+    )
+
+
+HIST = "the hist schedule takes ln(1 − x) and ln(1 − y)"
+TAU = "> 0; smaller overflows the scaled scores"
 
 
 @dataclass
 class GCPOConfig:
     normalization: Literal["hist", "softmax", "mean", "none"] = doc(
-        "How d_t becomes weights (SPEC §4.1); 'hist' is the official one.", "hist"
+        "How d_t becomes weights (docs/concepts/credit.md#gcpo); 'hist' is the official one.", "hist"
     )
-    top_fraction: float = doc("x in the hist schedule: the top fraction of tokens …", 0.4)
-    top_mass: float = doc("y in the hist schedule: … that carries this fraction of the credit.", 0.8)
-    tau: float = doc("τ for normalization='softmax'.", 1.0)
+    top_fraction: float = doc(
+        "x in the hist schedule: the top fraction of tokens …", 0.4, bounds=Bounds(1e-6, 1 - 1e-6, why=HIST)
+    )
+    top_mass: float = doc(
+        "y in the hist schedule: … that carries this fraction of the credit.", 0.8,
+        bounds=Bounds(1e-6, 1 - 1e-6, why=HIST),
+    )  # fmt: skip
+    tau: float = doc("τ for normalization='softmax'.", 1.0, bounds=Bounds(1e-6, why=TAU))
 
 
 @dataclass
 class DGPOConfig:
-    tau: float = doc("τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5)
-    kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0)
+    tau: float = doc(
+        "τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5,
+        bounds=Bounds(1e-6, why=TAU),
+    )  # fmt: skip
+    kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0, bounds=Bounds(0))
     squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
 
 
 @dataclass
 class CriticalConfig:
-    first_fraction: float = doc("Share of tokens credited for coming first in decoding order.", 0.1)
+    first_fraction: float = doc(
+        "Share of tokens credited for coming first in decoding order.", 0.1, bounds=Bounds(0, 1)
+    )
     entropy_fraction: float = doc(
-        "Share credited for the largest entropy change against grid neighbours.", 0.1
+        "Share credited for the largest entropy change against grid neighbours.", 0.1, bounds=Bounds(0, 1)
     )
     similarity_fraction: float = doc(
-        "Share credited for the least similarity to the group's other samples.", 0.1
+        "Share credited for the least similarity to the group's other samples.", 0.1, bounds=Bounds(0, 1)
     )
 
 
@@ -190,13 +288,40 @@ class OptimConfig:
     lr: float = doc(
         "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro recipe uses 5e-6.",
         1e-4,
+        bounds=Bounds(0, 1, low_open=True, why="AdamW moves each weight by up to about lr per step"),
     )
-    weight_decay: float = doc("AdamW weight decay.", 0.0)
-    grad_clip: float = doc("Clip the global gradient norm to this value; 0 disables it.", 1.0)
+    weight_decay: float = doc("AdamW weight decay.", 0.0, bounds=Bounds(0))
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = doc(
+        "Learning-rate schedule over the run's steps (transformers.get_scheduler), after warmup_steps of "
+        "linear warmup: constant, linear decay to 0, cosine decay to 0, or cosine decay to min_lr_rate × lr "
+        "(the official GCPO launch script: cosine_with_min_lr, min_lr_rate 0.05). The lr at step k is "
+        "lr × λ(k − 1), λ transformers' schedule; the logged metric 'lr' shows it.",
+        "constant",
+    )
+    warmup_steps: int = doc(
+        "Steps of linear warmup before the schedule (0: none); transformers' warmup starts at lr 0 (step 1 "
+        "makes no change) and reaches optim.lr at step warmup_steps + 1.",
+        0,
+        bounds=Bounds(0),
+    )
+    min_lr_rate: float = doc(
+        "cosine_with_min_lr: the floor as a fraction of optim.lr (the cosine ends there one step after the "
+        "last).",
+        0.0,
+        bounds=Bounds(0, 1),
+    )
+    grad_clip: float = doc(
+        "Clip the global gradient norm to this value; 0 (or .inf) disables it.", 1.0,
+        bounds=Bounds(0, why="a negative bound reverses the update; 0 disables clipping"),
+    )  # fmt: skip
     update_epochs: int = doc(
-        "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).", 1
+        "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).",
+        1,
+        bounds=Bounds(1),
     )
-    minibatches: int = doc("Split each rollout batch into this many gradient-accumulation minibatches.", 1)
+    minibatches: int = doc(
+        "Split each rollout batch into this many gradient-accumulation minibatches.", 1, bounds=Bounds(1)
+    )
     autocast: Literal["auto", "none", "bf16"] = doc(
         "Run the update's forward passes under torch.autocast in bfloat16 (log-probs and the loss stay "
         "float32; rollouts follow rollout.autocast, in the weights' dtype otherwise: model_options.dtype "
@@ -211,7 +336,9 @@ class OptimConfig:
 class ModelOptions:
     dtype: Literal["float32", "bfloat16"] = doc("Weights dtype for real checkpoints.", "float32")
     gradient_checkpointing: bool = doc("Trade compute for memory (real checkpoints).", False)
-    lora_rank: int = doc("LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0)
+    lora_rank: int = doc(
+        "LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0, bounds=Bounds(0)
+    )
     estimator: Literal["trajectory", "remask"] = doc(
         "Masked models: how a sample's log-prob (and the ratio) is estimated. 'trajectory' replays the "
         "recorded reveal order and scores each token at the step that revealed it (TraceRL, Mask-GRPO; "
@@ -219,9 +346,11 @@ class ModelOptions:
         "loss on the re-masked positions only (MaskGRPO, UniGRPO; one forward per re-mask).",
         "trajectory",
     )
-    remask_count: int = doc("Masked models, estimator 'remask': re-masks per sample (K).", 2)
+    remask_count: int = doc(
+        "Masked models, estimator 'remask': re-masks per sample (K).", 2, bounds=Bounds(1)
+    )
     negative: str = doc(
-        "Text models: GCPO's negative context c⁻ (SPEC §4.1) — 'empty' (the question removed, the "
+        "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "
         "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
         "or a template containing {question}.",
         "empty",
@@ -253,16 +382,29 @@ class TrainConfig:
         "Held-out prompts scored every eval_every steps (default: the world's test set).", None
     )
     out: str | None = doc("Run directory (default runs/<algo>-<timestamp>).", None)
-    steps: int = doc("Optimizer steps (one rollout batch each).", 200)
-    seed: int = doc("Seed of prompts order, sampling and initialisation.", 0)
-    sample_every: int = doc("Save a sample grid and credit maps every N steps; 0 disables them.", 25)
-    save_every: int = doc("Write a checkpoint every N steps (and at the end, and when stopped).", 50)
+    steps: int = doc("Optimizer steps (one rollout batch each).", 200, bounds=Bounds(0))
+    seed: int = doc("Seed of prompts order, sampling and initialisation.", 0, bounds=Bounds(0, 2**63 - 1))
+    sample_every: int = doc(
+        "Save a sample grid and credit maps every N steps; 0 disables them.", 25,
+        bounds=Bounds(0, why="0: no sample grids"),
+    )  # fmt: skip
+    save_every: int = doc(
+        "Write a checkpoint every N steps (and at the end, and when stopped).", 50,
+        bounds=Bounds(1, why="a checkpoint is also written at the end"),
+    )  # fmt: skip
     eval_every: int = doc(
         "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
         "-1 never.",
         100,
+        bounds=Bounds(-1, why="0: only at the end, -1: never"),
     )
-    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8)
+    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8, bounds=Bounds(1))
+    report_to: str = doc(
+        "Experiment trackers the metrics also go to: tensorboard, wandb, mlflow, trackio, a comma-separated "
+        "list of them, all (every installed one) or none; metrics.jsonl is always written "
+        "(docs/tracking-and-schedules.md).",
+        "tensorboard",
+    )
     rollout: RolloutConfig = doc("Sampling.", factory=RolloutConfig)
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)
@@ -274,59 +416,92 @@ class TrainConfig:
     )
 
     def validate(self) -> None:
-        """Cross-field checks; raise UserError naming the offending key."""
-        checks = [
-            (self.rollout.group_size >= 2, "rollout.group_size must be ≥ 2 (advantages are group-relative)"),
-            (self.rollout.prompts_per_step >= 1, "rollout.prompts_per_step must be ≥ 1"),
-            (self.rollout.temperature > 0, "rollout.temperature must be > 0"),
-            (self.steps >= 0, "steps must be ≥ 0"),
-            (self.save_every >= 1, "save_every must be ≥ 1 (a checkpoint is also written at the end)"),
-            (self.sample_every >= 0, "sample_every must be ≥ 0 (0: no sample grids)"),
-            (self.eval_every >= -1, "eval_every must be ≥ -1 (0: only at the end, -1: never)"),
-            (self.eval_images_per_prompt >= 1, "eval_images_per_prompt must be ≥ 1"),
-            (self.advantage.max_resample >= 0, "advantage.max_resample must be ≥ 0"),
-            (self.advantage.draw_budget >= 1, "advantage.draw_budget must be ≥ 1 (a multiple of P)"),
-            (0 < self.credit.gcpo.top_fraction < 1, "credit.gcpo.top_fraction must be in (0, 1)"),
-            (0 < self.credit.gcpo.top_mass < 1, "credit.gcpo.top_mass must be in (0, 1)"),
-            (self.credit.dgpo.tau > 0 and self.credit.gcpo.tau > 0, "credit.*.tau must be > 0"),
-            (self.loss.eps_low >= 0 and self.loss.eps_high >= 0, "loss.eps_low/eps_high must be ≥ 0"),
-            (self.loss.dual_clip is None or self.loss.dual_clip > 1, "loss.dual_clip must be > 1 (or null)"),
-            (self.loss.beta >= 0, "loss.beta must be ≥ 0"),
-            (self.optim.lr > 0, "optim.lr must be > 0"),
-            (
-                self.optim.update_epochs >= 1 and self.optim.minibatches >= 1,
-                "optim.update_epochs/minibatches must be ≥ 1",
-            ),
-            (
-                self.rollout.prompts_per_step * self.rollout.group_size % self.optim.minibatches == 0,
-                "optim.minibatches must divide rollout.prompts_per_step × rollout.group_size",
-            ),
-            (self.algo in ALGORITHMS, f"algo must be one of {', '.join(ALGORITHMS)}"),
-            (0 < self.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]"),
-            (math.isfinite(self.rollout.cfg_scale or 0.0), "rollout.cfg_scale must be a finite number"),
-            (self.rollout.steps is None or self.rollout.steps >= 1, "rollout.steps must be ≥ 1 (or null)"),
-            (
-                self.rollout.max_new_tokens is None or self.rollout.max_new_tokens >= 1,
-                "rollout.max_new_tokens must be ≥ 1 (or null)",
-            ),  # fmt: skip
-            (self.model_options.remask_count >= 1, "model_options.remask_count must be ≥ 1"),
-            (
-                self.model_options.negative in ("empty", "wrong_answer")
-                or "{question}" in self.model_options.negative,
-                "model_options.negative must be 'empty', 'wrong_answer' or a template containing {question}",
-            ),  # fmt: skip
-        ]
+        """Every field against its declared `Bounds`, then the checks that span fields; raise a
+        one-line UserError naming the offending key."""
+        check_fields(self)
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
+        from t2i_gcpo.train.tracking import check_report_to
 
-        checks.append(
+        check_report_to(self.report_to)
+
+        P, G, fractions = self.rollout.prompts_per_step, self.rollout.group_size, self.credit.critical
+        checks = [  # (key, accepted, what the key must be)
+            ("algo", self.algo in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}"),
+            ("credit.scheme", self.credit.scheme in CREDIT_SCHEMES, f"must be one of {', '.join(CREDIT_SCHEMES)}"),
             (
-                self.credit.scheme in CREDIT_SCHEMES,
-                f"credit.scheme must be one of {', '.join(CREDIT_SCHEMES)}",
-            )
-        )
-        for ok, message in checks:
+                "optim.minibatches",
+                P * G % self.optim.minibatches == 0,
+                f"must divide rollout.prompts_per_step × rollout.group_size ({P} × {G})",
+            ),
+            (
+                "optim.weight_decay",
+                self.optim.lr * self.optim.weight_decay <= 1,
+                f"optim.lr × optim.weight_decay must be ≤ 1 (AdamW multiplies each weight by 1 − lr·wd per "
+                f"step), got {self.optim.lr:g} × {self.optim.weight_decay:g}",
+            ),
+            (
+                "credit.gcpo.top_fraction",
+                self.credit.gcpo.normalization != "hist" or self.credit.gcpo.top_fraction <= self.credit.gcpo.top_mass,
+                "must be ≤ credit.gcpo.top_mass (the hist schedule gives the top fraction x of tokens a share "
+                f"y ≥ x of the credit), got {self.credit.gcpo.top_fraction:g} > {self.credit.gcpo.top_mass:g}",
+            ),
+            (
+                "loss.tis_cap",
+                self.loss.tis_cap is None or self.rollout.old_logprobs == "recompute",
+                "needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
+            ),
+            (
+                "optim.min_lr_rate",
+                self.optim.min_lr_rate == 0 or self.optim.lr_scheduler == "cosine_with_min_lr",
+                "applies to optim.lr_scheduler=cosine_with_min_lr only",
+            ),
+            (
+                "credit.critical",
+                fractions.first_fraction + fractions.entropy_fraction + fractions.similarity_fraction > 0,
+                "at least one of first_fraction, entropy_fraction, similarity_fraction must be > 0",
+            ),
+            (
+                "model_options.negative",
+                self.model_options.negative in ("empty", "wrong_answer") or "{question}" in self.model_options.negative,
+                "must be 'empty', 'wrong_answer' or a template containing {question}",
+            ),
+        ]  # fmt: skip
+        for key, ok, message in checks:
             if not ok:
-                raise UserError(f"invalid config: {message}")
+                raise UserError(f"config key '{key}': {message}")
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of the config tree `obj` against the `Bounds` declared with it."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, prefix=f"{prefix}{f.name}.")
+        else:
+            check_value(f"{prefix}{f.name}", value, bounds=f.metadata.get("bounds"))
+
+
+def field_bounds(key: str) -> Bounds | None:
+    """The `Bounds` declared for the dotted config `key` (None: any value of its type)."""
+    obj: Any = TrainConfig()
+    *parents, leaf = key.split(".")
+    for name in parents:
+        obj = getattr(obj, name)
+    return {f.name: f for f in dataclasses.fields(obj)}[leaf].metadata.get("bounds")
+
+
+def check_value(key: str, value: Any, what: str | None = None, bounds: Bounds | None = None) -> Any:
+    """`value` if the config field `key` accepts it, else a one-line UserError naming `what` (the
+    key itself, or the command-line option that sets it, e.g. "--cfg"). Command-line options that set
+    a config value check it here, so they accept exactly what the config does."""
+    bounds = bounds if bounds is not None else field_bounds(key)
+    if isinstance(value, float):
+        check_finite(f"{what or f'config key {key!r}'}", value, allow_inf=key in UNBOUNDED_OK)
+    problem = bounds.problem(value) if bounds is not None else None
+    if problem:
+        label = what or f"config key '{key}':"
+        raise UserError(f"{label} {problem}, got {value!r}")
+    return value
 
 
 # --------------------------------------------------------------------------- loading and overrides
@@ -410,7 +585,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not a YAML file (not UTF-8 text: a binary file?)") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise UserError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
@@ -418,7 +597,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def preset_names() -> tuple[str, ...]:
+    """The algorithm presets shipped as configs/<name>.yaml (recipes/ holds full runs, not presets)."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+
+
 def preset_path(algo: str) -> Path:
+    """The shipped preset of `algo`: always the package's own file (in a clone, the checkout's
+    t2i_gcpo/configs/, edits included); a file of the user's is given with --config, on top of it."""
     if algo not in ALGORITHMS:
         raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")
     return CONFIG_DIR / f"{algo}.yaml"
@@ -463,14 +649,20 @@ def load_config(
     if base is not None:
         cfg, algo = copy.deepcopy(base), base.algo
     else:
-        file_data = _read_yaml(Path(config_file)) if config_file else {}
+        file_data = _read_yaml(config_file_path(config_file)) if config_file else {}
         algo = algo or file_data.get("algo") or TrainConfig.algo
         cfg = TrainConfig()
         _apply(cfg, _read_yaml(preset_path(algo)))
         _apply(cfg, file_data)
     _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
     pairs = overrides.items() if isinstance(overrides, Mapping) else (parse_set(s) for s in overrides)
-    _apply(cfg, nest(dict(pairs)))
+    sets = nest(dict(pairs))
+    if "algo" in sets and sets["algo"] != algo:  # it would be overwritten below: never silently
+        raise UserError(
+            f"config key 'algo': give the algorithm with --algo {sets['algo']} (it picks the preset every "
+            "other value starts from), not with --set"
+        )
+    _apply(cfg, sets)
     cfg.algo = algo
     cfg.validate()
     return cfg
@@ -504,5 +696,7 @@ def describe(obj: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:
         if dataclasses.is_dataclass(value):
             rows.extend(describe(value, prefix=f"{prefix}{f.name}."))
         else:
-            rows.append((f"{prefix}{f.name}", repr(value), f.metadata.get("doc", "")))
+            bounds = f.metadata.get("bounds")
+            text = f.metadata.get("doc", "") + (f" Accepts: {bounds}." if bounds else "")
+            rows.append((f"{prefix}{f.name}", repr(value), text))
     return rows

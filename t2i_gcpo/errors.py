@@ -75,6 +75,15 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"cannot read {p}: {e.strerror or e}") from None
 
 
+TOKEN_CHARS = 200  # an error line shows at most this many characters of one word (a path fits)
+
+
+def one_line(message: str) -> str:
+    """`message` as the one line the CLI prints: whitespace collapsed, every word longer than
+    TOKEN_CHARS cut (an unknown 10 MB word is not echoed whole), whatever raised it."""
+    return " ".join(shorten(word, TOKEN_CHARS) for word in message.split())
+
+
 ECHO_CHARS = 80  # error messages show at most this many characters of user text (a prompt)
 
 

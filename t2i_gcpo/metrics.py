@@ -16,8 +16,15 @@ LOSS_KL = "loss/kl"  # β × aggregated k3 KL (0 without a reference)
 KL_K3 = "kl_k3"  # mean over valid tokens of exp(q) − q − 1, q = log π_ref − log π_θ
 CLIP_FRAC = "clip_frac"  # fraction of valid tokens whose ratio was clipped (zero gradient)
 RATIO_MEAN = "ratio/mean"  # mean ρ over valid tokens
+# the sampler's recorded log-probs against the update's first-pass forward of the same weights (the
+# step's fresh rows; context = the trained one, pos or guided):
+MISMATCH_K3 = "mismatch/k3_{context}"  # mean over valid tokens of exp(q) − q − 1, q = log π_rollout − log π_θ
+MISMATCH_MAX = "mismatch/max_abs_{context}"  # max over those tokens of |log π_θ − log π_rollout|
+TIS_WEIGHT_MEAN = "tis/weight_mean"  # mean over valid tokens of min(π_old/π_rollout, C) (loss.tis_cap = C)
+TIS_CAPPED = "tis/capped_frac"  # fraction of valid tokens whose weight π_old/π_rollout exceeded C
 ENTROPY = "entropy"  # mean token entropy of the trained distribution, nats
 GRAD_NORM = "grad_norm"  # global gradient norm before clipping
+LR = "lr"  # learning rate of the step's update (optim.lr_scheduler)
 CREDIT_WEIGHT_MAX = "credit/weight_max"  # mean over sequences of max_t w_t
 CREDIT_WEIGHT_ENTROPY = "credit/weight_entropy"  # mean over sequences of H(w/N) / ln N (1 = uniform)
 CREDIT_LIFT = "credit_lift"  # (share of credit on object tokens) / (share of object tokens); 1 = uniform

@@ -1,4 +1,4 @@
-"""Unit and property tests for t2i_gcpo.core.advantages (SPEC §2)."""
+"""Unit and property tests for t2i_gcpo.core.advantages (docs/concepts/algorithms.md#sequence-advantages)."""
 
 import math
 import os

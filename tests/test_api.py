@@ -84,8 +84,10 @@ def test_train_on_a_prompt_list_with_a_python_reward_writes_the_run(two_steps):
 
 def test_the_reward_sees_images_and_each_groups_prompt_and_metadata(two_steps):
     result, reward = two_steps
-    assert len(reward.calls) == 2  # one per step: P groups of G
-    for call, row in zip(reward.calls, result.metrics):
+    dry, *steps = reward.calls  # the dry sample before the run (a group of 2 of the first prompt), then
+    assert len(steps) == 2  # one per step: P groups of G
+    assert dry["images"].shape == (2, 3, 16, 16) and dry["prompts"] == [PROMPTS[0]] * 2
+    for call, row in zip(steps, result.metrics):
         images, prompts, metadata = call["images"], call["prompts"], call["metadata"]
         assert images.shape == (P * G, 3, 16, 16) and images.dtype == torch.float32
         assert 0 <= images.min() and images.max() <= 1
@@ -131,15 +133,28 @@ def test_a_run_of_a_policy_object_with_a_python_reward_resumes_exactly(tiny, two
     [
         (lambda images, prompts, metadata: 1 / 0, r"reward '<lambda>' failed: ZeroDivisionError"),
         (lambda images, prompts, metadata: torch.full((len(prompts),), math.nan), r"returned NaN/inf"),
-        (lambda images, prompts, metadata: [0.0, 1.0, 2.0], r"returned \(3,\) scores for 8 samples"),
+        (lambda images, prompts, metadata: [0.0, 1.0, 2.0], r"returned \(3,\) scores for 2 samples"),
     ],
     ids=["raises", "nan", "wrong-shape"],
 )
 def test_a_bad_reward_raises_a_reward_error_at_the_api(tiny, tmp_path, bad, message):
-    with pytest.raises(RewardError, match=message) as info:
-        api.train(tiny["model"], PROMPTS, bad, "grpo", overrides=FAST, steps=1, out=tmp_path / "run")
+    out = tmp_path / "run"
+    with pytest.raises(RewardError, match=message + ".*on a dry sample, before the run started") as info:
+        api.train(tiny["model"], PROMPTS, bad, "grpo", overrides=FAST, steps=1, out=out)
     frames = traceback.extract_tb(info.value.__traceback__)
     assert frames[-1].filename.endswith("api.py"), [f.filename for f in frames]  # not deep in the trainer
+    assert not out.exists()  # the dry sample failed before the run directory was made
+
+
+def test_a_reward_that_fails_only_in_training_raises_a_reward_error(tiny, tmp_path):
+    def fails_past_the_dry_sample(images, prompts, metadata):
+        if len(prompts) > 2:
+            raise ValueError("bad batch")
+        return redness(images, prompts, metadata)
+
+    with pytest.raises(RewardError, match="reward 'fails_past_the_dry_sample' failed: ValueError: bad batch"):
+        api.train(tiny["model"], PROMPTS, fails_past_the_dry_sample, "grpo", overrides=FAST, steps=1,
+                  out=tmp_path / "run")  # fmt: skip
 
 
 def test_bad_input_fails_before_anything_is_written(tiny, tmp_path):
@@ -187,6 +202,23 @@ def test_cli_and_api_give_the_same_run_for_the_same_seed(tiny, tmp_path):
     assert configs[1]["reward"] == "train_fixtures:redness"
 
 
+def test_train_takes_report_to_and_locks_its_run_directory(tiny, tmp_path):
+    from t2i_gcpo.outdir import lock_output
+
+    out = tmp_path / "run"
+    with lock_output(out):  # another command holds the folder: refused before anything is loaded
+        with pytest.raises(UserError, match="is in use by"):
+            api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out)
+    with pytest.raises(UserError, match="report_to"):
+        api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out, report_to="nope")
+    assert not out.exists()
+    api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out, report_to="none")
+    assert yaml.safe_load((out / "config.yaml").read_text())["report_to"] == "none"
+    assert not (out / ".t2i-gcpo.lock").exists()  # released when the run ended
+    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+        api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out)
+
+
 def test_generate_gives_the_images_sample_writes(tiny, tmp_path):
     images = api.generate(tiny["model"], PROMPTS[:2], n=2, seed=5, cfg_scale=2)
     assert images.shape == (2, 2, 3, 16, 16)
@@ -199,6 +231,26 @@ def test_generate_gives_the_images_sample_writes(tiny, tmp_path):
             assert np.array_equal(png, mine), (i, k)
     other = api.generate(tiny["model"], PROMPTS[:2], n=2, seed=6, cfg_scale=2)
     assert not torch.equal(other, images)  # the seed matters
+
+
+def test_sample_locks_its_folder_and_a_resumed_folder_keeps_its_recorded_cfg(tiny, tmp_path):
+    from t2i_gcpo.outdir import lock_output
+
+    out = tmp_path / "s"
+    with pytest.raises(UserError, match="cfg_scale"):
+        api.sample(PROMPTS[:1], out, model=tiny["model"], n=2, cfg_scale=math.nan)
+    with lock_output(out):
+        with pytest.raises(UserError, match="is in use by"):
+            api.sample(PROMPTS[:1], out, model=tiny["model"], n=2)
+    assert not out.exists()  # the folder made only for the lock is gone with it
+    api.sample(PROMPTS[:1], out, model=tiny["model"], n=2, seed=5, cfg_scale=2)
+    resumed = api.sample(PROMPTS[:2], out, model=tiny["model"], n=2, seed=5)  # no cfg_scale: the recorded 2
+    assert json.loads((out / "00001" / "generation.json").read_text())["cfg_scale"] == 2
+    images = api.generate(tiny["model"], PROMPTS[:2], n=2, seed=5, cfg_scale=2)
+    for k, path in enumerate(resumed.image_paths(1)):
+        mine = (images[1, k].clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), mine), k
+    assert not (out / ".t2i-gcpo.lock").exists()
 
 
 def test_importing_the_api_loads_no_torch():
@@ -248,3 +300,5 @@ def test_credit_maps_draws_each_prompt_and_measures_lift(tmp_path):
     defined = [v for v in lifts["uniform"] if not math.isnan(v)]  # the shipped model draws the objects
     assert defined and all(v == pytest.approx(1.0) for v in defined)  # uniform credit lifts nothing
     assert "gcpo" in table and "wrote 2 figures" in table
+    api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
+    assert (out / "00000.png").is_file() and not (out / "00001.png").exists()  # the earlier run's figure

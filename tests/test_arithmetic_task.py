@@ -1,4 +1,4 @@
-"""The arithmetic task (SPEC §7): prompt files, the reward, step lift, the text heatmap, and the
+"""The arithmetic task (docs/worlds/arithmetic.md#step-lift): prompt files, the reward, step lift, the text heatmap, and the
 held-out evaluation on a tiny random Llama over the world's character tokenizer."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.rewards.combine import RewardError
 from t2i_gcpo.rewards.registry import build_reward
 from t2i_gcpo.tasks import arithmetic as A
@@ -34,8 +34,8 @@ def tok():
 def test_shipped_files_are_the_documented_disjoint_splits(tmp_path):
     task = get_task("arithmetic")
     assert task.default_reward == "arithmetic"
-    assert task.default_eval_prompts() == str(REPO_PROMPTS / A.TEST_FILE)
-    train = task.load_prompts(REPO_PROMPTS / A.TRAIN_FILE)
+    assert task.default_eval_prompts() == str(PROMPTS_DIR / A.TEST_FILE)
+    train = task.load_prompts(PROMPTS_DIR / A.TRAIN_FILE)
     test = task.load_prompts(task.default_eval_prompts())
     assert (len(train), len(test)) == (2000, 200)
     assert not {p.text for p in train} & {p.text for p in test}
@@ -52,7 +52,7 @@ def test_shipped_files_are_the_documented_disjoint_splits(tmp_path):
     # the generator reproduces the shipped bytes
     A.write_prompt_files(tmp_path)
     for name in (A.TRAIN_FILE, A.TEST_FILE):
-        assert (tmp_path / name).read_bytes() == (REPO_PROMPTS / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == (PROMPTS_DIR / name).read_bytes()
 
 
 def test_gsm8k_rows_txt_and_parse(tmp_path):

@@ -24,7 +24,7 @@ def test_every_config_file_loads_and_opens_with_a_header(path: Path):
 
 def test_presets_match_the_spec_table():
     rows = {a: load_config(a) for a in ALGORITHMS}
-    table = {  # SPEC §3: ε_low / ε_high, aggregation, dynamic sampling, β, credit
+    table = {  # docs/concepts/algorithms.md#presets: ε_low / ε_high, aggregation, dynamic sampling, β, credit
         "grpo": (0.2, 0.2, "seq-mean-token-mean", False, 0.03, "uniform"),
         "dapo": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
         "gcpo": (0.2, 0.28, "token-mean", True, 0.0, "gcpo"),
@@ -75,16 +75,19 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("rollout.train_logp=logits", "config key 'rollout.train_logp': expected one of 'cond' | 'cfg'"),
         ("credit=gcpo", "config key 'credit' is a section"),
         ("advantage.dynamic_sampling=3", "config key 'advantage.dynamic_sampling': expected bool"),
-        ("rollout.group_size=1", "rollout.group_size must be ≥ 2"),
-        ("credit.gcpo.top_fraction=1.5", "credit.gcpo.top_fraction must be in (0, 1)"),
+        ("rollout.group_size=1", "config key 'rollout.group_size': must be ≥ 2"),
+        (
+            "credit.gcpo.top_fraction=1.5",
+            "config key 'credit.gcpo.top_fraction': must be in [1e-06, 0.999999]",
+        ),
         ("credit.contrast=cached", "config key 'credit.contrast': expected one of 'recorded' | 'recompute'"),
-        ("credit.scheme=magic", "credit.scheme must be one of"),
+        ("credit.scheme=magic", "config key 'credit.scheme': must be one of"),
         ("credit.gcpo.recompute=true", "unknown config key 'credit.gcpo.recompute'"),  # now credit.contrast
         ("beta", "--set expects key=value"),
-        ("save_every=0", "save_every must be ≥ 1"),  # was a ZeroDivisionError at the first step
-        ("sample_every=-1", "sample_every must be ≥ 0"),
-        ("eval_every=-2", "eval_every must be ≥ -1"),
-        ("eval_images_per_prompt=0", "eval_images_per_prompt must be ≥ 1"),
+        ("save_every=0", "config key 'save_every': must be ≥ 1"),  # was a ZeroDivisionError at the first step
+        ("sample_every=-1", "config key 'sample_every': must be ≥ 0"),
+        ("eval_every=-2", "config key 'eval_every': must be ≥ -1"),
+        ("eval_images_per_prompt=0", "config key 'eval_images_per_prompt': must be ≥ 1"),
         ("log_every=5", "unknown config key 'log_every'"),  # retired: it never did anything
     ],
 )
@@ -136,3 +139,22 @@ def test_round_trip_and_helpers():
         "credit.critical.first_fraction",
     } <= set(keys)
     assert all(text for _, _, text in describe()), "every field is documented"
+
+
+def test_the_preset_list_is_the_configs_folder_and_train_help_names_every_preset(tmp_path, monkeypatch):
+    """`train --help` lists the presets found on disk (it once listed 5 of 7): a preset file added to the
+    folder shows up, and the list matches the algorithms the config accepts."""
+    from click.testing import CliRunner
+
+    import t2i_gcpo.config as config
+    from t2i_gcpo.cli import cli
+    from t2i_gcpo.config import preset_names
+
+    assert preset_names() == tuple(sorted(ALGORITHMS))
+    help_text = " ".join(CliRunner().invoke(cli, ["train", "--help"], terminal_width=200).output.split())
+    assert " | ".join(sorted(ALGORITHMS)) + " [default: gcpo]" in help_text
+    (tmp_path / "mine.yaml").write_text("algo: mine\n")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "full_run.yaml").write_text("algo: gcpo\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    assert preset_names() == ("mine",)

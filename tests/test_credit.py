@@ -1,4 +1,4 @@
-"""Unit and property tests for t2i_gcpo.core.credit (SPEC §4)."""
+"""Unit and property tests for t2i_gcpo.core.credit (docs/concepts/credit.md)."""
 
 import math
 import os

@@ -1,4 +1,4 @@
-"""Tests for the critical-token credit scheme, t2i_gcpo.core.critical (SPEC §4.4)."""
+"""Tests for the critical-token credit scheme, t2i_gcpo.core.critical (docs/concepts/credit.md#critical-token)."""
 
 import math
 import os

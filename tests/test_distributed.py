@@ -1,8 +1,8 @@
 """`t2i-gcpo train` under `accelerate launch` with two real CPU processes (gloo): DDP and FSDP2.
 
 Every run asserts processes.json says 2 processes and the expected `distributed_type`: accelerate
-falls back silently (`--cpu --num_processes 2` runs ONE process; FSDP on CPU runs plain DDP, see
-`allow_fsdp_on_cpu`).
+falls back silently (`--cpu --num_processes 2` runs ONE process; FSDP on CPU processes would run plain
+DDP: the trainer refuses that launch, and `allow_fsdp_on_cpu` lets these tests run FSDP2 on CPU).
 
 Two processes must train like one process on the same global batch: samples are seeded per prompt
 slot (tasks/loop.py), so both see the same samples, and the loss normaliser is the global batch's
@@ -30,17 +30,18 @@ from pathlib import Path
 
 import pytest
 
+from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR
+
 from train_fixtures import tiny_policy_dir, write_prompt_file
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ["--reward", "train_fixtures:redness", "--set", "rollout.group_size=4", "--set", "optim.lr=3e-3"]
 # the shipped arithmetic LM: completions of different lengths, so each process's token count differs
-TEXT = ["--model", "arithmetic", "--prompts", str(REPO / "prompts" / "arithmetic_train.jsonl"), "--reward",
+TEXT = ["--model", "arithmetic", "--prompts", str(PROMPTS_DIR / "arithmetic_train.jsonl"), "--reward",
         "arithmetic", "--algo", "dapo", "--set", "rollout.group_size=8", "--set", "optim.lr=3e-4"]  # fmt: skip
 COMMON = ["--steps", "3", "--set", "rollout.prompts_per_step=4", "--set", "advantage.dynamic_sampling=false",
           "--set", "eval_every=-1", "--set", "sample_every=0"]  # fmt: skip
 DDP = ["--multi_gpu"]
-FSDP = ["--config_file", str(REPO / "configs" / "accelerate" / "fsdp.yaml")]  # the shipped file
+FSDP = ["--config_file", str(CONFIG_DIR / "accelerate" / "fsdp.yaml")]  # the shipped file
 
 
 def free_port() -> int:
@@ -169,6 +170,120 @@ def test_fsdp2_two_processes_train_resume_and_match_one_process(tmp_path):
     assert any((final[k] - initial[k]).abs().max() > 0 for k in final), "training changed the weights"
     train([*args, "--out", str(tmp_path / "one")])
     assert_same_training(tmp_path / "one", run, initial)
+
+
+@pytest.mark.parametrize("asked", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
+def test_a_strategy_accelerate_did_not_give_is_refused_in_one_line(tmp_path, asked):
+    """What `accelerate launch --config_file fsdp.yaml|deepspeed.yaml` tells each process, in one plain
+    process: FSDP asked for but not set up (here NO; on CPU processes MULTI_CPU, the slow test below),
+    and DeepSpeed (never run with this trainer). One line, exit 2, no run directory."""
+    model = tiny_policy_dir(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")),
+           "--model", str(model), "--reward", "train_fixtures:redness", "--steps", "1", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(
+        cmd, env={**environment(), asked: "true"}, capture_output=True, text=True, timeout=300
+    )
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    want = (
+        "the launch asked for FSDP but accelerate set up NO"
+        if "FSDP" in asked
+        else "DeepSpeed launches are not"
+    )
+    assert lines[0].startswith(f"error: {want}"), lines
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_fsdp_config_on_cpu_processes_is_refused_not_trained_as_ddp(tmp_path):
+    """The shipped fsdp.yaml under a real 2-process launch on CPU, without `allow_fsdp_on_cpu`: accelerate
+    sets up MULTI_CPU (plain DDP); the trainer stops before any work, the main process saying so once."""
+    model = tiny_policy_dir(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *FSDP, "--num_processes", "2", "--num_machines", "1",
+           "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "t2i_gcpo.cli", "train", "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), "--model",
+           str(model), "--reward", "train_fixtures:redness", "--steps", "1", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
+    ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
+    assert proc.returncode != 0
+    assert ours == ["error: the launch asked for FSDP but accelerate set up MULTI_CPU (it selects FSDP only on "
+                    "GPUs and other accelerators, not on CPU processes); for data parallel on CPU launch with "
+                    "--multi_gpu"], proc.stdout + proc.stderr  # fmt: skip
+    assert not out.exists()
+
+
+def launch_command(args: list[str], launch: list[str]) -> list[str]:
+    module = "test_distributed" if launch == FSDP else "t2i_gcpo.cli"
+    return [sys.executable, "-m", "accelerate.commands.launch", *launch, "--num_processes", "2", "--num_machines",
+            "1", "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
+            "-m", module, "train", *args]  # fmt: skip
+
+
+def kill_after_checkpoint(args: list[str], launch: list[str], run: Path, step: int) -> None:
+    """Launch two processes, and kill -9 the launcher and both workers once the checkpoint of `step` is
+    complete: the kill lands in the next step (its rollout, update, or checkpoint write)."""
+    import signal
+    import time
+
+    from t2i_gcpo.train.checkpoint import latest_checkpoint
+
+    proc = subprocess.Popen(launch_command(args, launch), env=environment(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        ckpt = latest_checkpoint(run) if (run / "checkpoints").is_dir() else None
+        if ckpt is not None and int(ckpt.name.split("_")[1]) >= step:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers: one process group
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_kill_9_and_resume_under_each_strategy_is_bit_identical(tmp_path, strategy):
+    """A 2-process run killed with SIGKILL in step 3 (after step 2's checkpoint) and resumed ends exactly
+    as the same launch uninterrupted: every logged metric but the timings, and the final weights and
+    optimizer state, bit for bit. DDP: --multi_gpu; FSDP2: the shipped fsdp.yaml with `allow_fsdp_on_cpu`
+    (sharded optimizer state gathered at each checkpoint, re-sharded on resume). Float32, as `train`."""
+    import torch
+
+    launch = FSDP if strategy == "fsdp" else DDP
+    model = tiny_policy_dir(tmp_path)
+    args = ["--model", str(model), "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), *TINY,
+            "--algo", "gcpo", *COMMON, "--steps", "4", "--set", "save_every=1", "--set", "rollout.autocast=none",
+            "--set", "optim.autocast=none"]  # fmt: skip
+    full, part = tmp_path / "full", tmp_path / "part"
+    train([*args, "--out", str(full)], launch)
+    kill_after_checkpoint([*args, "--out", str(part)], launch, part, step=2)
+    killed_at = len(rows(part))
+    assert 2 <= killed_at < 4, f"killed after step {killed_at}"
+    train(["--resume", str(part)], launch)
+    kind = "FSDP" if strategy == "fsdp" else "MULTI_CPU"
+    assert processes(full, kind)["param_checksums"] == processes(part, kind)["param_checksums"]
+    a, b = rows(full), rows(part)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if not k.startswith("time/")} == {
+            k: v for k, v in rb.items() if not k.startswith("time/")
+        }
+    wa, wb = final_weights(full), final_weights(part)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights are bit-identical"
+    oa, ob = (
+        torch.load(r / "checkpoints" / "step_000004" / "optimizer.pt", weights_only=True)
+        for r in (full, part)
+    )
+
+    def group(g: dict) -> dict:  # FSDP's optimizer state dict round trip turns the betas tuple into a list
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in g.items()}
+
+    assert [group(g) for g in oa["param_groups"]] == [group(g) for g in ob["param_groups"]]
+    assert oa["state"].keys() == ob["state"].keys()
+    for key in oa["state"]:
+        assert all(torch.equal(oa["state"][key][n], ob["state"][key][n]) for n in oa["state"][key]), key
 
 
 def allow_fsdp_on_cpu() -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-ARGS = ["--prompts", str(REPO / "prompts" / "shapeworld_train.txt"), "--steps", "4", "--seed", "3",
+from t2i_gcpo.resources import PROMPTS_DIR
+
+ARGS = ["--prompts", str(PROMPTS_DIR / "shapeworld_train.txt"), "--steps", "4", "--seed", "3",
         "--set", "rollout.prompts_per_step=4", "--set", "rollout.group_size=4", "--set", "sample_every=2",
         "--set", "save_every=1", "--set", "eval_every=-1"]  # fmt: skip
 
@@ -91,7 +92,7 @@ def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
     """The main job works: a short DAPO run on 8 position prompts (the base model gets about 6 in 10
     right) raises their strict score within 10 steps, measured on the same prompts with 16 images
     each (step 0 and step 10 are evaluated with the same sampling seed)."""
-    rows = [json.loads(x) for x in (REPO / "prompts" / "shapeworld_train.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (PROMPTS_DIR / "shapeworld_train.jsonl").read_text().splitlines()]
     hard = tmp_path / "position.jsonl"
     hard.write_text("".join(json.dumps(m) + "\n" for m in [m for m in rows if m["tag"] == "position"][:8]))
     run = tmp_path / "run"

@@ -10,10 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from t2i_gcpo.cli import cli
+from t2i_gcpo.resources import PROMPTS_DIR
 
 from train_fixtures import tiny_policy_dir
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def invoke(*args: str):
@@ -24,7 +23,7 @@ def invoke(*args: str):
 
 def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join((REPO / "prompts" / "shapeworld_test.jsonl").read_text().splitlines(True)[:6]))
+    prompts.write_text("".join((PROMPTS_DIR / "shapeworld_test.jsonl").read_text().splitlines(True)[:6]))
     out = invoke("eval", "shapeworld", "--prompts", str(prompts), "--n", "2", "--out", str(tmp_path / "ev"))
     assert "Overall score" in out and "partial credit" in out
     images = sorted((tmp_path / "ev" / "images").glob("*/samples/*.png"))
@@ -68,7 +67,7 @@ def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "cmp"
     args = ["compare", "--algos", "grpo,gcpo", "--seeds", "2", "--steps", "2", "--eval-every", "1",
-            "--model", str(model), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"), "--out", str(out),
+            "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"), "--out", str(out),
             "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "eval_images_per_prompt=1",
             "--set", "sample_every=0"]  # fmt: skip
     text = invoke(*args)
@@ -97,7 +96,7 @@ def test_compare_with_two_jobs_trains_the_same_runs_side_by_side(tmp_path):
     """--jobs 2 trains each run in its own process, one thread each: the same runs, the same table."""
     model = tiny_policy_dir(tmp_path)
     common = ["compare", "--algos", "grpo,gcpo", "--seeds", "1", "--steps", "2", "--eval-every", "1",
-              "--model", str(model), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"),
+              "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
               "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
               "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
     invoke(*common, "--out", str(tmp_path / "one"))
@@ -133,7 +132,7 @@ def test_a_terminated_compare_stops_its_runs_and_they_keep_a_checkpoint(tmp_path
     out = tmp_path / "cmp"
     cmd = [sys.executable, "-m", "t2i_gcpo.cli", "compare", "--algos", "dapo,gcpo", "--seeds", "1",
            "--steps", "100000", "--eval-every", "100000", "--jobs", "2", "--out", str(out),
-           "--model", str(tiny_policy_dir(tmp_path)), "--prompts", str(REPO / "prompts" / "shapeworld_train.jsonl"),
+           "--model", str(tiny_policy_dir(tmp_path)), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
            "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
            "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
     parent = subprocess.Popen(
@@ -224,10 +223,10 @@ def test_compare_defaults_to_the_train_prompts_of_the_models_world(tmp_path):
     from t2i_gcpo.commands.compare import default_train_prompts
     from t2i_gcpo.errors import UserError
 
-    shapeworld = REPO / "prompts" / "shapeworld_train.jsonl"
+    shapeworld = PROMPTS_DIR / "shapeworld_train.jsonl"
     for model in ("shapeworld", "shapeworld-64", "shapeworld-masked", str(tiny_policy_dir(tmp_path))):
         assert Path(default_train_prompts(model)) == shapeworld, model
-    assert Path(default_train_prompts("arithmetic")) == REPO / "prompts" / "arithmetic_train.jsonl"
+    assert Path(default_train_prompts("arithmetic")) == PROMPTS_DIR / "arithmetic_train.jsonl"
     for model in ("janus:/some/where", "amused:/some/where", "text:/some/where"):
         with pytest.raises(UserError, match="give --prompts"):
             default_train_prompts(model)
@@ -347,3 +346,26 @@ def test_summarise_rejects_a_baseline_it_was_not_given(tmp_path):
     fake_runs(tmp_path)
     with pytest.raises(UserError, match="--baseline critical"):
         summarise(tmp_path, ["dapo", "gcpo"], [0, 3, 5], baseline="critical")
+
+
+def test_comparison_json_is_strict_json_with_null_for_missing_values(tmp_path):
+    """A value with no number (one seed: no interval; grpo never logs credit_lift here) is written as null,
+    not bare NaN, and the table built from the file read back is the one built from the result itself."""
+    from t2i_gcpo.eval.compare import format_table, summarise
+
+    fake_runs(tmp_path)
+    for seed in (0, 3, 5):  # grpo's runs log no credit_lift: its training mean is NaN
+        rows = tmp_path / "grpo" / f"seed{seed}" / "metrics.jsonl"
+        kept = [r for r in rows.read_text().splitlines() if "credit_lift" not in r]
+        rows.write_text("".join(r + "\n" for r in kept))
+    result = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5])
+    assert math.isnan(result["table"]["grpo"]["credit lift (training mean)"][0])
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    text = (tmp_path / "comparison.json").read_text()
+    saved = json.loads(text, parse_constant=refuse)  # NaN / Infinity would raise here
+    assert saved["table"]["grpo"]["credit lift (training mean)"] == [None, None, None, 0]
+    assert format_table(saved) == format_table(result)
+    assert "| grpo | " in format_table(saved) and "| — |" in format_table(saved)

@@ -1,4 +1,4 @@
-"""The GenEval rules engine (SPEC §8, §8.2) on scripted detections, with hand-computed answers."""
+"""The GenEval rules engine (docs/evaluation/geneval.md) on scripted detections, with hand-computed answers."""
 
 import pytest
 
@@ -184,7 +184,7 @@ def test_all_includes_are_anded():
     assert evaluate_detections(COLOR_ATTR, [det("circle", color="red"), det("square", color="blue")]).correct
 
 
-# ---- reward_detections (flow_grpo variant, SPEC §8.2) ------------------------------------------
+# ---- reward_detections (flow_grpo variant, docs/evaluation/geneval.md#geneval-as-a-reward) ----------
 
 
 def test_reward_count_terms():

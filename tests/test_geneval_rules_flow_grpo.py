@@ -1,5 +1,5 @@
 """The two partial-credit variants of `reward_detections` on scripted detections, hand-computed:
-"spec" (SPEC §8.2, clipped to [0, 1], the default) and "flow_grpo" (flow_grpo's reward code)."""
+"spec" (docs/evaluation/geneval.md#geneval-as-a-reward, clipped to [0, 1], the default) and "flow_grpo" (flow_grpo's reward code)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Unit and invariance tests for t2i_gcpo.core.losses (SPEC §3)."""
+"""Unit and invariance tests for t2i_gcpo.core.losses (docs/concepts/algorithms.md#policy-loss)."""
 
 import math
 import os

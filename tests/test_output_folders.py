@@ -283,3 +283,120 @@ def test_run_credit_maps_refuses_non_positive_limit(tmp_path):
     with pytest.raises(UserError, match="limit"):
         run_credit_maps([], str(p), -1, "shapeworld", None, ("uniform",), 2, None, "shapeworld", 0,
                         str(tmp_path / "m"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# resumed folders keep their recorded settings (issue 38 items 12 and 14)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_resumed_masked_sample_continues_with_its_recorded_steps_and_order(tmp_path, capsys, monkeypatch):
+    """`sample --model shapeworld-masked --steps 4 --reveal-order random`, interrupted (an image
+    missing), re-run without the two flags: the missing image is made as the others were, the same
+    bytes as the lost one, and generation.json is not rewritten."""
+    from t2i_gcpo.eval import geneval
+
+    seen = []
+    real = geneval.sample_and_decode
+    monkeypatch.setattr(
+        geneval, "sample_and_decode", lambda p, pr, n, s, g: seen.append(s) or real(p, pr, n, s, g)
+    )
+    out = tmp_path / "m"
+    p = prompt_file(tmp_path / "p.txt", *RED[:2])
+    args = ["sample", "--model", "shapeworld-masked", "--prompts", p, "--out", out, "--n", "2"]
+    assert run(capsys, *args, "--steps", 4, "--reveal-order", "random")[0] == 0
+    before = files(out)
+    lost = out / "00001" / "samples" / "0001.png"
+    lost.unlink()
+    seen.clear()
+    code, _, err = run(capsys, *args)
+    assert code == 0, err
+    assert [(s.steps, s.reveal_order) for s in seen] == [(4, "random")]
+    assert {k: v for k, v in files(out).items() if k.name != "grid.png"} == {
+        k: v for k, v in before.items() if k.name != "grid.png"
+    }, "the lost image is made again, bit for bit; both records unchanged"
+    for other in (["--steps", 8], ["--reveal-order", "confidence"]):
+        code, _, err = run(capsys, *args, *other)
+        assert code != 0 and "--overwrite" in one_line_error(err)
+    assert json.loads((out / "00000" / "generation.json").read_text())["steps"] == 4
+
+
+def test_a_resumed_sample_continues_with_its_recorded_cfg(tmp_path, capsys):
+    out = tmp_path / "c"
+    p = prompt_file(tmp_path / "p.txt", RED[0])
+    args = ["sample", "--prompts", p, "--out", out, "--n", "2"]
+    assert run(capsys, *args, "--cfg", "1.5")[0] == 0
+    record = (out / "00000" / "generation.json").read_bytes()
+    (out / "00000" / "samples" / "0001.png").unlink()
+    assert run(capsys, *args)[0] == 0  # --cfg left out: 1.5, as recorded (not the model's default)
+    assert (out / "00000" / "generation.json").read_bytes() == record
+
+
+def test_eval_refuses_a_folder_with_a_stray_image_before_generating(tmp_path, capsys):
+    out = tmp_path / "ev"
+    red = prompt_file(tmp_path / "red.txt", *RED)
+    args = ["eval", "shapeworld", "--prompts", red, "--n", "2", "--out", out]
+    assert run(capsys, *args)[0] == 0
+    missing = out / "images" / "00002" / "samples" / "0001.png"
+    missing.unlink()
+    stray = out / "images" / "00000" / "samples" / "0002.png"
+    stray.write_bytes((out / "images" / "00000" / "samples" / "0000.png").read_bytes())
+    before = files(out)
+    code, _, err = run(capsys, *args)
+    line = one_line_error(err)
+    assert code != 0 and "00000" in line and "0002.png" in line and "n=2" in line, line
+    assert files(out) == before and not missing.exists(), "nothing generated into the refused folder"
+
+
+def test_credit_map_replaces_the_figures_of_an_earlier_larger_run(tmp_path, capsys):
+    out = tmp_path / "maps"
+    common = ["credit-map", "--schemes", "gcpo,uniform", "--group", "2", "--out", out]
+    assert run(capsys, *common, "--prompt", RED[0], "--prompt", RED[1])[0] == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png"]
+    assert run(capsys, *common, "--prompt", BLUE)[0] == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["00000.png"], "no figure of the earlier run is left"
+    assert (
+        BLUE in (out / "credit_maps.html").read_text()
+        and RED[1] not in (out / "credit_maps.html").read_text()
+    )
+    photos = tmp_path / "photos"  # a folder of someone else's files named like credit-map's: refused
+    photos.mkdir()
+    (photos / "00000.png").write_bytes(b"my photo")
+    code, _, err = run(capsys, *common[:-1], photos, "--prompt", BLUE)
+    assert code == 2 and "no credit_maps.html" in one_line_error(err)
+    assert (photos / "00000.png").read_bytes() == b"my photo"
+
+
+def test_a_resumed_dpg_folder_continues_with_its_recorded_cfg(tmp_path, capsys, monkeypatch):
+    import t2i_gcpo.eval.dpg as dpg
+
+    class YesVQA:
+        name = "yes"
+
+        def answer(self, image, question):
+            return "yes"
+
+    monkeypatch.setattr(
+        dpg,
+        "load_dpg_prompts",
+        lambda: [{"item_id": "a", "prompt": RED[0]}, {"item_id": "b", "prompt": BLUE}],
+    )
+    monkeypatch.setattr(
+        dpg.VQAModel, "from_pretrained", classmethod(lambda cls, path, device="cpu": YesVQA())
+    )
+    csv_path = tmp_path / "q.csv"
+    csv_path.write_text(
+        "item_id,text,keywords,proposition_id,dependency,category_broad,category_detailed,tuple,"
+        "question_natural_language\n"
+        "a,t,k,1,0,entity,entity - whole,t,is there a circle?\n"
+        "b,t,k,1,0,entity,entity - whole,t,is there a square?\n"
+    )
+    out = tmp_path / "dpg"
+    args = ["eval", "dpg", "--model", "shapeworld", "--csv", csv_path, "--vqa", "x", "--out", out]
+    assert run(capsys, *args, "--cfg", "1.5")[0] == 0
+    images = {p.name: p.read_bytes() for p in (out / "images").iterdir()}
+    (out / "images" / "b.png").unlink()
+    assert run(capsys, *args)[0] == 0  # --cfg left out: the recorded 1.5
+    assert {p.name: p.read_bytes() for p in (out / "images").iterdir()} == images, (
+        "b.png as before; record kept"
+    )

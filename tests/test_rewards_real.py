@@ -290,7 +290,7 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
 
 
 def test_geneval_reward_with_real_rules():
-    """SPEC §8.2 partial credit through the real rules engine."""
+    """Partial credit (docs/evaluation/geneval.md#geneval-as-a-reward) through the real rules engine."""
     from t2i_gcpo.rewards.geneval_reward import GenEvalReward
 
     dog = Detection(cls="dog", box=(0, 0, 10, 10), score=0.95, color="red")

@@ -483,9 +483,9 @@ def test_damaged_optimizer_or_carry_file_is_a_one_line_error_naming_it(tmp_path,
     loaded = []
     load_optimizer(ckpt, loaded.append)
     assert loaded == [_optimizer_state()]
-    for name, load, what in (("optimizer.pt", lambda: load_optimizer(ckpt, loaded.append), "the optimizer state"),
-                             ("carry.pt", lambda: load_carry(ckpt), "the carried groups")):  # fmt: skip
-        damage(ckpt / name)
+    for name, load, what in (("optimizer", lambda: load_optimizer(ckpt, loaded.append), "the optimizer state"),
+                             ("carry", lambda: load_carry(ckpt), "the carried groups")):  # fmt: skip
+        damage(ckpt / f"{name}.safetensors")
         with pytest.raises(UserError) as e:
             load()
         msg = str(e.value)
@@ -510,6 +510,6 @@ def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
     resume_at = carried[0] - 1  # the checkpoint holding the carried groups
     part = tmp_path / "part"
     run(prepare(algo="gcpo", flags=flags(tiny, part, resume_at, reward), overrides=common))
-    assert (part / "checkpoints" / f"step_{resume_at:06d}" / "carry.pt").is_file()
+    assert (part / "checkpoints" / f"step_{resume_at:06d}" / "carry.safetensors").is_file()
     run(prepare(resume_dir=part, steps=6))
     assert_same_run(full, part, 6)

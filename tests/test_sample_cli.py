@@ -229,7 +229,7 @@ def test_evaluate_shapeworld_perfect_and_blank_images():
 
 @pytest.mark.slow
 def test_shipped_model_is_decent_but_imperfect():
-    """SPEC §6: the base model's strict score on the held-out prompts lies in [0.3, 0.7]."""
+    """The base model's strict score on the held-out prompts lies in [0.3, 0.7] (docs/worlds/shapeworld.md)."""
     from t2i_gcpo.policies.ar import load_policy
     from t2i_gcpo.tasks.geneval import evaluate_shapeworld
     from t2i_gcpo.worlds.shapeworld import make_splits

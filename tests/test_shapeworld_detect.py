@@ -1,5 +1,5 @@
 """The ShapeWorld detector: exact on clean renders, robust to blur, and the full
-render → detect → GenEval rules loop on 1 000 random scenes (SPEC §6)."""
+render → detect → GenEval rules loop on 1 000 random scenes (docs/worlds/shapeworld.md)."""
 
 from collections import Counter
 

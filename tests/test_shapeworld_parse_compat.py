@@ -4,7 +4,6 @@ before (the frozen oracle tests/parse_v1_oracle.py), and the train/test splits a
 
 import json
 from importlib import resources
-from pathlib import Path
 
 import parse_v1_oracle as old
 import pytest
@@ -12,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.scoring.geneval_classes import geneval_classes
 from t2i_gcpo.worlds.shapeworld import TAGS, all_metadata, make_splits, parse_prompt, read_prompt_file
 from t2i_gcpo.worlds.shapeworld.parse import EXTENDED_TAGS, metadata_to_prompt, validate_metadata
 
-REPO = Path(__file__).resolve().parents[1]
 # the ShapeWorld prompt files (the arithmetic ones are problems, not prompts of this grammar)
-SHIPPED = sorted((REPO / "prompts").glob("shapeworld_*.*"))
+SHIPPED = sorted(PROMPTS_DIR.glob("shapeworld_*.*"))
 
 
 def official() -> list[dict]:
@@ -72,9 +71,7 @@ def test_splits_unchanged():
     """make_splits still writes exactly the shipped files' metadata (train and test)."""
     train, test = make_splits()
     for name, data in (("train", train), ("test", test)):
-        rows = [
-            json.loads(x) for x in (REPO / "prompts" / f"shapeworld_{name}.jsonl").read_text().splitlines()
-        ]
+        rows = [json.loads(x) for x in (PROMPTS_DIR / f"shapeworld_{name}.jsonl").read_text().splitlines()]
         assert rows == data
         assert {r["tag"] for r in rows} <= set(TAGS)
 

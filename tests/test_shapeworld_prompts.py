@@ -1,12 +1,12 @@
-"""ShapeWorld prompt sets and prompt-file reading/writing (SPEC §6, §8 schema)."""
+"""ShapeWorld prompt sets and prompt-file reading/writing (docs/worlds/shapeworld.md, docs/evaluation/geneval.md schema)."""
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.worlds.shapeworld import (
     SHAPES,
     TAGS,
@@ -19,8 +19,6 @@ from t2i_gcpo.worlds.shapeworld import (
     write_prompts,
 )
 from t2i_gcpo.worlds.shapeworld.prompts import main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_unique_prompt_counts():
@@ -91,7 +89,7 @@ def test_shipped_prompt_files_are_current(tmp_path):
         "shapeworld_test.txt",
         "shapeworld_test.jsonl",
     ):
-        assert (REPO / "prompts" / name).read_text() == (tmp_path / name).read_text(), name
+        assert (PROMPTS_DIR / name).read_text() == (tmp_path / name).read_text(), name
 
 
 def test_write_read_round_trip(tmp_path):

@@ -1,4 +1,4 @@
-"""ShapeWorld renderer, scene sampler and token-grid masks (SPEC §6)."""
+"""ShapeWorld renderer, scene sampler and token-grid masks (docs/worlds/shapeworld.md)."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""ShapeWorldReward: partial / strict scores, details, object grids (SPEC §6, §8.2)."""
+"""ShapeWorldReward: partial / strict scores, details, object grids (docs/worlds/shapeworld.md, docs/evaluation/geneval.md#geneval-as-a-reward)."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """TextPolicy on tiny random causal LMs (tests/text_fixtures.py), offline.
 
-What is checked: contexts are built exactly as SPEC §4.1 says (token ids of pos / empty / wrong_answer
+What is checked: contexts are built exactly as docs/concepts/credit.md#gcpo says (token ids of pos / empty / wrong_answer
 / template / per-prompt negatives, with and without a chat template); the KV-cache sampler's rollout
 (shapes, EOS and padding, the length limit) and its recorded pos / neg / guided log-probs equal the
 teacher-forced `logprobs`; a padded variable-length batch scores as its rows one by one; a sample

@@ -9,16 +9,16 @@ import torch
 
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 from t2i_gcpo.worlds.shapeworld import generate_metadata
 
-REPO = Path(__file__).resolve().parents[1]
 # the vocabulary covers every shipped ShapeWorld prompt, so the tiny model takes the real prompt files
 PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)] + [
     line
     for f in ("shapeworld_train.txt", "shapeworld_test.txt")
-    for line in (REPO / "prompts" / f).read_text().splitlines()
+    for line in (PROMPTS_DIR / f).read_text().splitlines()
 ]
 
 
@@ -69,4 +69,18 @@ def flat_single_object(images, prompts, metadata):
     out = redness(images, prompts, metadata)
     flat = torch.tensor([m.get("tag") == "single_object" for m in metadata])
     out.scores[flat] = 0.0
+    return out
+
+
+HUGE_FROM_CALL = {"call": 0, "from": 4}  # `huge_from_call` counts its calls here
+
+
+def huge_from_call(images, prompts, metadata):
+    """`redness` until call HUGE_FROM_CALL["from"], then finite rewards of ±3e38 whose group mean
+    overflows float32: the advantages, hence the loss, become NaN (the trainer's NaN guard)."""
+    HUGE_FROM_CALL["call"] += 1
+    out = redness(images, prompts, metadata)
+    if HUGE_FROM_CALL["call"] >= HUGE_FROM_CALL["from"]:
+        out.scores[:] = 3e38
+        out.scores[1::4] = -3e38
     return out

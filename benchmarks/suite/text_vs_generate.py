@@ -20,8 +20,9 @@ import json
 
 import torch
 
-from benchmarks.suite.common import REPO, Context, race, race_row, race_section
+from benchmarks.suite.common import Context, race, race_row, race_section
 from t2i_gcpo.hardware import native_bf16
+from t2i_gcpo.resources import PROMPTS_DIR
 
 TITLE = "Text sampler vs transformers `generate` (`text_vs_generate`)"
 NEW = 64  # completion length, forced on both sides (the model's max_new_tokens)
@@ -29,7 +30,7 @@ GROUP = 4
 
 
 def questions(n: int) -> list[str]:
-    lines = (REPO / "prompts" / "arithmetic_train.jsonl").read_text().splitlines()
+    lines = (PROMPTS_DIR / "arithmetic_train.jsonl").read_text().splitlines()
     return [json.loads(line)["question"] for line in lines[:n]]
 
 

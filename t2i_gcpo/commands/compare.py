@@ -116,6 +116,13 @@ def default_train_prompts(model: str) -> str:
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every run.")
 @click.option(
+    "--report-to",
+    "report_to",
+    default=None,
+    metavar="TRACKERS",
+    help="Trackers of every run, as for train (report_to)  [default: tensorboard]",
+)
+@click.option(
     "--jobs",
     default=1,
     show_default=True,
@@ -123,14 +130,15 @@ def default_train_prompts(model: str) -> str:
 )
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
 def compare_cmd(
-    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, jobs, out
+    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, report_to, jobs, out
 ) -> None:
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
     baseline's, paired by seed and unpaired, every run's held-out score at each evaluation, the paired
     differences at each evaluation, and curves with bands."""
-    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.commands.options import lock_out
+    from t2i_gcpo.errors import UserError, check_writable_dir
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
@@ -141,6 +149,9 @@ def compare_cmd(
         raise UserError("--steps, --eval-every and --jobs must be ≥ 1")
     if prompts is None:
         prompts = default_train_prompts(model)
+    if report_to is not None:
+        overrides = (*overrides, f"report_to={report_to}")
+    lock_out(check_writable_dir(out, "--out"))  # each run's own folder is locked by its training
     result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
                             tuple(overrides), jobs, baseline)  # fmt: skip
     leave_process_group()

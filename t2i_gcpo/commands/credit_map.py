@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import click
 
+from t2i_gcpo.commands.options import cfg_option
+
 EXAMPLES = """
 \b
 Examples:
-  t2i-gcpo credit-map --prompt "a photo of a red circle left of a blue square" --out maps/
+  t2i-gcpo credit-map --prompt "a photo of a red circle left of a square" --out maps/
   t2i-gcpo credit-map --prompts prompts/shapeworld_test.txt --limit 50 --out maps/   # + credit-lift table
-  t2i-gcpo credit-map --prompt "a photo of three stars" --model runs/gcpo-…/checkpoints/step_000300/model \\
+  t2i-gcpo credit-map --prompt "a photo of three crosses" --model runs/gcpo-…/checkpoints/step_000300/model \\
       --reference shapeworld --schemes gcpo,dgpo --out maps/
   t2i-gcpo credit-map --model arithmetic --prompts prompts/arithmetic_test.jsonl --limit 20 --out maps/  # + step lift
   t2i-gcpo credit-map --model arithmetic --prompt "12+7*3=?" --negative wrong_answer --out maps/
@@ -38,9 +40,7 @@ Examples:
     help="Comma-separated credit schemes (any registered one; critical = Group Critical-token PO, not GCPO).",
 )  # fmt: skip
 @click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
-@click.option(
-    "--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the training default]."
-)
+@cfg_option(help="CFG scale [default: the training default].")
 @click.option(
     "--negative",
     default=None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -32,10 +32,11 @@ def _policy(model: str):
 
 
 def _check_out(out: str) -> Path:
-    """--out must be a folder we can write into (or create): checked before any model is loaded."""
+    """--out must be a folder we can write into (or create), and no other command's: checked (and
+    locked until the command ends) before any model is loaded."""
     from t2i_gcpo.errors import check_writable_dir
 
-    return check_writable_dir(out, "--out")
+    return lock_out(check_writable_dir(out, "--out"))
 
 
 def _overwrite_option(what: str):
@@ -46,10 +47,6 @@ def _overwrite_option(what: str):
         "into images made for the same prompts, model, seed, CFG, count (and masked steps / reveal order), "
         "and refuses anything else.",
     )
-
-
-def _cfg_scale(policy, cfg_scale: float | None) -> float:
-    return policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
 
 
 def _print_summary(out: Path, summary: dict) -> None:
@@ -75,7 +72,7 @@ def _print_summary(out: Path, summary: dict) -> None:
 @click.option("--clip-model", default="ViT-L-14", show_default=True, help="open_clip architecture of --clip.")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
@@ -108,7 +105,7 @@ def geneval_cmd(
 @click.option("--prompts", default=None, help="Prompt file [default: prompts/shapeworld_test.jsonl].")
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option(
@@ -151,7 +148,7 @@ def _print_partial(out: Path) -> None:
 @click.option("--csv", "csv_path", required=True, help="DPG-Bench question file dpg_bench.csv.")
 @click.option("--vqa", required=True, help="Local transformers VQA checkpoint (BLIP VQA).")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@click.option("--cfg", "cfg_scale", type=float, default=None, help="CFG scale [default: the model's].")
+@cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -196,7 +193,7 @@ def dpg_cmd(
     if model:
         policy = _policy(model)
         generate_dpg(
-            policy, prompts, root, batch=batch, cfg_scale=_cfg_scale(policy, cfg_scale), steps=steps,
+            policy, prompts, root, batch=batch, cfg_scale=cfg_scale, steps=steps,
             reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
         )  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None

@@ -6,6 +6,16 @@ from collections.abc import Callable
 
 import click
 
+
+def lock_out(folder):
+    """Lock the output folder `folder` (outdir.lock_output) until the running command ends; returns it."""
+    from t2i_gcpo.outdir import lock_output
+
+    lock = lock_output(folder)
+    click.get_current_context().call_on_close(lock.release)
+    return folder
+
+
 # policies/maskgen.py REVEAL_ORDERS, repeated so that --help imports no torch (a test checks they agree)
 REVEAL_ORDER_CHOICES = ("confidence", "random")
 
@@ -25,3 +35,23 @@ def masked_sampling_options(command: Callable) -> Callable:
         default=None,
         help="Masked models: decoding steps [default: the model's].",
     )(command)
+
+
+def config_value(key: str) -> Callable:
+    """A click callback checking an option's value as the config key `key` (its `Bounds` in
+    config.py, NaN and inf included): the option accepts what the config accepts, and a bad value is
+    one line naming the option, before any work."""
+
+    def check(_ctx: click.Context, param: click.Parameter, value: object) -> object:
+        from t2i_gcpo.config import check_value
+
+        return value if value is None else check_value(key, value, what=param.opts[0])
+
+    return check
+
+
+def cfg_option(help: str) -> Callable:
+    """--cfg: the guidance scale, checked as rollout.cfg_scale (no NaN or inf, within its range)."""
+    return click.option(
+        "--cfg", "cfg_scale", type=float, default=None, callback=config_value("rollout.cfg_scale"), help=help
+    )

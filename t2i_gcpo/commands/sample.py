@@ -6,7 +6,7 @@ import os
 
 import click
 
-from t2i_gcpo.commands.options import masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
 
 
 @click.command("sample")
@@ -28,7 +28,7 @@ from t2i_gcpo.commands.options import masked_sampling_options
 @click.option(
     "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."
 )
-@click.option("--cfg", "cfg_scale", default=None, type=float, help="CFG scale s [default: the checkpoint's].")
+@cfg_option(help="CFG scale s [default: the checkpoint's].")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 = no truncation.")
 @masked_sampling_options

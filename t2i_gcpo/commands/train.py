@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from t2i_gcpo.config import preset_names
+
 EXAMPLES = """
 \b
 Examples:
@@ -15,9 +17,10 @@ Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
   t2i-gcpo train --prompts my.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --model shapeworld-masked \\
-      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (README)
+      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (docs/guides/masked.md)
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --report-to wandb --set optim.lr_scheduler=cosine
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
@@ -44,9 +47,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     help="Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).",
 )
-@click.option(
-    "--algo", type=str, default=None, help="grpo | dapo | gcpo | dgpo | gcpo-official  [default: gcpo]"
-)
+@click.option("--algo", type=str, default=None, help=" | ".join(preset_names()) + "  [default: gcpo]")
 @click.option(
     "--config", "config_file", type=str, default=None, help="YAML config applied on top of the preset."
 )
@@ -64,6 +65,14 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     help="'shapeworld' (default), 'clip:CKPT', 'geneval:DET,CLIP', 'module:function', sums.",
 )
 @click.option("--out", type=str, default=None, help="Run directory  [default: runs/<algo>-<time>]")
+@click.option(
+    "--report-to",
+    "report_to",
+    type=str,
+    default=None,
+    metavar="TRACKERS",
+    help="tensorboard | wandb | mlflow | trackio | all | none, or a comma-separated list  [default: tensorboard]",
+)
 @click.option("--steps", type=int, default=None, help="Optimizer steps  [default: 200]")
 @click.option("--seed", type=int, default=None, help="Seed  [default: 0]")
 @click.option(
@@ -82,7 +91,9 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
 )
 @click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
               help="List every config key with its default and meaning.")  # fmt: skip
-def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overrides, resume) -> None:
+def train_cmd(
+    prompts, algo, config_file, model, reward, out, report_to, steps, seed, overrides, resume
+) -> None:
     """Train a text-to-image policy with GRPO, DAPO, GCPO or DGPO.
 
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
@@ -92,15 +103,37 @@ def train_cmd(prompts, algo, config_file, model, reward, out, steps, seed, overr
     from t2i_gcpo.train.distributed import leave_process_group
 
     if resume:
-        if any(v is not None for v in (prompts, algo, config_file, model, reward, out, seed)) or overrides:
+        if (
+            any(v is not None for v in (prompts, algo, config_file, model, reward, out, report_to, seed))
+            or overrides
+        ):
             raise UserError("--resume takes the run's saved config; only --steps may be given with it")
     elif not prompts:
         raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
     try:
         # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
         train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
-              out=out, steps=steps, seed=seed, resume=resume)  # fmt: skip
+              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
+            signal.signal(sig, signal.SIG_IGN)
+        _say_how_to_continue(getattr(interrupt, "run_dir", None), interrupt)  # api.train names it
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
     leave_process_group()
+
+
+def _say_how_to_continue(run_dir: Path | None, interrupt: KeyboardInterrupt) -> None:
+    """A Ctrl-C before the training loop took over the signals (the loop prints its own line): the run
+    directory, once it is one, continues with --resume like any other."""
+    import os
+
+    from t2i_gcpo.outdir import is_run_dir
+    from t2i_gcpo.train.trainer import Interrupted
+
+    if isinstance(interrupt, Interrupted) or run_dir is None or int(os.environ.get("RANK", 0)) != 0:
+        return
+    if is_run_dir(run_dir):
+        print(
+            f"interrupted before training began; continue with: t2i-gcpo train --resume {run_dir}", flush=True
+        )

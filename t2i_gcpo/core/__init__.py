@@ -2,7 +2,7 @@
 
 advantages — GRPO/DAPO sequence advantages; losses — clipped surrogate, aggregation, k3 KL;
 credit — token weights (uniform, GCPO, DGPO, STAGE); schemes — the registry the train step reads
-(what each scheme needs); critical — the critical-token scheme. See SPEC §2–4.
+(what each scheme needs); critical — the critical-token scheme. See docs/concepts/algorithms.md and docs/concepts/credit.md.
 """
 
 import t2i_gcpo.core.critical  # noqa: F401, I001  (registers the critical-token scheme)

@@ -1,4 +1,4 @@
-"""Sequence advantages A_i from group rewards (SPEC §2).
+"""Sequence advantages A_i from group rewards (docs/concepts/algorithms.md#sequence-advantages).
 
 GRPO (arXiv 2402.03300, §4.1.2 "outcome supervision"): A_i = (r_i − mean_g r) / (std_g r + ε).
 DAPO (arXiv 2503.14476, Eq. 11 "dynamic sampling"): groups whose rewards are all equal carry no
@@ -40,7 +40,7 @@ def _unbiased_std(x: Tensor, dim: int | None = None) -> Tensor:
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4) -> Tensor:
-    """GRPO outcome advantages, A_i = (r_i − mean_g r) / (σ + ε)  (GRPO §4.1.2; SPEC §2).
+    """GRPO outcome advantages, A_i = (r_i − mean_g r) / (σ + ε)  (GRPO §4.1.2; docs/concepts/algorithms.md#sequence-advantages).
 
     scale: "group" → σ = unbiased std of the group (GRPO default); "batch" → σ = unbiased std of the
     whole batch; "none" → no division (Dr. GRPO, arXiv 2503.20783). A group of one sample has no
@@ -84,7 +84,7 @@ def dynamic_sampling_filter(rewards: Tensor, group_size: int, tol: float = 0.0) 
 
 
 class PerPromptStatTracker:
-    """Running per-prompt reward statistics (the flow_grpo option of SPEC §2, not the default).
+    """Running per-prompt reward statistics (the flow_grpo option of docs/concepts/algorithms.md#sequence-advantages, not the default).
 
     Each prompt string keeps the rewards seen for it (the last ``history`` of them, or all when
     ``history`` is None); a new reward's advantage is (r − mean) / (std + eps) over that history,

@@ -1,4 +1,4 @@
-"""Token credit weights w_it ≥ 0 (SPEC §4): uniform, GCPO, DGPO, STAGE.
+"""Token credit weights w_it ≥ 0 (docs/concepts/credit.md): uniform, GCPO, DGPO, STAGE.
 
 Every function runs without gradient and returns float weights [B, T]. Padding (m = 0) gets weight 0
 and never changes the weights of valid tokens. Every scheme except GCPO's ``normalization="none"`` is
@@ -48,7 +48,7 @@ def _average_ranks(d: Tensor, m: Tensor) -> Tensor:
 def hist_alpha(x: float = 0.4, y: float = 0.8) -> float:
     """α such that w ∝ p^α puts mass y on the top fraction x of tokens: 1 − (1−x)^(α+1) = y.
 
-    GCPO hist normalisation (SPEC §4.1): α = ln(1 − y)/ln(1 − x) − 1; α ≈ 2.151 for x = 0.4, y = 0.8.
+    GCPO hist normalisation (docs/concepts/credit.md#gcpo): α = ln(1 − y)/ln(1 − x) − 1; α ≈ 2.151 for x = 0.4, y = 0.8.
     """
     if not (0 < x < 1 and x <= y < 1):
         raise ValueError(f"need 0 < top_fraction <= top_mass < 1, got x={x}, y={y}")
@@ -64,7 +64,7 @@ def normalize_credit(
     top_mass: float = 0.8,
     tau: float = 1.0,
 ) -> Tensor:
-    """Turn per-token scores d ≥ 0 [B, T] into weights over each sequence's valid tokens (SPEC §4.1).
+    """Turn per-token scores d ≥ 0 [B, T] into weights over each sequence's valid tokens (docs/concepts/credit.md#gcpo).
 
     hist: p = rank(d)/N (ascending, ties averaged so equal scores get equal weight and a constant
     row is uniform), w = N·p^α/Σp^α.  softmax: N·softmax(d/τ).  mean: d/mean(d), ones where
@@ -98,7 +98,7 @@ def uniform_weights(mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def gcpo_divergence(logp_pos: Tensor, logp_neg: Tensor) -> Tensor:
-    """GCPO per-token contrast (SPEC §4.1): Δ = clamp(log π(y|c⁻) − log π(y|c⁺), −20, 20),
+    """GCPO per-token contrast (docs/concepts/credit.md#gcpo): Δ = clamp(log π(y|c⁻) − log π(y|c⁺), −20, 20),
     d = clamp(exp(Δ) − Δ − 1, 0, 10) — the k3 estimate at the sampled token. Δ undefined (both −inf) → d = 0.
     """
     if logp_pos.shape != logp_neg.shape:
@@ -117,7 +117,7 @@ def gcpo_weights(
     top_mass: float = 0.8,
     tau: float = 1.0,
 ) -> Tensor:
-    """GCPO credit (arXiv 2605.29198; SPEC §4.1): d from the positive/negative-context log-probs of the
+    """GCPO credit (arXiv 2605.29198; docs/concepts/credit.md#gcpo): d from the positive/negative-context log-probs of the
     sampled tokens, normalised per sequence (default "hist", the official scheme). Inputs [B, T]."""
     _check(mask, logp_pos=logp_pos, logp_neg=logp_neg)
     d = gcpo_divergence(logp_pos, logp_neg)  # [B, T]
@@ -142,7 +142,7 @@ def hellinger_sq(logits_p: Tensor, logits_q: Tensor) -> Tensor:
 def dgpo_scores(
     logits_policy: Tensor, logits_ref: Tensor, kappa: float = 1.0, squared: bool = False
 ) -> Tensor:
-    """DGPO per-token score s_t = h_t · g_t (SPEC §4.2) for any leading shape: logits [..., V] → [...].
+    """DGPO per-token score s_t = h_t · g_t (docs/concepts/credit.md#dgpo) for any leading shape: logits [..., V] → [...].
 
     h = Hellinger distance between π_θ and π_ref (H² if ``squared``), g = (Entropy(π_θ)/ln|V|)^κ.
     Positions are independent, so callers may pass the sequence in chunks to bound memory.
@@ -174,7 +174,7 @@ def dgpo_weights(
     kappa: float = 1.0,
     squared: bool = False,
 ) -> Tensor:
-    """DGPO credit (arXiv 2605.03327; SPEC §4.2, reconstructed): s_t = h_t · g_t with h = Hellinger
+    """DGPO credit (arXiv 2605.03327; docs/concepts/credit.md#dgpo, reconstructed): s_t = h_t · g_t with h = Hellinger
     distance (H² if ``squared``) between π_θ and π_ref and g = (Entropy(π_θ)/ln|V|)^κ; w = N·softmax(s/τ).
 
     logits: [B, T, V]. Rows are processed one at a time to bound memory at [T, V].
@@ -194,7 +194,7 @@ def dgpo_weights(
 
 @torch.no_grad()
 def stage_weights(code_embeddings: Tensor, advantages: Tensor, group_size: int, mask: Tensor) -> Tensor:
-    """STAGE similarity credit (SPEC §4.3): a token that looks like the same position in opposite-sign
+    """STAGE similarity credit (docs/concepts/credit.md#stage): a token that looks like the same position in opposite-sign
     group members (A_i·A_j ≤ 0, j ≠ i, j valid there) is not what made the difference.
 
     sim_it = mean_j cos(e_it, e_jt); raw w_it = clamp((1 − sim_it)/2, 0, 1). A position with no such j

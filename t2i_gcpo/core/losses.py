@@ -1,4 +1,4 @@
-"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term (SPEC §3).
+"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term (docs/concepts/algorithms.md#policy-loss).
 
 Symbols: ρ_it = π_θ(y_it)/π_old(y_it), Â_it token advantage, m_it ∈ {0,1} valid-token mask,
 w_it credit weights (core/credit.py). The surrogate and aggregation are separate named functions so
@@ -68,7 +68,7 @@ def aggregate(
     max_len: int | None = None,
     denom: Tensor | float | None = None,
 ) -> Tensor:
-    """Reduce a per-token quantity [B, T] to a scalar over valid tokens (SPEC §3 aggregation modes).
+    """Reduce a per-token quantity [B, T] to a scalar over valid tokens (docs/concepts/algorithms.md#aggregation).
 
     - "seq-mean-token-mean" (GRPO Eq. 3): (1/|S|) Σ_{i∈S} (1/N_i) Σ_t m·L, S = sequences with N_i > 0
       (fully-masked sequences are left out of the count, not averaged in as zeros).
@@ -118,8 +118,38 @@ def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
     return torch.exp(q) - q - 1
 
 
+def rollout_mismatch(logp: Tensor, logp_rollout: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """How far the update's log-probs of the sampled tokens are from the ones the sampler recorded, for
+    the same weights: (mean k3, max |Δ log p|) over valid tokens.
+
+    k3 = exp(q) − q − 1 with q = log π_rollout − log π_θ (`kl_k3`), an estimate of KL(π_θ‖π_rollout)
+    per token; Δ = log π_θ − log π_rollout. Both 0 when nothing is valid. logp, logp_rollout, mask: [B, T].
+    """
+    _same_shape(logp=logp, logp_rollout=logp_rollout, mask=mask)
+    m = mask.bool()
+    lp = torch.where(m, logp.detach().double(), 0.0)  # float64: a 1e-7 difference must not round away
+    lr = torch.where(m, logp_rollout.detach().double(), 0.0)
+    k3 = kl_k3(lp, lr)  # padding: q = 0, k3 = 0
+    n = m.sum().clamp_min(1)
+    return k3.sum() / n, (lp - lr).abs().max() if m.any() else lp.new_zeros(())
+
+
+def tis_weights(logp_old: Tensor, logp_rollout: Tensor, cap: float) -> Tensor:
+    """Truncated importance-sampling weights min(π_old/π_rollout, C) per token, detached [B, T].
+
+    π_old: the trained policy's own (recomputed) log-prob of the sampled token; π_rollout: the one the
+    sampler recorded. Multiplying the surrogate by it corrects for the samples coming from the sampler's
+    numerics rather than the trainer's; the cap C bounds the variance (Yao et al. 2025, "Your efficient
+    RL framework secretly brings you off-policy RL training", the truncated IS of Ionides 2008)."""
+    _same_shape(logp_old=logp_old, logp_rollout=logp_rollout)
+    if not cap > 0:
+        raise ValueError(f"the TIS cap must be > 0, got {cap}")
+    ratio = torch.exp(logp_old.detach().float() - logp_rollout.detach().float())
+    return ratio.clamp(max=cap)
+
+
 def gcpo_kl_reweight(weights: Tensor) -> Tensor:
-    """Official GCPO T2I KL reweighting (SPEC §4.1): 0.5 + 0.5·clamp(2 − 2w, 0, 1).
+    """Official GCPO T2I KL reweighting (docs/concepts/credit.md#gcpo): 0.5 + 0.5·clamp(2 − 2w, 0, 1).
 
     Tokens with little credit (w ≤ 0.5) keep the full KL, high-credit tokens (w ≥ 1) half of it.
     """
@@ -142,8 +172,9 @@ def policy_loss(
     kl_reweight: bool = False,
     max_len: int | None = None,
     denom: Tensor | float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped policy-gradient loss with token credit and optional k3 KL (SPEC §3, §4).
+    """Clipped policy-gradient loss with token credit and optional k3 KL (docs/concepts/algorithms.md#policy-loss, docs/concepts/credit.md).
 
     logp, logp_old, mask, weights, logp_ref: [B, T]; advantages: [B] (sequence advantage A_i).
     Token advantage Â_it = A_i·w_it (w = 1 when weights is None), except for "weighted-token-mean",
@@ -151,6 +182,8 @@ def policy_loss(
     KL: + β·agg(k3 · r), r = gcpo_kl_reweight(w) if kl_reweight else 1.
     ``max_len``: Dr. GRPO's constant normaliser (the longest output the sampler can produce);
     ``denom``: the whole batch's normaliser when this is one of several minibatches.
+    ``is_weights`` [B, T]: per-token importance weights (`tis_weights`) multiplying the surrogate,
+    L_it = −w^IS_it · min(ρ Â, clip(ρ) Â); they enter no normaliser.
     Computed in float32 at least. Returns (loss, stats); stats are detached scalars: loss/policy, loss/kl, clip_frac (share of valid
     tokens whose gradient is zeroed by the clip or the dual clip), ratio/mean, and kl_k3 (mean k3 over
     valid tokens) when logp_ref is given.
@@ -179,6 +212,9 @@ def policy_loss(
     agg_w = w if weighted_mode else None
 
     per_token = clipped_surrogate(ratio, adv, eps_low, eps_high, dual_clip)  # [B, T]
+    if is_weights is not None:
+        _same_shape(logp=logp, is_weights=is_weights)
+        per_token = per_token * torch.where(m, is_weights.detach().to(dtype), zero)
     loss_pg = aggregate(per_token, m, aggregation, agg_w, max_len, denom)
 
     # k3 KL to the reference, aggregated like the policy term

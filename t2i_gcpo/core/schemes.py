@@ -1,4 +1,4 @@
-"""The credit-scheme registry (SPEC §4): each scheme is a named pure function that declares what it
+"""The credit-scheme registry (docs/concepts/credit.md): each scheme is a named pure function that declares what it
 needs; the train step fetches exactly that and nothing else.
 
 A scheme is ``fn(inputs: CreditInputs, **options) -> w [B, T]`` (no gradient, mass-preserving),
@@ -154,7 +154,7 @@ def uniform(inp: CreditInputs) -> Tensor:
     "gcpo",
     needs=("contrast",),
     doc="GCPO (Guidance Contrastive Policy Optimization, arXiv 2605.29198): k3 divergence between the "
-    "positive and negative context at the sampled token, normalised per sequence (SPEC §4.1).",
+    "positive and negative context at the sampled token, normalised per sequence (docs/concepts/credit.md#gcpo).",
 )
 def gcpo(inp: CreditInputs, normalization: str = "hist", top_fraction: float = 0.4, top_mass: float = 0.8,
          tau: float = 1.0) -> Tensor:  # fmt: skip
@@ -165,7 +165,7 @@ def gcpo(inp: CreditInputs, normalization: str = "hist", top_fraction: float = 0
     "dgpo",
     needs=("dists", "ref_dists"),
     doc="DGPO (arXiv 2605.03327, reconstructed): N·softmax(h·g/τ), Hellinger distance to the reference "
-    "times the normalised-entropy gate (SPEC §4.2).",
+    "times the normalised-entropy gate (docs/concepts/credit.md#dgpo).",
 )
 def dgpo(inp: CreditInputs, tau: float = 0.5, kappa: float = 1.0, squared: bool = False) -> Tensor:
     scores = torch.zeros(inp.mask.shape, dtype=torch.float32, device=inp.mask.device)  # s [B, T]
@@ -180,7 +180,7 @@ def dgpo(inp: CreditInputs, tau: float = 0.5, kappa: float = 1.0, squared: bool 
     "stage",
     needs=("features", "groups"),
     doc="STAGE similarity credit: tokens unlike the same position in opposite-advantage group members "
-    "get more credit (SPEC §4.3).",
+    "get more credit (docs/concepts/credit.md#stage).",
 )
 def stage(inp: CreditInputs) -> Tensor:
     return stage_weights(inp.features, inp.advantages, inp.group_size, inp.mask)

@@ -9,6 +9,7 @@ plot the held-out curves with bands."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -254,10 +255,24 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
               "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
               "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
               "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
-    (out / "comparison.json").write_text(json.dumps(result, indent=1))
+    (out / "comparison.json").write_text(json.dumps(strict_json(result), indent=1, allow_nan=False))
     (out / "comparison.md").write_text(format_table(result))
     plot_curves(curves, out / "curves.png", label)
     return result
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN or infinity as None, so json.dumps writes null: bare NaN is not JSON, and
+    strict parsers (browsers, jq, serde) reject the file. The readers below take None as "no value"."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def paired_differences(final: dict[str, dict[int, float]], baseline: str) -> dict[str, Any]:
@@ -323,7 +338,7 @@ def format_curves(result: dict[str, Any]) -> list[str]:
     for algo, runs in curves.items():
         for seed, curve in runs.items():
             points = dict(curve)
-            cells = [f"{points[s]:.3f}" if s in points else "—" for s in steps]
+            cells = [_cell(points[s], np.nan, np.nan) if s in points else "—" for s in steps]
             lines.append(f"| {algo} seed {seed} | " + " | ".join(cells) + " |")
     lines += ["", f"Paired with {baseline} at each evaluation (mean of the per-seed differences ± half-width "
               "of its 95 % interval; step 0 reads +0.000 when the runs of a seed share their start and "
@@ -331,7 +346,7 @@ def format_curves(result: dict[str, Any]) -> list[str]:
               "| algorithm | " + " | ".join(f"step {s}" for s in steps) + " | gain over its own start |",
               "|" + "---|" * (len(steps) + 2)]  # fmt: skip
     for algo, gain in result["gain_over_start"].items():
-        by_step = result["paired_by_step"].get(algo, {})
+        by_step = {int(s): v for s, v in result["paired_by_step"].get(algo, {}).items()}  # JSON keys: str
         cells = [
             "—" if algo == baseline or s not in by_step else _cell(*by_step[s][:3], sign=True) for s in steps
         ]
@@ -385,10 +400,10 @@ def format_table(result: dict[str, Any]) -> str:
 def _cell(mean: float, low: float, high: float, sign: bool = False) -> str:
     """'0.405 ± 0.021' (half-width of the 95 % interval), or just the mean with a single seed;
     '+0.012 ± 0.021' with `sign`."""
-    if np.isnan(mean):
+    if mean is None or np.isnan(mean):  # None: a NaN read back from comparison.json
         return "—"
     m = f"{mean:+.3f}" if sign else f"{mean:.3f}"
-    return m if np.isnan(low) else f"{m} ± {(high - low) / 2:.3f}"
+    return m if low is None or high is None or np.isnan(low) else f"{m} ± {(high - low) / 2:.3f}"
 
 
 def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,

@@ -1,5 +1,5 @@
 """DPG-Bench (Hu et al., 2024, ELLA: "Equip Diffusion Models with LLM for Enhanced Semantic
-Alignment"), SPEC §9, with a transformers VQA model as a stated proxy.
+Alignment"), docs/evaluation/dpg-bench.md, with a transformers VQA model as a stated proxy.
 
 Each of the 1,065 dense prompts gets 4 images tiled 2×2 into one PNG. The question file
 ``dpg_bench.csv`` (supplied by the user) holds yes/no questions per prompt with a dependency graph.
@@ -31,7 +31,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import generate_images, image_settings
+from t2i_gcpo.eval.geneval import adopt_recorded, generate_images, image_settings
 from t2i_gcpo.eval.layout import (
     SETTINGS_NAME,
     atomic_save_image,
@@ -278,7 +278,7 @@ def score_dpg(
     *,
     progress: bool = True,
 ) -> dict:
-    """DPG-Bench scores (SPEC §9) for 2×2 grids keyed by item_id (PIL images or paths to them).
+    """DPG-Bench scores (docs/evaluation/dpg-bench.md) for 2×2 grids keyed by item_id (PIL images or paths to them).
 
     Returns {"label", "vqa_model", "score" (×100), "n_items", "n_missing" (items with questions but
     no image), "category_broad", "category_detailed" (×100), "per_item": {item: {"score" (×100),
@@ -435,13 +435,25 @@ def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settin
         )
 
 
+def _recorded_grid_settings(root: Path) -> dict:
+    """The settings in `<root>/generation.json` when grids are there ({} otherwise or unreadable:
+    `check_dpg_resumable` then says why)."""
+    if not (root.is_dir() and dpg_image_paths(root)):
+        return {}
+    try:
+        settings = json.loads((root / SETTINGS_NAME).read_text(encoding="utf-8"))["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
 def generate_dpg(
     policy: Policy,
     prompts: Sequence[dict],
     root: str | os.PathLike,
     *,
     batch: int = 4,
-    cfg_scale: float = 5.0,
+    cfg_scale: float | None = 5.0,
     temperature: float = 1.0,
     top_k: int = 0,
     steps: int | None = None,
@@ -469,10 +481,16 @@ def generate_dpg(
         if not _SAFE_ID.match(str(p["item_id"])):
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
+    root = Path(root)
+    if not overwrite:  # flags left out: the settings recorded with the grids already there
+        cfg_scale, steps, reveal_order = adopt_recorded(
+            policy, _recorded_grid_settings(root), cfg_scale, steps, reveal_order
+        )
+    if cfg_scale is None:
+        cfg_scale = policy.default_sampling().guidance_scale
     settings, masked = image_settings(
         policy, model, seed, cfg_scale, temperature, top_k, 4, steps, reveal_order
     )
-    root = Path(root)
     if overwrite:
         for path in dpg_image_paths(root).values() if root.is_dir() else ():
             path.unlink()

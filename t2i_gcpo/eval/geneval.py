@@ -1,4 +1,4 @@
-"""GenEval on real images (SPEC §8): generate into GenEval's folder layout, then score any such folder.
+"""GenEval on real images (docs/evaluation/geneval.md): generate into GenEval's folder layout, then score any such folder.
 
 GenEval (Ghosh et al., 2023) asks 553 prompts (6 tags) for 4 images each, detects objects with
 Mask2Former, classifies colours with CLIP, and checks counts, colours and positions against each
@@ -8,7 +8,7 @@ classifier with ``color_of(image)``; the rules live in t2i_gcpo/scoring/geneval_
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
                   correct, reason, metadata, details) plus ``partial``, the RL reward's partial
-                  credit (SPEC §8.2, as training's held-out evaluation reports it)
+                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON
 """
@@ -37,6 +37,7 @@ from t2i_gcpo.eval.layout import (
     metadata_mismatch,
     prompt_folders,
     read_metadata,
+    recorded_settings,
     write_prompt_folder,
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
@@ -123,6 +124,24 @@ def masked_sampling(
     return asked
 
 
+def adopt_recorded(policy: Policy, recorded: Mapping, cfg_scale: float | None, steps: int | None,
+                   reveal_order: str | None) -> tuple[float | None, int | None, str | None]:  # fmt: skip
+    """A resumed folder continues with the settings recorded there for the flags left out (--cfg,
+    --steps, --reveal-order), not with the model's defaults: its images are never of two kinds. (Steps
+    and reveal order only for a model that decodes in steps: another model's folder is then refused
+    by `check_resumable` for its model, not for flags this run was not given.)"""
+    masked = policy.default_sampling().steps is not None
+
+    def pick(given: Any, key: str, adopt: bool = True) -> Any:
+        return recorded.get(key) if given is None and adopt else given
+
+    return (
+        pick(cfg_scale, "cfg_scale"),
+        pick(steps, "steps", masked),
+        pick(reveal_order, "reveal_order", masked),
+    )
+
+
 def image_settings(policy: Policy, model: str | None, seed: int, cfg_scale: float, temperature: float, top_k: int,
                    n: int, steps: int | None, reveal_order: str | None) -> tuple[dict, dict[str, Any]]:  # fmt: skip
     """(the settings recorded with generated images, the masked-decoding fields asked for): see
@@ -146,7 +165,7 @@ def generate_geneval(
     *,
     n: int = 4,
     batch: int = 4,
-    cfg_scale: float = 5.0,
+    cfg_scale: float | None = 5.0,
     temperature: float = 1.0,
     top_k: int = 0,
     steps: int | None = None,
@@ -166,6 +185,8 @@ def generate_geneval(
     (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming is
     refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
     or lies beyond this run's prompts; ``overwrite=True`` removes all prompt folders first instead.
+    `cfg_scale`, `steps`, `reveal_order` None: the values recorded with the images already there
+    (`adopt_recorded`), else the model's.
     """
     if n < 1 or batch < 1:
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
@@ -173,6 +194,12 @@ def generate_geneval(
         if not isinstance(m, dict) or "prompt" not in m:
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
+    if not overwrite:
+        cfg_scale, steps, reveal_order = adopt_recorded(
+            policy, recorded_settings(root), cfg_scale, steps, reveal_order
+        )
+    if cfg_scale is None:
+        cfg_scale = policy.default_sampling().guidance_scale
     settings, masked = image_settings(
         policy, model, seed, cfg_scale, temperature, top_k, n, steps, reveal_order
     )

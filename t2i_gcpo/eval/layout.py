@@ -1,4 +1,4 @@
-"""GenEval's folder layout for generated images (SPEC §8), readable by the official scorer.
+"""GenEval's folder layout for generated images (docs/evaluation/geneval.md), readable by the official scorer.
 
     <root>/00000/metadata.jsonl      the prompt's metadata, one JSON line
     <root>/00000/generation.json     how the images were made (model, seed, CFG, …; ours, not GenEval's)
@@ -118,6 +118,15 @@ def read_settings(folder: str | os.PathLike) -> dict | None:
     return data
 
 
+def recorded_settings(root: str | os.PathLike) -> dict:
+    """The settings recorded with the images already under `root`: those of the first prompt folder
+    holding images (`check_resumable` makes sure the others agree); {} when there are none."""
+    for _, folder in sorted(prompt_folders(root).items()):
+        if folder_images(folder):
+            return read_settings(folder) or {}
+    return {}
+
+
 def prompt_folders(root: str | os.PathLike) -> dict[int, Path]:
     """`<root>/<digits>/` folders keyed by index (empty when `root` does not exist)."""
     root = Path(root)
@@ -164,9 +173,13 @@ def check_resumable(
 ) -> None:
     """Refuse (UserError, one line) to generate into `root` unless every existing prompt folder was made
     for this run's prompt at that index (same metadata) with the same `settings` (only the keys given
-    are compared; None compares none), and no folder lies beyond this run's prompts."""
+    are compared; None compares none), no folder lies beyond this run's prompts, and (when `settings`
+    give the images per prompt "n") no folder holds an image this run would not make: checked before
+    anything is generated, so a refused folder gets no new image."""
     hint = "use --overwrite to regenerate, or another --out"
     folders = prompt_folders(root)
+    n = (settings or {}).get("n")
+    made = {f"{k:04d}.png" for k in range(n)} if isinstance(n, int) else None
     for i, folder in sorted(folders.items()):
         if i >= len(metadata_list):
             break
@@ -179,6 +192,9 @@ def check_resumable(
             raise UserError(f"{why}; {hint}")
         if not images:
             continue  # settings are (re)written before its first image
+        stray = [p.name for p in images if made is not None and p.name not in made]
+        if stray:
+            raise UserError(f"{folder} holds {stray[0]}, which this run (n={n}) does not make; {hint}")
         recorded = read_settings(folder)
         if recorded is None:
             raise UserError(
@@ -222,6 +238,11 @@ def clear_layout(root: str | os.PathLike) -> int:
     write, so a mistyped --out cannot wipe unrelated numbered folders. Returns the folders removed."""
     folders = prompt_folders(root)
     for folder in sorted(folders.values()):
+        if folder.is_symlink():  # rmtree refuses links, and what it points to is not ours to remove
+            raise UserError(
+                f"--overwrite: {folder} is a symbolic link (to {os.readlink(folder)}); "
+                "remove it yourself or choose another --out"
+            )
         foreign = _foreign_entries(folder)
         if foreign:
             raise UserError(
@@ -253,6 +274,9 @@ def write_prompt_folder(
     folder = prompt_dir(root, index)
     (folder / SAMPLES_DIR).mkdir(parents=True, exist_ok=True)
     if settings is not None and read_settings(folder) != json.loads(json.dumps(dict(settings))):
+        if folder_images(folder):  # the record describes the images there: never rewritten under them
+            why = settings_mismatch(read_settings(folder) or {}, settings)
+            raise UserError(f"{folder}: images {why}; use --overwrite to regenerate, or another --out")
         atomic_write_json(folder / SETTINGS_NAME, dict(settings))  # before any image
     meta_path = folder / METADATA_NAME
     if not meta_path.exists():

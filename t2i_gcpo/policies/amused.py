@@ -1,44 +1,10 @@
 """diffusers aMUSEd (Patil et al. 2024, arXiv 2401.01808) from a local folder as a `Policy`.
 
-The folder is a diffusers ``AmusedPipeline`` checkpoint: ``transformer/`` (``UVit2DModel``),
-``vqvae/`` (``VQModel``), ``text_encoder/`` (transformers ``CLIPTextModelWithProjection``),
-``tokenizer/`` (``CLIPTokenizer``) and ``scheduler/`` (``AmusedScheduler``: its ``mask_token_id`` and
-``masking_schedule``). Only the transformer is trained; the text encoder and the VQ stay frozen.
-
-The pipeline cannot be reused for RL: ``AmusedScheduler.step`` samples with ``torch.multinomial`` and
-returns no probabilities. This adapter drives ``UVit2DModel`` with the shared masked sampler
-(maskgen.py) and keeps the pipeline's conventions (diffusers 0.42.1,
-pipelines/deprecated/amused/pipeline_amused.py and schedulers/scheduling_amused.py):
-
-- Text conditioning: the CLIP tokenizer pads / truncates to ``model_max_length``; the pooled
-  projected ``text_embeds`` and the penultimate hidden states (``hidden_states[-2]``) condition the
-  transformer.
-- Negative prompt: ``PromptRecord.negative`` when given, else the pipeline's default ``""``, through the
-  same text encoder. It is CFG's unconditional branch and GCPO's negative context c⁻.
-- Guidance: ``uncond + s·(cond − uncond)`` on all positions (``u + s(c − u)``); the pipeline applies it
-  only when s > 1, so a scale ≤ 1 samples the conditional branch alone (scales are clamped at 1).
-  Defaults: 12 steps, s = 10 (``default_sampling``). `SamplingParams.guidance_schedule` as in maskgen.
-- Micro-conditioning: ``[width, height, crop_x, crop_y, aesthetic]`` = [W, H, 0, 0, 6] with W = H =
-  ``sample_size · 2^(len(vqvae.block_out_channels) − 1)`` pixels, as the pipeline builds it.
-- Mask schedule and mask id: the scheduler config's ``masking_schedule`` (cosine by default) and
-  ``mask_token_id``; reveal counts computed exactly as ``AmusedScheduler.step`` computes them.
-- Sampling: every masked position sampled from softmax(guided logits / T) (T = 1: the scheduler's
-  distribution), the most confident kept with confidence log p + τ_s·Gumbel, τ = linspace(2, 0, S)
-  (the pipeline's ``temperature=(2, 0)``); ``rollout.reveal_order=random`` reveals a uniformly random
-  subset instead (maskgen.py says why that matters for RL). Noise comes from the prompt's generator, not the
-  scheduler's ``torch.multinomial``: the same distributions, different draws from the pipeline's.
-- Decoding: ``vqvae.decode(ids, force_not_quantize=True, shape=…)`` clipped to [0, 1] (needs
-  ``lookup_from_codebook``, as the aMUSEd VQ has).
-
-Per-token log-probs need the transformer's hidden state before its codebook projection: the last
-1×1 convolution of ``mlm_layer`` (``conv2``) is applied here as a linear head in float32, chunked
-over T (`chunked_logprobs`), so no [B, T, 8192] tensor carries gradient. Estimators (trajectory —
-default — and remask) and the rollout's fields are those of the built-in masked prior (masked.py,
-maskgen.py).
-
-diffusers marks the aMUSEd pipeline deprecated (since 0.33.1, still shipped in 0.42.1). This
-adapter uses only ``UVit2DModel``, ``VQModel`` and the scheduler's config; it is tested with diffusers
-0.42.1 (`SUPPORTED_DIFFUSERS`).
+The pipeline cannot serve RL (its scheduler samples with ``torch.multinomial`` and returns no
+probabilities), so this adapter drives ``UVit2DModel`` with the shared masked sampler (maskgen.py) while
+keeping the pipeline's conventions: CLIP text conditioning, the empty negative prompt, ``u + s(c − u)``
+guidance, micro-conditioning, the scheduler's mask id and schedule. Only the transformer is trained.
+Details: docs/concepts/adapters.md#amused.
 """
 
 from __future__ import annotations
@@ -167,6 +133,9 @@ class AmusedPolicy(nn.Module):
             )
         if dtype not in DTYPES:
             raise UserError(f"unknown dtype '{dtype}' for aMUSEd: use one of {', '.join(DTYPES)}")
+        from t2i_gcpo.policies.weights import check_weight_files
+
+        check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         uvit_cls, vq_cls, _ = import_amused()
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 

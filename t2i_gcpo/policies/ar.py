@@ -1,38 +1,10 @@
 """The built-in autoregressive text-to-image prior (the ShapeWorld default model) as a `Policy`.
 
-A transformers ``LlamaModel`` decoder over one flat sequence
-
-    [<bos>, w_1 … w_L (right-padded with <pad>), <boi>, y_1 … y_T]      P = L + 2 prefix positions
-
-where y are VQ image-token ids (raster order, T = rows·cols) and a separate head maps hidden states
-to the K codebook logits only (image-token logits are restricted to the codebook by construction).
-Embedding ids: prompt words and specials first, then image code k at ``len(vocab) + k``.
-
-Null prompt: the L prompt words replaced by ``<pad>`` — ``[<bos>, <pad>×L, <boi>]``, no attention
-mask (pads stay visible, as in Janus). Pretraining drops the prompt to this form ~10 % of the
-time; it is the unconditional branch of CFG and GCPO's negative context c⁻ for this model
-(SPEC §4.1).
-
-Sampling (gpt-fast style, STYLE item 6): one KV cache for the doubled batch [cond rows; null rows]
-allocated once, `prefill` then `decode_one_token` × (T − 1); both halves get the same sampled token
-and are split after the head: ℓ_guided = ℓ_u + s·(ℓ_c − ℓ_u) (SPEC §5). The default loop
-(``cache="fused"``) runs the Llama maths on the model's own weights with fused projections
-(policies/fused_llama.py); ``cache="static"`` is the same loop through transformers' layers and
-``StaticCache`` (the reference the tests compare it with). The token is drawn by the sample step every adapter
-shares (`sampling.sample_step`: inverse CDF of the temperature-scaled, top-k/top-p-truncated guided
-distribution at a uniform pre-drawn from the prompt's own generator), so a sample depends neither on
-its batch-mates nor on the rollout batch size. Each step records the sampled token's log-prob under
-the untruncated pos, neg and guided distributions (what `logprobs` recomputes).
-Measured before the shared sample step (benchmarks/bench_sampler.py, 2 threads, 32 images with CFG,
-64 tokens, 3.35 M params): static cache 54 images/s, transformers DynamicCache 61, no cache
-(whole prefix recomputed each step, ``cache="none"``) 2.9 images/s.
-
-The shipped checkpoint (``load_policy("shapeworld")`` → t2i_gcpo/assets/shapeworld, 8.4 MB of fp16
-safetensors, built by ``t2i-gcpo pretrain``) scores 0.609 strict / 0.741 partial on the 76 held-out
-ShapeWorld test prompts at its default CFG scale 3 (16 images each, README). pretrain.json holds the
-table measured at pretraining time, with the sampler of then (0.630 / 0.729 at 4 images each).
-``load_policy("shapeworld-64")`` → t2i_gcpo/assets/shapeworld64, the 64 px scale (16×16 tokens, 1 024
-codes, 3.7 M-parameter prior; ``pretrain --size 64``, 85 min): 0.527 strict / 0.682 partial at 4 images each.
+A Llama decoder over [<bos>, prompt words, <boi>, image tokens] with a codebook-only head; the null
+prompt (words replaced by <pad>) is CFG's unconditional branch and GCPO's c⁻. Sampling is one KV-cache
+loop over the doubled batch [cond; null], fused on the model's own weights by default, every token drawn
+from the prompt's own generator so a sample never depends on its batch-mates.
+Details: docs/concepts/adapters.md#autoregressive-prior.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""Janus / Janus-Pro adapter over transformers' `JanusForConditionalGeneration` (SPEC §4.1, §5).
+"""Janus / Janus-Pro adapter over transformers' `JanusForConditionalGeneration`.
 
-Janus-Pro (Chen et al., 2025, arXiv 2501.17811) generates an image as T = 24×24 = 576 VQ tokens,
-autoregressively, with classifier-free guidance: ℓ = ℓ_u + s·(ℓ_c − ℓ_u), s = 5 in the paper's
-recipe. Image tokens are predicted by a dedicated generation head on the language model's hidden
-state and fed back through the generation embeddings + aligner (not the text embeddings).
-
-What this adapter adds on top of transformers' `generate(generation_mode="image")`, which runs
-under no_grad and returns only the last step's scores:
-
-- ``rollout``: a batched KV-cache CFG sampler (gpt-fast style: ``_prefill``, ``_decode_one_token``,
-  ``_decode_n_tokens``) over ONE doubled batch [cond; null] that records, for every sampled token,
-  its log-prob under the conditional, unconditional and CFG distributions at temperature T.
-- ``logprobs``: the same quantities teacher-forced with gradient, over
-  [prompt embeddings; image-token embeddings] → generation head at the image positions.
-
-Null branch (GCPO's negative context c⁻ for text-to-image, SPEC §4.1), built exactly as
-transformers' CFG path builds it: every prompt token that is neither BOS nor the begin-of-image id
-is replaced by the pad id read from the checkpoint's generation config; the attention mask is
-copied unchanged, so the pad tokens stay visible.
-
-Prompts of different lengths are LEFT-padded (pad id, attention mask 0) and position ids are
-``cumsum(mask) − 1``, so every sample sees positions 0, 1, … from its first real token whatever its
-batch-mates are. (transformers' own `generate` counts positions 0…L−1 across the pads; with the
-Llama backbone's rotary embeddings only relative positions enter attention, so the two agree up to
-float rounding — tested: a padded row scores as the same row alone to < 1e-4.)
+transformers' image `generate` runs without gradient and returns only the last step's scores, so this
+adapter adds a batched KV-cache CFG sampler over one doubled batch [cond; null] that records each
+token's conditional, unconditional and guided log-probs, and a teacher-forced `logprobs` with gradient.
+The null branch (GCPO's c⁻) is built exactly as transformers' CFG path builds it (docs/concepts/credit.md#gcpo).
+Details: docs/concepts/adapters.md#janus.
 """
 
 from __future__ import annotations
@@ -180,6 +161,9 @@ class JanusPolicy(nn.Module):
                 ) from None
         template = template or getattr(tokenizer, "chat_template", None)
 
+        from t2i_gcpo.policies.weights import check_weight_files
+
+        check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         model = JanusForConditionalGeneration.from_pretrained(path, dtype=DTYPES[dtype])
         policy = cls(
             model, tokenizer, chat_template=template, processor=processor, max_rollout_batch=max_rollout_batch

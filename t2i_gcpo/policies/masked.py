@@ -1,41 +1,9 @@
 """The built-in masked (MaskGIT-style) text-to-image prior for ShapeWorld as a `Policy`.
 
-A transformers ``LlamaModel`` made bidirectional (``is_causal = False`` on the config and on every
-attention layer, so sdpa runs without a causal mask) over one flat sequence
-
-    [<bos>, w_1 … w_L (right-padded with <pad>), <boi>, x_1 … x_T]      P = L + 2 prefix positions
-
-where x_t is image code k (embedding id ``len(vocab) + k``) or the [MASK] id (``len(vocab) + K``);
-a separate head maps the hidden state of each image position to the K codebook logits (the mask is
-never predicted). The prompt vocabulary and the VQ tokenizer are those of the AR prior
-(t2i_gcpo/assets/shapeworld), so the two priors see the same words and the same 8×8 codes.
-
-Null prompt (CFG's unconditional branch and GCPO's c⁻, SPEC §4.1): built exactly as the AR prior
-builds it, the L prompt words replaced by ``<pad>`` — ``[<bos>, <pad>×L, <boi>]``; pretraining drops
-the prompt to this form ~10 % of the time. Guidance ℓ = ℓ_u + s·(ℓ_c − ℓ_u) (``u + s(c − u)``, as the
-AR prior, so the two priors' scales compare), optionally scheduled over the steps
-(`SamplingParams.guidance_schedule`: constant | linear, see maskgen.py).
-
-Sampling (maskgen.maskgit_generate): `steps` decoding steps (default ``MaskedConfig.default_steps``),
-cosine mask schedule, MaskGIT confidence-based unmasking with Gumbel noise whose temperature is
-annealed to 0 — τ_s = τ₀·(1 − (s + 1)/S), τ₀ = ``choice_temperature`` (MaskGIT's 4.5 by default), or a
-uniformly random reveal order (``reveal_order``, the checkpoint's default or `SamplingParams.reveal_order`) —
-one doubled batch [cond; null] per step, tokens drawn by the shared inverse-CDF `sample_step` from
-uniforms of the prompt's own generator. The rollout records, per token, the step that revealed it
-(``rollout.step``, 0-based) and its log-prob under the conditional, null and guided distributions of
-that step (temperature-scaled, untruncated).
-
-Log-prob estimator, a constructor choice (``MaskedPolicy(..., estimator=, remask_count=)``,
-``from_pretrained(path, estimator=…)``); the definitions and sources are in maskgen.py:
-- ``trajectory`` (default) — teacher-forced replay of the recorded reveal order, each token scored at
-  its reveal step (TraceRL in dLLM-RL, arXiv 2509.06949; Mask-GRPO, arXiv 2510.13418). Reproduces the
-  recorded log-probs. One forward per step (stacked along the batch, ``replay_rows`` rows a forward).
-- ``remask`` — the final tokens scored under K = ``remask_count`` seeded random re-masks, loss on the
-  masked positions only (MaskGRPO, arXiv 2510.04363; UniGRPO, arXiv 2505.15809). The rollout then
-  stores the re-masks in ``state["remask"]`` [B, K, T] (``state["remask_t"]`` [B, K] their times),
-  ``logp`` holds the remask estimates under the rollout policy (so the first ratio is exactly 1), the
-  sampler's reveal-step values move to ``state["sampled_logp"]``, and ``rollout.mask`` is 0 on tokens
-  no re-mask masked (their log-prob is 0 with no gradient).
+A bidirectional Llama over [<bos>, prompt words, <boi>, image tokens or [MASK]] sharing the AR prior's
+vocabulary and VQ codes, so the two priors see the same words and codes; null prompt, guidance and
+sampler as in maskgen.py, with the `trajectory` or `remask` estimator chosen per policy.
+Details: docs/concepts/adapters.md#masked-prior.
 """
 
 from __future__ import annotations

@@ -1,64 +1,11 @@
 """Pieces every masked-image-token adapter shares (masked.py, amused.py): the mask schedule, the MaskGIT
 sampler with per-prompt noise, and the two log-prob estimators of a sample.
 
-A masked generator decodes T tokens in S steps. Step s (0-based) sees a canvas where every token not
-yet revealed holds the mask id, predicts all T positions at once, samples a token for every masked
-position and *reveals* the most confident of them; the rest stay masked (MaskGIT, Chang et al. 2022,
-arXiv 2202.04200, §3.2; Muse, Chang et al. 2023, arXiv 2301.00704; diffusers ``AmusedScheduler``).
-
-- Schedule. After step s, ⌊T·γ((s+1)/S)⌋ tokens stay masked, clamped to [1, still-masked − 1] before
-  the last step (every step reveals at least one token when it can; the last reveals the rest);
-  γ(r) = cos(πr/2) (``cosine``, MaskGIT's choice) or 1 − r (``linear``). Computed in float32 exactly
-  as ``AmusedScheduler.step`` computes it, so the counts match diffusers'. The counts depend on (T, S)
-  only: every row of a batch reveals the same number of tokens at a step.
-- Reveal order (`SamplingParams.reveal_order`). ``confidence`` (MaskGIT, aMUSEd): confidence =
-  log p̃(ŷ_t) + τ_s·g_t with g_t Gumbel noise and p̃ the sampled (guided, temperature-scaled,
-  untruncated) distribution; the highest-confidence masked positions are revealed. τ_s is annealed to
-  0 over the steps (MaskGIT: τ₀·(1 − (s+1)/S); aMUSEd: linspace(2, 0, S)). ``random``: the positions
-  a step reveals are a uniformly random subset of the masked ones (the top g_t), whatever the model
-  predicts — the order of a masked diffusion model's reverse process. Why it matters for RL: the
-  trajectory estimator scores each token at its reveal step, i.e. the likelihood of the tokens *given*
-  the order. Under ``random`` the order does not depend on the weights, so that is the exact
-  likelihood of the sample and the policy gradient is the true one; under ``confidence`` the weights
-  also choose the order (sharpening a token moves it earlier), a dependence no estimator here
-  differentiates — on the ShapeWorld masked prior at lr 1e-4, RL lowered the held-out score on every
-  ``confidence`` run and less under ``random``; at lr 3e-5 ``random`` raised it (README, "RL on the
-  masked prior").
-- Noise. Every random number comes from the prompt's own generator (`group_uniforms`): per sample a
-  [S, T, 2] block of uniforms, [..., 0] for the inverse-CDF token draw of the shared `sample_step`,
-  [..., 1] for the Gumbel noise of the confidence; then, for the ``remask`` estimator, a [K, T + 1]
-  block for the re-masks. A sample depends on its own generator only.
-- Guidance schedule (`SamplingParams.guidance_schedule`): ``constant`` s at every step; ``linear``
-  s_k = 1 + (s − 1)·p_k with progress p_k = k/(S − 1), i.e. ``linspace(1, s, S)`` — conditional
-  only at the first step, s at the last (open-muse's ``guidance_schedule="linear"``, which is
-  ``linspace(0, g, S)`` in Muse's (1 + g)c − g·u form: the same scales written as u + s(c − u)).
-
-Log-prob estimators (the importance ratio of a masked sample; SPEC §5), chosen per policy:
-
-- ``trajectory`` (default). Replay the recorded reveal order: the input of step s is the canvas with
-  every token revealed before s in place and the rest masked; each token is scored at the step that
-  revealed it, under that step's distribution (and that step's guidance scale). Teacher-forced on the
-  recorded masks, this reproduces the sampler's recorded log-probs (to float rounding) and costs one
-  forward per step. Sources: TraceRL (dLLM-RL, Wang et al. 2025, arXiv 2509.06949: the policy is
-  optimised on its own inference trajectory, each token at the step that decoded it) and Mask-GRPO
-  (Luo et al. 2025, arXiv 2510.13418: the unmasking trajectory's per-step token probabilities).
-- ``remask``. Score the final tokens under K random re-masks instead (MaskGRPO, Ma et al. 2025,
-  arXiv 2510.04363; MMaDA's UniGRPO, Yang et al. 2025, arXiv 2505.15809): re-mask k masks
-  n_k = clamp(round(γ(t_k)·T), 1, T) positions of the sample chosen uniformly, with stratified
-  times t_k = (k + u_k)/K so the K ratios cover the schedule from high to low (MaskGRPO raises the
-  ratio over its inner iterations); one forward per re-mask and context. The masks are drawn at
-  rollout time from the prompt's generator and stored in ``rollout.state["remask"]`` [B, K, T], so the
-  old log-probs and every later evaluation use the same masks. Per token:
-      log π(y_t) = mean over the re-masks k that masked t of log softmax(ℓ_k,t / T)[y_t]
-  and the token's loss mask is 1 iff some re-mask masked it (``estimator_mask``). A position that no
-  re-mask masked has no estimate: its value is 0, carries no gradient and its mask is 0 (the loss is
-  on masked positions only, as in MaskGRPO/UniGRPO). The guided context of re-mask k uses the
-  schedule's scale at progress t_k. Full distributions (``dists=True``) of a token are those of the
-  first re-mask (lowest k, largest ratio) that masked it.
-
-The adapters give the estimators two things: ``hidden_fn(canvas [N, T], rows [N], null [N]) → [N, T, D]``
-(the hidden states before the codebook head for canvas rows whose conditioning is rollout row
-``rows[i]``, the null / negative branch where ``null``) and ``head(h [..., D]) → [..., K]``.
+A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
+(by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays
+the recorded reveal order and scores each token at its reveal step, reproducing the recorded log-probs;
+`remask` scores the final tokens under K seeded re-masks (MaskGRPO). Adapters provide
+``hidden_fn(canvas, rows, null)`` and ``head(h)``. Details: docs/concepts/adapters.md#masked-sampling.
 """
 
 from __future__ import annotations

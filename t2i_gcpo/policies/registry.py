@@ -95,6 +95,10 @@ def load_policy(spec: str, options: Any = None) -> Any:
             f"model_options.estimator={estimator!r} applies to masked models only "
             f"(shapeworld-masked, masked:PATH, amused:PATH); '{spec}' is autoregressive"
         )
+    if getattr(options, "lora_rank", 0) and family != "janus":  # never silently full fine-tuning
+        raise UserError(
+            f"model_options.lora_rank applies to janus:PATH only, not to the {family} model '{spec}'"
+        )
     if family == "janus":
         from t2i_gcpo.policies.janus import JanusPolicy
 
@@ -118,10 +122,6 @@ def load_policy(spec: str, options: Any = None) -> Any:
     if family == "text":
         from t2i_gcpo.policies.text import TextPolicy
 
-        if getattr(options, "lora_rank", 0):
-            raise UserError(
-                f"model_options.lora_rank applies to janus:PATH only, not to the text model '{spec}'"
-            )
         kwargs = {}
         if options is not None:
             kwargs = dict(dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing,

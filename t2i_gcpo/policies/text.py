@@ -1,53 +1,11 @@
 """Any local transformers causal LM (``AutoModelForCausalLM`` + ``AutoTokenizer``) as a text `Policy`.
 
-Contexts (SPEC §4.1, text reasoning):
-
-- ``pos`` (c⁺): the prompt as the user turn of the tokenizer's chat template with the generation
-  prompt added; without a chat template, the raw prompt text. Token ids as the tokenizer gives them:
-  a templated string is tokenised without special tokens (the template writes its own BOS, exactly as
-  ``apply_chat_template(tokenize=True)`` does); a raw prompt with them (BOS if the tokenizer adds one).
-- ``neg`` (c⁻), chosen by the constructor's ``negative`` and overridden per prompt by
-  ``PromptRecord.negative``:
-  ``"empty"`` — the question removed, the template kept (the chat template around an empty user
-  message; without one, the empty string, i.e. only BOS when the tokenizer adds it);
-  ``"wrong_answer"`` — the user message ``f"{prompt}\\n{instruction}"`` with the instruction
-  "Note: Intentionally generate an incorrect answer." (a constructor argument);
-  a user template containing ``{question}`` — the user message ``template.format(question=prompt)``.
-  Per prompt, any other string is taken literally as the negative user message (as aMUSEd takes
-  ``PromptRecord.negative`` as its negative prompt). A context that tokenises to nothing (no template,
-  no BOS added) is ``[bos]`` (or ``[eos]`` when there is no BOS token), so the first token has a past.
-- ``guided``: ``u + s(c − u)`` on the logits (CFG for language models; Sanchez et al. 2023,
-  arXiv 2306.17806). With s = 1 (the default) it *is* pos: sampling is from the prompt alone.
-
-Sampling (gpt-fast style, STYLE item 6): P prompts × G samples in one batch, prompts LEFT-padded
-(pad id, attention mask 0) with position ids ``cumsum(mask) − 1``, so each row sees positions 0, 1, …
-from its first real token whatever its batch-mates are; one static KV cache allocated at full size
-(prompt width + max_new_tokens): for a plain Llama (the shipped arithmetic LM) our fused loop over the
-model's weights (policies/fused_llama.py, ``fused_sampler=True``), else transformers' StaticCache;
-`prefill`, then `decode_one_token` per step through the shared
-`sample_step` (inverse CDF at a uniform pre-drawn from the prompt's own generator: a sample depends on
-neither its batch-mates nor the batch size). A row stops at its first EOS (which is kept, mask 1);
-what follows is the pad id with mask 0; the batch stops when every row has. ``Rollout.tokens`` is
-[B, T_max] with T_max the longest row; ``Rollout.max_len`` is max_new_tokens.
-
-Negative log-probs: without guidance the negative context is only *scored*, never sampled from, so
-it is computed after sampling in ONE batched teacher-forced forward over [c⁻; y] — the same code path
-as ``logprobs(ro, "neg")``. That beats a second KV cache updated every step: the decode loop stays
-at B rows (it is latency-bound, T sequential steps), the extra forward is one parallel
-prefill-shaped pass, and no second cache is held during sampling. With guidance (s ≠ 1) the negative
-logits are needed at every step, so the batch is doubled [c⁺ rows; c⁻ rows] (one cache, both halves
-fed the same sampled token) and pos / neg / guided come from the sampler, as in the image adapters.
-At batch 128 that pass is about a third of the rollout (as many token-positions as the sampling, bound by
-the same matmuls; benchmarks' text_vs_generate), so a rollout sampled with
-``SamplingParams.score_negative=False`` skips it and has no "neg" entry: the trainer asks for it only
-when its credit scheme reads the contrast, held-out evaluation never.
-
-Logits are the model's own: the output embedding on the backbone's last hidden state, then the
-model's ``logit_scale`` (Cohere) or ``final_logit_softcapping`` (Gemma 2/3) if it has them; in float32.
-Log-probs at padding positions are 0 (recorded and recomputed alike). Dropout layers are set to
-p = 0 by default (``disable_dropout``, as TRL does for RL), so a training-mode forward scores exactly
-what the sampler recorded; the rollout itself always runs in eval mode (which also keeps the KV cache
-on under gradient checkpointing).
+Contexts: the prompt through the tokenizer's chat template (c⁺) and GCPO's negative context c⁻
+(``empty``, ``wrong_answer`` or a ``{question}`` template; docs/concepts/credit.md#gcpo). Sampling is one
+static-KV-cache loop over left-padded prompts, each sample drawn from its prompt's own generator;
+without guidance the negative context is scored afterwards in one teacher-forced pass, and only when
+a credit scheme reads it.
+Details: docs/concepts/adapters.md#text.
 """
 
 from __future__ import annotations
@@ -139,7 +97,7 @@ class TextPolicy(nn.Module):
             raise UserError(f"features must be 'hidden' or 'embedding', not {features!r}")
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-        self.negative = negative  # the default negative context (SPEC §4.1)
+        self.negative = negative  # the default negative context (docs/concepts/credit.md#gcpo)
         self.wrong_answer_instruction = wrong_answer_instruction
         self.max_new_tokens = int(max_new_tokens)  # used when SamplingParams.max_new_tokens is None
         # False: sample through transformers' layers even for a plain Llama
@@ -194,6 +152,9 @@ class TextPolicy(nn.Module):
             raise UserError(f"'{path}' is not a transformers checkpoint: no config.json found")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from t2i_gcpo.policies.weights import check_weight_files
+
+        check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # any failure means: no usable tokenizer there

@@ -1,4 +1,4 @@
-"""The arithmetic reward (SPEC §7): answer correctness, an optional format bonus and DAPO's soft
+"""The arithmetic reward (docs/worlds/arithmetic.md): answer correctness, an optional format bonus and DAPO's soft
 overlong penalty, on the completions of the text path.
 
     r_i = correct_i + λ_fmt · format_i + overlong_i
@@ -151,6 +151,16 @@ class ArithmeticReward:
             "length": length,
             "completion": text,
         }
+
+    def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
+        """Every prompt must carry its answer (a question alone cannot be scored)."""
+        for i, text in enumerate(prompts):
+            problem = problem_from(metadata[i] if metadata else None, text)
+            if problem.answer is None:
+                raise UserError(
+                    f"question {shorten(problem.question)!r} has no answer to score against "
+                    "(give a .jsonl problem file with answers)"
+                )
 
     def __call__(self, texts: Sequence[str], prompts: list[str], metadata: list[dict]) -> RewardOutput:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):

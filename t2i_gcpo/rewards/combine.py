@@ -2,7 +2,7 @@
 
 - `call_reward`: call any reward, coerce its output to `RewardOutput` and check it: an exception
   inside the reward, a wrong number of scores, or a NaN/inf score raises `RewardError` naming the
-  reward (a NaN reward would silently poison the group advantages of SPEC §2).
+  reward (a NaN reward would silently poison the group advantages of docs/concepts/algorithms.md#sequence-advantages).
 - `WeightedSum([(reward, weight), …])`: r = Σ_k w_k r_k.
 - `FunctionReward(fn)`: a Python callable (the API's ``reward=``), checked the same way.
 - `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
@@ -81,6 +81,9 @@ class Checked:
     def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         return call_reward(self.inner, images, prompts, metadata)
 
+    def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
+        check_prompts(self.inner, prompts, metadata)
+
 
 class WeightedSum:
     """r_i = Σ_k w_k · r_k,i.
@@ -115,6 +118,28 @@ class WeightedSum:
                 d[name] = s
                 d.update({f"{name}/{k}": v for k, v in extra.items()})
         return RewardOutput(scores=total, details=details)
+
+    def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
+        for reward, _ in self.parts:
+            check_prompts(reward, prompts, metadata)
+
+
+def check_prompts(reward: Any, prompts: list[str], metadata: list[dict]) -> None:
+    """A `UserError` if `reward` cannot score these prompts whatever the samples (e.g. the arithmetic
+    reward needs each question's answer), through the reward's optional ``check_prompts`` method:
+    before a run, not at its first step."""
+    check = getattr(reward, "check_prompts", None)
+    if check is not None:
+        check(prompts, metadata)
+
+
+def runs_user_code(reward: Any) -> bool:
+    """Whether `reward` calls a user function (``module:function`` or an API callable), alone or in a sum."""
+    if isinstance(reward, Checked):
+        return runs_user_code(reward.inner)
+    if isinstance(reward, WeightedSum):
+        return any(runs_user_code(r) for r, _ in reward.parts)
+    return isinstance(reward, FunctionReward)  # CallableReward is one
 
 
 def _import_module(module: str) -> Any:
@@ -191,12 +216,5 @@ class CallableReward(FunctionReward):
         self.spec = spec
 
 
-__all__ = [
-    "RewardError",
-    "Checked",
-    "WeightedSum",
-    "FunctionReward",
-    "CallableReward",
-    "call_reward",
-    "as_reward_output",
-]
+__all__ = ["RewardError", "Checked", "WeightedSum", "FunctionReward", "CallableReward", "call_reward",
+           "as_reward_output", "check_prompts", "runs_user_code"]  # fmt: skip

@@ -1,4 +1,4 @@
-"""GenEval as an RL reward on real images (SPEC §8.2, the flow_grpo variant).
+"""GenEval as an RL reward on real images (docs/evaluation/geneval.md#geneval-as-a-reward, the flow_grpo variant).
 
 Per image: detect objects (Mask2Former, a local checkpoint), classify colours with CLIP, and score
 the prompt's GenEval metadata with the rules engine's partial-credit reward: per include clause

@@ -13,7 +13,7 @@ Forms:
                                               code, imported and run (again on ``--resume``)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
 
-The GenEval-style rewards score partial credit by SPEC §8.2, kept in [0, 1], by default; the
+The GenEval-style rewards score partial credit by docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1], by default; the
 ``flow_grpo`` option scores it exactly as flow_grpo's code does (an over-count goes negative, a failed
 position scores 0 then 1: `t2i_gcpo.scoring.geneval_rules.reward_detections`). ``shapeworld:flow_grpo``
 takes it after a colon, ``geneval:…,flow_grpo`` as the last comma field.
@@ -58,8 +58,21 @@ def _split_clip(rest: str) -> tuple[str, str]:
     return ckpt, model or DEFAULT_CLIP_MODEL
 
 
+# what each built-in form scores; `build_reward(…, output=policy.output)` refuses a mismatch up front
+SCORES = {"shapeworld": "image", "clip": "image", "geneval": "image", "arithmetic": "text"}
+PLURAL = {"image": "images", "text": "text"}
+
+
 def _build_one(spec: str, ctx: dict) -> Any:
     spec = spec.strip()
+    form, output = spec.split(":")[0], ctx.get("output")
+    if output is not None and SCORES.get(form, output) != output:
+        fits = " or ".join(f"'{f}'" for f, o in SCORES.items() if o == output)
+        raise UserError(
+            f"reward '{spec}' scores {PLURAL[SCORES[form]]}, but the model writes {PLURAL[output]}: use {fits} "
+            "(or a module:function of your own)"
+        )
+    ctx = {k: v for k, v in ctx.items() if k != "output"}
     if spec == "shapeworld" or spec.startswith("shapeworld:"):
         from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
 
@@ -105,7 +118,7 @@ def build_reward(spec: str, **ctx: Any) -> Any:
     """The reward named by `spec` (forms in the module docstring), checked for errors and NaN.
 
     `ctx` holds optional constructor arguments (e.g. ``device``); each reward takes the ones it
-    accepts.
+    accepts. ``output`` ("image" or "text", the policy's) refuses a built-in reward of the other kind.
     """
     if not spec or not spec.strip():
         raise UserError(f"empty reward: use {FORMS}")

@@ -1,10 +1,10 @@
-"""The ShapeWorld reward: GenEval's rules (SPEC §8) on the ShapeWorld detector's output.
+"""The ShapeWorld reward: GenEval's rules (docs/evaluation/geneval.md) on the ShapeWorld detector's output.
 
 Per image: detect objects from pixels (t2i_gcpo.worlds.shapeworld.detect), then score the prompt's
 GenEval metadata twice — the strict GenEval verdict (`evaluate_detections`: top-count per class,
-thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`, SPEC §8.2). The
+thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`, docs/evaluation/geneval.md#geneval-as-a-reward). The
 scalar reward is the partial credit by default, or the strict verdict as 0/1 with `mode="strict"`.
-The partial credit follows SPEC §8.2 in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
+The partial credit follows docs/evaluation/geneval.md#geneval-as-a-reward in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
 exactly (`variant="flow_grpo"`: over-counts go negative, a failed position scores 0 then 1); the
 reward spec `shapeworld:flow_grpo` picks the latter (t2i_gcpo/rewards/registry.py).
 """

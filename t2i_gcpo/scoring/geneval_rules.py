@@ -1,4 +1,4 @@
-"""The GenEval rules engine (SPEC §8), shared by ShapeWorld and the real-image GenEval.
+"""The GenEval rules engine (docs/evaluation/geneval.md), shared by ShapeWorld and the real-image GenEval.
 
 GenEval (Ghosh et al., 2023, "GenEval: An Object-Focused Framework for Evaluating Text-to-Image
 Alignment") scores an image by running an instance detector and checking the prompt's metadata
@@ -22,7 +22,7 @@ POSITION_MARGIN = 0.1  # GenEval's position threshold: share of the box sizes ig
 
 
 def relative_position(box_a: tuple, box_b: tuple) -> set[str]:
-    """Relations of box A relative to box B (SPEC §8), boxes (x0, y0, x1, y1), y downward.
+    """Relations of box A relative to box B (docs/evaluation/geneval.md), boxes (x0, y0, x1, y1), y downward.
 
     offset = c_A − c_B; revised = max(|offset| − 0.1·(d_A + d_B), 0)·sign(offset); no relation if
     all |revised| < 1e-3; else (dx, dy) = revised / ‖offset‖ and dx < −0.5 → "left of",
@@ -56,7 +56,7 @@ class ImageResult:
 
 
 def default_threshold(metadata: dict) -> float:
-    """GenEval's detection score threshold: 0.9 for counting prompts, 0.3 otherwise (SPEC §8)."""
+    """GenEval's detection score threshold: 0.9 for counting prompts, 0.3 otherwise (docs/evaluation/geneval.md)."""
     return COUNTING_THRESHOLD if metadata.get("tag") == "counting" else DETECTION_THRESHOLD
 
 
@@ -99,7 +99,7 @@ def evaluate_detections(
     threshold: float | None = None,
     max_per_class: int = MAX_OBJECTS,
 ) -> ImageResult:
-    """GenEval's per-image verdict (SPEC §8): includes ANDed, excludes ORed.
+    """GenEval's per-image verdict (docs/evaluation/geneval.md): includes ANDed, excludes ORed.
 
     Detections with score > threshold (default 0.3; 0.9 for counting), at most `max_per_class` per
     class, best first. Include: the top-`count` detections of the class, fail if fewer; colour: each
@@ -172,14 +172,14 @@ def reward_detections(
     threshold: float | None = None,
     variant: str = "spec",
 ) -> ImageResult:
-    """GenEval as an RL reward, the flow_grpo variant (SPEC §8.2).
+    """GenEval as an RL reward, the flow_grpo variant (docs/evaluation/geneval.md#geneval-as-a-reward).
 
     All detections of the class above the threshold are used (no top-count cut) and strict
     correctness needs the exact count; excludes only enter the strict verdict. Partial credit is the
     mean of per-clause terms, in one of two variants (the strict verdict is the same in both, but
     for flow_grpo's cap of 16 detections per class):
 
-    ``variant="spec"`` (default) — SPEC §8.2's terms, kept in [0, 1]; no per-class cap:
+    ``variant="spec"`` (default) — the terms of docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1]; no per-class cap:
     - per include: count term 1 − |count − found| / count, clipped at 0 (one dog asked, two or three
       seen: 0 either way);
     - per colour clause: 1 − |count − n_colour| / count with a right count, else 0;

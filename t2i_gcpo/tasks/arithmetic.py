@@ -1,44 +1,9 @@
-"""The arithmetic task (SPEC §7): the text-reasoning path's prompts, reward, metrics and held-out score.
+"""The arithmetic task (docs/worlds/arithmetic.md): the text-reasoning path's prompts, reward, metrics and held-out score.
 
-Prompts: problem files as `worlds.arithmetic.read_problem_file` reads them (GSM8K-style .jsonl rows
-{"question", "answer"}, or one question a line in .txt). A record's text is the bare question
-("12+7*3=?"); the text policy wraps it in its tokenizer's chat template, which for the built-in
-character tokenizer is the world's frame "Q: 12+7*3=?\\nA:\\n". Its metadata is
-`rewards.arithmetic.problem_meta`: {"question", "answer", "steps"} (steps None for free text).
-The shipped files prompts/arithmetic_{train,test}.jsonl come from `write_prompt_files` (disjoint
-splits of `make_splits`, the test set the held-out default).
-
-Step metrics (from the reward's details): ``accuracy`` = mean correct, ``format_rate`` = mean format
-reward, ``length/mean`` = mean completion length (the reward's unit: characters unless it counts
-a tokenizer's tokens).
-
-Credit metric — step lift: over failed samples i with a first wrong step S_i (its tokens among the
-valid tokens V_i, weights w_it),
-
-    lift_i = (Σ_{t∈S_i} w_it / Σ_{t∈V_i} w_it) / (|S_i| / |V_i|),    step_lift = mean_i lift_i,
-
-the mean of per-sample ratios (as `viz.lift.credit_lift` / SPEC §6's credit lift, which it reuses):
-each failed sample counts once whatever its length. Uniform credit gives exactly 1. A sample is left
-out when the ratio is undefined: correct, no known steps (free text), S_i empty (a truncated completion
-with no answer line), S_i = V_i, or Σ w = 0.
-
-Token offsets: the first wrong step is a character span of the decoded completion; its tokens are the
-valid tokens whose characters overlap it. Offsets come from DECODING the sampled ids, never from
-re-tokenising the text (re-encoding may split it differently from what was sampled): decode each
-token alone, and if the pieces concatenate to the decoded completion take their lengths (exact for the
-character tokenizer and most BPE vocabularies; O(T)); otherwise decode every prefix ids[:k+1] and take
-token k's end as the longest common prefix of that decoding with the completion (exact for any
-tokenizer, including SentencePiece's leading spaces and multi-byte characters split over tokens;
-O(T²)). When the completion has no answer line the wrong step is the decision to stop: the span is
-empty at the end and S_i is the special token (EOS) after the text. The tokenizer is the task's
-`tokenizer` attribute — set it to the policy's (``task.tokenizer = policy.tokenizer``); otherwise the
-one of the last policy `evaluate` saw, otherwise the world's character tokenizer. A sample whose
-tokens do not decode to the completion the reward scored (details["completion"]) is left out, so a
-wrong tokenizer yields no metric rather than a wrong one.
-
-Held-out score: ``accuracy`` = pass@1 averaged over every sample (samples_per_prompt per prompt),
-``pass_at_k`` = share of prompts with at least one correct sample among their k, format rate and mean
-length; through the shared loop (tasks/loop.py), each prompt seeded by (seed, "eval", index).
+Prompts are problem files (GSM8K-style .jsonl or .txt); step metrics are accuracy, format rate and
+length; the credit metric is step lift, the share of credit on the first wrong step's tokens over their
+share (docs/worlds/arithmetic.md#step-lift), with token offsets taken from decoding the sampled ids.
+Held-out: pass@1, pass@k and format rate. Details: docs/worlds/arithmetic.md#task.
 """
 
 from __future__ import annotations
@@ -52,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this task)
     ACCURACY,
@@ -66,6 +30,7 @@ from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this t
     STEP_LIFT_N,
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
 from t2i_gcpo.rewards.arithmetic import problem_meta
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
@@ -81,7 +46,7 @@ N_TRAIN, N_TEST, SPLIT_SEED = 2000, 200, 0
 
 
 def write_prompt_files(
-    directory: str | Path = REPO_PROMPTS, n_train: int = N_TRAIN, n_test: int = N_TEST, seed: int = SPLIT_SEED
+    directory: str | Path = PROMPTS_DIR, n_train: int = N_TRAIN, n_test: int = N_TEST, seed: int = SPLIT_SEED
 ) -> tuple[Path, Path]:
     """Write `TRAIN_FILE` and `TEST_FILE` (GSM8K-style rows with worked solutions) into `directory`:
     `make_splits(n_train, n_test, seed)`, disjoint by question. The shipped files are
@@ -244,7 +209,8 @@ class ArithmeticTask:
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
         from t2i_gcpo.worlds.arithmetic import read_problem_file
 
-        return [PromptRecord(p.question, meta=problem_meta(p)) for p in read_problem_file(path)]
+        problems = read_problem_file(prompt_file(path))  # the user's file, else the shipped one it names
+        return [PromptRecord(p.question, meta=problem_meta(p)) for p in problems]
 
     def parse(self, text: str) -> PromptRecord:
         """A typed question: an expression of this world ("12+7*3=?") gets its answer and steps;

@@ -1,9 +1,9 @@
-"""GenEval-style text-to-image tasks (SPEC §6, §8): prompts in GenEval's templates or metadata
+"""GenEval-style text-to-image tasks (docs/worlds/shapeworld.md, docs/evaluation/geneval.md): prompts in GenEval's templates or metadata
 schema, scored by the GenEval rules; `shapeworld` parses against ShapeWorld's shapes, `geneval`
 against GenEval's 80 COCO classes.
 
 Step metrics: strict GenEval correctness per tag and overall, §8.2 partial credit. Credit metric:
-credit lift against the object masks the ShapeWorld reward reports (SPEC §6). Held-out score: per-tag
+credit lift against the object masks the ShapeWorld reward reports (docs/worlds/shapeworld.md#credit-lift). Held-out score: per-tag
 strict and partial, overall as the unweighted mean of the tag scores (GenEval's convention).
 """
 
@@ -42,9 +42,13 @@ class GenEvalTask:
         return geneval_classes()
 
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
+        from t2i_gcpo.resources import prompt_file
         from t2i_gcpo.worlds.shapeworld import read_prompt_file
+        from t2i_gcpo.worlds.shapeworld.parse import SHAPEWORLD_MAX_OBJECTS
 
-        metadata = read_prompt_file(path, classes=self._classes())
+        path = prompt_file(path)  # the user's file, else the shipped one it names
+        limit = SHAPEWORLD_MAX_OBJECTS if self.classes == "shapeworld" else None  # a scene's objects
+        metadata = read_prompt_file(path, classes=self._classes(), max_objects=limit)
         if not metadata:
             raise UserError(f"prompt file {path} holds no prompts")
         return [PromptRecord(m["prompt"], meta=m) for m in metadata]

@@ -3,8 +3,8 @@ overrides it."""
 
 from __future__ import annotations
 
-from t2i_gcpo.config import REPO_PROMPTS
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.tasks.arithmetic import TEST_FILE, TRAIN_FILE, ArithmeticTask
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.tasks.geneval import GenEvalTask
@@ -14,12 +14,12 @@ TASKS = {
         "shapeworld",
         "shapeworld",
         default_reward="shapeworld",
-        eval_file=str(REPO_PROMPTS / "shapeworld_test.jsonl"),
-        train_file=str(REPO_PROMPTS / "shapeworld_train.jsonl"),
+        eval_file=str(PROMPTS_DIR / "shapeworld_test.jsonl"),
+        train_file=str(PROMPTS_DIR / "shapeworld_train.jsonl"),
     ),
     "geneval": lambda: GenEvalTask("geneval", "coco", default_reward=None),
     "arithmetic": lambda: ArithmeticTask(
-        eval_file=str(REPO_PROMPTS / TEST_FILE), train_file=str(REPO_PROMPTS / TRAIN_FILE)
+        eval_file=str(PROMPTS_DIR / TEST_FILE), train_file=str(PROMPTS_DIR / TRAIN_FILE)
     ),
 }
 

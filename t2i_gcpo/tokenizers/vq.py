@@ -3,15 +3,8 @@
 
 32×32 RGB → 8×8 grid of ids from a K = 256 codebook (raster order, row by row), and back.
 
-Why not diffusers ``VQModel``: it saves and loads the same way but trains far slower on this CPU.
-Measured here (batch 64, 32 px → 8×8, K = 256, D = 16, Adam step, 1 torch thread, steps of the two
-models interleaved so both see the same load from other jobs): this module (channels 64/128,
-0.97 M parameters) 360 ms/step; a diffusers ``VQModel`` with block_out_channels (64, 128, 128), one
-layer per block (3.8 M parameters, GroupNorm + mid-block attention) 2 980 ms/step — 8.3× slower
-(NOTES.md: 4–6×). The shipped tokenizer (1 000 steps, 144 s at 2 threads) reconstructs ShapeWorld
-scenes with MSE 0.0022 (0.0025 after `merge_flat_duplicates`), and the ShapeWorld detector reads
-98.4 % of 1 000 VQ round trips exactly as it reads the clean renders (same classes and colours;
-100 % on the clean renders; benchmarks/results/detector.json).
+Why not diffusers ``VQModel``: it saves and loads the same way but trained 8.3× slower on the 2-core
+CPU (docs/results/notes.md#vq-tokenizer).
 
 Saved like a Hugging Face model: ``config.json`` + ``model.safetensors`` (weights stored in fp16 to
 keep the shipped checkpoint small, upcast to fp32 at load).
@@ -30,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from t2i_gcpo.errors import UserError, check_file, read_json
+from t2i_gcpo.errors import UserError, read_json
 
 
 @dataclass
@@ -264,28 +257,12 @@ def read_config(path: str, type_key: str | None = None, expected: str | None = N
 
 
 def load_weights(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, floating ones upcast to float32. A `UserError` naming the
-    file if it is missing, a directory, truncated or otherwise unreadable, or if a tensor holds NaN
-    or inf (a damaged file: sampling would fail later with a NaN traceback)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    """The tensors of a safetensors file, floating ones upcast to float32, through the loading check
+    every family shares (`policies.weights`): a `UserError` naming the file if it is missing, a
+    directory, truncated or otherwise unreadable, holds a non-number dtype, or NaN/inf values."""
+    from t2i_gcpo.policies.weights import read_weights
 
-    check_file(path)
-    try:
-        raw = load_file(path)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise UserError(
-            f"{path}: cannot read the weights (truncated or damaged file?): {_one_line(e)}"
-        ) from None
-    state = {}
-    for k, v in raw.items():
-        if v.is_floating_point():
-            v = v.float()
-            if not bool(torch.isfinite(v).all()):
-                bad = int((~torch.isfinite(v)).sum())
-                raise UserError(f"{path}: tensor {k} holds {bad} NaN/inf values (damaged weights?)")
-        state[k] = v
-    return state
+    return read_weights(path)
 
 
 def train_vq(

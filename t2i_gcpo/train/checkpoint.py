@@ -1,5 +1,6 @@
 """Checkpoints of a run: policy weights (safetensors, via the adapter's save_pretrained), optimizer
-state and the trainer state. Each is written to a temporary directory and renamed into place, so a
+state and carried groups (safetensors + JSON, `tensor_tree`: a run directory may come from someone
+else, and nothing in it is a pickle) and the trainer state. Each is written to a temporary directory and renamed into place, so a
 crash or Ctrl-C never leaves a half-written checkpoint behind; the ``checkpoints/latest`` pointer
 is replaced atomically, and a missing or damaged pointer falls back to the newest complete step.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.train.tensor_tree import load_tree, save_tree, tree_files
 
 KEEP_LAST = 2
 STEP_DIR = re.compile(r"step_(\d+)")
@@ -43,18 +45,27 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Any, optimizer_state: dict, state: dict, carry: Any = None
+    run_dir: Path,
+    step: int,
+    policy: Any,
+    optimizer_state: dict,
+    state: dict,
+    carry: Any = None,
+    scheduler_state: dict | None = None,
 ) -> Path:
     """`optimizer_state`: the optimizer's whole state dict (FSDP: gathered from the shards). `carry`:
-    groups kept for the next step, one entry per process (pickled to ``carry.pt``)."""
+    groups kept for the next step, one entry per process. `scheduler_state`: the lr scheduler's state
+    dict. All are written as safetensors + JSON."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.save_pretrained(str(tmp / "model"))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
+    save_tree(tmp, "optimizer", optimizer_state)
     if carry is not None:
-        torch.save(carry, tmp / "carry.pt")
+        save_tree(tmp, "carry", carry)
+    if scheduler_state is not None:
+        save_tree(tmp, "scheduler", scheduler_state)
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -83,7 +94,7 @@ def is_complete(ckpt: Path) -> bool:
     return (
         isinstance(state, dict)
         and isinstance(state.get("step"), int)
-        and (ckpt / "optimizer.pt").is_file()
+        and (all(p.is_file() for p in tree_files(ckpt, "optimizer")) or (ckpt / LEGACY_OPTIMIZER).is_file())
         and (ckpt / "model").is_dir()
     )
 
@@ -115,30 +126,56 @@ def mark_finished(ckpt: Path) -> None:
         atomic_write_text(ckpt / "trainer_state.json", json.dumps({**state, "finished": True}, indent=1))
 
 
-def _read(path: Path, what: str, **load_options: Any) -> Any:
-    """torch.load(path); a damaged file is a UserError naming `what` it should have held."""
-    try:
-        return torch.load(path, **load_options)
-    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError … on a damaged file
-        message = " ".join(str(e).split())[:200]
-        raise UserError(f"{path}: cannot read {what} (damaged file?): {message}") from None
+LEGACY_OPTIMIZER, LEGACY_CARRY = "optimizer.pt", "carry.pt"  # torch.save files of earlier versions
+
+
+def carry_types() -> dict[str, type]:
+    """The dataclasses a carry file may hold (the allow-list `load_tree` builds from)."""
+    from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
+    from t2i_gcpo.rewards.base import RewardOutput
+    from t2i_gcpo.train.trainer import Batch
+
+    return {c.__name__: c for c in (Batch, Rollout, PromptRecord, SamplingParams, RewardOutput)}
 
 
 def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
-    """The groups each process carried into the next step (None: the run carried none)."""
-    path = ckpt / "carry.pt"
-    if not path.is_file():
-        return None
-    # pickled Batch objects, written by save_checkpoint
-    return _read(path, "the carried groups", map_location=device, weights_only=False)
+    """The groups each process carried into the next step (None: the run carried none). A carry.pt
+    (a pickle, written by earlier versions) is refused unread: reading it could run its code."""
+    if any(p.exists() for p in tree_files(ckpt, "carry")):  # one of the two missing: an error, not "none"
+        return load_tree(ckpt, "carry", "the carried groups", carry_types(), device)
+    legacy = ckpt / LEGACY_CARRY
+    if legacy.exists():
+        raise UserError(
+            f"{legacy} is a pickle (written by an earlier version) and is not read: it could run code; "
+            f"if you trust this run, delete it to resume without the carried groups (the next step draws new ones)"
+        )
+    return None
 
 
 def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
-    """Read ckpt/optimizer.pt and hand it to `load`: an optimizer's `load_state_dict`, or (FSDP) the
-    loader that shards it. A damaged file or a state that does not fit the model is a UserError."""
-    path = ckpt / "optimizer.pt"
-    state = _read(path, "the optimizer state", map_location="cpu", weights_only=True)
+    """Read the optimizer state of `ckpt` and hand it to `load`: an optimizer's `load_state_dict`, or
+    (FSDP) the loader that shards it. A damaged file or a state that does not fit the model is a
+    UserError. An earlier version's optimizer.pt is read with torch's weights-only loader, which builds
+    only tensors and plain containers (no code runs)."""
+    legacy = ckpt / LEGACY_OPTIMIZER
+    if not tree_files(ckpt, "optimizer")[1].exists() and legacy.is_file():
+        path = legacy
+        try:
+            state = torch.load(legacy, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError … on a damaged file
+            message = " ".join(str(e).split())[:200]
+            raise UserError(f"{legacy}: cannot read the optimizer state (damaged file?): {message}") from None
+    else:
+        path = ckpt / "optimizer.{safetensors,json}"
+        state = load_tree(ckpt, "optimizer", "the optimizer state")
     try:
         load(state)
-    except (ValueError, KeyError, RuntimeError) as e:
+    except (ValueError, KeyError, RuntimeError, TypeError) as e:
         raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None
+
+
+def load_scheduler(ckpt: Path) -> dict | None:
+    """The lr scheduler's saved state (None: a checkpoint from before runs saved one)."""
+    if not tree_files(ckpt, "scheduler")[1].is_file():
+        return None
+    return load_tree(ckpt, "scheduler", "the lr scheduler state")

@@ -1,11 +1,12 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
-scheme's token weights, draw them, and measure credit lift (SPEC §6); for text, token heatmaps and
-step lift against the first wrong step (SPEC §7)."""
+scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
+step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 from t2i_gcpo.config import TrainConfig
@@ -71,12 +72,14 @@ def run_credit_maps(
     reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
         ref = load_policy(reference).eval()
-    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid)
+    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid,
+                          output=policy.output)  # fmt: skip
     sampling = policy.default_sampling()
     if cfg_scale is not None:
         sampling = dataclasses.replace(sampling, guidance_scale=cfg_scale)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    clear_credit_outputs(out_dir)  # all checks passed: an earlier run's figures must not outlive it
     if policy.output == "text":
         summary = _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir,
                              batch_prompts, model)  # fmt: skip
@@ -169,3 +172,27 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         + lift_table(lifts)
         + f"\nwrote {page} and one PNG per prompt"
     )
+
+
+CREDIT_OUTPUTS = re.compile(r"\d{5}\.png|credit_maps\.html|lift\.json")  # what credit-map writes
+
+
+def check_credit_out(out_dir: Path) -> None:
+    """A credit-map run replaces the figures of an earlier one in `out_dir`; a folder holding files named
+    like them but no credit_maps.html is someone else's and refused (before any model is loaded)."""
+    if not out_dir.is_dir() or (out_dir / "credit_maps.html").is_file():
+        return
+    ours = sorted(p.name for p in out_dir.iterdir() if CREDIT_OUTPUTS.fullmatch(p.name))
+    if ours:
+        raise UserError(
+            f"--out {out_dir} holds {ours[0]} but no credit_maps.html (not a credit-map folder); "
+            "choose another folder"
+        )
+
+
+def clear_credit_outputs(out_dir: Path) -> None:
+    """Remove an earlier credit-map run's figures, page and lift table (a smaller run left the rest)."""
+    check_credit_out(out_dir)
+    for path in out_dir.iterdir():
+        if CREDIT_OUTPUTS.fullmatch(path.name) and path.is_file():
+            path.unlink()

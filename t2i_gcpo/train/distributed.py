@@ -5,6 +5,50 @@ from __future__ import annotations
 from typing import Any
 
 
+def check_launch(accelerator: Any = None) -> None:
+    """Refuse a launch whose strategy accelerate did not set up, and DeepSpeed, before any work: call it
+    before the Accelerator is built (`accelerator` None: DeepSpeed, which accelerate would import or
+    set up there) and after (FSDP asked for but not given).
+
+    `accelerate launch` with an FSDP or DeepSpeed config tells the processes through
+    ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED; accelerate 1.15 then selects FSDP only on GPUs and
+    other accelerators, so on CPU processes the run would train plain DDP with no word (its
+    processes.json saying MULTI_CPU). DeepSpeed was never run with this trainer (docs/distributed.md:
+    what was tried, and why it failed): it is refused wherever it is asked for. The main process says
+    why on one line; the others stop with the same exit status, silently."""
+    import os
+
+    from t2i_gcpo.errors import UserError
+
+    def asked(name: str) -> bool:
+        return os.environ.get(name, "false").lower() == "true"
+
+    problem = None
+    if accelerator is None:
+        main = int(os.environ.get("RANK", "0")) == 0  # set by the launcher in every process
+        if asked("ACCELERATE_USE_DEEPSPEED"):
+            problem = (
+                "DeepSpeed launches are not supported (never run with this trainer, see docs/distributed.md): "
+                "launch with configs/accelerate/ddp.yaml or configs/accelerate/fsdp.yaml"
+            )
+    else:
+        from accelerate.utils import DistributedType
+
+        main, given = accelerator.is_main_process, accelerator.distributed_type
+        if asked("ACCELERATE_USE_FSDP") and given != DistributedType.FSDP:
+            problem = (
+                f"the launch asked for FSDP but accelerate set up {given.value} (it selects FSDP only on GPUs "
+                "and other accelerators, not on CPU processes); for data parallel on CPU launch with --multi_gpu"
+            )
+        elif given == DistributedType.DEEPSPEED:
+            problem = "DeepSpeed is not supported (never run with this trainer, see docs/distributed.md)"
+    if problem is None:
+        return
+    if not main:
+        raise SystemExit(2)
+    raise UserError(problem)
+
+
 def unwrap(model: Any) -> Any:
     """The adapter inside a DDP / accelerate wrapper (or the model itself). FSDP2 shards a module in
     place, so an FSDP2 model is its own adapter; its weights are whole only after `gather_params`."""

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from t2i_gcpo import metrics as M
-from t2i_gcpo.config import TrainConfig, save_config
+from t2i_gcpo.config import TrainConfig, save_config, to_dict
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
-from t2i_gcpo.core.losses import aggregation_denominator, policy_loss
+from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
@@ -32,6 +32,7 @@ from t2i_gcpo.train.checkpoint import (
     latest_checkpoint,
     load_carry,
     load_optimizer,
+    load_scheduler,
     load_trainer_state,
     mark_finished,
     save_checkpoint,
@@ -39,6 +40,7 @@ from t2i_gcpo.train.checkpoint import (
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, reads_recorded_contrast
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import (
+    check_launch,
     full_optimizer_state_dict,
     full_state_dict,
     gather_params,
@@ -47,6 +49,8 @@ from t2i_gcpo.train.distributed import (
     param_checksum,
     unwrap,
 )
+from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
+from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
 
 
 @dataclass
@@ -82,7 +86,7 @@ class Batch:
 
 
 def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, optimizer: Any,
-           accelerator: Any, loss_scale: float = 1.0) -> tuple[dict, torch.Tensor]:  # fmt: skip
+           accelerator: Any, loss_scale: float = 1.0, stale_rows: int = 0) -> tuple[dict, torch.Tensor]:  # fmt: skip
     """Clipped policy-gradient update(s) on one batch → (loss/credit statistics, weights [B, T]).
 
     Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
@@ -90,13 +94,25 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     first (schemes may need whole groups; the normaliser must be the batch's), so any split gives the
     same gradient. With several processes the normaliser is the global batch's (`global_denominator`),
     so DDP's gradient average equals one process training on the whole global batch. `loss_scale` 0
-    lets a process without data join the others' gradient all-reduce."""
+    lets a process without data join the others' gradient all-reduce.
+
+    π_old is the sampler's recorded log-prob, or (rollout.old_logprobs=recompute) the update's own
+    forward under the weights that sampled; the first pass measures how far the recorded ones are from
+    it (`mismatch/*`, over rows from row `stale_rows` on: the first rows were carried over from the
+    previous step and sampled by older weights)."""
     ctx, loss_cfg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss
     ro, adv = batch.rollout, batch.advantages
     chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
     stats: dict[str, list[float]] = {}
     weights = torch.zeros_like(ro.mask)
+    recompute = cfg.rollout.old_logprobs == "recompute"
+    logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
+    if recompute and cfg.optim.update_epochs > 1:
+        logp_old = recompute_old_logprobs(cfg, ro, chunks, policy, accelerator, ctx)
+    fresh = (torch.arange(len(ro)) >= stale_rows).to(ro.mask)  # [B]: rows sampled by these weights
+    k3_sum, n_fresh, max_abs = 0.0, 0.0, 0.0
     for _epoch in range(cfg.optim.update_epochs):
+        finite_loss = True
         whole = None  # weights of the whole batch, when it is split
         if len(chunks) > 1:
             whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
@@ -110,6 +126,16 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
             with accelerator.no_sync(policy) if not sync and accelerator.num_processes > 1 else _null():
                 with precision(cfg, accelerator):
                     logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
+                recorded = mb.logp[ctx]  # [B, T] π_rollout
+                if _epoch == 0:  # weights unchanged since sampling: any gap is numerics
+                    on = mb.mask * fresh[idx, None]
+                    k3, gap = rollout_mismatch(logp, recorded, on)
+                    k3_sum, n_fresh = k3_sum + float(k3) * float(on.sum()), n_fresh + float(on.sum())
+                    max_abs = max(max_abs, float(gap))
+                old = recorded
+                if recompute:  # one epoch: this forward is π_old itself
+                    old = logp_old[idx] if logp_old is not None else logp.detach()
+                is_w = tis_weights(old, recorded, loss_cfg.tis_cap) if loss_cfg.tis_cap else None
                 w = (
                     whole[idx]
                     if whole is not None
@@ -125,13 +151,16 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     with torch.no_grad(), precision(cfg, accelerator):
                         logp_ref = ref(mb, context=ctx)
                 loss, st = policy_loss(
-                    logp, mb.logp[ctx], mb_adv, mb.mask,
+                    logp, old, mb_adv, mb.mask,
                     weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                     dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
                     logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
-                    max_len=ro.max_len, denom=denom,
+                    max_len=ro.max_len, denom=denom, is_weights=is_w,
                 )  # fmt: skip
+                if is_w is not None:
+                    st.update(tis_stats(is_w, old, recorded, mb.mask))
                 st[M.ENTROPY] = token_entropy(dists, mb.mask)  # before backward: FSDP reshards weights there
+                finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
             weights[idx] = w.to(weights)
             st.update(credit_stats(w, mb.mask))
@@ -139,12 +168,33 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                 stats.setdefault(k, []).append(float(v))
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf"))
         stats.setdefault(M.GRAD_NORM, []).append(float(grad_norm))
+        # the NaN guard: a non-finite loss or gradient never reaches the weights, non-finite weights
+        # never reach a checkpoint (the run stops; Trainer.fit names the last good checkpoint)
+        refuse_non_finite(
+            {"loss": not finite_loss, "gradient norm": not math.isfinite(float(grad_norm))}, accelerator
+        )
         optimizer.step()
         gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
+        refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
     losses = {M.LOSS_POLICY, M.LOSS_KL}  # minibatch shares of one loss: summed; the rest averaged
-    return {
+    out = {
         k: (sum(v) / cfg.optim.update_epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()
-    }, weights
+    }
+    if n_fresh:
+        out[M.MISMATCH_K3.format(context=ctx)] = k3_sum / n_fresh
+        out[M.MISMATCH_MAX.format(context=ctx)] = max_abs
+    return out, weights
+
+
+def recompute_old_logprobs(cfg: TrainConfig, ro: Rollout, chunks: Any, policy: Any, accelerator: Any,
+                           ctx: str) -> torch.Tensor:  # fmt: skip
+    """π_old [B, T] of the trained context: a teacher-forced no-grad forward of the weights that sampled,
+    minibatch by minibatch in the update's precision (the same numbers its first pass computes)."""
+    out = torch.zeros_like(ro.mask, dtype=torch.float32)
+    with torch.no_grad(), precision(cfg, accelerator):
+        for idx in chunks:
+            out[idx] = unwrap(policy)(ro.select(idx), context=ctx).float()
+    return out
 
 
 def train_step(t: Trainer, step: int) -> dict:
@@ -199,9 +249,8 @@ def train_step(t: Trainer, step: int) -> dict:
             )
             loss_scale = 0.0
         t.refresh_credit_reference()
-        stats, weights = update(
-            cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator, loss_scale
-        )
+        stats, weights = update(cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator,
+                                loss_scale, stale_rows=carried * G if loss_scale else len(batch.rollout))  # fmt: skip
         if loss_scale:
             stats.update(t.task.credit_metrics(weights, batch.rollout, batch.reward.details))
     timings[M.TIME_UPDATE] = time.perf_counter() - tic
@@ -218,6 +267,30 @@ def train_step(t: Trainer, step: int) -> dict:
 # ============================================================================ helpers
 
 
+class NonFiniteError(UserError):
+    """The loss, the gradient or the weights became NaN or inf: the run stops, its last checkpoint
+    (written before) is kept. Not a usage error: exit status 1."""
+
+    exit_code = 1
+
+
+def refuse_non_finite(bad: dict[str, bool], accelerator: Any) -> None:
+    """Raise NonFiniteError naming the first of `bad`'s quantities that is flagged on any process
+    (all processes agree, so all stop together)."""
+    flags = torch.tensor([float(v) for v in bad.values()], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    for name, flag in zip(bad, flags.tolist()):
+        if flag:
+            raise NonFiniteError(f"the {name} became NaN or inf")
+
+
+def weights_finite(model: Any) -> bool:
+    """Whether every trainable parameter (this process's shard under FSDP) is finite; one sync."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    return bool(torch.stack([p.detach().isfinite().all() for p in local]).all()) if local else True
+
+
 def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
     else 'none'; the rollout only for a policy whose sampler declares bf16 support (`bf16_sampling`:
@@ -231,6 +304,17 @@ def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
         cfg.rollout.autocast = "bf16" if native and sampler else "none"
     if cfg.optim.autocast == "auto":
         cfg.optim.autocast = "bf16" if native else "none"
+
+
+def sampling_params(cfg: TrainConfig) -> SamplingParams:
+    """How the run samples (rollouts and held-out evaluation); rollout.cfg_scale already resolved."""
+    return SamplingParams(
+        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+        guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
+        guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
+        reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
+        autocast=cfg.rollout.autocast,
+    )  # fmt: skip
 
 
 def precision(cfg: TrainConfig, accelerator: Any) -> Any:
@@ -258,6 +342,14 @@ def credit_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         M.CREDIT_WEIGHT_MAX: (weights * mask).max(-1).values[valid].mean().item() if valid.any() else 1.0,
         M.CREDIT_WEIGHT_ENTROPY: ent[valid].mean().item() if valid.any() else 1.0,
     }
+
+
+def tis_stats(is_w: torch.Tensor, old: torch.Tensor, recorded: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Mean TIS weight and the share of tokens whose π_old/π_rollout went past the cap."""
+    m = mask.bool()
+    n = m.sum().clamp_min(1)
+    capped = (old.detach().float() - recorded.float()).exp() > is_w
+    return {M.TIS_WEIGHT_MEAN: float(is_w[m].sum() / n), M.TIS_CAPPED: float((capped & m).sum() / n)}
 
 
 def token_entropy(dists: Any, mask: torch.Tensor) -> float:
@@ -296,23 +388,22 @@ class Trainer:
         from accelerate.utils import DistributedDataParallelKwargs, DistributedType, broadcast_object_list
 
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
+        trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
-        self.sampling = SamplingParams(
-            temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-            guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-            guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-            reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-            autocast=cfg.rollout.autocast,
-        )  # fmt: skip
+        self.sampling = sampling_params(cfg)
         if cfg.rollout.reveal_order and hasattr(policy, "keep_reveal_order"):
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
             policy.keep_reveal_order(cfg.rollout.reveal_order)
+        check_launch()  # before accelerate: it would import DeepSpeed for a DeepSpeed launch
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+            log_with=trackers or None,
+            project_dir=".",  # TensorBoard's folder is set once the run directory is known (start_trackers)
         )
         acc = self.accelerator
+        check_launch(acc)  # the strategy asked for is the one accelerate gave
         n_proc = acc.num_processes
         if cfg.rollout.prompts_per_step % n_proc:  # before the run directory is created
             raise UserError(
@@ -321,12 +412,14 @@ class Trainer:
         self.fsdp = acc.distributed_type == DistributedType.FSDP
         if self.fsdp and not acc.is_fsdp2:
             raise UserError("FSDP needs fsdp_version: 2 in the accelerate config (FSDP1 is not supported)")
+        self.lock = None  # a default run directory's lock (an --out one is taken in train.run.prepare)
         if run_dir is None:  # one default name, created (exclusively) by the main process
-            run_dir = (
-                claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-                if acc.is_main_process
-                else Path()
-            )
+            run_dir = Path()
+            if acc.is_main_process:
+                from t2i_gcpo.outdir import lock_output
+
+                run_dir = claim_run_dir(Path("runs") / f"{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+                self.lock = lock_output(run_dir)
         self.run_dir = run_dir = (
             Path(broadcast_object_list([str(run_dir)])[0]) if acc.num_processes > 1 else run_dir
         )
@@ -360,12 +453,16 @@ class Trainer:
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
         if hasattr(getattr(policy, "config", None), "storage_dtype"):
             policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
-        self.start_step = 0
+        self.start_step, self.ckpt = 0, None
         if resume:
             policy = self._load_resume(policy)
         params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        if resume and not self.fsdp:
+        self.optimizer = optimizer = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
+        self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
+        if resume and self.ckpt is not None and not self.fsdp:
             load_optimizer(self.ckpt, self.optimizer.load_state_dict)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
         self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
@@ -374,13 +471,15 @@ class Trainer:
             # weights gathered once per step (distributed.gather_params) and kept whole through rollout,
             # forward and backward; FSDP shards gradients and optimizer states
             self.policy.set_reshard_after_forward(False)
-            if resume:
+            if resume and self.ckpt is not None:
                 load_optimizer(
                     self.ckpt,
                     lambda state: load_full_optimizer_state_dict(self.policy, self.optimizer, state),
                 )
             gather_params(self.policy)
         if resume:
+            saved = load_scheduler(self.ckpt) if self.ckpt is not None else None
+            restore_scheduler(self.scheduler, saved, self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
@@ -389,13 +488,8 @@ class Trainer:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
-        self.writer = None
-        if acc.is_main_process:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(
-                str(run_dir / "tb"), purge_step=self.start_step + 1 if resume else None
-            )
+        self.final_phase = False  # in the final evaluation: a stop signal ends it at once
+        start_trackers(acc, trackers, run_dir, to_dict(cfg), self.start_step, resume=resume)
 
     # -- prompts and seeds: pure functions of (seed, step, round, rank) so resume is exact
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
@@ -449,8 +543,11 @@ class Trainer:
         try:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 tic = time.perf_counter()
+                lr = current_lr(self.scheduler)  # the lr this step's update used
                 row = train_step(self, step)
+                self.scheduler.step()  # once per training step, with or without an update
                 row[M.TIME_STEP] = time.perf_counter() - tic
+                row[M.LR] = lr
                 row = self._gather(row)
                 if cfg.advantage.dynamic_sampling:
                     self.observe_zero_std(row[M.ZERO_STD_RATIO])
@@ -470,12 +567,47 @@ class Trainer:
                     self.save(step)
                 if stop:
                     raise StopRequested(self.stop_requested)
+            self._check_replicas()
+            # the final evaluation: a stop signal ends it at once (the last checkpoint is saved; a
+            # resume evaluates again), with the same line and the report as far as it goes
+            self.final_phase = True
+            if self.stop_requested:  # a stop signal after the last step's save: no final evaluation
+                raise StopRequested(self.stop_requested)
+            final = {}
+            if cfg.eval_every >= 0 and self.eval_prompts:
+                final, headline = self.evaluate()
+                self._log(cfg.steps, final, append_only=True)
+                self._announce(cfg.steps, headline, bar)
+                if acc.is_main_process:
+                    (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
+            self._report()
+            if acc.is_main_process:
+                ckpt = checkpoint_dir(self.run_dir, cfg.steps)
+                if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
+                    mark_finished(ckpt)
+                bar.write(f"run directory: {self.run_dir} (open report.html)")
+        except NonFiniteError as e:
+            bar.close()
+            kept = "no checkpoint was written before it"
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is not None:
+                saved = load_trainer_state(ckpt)["step"]
+                kept = (
+                    f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the "
+                    f"same steps: end the run there with --resume {self.run_dir} --steps N ({saved} ≤ N < {step})"
+                )
+            raise NonFiniteError(
+                f"step {step}: {e}, stopped before the update was applied or saved; {kept}; or start over "
+                "with other settings (e.g. a lower optim.lr)"
+            ) from None
         except KeyboardInterrupt as interrupt:
+            for sig in STOP_SIGNALS:  # stopping: a late Ctrl-C must not cut the line or the report short
+                signal.signal(sig, signal.SIG_IGN)
             bar.close()
             if acc.is_main_process:
-                print(
-                    f"interrupted: checkpoint at step {self._saved_step()}; continue with: t2i-gcpo train --resume {self.run_dir}"
-                )
+                print(self._interrupted_line(), flush=True)
+            if self.final_phase:
+                self._report_as_far_as_possible()
             if isinstance(interrupt, StopRequested):  # not after a second Ctrl-C: it may land in a collective
                 self._shutdown()
             raise
@@ -483,28 +615,30 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             bar.close()
-        self._check_replicas()
-        final = {}
-        if cfg.eval_every >= 0 and self.eval_prompts:
-            final, headline = self.evaluate()
-            self._log(cfg.steps, final, append_only=True)
-            self._announce(cfg.steps, headline, bar)
-            if acc.is_main_process:
-                (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
-        self._report()
-        if acc.is_main_process:
-            ckpt = checkpoint_dir(self.run_dir, cfg.steps)
-            if (ckpt / "trainer_state.json").is_file():  # resuming this run now has nothing to do
-                mark_finished(ckpt)
-            bar.write(f"run directory: {self.run_dir} (open report.html)")
         self._shutdown()
         return final
 
+    def _interrupted_line(self) -> str:
+        """What a stopped run says: where it stopped and the command that continues it."""
+        resume = f"t2i-gcpo train --resume {self.run_dir}"
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return f"interrupted before the first checkpoint; start it again from step 0 with: {resume}"
+        where = " during the final evaluation" if self.final_phase else ""
+        return f"interrupted{where}: checkpoint at step {load_trainer_state(ckpt)['step']}; continue with: {resume}"
+
+    def _report_as_far_as_possible(self) -> None:
+        """report.html from what the run logged so far (stopped in its final evaluation)."""
+        try:
+            self._report()
+        except Exception as e:  # the report is a convenience: its failure must not hide the resume line
+            if self.accelerator.is_main_process:
+                print(f"note: report.html not written: {e}")
+
     def _shutdown(self) -> None:
-        """End a run every process reached together: flush TensorBoard and wait until all ranks are
+        """End a run every process reached together: close the trackers and wait until all ranks are
         done, so none leaves (train.distributed.leave_process_group) while another still needs it."""
-        if self.writer is not None:
-            self.writer.close()
+        finish_trackers(self.accelerator)
         self.accelerator.wait_for_everyone()
 
     def _announce(self, step: int, headline: str, bar: Any) -> None:
@@ -539,7 +673,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         """Ctrl-C or SIGTERM: finish the step, save, stop. A second one stops at once."""
-        if self.stop_requested:
+        if self.stop_requested or self.final_phase:
             raise Interrupted(signum)
         self.stop_requested = signum
         if self.accelerator.is_main_process:
@@ -567,10 +701,7 @@ class Trainer:
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        for k, v in row.items():
-            if k != M.STEP and v is not None:
-                self.writer.add_scalar(k, v, step)
-        self.writer.flush()
+        log_metrics(self.accelerator, row, step)
         if (
             not append_only
             and self.cfg.sample_every
@@ -619,19 +750,16 @@ class Trainer:
                 optimizer_state = self.optimizer.state_dict()
             state = {"algo": self.cfg.algo, "zero_std_estimate": self.zero_std_estimate}
             save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
-                            carry=carry if any(c is not None for c in carry) else None)  # fmt: skip
+                            carry=carry if any(c is not None for c in carry) else None,
+                            scheduler_state=self.scheduler.state_dict())  # fmt: skip
         acc.wait_for_everyone()
-
-    def _saved_step(self) -> int:
-        ckpt = latest_checkpoint(self.run_dir)
-        return load_trainer_state(ckpt)["step"] if ckpt else 0
 
     def _load_resume(self, policy: Any) -> Any:
         from t2i_gcpo.policies.registry import load_policy
 
         self.ckpt = latest_checkpoint(self.run_dir)
-        if self.ckpt is None:
-            raise UserError(f"{self.run_dir} has no checkpoint to resume from")
+        if self.ckpt is None:  # stopped before its first save: the run starts again from its config
+            return policy
         state = load_trainer_state(self.ckpt)
         self.start_step = state["step"]
         self.zero_std_estimate = state.get("zero_std_estimate")
@@ -666,7 +794,12 @@ def claim_run_dir(base: Path) -> Path:
 
 
 def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
+    """Mark `run_dir` as a run (outdir.is_run_dir) and save its config: from here on `--resume` continues
+    it, from its latest checkpoint or, before the first one, from the beginning."""
+    from t2i_gcpo.outdir import RUN_MARKER
+
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_MARKER).write_text("written by t2i-gcpo train: this folder is a run (config.yaml)\n")
     save_config(cfg, run_dir / "config.yaml")
 
 
@@ -681,7 +814,10 @@ def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
     if data.get("steps") != steps:
         data["steps"] = steps
         atomic_write_text(saved, yaml.safe_dump(data, sort_keys=False))
-    truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
+    if start_step == 0:  # no checkpoint yet: the run starts again, base evaluation included
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    else:
+        truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
     if start_step < steps:
         (run_dir / "eval.json").unlink(missing_ok=True)
 

@@ -1,4 +1,4 @@
-"""Credit maps: where on the image a credit scheme puts its token weights (SPEC §4).
+"""Credit maps: where on the image a credit scheme puts its token weights (docs/concepts/credit.md).
 
 Token weights w_it of an image-token sequence live on the tokenizer's grid [rows, cols] (row-major
 token order). These helpers draw that grid over the decoded image:
@@ -292,7 +292,7 @@ def write_credit_html(
     "schemes": [...] (optional; default: every scheme found in the samples' weights),
     "figure": PNG path or bytes (optional; drawn with credit_figure when absent)}``.
     A sample may carry ``"object_grid"``: bool [rows, cols] of tokens covering prompt objects, which
-    adds a credit-lift column per scheme (SPEC §6). The table shows reward, advantage and, per scheme,
+    adds a credit-lift column per scheme (docs/worlds/shapeworld.md#credit-lift). The table shows reward, advantage and, per scheme,
     max w and the normalised weight entropy H/ln N (1 = uniform).
 
     Returns the path of the page (``<out_dir>/<filename>``), written atomically.

@@ -1,4 +1,4 @@
-"""Token credit over text completions, side by side per credit scheme (SPEC §4, §7).
+"""Token credit over text completions, side by side per credit scheme (docs/concepts/credit.md, docs/worlds/arithmetic.md).
 
 `text_heatmap_html` renders a self-contained HTML page: per sample its prompt, reward and advantage,
 then one column per credit scheme in which every token's background is cmap(w_t / vmax). The tokens

@@ -1,4 +1,4 @@
-"""Arithmetic: the embedded offline text-reasoning world (SPEC §7).
+"""Arithmetic: the embedded offline text-reasoning world (docs/worlds/arithmetic.md).
 
 Short integer problems ("12+7*3=?") answered with one reduction per line and a final "#### 33";
 noisy worked solutions to pretrain a tiny character-level model with base accuracy well below 1;

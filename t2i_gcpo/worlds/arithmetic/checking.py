@@ -1,4 +1,4 @@
-"""Reading a model's completion: its answer, its rewards, and its first wrong step (SPEC §7).
+"""Reading a model's completion: its answer, its rewards, and its first wrong step (docs/worlds/arithmetic.md).
 
 A completion is read line by line ("\\n"). The *answer line* is the first line that starts with
 "####" (after optional spaces); the answer is the integer after it, or None when there is no such
@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from t2i_gcpo.worlds.arithmetic.problems import Node, Problem, Step, expression_tree, reductions
+from t2i_gcpo.worlds.arithmetic.problems import INTEGER, Node, Problem, Step, expression_tree, reductions
 
 _STEP = re.compile(r" *(-?\d+) *([-+*]) *(-?\d+) *= *(-?\d+) *")
 _CANONICAL_STEP = re.compile(r"-?\d+[-+*]-?\d+=-?\d+")
-_ANSWER = re.compile(r"####\s*(-?\d+)\s*")
+_ANSWER = re.compile(rf"####\s*({INTEGER})\s*")  # "#### 2,000" as problem files accept it
 _CANONICAL_ANSWER = re.compile(r"#### -?\d+")
 
 
@@ -60,7 +60,7 @@ def extract_answer(text: str) -> int | None:
     for _, _, line in _lines(text):
         if _is_answer_line(line):
             m = _ANSWER.fullmatch(line.strip())
-            return None if m is None else int(m[1])
+            return None if m is None else int(m[1].replace(",", ""))
     return None
 
 

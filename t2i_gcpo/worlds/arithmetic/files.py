@@ -1,4 +1,4 @@
-"""Problem files: GSM8K-style .jsonl and one-question-a-line .txt (SPEC §7).
+"""Problem files: GSM8K-style .jsonl and one-question-a-line .txt (docs/worlds/arithmetic.md).
 
 `.jsonl` rows are objects with a question — "question", else "prompt" — and an "answer" that is
 either GSM8K's solution text ending in "#### N" (N may carry thousands commas: "#### 1,200") or an
@@ -18,10 +18,10 @@ import re
 from pathlib import Path
 
 from t2i_gcpo.errors import UserError, check_file, shorten
-from t2i_gcpo.worlds.arithmetic.problems import Problem, parse_question
+from t2i_gcpo.worlds.arithmetic.problems import INTEGER, Problem, parse_question
 from t2i_gcpo.worlds.arithmetic.solutions import solution_text
 
-_INTEGER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)")
+_INTEGER = re.compile(INTEGER)
 
 
 def answer_from_text(text: str) -> int:

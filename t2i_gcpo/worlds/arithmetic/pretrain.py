@@ -1,34 +1,9 @@
-"""Pretrain the arithmetic world's tiny causal LM on noisy worked solutions (SPEC §7).
+"""Pretrain the arithmetic world's tiny causal LM on noisy worked solutions (docs/worlds/arithmetic.md).
 
-1. Data: the training problems of `make_splits(n_train, n_test)` (the held-out test problems are
-   drawn first, so they are those of `make_splits()` whatever `n_train` is, and never trained on).
-   Every step draws `batch` problems and a FRESH noisy solution for each (`noisy_solution`, slip
-   rate `p_wrong` per step), so the model learns the slip rate rather than particular slips. The
-   text is the prompt frame `format_prompt(question)` ("Q: …\\nA:\\n", exactly the context
-   `TextPolicy` builds through the tokenizer's chat template, no BOS), the solution, then EOS.
-   With probability `empty_dropout` the question is left out ("Q: \\nA:\\n", GCPO's `empty`
-   negative context), as ShapeWorld's null-prompt dropout gives CFG its unconditional branch: c⁻
-   is then a context the model has seen.
-2. Model: a transformers `LlamaForCausalLM` (`ModelShape`) over the world's character tokenizer;
-   next-token cross-entropy on the completion tokens (solution and EOS) only; AdamW, linear
-   warm-up then cosine decay to 10 %, gradient clipping at 1, bf16 autocast only where the CPU
-   has native bf16 (`use_bf16`).
-3. Save with `save_pretrained` (safetensors, tokenizer, generation config with eos / pad), reload
-   with `TextPolicy.from_pretrained`, and measure the held-out accuracy: sampled at temperature 1
-   (`eval_samples` per problem, the RL starting point) and greedy (top-k 1).
-
-Why base accuracy stays below 1: a perfect imitator of the data, sampled at T = 1, is right with
-probability E[(1 − p_wrong)^steps] (`data_accuracy`); the model's own arithmetic slips come on top.
-Greedy decoding picks each step's modal (correct) result, so it shows what the model can compute.
-
-The shipped model (t2i_gcpo/assets/arithmetic, `--model arithmetic`, 3.4 MB) was built with the
-defaults by ``t2i-gcpo pretrain --world arithmetic --threads 1``: 0.87 M parameters, 2000 steps in
-7.2 min on a shared 2-core machine, completion loss 0.14; held-out accuracy 0.38 sampled at T = 1
-(a perfect imitator of the data: 0.77) and 0.64 greedy, format 0.99 / 1.0. Fewer steps fall off a
-cliff (batch 64 × 700 steps: greedy 0.25; 300 steps: no problem right), so `steps` and `batch` are
-not knobs to cut first; `p_wrong` moves the sampled accuracy (0.15 gave 0.33 sampled, 0.72 greedy).
-
-`pretrain(out, cfg)` returns the statistics it also writes to ``out/pretrain.json``.
+Every step draws fresh noisy solutions (a slip rate per step), so the model learns the slip rate and its
+sampled accuracy stays well below 1 — room for RL; with some probability the question is left out, so
+GCPO's ``empty`` negative context is one the model has seen. `pretrain(out, cfg)` returns the statistics
+it also writes to ``out/pretrain.json``. Details and the shipped model: docs/worlds/arithmetic.md#pretraining.
 """
 
 from __future__ import annotations

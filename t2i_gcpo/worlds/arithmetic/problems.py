@@ -1,4 +1,4 @@
-"""Arithmetic problems (SPEC §7): integer expressions over + - * and their correct reductions.
+"""Arithmetic problems (docs/worlds/arithmetic.md): integer expressions over + - * and their correct reductions.
 
 An expression is parsed into a tree with the usual precedence (* before + and -, both left
 associative), so "12-3+2*4" is ((12-3)+(2*4)). A reduction replaces one node whose two children
@@ -18,12 +18,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, shorten
 
 OPS = "+-*"
 MIN_OPS, MAX_OPS = 2, 3  # operators per generated problem
 MAX_OPERAND = 20  # operands are drawn from 1..MAX_OPERAND
 MAX_VALUE = 999  # every intermediate value of a generated problem lies in 0..MAX_VALUE
+
+MAX_QUESTION_OPS = 200  # the most operators a question may have: trees are walked recursively
+# (a deeper one overflows Python's stack) and the shipped model reads 1024 characters in all
+# an integer as problem files and completions write it: "2000", "-7", or with thousands commas "2,000"
+INTEGER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)"
 
 Node = int | tuple[str, "Node", "Node"]  # a number, or (op, left, right)
 
@@ -76,6 +81,11 @@ def parse_expression(text: str) -> Node | None:
     if not _EXPRESSION.fullmatch(text):
         return None
     tokens = _TOKEN.findall(text)
+    if len(tokens) // 2 > MAX_QUESTION_OPS:
+        raise UserError(
+            f"question {shorten(text)!r} has {len(tokens) // 2} operators, more than this world's "
+            f"{MAX_QUESTION_OPS}"
+        )
     terms: list[tuple[str, Node]] = []  # (op joining it to the previous term, product)
     node: Node = int(tokens[0])
     for op, num in zip(tokens[1::2], tokens[2::2]):

@@ -1,4 +1,4 @@
-"""What the tiny model reads: the prompt frame and GCPO's text negative contexts (SPEC §4.1, §7).
+"""What the tiny model reads: the prompt frame and GCPO's text negative contexts (docs/concepts/credit.md#gcpo, docs/worlds/arithmetic.md).
 
     Q: 12+7*3=?
     A:

@@ -1,4 +1,4 @@
-"""Worked solutions: one reduction per line in canonical order, then "#### <answer>" (SPEC §7).
+"""Worked solutions: one reduction per line in canonical order, then "#### <answer>" (docs/worlds/arithmetic.md).
 
     12+7*3=?   →   7*3=21
                    12+21=33

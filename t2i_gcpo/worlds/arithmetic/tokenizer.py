@@ -1,4 +1,4 @@
-"""The tiny model's character tokenizer: one token per character of ALPHABET (SPEC §7).
+"""The tiny model's character tokenizer: one token per character of ALPHABET (docs/worlds/arithmetic.md).
 
 Problems and solutions need only digits, "+-*=?#", space and newline; the alphabet adds the
 letters and ":.," so that the prompt frame ("Q: … A:") and the `wrong_answer` negative context

@@ -1,4 +1,4 @@
-"""ShapeWorld: the embedded offline miniature of GenEval (SPEC §6).
+"""ShapeWorld: the embedded offline miniature of GenEval (docs/worlds/shapeworld.md).
 
 Coloured shapes on a #999999 canvas, prompts in GenEval's six templates and metadata schema, a
 renderer that draws scenes satisfying their metadata, and a detector that reads objects back from

@@ -1,4 +1,4 @@
-"""`python -m t2i_gcpo.worlds.shapeworld --out prompts/` regenerates the shipped prompt files."""
+"""`python -m t2i_gcpo.worlds.shapeworld` regenerates the shipped prompt files (t2i_gcpo/prompts/)."""
 
 from t2i_gcpo.worlds.shapeworld.prompts import main
 

@@ -1,50 +1,8 @@
-"""GenEval prompt text ↔ metadata (SPEC §8 schema), for ShapeWorld shapes or the 80 COCO classes.
+"""GenEval prompt text ↔ metadata (docs/evaluation/geneval.md schema), for ShapeWorld shapes or the 80 COCO classes.
 
-GenEval's six templates, exactly as worded in its evaluation_metadata.jsonl:
-
-    single_object  a photo of a {obj}
-    two_object     a photo of a {obj1} and a {obj2}
-    counting       a photo of {two|three|four} {plural}        (+ exclude {obj, count + 1})
-    colors         a photo of a {color} {obj}
-    position       a photo of a {obj2} {relation} a {obj1}     (include [obj1, obj2 + position [rel, 0]])
-    color_attr     a photo of a {color1} {obj1} and a {color2} {obj2}
-
-"a" becomes "an" before a vowel. GenEval's plural appends "es" to names ending in "s" (bus → buses)
-and "s" otherwise (bench → benchs, knife → knifes, sheep → sheeps, person → persons); parsing also
-accepts the English plural (benches, knives, sheep, people).
-
-Beyond the templates, `parse_prompt` reads compositional prompts into the same schema, scored by the
-same rules (t2i_gcpo.scoring.geneval_rules):
-
-    prompt   = "a photo of" object {("," | "and" | ", and") object} [relation object]
-    object   = ("a" | "an" | "two" | "three" | "four") [colour] class   (the plural after a number)
-    relation = "left of" | "right of" | "above" | "below"
-
-- A number means exactly that many: include count n and exclude count n + 1 (GenEval's counting
-  rule); "a"/"an" is count 1 (at least one for GenEval's strict verdict, exactly one for §8.2).
-- A relation holds for every object before it: the object after it is include[0] (GenEval's
-  position layout, target first) and each object before it gets position [relation, 0], so
-  "a circle and a square left of a triangle" asks for both left of the triangle.
-- Each class is named once: GenEval's rules count and colour objects per class, so "a red circle
-  and a blue circle" could not be scored.
-- With ShapeWorld's shapes (the default classes) a prompt asks for at most 6 objects in all, what
-  a ShapeWorld scene holds (`render.sample_scene`).
-
-Tags. Text that matches one of the six templates exactly parses as before, with that template's
-tag; a prompt written otherwise whose metadata has a template's shape ("a photo of a circle, a
-square") gets that template's tag too. Every other prompt is tagged by what it tests
-(`EXTENDED_TAGS`):
-
-    multi_object          three or more objects, nothing else    a photo of a circle, a square and a triangle
-    multi_color           colours beyond colors / color_attr     a photo of a red circle and a square
-    multi_count           numbers with more than one object      a photo of two circles and a square
-    multi_position        a relation with several objects first  a photo of a circle and a bar above a cross
-    color_count           colours and numbers                    a photo of two red circles and a blue square
-    color_position        colours and a relation                 a photo of a red circle left of a blue square
-    count_position        numbers and a relation                 a photo of two circles left of a square
-    color_count_position  colours, numbers and a relation        a photo of two red circles below a blue bar
-
-The detection threshold stays GenEval's: 0.9 for the `counting` tag only, 0.3 for every other tag.
+GenEval's six templates parse exactly as worded in its evaluation_metadata.jsonl; compositional prompts
+("a photo of two red circles left of a square") parse into the same schema, scored by the same rules,
+and are tagged by what they test (`EXTENDED_TAGS`). Grammar and rules: docs/worlds/shapeworld.md#prompt-grammar.
 """
 
 from __future__ import annotations
@@ -412,11 +370,15 @@ def metadata_conflict(metadata: dict, classes: list[str] | None = None) -> str |
     )
 
 
-def validate_metadata(metadata: object, classes: list[str] | None = None) -> dict:
-    """Check one GenEval metadata record (SPEC §8 schema); return it or raise UserError (one line).
+def validate_metadata(
+    metadata: object, classes: list[str] | None = None, max_objects: int | None = None
+) -> dict:
+    """Check one GenEval metadata record (docs/evaluation/geneval.md schema); return it or raise UserError (one line).
 
     `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others). The tag
-    is one of GenEval's six or of `EXTENDED_TAGS`.
+    is one of GenEval's six or of `EXTENDED_TAGS`. A record no image can satisfy is refused too: a
+    class required at least n times and excluded from n on (exclude count ≤ include count), or, with
+    `max_objects` (a ShapeWorld scene's 6), more objects required in all than a scene holds.
     """
 
     def fail(why: str):
@@ -457,4 +419,15 @@ def validate_metadata(metadata: object, classes: list[str] | None = None) -> dic
                 )
                 if key != "include" or not ok:
                     fail(f"{key}[{i}] 'position' must be [relation, index of another include]")
+    for j, ex in enumerate(metadata.get("exclude", [])):  # "fewer than count" of a class (in a colour)
+        for i, c in enumerate(include):
+            same = c["class"] == ex["class"] and ex.get("color") in (None, c.get("color"))
+            if same and c["count"] >= ex["count"]:
+                fail(
+                    f"impossible: include[{i}] requires {c['count']} {c['class']} and exclude[{j}] allows "
+                    f"fewer than {ex['count']}"
+                )
+    total = sum(c["count"] for c in include)
+    if max_objects is not None and total > max_objects:
+        fail(f"impossible: it requires {total} objects; a scene holds at most {max_objects}")
     return metadata

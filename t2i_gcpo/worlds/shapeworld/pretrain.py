@@ -5,11 +5,11 @@
 2. VQ-VAE (t2i_gcpo.tokenizers.vq) on those renders; every render is then encoded to 8×8 ids
    (16×16 at 64 px).
 3. Prior (t2i_gcpo.policies.ar): next-token cross-entropy on the image tokens, prompt replaced by
-   the null prompt with probability `cfg_dropout` (the unconditional branch of CFG, SPEC §6).
+   the null prompt with probability `cfg_dropout` (the unconditional branch of CFG, docs/worlds/shapeworld.md).
 4. Save (fp16 safetensors), reload from disk, score the reloaded model on the test prompts.
 
 The shipped model is deliberately under-trained: its strict score must leave RL room to improve
-(SPEC §6: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs. `PretrainConfig.for_size(64)`
+(docs/worlds/shapeworld.md: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs. `PretrainConfig.for_size(64)`
 gives the 64 px scale's defaults (render.py: 4×4-token objects with a rim and a pale core).
 """
 

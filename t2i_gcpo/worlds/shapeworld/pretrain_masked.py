@@ -7,7 +7,7 @@
 2. MaskGIT training (Chang et al. 2022, arXiv 2202.04200, §3.1): per row a time t ~ U(0, 1), the
    mask ratio γ(t) = cos(πt/2) of the sampler's cosine schedule, ⌈γ(t)·T⌉ positions (≥ 1) chosen
    uniformly and replaced by [MASK]; cross-entropy on the masked positions only. The prompt is
-   replaced by the null prompt with probability `cfg_dropout` (CFG's unconditional branch, SPEC §6).
+   replaced by the null prompt with probability `cfg_dropout` (CFG's unconditional branch, docs/worlds/shapeworld.md).
    AdamW, linear warm-up then cosine decay to 10 %, bf16 autocast where the CPU has native bf16.
 3. Save (fp16 safetensors), reload from disk, score the reloaded model on the held-out test prompts
    through the `evaluate` callback (this module stays below tasks/, as `pretrain` does).

@@ -1,4 +1,4 @@
-"""ShapeWorld prompt sets in GenEval's schema (SPEC §6, §8), and prompt-file reading/writing.
+"""ShapeWorld prompt sets in GenEval's schema (docs/worlds/shapeworld.md, docs/evaluation/geneval.md), and prompt-file reading/writing.
 
 With 5 shapes and 10 colours the unique prompts per tag are few for some tags (single_object 5,
 counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
@@ -7,7 +7,7 @@ counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
 - the train set is the rest, drawn tag-balanced: `n_train` rows, an equal number per tag, each tag
   cycling through its remaining prompts (small tags repeat). Train and test share no prompt text.
 
-Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld --out prompts/`.
+Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld` (into t2i_gcpo/prompts/).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def write_prompts(metadata: list[dict], path: str | Path) -> None:
 
 
 def read_prompt_file(
-    path: str | Path, classes: list[str] | None = None, *, strict: bool = True
+    path: str | Path, classes: list[str] | None = None, *, strict: bool = True, max_objects: int | None = None
 ) -> list[dict]:
     """Read a prompt file into GenEval metadata.
 
@@ -151,7 +151,8 @@ def read_prompt_file(
     (class, count, colour) and relations as its include clauses, or it is refused; a row whose
     prompt does not parse is taken as it is — the metadata is the ground truth (GenEval's own rows
     are authoritative, and real prompts may be free text). Tags and excludes are not compared.
-    A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
+    A row no image can satisfy is refused (`validate_metadata`; `max_objects`: the most objects a
+    scene holds). A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
     line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
     path = Path(path)
@@ -186,7 +187,7 @@ def read_prompt_file(
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise UserError(f"malformed JSON ({e.msg})") from None
-                record = validate_metadata(record, classes)
+                record = validate_metadata(record, classes, max_objects)
                 conflict = metadata_conflict(record, classes)
                 if conflict is not None:
                     raise UserError(f"{conflict}: fix the prompt or the metadata")
@@ -199,9 +200,11 @@ def read_prompt_file(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    """Write t2i_gcpo/prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    from t2i_gcpo.resources import PROMPTS_DIR
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="prompts", help="output folder")
+    ap.add_argument("--out", default=str(PROMPTS_DIR), help="output folder [default: the shipped files]")
     ap.add_argument("--n-train", type=int, default=1200)
     ap.add_argument("--n-test", type=int, default=120)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""ShapeWorld renderer and scene sampler (SPEC §6).
+"""ShapeWorld renderer and scene sampler (docs/worlds/shapeworld.md).
 
 Coordinates are fractions of the canvas so one scene renders at any size: `cx`, `cy` ∈ [0, 1] are
 the centre (y grows downward), `size` is the side of the object's square bounding box as a
@@ -8,7 +8,7 @@ cells), one free cell between objects, at one of two scales:
   per shape (151 distinct 4×4 patches in all, within the 256-entry codebook), so the prior's
   randomness is in what GenEval scores — layout, class, colour, count — and not in sub-token pixel
   offsets and sizes that no prompt asks about (those made most sampled objects malformed blobs and
-  drowned RL's gradient in irrelevant choices; README "ShapeWorld").
+  drowned RL's gradient in irrelevant choices; docs/results/shapeworld.md#gradient-signal).
 - 64 px (16×16 tokens): a 16 px box, 4×4 tokens, drawn with inner detail — a 2 px rim in the
   object's colour around a pale core of the same colour (`core_rgb`: 65 % colour over the gray
   background) — so the tokens inside an object are not flat copies of its first one.
@@ -142,7 +142,7 @@ def render(objects: list[ShapeObject], size: int = 32) -> np.ndarray:
 
 
 def token_grid_mask(masks: list[np.ndarray], grid: tuple[int, int]) -> np.ndarray:
-    """[rows, cols] bool — tokens "on an object" for credit-lift scoring (SPEC §6).
+    """[rows, cols] bool — tokens "on an object" for credit-lift scoring (docs/worlds/shapeworld.md#credit-lift).
 
     The union of `masks` is split into a rows×cols grid of pixel blocks (block edges at
     round(i·H/rows)); a token is on an object when ≥ 25 % of its block's pixels are object pixels.
@@ -203,7 +203,7 @@ def _geometry(size: int) -> tuple[float, float]:
 
 
 def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> list[ShapeObject]:
-    """A random scene that satisfies GenEval `metadata` (SPEC §6, rules of §8).
+    """A random scene that satisfies GenEval `metadata` (docs/worlds/shapeworld.md, rules of docs/evaluation/geneval.md).
 
     Every include clause gets exactly `count` objects of its class (count 1 if absent), in its
     colour if one is required, else in a random colour; no other objects are added, so excludes

@@ -1,0 +1,105 @@
+"""Experiment trackers through accelerate's tracker API (`report_to`): TensorBoard (the default, in the
+run directory's tb/), Weights & Biases, MLflow and Trackio, each given the same metric names and values
+as metrics.jsonl (t2i_gcpo/metrics.py), at the same steps.
+
+Where each one writes: TensorBoard to <run>/tb/t2i-gcpo/; W&B to <run>/wandb/ (online or, with
+WANDB_MODE=offline, as an offline run to `wandb sync` later), project t2i-gcpo; MLflow to its tracking URI
+(MLFLOW_TRACKING_URI, else MLflow's default ./mlflow.db), experiment t2i-gcpo; Trackio to its local
+store (TRACKIO_DIR), project t2i-gcpo. The W&B, MLflow and Trackio run is named after the run directory;
+all but TensorBoard also get the resolved config (dotted keys)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from t2i_gcpo.errors import UserError
+
+PROJECT = "t2i-gcpo"
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+CHOICES = (*TRACKERS, "all", "none")
+
+
+def installed(name: str) -> bool:
+    """The tracker's package (its module has the tracker's name; mlflow-skinny provides mlflow)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def check_report_to(spec: str) -> None:
+    """A one-line UserError for a name that is not a tracker (config validation)."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in CHOICES]
+    if bad or not names:
+        raise UserError(
+            f"invalid config: report_to must be one of {', '.join(CHOICES)} or a comma-separated list, got {spec!r}"
+        )
+
+
+def resolve_report_to(spec: str) -> list[str]:
+    """The trackers `spec` asks for ('all': every installed one; 'none': none); a UserError naming the
+    pip extra for one that is not installed."""
+    check_report_to(spec)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if "none" in names:
+        if len(names) > 1:
+            raise UserError("report_to: 'none' cannot be combined with trackers")
+        return []
+    if "all" in names:
+        return [t for t in TRACKERS if installed(t)]
+    missing = [n for n in dict.fromkeys(names) if not installed(n)]
+    if missing:
+        n = missing[0]
+        raise UserError(f"report_to={n} needs the {n} package: pip install 't2i-gcpo[{n}]'")
+    return list(dict.fromkeys(names))
+
+
+def flat_config(data: dict, prefix: str = "") -> dict[str, Any]:
+    """{'optim': {'lr': 1e-4}} → {'optim.lr': 1e-4}; None → 'null' (trackers' config tables want scalars)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = "null" if value is None else value
+    return out
+
+
+def start_trackers(
+    accelerator: Any, trackers: list[str], run_dir: Path, config: dict, start_step: int, resume: bool = False
+) -> None:
+    """init_trackers for a run in `run_dir` that resumes after `start_step`. TensorBoard drops events
+    past start_step (a killed run's steps after its checkpoint are trained again), and all of them when
+    a resumed run starts over from step 0 (it had no checkpoint)."""
+    if not trackers:
+        return
+    # the run directory is known only now (the Accelerator was made first): TensorBoard writes under it
+    accelerator.project_configuration.logging_dir = str(run_dir / "tb")  # <run>/tb/t2i-gcpo
+    name = run_dir.resolve().name
+    kwargs = {
+        "tensorboard": {"purge_step": start_step + 1 if start_step else 0} if resume else {},
+        "wandb": {"dir": str(run_dir), "name": name},
+        "mlflow": {"run_name": name},
+        "trackio": {"name": name},
+    }
+    accelerator.init_trackers(PROJECT, init_kwargs=kwargs)
+    flat = flat_config(config)
+    for tracker in accelerator.trackers:
+        if tracker.name != "tensorboard":  # TensorBoard's hparams would add a sub-run; config.yaml holds it
+            tracker.store_init_configuration(flat)
+
+
+def log_metrics(accelerator: Any, row: dict, step: int) -> None:
+    """One metrics.jsonl row to every tracker (None values, NaN in the row, are left out)."""
+    values = {k: v for k, v in row.items() if k != "step" and v is not None}
+    if values and accelerator.trackers:
+        accelerator.log(values, step=step)
+
+
+def finish_trackers(accelerator: Any) -> None:
+    """Close every tracker (flush TensorBoard, end the W&B / MLflow / Trackio run). Not
+    accelerator.end_training: it also destroys the process group, which the caller leaves later
+    (train.distributed.leave_process_group) once every rank is done."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    accelerator.trackers = []
