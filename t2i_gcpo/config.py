@@ -8,10 +8,12 @@ paper symbol; ``t2i-gcpo train --help-config`` prints this documentation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -638,16 +640,23 @@ def load_config(
     algo: str | None = None,
     config_file: str | Path | None = None,
     flags: dict[str, Any] | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+    base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given)."""
-    file_data = _read_yaml(config_file_path(config_file)) if config_file else {}
-    algo = algo or file_data.get("algo") or TrainConfig.algo
-    cfg = TrainConfig()
-    _apply(cfg, _read_yaml(preset_path(algo)))
-    _apply(cfg, file_data)
+    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given);
+    `overrides` is ``--set`` strings ("key=value", the value read as YAML) or a dict of dotted keys to
+    values. A `base` config (a copy of it) replaces the preset and the config file."""
+    if base is not None:
+        cfg, algo = copy.deepcopy(base), base.algo
+    else:
+        file_data = _read_yaml(config_file_path(config_file)) if config_file else {}
+        algo = algo or file_data.get("algo") or TrainConfig.algo
+        cfg = TrainConfig()
+        _apply(cfg, _read_yaml(preset_path(algo)))
+        _apply(cfg, file_data)
     _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
-    sets = nest(dict(parse_set(s) for s in overrides))
+    pairs = overrides.items() if isinstance(overrides, Mapping) else (parse_set(s) for s in overrides)
+    sets = nest(dict(pairs))
     if "algo" in sets and sets["algo"] != algo:  # it would be overwritten below: never silently
         raise UserError(
             f"config key 'algo': give the algorithm with --algo {sets['algo']} (it picks the preset every "

@@ -24,6 +24,10 @@ class UserError(Exception):
     """Bad input from the user; the message is shown as is, on one line."""
 
 
+class RewardError(UserError):
+    """A reward failed (raised, returned NaN/inf, or returned the wrong number of scores)."""
+
+
 def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     """Raise `UserError` unless `path` is a directory this process can create files in, or can be
     created as one (`what` names it in the message, e.g. "--out"). Leaves nothing behind: a probe

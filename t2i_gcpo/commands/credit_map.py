@@ -69,34 +69,13 @@ def credit_map_cmd(
     credit lift of each scheme (share of credit on tokens covering the prompt's objects over the share of
     such tokens; uniform credit = 1).
     """
-    from t2i_gcpo.commands.options import lock_out
-    from t2i_gcpo.core import CREDIT_SCHEMES
-    from t2i_gcpo.errors import UserError, check_writable_dir
-    from t2i_gcpo.train.credit_maps import check_credit_out, run_credit_maps
+    from pathlib import Path
 
-    check_credit_out(lock_out(check_writable_dir(out, "--out")))  # before loading any model
-    if not prompt_texts and not prompt_file:
-        raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
-    names = tuple(s.strip() for s in schemes.split(",") if s.strip())
-    unknown = [s for s in names if s not in CREDIT_SCHEMES]
-    if unknown or not names:
-        raise UserError(
-            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)}"
-        )
-    if group_size < 2:
-        raise UserError("--group must be ≥ 2 (advantages are group-relative)")
-    table = run_credit_maps(
-        list(prompt_texts),
-        prompt_file,
-        limit,
-        model,
-        reference,
-        names,
-        group_size,
-        cfg_scale,
-        reward,
-        seed,
-        out,
-        negative=negative,
-    )
+    from t2i_gcpo.api import credit_maps
+
+    names = schemes.split(",")
+    # a Path is a file, never a prompt
+    table = credit_maps(list(prompt_texts), out, model, prompt_file=Path(prompt_file) if prompt_file else None,
+                        limit=limit, reference=reference, schemes=names, group_size=group_size,
+                        cfg_scale=cfg_scale, reward=reward, negative=negative, seed=seed)  # fmt: skip
     click.echo(table)

@@ -49,27 +49,6 @@ def _overwrite_option(what: str):
     )
 
 
-class ShapeWorldDetector:
-    """ShapeWorld's pixel detector behind the GenEval detector interface (PIL image → detections)."""
-
-    name = "shapeworld"
-
-    def __call__(self, image):
-        import numpy as np
-
-        from t2i_gcpo.worlds.shapeworld.detect import detect
-
-        return detect(np.asarray(image.convert("RGB")))
-
-
-def _detector(spec: str, device: str):
-    if spec == "shapeworld":
-        return ShapeWorldDetector(), None
-    from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
-
-    return Mask2FormerDetector.from_pretrained(spec, device=device), "clip"
-
-
 def _print_summary(out: Path, summary: dict) -> None:
     from t2i_gcpo.scoring.geneval_rules import format_summary
 
@@ -107,48 +86,12 @@ def geneval_cmd(
 ):  # fmt: skip
     """GenEval's 553 prompts: generate 4 images each (resumable), then score them with Mask2Former and
     CLIP colour classification through GenEval's rules. Output as GenEval's summary."""
-    from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.geneval import (
-        generate_geneval,
-        load_geneval_prompts,
-        masked_asked,
-        score_geneval_folder,
-    )
-    from t2i_gcpo.eval.layout import check_resumable, model_identity
+    from t2i_gcpo.api import evaluate_geneval
 
-    if bool(model) == bool(score_only):
-        raise UserError("give either --model (generate, then score) or --score-only DIR")
-    if overwrite and not model:
-        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
-    if images_per_prompt < 1 or batch < 1:
-        raise UserError(f"--n and --batch must be >= 1 (got {images_per_prompt}, {batch})")
-    out = _check_out(out)
-    prompts = load_geneval_prompts() if model else None
-    if model and not overwrite:  # refuse a folder of other prompts or settings before loading any model
-        known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
-                 "n": images_per_prompt, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                 **masked_asked(steps, reveal_order)}  # fmt: skip
-        check_resumable(out / "images", prompts, known)
-    det, needs_clip = _detector(detector, device)
-    colors = None
-    if needs_clip:
-        if not clip_ckpt:
-            raise UserError(
-                "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
-            )
-        from t2i_gcpo.scoring.color_clip import ClipColorClassifier
-
-        colors = ClipColorClassifier.from_pretrained(clip_ckpt, clip_model, device=device)
-    root = Path(score_only) if score_only else out / "images"
-    if model:
-        policy = _policy(model)
-        generate_geneval(
-            policy, prompts, root, n=images_per_prompt, batch=batch, cfg_scale=cfg_scale,
-            steps=steps, reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
-        )  # fmt: skip
-    summary = score_geneval_folder(root, det, colors, out, metadata_list=prompts,
-                                   n=images_per_prompt if model else None)  # fmt: skip
-    _print_summary(out, summary)
+    summary = evaluate_geneval(out, detector, model, clip=clip_ckpt, clip_model=clip_model, score_only=score_only,
+                               n=images_per_prompt, batch=batch, cfg_scale=cfg_scale, steps=steps,
+                               reveal_order=reveal_order, seed=seed, device=device, overwrite=overwrite)  # fmt: skip
+    _print_summary(Path(out), summary)
 
 
 @eval_cmd.command("shapeworld", context_settings=CTX)
@@ -174,34 +117,14 @@ def shapeworld_cmd(
 ):
     """The held-out ShapeWorld prompts, 4 images each, scored by the ShapeWorld detector through the
     GenEval rules: per-tag strict and partial scores, in GenEval's output format."""
-    from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
-    from t2i_gcpo.eval.layout import model_identity
-    from t2i_gcpo.resources import PROMPTS_DIR
-    from t2i_gcpo.tasks.registry import get_task
+    from t2i_gcpo.api import evaluate_shapeworld
 
-    out = _check_out(out)
-    policy = _policy(model)
-    task = get_task(policy.default_task, policy)
-    metadata = [p.meta for p in task.load_prompts(prompts or PROMPTS_DIR / "shapeworld_test.jsonl")]
-    root = out / "images"
-    generate_geneval(
-        policy,
-        metadata,
-        root,
-        n=images_per_prompt,
-        batch=batch,
-        cfg_scale=cfg_scale,  # left out: the recorded one of a resumed folder, else the model's
-        steps=steps,
-        reveal_order=reveal_order,
-        seed=seed,
-        model=model_identity(model),
-        overwrite=overwrite,
-    )
-    summary = score_geneval_folder(
-        root, ShapeWorldDetector(), None, out, metadata_list=metadata, n=images_per_prompt
-    )
-    _print_summary(out, summary)
-    _print_partial(out)
+    # a Path is a file, never a prompt
+    summary = evaluate_shapeworld(out, model, Path(prompts) if prompts else None, images_per_prompt, batch=batch,
+                                  cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
+                                  overwrite=overwrite)  # fmt: skip
+    _print_summary(Path(out), summary)
+    _print_partial(Path(out))
 
 
 def _print_partial(out: Path) -> None:

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
+from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
 
 
 @click.command("sample")
@@ -71,38 +71,14 @@ def sample_cmd(
       t2i-gcpo sample --prompts prompts/shapeworld_test.txt --out samples/ --n 4 --cfg 3
       t2i-gcpo sample --model shapeworld-masked --steps 16 --prompts prompts/shapeworld_test.txt --out masked16/
     """
-    import numpy as np
-    from PIL import Image
+    from pathlib import Path
 
-    from t2i_gcpo.errors import check_writable_dir
-    from t2i_gcpo.eval.geneval import generate_geneval
-    from t2i_gcpo.eval.layout import model_identity, sample_path
-    from t2i_gcpo.policies.registry import load_policy
-    from t2i_gcpo.resources import prompt_file
-    from t2i_gcpo.tasks.registry import get_task
-    from t2i_gcpo.train.visuals import image_grid
-    from t2i_gcpo.worlds.shapeworld import read_prompt_file
+    from t2i_gcpo.api import sample
 
-    out_dir = check_writable_dir(out, "--out")  # before loading anything
-    prompts_path = prompt_file(prompts_path)  # the user's file, else the shipped one it names
-    lock_out(out_dir)
-    texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
-    policy = load_policy(model).eval()
-    policy.check_prompts(texts)  # every word the model cannot take, at once
-    # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
-    metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-    # --cfg, --steps, --reveal-order left out: a resumed folder's recorded values, else the model's
-    generate_geneval(policy, metadata, out_dir, n=n_images, batch=max(1, 64 // n_images), cfg_scale=cfg_scale,
-                     temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed,
-                     model=model_identity(model),
-                     overwrite=overwrite)  # fmt: skip
-    images = np.stack(
-        [
-            np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
-            for i in range(len(metadata))
-            for k in range(n_images)
-        ]
+    # a Path is a file, never a prompt
+    result = sample(Path(prompts_path), out, model, n_images, cfg_scale=cfg_scale, temperature=temperature,
+                    top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed, grid_scale=grid_scale,
+                    overwrite=overwrite)  # fmt: skip
+    click.echo(
+        f"wrote {len(result.prompts)} × {n_images} images to {out}/ (grid: {os.path.join(out, 'grid.png')})"
     )
-    cols = min(len(images), n_images * max(1, 16 // n_images))  # whole groups per row, ≈ 16 images wide
-    Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(os.path.join(out, "grid.png"))
-    click.echo(f"wrote {len(metadata)} × {n_images} images to {out}/ (grid: {os.path.join(out, 'grid.png')})")

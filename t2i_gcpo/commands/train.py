@@ -98,9 +98,9 @@ def train_cmd(
 
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
     """
+    from t2i_gcpo.api import train
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.train.distributed import leave_process_group
-    from t2i_gcpo.train.run import prepare, run
 
     if resume:
         if (
@@ -108,26 +108,22 @@ def train_cmd(
             or overrides
         ):
             raise UserError("--resume takes the run's saved config; only --steps may be given with it")
-        job = prepare(resume_dir=Path(resume), steps=steps)
-    else:
-        if not prompts:
-            raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
-        flags = dict(
-            prompts=prompts, model=model, reward=reward, out=out, steps=steps, seed=seed, report_to=report_to
-        )
-        job = prepare(algo=algo, config_file=config_file, flags=flags, overrides=overrides)
+    elif not prompts:
+        raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
     try:
-        run(job)  # prints each held-out evaluation and the run directory
+        # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
+        train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
+              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
             signal.signal(sig, signal.SIG_IGN)
-        _say_how_to_continue(job, interrupt)
+        _say_how_to_continue(getattr(interrupt, "run_dir", None), interrupt)  # api.train names it
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
     leave_process_group()
 
 
-def _say_how_to_continue(job, interrupt: KeyboardInterrupt) -> None:
+def _say_how_to_continue(run_dir: Path | None, interrupt: KeyboardInterrupt) -> None:
     """A Ctrl-C before the training loop took over the signals (the loop prints its own line): the run
     directory, once it is one, continues with --resume like any other."""
     import os
@@ -135,7 +131,6 @@ def _say_how_to_continue(job, interrupt: KeyboardInterrupt) -> None:
     from t2i_gcpo.outdir import is_run_dir
     from t2i_gcpo.train.trainer import Interrupted
 
-    run_dir = job.run_dir
     if isinstance(interrupt, Interrupted) or run_dir is None or int(os.environ.get("RANK", 0)) != 0:
         return
     if is_run_dir(run_dir):

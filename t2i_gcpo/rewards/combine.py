@@ -4,6 +4,7 @@
   inside the reward, a wrong number of scores, or a NaN/inf score raises `RewardError` naming the
   reward (a NaN reward would silently poison the group advantages of docs/concepts/algorithms.md#sequence-advantages).
 - `WeightedSum([(reward, weight), …])`: r = Σ_k w_k r_k.
+- `FunctionReward(fn)`: a Python callable (the API's ``reward=``), checked the same way.
 - `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
   ``list[float] | Tensor | RewardOutput`` (``path/to/file.py:function`` works too).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,12 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import RewardError, UserError
 from t2i_gcpo.rewards.base import Reward, RewardOutput
-
-
-class RewardError(UserError):
-    """A reward failed (raised, returned NaN/inf, or returned the wrong number of scores)."""
 
 
 def reward_name(reward: Any) -> str:
@@ -136,12 +134,12 @@ def check_prompts(reward: Any, prompts: list[str], metadata: list[dict]) -> None
 
 
 def runs_user_code(reward: Any) -> bool:
-    """Whether `reward` calls a user function (``module:function``), alone or in a sum."""
+    """Whether `reward` calls a user function (``module:function`` or an API callable), alone or in a sum."""
     if isinstance(reward, Checked):
         return runs_user_code(reward.inner)
     if isinstance(reward, WeightedSum):
         return any(runs_user_code(r) for r, _ in reward.parts)
-    return isinstance(reward, CallableReward)
+    return isinstance(reward, FunctionReward)  # CallableReward is one
 
 
 def _import_module(module: str) -> Any:
@@ -165,12 +163,44 @@ def _import_module(module: str) -> Any:
         raise UserError(f"cannot import reward module '{module}': {type(e).__name__}: {e}") from None
 
 
-class CallableReward:
-    """A user reward given as ``module:function`` (or ``path/to/file.py:function``).
+class FunctionReward:
+    """A user function ``f(images, prompts, metadata)`` as a reward (the Python API's reward callables).
 
-    The function is called as ``f(images, prompts, metadata)`` with images [B, 3, H, W] in [0, 1]
-    and returns ``list[float] | Tensor [B] | RewardOutput``; its name is the function name.
-    """
+    Called with images [B, 3, H, W] in [0, 1] (or B strings for a text model), the B prompts and their
+    B metadata dicts; returns ``list[float] | Tensor [B] | RewardOutput``. An exception, NaN/inf or a
+    wrong number of scores raises `RewardError` naming the reward (`name`, default the function's)."""
+
+    def __init__(self, fn: Any, name: str | None = None, origin: str | None = None):
+        if not callable(fn):
+            raise UserError(f"a reward must be callable, got {type(fn).__name__}")
+        try:  # the arity, checked now rather than at the first step
+            inspect.signature(fn).bind(None, None, None)
+        except TypeError as e:
+            raise UserError(
+                f"reward function {_fn_name(fn)} must take (images, prompts, metadata): {e}"
+            ) from None
+        except ValueError:  # no signature to read (some builtins): checked when called
+            pass
+        self.fn = fn
+        self.name = name or _fn_name(fn)
+        self.origin = origin  # where it came from, shown in errors ("module:function")
+
+    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        where = f" ({self.origin})" if self.origin else ""
+        try:
+            out = self.fn(images, prompts, metadata)
+        except Exception as e:
+            raise RewardError(f"reward '{self.name}'{where} failed: {type(e).__name__}: {e}") from e
+        return as_reward_output(out, len(prompts), self.name)
+
+
+def _fn_name(fn: Any) -> str:
+    return str(getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+class CallableReward(FunctionReward):
+    """A user reward given as ``module:function`` (or ``path/to/file.py:function``): see
+    `FunctionReward`; its name is the function name."""
 
     def __init__(self, spec: str):
         module, sep, func = spec.rpartition(":")
@@ -182,18 +212,9 @@ class CallableReward:
             raise UserError(f"reward module '{module}' has no attribute '{func}'")
         if not callable(fn):
             raise UserError(f"'{spec}' is not callable (it is a {type(fn).__name__})")
-        self.fn = fn
+        super().__init__(fn, name=func, origin=spec)
         self.spec = spec
-        self.name = func
-
-    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        name = self.name
-        try:
-            out = self.fn(images, prompts, metadata)
-        except Exception as e:
-            raise RewardError(f"reward '{name}' ({self.spec}) failed: {type(e).__name__}: {e}") from e
-        return as_reward_output(out, len(prompts), name)
 
 
-__all__ = ["RewardError", "Checked", "WeightedSum", "CallableReward", "call_reward", "as_reward_output",
-           "check_prompts", "runs_user_code"]  # fmt: skip
+__all__ = ["RewardError", "Checked", "WeightedSum", "FunctionReward", "CallableReward", "call_reward",
+           "as_reward_output", "check_prompts", "runs_user_code"]  # fmt: skip

@@ -25,6 +25,15 @@ class Job:
     lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
 
 
+# `model` / `reward` for a policy or reward given as a Python object that no string can load again:
+# "<python>:NAME" (the API saves such a policy's initial weights and records their path instead)
+PYTHON_OBJECT = "<python>"
+
+
+def is_python_object(spec: str | None) -> bool:
+    return bool(spec) and spec.split(":", 1)[0] == PYTHON_OBJECT
+
+
 def local_device() -> str:
     """This process's device (accelerate sets LOCAL_RANK per process on multi-GPU launches)."""
     import os
@@ -35,8 +44,12 @@ def local_device() -> str:
 
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
-            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None) -> Job:  # fmt: skip
-    """Everything a run needs, checked and loaded; the run directory locked (released by `run`)."""
+            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None, *,
+            cfg: TrainConfig | None = None, policy: Any = None, reward: Any = None) -> Job:  # fmt: skip
+    """Everything a run needs, checked and loaded; the run directory locked (released by `run`). `cfg`
+    replaces the config built from the other arguments; `policy` and `reward` objects (from the Python
+    API) replace loading ``cfg.model`` and building ``cfg.reward``, which then name them (`PYTHON_OBJECT`
+    where they cannot be loaded again)."""
     lock = None
     if resume_dir is not None:
         if resume_dir.is_dir():
@@ -49,11 +62,21 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
                 )
             run_dir = resume_dir
             check_writable_dir(run_dir, "run directory")
+            if reward is None and is_python_object(cfg.reward):
+                raise UserError(
+                    f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
+                    f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
+                )
         except BaseException:
             _release(lock)
             raise
     else:
-        cfg = load_config(algo, config_file, flags, overrides)
+        cfg = cfg if cfg is not None else load_config(algo, config_file, flags, overrides)
+        for key, given in (("model", policy), ("reward", reward)):
+            if given is None and is_python_object(getattr(cfg, key)):
+                raise UserError(
+                    f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python"
+                )
         if not cfg.prompts:  # null in a --config file or --set prompts=null
             raise UserError("config key 'prompts': a training run needs a prompt file, got none")
         from t2i_gcpo.train.tracking import resolve_report_to
@@ -70,7 +93,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
                 _release(lock)
                 raise
     try:
-        return _load(cfg, run_dir, resume_dir is not None, lock)
+        return _load(cfg, run_dir, resume_dir is not None, lock, policy, reward)
     except BaseException:
         _release(lock)
         raise
@@ -109,13 +132,15 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
-def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any) -> Job:
-    """Load the model, task, prompts and reward of a run (everything checked before the first step)."""
+def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Any, reward: Any) -> Job:
+    """Load the model, task, prompts and reward of a run (everything checked before the first step);
+    a `policy` or `reward` object given is used as it is."""
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
 
-    policy = load_policy(cfg.model, cfg.model_options)
+    if policy is None:
+        policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
     task = get_task(cfg.task, policy)
     prompts = task.load_prompts(cfg.prompts)
@@ -134,7 +159,10 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any) -> Jo
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
         cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
-    reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output)
+    if reward is None:
+        reward = build_reward(
+            cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
+        )
     check_reward(cfg, policy, reward, prompts, eval_prompts)
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
 
@@ -143,8 +171,9 @@ def check_reward(
     cfg: TrainConfig, policy: Any, reward: Any, prompts: list, eval_prompts: list | None
 ) -> None:
     """Before the run directory exists: the reward takes every training and held-out prompt (the
-    arithmetic reward needs answers), and a reward that runs user code scores a dry sample (one group
-    of 2 of the first prompt) without failing — an exception, NaN or a wrong count stops here."""
+    arithmetic reward needs answers), and a reward that runs user code (a ``module:function`` or the
+    API's Python callable) scores a dry sample (one group of 2 of the first prompt) without failing —
+    an exception, NaN or a wrong count stops here."""
     import dataclasses
 
     from t2i_gcpo.rewards.combine import RewardError, check_prompts, runs_user_code
@@ -160,8 +189,8 @@ def check_reward(
         sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
         try:
             sample_and_score(policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0]))
-        except RewardError as e:
-            raise UserError(f"{e} (on a dry sample, before the run started)") from None
+        except RewardError as e:  # still a RewardError (a UserError): the API's callers catch it as such
+            raise RewardError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
 
 def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:

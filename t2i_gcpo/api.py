@@ -1,0 +1,900 @@
+"""The Python API: train a policy, generate and evaluate images, draw credit maps.
+
+The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval`` and ``credit-map`` parse
+their options and call these functions, so a notebook and the command line run the same code and,
+for the same seed, give the same results.
+
+    from t2i_gcpo import api
+
+    result = api.train(
+        prompts=["a photo of a red circle", "a photo of two blue squares"],
+        reward=lambda images, prompts, metadata: images[:, 0].mean((1, 2)),  # redness
+        overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 4},
+        steps=2,
+        out="runs/redness",
+    )
+    print(result.run_dir, result.metrics[-1]["reward/mean"])
+
+Bad input raises `t2i_gcpo.errors.UserError` (a failing reward: its subclass `RewardError`) with a
+one-line message, before anything is written where it can be checked beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from t2i_gcpo.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.policies.base import Policy
+    from t2i_gcpo.rewards.base import RewardOutput
+
+__all__ = [
+    "RewardFn",
+    "SampleResult",
+    "TrainResult",
+    "credit_maps",
+    "evaluate_geneval",
+    "evaluate_shapeworld",
+    "generate",
+    "load_config",
+    "load_policy",
+    "sample",
+    "train",
+]
+
+RewardFn = Callable[[Any, list, list], Union[Sequence[float], "torch.Tensor", "RewardOutput"]]
+"""A Python reward: ``reward(images, prompts, metadata) -> scores``.
+
+- ``images``: float tensor [B, 3, H, W] in [0, 1] (a text model: a list of B strings);
+- ``prompts``: the B prompt texts, each prompt's group of samples next to each other (B = prompts × G);
+- ``metadata``: B dicts, each prompt's GenEval metadata (``tag``, ``include``, … — empty keys where the
+  prompt has none; for the arithmetic world the question's ``answer`` and ``steps``);
+- returns B finite scores: a list of floats, a tensor [B] (or [B, 1]), or a
+  `t2i_gcpo.rewards.base.RewardOutput` (scores and per-sample details, e.g. ``strict`` and ``tag`` for
+  the GenEval step metrics).
+
+An exception inside it, a NaN/inf score or a wrong number of scores raises `RewardError` naming it.
+"""
+
+PromptsArg = str | os.PathLike | Sequence[str] | Sequence[Mapping[str, Any]]
+ModelArg = Union[str, "Policy"]
+
+
+# ----------------------------------------------------------------------------- models and configs
+
+
+def load_policy(model: str, **options: Any) -> Policy:
+    """Load a policy by name or path, as ``--model`` does.
+
+    Args:
+        model: ``"shapeworld"`` (the shipped AR prior), ``"shapeworld-64"``, ``"shapeworld-masked"``,
+            ``"arithmetic"`` (the shipped text model), a checkpoint directory (e.g. a run's
+            ``checkpoints/step_000200/model``), or ``"janus:PATH"``, ``"amused:PATH"``,
+            ``"masked:PATH"``, ``"text:PATH"``.
+        **options: ``model_options`` config keys: ``dtype``, ``lora_rank``, ``gradient_checkpointing``
+            (real checkpoints), ``estimator``, ``remask_count`` (masked models), ``negative`` (text).
+
+    Returns:
+        The policy adapter (a ``torch.nn.Module``): ``rollout``, ``logprobs``, ``decode``,
+        ``save_pretrained``.
+
+    Raises:
+        UserError: unknown model, missing path, or an unknown option.
+    """
+    from t2i_gcpo.config import ModelOptions, _apply
+    from t2i_gcpo.policies.registry import load_policy as _load
+
+    opts = None
+    if options:
+        opts = ModelOptions()
+        _apply(opts, options, prefix="model_options.")
+    return _load(model, opts)
+
+
+def load_config(preset: str | None = None, file: str | os.PathLike | None = None,
+                overrides: Mapping[str, Any] | Sequence[str] | None = None) -> TrainConfig:  # fmt: skip
+    """A training config: an algorithm preset, a YAML file on top of it, then overrides.
+
+    Args:
+        preset: ``grpo``, ``dapo``, ``gcpo``, ``dgpo``, ``gcpo-official``, ``critical``, ``stage``
+            (default: the ``algo`` a YAML `file` names, else ``gcpo``).
+        file: a YAML config (``--config``).
+        overrides: dotted keys to values (``{"optim.lr": 3e-5}``) or ``--set`` strings
+            (``["optim.lr=3e-5"]``).
+
+    Returns:
+        The validated `t2i_gcpo.config.TrainConfig`; edit its fields and pass it to `train`.
+
+    Raises:
+        UserError: unknown preset or key, a value of the wrong type, a failed cross-field check.
+    """
+    from t2i_gcpo.config import load_config as _load
+
+    return _load(preset, file, None, _overrides(overrides))
+
+
+def _overrides(
+    overrides: Mapping[str, Any] | Sequence[str] | str | None,
+) -> Mapping[str, Any] | tuple[str, ...]:
+    if overrides is None:
+        return ()
+    if isinstance(overrides, str):  # one "key=value" string, not its characters
+        return (overrides,)
+    return overrides if isinstance(overrides, Mapping) else tuple(overrides)
+
+
+def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
+    """(the policy object or None, the string config.yaml records for `model`)."""
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    if model is None or isinstance(model, (str, os.PathLike)):
+        return None, None if model is None else os.fspath(model)
+    if not hasattr(model, "rollout") or not hasattr(model, "decode"):
+        raise UserError(
+            f"model must be a name, a path or a policy (with rollout and decode), got {type(model).__name__}"
+        )
+    return model, f"{PYTHON_OBJECT}:{type(model).__name__}"
+
+
+def _load(model: ModelArg) -> Any:
+    policy, name = _policy_and_name(model)
+    return policy if policy is not None else load_policy(name)
+
+
+def _model_identity(model: ModelArg, policy: Any) -> str:
+    """What generated images record as their model: a name or absolute path, or for a Python object its
+    class and parameter checksum (a later call with changed weights does not resume into the folder)."""
+    from t2i_gcpo.eval.layout import model_identity
+
+    if isinstance(model, (str, os.PathLike)):
+        return model_identity(os.fspath(model))
+    from t2i_gcpo.train.distributed import param_checksum
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    return f"{PYTHON_OBJECT}:{type(policy).__name__}:{float(param_checksum(policy)):.17g}"
+
+
+def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
+    """(a reward object or None, the string config.yaml records for `reward`): a function importable
+    as ``module:function`` is recorded so, which the command line can resume."""
+    from t2i_gcpo.rewards.combine import Checked, FunctionReward
+    from t2i_gcpo.train.run import PYTHON_OBJECT
+
+    if reward is None or isinstance(reward, str):
+        return None, reward
+    wrapped = FunctionReward(reward)
+    module, qualname = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+    spec = f"{PYTHON_OBJECT}:{wrapped.name}"
+    if module and module != "__main__" and qualname.isidentifier():
+        import importlib
+
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is reward:
+                spec = f"{module}:{qualname}"
+                wrapped.origin = spec
+        except Exception:  # not importable again: recorded as a Python object
+            pass
+    return Checked(wrapped), spec
+
+
+def _check_cfg(cfg_scale: float | None) -> float | None:
+    """`cfg_scale` checked as the config key rollout.cfg_scale (``--cfg``): no NaN or inf, in range."""
+    from t2i_gcpo.config import check_value
+
+    return cfg_scale if cfg_scale is None else check_value("rollout.cfg_scale", cfg_scale, what="cfg_scale")
+
+
+@contextmanager
+def _locked_out(out: str | os.PathLike) -> Iterator[Path]:
+    """The output folder, checked writable and locked while the caller writes it (one command at a time
+    per folder, as `t2i_gcpo.outdir.lock_output`: another holder is a UserError naming it)."""
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.outdir import lock_output
+
+    out_dir = check_writable_dir(out, "--out")
+    with lock_output(out_dir):
+        yield out_dir
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def _is_prompt_file(prompts: Any) -> bool:
+    """A path, or a string naming a prompt file (any other string is a prompt)."""
+    return isinstance(prompts, os.PathLike) or (
+        isinstance(prompts, str) and (Path(prompts).suffix in (".txt", ".jsonl") or Path(prompts).is_file())
+    )
+
+
+def _prompt_file_text(prompts: Sequence[Any]) -> tuple[str, str]:
+    """(file name, content) of a prompt list: strings → prompts.txt, metadata dicts → prompts.jsonl."""
+    items = list(prompts)
+    if not items:
+        raise UserError("prompts: the list is empty")
+    if all(isinstance(p, str) for p in items):
+        for i, p in enumerate(items):
+            if not p.strip() or "\n" in p or p.lstrip().startswith("#"):
+                raise UserError(f"prompts[{i}] must be one non-empty line not starting with '#', got {p!r}")
+        return "prompts.txt", "".join(p.strip() + "\n" for p in items)
+    if all(isinstance(p, Mapping) for p in items):
+        try:
+            return "prompts.jsonl", "".join(json.dumps(dict(p), ensure_ascii=False) + "\n" for p in items)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"prompts: a metadata dict is not JSON data ({e})") from None
+    raise UserError("prompts must be a .txt/.jsonl file path, a list of strings or a list of metadata dicts")
+
+
+@contextmanager
+def _prompt_path(prompts: PromptsArg) -> Iterator[str]:
+    """A file path for `prompts`: the file itself (the user's, else the shipped one it names, e.g.
+    ``prompts/shapeworld_test.txt``), or a temporary file holding the list."""
+    if _is_prompt_file(prompts):
+        from t2i_gcpo.resources import prompt_file
+
+        yield str(prompt_file(prompts))
+        return
+    name, text = _prompt_file_text([prompts] if isinstance(prompts, str) else prompts)
+    with tempfile.TemporaryDirectory(prefix="t2i-gcpo-prompts-") as tmp:
+        path = Path(tmp) / name
+        path.write_text(text, encoding="utf-8")
+        try:
+            yield str(path)
+        except UserError as e:  # name the list's entry, not the temporary file's line (one entry a line)
+            message = re.sub(
+                rf"{re.escape(str(path))}:(\d+):", lambda m: f"prompts[{int(m[1]) - 1}]:", str(e)
+            )
+            raise type(e)(message.replace(str(path), "the prompt list")) from e.__cause__
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns.
+
+    Attributes:
+        run_dir: the run directory: config.yaml, metrics.jsonl, checkpoints/, tb/, report.html.
+        metrics: every row of metrics.jsonl (dicts keyed by the names in `t2i_gcpo.metrics`), in order.
+        eval: the final held-out scores (``eval/…`` keys); empty when the run has no held-out prompts.
+        policy: the trained policy (trained in place when one was passed in); None when a resumed run
+            had nothing left to do — load its last checkpoint with `load_policy`.
+    """
+
+    run_dir: Path
+    metrics: list[dict]
+    eval: dict
+    policy: Any
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The last checkpoint's model directory (give it to `load_policy`), None if there is none."""
+        from t2i_gcpo.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir)
+        return ckpt / "model" if ckpt is not None else None
+
+
+def train(
+    model: ModelArg | None = None,
+    prompts: PromptsArg | None = None,
+    reward: str | RewardFn | None = None,
+    config: str | os.PathLike | TrainConfig | None = None,
+    *,
+    algo: str | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    out: str | os.PathLike | None = None,
+    steps: int | None = None,
+    seed: int | None = None,
+    report_to: str | None = None,
+    resume: str | os.PathLike | None = None,
+) -> TrainResult:
+    """Train a policy with GRPO, DAPO, GCPO or DGPO (``t2i-gcpo train``).
+
+    Args:
+        model: a model name or path as for `load_policy` (default: the config's, ``"shapeworld"``),
+            or a policy object (e.g. from `load_policy`), which is trained in place; its initial
+            weights are saved as ``run_dir/initial_model``, the run's model for a resume.
+        prompts: a .txt/.jsonl prompt file, a prompt string, a list of them (parsed like a .txt file's lines:
+            they must fit the model's task, e.g. ShapeWorld's GenEval templates), or a list of GenEval
+            metadata dicts (as a .jsonl file's rows). A list is saved as the run's ``prompts.txt`` /
+            ``prompts.jsonl``, so the run can be resumed.
+        reward: a reward spec string as for ``--reward`` (``"shapeworld"``, ``"clip:CKPT"``,
+            ``"module:function"``, weighted sums; default: the task's own), or a Python callable
+            ``reward(images, prompts, metadata)`` (see `RewardFn`).
+        config: a preset name (``"dapo"``, ``"gcpo"``, …), a YAML config file (applied on top of the
+            preset `algo` or the one it names), or a `TrainConfig` object (e.g. from `load_config`,
+            used as it is).
+        algo: the preset under a YAML `config` (``--algo``).
+        overrides: dotted config keys to values, ``{"rollout.group_size": 16}``, or ``--set`` strings.
+        out: the run directory (default ``runs/<algo>-<time>``); it must not hold a run already.
+        steps: optimizer steps (default: the config's, 200). With `resume`: train to this many in all.
+        seed: seed of prompt order, sampling and initialisation (default 0).
+        report_to: experiment trackers (``--report-to``): ``"tensorboard"`` (default), ``"wandb"``,
+            ``"mlflow"``, ``"trackio"``, ``"all"``, ``"none"`` or a comma-separated list; one that is not
+            installed is refused before anything is loaded.
+        resume: continue the run in this directory from its last checkpoint, with its saved config
+            (only `steps` may change; a run trained with a Python reward needs the same function as
+            `reward`).
+
+    Returns:
+        `TrainResult`: the run directory, its metrics rows, the final held-out scores and the policy.
+
+    Raises:
+        UserError: bad input (paths, prompts the model cannot take, config keys), checked before the
+            run directory is written; RewardError (a UserError) when the reward raises or returns NaN
+            or the wrong number of scores.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after saving a checkpoint (resume with ``resume=``).
+    """
+    policy, model_name = _policy_and_name(model)
+    reward_obj, reward_name = _reward_and_name(reward)
+    if resume is not None:
+        given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
+                                ("out", out), ("report_to", report_to), ("seed", seed)) if v is not None]  # fmt: skip
+        given += ["model"] if model is not None else []
+        given += ["reward"] if isinstance(reward, str) else []
+        if given:
+            raise UserError(
+                f"resume takes the run's saved config; only steps may be given with it (and a Python "
+                f"reward function again), not {', '.join(given)}"
+            )
+        job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
+        return _finish(job, _run(job))
+    if prompts is None:
+        raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
+    from t2i_gcpo.config import ALGORITHMS, TrainConfig
+    from t2i_gcpo.config import load_config as _load
+
+    if isinstance(config, str) and config in ALGORITHMS:  # a preset name; any other string is a file
+        if algo is not None:
+            raise UserError(f"give the preset once: config={config!r} or algo={algo!r}")
+        config, algo = None, config
+    elif (
+        isinstance(config, str) and Path(config).suffix not in (".yaml", ".yml") and not Path(config).exists()
+    ):
+        raise UserError(f"config {config!r} is neither a preset ({', '.join(ALGORITHMS)}) nor a YAML file")
+    elif isinstance(config, TrainConfig) and algo is not None:
+        raise UserError("algo= picks a preset; a TrainConfig object already holds its own (config.algo)")
+
+    base = config if isinstance(config, TrainConfig) else None
+    listed = not _is_prompt_file(prompts)
+    with _prompt_path(prompts) as prompt_file:
+        flags = dict(prompts=prompt_file, model=model_name, reward=reward_name,
+                     out=None if out is None else os.fspath(out), steps=steps, seed=seed,
+                     report_to=report_to)  # fmt: skip
+        file = None if base is not None or config is None else os.fspath(config)
+        cfg = _load(algo, file, flags, _overrides(overrides), base=base)
+        job = _prepare(cfg=cfg, policy=policy, reward=reward_obj)  # locks an out= run directory
+        try:
+            # what a string cannot load again goes into the run directory, so that the run can be resumed
+            if listed or policy is not None:
+                _claim_run_dir(job)
+            if listed:
+                _keep_prompt_list(job, Path(prompt_file))
+            if policy is not None:
+                _keep_initial_policy(job)
+        except BaseException:
+            if job.lock is not None:
+                job.lock.release()
+            raise
+    return _finish(job, _run(job))
+
+
+def _main_process() -> bool:
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def _claim_run_dir(job: Any) -> None:
+    """Name, create and lock the run directory now (the trainer would only at its start); under several
+    processes it must be given (each would pick its own name)."""
+    from t2i_gcpo.outdir import lock_output
+    from t2i_gcpo.train.trainer import claim_run_dir
+
+    if job.run_dir is None:
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise UserError(
+                "give out= when training a policy object or a prompt list under several processes"
+            )
+        job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+        job.lock = lock_output(job.run_dir)  # released when the run ends, as an out= one
+    if _main_process():
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _keep_prompt_list(job: Any, temporary: Path) -> None:
+    """Copy a prompt list's temporary file into the run directory and point the config at it."""
+    from t2i_gcpo.train.checkpoint import atomic_write_text
+
+    path = job.run_dir / temporary.name
+    if _main_process():
+        atomic_write_text(path, temporary.read_text(encoding="utf-8"))
+    job.cfg.prompts = str(path)
+
+
+INITIAL_MODEL = "initial_model"  # a policy object's weights before training, in the run directory
+
+
+def _keep_initial_policy(job: Any) -> None:
+    """Save a policy object's weights before training as run_dir/initial_model and record that path as
+    the run's model: a resumed run starts from it (the KL and DGPO reference is the initial policy),
+    then loads the checkpoint. Lossless (float32), as the trainer's checkpoints."""
+    import shutil
+
+    path = job.run_dir / INITIAL_MODEL
+    if _main_process():
+        if hasattr(getattr(job.policy, "config", None), "storage_dtype"):
+            job.policy.config.storage_dtype = "float32"
+        partial = job.run_dir / f".{INITIAL_MODEL}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        job.policy.save_pretrained(str(partial))
+        os.replace(partial, path)
+    job.cfg.model = str(path)
+
+
+def _prepare(**kwargs: Any) -> Any:
+    from t2i_gcpo.train.run import prepare
+
+    try:
+        return prepare(**kwargs)
+    except UserError as e:  # e.g. the dry sample's RewardError: raised here, its cause kept
+        raise e.with_traceback(None) from e.__cause__
+
+
+def _run(job: Any) -> dict:
+    from t2i_gcpo.train.run import run
+
+    try:
+        return run(job)  # releases the run directory's lock
+    except KeyboardInterrupt as interrupt:  # the command line names the folder to continue
+        interrupt.run_dir = job.run_dir
+        raise
+    except UserError as e:  # the message says what went wrong: the traceback starts here, the cause is kept
+        raise e.with_traceback(None) from e.__cause__
+
+
+def _finish(job: Any, final: dict) -> TrainResult:
+    run_dir = Path(job.run_dir) if job.run_dir is not None else Path(job.cfg.out)
+    rows = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return TrainResult(run_dir=run_dir, metrics=rows, eval=final, policy=None if job.finished else job.policy)
+
+
+# ----------------------------------------------------------------------------- generate, sample, evaluate
+
+
+def generate(
+    model: ModelArg,
+    prompts: PromptsArg,
+    n: int = 4,
+    *,
+    cfg_scale: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    batch: int = 16,
+) -> Any:
+    """Generate `n` images (or texts) per prompt, in memory.
+
+    Prompt i's samples are drawn from its own generator, seeded by (seed, "generate", i), exactly as
+    `sample` and the ``eval`` commands draw them: the same settings give the same images as the files
+    `sample` writes.
+
+    Args:
+        model: a model name or path (see `load_policy`) or a policy object.
+        prompts: a prompt, a list of prompts, or a .txt/.jsonl prompt file.
+        n: samples per prompt.
+        cfg_scale: classifier-free guidance scale (default: the model's recommended one).
+        temperature: sampling temperature.
+        top_k: keep the k most likely tokens (0: all).
+        steps: masked models' decoding steps (default: the model's).
+        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: the model's).
+        seed: the seed.
+        batch: prompts per sampling call (does not change the samples).
+
+    Returns:
+        Images as a float tensor [P, n, 3, H, W] in [0, 1]; for a text model, P lists of n strings.
+
+    Raises:
+        UserError: a prompt the model cannot take, masked settings for a model that has none.
+    """
+    import torch
+
+    from t2i_gcpo.eval.geneval import masked_sampling
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
+
+    if n < 1 or batch < 1:
+        raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
+    _check_cfg(cfg_scale)
+    if isinstance(prompts, str) and not _is_prompt_file(prompts):
+        prompts = [prompts]
+    policy = _load(model).eval()
+    if _is_prompt_file(prompts):
+        from t2i_gcpo.resources import prompt_file
+
+        prompts = prompt_file(prompts)  # the user's file, else the shipped one it names
+    if _is_prompt_file(prompts) and policy.output == "text":  # e.g. arithmetic questions
+        from t2i_gcpo.tasks.registry import get_task
+
+        texts = [p.text for p in get_task(policy.default_task, policy).load_prompts(os.fspath(prompts))]
+    elif _is_prompt_file(prompts):  # any text a line, as `sample` reads it (GenEval rows: their prompt)
+        from t2i_gcpo.worlds.shapeworld import read_prompt_file
+
+        texts = [m["prompt"] for m in read_prompt_file(os.fspath(prompts), strict=False)]
+    else:
+        texts = list(prompts)
+    policy.check_prompts(texts)
+    scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=scale,
+                              **masked_sampling(policy, steps, reveal_order))  # fmt: skip
+    outputs: list[Any] = []
+    for start in range(0, len(texts), batch):
+        chunk = texts[start : start + batch]
+        _, out = sample_and_decode(policy, [PromptRecord(t) for t in chunk], n, sampling,
+                                   group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
+        outputs += [out[i * n : (i + 1) * n] for i in range(len(chunk))]
+    if outputs and torch.is_tensor(outputs[0]):
+        return torch.stack(outputs)
+    return [list(o) for o in outputs]
+
+
+@dataclass
+class SampleResult:
+    """What `sample` wrote.
+
+    Attributes:
+        folder: the output folder, in GenEval's layout (``folder/00000/samples/0000.png`` …).
+        grid: the path of grid.png (each prompt's images side by side).
+        prompts: the prompt texts, in folder order.
+        n: images per prompt.
+    """
+
+    folder: Path
+    grid: Path
+    prompts: list[str]
+    n: int
+
+    def image_paths(self, index: int) -> list[Path]:
+        """The image files of prompt `index`."""
+        from t2i_gcpo.eval.layout import sample_path
+
+        return [sample_path(self.folder, index, k) for k in range(self.n)]
+
+
+def sample(
+    prompts: PromptsArg,
+    out: str | os.PathLike,
+    model: ModelArg = "shapeworld",
+    n: int = 4,
+    *,
+    cfg_scale: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    grid_scale: int = 4,
+    overwrite: bool = False,
+) -> SampleResult:
+    """Write `n` images per prompt in GenEval's folder layout (``t2i-gcpo sample``).
+
+    Writes ``out/00000/metadata.jsonl``, ``out/00000/samples/0000.png`` … and ``generation.json`` (the
+    settings) per prompt, and ``out/grid.png``. Resumable: images already written for the same prompts
+    and settings are kept, and `cfg_scale`, `steps`, `reveal_order` left out take the values recorded
+    there; other settings are refused unless ``overwrite=True``. `out` is locked while it is written
+    (another command writing it is refused).
+
+    Args:
+        prompts: a .txt/.jsonl prompt file, a prompt or a list of prompts (each must fit the model's task).
+        out: the output folder.
+        model: a model name or path (see `load_policy`) or a policy object.
+        n: images per prompt.
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        temperature: sampling temperature.
+        top_k: keep the k most likely tokens (0: all).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' ``"confidence"`` or ``"random"`` (default: as `cfg_scale`).
+        seed: the seed (the images equal `generate`'s for the same settings).
+        grid_scale: nearest-neighbour upscaling of grid.png.
+        overwrite: delete the prompt folders already in `out` first.
+
+    Returns:
+        `SampleResult`: the folder, grid.png, the prompts and the image paths.
+
+    Raises:
+        UserError: an unwritable `out` or one another command holds, a prompt that does not parse or
+            that the model cannot take, a folder made for other prompts or settings; nothing is written
+            then.
+    """
+    import numpy as np
+    from PIL import Image
+
+    from t2i_gcpo.eval.geneval import generate_geneval
+    from t2i_gcpo.eval.layout import sample_path
+    from t2i_gcpo.tasks.registry import get_task
+    from t2i_gcpo.train.visuals import image_grid
+    from t2i_gcpo.worlds.shapeworld import read_prompt_file
+
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out_dir:  # before loading anything
+        with _prompt_path(prompts) as prompts_path:
+            texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
+            policy = _load(model).eval()
+            policy.check_prompts(texts)  # every word the model cannot take, at once
+            # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
+            metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
+        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+        generate_geneval(policy, metadata, out_dir, n=n, batch=max(1, 64 // n), cfg_scale=cfg_scale,
+                         temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order,
+                         seed=seed, model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        images = np.stack(
+            [
+                np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
+                for i in range(len(metadata))
+                for k in range(n)
+            ]
+        )
+        cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
+        grid = out_dir / "grid.png"
+        Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
+    return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n)
+
+
+def evaluate_shapeworld(
+    out: str | os.PathLike,
+    model: ModelArg = "shapeworld",
+    prompts: PromptsArg | None = None,
+    n: int = 4,
+    *,
+    batch: int = 16,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict:
+    """Score a model on held-out ShapeWorld prompts with the ShapeWorld detector through GenEval's rules
+    (``t2i-gcpo eval shapeworld``).
+
+    Writes ``out/images/`` (GenEval layout, resumable as in `sample`, recorded settings included),
+    ``out/results.jsonl`` (one row per image: ``tag``, ``correct``, ``partial`` …) and
+    ``out/summary.txt`` / ``summary.json``; `out` is locked meanwhile.
+
+    Args:
+        out: the output folder.
+        model: a model name or path (see `load_policy`) or a policy object.
+        prompts: a prompt file or list (default: the shipped prompts/shapeworld_test.jsonl).
+        n: images per prompt.
+        batch: prompts per sampling call.
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' reveal order (default: as `cfg_scale`).
+        seed: the seed.
+        overwrite: regenerate the images already in ``out/images``.
+
+    Returns:
+        GenEval's summary, as summary.json: ``{"tags": {tag: {"score", "correct", "total"}},
+        "overall": the unweighted mean of the tag scores}``.
+    """
+    from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
+    from t2i_gcpo.resources import PROMPTS_DIR
+    from t2i_gcpo.tasks.registry import get_task
+
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out:
+        policy = _load(model).eval()
+        task = get_task(policy.default_task, policy)
+        with _prompt_path(prompts if prompts is not None else PROMPTS_DIR / "shapeworld_test.jsonl") as path:
+            metadata = [p.meta for p in task.load_prompts(path)]
+        root = out / "images"
+        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+        generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
+                         reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                         overwrite=overwrite)  # fmt: skip
+        return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+
+
+class _ShapeWorldDetector:
+    """ShapeWorld's pixel detector behind the GenEval detector interface (PIL image → detections)."""
+
+    name = "shapeworld"
+
+    def __call__(self, image: Any) -> Any:
+        import numpy as np
+
+        from t2i_gcpo.worlds.shapeworld.detect import detect
+
+        return detect(np.asarray(image.convert("RGB")))
+
+
+def evaluate_geneval(
+    out: str | os.PathLike,
+    detector: str,
+    model: ModelArg | None = None,
+    *,
+    clip: str | None = None,
+    clip_model: str = "ViT-L-14",
+    score_only: str | os.PathLike | None = None,
+    n: int = 4,
+    batch: int = 4,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    overwrite: bool = False,
+) -> dict:
+    """GenEval's 553 prompts: generate `n` images each (resumable), score them with the detector and
+    CLIP colour classification through GenEval's rules (``t2i-gcpo eval geneval``).
+
+    Args:
+        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json.
+        detector: a local Mask2Former checkpoint folder (COCO instance segmentation), or
+            ``"shapeworld"`` (ShapeWorld's pixel detector, no CLIP needed).
+        model: a model name or path (see `load_policy`) or a policy object to generate with.
+        clip: a local open_clip checkpoint (required with Mask2Former).
+        clip_model: the open_clip architecture of `clip`.
+        score_only: score this existing GenEval-layout folder instead of generating (no `model`).
+        n: images per prompt.
+        batch: prompts per sampling call.
+        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        steps: masked models' decoding steps (default: as `cfg_scale`).
+        reveal_order: masked models' reveal order (default: as `cfg_scale`).
+        seed: the seed.
+        device: device of the scoring models.
+        overwrite: regenerate the images already in ``out/images``.
+
+    Returns:
+        GenEval's summary, as summary.json (see `evaluate_shapeworld`).
+    """
+    from t2i_gcpo.eval.geneval import load_geneval_prompts, masked_asked, score_geneval_folder
+    from t2i_gcpo.eval.layout import check_resumable
+
+    if (model is None) == (score_only is None):
+        raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and model is None:
+        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
+    if n < 1 or batch < 1:
+        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
+    _check_cfg(cfg_scale)
+    with _locked_out(out) as out:
+        prompts = load_geneval_prompts() if model is not None else None
+        if isinstance(model, (str, os.PathLike)) and not overwrite:
+            # refuse a folder of other prompts or settings before loading any model
+            known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0,
+                     "n": n, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+                     **masked_asked(steps, reveal_order)}  # fmt: skip
+            check_resumable(out / "images", prompts, known)
+        if detector == "shapeworld":
+            det, colors = _ShapeWorldDetector(), None
+        else:
+            from t2i_gcpo.scoring.color_clip import ClipColorClassifier
+            from t2i_gcpo.scoring.detector_mask2former import Mask2FormerDetector
+
+            det = Mask2FormerDetector.from_pretrained(detector, device=device)  # a bad path fails first
+            if not clip:
+                raise UserError(
+                    "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
+                )
+
+            colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
+        root = Path(score_only) if score_only is not None else out / "images"
+        if model is not None:
+            from t2i_gcpo.eval.geneval import generate_geneval
+
+            policy = _load(model).eval()
+            # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
+            generate_geneval(policy, prompts, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
+                             reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
+                             overwrite=overwrite)  # fmt: skip
+        return score_geneval_folder(
+            root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
+        )
+
+
+# ----------------------------------------------------------------------------- credit maps
+
+
+def credit_maps(
+    prompts: PromptsArg,
+    out: str | os.PathLike,
+    model: str = "shapeworld",
+    *,
+    prompt_file: str | os.PathLike | None = None,
+    limit: int | None = None,
+    reference: str | None = None,
+    schemes: Sequence[str] = ("gcpo", "dgpo", "stage", "critical", "uniform"),
+    group_size: int = 8,
+    cfg_scale: float | None = None,
+    reward: str | None = None,
+    negative: str | None = None,
+    seed: int = 0,
+) -> str:
+    """Sample a group per prompt, score it, and draw every sample's token credit under each scheme
+    (``t2i-gcpo credit-map``).
+
+    Writes one PNG per prompt (``out/00000.png`` …) and ``out/credit_maps.html``, replacing an earlier
+    run's figures there (`out` is locked meanwhile); where the reward reports object masks (ShapeWorld)
+    also ``out/lift.json``, each scheme's credit lift per sample
+    (its credit share on the prompt's object tokens over their token share; uniform credit = 1).
+
+    Args:
+        prompts: a prompt, a list of prompts, or a .txt/.jsonl prompt file.
+        out: the output folder.
+        model: a model name or path (see `load_policy`).
+        prompt_file: more prompts from a file, after those of `prompts` (``--prompts`` next to
+            ``--prompt``).
+        limit: use only the first `limit` prompts of the file.
+        reference: DGPO's reference model (default: the shipped base model of the family).
+        schemes: credit schemes to draw (any of `t2i_gcpo.core.CREDIT_SCHEMES`).
+        group_size: samples per prompt, G ≥ 2.
+        cfg_scale: guidance scale (default: the model's).
+        reward: a reward spec as for `train` (default: the task's own).
+        negative: text models: GCPO's negative context (``"empty"``, ``"wrong_answer"`` or a
+            ``{question}`` template).
+        seed: the seed.
+
+    Returns:
+        The summary the command prints: the credit-lift table (ShapeWorld) or step-lift table (text)
+        and the files written.
+
+    Raises:
+        UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take.
+    """
+    from t2i_gcpo.errors import check_writable_dir
+    from t2i_gcpo.outdir import lock_output
+    from t2i_gcpo.train.credit_maps import check_credit_out
+
+    out_dir = check_writable_dir(out, "--out")  # before loading any model
+    with lock_output(out_dir):
+        check_credit_out(out_dir)  # someone else's files named like ours: refused before any work
+        return _credit_maps(prompts, out_dir, model, prompt_file, limit, reference, schemes, group_size,
+                            _check_cfg(cfg_scale), reward, negative, seed)  # fmt: skip
+
+
+def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: int | None, reference: str | None,
+                 schemes: Sequence[str], group_size: int, cfg_scale: float | None, reward: str | None,
+                 negative: str | None, seed: int) -> str:  # fmt: skip
+    """`credit_maps` once its output folder is locked."""
+    from t2i_gcpo.core import CREDIT_SCHEMES
+    from t2i_gcpo.train.credit_maps import run_credit_maps
+
+    texts: list[str] = []
+    if prompts is not None and _is_prompt_file(prompts):
+        if prompt_file is not None:
+            raise UserError("give prompts as a list when prompt_file is also given")
+        prompt_file = prompts
+    elif isinstance(prompts, str):
+        texts = [prompts]
+    elif prompts is not None:
+        texts = list(prompts)
+    if not texts and prompt_file is None:
+        raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
+    names = tuple(s.strip() for s in schemes if s.strip())
+    unknown = [s for s in names if s not in CREDIT_SCHEMES]
+    if unknown or not names:
+        raise UserError(
+            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)}"
+        )
+    if group_size < 2:
+        raise UserError("--group must be ≥ 2 (advantages are group-relative)")
+    file = None if prompt_file is None else os.fspath(prompt_file)
+    return run_credit_maps(texts, file, limit, model, reference, names, group_size, cfg_scale, reward, seed,
+                           os.fspath(out), negative=negative)  # fmt: skip
