@@ -420,7 +420,6 @@ class TrainConfig:
         one-line UserError naming the offending key."""
         check_fields(self)
         from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
-        from t2i_gcpo.train.tracking import check_report_to
 
         check_report_to(self.report_to)
 
@@ -469,6 +468,20 @@ class TrainConfig:
         for key, ok, message in checks:
             if not ok:
                 raise UserError(f"config key '{key}': {message}")
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to's trackers (train/tracking.py)
+
+
+def check_report_to(spec: str) -> None:
+    """A one-line UserError for a report_to that names no tracker (config validation)."""
+    choices = (*TRACKERS, "all", "none")
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in choices]
+    if bad or not names:
+        raise UserError(
+            f"config key 'report_to': must be one of {', '.join(choices)} or a comma-separated list, got {spec!r}"
+        )
 
 
 def check_fields(obj: Any, prefix: str = "") -> None:

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent / "t2i_gcpo"
 
 # package -> layer, top to bottom
 LAYERS = {
-    "t2i_gcpo.cli": 10,
-    "t2i_gcpo.commands": 10,
+    "t2i_gcpo.cli": 11,
+    "t2i_gcpo.commands": 11,
+    "t2i_gcpo.api": 10,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
     "t2i_gcpo.eval": 9,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
     "t2i_gcpo.train": 8,
     "t2i_gcpo.tasks": 7,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
@@ -37,7 +38,10 @@ LAYERS = {
     "t2i_gcpo.core": 0,
     "t2i_gcpo.errors": 0,
     "t2i_gcpo.metrics": 0,
-    "t2i_gcpo.hardware": 0,  # what the device does natively (bf16), for training and pretraining defaults
+    "t2i_gcpo.hardware": 0,
+    "t2i_gcpo.resources": 0,  # the shipped presets, recipes and prompt files (importlib.resources)
+    "t2i_gcpo.outdir": 0,  # one command at a time per output folder (locks)
+    "t2i_gcpo.weights": 0,  # the loading check every family's checkpoint goes through  # what the device does natively (bf16), for training and pretraining defaults
     "t2i_gcpo": 0,  # the package __init__ (version string)
 }
 FLOOR = {"t2i_gcpo.errors", "t2i_gcpo"}

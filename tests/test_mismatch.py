@@ -62,9 +62,9 @@ def test_is_weights_multiply_the_surrogate_and_its_gradient():
 
 
 def test_tis_needs_recompute_and_a_positive_cap():
-    with pytest.raises(UserError, match="loss.tis_cap needs rollout.old_logprobs=recompute"):
+    with pytest.raises(UserError, match="'loss.tis_cap': needs rollout.old_logprobs=recompute"):
         load_config(overrides=["loss.tis_cap=2"])
-    with pytest.raises(UserError, match="loss.tis_cap must be > 0"):
+    with pytest.raises(UserError, match="'loss.tis_cap': must be > 0"):
         load_config(overrides=["loss.tis_cap=0", "rollout.old_logprobs=recompute"])
     cfg = load_config(overrides=["loss.tis_cap=2", "rollout.old_logprobs=recompute"])
     assert cfg.loss.tis_cap == 2.0

@@ -31,7 +31,7 @@ def test_package_data_globs_cover_every_shipped_file():
     lacks it): each shipped file matches one of the globs."""
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     shipped = resources.shipped_files()
-    assert len(shipped) >= 19
+    assert len(shipped) >= 17  # 7 presets, 2 recipes, 2 accelerate configs, 6 prompt files
     for name in shipped:
         assert any(_glob_match(name, g) for g in globs["t2i_gcpo"]), name
 

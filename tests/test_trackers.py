@@ -30,7 +30,7 @@ def test_names_all_none_and_a_missing_package(monkeypatch, tmp_path):
     assert resolve_report_to("tensorboard, tensorboard") == ["tensorboard"]
     assert resolve_report_to("all") == [t for t in tracking.TRACKERS if installed(t)]
     assert "tensorboard" in resolve_report_to("all")  # a dependency: always there
-    with pytest.raises(UserError, match="report_to must be one of"):
+    with pytest.raises(UserError, match="report_to.: must be one of"):
         resolve_report_to("tensorbord")
     with pytest.raises(UserError, match="cannot be combined"):
         resolve_report_to("none,wandb")

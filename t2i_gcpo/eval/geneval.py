@@ -130,15 +130,18 @@ def adopt_recorded(policy: Policy, recorded: Mapping, cfg_scale: float | None, s
     --steps, --reveal-order), not with the model's defaults: its images are never of two kinds. (Steps
     and reveal order only for a model that decodes in steps: another model's folder is then refused
     by `check_resumable` for its model, not for flags this run was not given.)"""
-    masked = policy.default_sampling().steps is not None
 
-    def pick(given: Any, key: str, adopt: bool = True) -> Any:
-        return recorded.get(key) if given is None and adopt else given
+    def pick(given: Any, key: str, masked_only: bool = False) -> Any:
+        if given is not None or key not in recorded:
+            return given
+        if masked_only and policy.default_sampling().steps is None:  # asked only when it matters
+            return given
+        return recorded[key]
 
     return (
         pick(cfg_scale, "cfg_scale"),
-        pick(steps, "steps", masked),
-        pick(reveal_order, "reveal_order", masked),
+        pick(steps, "steps", masked_only=True),
+        pick(reveal_order, "reveal_order", masked_only=True),
     )
 
 

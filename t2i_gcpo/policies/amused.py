@@ -133,7 +133,7 @@ class AmusedPolicy(nn.Module):
             )
         if dtype not in DTYPES:
             raise UserError(f"unknown dtype '{dtype}' for aMUSEd: use one of {', '.join(DTYPES)}")
-        from t2i_gcpo.policies.weights import check_weight_files
+        from t2i_gcpo.weights import check_weight_files
 
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         uvit_cls, vq_cls, _ = import_amused()

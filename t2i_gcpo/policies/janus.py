@@ -161,7 +161,7 @@ class JanusPolicy(nn.Module):
                 ) from None
         template = template or getattr(tokenizer, "chat_template", None)
 
-        from t2i_gcpo.policies.weights import check_weight_files
+        from t2i_gcpo.weights import check_weight_files
 
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         model = JanusForConditionalGeneration.from_pretrained(path, dtype=DTYPES[dtype])

@@ -152,7 +152,7 @@ class TextPolicy(nn.Module):
             raise UserError(f"'{path}' is not a transformers checkpoint: no config.json found")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from t2i_gcpo.policies.weights import check_weight_files
+        from t2i_gcpo.weights import check_weight_files
 
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         try:

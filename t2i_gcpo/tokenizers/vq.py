@@ -258,9 +258,9 @@ def read_config(path: str, type_key: str | None = None, expected: str | None = N
 
 def load_weights(path: str) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, floating ones upcast to float32, through the loading check
-    every family shares (`policies.weights`): a `UserError` naming the file if it is missing, a
+    every family shares (`t2i_gcpo.weights`): a `UserError` naming the file if it is missing, a
     directory, truncated or otherwise unreadable, holds a non-number dtype, or NaN/inf values."""
-    from t2i_gcpo.policies.weights import read_weights
+    from t2i_gcpo.weights import read_weights
 
     return read_weights(path)
 

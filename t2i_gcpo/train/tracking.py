@@ -14,26 +14,15 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from t2i_gcpo.config import TRACKERS, check_report_to
 from t2i_gcpo.errors import UserError
 
 PROJECT = "t2i-gcpo"
-TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
-CHOICES = (*TRACKERS, "all", "none")
 
 
 def installed(name: str) -> bool:
     """The tracker's package (its module has the tracker's name; mlflow-skinny provides mlflow)."""
     return importlib.util.find_spec(name) is not None
-
-
-def check_report_to(spec: str) -> None:
-    """A one-line UserError for a name that is not a tracker (config validation)."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    bad = [n for n in names if n not in CHOICES]
-    if bad or not names:
-        raise UserError(
-            f"invalid config: report_to must be one of {', '.join(CHOICES)} or a comma-separated list, got {spec!r}"
-        )
 
 
 def resolve_report_to(spec: str) -> list[str]:
