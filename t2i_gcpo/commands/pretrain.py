@@ -1,6 +1,6 @@
 """`t2i-gcpo pretrain`: rebuild an embedded ShapeWorld checkpoint (AR: VQ tokenizer + prior; masked:
-a MaskGIT prior over the shipped AR checkpoint's VQ tokens, with the shipped masked prior's vocabulary), or, with
-``--world arithmetic``, the arithmetic world's tiny causal LM (t2i_gcpo.worlds.arithmetic.pretrain)."""
+a MaskGIT prior over the shipped AR checkpoint's VQ tokens, in the shipped masked prior's vocabulary),
+or, with ``--world arithmetic``, the arithmetic world's tiny causal LM (t2i_gcpo.worlds.arithmetic.pretrain)."""
 
 from __future__ import annotations
 
