@@ -1,6 +1,7 @@
 """`t2i-gcpo pretrain`: rebuild an embedded ShapeWorld checkpoint (AR: VQ tokenizer + prior; masked:
 a MaskGIT prior over the shipped AR checkpoint's VQ tokens, in the shipped masked prior's vocabulary),
-or, with ``--world arithmetic``, the arithmetic world's tiny causal LM (t2i_gcpo.worlds.arithmetic.pretrain)."""
+or, with ``--world arithmetic``, the arithmetic world's tiny causal LM
+(t2i_gcpo.worlds.arithmetic.pretrain)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ import click
     "--vq-steps",
     default=None,
     type=click.IntRange(min=1),
-    help="VQ-VAE steps of a fresh VQ tokenizer (implies --new-vq) [default: 1000, 1500 at --size 64; ar only].",
+    help="VQ-VAE steps of a fresh VQ tokenizer (implies --new-vq) [default: 1000, 1500 at --size 64; "
+    "ar only].",
 )
 @click.option(
     "--steps",
