@@ -147,8 +147,9 @@ def test_the_shipped_prior_reads_every_word_and_length_the_grammar_accepts():
 
 
 def test_a_group_of_the_shipped_prior_at_its_default_sampling_is_not_identical_copies():
-    """At the checkpoint's own CFG scale, 8 samples of one prompt differ (the prior of 865e766 at CFG 3
-    gave 2 distinct images of 8 for this prompt: a group without variance teaches RL nothing)."""
+    """At the checkpoint's own sampling default (CFG 2), 8 samples of one prompt differ (the prior of
+    865e766 at its CFG 3 gave `sample` 2 distinct images of 8 for the first prompt: a group without
+    variance teaches RL nothing)."""
     import torch
 
     from t2i_gcpo.policies.ar import load_policy
@@ -160,7 +161,8 @@ def test_a_group_of_the_shipped_prior_at_its_default_sampling_is_not_identical_c
     with torch.no_grad():
         rollout = policy.rollout([PromptRecord(t) for t in texts], 8, policy.default_sampling(), gens)
     groups = rollout.tokens.reshape(len(texts), 8, -1)
-    assert [len({tuple(row.tolist()) for row in g}) for g in groups] == DISTINCT_OF_8
+    distinct = [len({tuple(row.tolist()) for row in g}) for g in groups]
+    assert min(distinct) >= 4, distinct  # measured [6, 8, 8] on 2026-11-25
 
 
 def test_masked_options_on_an_autoregressive_model_are_a_user_error(tmp_path):
@@ -308,12 +310,19 @@ def test_evaluate_shapeworld_perfect_and_blank_images():
 
 @pytest.mark.slow
 def test_shipped_model_is_decent_but_imperfect():
-    """The base model's strict score on the held-out prompts lies in [0.3, 0.7] (docs/worlds/shapeworld.md)."""
+    """The base model is decent but leaves RL room (docs/worlds/shapeworld.md): on the held-out template
+    prompts 0.798 (2026-11-25), with position and colour binding far from solved, and on the held-out
+    compositional prompts 0.291."""
     from t2i_gcpo.policies.ar import load_policy
     from t2i_gcpo.tasks.geneval import evaluate_shapeworld
     from t2i_gcpo.worlds.shapeworld import make_splits
+    from t2i_gcpo.worlds.shapeworld.prompts import compositional_test
 
     _, test = make_splits()
-    res = evaluate_shapeworld(load_policy("shapeworld"), test, images_per_prompt=4, seed=0)
-    assert 0.3 <= res["strict"] <= 0.7
+    policy = load_policy("shapeworld")
+    res = evaluate_shapeworld(policy, test, images_per_prompt=4, seed=0)
+    assert 0.5 <= res["strict"] <= 0.9
     assert res["per_tag"]["colors"]["strict"] > res["per_tag"]["color_attr"]["strict"]  # binding is hard
+    assert max(res["per_tag"]["position"]["strict"], res["per_tag"]["color_attr"]["strict"]) <= 0.7
+    compositional = evaluate_shapeworld(policy, compositional_test(), images_per_prompt=4, seed=0)
+    assert 0.1 <= compositional["strict"] <= 0.5
