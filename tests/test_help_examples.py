@@ -27,7 +27,7 @@ def test_every_shapeworld_prompt_in_credit_map_help_is_accepted_by_the_shipped_m
     policy = load_policy("shapeworld")
     for prompt in prompts:
         parse_prompt(prompt)  # raises UserError on a prompt outside the grammar or the classes
-        policy.check_prompts([prompt])  # raises UserError on unknown words or more than 10 words
+        policy.check_prompts([prompt])  # raises UserError on unknown words or a prompt longer than its length
 
 
 def test_the_first_credit_map_example_runs(tmp_path):

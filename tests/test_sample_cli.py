@@ -109,6 +109,62 @@ def test_masked_steps_and_reveal_order_are_used_recorded_and_checked_on_resume(t
     assert res.exit_code == 0 and (seen[-1].steps, seen[-1].reveal_order) == (5, None)  # None: the model's
 
 
+# ---- the shipped prior reads what the grammar accepts (docs/results/shapeworld.md#the-shipped-prior-retrained)
+
+COMPOSITIONAL = [
+    "a photo of a red circle left of a blue square",  # 11 words: the prior of 865e766 read 10
+    "a photo of two red circles, a triangle, and three bars",  # 6 objects
+    "a photo of a yellow square, and a bar, and a cross right of two green circles",
+    "a photo of a circle, a square, a triangle, a cross and a bar",
+]
+
+
+def test_sample_compositional_prompts_of_up_to_6_objects_on_the_shipped_model(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("".join(p + "\n" for p in COMPOSITIONAL))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(sample_cmd, ["--prompts", str(prompts), "--out", str(out), "--n", "2"])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    for i, text in enumerate(COMPOSITIONAL):
+        assert json.loads((out / f"{i:05d}" / "metadata.jsonl").read_text())["prompt"] == text
+        for k in range(2):
+            assert Image.open(out / f"{i:05d}" / "samples" / f"{k:04d}.png").size == (32, 32)
+
+
+def test_the_shipped_prior_reads_every_word_and_length_the_grammar_accepts():
+    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.worlds.shapeworld import SHAPES
+    from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS
+    from t2i_gcpo.worlds.shapeworld.parse import geneval_plural, longest_prompt_words
+
+    policy = load_policy("shapeworld")
+    assert policy.tokenizer.max_len == longest_prompt_words()
+    words = {"a", "an", "photo", "of", "and", ",", *SHAPES, *map(geneval_plural, SHAPES), *COLORS,
+             *NUMBER_WORDS.values(), *(w for r in RELATIONS for w in r.split())}  # fmt: skip
+    assert words <= set(policy.tokenizer.vocab)
+    subjects = ", and ".join(f"a red {c}" for c in SHAPES[:4])
+    policy.check_prompts([f"a photo of {subjects} left of a red {SHAPES[4]}"])  # 26 words
+
+
+def test_a_group_of_the_shipped_prior_at_its_default_sampling_is_not_identical_copies():
+    """At the checkpoint's own sampling default (CFG 2), 8 samples of one prompt differ (the prior of
+    865e766 at its CFG 3 gave `sample` 2 distinct images of 8 for the first prompt: a group without
+    variance teaches RL nothing)."""
+    import torch
+
+    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.policies.base import PromptRecord
+
+    policy = load_policy("shapeworld").eval()
+    texts = ["a photo of a purple square", "a photo of two triangles", COMPOSITIONAL[0]]
+    gens = [torch.Generator().manual_seed(i) for i in range(len(texts))]
+    with torch.no_grad():
+        rollout = policy.rollout([PromptRecord(t) for t in texts], 8, policy.default_sampling(), gens)
+    groups = rollout.tokens.reshape(len(texts), 8, -1)
+    distinct = [len({tuple(row.tolist()) for row in g}) for g in groups]
+    assert min(distinct) >= 4, distinct  # measured [6, 8, 8] on 2026-11-25
+
+
 def test_masked_options_on_an_autoregressive_model_are_a_user_error(tmp_path):
     from t2i_gcpo.commands.options import REVEAL_ORDER_CHOICES
     from t2i_gcpo.policies.maskgen import REVEAL_ORDERS
@@ -167,6 +223,31 @@ def test_tiny_pretrain_then_sample(tmp_path):
     )
     assert res.exit_code == 0, res.output + repr(res.exception)
     assert (tmp_path / "o" / "00000" / "samples" / "0000.png").is_file()
+
+
+@pytest.mark.slow
+def test_pretrain_defaults_reuse_the_shipped_vq_and_rebuild_deterministically(tmp_path):
+    """The 32 px defaults keep the shipped VQ tokenizer byte for byte, give the prior the grammar's
+    longest prompt and the shipped sampling default, and the same seed gives the same weights."""
+    from t2i_gcpo.policies.ar import SHIPPED
+
+    args = ["--scenes", "300", "--steps", "3", "--no-eval", "--threads", "1"]
+    for name in ("a", "b"):
+        res = CliRunner().invoke(pretrain_cmd, ["--out", str(tmp_path / name), *args])
+        assert res.exit_code == 0, res.output + repr(res.exception)
+    shipped = SHIPPED["shapeworld"]
+    for part in ("prior/model.safetensors", "prior/vocab.json", "vq/model.safetensors"):
+        assert (tmp_path / "a" / part).read_bytes() == (tmp_path / "b" / part).read_bytes(), part
+    with open(os.path.join(shipped, "vq", "model.safetensors"), "rb") as f:
+        assert (tmp_path / "a" / "vq" / "model.safetensors").read_bytes() == f.read()
+    config = json.loads((tmp_path / "a" / "prior" / "config.json").read_text())
+    with open(os.path.join(shipped, "prior", "config.json")) as f:
+        want = json.load(f)
+    assert config["prompt_len"] == want["prompt_len"] == 26
+    assert config["default_cfg_scale"] == want["default_cfg_scale"]
+    vq = str(tmp_path / "a" / "vq")
+    res = CliRunner().invoke(pretrain_cmd, ["--out", str(tmp_path / "c"), "--vq-steps", "2", "--vq", vq])
+    assert res.exit_code == 2 and "give one of them" in res.output
 
 
 class _RenderPolicy:
@@ -229,12 +310,19 @@ def test_evaluate_shapeworld_perfect_and_blank_images():
 
 @pytest.mark.slow
 def test_shipped_model_is_decent_but_imperfect():
-    """The base model's strict score on the held-out prompts lies in [0.3, 0.7] (docs/worlds/shapeworld.md)."""
+    """The base model is decent but leaves RL room (docs/worlds/shapeworld.md): on the held-out template
+    prompts 0.798 (2026-11-25), with position and colour binding far from solved, and on the held-out
+    compositional prompts 0.291."""
     from t2i_gcpo.policies.ar import load_policy
     from t2i_gcpo.tasks.geneval import evaluate_shapeworld
     from t2i_gcpo.worlds.shapeworld import make_splits
+    from t2i_gcpo.worlds.shapeworld.prompts import compositional_test
 
     _, test = make_splits()
-    res = evaluate_shapeworld(load_policy("shapeworld"), test, images_per_prompt=4, seed=0)
-    assert 0.3 <= res["strict"] <= 0.7
+    policy = load_policy("shapeworld")
+    res = evaluate_shapeworld(policy, test, images_per_prompt=4, seed=0)
+    assert 0.5 <= res["strict"] <= 0.9
     assert res["per_tag"]["colors"]["strict"] > res["per_tag"]["color_attr"]["strict"]  # binding is hard
+    assert max(res["per_tag"]["position"]["strict"], res["per_tag"]["color_attr"]["strict"]) <= 0.7
+    compositional = evaluate_shapeworld(policy, compositional_test(), images_per_prompt=4, seed=0)
+    assert 0.1 <= compositional["strict"] <= 0.5

@@ -88,6 +88,8 @@ def test_shipped_prompt_files_are_current(tmp_path):
         "shapeworld_train.jsonl",
         "shapeworld_test.txt",
         "shapeworld_test.jsonl",
+        "shapeworld_compositional_test.txt",
+        "shapeworld_compositional_test.jsonl",
     ):
         assert (PROMPTS_DIR / name).read_text() == (tmp_path / name).read_text(), name
 
@@ -150,3 +152,59 @@ def test_parse_matches_generated_metadata_for_every_shapeworld_prompt():
     for t in TAGS:
         for m in all_metadata(t):
             assert parse_prompt(m["prompt"]) == m
+
+
+# ---- compositional prompts (the grammar of parse.py) ----------------------------------------------
+
+
+def test_random_compositional_prompts_parse_to_their_tag_and_fit_the_scene():
+    import numpy as np
+
+    from t2i_gcpo.worlds.shapeworld.parse import EXTENDED_TAGS
+    from t2i_gcpo.worlds.shapeworld.prompts import RELATION_MAX_OBJECTS, random_compositional
+
+    rng = np.random.default_rng(0)
+    seen = Counter()
+    for tag in EXTENDED_TAGS:
+        for _ in range(40):
+            meta = random_compositional(tag, rng)
+            assert meta["tag"] == tag and parse_prompt(meta["prompt"]) == meta  # the parser's own reading
+            objects = sum(c["count"] for c in meta["include"])
+            relation = any("position" in c for c in meta["include"])
+            assert objects <= (RELATION_MAX_OBJECTS if relation else 6)
+            seen.update(sep for sep in (", and ", ", ", " and ") if sep in meta["prompt"])
+    assert set(seen) == {", and ", ", ", " and "}  # every separator the grammar accepts is drawn
+    with pytest.raises(UserError, match="not a compositional tag"):
+        random_compositional("counting", rng)
+
+
+def test_generate_metadata_mixes_template_and_compositional_tags():
+    from t2i_gcpo.worlds.shapeworld.parse import ALL_TAGS
+
+    a = generate_metadata(700, 5, ALL_TAGS)
+    assert a == generate_metadata(700, 5, ALL_TAGS)  # deterministic in the seed
+    counts = Counter(m["tag"] for m in a)
+    assert set(counts) == set(ALL_TAGS) and min(counts.values()) >= 25  # uniform: 50 expected per tag
+    # GenEval's six alone draw exactly as before the compositional tags existed
+    assert generate_metadata(30, 3) == generate_metadata(30, 3, list(TAGS))
+
+
+def test_compositional_test_set_is_10_distinct_prompts_per_tag_and_matches_the_shipped_file():
+    from t2i_gcpo.worlds.shapeworld.parse import EXTENDED_TAGS
+    from t2i_gcpo.worlds.shapeworld.prompts import compositional_test, content_key
+
+    test = compositional_test()
+    assert Counter(m["tag"] for m in test) == dict.fromkeys(EXTENDED_TAGS, 10)
+    assert len({content_key(m) for m in test}) == 80
+    shipped = [json.loads(line) for line in (PROMPTS_DIR / "shapeworld_compositional_test.jsonl").open()]
+    assert shipped == test
+    assert read_prompt_file(PROMPTS_DIR / "shapeworld_compositional_test.txt") == test
+
+
+def test_content_key_ignores_wording_and_clause_order():
+    from t2i_gcpo.worlds.shapeworld.prompts import content_key
+
+    a = parse_prompt("a photo of a red circle, and two squares left of a bar")
+    b = parse_prompt("a photo of two squares and a red circle left of a bar")
+    c = parse_prompt("a photo of two squares and a red circle right of a bar")
+    assert content_key(a) == content_key(b) != content_key(c)

@@ -102,7 +102,12 @@ def geneval_cmd(
     help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
     "'janus:PATH'.",
 )
-@click.option("--prompts", default=None, help="Prompt file [default: prompts/shapeworld_test.jsonl].")
+@click.option(
+    "--prompts",
+    default=None,
+    help="Prompt file [default: prompts/shapeworld_test.jsonl, GenEval's six templates; the held-out "
+    "compositional prompts: prompts/shapeworld_compositional_test.jsonl, a shipped file].",
+)
 @click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")

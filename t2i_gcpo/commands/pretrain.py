@@ -1,6 +1,7 @@
 """`t2i-gcpo pretrain`: rebuild an embedded ShapeWorld checkpoint (AR: VQ tokenizer + prior; masked:
-a MaskGIT prior over the shipped AR checkpoint's VQ tokens and prompt vocabulary), or, with
-``--world arithmetic``, the arithmetic world's tiny causal LM (t2i_gcpo.worlds.arithmetic.pretrain)."""
+a MaskGIT prior over the shipped AR checkpoint's VQ tokens, in the shipped masked prior's vocabulary),
+or, with ``--world arithmetic``, the arithmetic world's tiny causal LM
+(t2i_gcpo.worlds.arithmetic.pretrain)."""
 
 from __future__ import annotations
 
@@ -42,21 +43,23 @@ import click
     "--vq-steps",
     default=None,
     type=click.IntRange(min=1),
-    help="VQ-VAE steps [default: 1000, 1500 at --size 64; ar only].",
+    help="VQ-VAE steps of a fresh VQ tokenizer (implies --new-vq) [default: 1000, 1500 at --size 64; "
+    "ar only].",
 )
 @click.option(
     "--steps",
     "prior_steps",
     default=None,
     type=click.IntRange(min=1),
-    help="Prior steps [default: ar 1500, masked 5000; arithmetic 2000].",
+    help="Prior steps [default: ar 2000 (1500 at --size 64), masked 5000; arithmetic 2000].",
 )
 @click.option(
     "--scenes",
     "n_scenes",
     default=None,
     type=click.IntRange(min=100),
-    help="Prompts drawn for training [default: 40000]; those equal to a held-out test prompt (≈ 30 %) are dropped.",
+    help="Prompts drawn for training [default: 40000]; those asking for a held-out test prompt's content are "
+    "dropped.",
 )
 @click.option(
     "--minutes",
@@ -70,15 +73,20 @@ import click
     "cfg_scale",
     default=None,
     type=float,
-    help="Default CFG scale stored in the checkpoint [default: 3].",
+    help="Default CFG scale stored in the checkpoint [default: ar 2 (3 at --size 64), masked 3].",
 )
 @click.option(
     "--vq",
     "vq_path",
     default=None,
     type=click.Path(file_okay=False, exists=True),
-    help="Reuse a trained VQ tokenizer folder (e.g. MODEL/vq); skips VQ training (masked: the "
-    "tokenizer to train on, default the shipped one).",
+    help="Reuse a trained VQ tokenizer folder (e.g. MODEL/vq); skips VQ training [default at --size 32 "
+    "and with --arch masked: the shipped one].",
+)
+@click.option(
+    "--new-vq",
+    is_flag=True,
+    help="Train a fresh VQ tokenizer instead of reusing the shipped one (--size 32; --size 64 always does).",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch threads.")
@@ -94,17 +102,22 @@ def pretrain_cmd(
     max_minutes: float | None,
     cfg_scale: float | None,
     vq_path: str | None,
+    new_vq: bool,
     seed: int,
     threads: int,
     no_eval: bool,
 ) -> None:
-    """Rebuild the ShapeWorld model from scratch: render scenes for train-split prompts, train the
-    VQ tokenizer, train the text-conditioned prior (10 % null-prompt dropout for CFG), save it and
-    print its per-tag strict/partial scores on the held-out test prompts (4 images each).
+    """Rebuild the ShapeWorld model: render scenes for prompts of GenEval's six templates and of the
+    compositional grammar (up to 6 objects, every relation; none asking for a held-out prompt's
+    content), encode them with the shipped VQ tokenizer (--new-vq trains one), train the
+    text-conditioned prior (10 % null-prompt dropout for CFG) on prompts as long as the longest the
+    grammar accepts, save it and print its per-tag strict/partial scores on the held-out template
+    and compositional prompts (4 images each). The defaults rebuild the shipped --model shapeworld
+    (docs/results/shapeworld.md#the-shipped-prior-retrained). Load the result with --model OUT.
 
-    With the defaults: 8.3 min measured on 2 CPU cores (VQ 2.4 min, prior 5.4 min, then the
-    held-out scoring); slower when other jobs share the CPU. Load the result with
-    --model OUT.
+    With the defaults at --threads 1: 44 min measured on 2 CPU cores shared with five other jobs (the
+    prior's 2 000 steps ≈ 18 min alone, estimated from its last steps); the prior of 865e766 (10-word
+    prompts, 1 500 steps, its own VQ) took 8.3 min alone on 2 threads.
 
     With --size 64: 64 px scenes, a VQ with a 16×16 grid and 1 024 codes (1 500 steps at batch 32),
     a prior over 256 image tokens (1 500 steps at batch 32): 85 min measured on 2 CPU cores (VQ 24
@@ -140,7 +153,8 @@ def pretrain_cmd(
     if world == "arithmetic":
         given = [("--arch masked", arch == "masked"), ("--vq-steps", vq_steps is not None),
                  ("--scenes", n_scenes is not None), ("--cfg", cfg_scale is not None),
-                 ("--vq", vq_path is not None), ("--size", image_size is not None)]  # fmt: skip
+                 ("--vq", vq_path is not None), ("--size", image_size is not None),
+                 ("--new-vq", new_vq)]  # fmt: skip
         bad = [name for name, used in given if used]
         if bad:
             raise UserError(
@@ -170,8 +184,9 @@ def pretrain_cmd(
         from t2i_gcpo.policies.masked import MaskedConfig
         from t2i_gcpo.worlds.shapeworld.pretrain_masked import MaskedPretrainConfig, pretrain_masked
 
-        if vq_steps is not None:
-            raise click.UsageError("--vq-steps applies to --arch ar (the masked prior reuses a trained VQ)")
+        if vq_steps is not None or new_vq:
+            flag = "--vq-steps" if vq_steps is not None else "--new-vq"
+            raise click.UsageError(f"{flag} applies to --arch ar (the masked prior reuses a trained VQ)")
         mcfg = MaskedPretrainConfig(seed=seed, max_minutes=max_minutes, vq_path=vq_path)
         if prior_steps is not None:
             mcfg.steps = prior_steps
@@ -183,10 +198,15 @@ def pretrain_cmd(
         click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
         return
 
-    from t2i_gcpo.policies.ar import ARConfig
     from t2i_gcpo.worlds.shapeworld.pretrain import PretrainConfig, pretrain
 
-    cfg = PretrainConfig.for_size(int(image_size or 32), seed=seed, max_minutes=max_minutes, vq_path=vq_path)
+    if new_vq and vq_path is not None:
+        raise click.UsageError("--new-vq trains a VQ tokenizer, --vq reuses one: give one of them")
+    cfg = PretrainConfig.for_size(int(image_size or 32), seed=seed, max_minutes=max_minutes)
+    if vq_steps is not None and vq_path is not None:
+        raise click.UsageError("--vq-steps trains a VQ tokenizer, --vq reuses one: give one of them")
+    if vq_path is not None or new_vq or vq_steps is not None:
+        cfg.vq_path = vq_path
     if vq_steps is not None:
         cfg.vq_steps = vq_steps
     if prior_steps is not None:
@@ -194,7 +214,7 @@ def pretrain_cmd(
     if n_scenes is not None:
         cfg.n_scenes = n_scenes
     if cfg_scale is not None:
-        cfg.ar = ARConfig(default_cfg_scale=cfg_scale)
+        cfg.cfg_scale = cfg_scale
 
     stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
     click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")

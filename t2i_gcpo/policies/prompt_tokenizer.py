@@ -1,6 +1,7 @@
 """Word-level prompt tokenizer of the built-in prior.
 
-Lowercase, split on whitespace; the vocabulary is the set of words of the training prompts,
+Lowercase, split on whitespace, a comma its own word ("a circle, a square" reads as "a circle , a
+square", as the compositional grammar's separators); the vocabulary is the set of words of the training prompts,
 after three special tokens. Prompts are right-padded with ``<pad>`` to a fixed length, so the
 null prompt of classifier-free guidance is simply ``max_len`` pads. Saved as ``vocab.json``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 
 import torch
@@ -20,7 +22,7 @@ SPECIALS = (PAD, BOS, BOI)
 
 
 def words_of(prompt: str) -> list[str]:
-    return prompt.lower().split()
+    return re.findall(r",|[^\s,]+", prompt.lower())
 
 
 class PromptTokenizer:

@@ -152,10 +152,13 @@ def summarize(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
 
 def format_table(result: dict[str, Any]) -> str:
     """A plain-text per-tag table of an `evaluate` result."""
-    lines = [f"{'tag':<14} {'strict':>7} {'partial':>8} {'images':>7}"]
+    w = max([14, *map(len, result["per_tag"])])  # compositional tags run to 20 characters
+    lines = [f"{'tag':<{w}} {'strict':>7} {'partial':>8} {'images':>7}"]
     for tag, r in result["per_tag"].items():
-        lines.append(f"{tag:<14} {r['strict']:>7.3f} {r['partial']:>8.3f} {r['images']:>7d}")
-    lines.append(f"{'overall':<14} {result['strict']:>7.3f} {result['partial']:>8.3f} {result['images']:>7d}")
+        lines.append(f"{tag:<{w}} {r['strict']:>7.3f} {r['partial']:>8.3f} {r['images']:>7d}")
+    lines.append(
+        f"{'overall':<{w}} {result['strict']:>7.3f} {result['partial']:>8.3f} {result['images']:>7d}"
+    )
     return "\n".join(lines)
 
 

@@ -29,6 +29,15 @@ ALL_TAGS: list[str] = [*TAGS, *EXTENDED_TAGS]
 
 SHAPEWORLD_MAX_OBJECTS = 6  # objects a ShapeWorld scene holds (render.sample_scene)
 
+
+def longest_prompt_words(n_classes: int = len(SHAPES)) -> int:
+    """Words (a comma counts as one, as the prompt tokenizer splits it) of the longest prompt the
+    grammar accepts with `n_classes` classes, each named once: "a photo of" then every class as
+    "a red circle" (3 words), the classes joined by ", and " (2 words), or the last by a relation of
+    2 words ("left of"): 3 + 3n + 2(n − 1) — 26 for ShapeWorld's 5 shapes."""
+    return 3 + 3 * n_classes + 2 * (n_classes - 1)
+
+
 GRAMMAR = (
     '"a photo of <object> [(,|and) <object>]… [left of|right of|above|below <object>]" '
     "where <object> = (a|an|two|three|four) [colour] class"

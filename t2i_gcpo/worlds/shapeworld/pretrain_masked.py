@@ -2,8 +2,9 @@
 
 1. Data: the AR pretraining's recipe, imported from `pretrain` (not copied): `n_scenes` prompts of
    `generate_metadata` minus every held-out test prompt, one `render_dataset` scene each, encoded to
-   8×8 ids by the *shipped* VQ tokenizer (`encode_dataset`); the prompt vocabulary is the shipped AR
-   prior's, so both priors read the same words and codes.
+   8×8 ids by the *shipped* VQ tokenizer (`encode_dataset`); the prompt vocabulary is the shipped
+   masked prior's own (GenEval's six templates, 10 words: the AR prior's before it learned the
+   compositional grammar), so a rebuild reads the words it was built with.
 2. MaskGIT training (Chang et al. 2022, arXiv 2202.04200, §3.1): per row a time t ~ U(0, 1), the
    mask ratio γ(t) = cos(πt/2) of the sampler's cosine schedule, ⌈γ(t)·T⌉ positions (≥ 1) chosen
    uniformly and replaced by [MASK]; cross-entropy on the masked positions only. The prompt is
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from t2i_gcpo.errors import check_writable_dir
-from t2i_gcpo.policies.masked import AR_ASSETS, MaskedConfig, MaskedPolicy
+from t2i_gcpo.policies.masked import AR_ASSETS, SHIPPED, MaskedConfig, MaskedPolicy
 from t2i_gcpo.policies.maskgen import mask_ratio
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQTokenizer
@@ -52,7 +53,7 @@ class MaskedPretrainConfig:
     max_minutes: float | None = None  # wall-clock cap on training (None: run all steps)
     eval_images_per_prompt: int = 4
     vq_path: str | None = None  # VQ tokenizer folder (default: the shipped AR prior's)
-    vocab_path: str | None = None  # folder with the prompt vocab.json (default: the shipped AR prior's)
+    vocab_path: str | None = None  # folder with the prompt vocab.json (default: the shipped masked prior's)
     model: MaskedConfig | None = None  # prior shape; prompt_len is set from the vocabulary
 
 
@@ -118,7 +119,7 @@ def pretrain_masked(out_dir: str, cfg: MaskedPretrainConfig | None = None,
     # ---- data: the AR pretraining's scenes, encoded by the shipped VQ ------------------------------
     t = time.time()
     vq = VQTokenizer.from_pretrained(cfg.vq_path or os.path.join(AR_ASSETS, "vq"))
-    tokenizer = PromptTokenizer.load(cfg.vocab_path or os.path.join(AR_ASSETS, "prior"))
+    tokenizer = PromptTokenizer.load(cfg.vocab_path or os.path.join(SHIPPED["shapeworld-masked"], "prior"))
     _, test = make_splits()
     held_out = {m["prompt"] for m in test}
     meta = [m for m in generate_metadata(cfg.n_scenes, cfg.seed) if m["prompt"] not in held_out]

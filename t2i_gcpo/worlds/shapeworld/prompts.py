@@ -7,6 +7,11 @@ counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
 - the train set is the rest, drawn tag-balanced: `n_train` rows, an equal number per tag, each tag
   cycling through its remaining prompts (small tags repeat). Train and test share no prompt text.
 
+Compositional prompts (the grammar of parse.py, `EXTENDED_TAGS`) are drawn at random
+(`random_compositional`): every drawn prompt parses to the tag asked for and ShapeWorld can draw it.
+The held-out compositional set (`compositional_test`) takes `per_tag` unique prompts per extended tag;
+pretraining drops every draw that asks for the same content (`content_key`).
+
 Regenerate the shipped files with `python -m t2i_gcpo.worlds.shapeworld` (into t2i_gcpo/prompts/).
 """
 
@@ -22,6 +27,12 @@ import numpy as np
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 from t2i_gcpo.worlds.shapeworld.parse import (
+    ALL_TAGS,
+    EXTENDED_TAGS,
+    SHAPEWORLD_MAX_OBJECTS,
+    article,
+    describe,
+    geneval_plural,
     metadata_conflict,
     metadata_to_prompt,
     parse_prompt,
@@ -77,22 +88,99 @@ def all_metadata(tag: str, classes: list[str] | None = None) -> list[dict]:
 
 def _check_tags(tags: list[str] | None) -> list[str]:
     tags = list(TAGS if tags is None else tags)
-    bad = [t for t in tags if t not in TAGS]
+    bad = [t for t in tags if t not in ALL_TAGS]
     if bad or not tags:
-        raise UserError(f"unknown GenEval tag(s) {bad}: expected some of {', '.join(TAGS)}")
+        raise UserError(f"unknown GenEval tag(s) {bad}: expected some of {', '.join(ALL_TAGS)}")
     return tags
 
 
+# The features each extended tag asks for (parse._structural_tag names a tag by them).
+_FEATURES = {tag: set(tag.split("_")) - {"multi", "object"} for tag in EXTENDED_TAGS}
+_SEPARATORS = (", ", " and ", ", and ")  # every separator the grammar accepts between objects
+# With a relation, `render.sample_scene` places 3 objects in 10 of 10 tries, 4 in 9–10 of 10, 5 or 6 in at
+# most 5 of 10 and some (two targets right of four subjects) never: the 8×8 canvas has too few cells on
+# one side of a target, so relation prompts are drawn with at most 4 objects in all.
+RELATION_MAX_OBJECTS = 4
+
+
+def _phrase(cls: str, count: int, colour: str | None) -> str:
+    words = f"{colour} " if colour else ""
+    if count == 1:
+        return f"{article(words + cls)} {words}{cls}"
+    return f"{NUMBER_WORDS[count]} {words}{geneval_plural(cls)}"
+
+
+def random_compositional(tag: str, rng: np.random.Generator) -> dict:
+    """One random prompt of the compositional grammar with extended tag `tag`, parsed into metadata.
+
+    The tag's features (colour, count, position) are each on for at least one object and off
+    otherwise: 1–5 distinct classes, counts 1–4 (2–4 for a counted object, half the objects when
+    the tag counts), a colour on half the objects when the tag has colour, any relation, and any of
+    the grammar's separators (", ", " and ", ", and "). Draws until the text parses to `tag` with at
+    most 6 objects, 4 with a relation (`RELATION_MAX_OBJECTS`)."""
+    if tag not in EXTENDED_TAGS:
+        raise UserError(f"{tag!r} is not a compositional tag: expected one of {', '.join(EXTENDED_TAGS)}")
+    features = _FEATURES[tag]
+    while True:
+        n = int(rng.integers(1, len(SHAPES) + 1))
+        classes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:n]]
+        counted = rng.random(n) < 0.5 if "count" in features else np.zeros(n, bool)
+        coloured = rng.random(n) < 0.5 if "color" in features else np.zeros(n, bool)
+        counts = [int(rng.integers(2, 5)) if c else 1 for c in counted]
+        colours = [COLORS[int(rng.integers(len(COLORS)))] if c else None for c in coloured]
+        phrases = [_phrase(c, k, col) for c, k, col in zip(classes, counts, colours)]
+        seps = [_SEPARATORS[int(rng.integers(len(_SEPARATORS)))] for _ in range(n)]
+        if "position" in features:
+            if n < 2:
+                continue
+            relation = RELATIONS[int(rng.integers(len(RELATIONS)))]
+            subjects = phrases[:-1]
+            text = "".join(p + s for p, s in zip(subjects, seps))[: -len(seps[len(subjects) - 1])]
+            text += f" {relation} {phrases[-1]}"
+        else:
+            text = "".join(p + s for p, s in zip(phrases, seps))[: -len(seps[n - 1])]
+        if sum(counts) > (RELATION_MAX_OBJECTS if "position" in features else SHAPEWORLD_MAX_OBJECTS):
+            continue
+        meta = parse_prompt(f"a photo of {text}")
+        if meta["tag"] == tag:
+            return meta
+
+
+def content_key(meta: dict) -> str:
+    """What a prompt asks for, independent of wording (separators) and clause order."""
+    return describe(meta)
+
+
+def compositional_test(per_tag: int = 10, seed: int = 0) -> list[dict]:
+    """The held-out compositional prompts: `per_tag` prompts of distinct content per extended tag,
+    grouped by tag in `EXTENDED_TAGS` order. Deterministic in `seed`."""
+    rng = np.random.default_rng(seed)
+    out: list[dict] = []
+    for tag in EXTENDED_TAGS:
+        seen: set[str] = set()
+        while len(seen) < per_tag:
+            meta = random_compositional(tag, rng)
+            if content_key(meta) not in seen:
+                seen.add(content_key(meta))
+                out.append(meta)
+    return out
+
+
 def generate_metadata(n: int, seed: int, tags: list[str] | None = None) -> list[dict]:
-    """`n` random ShapeWorld prompts (with replacement): a uniform tag from `tags` (default all
-    six), then a uniform prompt of that tag. Deterministic in `seed`."""
+    """`n` random ShapeWorld prompts (with replacement): a uniform tag from `tags` (default GenEval's
+    six; any of `ALL_TAGS`), then a uniform prompt of a template tag or a `random_compositional`
+    prompt of an extended one. Deterministic in `seed`."""
     tags = _check_tags(tags)
     rng = np.random.default_rng(seed)
-    pools = {t: all_metadata(t) for t in tags}
+    pools = {t: all_metadata(t) for t in tags if t in TAGS}
     out = []
     for _ in range(n):
-        pool = pools[tags[int(rng.integers(len(tags)))]]
-        out.append(json.loads(json.dumps(pool[int(rng.integers(len(pool)))])))  # independent copies
+        tag = tags[int(rng.integers(len(tags)))]
+        if tag in pools:
+            pool = pools[tag]
+            out.append(json.loads(json.dumps(pool[int(rng.integers(len(pool)))])))  # independent copies
+        else:
+            out.append(random_compositional(tag, rng))
     return out
 
 
@@ -200,7 +288,7 @@ def read_prompt_file(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write t2i_gcpo/prompts/shapeworld_{train,test}.{txt,jsonl} (the shipped files)."""
+    """Write t2i_gcpo/prompts/shapeworld_{train,test,compositional_test}.{txt,jsonl} (the shipped files)."""
     from t2i_gcpo.resources import PROMPTS_DIR
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -210,10 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     train, test = make_splits(args.n_train, args.n_test, args.seed)
-    for name, data in (("train", train), ("test", test)):
+    compositional = compositional_test(seed=args.seed)
+    for name, data in (("train", train), ("test", test), ("compositional_test", compositional)):
         for ext in ("txt", "jsonl"):
             write_prompts(data, Path(args.out) / f"shapeworld_{name}.{ext}")
-    print(f"wrote {len(train)} train and {len(test)} test prompts to {Path(args.out)}")
+    print(
+        f"wrote {len(train)} train, {len(test)} test and {len(compositional)} compositional test prompts "
+        f"to {Path(args.out)}"
+    )
 
 
 if __name__ == "__main__":
