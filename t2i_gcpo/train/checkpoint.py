@@ -133,7 +133,7 @@ def carry_types() -> dict[str, type]:
     """The dataclasses a carry file may hold (the allow-list `load_tree` builds from)."""
     from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
     from t2i_gcpo.rewards.base import RewardOutput
-    from t2i_gcpo.train.trainer import Batch
+    from t2i_gcpo.train.batch import Batch
 
     return {c.__name__: c for c in (Batch, Rollout, PromptRecord, SamplingParams, RewardOutput)}
 

@@ -11,7 +11,6 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_m
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
-from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.checkpoint import (
     atomic_write_text,
     checkpoint_dir,
@@ -51,36 +50,6 @@ from t2i_gcpo.train.distributed import (
 )
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
 from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
-
-
-@dataclass
-class Batch:
-    """One step's training data after dynamic sampling (B = kept groups × G)."""
-
-    rollout: Rollout  # tokens, mask, recorded log-probs … [B, T]
-    advantages: torch.Tensor  # [B] — sequence advantages A_i
-    reward: RewardOutput  # scores [B] and per-sample details
-    outputs: Any  # what the rollout decoded to: images [B, 3, H, W] in [0, 1], or B strings
-
-    def select(self, index: torch.Tensor) -> Batch:
-        ids = index.tolist()
-        outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
-        details = [self.reward.details[i] for i in ids] if self.reward.details else []
-        return Batch(self.rollout.select(index), self.advantages[index],
-                     RewardOutput(self.reward.scores[index], details), outputs)  # fmt: skip
-
-    @staticmethod
-    def concat(batches: list[Batch]) -> Batch | None:
-        if not batches:
-            return None
-        outs = [b.outputs for b in batches]
-        return Batch(
-            Rollout.concat([b.rollout for b in batches]),
-            torch.cat([b.advantages for b in batches]),
-            RewardOutput(torch.cat([b.reward.scores for b in batches]), [d for b in batches for d in b.reward.details]),
-            torch.cat(outs) if torch.is_tensor(outs[0]) else [o for x in outs for o in x],
-        )  # fmt: skip
-
 
 # ============================================================================ algorithm logic
 
