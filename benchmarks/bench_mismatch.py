@@ -61,7 +61,7 @@ def build(spec: str, scratch: Path) -> tuple[str, list[PromptRecord] | None]:
 
 
 def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision: str, args) -> dict:
-    policy = load_policy(spec).eval()
+    policy = load_policy(spec).eval().to(args.device)
     if prompts is None:
         task = get_task(policy.default_task, policy)
         prompts = task.load_prompts(task.default_train_prompts())
@@ -69,7 +69,7 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
     cfg = TrainConfig()
     if precision == "fp32":
         cfg.rollout.autocast = cfg.optim.autocast = "none"
-    resolve_autocast(cfg, "cpu", policy)
+    resolve_autocast(cfg, args.device, policy)
     sampling = policy.default_sampling()
     sampling = type(sampling)(**{**sampling.__dict__, "autocast": cfg.rollout.autocast})
     gens = group_generators(args.seed, "train", list(range(len(prompts))))
@@ -78,7 +78,7 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
         row = {"model": label, "precision": precision, "rollout_autocast": cfg.rollout.autocast,
                "update_autocast": cfg.optim.autocast, "tokens": int(ro.mask.sum())}  # fmt: skip
         for ctx, recorded in ro.logp.items():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16"):
+            with torch.autocast(args.device, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16"):
                 logp = policy(ro, context=ctx)
             k3, gap = rollout_mismatch(logp.float(), recorded, ro.mask)
             row[f"k3_{ctx}"], row[f"max_abs_{ctx}"] = float(k3), float(gap)
@@ -96,11 +96,11 @@ def cost(spec: str, args) -> dict:
 
     from t2i_gcpo.core.losses import policy_loss, tis_weights
 
-    policy = load_policy(spec)
+    policy = load_policy(spec).to(args.device)
     task = get_task(policy.default_task, policy)
     prompts = task.load_prompts(task.default_train_prompts())[: args.prompts_per_model]
     cfg = TrainConfig()
-    resolve_autocast(cfg, "cpu", policy)
+    resolve_autocast(cfg, args.device, policy)
     sampling = policy.default_sampling()
     sampling = type(sampling)(**{**sampling.__dict__, "autocast": cfg.rollout.autocast})
     with torch.no_grad():
@@ -110,11 +110,12 @@ def cost(spec: str, args) -> dict:
             sampling,
             group_generators(args.seed, "train", list(range(len(prompts)))),
         )
-    adv = torch.randn(len(ro), generator=torch.Generator().manual_seed(0))
+    adv = torch.randn(len(ro), generator=torch.Generator().manual_seed(0)).to(args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     bf16 = cfg.optim.autocast == "bf16"
 
     def update(tis: bool) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
             logp = policy(ro, context="pos")
         old = logp.detach() if tis else ro.logp["pos"]
         w = tis_weights(old, ro.logp["pos"], 2.0) if tis else None
@@ -123,7 +124,7 @@ def cost(spec: str, args) -> dict:
         policy.zero_grad(set_to_none=True)
 
     def recompute_pass() -> None:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.no_grad(), torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
             policy(ro, context="pos")
 
     variants = {"update_recorded": lambda: update(False), "update_recompute_tis": lambda: update(True),
@@ -131,8 +132,10 @@ def cost(spec: str, args) -> dict:
     times: dict[str, list[float]] = {k: [] for k in variants}
     for rep in range(args.repeats + 1):
         for name, fn in variants.items():
+            sync()
             tic = time.perf_counter()
             fn()
+            sync()
             if rep:  # the first round is warm-up
                 times[name].append(time.perf_counter() - tic)
     out = {k: statistics.median(v) for k, v in times.items()}
@@ -155,13 +158,14 @@ def main() -> None:
         "--cost", action="store_true", help="time the update with and without recompute/TIS instead"
     )
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy runs (default cpu)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.cost:
         res = cost(args.model[0], args)
         print(json.dumps(res, indent=1))
         Path(args.out).write_text(json.dumps({"machine": platform.processor() or platform.machine(),
-                                              "torch": torch.__version__, "cost": res}, indent=1))  # fmt: skip
+                                              "device": args.device, "torch": torch.__version__, "cost": res}, indent=1))  # fmt: skip
         return
     labels = args.label or args.model
     rows = []
@@ -177,8 +181,8 @@ def main() -> None:
                 )  # fmt: skip
                 print(f"{label:28s} {precision:4s} (rollout {row['rollout_autocast']}, update "
                       f"{row['update_autocast']}): {cells}", flush=True)  # fmt: skip
-    result = {"machine": platform.processor() or platform.machine(), "native_bf16": native_bf16("cpu"),
-              "torch": torch.__version__, "rows": rows}  # fmt: skip
+    result = {"machine": platform.processor() or platform.machine(), "native_bf16": native_bf16(args.device),
+              "device": args.device, "torch": torch.__version__, "rows": rows}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 

@@ -35,9 +35,9 @@ ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical"]
 PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
 
 
-def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: str) -> Trainer:
+def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: str, name: str | None = None) -> Trainer:
     flags = dict(
-        prompts=str(PROMPTS_DIR / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{algo}", steps=steps
+        prompts=str(PROMPTS_DIR / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{name or algo}", steps=steps
     )
     # dynamic sampling would change how many rollouts a step makes: switch it off so every
     # algorithm does exactly one rollout of the same size per step

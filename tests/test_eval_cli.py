@@ -30,7 +30,7 @@ def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
     assert len(images) == 12
     rows = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(0 <= r["partial"] <= 1 for r in rows)
-    # "partial" is the RL reward's §8.2 partial credit, the number training's evaluation reports
+    # "partial" is the RL reward's partial credit, the number training's evaluation reports
     import numpy as np
     from PIL import Image
 

@@ -100,7 +100,7 @@ def run(ctx: Context) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {a: make_trainer(a, "shapeworld", warmup + steps, overrides, tmp) for a in algos}
         if native_bf16(ctx.device):  # the presets sample and update in bf16 here ('auto'): DAPO in fp32 too
-            trainers[FP32] = make_trainer("dapo", "shapeworld", warmup + steps, [*overrides, *FP32_SETS], tmp)
+            trainers[FP32] = make_trainer("dapo", "shapeworld", warmup + steps, [*overrides, *FP32_SETS], tmp, FP32)
         meters = {a: instrument(t, ctx.device) for a, t in trainers.items()}
 
         def after(algo: str, row: dict) -> None:
@@ -142,7 +142,7 @@ def run(ctx: Context) -> dict:
     precision_note = (
         f" The presets ran at their default precision, rollout.autocast and optim.autocast 'auto': bf16 "
         f"where native, as here. DAPO in float32 (`{' '.join('--set ' + x for x in FP32_SETS)}`): step "
-        f"{full['step_s']:.2f} s, so bf16 makes the step {full['step_s'] / d['step_s']:.2f}× faster (rollout "
+        f"{full['step_s']:.2f} s, so the bf16 step takes {d['step_s'] / full['step_s']:.2f}× the float32 one (rollout "
         f"{full['rollout_s']:.2f} → {d['rollout_s']:.2f} s, update {full['update_s']:.2f} → {d['update_s']:.2f} s)."
         if full and base
         else " The presets ran at their default precision: float32 here (no native bf16)."

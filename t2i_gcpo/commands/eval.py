@@ -133,7 +133,7 @@ def shapeworld_cmd(
 
 
 def _print_partial(out: Path) -> None:
-    """Mean §8.2 partial-credit score per tag, next to the strict summary."""
+    """Mean partial-credit score per tag, next to the strict summary."""
     import json
 
     by_tag: dict[str, list[float]] = {}
@@ -142,7 +142,7 @@ def _print_partial(out: Path) -> None:
         by_tag.setdefault(r["tag"], []).append(float(r["partial"]))
     cells = ", ".join(f"{t} {sum(v) / len(v):.3f}" for t, v in by_tag.items())
     overall = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)
-    click.echo(f"partial credit (§8.2): {cells}; overall {overall:.3f}")
+    click.echo(f"partial credit (docs/evaluation/geneval.md#geneval-as-a-reward): {cells}; overall {overall:.3f}")
 
 
 @eval_cmd.command("dpg", context_settings=CTX)

@@ -260,7 +260,7 @@ def _details(detections: list[Detection], colors: dict[int, str]) -> dict[str, l
 def score_image(
     image: Image.Image, metadata: dict, detector: Detector, color_classifier: ColorClassifier | None
 ) -> tuple[geneval_rules.ImageResult, float, dict[str, list[dict]]]:
-    """GenEval's verdict on one image, its §8.2 partial credit, and the detections (with the colours
+    """GenEval's verdict on one image, its partial credit (docs/evaluation/geneval.md#geneval-as-a-reward), and the detections (with the colours
     asked for) as details."""
     detections = detector(image)
     colors: dict[int, str] = {}  # id(detection) → colour, for the details of the colours asked for

@@ -94,6 +94,11 @@ class Rollout:
         changes = {name: _pick(getattr(self, name), ids, b) for name in self.PER_SAMPLE}
         return dataclasses.replace(self, **changes)
 
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor on `device` (the trainer's metrics run on the CPU)."""
+        changes = {name: _move(getattr(self, name), device) for name in self.PER_SAMPLE}
+        return dataclasses.replace(self, **changes)
+
     @staticmethod
     def concat(rollouts: Sequence[Rollout]) -> Rollout:
         """Rows of every rollout, in order (tensors are right-padded to the longest T)."""
@@ -114,6 +119,14 @@ def _pick(value: Any, ids: list[int], b: int) -> Any:
     if isinstance(value, dict):
         return {k: _pick(v, ids, b) for k, v in value.items()}
     return value  # not per-sample (a scalar, a shared tensor)
+
+
+def _move(value: Any, device: torch.device | str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    return value
 
 
 def _join(values: list[Any]) -> Any:

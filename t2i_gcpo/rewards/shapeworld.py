@@ -39,10 +39,10 @@ def to_uint8_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 class ShapeWorldReward:
-    """r_i = §8.2 partial credit (default) or strict GenEval correctness of image i.
+    """r_i = partial credit (docs/evaluation/geneval.md#geneval-as-a-reward) (default) or strict GenEval correctness of image i.
 
-    details[i]: {"strict": bool (GenEval verdict), "partial": float (§8.2, in `variant`),
-    "strict_exact": bool (§8.2 exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
+    details[i]: {"strict": bool (GenEval verdict), "partial": float (in `variant`),
+    "strict_exact": bool (the exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
     "object_grid": bool [rows, cols] — tokens (≥ 25 % covered) on detected objects of a prompt
     class, above the prompt's detection threshold}.
     """

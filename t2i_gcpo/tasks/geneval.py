@@ -2,7 +2,7 @@
 schema, scored by the GenEval rules; `shapeworld` parses against ShapeWorld's shapes, `geneval`
 against GenEval's 80 COCO classes.
 
-Step metrics: strict GenEval correctness per tag and overall, §8.2 partial credit. Credit metric:
+Step metrics: strict GenEval correctness per tag and overall, partial credit (docs/evaluation/geneval.md#geneval-as-a-reward). Credit metric:
 credit lift against the object masks the ShapeWorld reward reports (docs/worlds/shapeworld.md#credit-lift). Held-out score: per-tag
 strict and partial, overall as the unweighted mean of the tag scores (GenEval's convention).
 """

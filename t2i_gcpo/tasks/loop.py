@@ -62,10 +62,11 @@ def sampler_precision(policy: Policy, sampling: SamplingParams) -> Any:
 @torch.no_grad()
 def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
                       generators: Sequence[torch.Generator]) -> tuple[Rollout, Any]:  # fmt: skip
-    """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] or B strings)."""
+    """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] on the CPU or B strings)."""
     with sampler_precision(policy, sampling):
         ro = policy.rollout(list(prompts), group_size, sampling, generators)
-    return ro, policy.decode(ro)
+    out = policy.decode(ro)
+    return ro, out.cpu() if torch.is_tensor(out) else out
 
 
 @torch.no_grad()

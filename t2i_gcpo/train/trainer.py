@@ -70,7 +70,8 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     it (`mismatch/*`, over rows from row `stale_rows` on: the first rows were carried over from the
     previous step and sampled by older weights)."""
     ctx, loss_cfg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss
-    ro, adv = batch.rollout, batch.advantages
+    ro = batch.rollout
+    adv = batch.advantages.to(ro.mask.device)  # rewards and advantages are computed on the CPU
     chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
     stats: dict[str, list[float]] = {}
     weights = torch.zeros_like(ro.mask)
@@ -221,7 +222,7 @@ def train_step(t: Trainer, step: int) -> dict:
         stats, weights = update(cfg, batch, t.policy, t.ref, t.credit_ref, t.optimizer, t.accelerator,
                                 loss_scale, stale_rows=carried * G if loss_scale else len(batch.rollout))  # fmt: skip
         if loss_scale:
-            stats.update(t.task.credit_metrics(weights, batch.rollout, batch.reward.details))
+            stats.update(t.task.credit_metrics(weights.cpu(), batch.rollout.to("cpu"), batch.reward.details))
     timings[M.TIME_UPDATE] = time.perf_counter() - tic
     scores = torch.cat(all_scores)
     out = {M.REWARD_MEAN: scores.mean().item(), M.REWARD_STD: scores.std().item() if len(scores) > 1 else 0.0,

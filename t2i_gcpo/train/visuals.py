@@ -70,9 +70,9 @@ def group_weights(batch: Any, policy: Any, reference: Any, cfg: Any) -> tuple[An
     first = cfg.credit.scheme
     order = (first, *[x for x in CREDIT_SCHEMES if x != first])
     ro = batch.rollout.select(idx)
-    weights = scheme_weights(cfg.credit, ro, batch.advantages[idx], policy, reference,
+    weights = scheme_weights(cfg.credit, ro, batch.advantages[idx].to(ro.mask.device), policy, reference,
                              TRAIN_CONTEXT[cfg.rollout.train_logp], order)  # fmt: skip
-    return ro, weights
+    return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 
 def save_text_heatmap(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int,
