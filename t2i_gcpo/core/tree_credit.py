@@ -124,7 +124,7 @@ def segment_advantages(
 
     rewards: [B] root rewards, group_size G; points: [B, K] (from core/branch_points.py); cont_rewards:
     [B, K, M], cont_mask: [B, K, M] — see ``segment_values``; mask: [B, T]; step: [B, T] the step at which
-    each token was decided (None: its position), in the units of the points. A point must lie before the
+    each token was decided (None: its position), in the units of the points. No point may lie after the
     sample's last step. scale: "none" (raw values, VinePPO's and SPO's estimator) or "group" (divided by
     σ + eps, σ the unbiased std of all the rewards scored for the prompt: its G samples and all their
     continuations). A group whose rewards are all equal gets 0. Returns float32 [B, T], 0 on padding.
