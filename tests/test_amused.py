@@ -27,7 +27,11 @@ from t2i_gcpo.tasks.loop import group_generators
 PROMPTS = ["a red circle", "two blue squares", "a cross"]
 CONTEXTS = ("pos", "neg", "guided")
 LR = 1e-4  # a first-order step: the tiny random model is far from linear at larger ones
-from amused_fixtures import MASK_ID, SIDE, K, T, build_tiny_amused  # noqa: E402
+from tiny_models import AMUSED_K as K  # noqa: E402
+from tiny_models import AMUSED_MASK_ID as MASK_ID  # noqa: E402
+from tiny_models import AMUSED_SIDE as SIDE  # noqa: E402
+from tiny_models import AMUSED_T as T  # noqa: E402
+from tiny_models import build_tiny_amused  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -38,10 +38,7 @@ from t2i_gcpo.worlds.arithmetic.pretrain import (
 )
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
 
-try:
-    from tests.text_fixtures import build_tiny_text_lm
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from text_fixtures import build_tiny_text_lm
+from tiny_models import build_tiny_text_lm
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -184,7 +184,9 @@ def check_options(fam: Family, spec: str, options: Any) -> None:
     default = ModelOptions()
     unknown = sorted(set(fam.options) - {f.name for f in dataclasses.fields(ModelOptions)})
     if unknown:  # checked here, not at registration: the config module is slow to import for --help
-        raise UserError(f"model family {fam.name!r} declares unknown model_options keys: {', '.join(unknown)}")
+        raise UserError(
+            f"model family {fam.name!r} declares unknown model_options keys: {', '.join(unknown)}"
+        )
     for f in dataclasses.fields(ModelOptions):
         value = getattr(options, f.name, getattr(default, f.name))
         if f.name in fam.options or value == getattr(default, f.name):
