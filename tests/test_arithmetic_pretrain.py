@@ -15,8 +15,6 @@ import os
 import random
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 from click.testing import CliRunner

@@ -9,10 +9,7 @@ computes at every step; padding does not change a sample; train step, LoRA, save
 from __future__ import annotations
 
 import json
-import os
 import shutil
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

@@ -8,9 +8,6 @@ resumes; the credit maps show the reveal order."""
 from __future__ import annotations
 
 import json
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
@@ -32,7 +29,6 @@ from train_fixtures import write_prompt_file
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "rollout.steps=4",
         "sample_every=1", "save_every=1", "eval_every=-1",
         "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
-
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,18 @@ def test_recorded_logprobs_equal_teacher_forced(built, family):
             with_dists, dists = policy.logprobs(ro, ctx, dists=True)
             assert torch.allclose(with_dists, forced)
             assert sum(1 for _ in dists) >= 1
-    assert ((ro.logp["pos"] - ro.logp["neg"]) * ro.mask).abs().max() > 1e-3, "the contexts really differ"
+    for one, other in (("pos", "neg"), ("guided", "pos")):  # the contexts really differ
+        if one in ro.logp and other in ro.logp and sampling.guidance_scale != 1:
+            assert ((ro.logp[one] - ro.logp[other]) * ro.mask).abs().max() > 1e-3, (one, other)
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_a_seeded_rollout_is_reproducible_and_the_seed_matters(built, family):
+    policy, prompts, sampling = built(family)
+    a, b, c = (policy.rollout(records(prompts), G, sampling, gens(s, range(2))) for s in (5, 5, 6))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step, b.step)
+    assert all(torch.equal(a.logp[k], b.logp[k]) for k in a.logp)
+    assert not torch.equal(a.tokens, c.tokens)
 
 
 @pytest.mark.parametrize("family", CASES)
@@ -108,7 +119,8 @@ def test_a_prompts_samples_do_not_depend_on_its_batch_mates(built, family):
     mine = crowd.select(range(G, 2 * G))
     n = alone.tokens.shape[1]
     assert torch.equal(mine.tokens[:, :n], alone.tokens) and torch.equal(mine.mask[:, :n], alone.mask)
-    assert (mine.mask[:, n:] == 0).all()
+    assert torch.equal(mine.step[:, :n], alone.step) and (mine.mask[:, n:] == 0).all()
+    assert not torch.equal(crowd.tokens[:G], crowd.tokens[G:]), "the other prompt's group is its own"
     for ctx, lp in alone.logp.items():  # float rounding of another batch shape only
         assert ((mine.logp[ctx][:, :n] - lp) * alone.mask).abs().max().item() < TOL, ctx
 

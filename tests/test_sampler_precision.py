@@ -5,10 +5,6 @@ same computation as before (no autocast, no cast)."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 

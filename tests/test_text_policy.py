@@ -11,9 +11,6 @@ features, decode, gradient checkpointing and save → reload.
 from __future__ import annotations
 
 import dataclasses
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
