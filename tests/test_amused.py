@@ -1,5 +1,5 @@
 """The aMUSEd adapter (policies/amused.py) on a tiny random aMUSEd pipeline folder (tests/tiny_models.py:
-(UVit2DModel + VQModel + CLIPTextModelWithProjection + a CLIP tokenizer written offline from a tiny
+UVit2DModel + VQModel + CLIPTextModelWithProjection + a CLIP tokenizer written offline from a tiny
 vocab.json / merges.txt): the pipeline's conventions (its guided logits at step 0, its scheduler's
 reveal counts), each token revealed once, CFG scale 1, negative prompts, the
 remask estimator, a policy-gradient step, a kept reveal order, the import guard (the Policy contract:

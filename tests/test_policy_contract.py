@@ -9,12 +9,16 @@ test file."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 
 import pytest
 import torch
 
+from t2i_gcpo.config import ModelOptions
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies import registry
 from t2i_gcpo.policies.base import CONTEXTS, Policy, PromptRecord
-from t2i_gcpo.policies.registry import families, load_policy, split_spec
+from t2i_gcpo.policies.registry import families, load_policy, models_help, split_spec
 from t2i_gcpo.tasks.loop import group_generators
 
 import toy_family
@@ -154,3 +158,38 @@ def test_save_pretrained_then_load_by_path_alone(built, family, tmp_path):
             assert ((back.logprobs(ro, ctx) - ro.logp[ctx]) * ro.mask).abs().max().item() < TOL, ctx
     again = back.rollout(records(prompts), G, sampling, gens(4, range(2)))
     assert torch.equal(again.tokens, ro.tokens)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_a_registered_family_is_listed_and_its_options_checked(tmp_path):
+    assert "'toy:PATH'" in models_help() and "'janus:PATH'" in models_help()
+    with pytest.raises(UserError, match=r"model 'nowhere' not found: expected .*'toy:PATH'"):
+        load_policy("nowhere")
+    spec = toy_family.build_tiny_toy(tmp_path)
+    with pytest.raises(UserError) as err:
+        load_policy(spec, ModelOptions(dtype="bfloat16"))  # the toy family reads no model option
+    assert str(err.value) == (
+        f"model_options.dtype='bfloat16' applies to amused, janus and text models only, not to the toy model '{spec}'"
+    )
+    with pytest.raises(UserError, match="'toy' is already registered"):
+        toy_family.register()
+
+
+def test_an_installed_package_registers_a_family_through_its_entry_point(monkeypatch, tmp_path):
+    toy_family.unregister()
+    family = dataclasses.replace(toy_family.make_family(), name="plugged")
+    point = importlib.metadata.EntryPoint("plugged", "toy_family:PLUGGED", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(toy_family, "PLUGGED", family, raising=False)
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: [point] if group == point.group else []
+    )
+    monkeypatch.setitem(registry._loaded, "plugins", False)
+    try:
+        path = toy_family.build_tiny_toy(tmp_path).partition(":")[2]
+        assert split_spec(f"plugged:{path}") == ("plugged", path)
+        assert isinstance(load_policy(f"plugged:{path}"), toy_family.ToyPolicy)
+    finally:
+        registry.unregister_family("plugged")
+        toy_family.register()

@@ -105,14 +105,16 @@ class ToyPolicy(nn.Module):
         return policy.eval()
 
 
-def register() -> Family:
-    return register_family(
-        Family(
-            name="toy",
-            load=lambda target, options: ToyPolicy.from_pretrained(target),
-            detect=lambda path: (path / "toy.json").is_file(),
-        )
+def make_family() -> Family:
+    return Family(
+        name="toy",
+        load=lambda target, options: ToyPolicy.from_pretrained(target),
+        detect=lambda path: (path / "toy.json").is_file(),
     )
+
+
+def register() -> Family:
+    return register_family(make_family())
 
 
 def unregister() -> None:

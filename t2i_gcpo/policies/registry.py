@@ -192,7 +192,8 @@ def check_options(fam: Family, spec: str, options: Any) -> None:
         if f.name in fam.options or value == getattr(default, f.name):
             continue
         readers = [other.name for other in families().values() if f.name in other.options]
-        where = " and ".join(readers) + " models only" if readers else "no model family"
+        names = ", ".join(readers[:-1]) + " and " + readers[-1] if len(readers) > 1 else "".join(readers)
+        where = f"{names} models only" if readers else "no model family"
         raise UserError(
             f"model_options.{f.name}={value!r} applies to {where}, not to the {fam.name} model '{spec}'"
         )
