@@ -27,9 +27,8 @@ from typing import Any
 from t2i_gcpo.errors import UserError
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
-FALLBACK = (
-    "ar"  # a directory no family recognises is tried as an AR checkpoint (its loader says what is missing)
-)
+# a directory no family recognises is tried as an AR checkpoint (its loader says what is missing)
+FALLBACK = "ar"
 ENTRY_POINT_GROUP = "t2i_gcpo.families"  # installed packages may register families here
 BUILTIN_MODULES = "t2i_gcpo.policies.families."
 
