@@ -45,16 +45,16 @@ TINY_PROMPTS = [
 
 def build(spec: str, scratch: Path) -> tuple[str, list[PromptRecord] | None]:
     """A spec load_policy takes, and prompts when the model's task has no prompt file for it. `tiny-janus`
-    and `tiny-amused` are the test suite's random checkpoints (tests/*_fixtures.py), built in `scratch`."""
+    and `tiny-amused` are the test suite's random checkpoints (tests/tiny_models.py), built in `scratch`."""
     if spec not in ("tiny-janus", "tiny-amused"):
         return spec, None
     sys.path.insert(0, str(REPO / "tests"))
     if spec == "tiny-janus":
-        from janus_fixtures import build_tiny_janus
+        from tiny_models import build_tiny_janus
 
         build_tiny_janus(scratch / "janus")
         return f"janus:{scratch / 'janus'}", [PromptRecord(p) for p in TINY_PROMPTS]
-    from amused_fixtures import build_tiny_amused
+    from tiny_models import build_tiny_amused
 
     build_tiny_amused(str(scratch / "amused"))
     return f"amused:{scratch / 'amused'}", [PromptRecord(p) for p in TINY_PROMPTS]

@@ -1,9 +1,6 @@
 """Unit and property tests for t2i_gcpo.core.advantages (docs/concepts/algorithms.md#sequence-advantages)."""
 
 import math
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

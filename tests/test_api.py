@@ -19,7 +19,8 @@ from t2i_gcpo.cli import cli
 from t2i_gcpo.errors import RewardError, UserError
 from t2i_gcpo.worlds.shapeworld import parse_prompt
 
-from train_fixtures import redness, tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import redness, write_prompt_file
 
 FAST = {"rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.cfg_scale": 2, "optim.lr": 3e-3,
         "sample_every": 0, "save_every": 1, "eval_every": -1, "rollout.autocast": "none",
@@ -266,7 +267,7 @@ def test_importing_the_api_loads_no_torch():
 def test_a_janus_policy_object_generates_trains_and_resumes(tmp_path):
     """docs/real_checkpoints.md's API path on a tiny random Janus: its initial weights are saved and
     a resume loads them (another family's save_pretrained than the ShapeWorld prior's)."""
-    from janus_fixtures import build_tiny_janus
+    from tiny_models import build_tiny_janus
 
     ckpt = build_tiny_janus(tmp_path / "janus")
     policy = api.load_policy(f"janus:{ckpt}", dtype="float32")

@@ -8,8 +8,6 @@ from __future__ import annotations
 import math
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 
@@ -105,16 +103,6 @@ def test_select_and_concat_keep_rows_together(rollout):
     back = Rollout.concat([rollout.select([0, 1, 2]), rollout.select([3, 4, 5])])
     assert back.texts == rollout.texts and torch.equal(back.tokens, rollout.tokens)
     assert all(torch.equal(back.logp[k], rollout.logp[k]) for k in CONTEXTS)
-
-
-@pytest.mark.parametrize("context", CONTEXTS)
-def test_sampler_logprobs_equal_teacher_forced(policy, rollout, context):
-    recomputed = policy.logprobs(rollout, context)
-    assert recomputed.shape == (6, 16)
-    assert (recomputed - rollout.logp[context]).abs().max().item() < 1e-4
-    # the three distributions really differ, so the test can tell contexts apart
-    other = {"pos": "neg", "neg": "pos", "guided": "pos"}[context]
-    assert (recomputed - rollout.logp[other]).abs().max().item() > 1e-2
 
 
 def test_dists_are_temperature_scaled_logits(policy, rollout):
@@ -214,32 +202,6 @@ def test_fused_decoder_refuses_configs_it_does_not_reproduce():
         with pytest.raises(ValueError, match="unsupported"):
             FusedLlamaDecoder(LlamaModel(cfg), rows=1, max_len=4)
     assert not supports(Qwen2Config(**kw))  # q/k/v biases
-
-
-def test_seeded_rollout_is_reproducible_and_seed_matters(policy):
-    a = roll(policy, PROMPTS, 2, seed=5, guidance_scale=3.0)
-    b = roll(policy, PROMPTS, 2, seed=5, guidance_scale=3.0)
-    c = roll(policy, PROMPTS, 2, seed=6, guidance_scale=3.0)
-    assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
-    assert all(torch.equal(a.logp[k], b.logp[k]) for k in CONTEXTS)
-
-
-def test_sample_does_not_depend_on_batch_mates(policy):
-    """Prompt a's group is driven by a's generator alone: rolling out [a, b] gives for a the same
-    samples as rolling out [a] alone (and b's group is not a copy of a's)."""
-    sp = SamplingParams(guidance_scale=3.0, temperature=1.2)
-    ga, gb = (torch.Generator().manual_seed(s) for s in (11, 12))
-    both = policy.rollout(records(PROMPTS[:2]), 3, sp, [ga, gb])
-    alone = policy.rollout(records(PROMPTS[:1]), 3, sp, [torch.Generator().manual_seed(11)])
-    assert torch.equal(both.tokens[:3], alone.tokens)
-    for k in CONTEXTS:
-        assert (both.logp[k][:3] - alone.logp[k]).abs().max().item() < 1e-5
-    # the same prompt in second place with the same generator also gives the same samples
-    swapped = policy.rollout(
-        records([PROMPTS[1], PROMPTS[0]]), 3, sp, [torch.Generator().manual_seed(s) for s in (12, 11)]
-    )
-    assert torch.equal(swapped.tokens[3:], alone.tokens) and torch.equal(swapped.tokens[:3], both.tokens[3:])
-    assert not torch.equal(both.tokens[:3], both.tokens[3:])
 
 
 def test_rollout_needs_one_generator_per_prompt(policy):

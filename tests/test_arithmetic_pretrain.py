@@ -15,8 +15,6 @@ import os
 import random
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 from click.testing import CliRunner
@@ -38,10 +36,7 @@ from t2i_gcpo.worlds.arithmetic.pretrain import (
 )
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
 
-try:
-    from tests.text_fixtures import build_tiny_text_lm
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from text_fixtures import build_tiny_text_lm
+from tiny_models import build_tiny_text_lm
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 
@@ -19,7 +15,7 @@ from t2i_gcpo.policies.sampling import ChunkedDists
 from t2i_gcpo.tasks.loop import group_generators
 from t2i_gcpo.train.trainer import Batch, update
 
-from train_fixtures import tiny_policy_dir
+from tiny_models import tiny_policy_dir
 
 # ---------------------------------------------------------------------------- Rollout
 

@@ -1,9 +1,6 @@
 """Tests for the critical-token credit scheme, t2i_gcpo.core.critical (docs/concepts/credit.md#critical-token)."""
 
 import math
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

@@ -33,7 +33,8 @@ import pytest
 from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR
 from t2i_gcpo.train.tensor_tree import load_tree
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 TINY = ["--reward", "train_fixtures:redness", "--set", "rollout.group_size=4", "--set", "optim.lr=3e-3"]
 # the shipped arithmetic LM: completions of different lengths, so each process's token count differs

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from t2i_gcpo.cli import cli
 from t2i_gcpo.resources import PROMPTS_DIR
 
-from train_fixtures import tiny_policy_dir
+from tiny_models import tiny_policy_dir
 
 
 def invoke(*args: str):

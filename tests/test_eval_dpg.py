@@ -25,8 +25,6 @@ from t2i_gcpo.eval.dpg import (
 )
 from t2i_gcpo.policies.base import SamplingParams, TokenLayout
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 # item a: 1 "is there a cat?" (entity), 2 "is the cat black?" (attribute, parent 1),
 #         3 "is the cat on a sofa?" (relation, parents 1,2)
 # item b: 1 "is there a dog?" (entity)

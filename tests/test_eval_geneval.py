@@ -27,8 +27,6 @@ from t2i_gcpo.scoring.detector_mask2former import (
 )
 from t2i_gcpo.scoring.geneval_classes import geneval_classes
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 # COCO names as the hub's Mask2Former COCO checkpoints spell them (3 differ from GenEval's)
 HUB_COCO = [
     n.replace("computer mouse", "mouse")

@@ -1,7 +1,6 @@
 """GenEval folder layout: writing, reading back, resuming, and rejecting other folders."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -9,8 +8,6 @@ from PIL import Image
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 META = {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"}
 

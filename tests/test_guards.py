@@ -21,7 +21,8 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.checkpoint import latest_checkpoint
 
 import train_fixtures
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=0", "save_every=1", "eval_every=-1"]  # fmt: skip
@@ -211,10 +212,10 @@ def _int_weights(p: Path) -> None:
 def test_text_checkpoints_get_the_check_image_ones_get(tmp_path, damage, needle):
     """A truncated model.safetensors was a traceback and NaN weights were trained on: now the same
     one-line error as a ShapeWorld checkpoint, before any run directory exists."""
-    from t2i_gcpo.policies.registry import TEXT_SHIPPED
+    from t2i_gcpo.policies.registry import shipped_folder
 
     model = tmp_path / "model"
-    shutil.copytree(TEXT_SHIPPED["arithmetic"], model)
+    shutil.copytree(shipped_folder("arithmetic"), model)
     damage(model / "model.safetensors")
     out = tmp_path / "run"
     code, err = cli("train", "--model", f"text:{model}", "--prompts", "prompts/arithmetic_train.jsonl",
@@ -502,5 +503,5 @@ def test_values_that_were_silently_ignored_are_refused(tiny):
     with pytest.raises(UserError, match="config key 'algo': give the algorithm with --algo dapo"):
         load_config("gcpo", overrides=["algo=dapo"])
     assert load_config("dapo", overrides=["algo=dapo"]).algo == "dapo"
-    with pytest.raises(UserError, match="lora_rank applies to janus:PATH only"):
+    with pytest.raises(UserError, match="lora_rank=4 applies to janus models only"):
         load_policy(tiny["model"], ModelOptions(lora_rank=4))

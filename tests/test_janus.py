@@ -1,4 +1,4 @@
-"""JanusPolicy on a tiny random Janus checkpoint (tests/janus_fixtures.py), offline.
+"""JanusPolicy on a tiny random Janus checkpoint (tests/tiny_models.py), offline.
 
 What is checked: the prompt format equals the JanusProcessor's; the null branch follows
 transformers' CFG rule with the checkpoint's pad id; the KV-cache CFG sampler's recorded log-probs
@@ -9,10 +9,7 @@ computes at every step; padding does not change a sample; train step, LoRA, save
 from __future__ import annotations
 
 import json
-import os
 import shutil
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
@@ -21,10 +18,9 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists
 
-try:
-    from tests.janus_fixtures import CODEBOOK, GRID, build_tiny_janus
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from janus_fixtures import CODEBOOK, GRID, build_tiny_janus
+from tiny_models import JANUS_CODEBOOK as CODEBOOK
+from tiny_models import JANUS_GRID as GRID
+from tiny_models import build_tiny_janus
 
 torch.set_num_threads(2)
 PROMPTS = ["a red circle", "two blue squares left of a green cat"]  # different lengths → left padding

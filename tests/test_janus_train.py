@@ -9,7 +9,7 @@ import torch
 
 from t2i_gcpo.cli import main
 
-from janus_fixtures import build_tiny_janus
+from tiny_models import build_tiny_janus
 
 
 @pytest.mark.slow

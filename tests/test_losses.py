@@ -1,9 +1,6 @@
 """Unit and invariance tests for t2i_gcpo.core.losses (docs/concepts/algorithms.md#policy-loss)."""
 
 import math
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

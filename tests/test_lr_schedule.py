@@ -24,7 +24,8 @@ from t2i_gcpo.train.checkpoint import latest_checkpoint, load_scheduler
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 TESTS = Path(__file__).resolve().parent
 

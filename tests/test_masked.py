@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 
@@ -135,15 +133,6 @@ def test_mask_ratio_schedules():
 # ----------------------------------------------------------------------------- log-probs
 
 
-@pytest.mark.parametrize("context", CONTEXTS)
-def test_recorded_logprobs_equal_trajectory_replay(policy, rollout, context):
-    replay = policy.logprobs(rollout, context)
-    assert replay.shape == (6, T)
-    assert (replay - rollout.logp[context]).abs().max().item() < 1e-4
-    other = {"pos": "neg", "neg": "pos", "guided": "pos"}[context]
-    assert (replay - rollout.logp[other]).abs().max().item() > 1e-2  # the contexts really differ
-
-
 def test_replay_one_step_per_forward_equals_stacked(policy, rollout):
     policy.replay_rows = 1  # one step per forward instead of all steps stacked along the batch
     try:
@@ -214,28 +203,6 @@ def test_null_prompt_is_all_pads(policy):
 
 
 # ----------------------------------------------------------------------------- noise
-
-
-def test_seeded_rollout_is_reproducible_and_seed_matters(policy):
-    a = roll(policy, PROMPTS, 2, seed=5, guidance_scale=3.0)
-    b = roll(policy, PROMPTS, 2, seed=5, guidance_scale=3.0)
-    c = roll(policy, PROMPTS, 2, seed=6, guidance_scale=3.0)
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.step, b.step)
-    assert not torch.equal(a.tokens, c.tokens)
-
-
-def test_sample_does_not_depend_on_batch_mates(policy):
-    sp = SamplingParams(guidance_scale=3.0, temperature=1.2)
-    both = policy.rollout(records(PROMPTS[:2]), 3, sp, [torch.Generator().manual_seed(s) for s in (11, 12)])
-    alone = policy.rollout(records(PROMPTS[:1]), 3, sp, [torch.Generator().manual_seed(11)])
-    assert torch.equal(both.tokens[:3], alone.tokens) and torch.equal(both.step[:3], alone.step)
-    for k in CONTEXTS:
-        assert (both.logp[k][:3] - alone.logp[k]).abs().max().item() < 1e-5
-    swapped = policy.rollout(
-        records([PROMPTS[1], PROMPTS[0]]), 3, sp, [torch.Generator().manual_seed(s) for s in (12, 11)]
-    )
-    assert torch.equal(swapped.tokens[3:], alone.tokens) and torch.equal(swapped.tokens[:3], both.tokens[3:])
-    assert not torch.equal(both.tokens[:3], both.tokens[3:])
 
 
 def test_rollout_needs_one_generator_per_prompt(policy):

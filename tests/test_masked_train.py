@@ -8,27 +8,21 @@ resumes; the credit maps show the reveal order."""
 from __future__ import annotations
 
 import json
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
 import yaml
-from amused_fixtures import build_tiny_amused
 
 import t2i_gcpo.train.trainer as trainer_module
 from t2i_gcpo.cli import main
 from t2i_gcpo.config import from_dict
 from t2i_gcpo.core.advantages import group_advantages
 from t2i_gcpo.core.losses import policy_loss
-from t2i_gcpo.policies.masked import MaskedConfig, MaskedPolicy
-from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.registry import load_policy, split_spec
-from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 from t2i_gcpo.train.credit import compute_weights
 
-from train_fixtures import PROMPTS, write_prompt_file
+from tiny_models import PROMPTS, build_tiny_amused, build_tiny_masked
+from train_fixtures import write_prompt_file
 
 # float32 whatever the machine ('auto' picks bf16 where native): recorded ≡ replayed log-probs is
 # asserted to float32 tolerances (tests/test_sampler_precision.py covers bf16)
@@ -37,24 +31,10 @@ FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale
         "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
 
 
-def tiny_masked_dir(root) -> str:
-    torch.manual_seed(0)
-    vq = VQTokenizer(VQConfig(image_size=16, channels=(16, 32), num_down=2, codebook_size=16, code_dim=8))
-    tok = PromptTokenizer.build(PROMPTS, max_len=12)
-    cfg = MaskedConfig(prompt_len=12, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                       default_steps=4, storage_dtype="float32")  # fmt: skip
-    policy = MaskedPolicy(cfg, tok, vq)
-    with torch.no_grad():  # far-from-uniform distributions: the advantage moves log-probs measurably
-        policy.head.weight.normal_(0, 2 / 32**0.5)
-    path = os.path.join(root, "tiny_masked")
-    policy.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("masked_train")
-    out = {"masked": tiny_masked_dir(str(root)), "prompts": str(write_prompt_file(root / "p.jsonl"))}
+    out = {"masked": build_tiny_masked(str(root)), "prompts": str(write_prompt_file(root / "p.jsonl"))}
     build_tiny_amused(str(root / "amused"))  # diffusers is a dependency: no skip when it is missing
     out["amused"] = str(root / "amused")
     geneval = root / "geneval.txt"
@@ -193,7 +173,7 @@ def test_resume_of_a_masked_run_matches_uninterrupted(models, tmp_path):
 
 
 def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path, capsys):
-    from train_fixtures import tiny_policy_dir
+    from tiny_models import tiny_policy_dir
 
     ar = tiny_policy_dir(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -201,7 +181,7 @@ def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path
               "--set", "model_options.estimator=remask"])  # fmt: skip
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
-    assert "applies to masked models only" in err and len(err.splitlines()) == 1
+    assert "applies to amused and masked models only" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
 
 

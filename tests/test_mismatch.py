@@ -14,7 +14,8 @@ from t2i_gcpo.core.losses import policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.run import prepare, run
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=0", "save_every=5", "eval_every=-1", "advantage.dynamic_sampling=false"]  # fmt: skip

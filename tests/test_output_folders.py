@@ -13,8 +13,6 @@ from click.testing import CliRunner
 
 from t2i_gcpo.cli import cli, main
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 from t2i_gcpo.viz.credit_map import write_credit_html  # noqa: E402
 from t2i_gcpo.viz.report import write_run_report  # noqa: E402
 from t2i_gcpo.viz.token_heatmap import write_token_heatmaps  # noqa: E402

@@ -4,10 +4,7 @@ weighted sums, user callables, the NaN/exception guard, the reward registry and 
 from __future__ import annotations
 
 import json
-import os
 import textwrap
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

@@ -27,7 +27,8 @@ from t2i_gcpo.policies.registry import load_policy
 from t2i_gcpo.train.checkpoint import latest_checkpoint, load_carry, load_optimizer, save_checkpoint
 from t2i_gcpo.train.run import prepare, run
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 TESTS = Path(__file__).resolve().parent
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",

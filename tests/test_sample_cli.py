@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 from click.testing import CliRunner
 from PIL import Image

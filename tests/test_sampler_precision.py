@@ -5,23 +5,14 @@ same computation as before (no autocast, no cast)."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
 
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_decode, sampler_precision
 
-try:
-    from tests.text_fixtures import build_tiny_text_lm
-    from tests.train_fixtures import tiny_policy_dir, write_prompt_file
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from text_fixtures import build_tiny_text_lm
-
-    from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import build_tiny_text_lm, tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares"]
 

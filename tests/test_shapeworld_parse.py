@@ -1,7 +1,6 @@
 """Prompt text → GenEval metadata: the 553 official prompts, ShapeWorld round trips, errors, fuzz."""
 
 import json
-import os
 from importlib import resources
 
 import pytest
@@ -16,8 +15,6 @@ from t2i_gcpo.worlds.shapeworld.parse import (
     geneval_plural,
     validate_metadata,
 )
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def official() -> list[dict]:

@@ -1,4 +1,4 @@
-"""TextPolicy on tiny random causal LMs (tests/text_fixtures.py), offline.
+"""TextPolicy on tiny random causal LMs (tests/tiny_models.py), offline.
 
 What is checked: contexts are built exactly as docs/concepts/credit.md#gcpo says (token ids of pos / empty / wrong_answer
 / template / per-prompt negatives, with and without a chat template); the KV-cache sampler's rollout
@@ -11,9 +11,6 @@ features, decode, gradient checkpointing and save → reload.
 from __future__ import annotations
 
 import dataclasses
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
@@ -23,10 +20,8 @@ from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.policies.sampling import ChunkedDists
 from t2i_gcpo.policies.text import WRONG_ANSWER_INSTRUCTION, TextPolicy
 
-try:
-    from tests.text_fixtures import SPECIAL_TOKENS, build_tiny_text_lm
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from text_fixtures import SPECIAL_TOKENS, build_tiny_text_lm
+from tiny_models import TEXT_SPECIAL_TOKENS as SPECIAL_TOKENS
+from tiny_models import build_tiny_text_lm
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -6,9 +6,6 @@ vocabulary cannot express are a one-line error."""
 from __future__ import annotations
 
 import json
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch

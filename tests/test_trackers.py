@@ -18,7 +18,8 @@ from t2i_gcpo.train import tracking
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.train.tracking import flat_config, installed, resolve_report_to
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=0",
         "save_every=1", "eval_every=0", "eval_images_per_prompt=2", "optim.lr_scheduler=linear"]  # fmt: skip

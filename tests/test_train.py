@@ -15,7 +15,8 @@ from t2i_gcpo.config import ALGORITHMS, TrainConfig
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.run import prepare, run
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 # float32 whatever the machine ('auto' picks bf16 where native): the pinned metrics are float32 numbers
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",

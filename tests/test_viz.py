@@ -6,7 +6,6 @@ import base64
 import io
 import json
 import math
-import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -15,8 +14,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from t2i_gcpo.errors import UserError  # noqa: E402
 from t2i_gcpo.viz.credit_map import credit_figure, weight_entropy, weight_overlay, write_credit_html  # noqa: E402

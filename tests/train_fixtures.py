@@ -1,4 +1,4 @@
-"""A tiny random ARPolicy saved to disk and scripted rewards, for fast training tests."""
+"""Prompt files and scripted rewards for fast training tests (the tiny models are in tests/tiny_models.py)."""
 
 from __future__ import annotations
 
@@ -7,37 +7,8 @@ from pathlib import Path
 
 import torch
 
-from t2i_gcpo.policies.ar import ARConfig, ARPolicy
-from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
-from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 from t2i_gcpo.worlds.shapeworld import generate_metadata
-
-# the vocabulary covers every shipped ShapeWorld prompt, so the tiny model takes the real prompt files
-PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)] + [
-    line
-    for f in ("shapeworld_train.txt", "shapeworld_test.txt")
-    for line in (PROMPTS_DIR / f).read_text().splitlines()
-]
-
-
-def tiny_policy_dir(root: Path, seed: int = 0) -> Path:
-    """Save a random 2-layer, d=32 prior over a random 16×16-px VQ (4×4 tokens) to root/tiny."""
-    torch.manual_seed(seed)
-    vq = VQTokenizer(VQConfig(image_size=16, channels=(16, 32), num_down=2, codebook_size=16, code_dim=8))
-    tok = PromptTokenizer.build(PROMPTS + ["a photo of four hearts"], max_len=12)
-    cfg = ARConfig(
-        prompt_len=12,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-    )
-    policy = ARPolicy(cfg, tok, vq)
-    path = root / "tiny"
-    policy.save_pretrained(str(path))
-    return path
 
 
 def write_prompt_file(path: Path, n: int = 8) -> Path:

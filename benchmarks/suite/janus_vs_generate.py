@@ -1,6 +1,6 @@
 """Section `janus_vs_generate`: our Janus rollout against transformers' own CFG image ``generate``.
 
-A tiny random Janus checkpoint (tests/janus_fixtures.py `build_tiny_janus`: Llama d = 64, 2 layers,
+A tiny random Janus checkpoint (tests/tiny_models.py `build_tiny_janus`: Llama d = 64, 2 layers,
 an 8×8 grid of image tokens, K = 64) written to a temporary folder. Ours: ``JanusPolicy.rollout`` of B
 images (B/4 prompts × 4 samples) with CFG 5, recording the pos, neg and guided log-prob of every
 token. Theirs: ``JanusForConditionalGeneration.generate(generation_mode="image", do_sample=True,
@@ -26,10 +26,10 @@ SCALE = 5.0
 
 
 def build_tiny_janus(directory: str) -> str:
-    """tests/janus_fixtures.py's builder (the tests' own tiny checkpoint, at an 8×8 token grid)."""
+    """tests/tiny_models.py's builder (the tests' own tiny checkpoint, at an 8×8 token grid)."""
     if str(REPO / "tests") not in sys.path:
         sys.path.insert(0, str(REPO / "tests"))
-    from janus_fixtures import build_tiny_janus as build
+    from tiny_models import build_tiny_janus as build
 
     return str(build(directory, grid=GRID))
 

@@ -38,12 +38,12 @@ def run(ctx: Context) -> dict:
     from transformers.utils import logging as hf_logging
 
     from t2i_gcpo.policies.base import PromptRecord, SamplingParams
-    from t2i_gcpo.policies.registry import TEXT_SHIPPED
+    from t2i_gcpo.policies.registry import shipped_folder
     from t2i_gcpo.policies.text import TextPolicy
     from t2i_gcpo.tasks.loop import group_generators, sampler_precision
 
     hf_logging.set_verbosity_error()  # generate's notes on flags it ignores
-    policy = TextPolicy.from_pretrained(TEXT_SHIPPED["arithmetic"], device=ctx.device, eos_token_ids=[])
+    policy = TextPolicy.from_pretrained(shipped_folder("arithmetic"), device=ctx.device, eos_token_ids=[])
     batches = ctx.pick([8, 32], [8, 32, 128])
     repeats = ctx.pick(2, 3)
     sampling = SamplingParams(max_new_tokens=NEW)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-FAMILY_TASKS = {"ar": "shapeworld", "masked": "shapeworld"}  # families whose world ships train prompts
+from t2i_gcpo.policies.registry import models_help
 
 EXAMPLES = """
 \b
@@ -73,11 +73,10 @@ def default_train_prompts(model: str) -> str:
     without loading it: ShapeWorld models and their checkpoints (AR or masked) train on ShapeWorld
     prompts, the shipped arithmetic LM on arithmetic problems; other models need `--prompts`."""
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.policies.registry import TEXT_SHIPPED, split_spec
+    from t2i_gcpo.policies.registry import model_task
     from t2i_gcpo.tasks.registry import get_task
 
-    family, target = split_spec(model)
-    task = "arithmetic" if family == "text" and target in TEXT_SHIPPED else FAMILY_TASKS.get(family)
+    task = model_task(model)
     path = get_task(task).default_train_prompts() if task else None
     if path is None:
         raise UserError(f"give --prompts: there are no default training prompts for --model {model}")
@@ -104,7 +103,7 @@ def default_train_prompts(model: str) -> str:
     help="Training prompts [default: prompts/shapeworld_train.jsonl for ShapeWorld models and their "
     "checkpoints, prompts/arithmetic_train.jsonl for --model arithmetic].",
 )
-@click.option("--model", default="shapeworld", show_default=True)
+@click.option("--model", default="shapeworld", show_default=True, help=models_help() + ".")
 @click.option("--reward", default=None, help="Reward spec [default: the task's own].")
 @click.option(
     "--baseline",

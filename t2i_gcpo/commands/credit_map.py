@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from t2i_gcpo.commands.options import cfg_option
+from t2i_gcpo.policies.registry import models_help
 
 EXAMPLES = """
 \b
@@ -29,8 +30,7 @@ Examples:
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
-    "'janus:PATH'.",
+    help=models_help() + ".",
 )
 @click.option(
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."

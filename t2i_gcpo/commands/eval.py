@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
+from t2i_gcpo.policies.registry import models_help
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -57,9 +58,7 @@ def _print_summary(out: Path, summary: dict) -> None:
 
 
 @eval_cmd.command("geneval", context_settings=CTX)
-@click.option(
-    "--model", default=None, help="Model to generate with ('janus:PATH', 'amused:PATH', a checkpoint dir, …)."
-)
+@click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
 @click.option(
     "--score-only", "score_only", default=None, metavar="DIR", help="Score an existing GenEval-layout folder."
 )
@@ -99,8 +98,7 @@ def geneval_cmd(
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
-    "'janus:PATH'.",
+    help=models_help() + ".",
 )
 @click.option(
     "--prompts",
@@ -142,7 +140,9 @@ def _print_partial(out: Path) -> None:
         by_tag.setdefault(r["tag"], []).append(float(r["partial"]))
     cells = ", ".join(f"{t} {sum(v) / len(v):.3f}" for t, v in by_tag.items())
     overall = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)
-    click.echo(f"partial credit (docs/evaluation/geneval.md#geneval-as-a-reward): {cells}; overall {overall:.3f}")
+    click.echo(
+        f"partial credit (docs/evaluation/geneval.md#geneval-as-a-reward): {cells}; overall {overall:.3f}"
+    )
 
 
 @eval_cmd.command("dpg", context_settings=CTX)

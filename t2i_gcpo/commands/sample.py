@@ -7,6 +7,7 @@ import os
 import click
 
 from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
+from t2i_gcpo.policies.registry import models_help
 
 
 @click.command("sample")
@@ -22,8 +23,7 @@ from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
     "--model",
     default="shapeworld",
     show_default=True,
-    help="'shapeworld' (AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', 'amused:PATH', "
-    "'janus:PATH'.",
+    help=models_help() + ".",
 )
 @click.option(
     "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from t2i_gcpo.config import preset_names
+from t2i_gcpo.policies.registry import models_help
 
 EXAMPLES = """
 \b
@@ -55,8 +56,7 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     "--model",
     type=str,
     default=None,
-    help="'shapeworld' (default, AR), 'shapeworld-64', 'shapeworld-masked', a checkpoint dir, 'masked:PATH', "
-    "'amused:PATH' or 'janus:PATH'.",
+    help=models_help() + " [default: shapeworld].",
 )
 @click.option(
     "--reward",

@@ -71,10 +71,10 @@ def model_identity(spec: str) -> str:
     "shapeworld-masked", …) as given, paths made absolute (keeping a family prefix such as "janus:"), so
     the same checkpoint reached by another path compares equal. (A checkpoint rewritten in place keeps
     its identity: use --overwrite after retraining.)"""
-    from t2i_gcpo.policies.registry import PREFIXES, is_shipped
+    from t2i_gcpo.policies.registry import family_prefix, is_shipped
 
-    head, sep, rest = spec.partition(":")
-    prefix, target = (head + ":", rest) if sep and head in PREFIXES else ("", spec)
+    prefixed = family_prefix(spec)
+    prefix, target = (prefixed[0] + ":", prefixed[1]) if prefixed else ("", spec)
     if is_shipped(target):
         return spec
     return prefix + os.path.realpath(os.path.expanduser(target))

@@ -19,6 +19,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.families.ar import SHIPPED  # names resolved to shipped checkpoints
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -31,12 +32,6 @@ from t2i_gcpo.policies.sampling import (
     sample_step,
 )
 from t2i_gcpo.tokenizers.vq import VQTokenizer
-
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
-SHIPPED = {  # names resolved to shipped checkpoints
-    "shapeworld": os.path.join(ASSETS, "shapeworld"),  # 32 px, 8×8 tokens
-    "shapeworld-64": os.path.join(ASSETS, "shapeworld64"),  # 64 px, 16×16 tokens (`pretrain --size 64`)
-}
 
 
 @dataclass

@@ -19,6 +19,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.families.masked import SHIPPED
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
@@ -38,7 +39,6 @@ from t2i_gcpo.policies.sampling import check_records, group_uniforms
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
-SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
 AR_ASSETS = os.path.join(ASSETS, "shapeworld")  # the AR prior: its prompt vocabulary and VQ are shared
 
 

@@ -1,36 +1,136 @@
-"""Resolve a `--model` string to a policy adapter.
+"""Model families, one registration each, and the `--model` strings they resolve.
 
-- ``shapeworld``           the shipped ShapeWorld AR prior (t2i_gcpo/assets/shapeworld)
-- ``shapeworld-64``        the shipped 64 px ShapeWorld AR prior, 16×16 tokens (t2i_gcpo/assets/shapeworld64)
-- ``shapeworld-masked``    the shipped ShapeWorld masked (MaskGIT) prior (t2i_gcpo/assets/shapeworld_masked)
-- ``arithmetic``           the shipped arithmetic-world causal LM (t2i_gcpo/assets/arithmetic), a `TextPolicy`
-- ``masked:PATH``          a local directory saved by ``MaskedPolicy.save_pretrained``
-- ``amused:PATH``          a local diffusers aMUSEd pipeline folder
-- ``janus:PATH``           a local Janus / Janus-Pro checkpoint (transformers format)
-- ``text:PATH``            a local transformers causal LM folder (config, weights, tokenizer) as a `TextPolicy`
-- ``PATH``                 a local directory saved by ``ARPolicy.save_pretrained`` (e.g. a run's checkpoint)
+A family (t2i_gcpo/policies/families/<name>.py for the built-in ones) declares its prefix, how it
+recognises one of its checkpoint directories, the names it ships, the ``model_options`` keys it
+reads and its loader; `register_family` adds one (docs/guides/new_family.md). A `--model` string is
 
-The prefix may be left out for a directory whose own files say what it is (a run's checkpoint of any
-family): ``config.json`` with model_type "janus", ``model_index.json`` with ``"policy": "masked"`` or
-``"_class_name": "AmusedPipeline"``, ``config.json`` with a model_type that ``AutoModelForCausalLM``
-supports (text).
+- ``NAME``          a shipped model ("shapeworld", "shapeworld-masked", "arithmetic", …)
+- ``FAMILY:PATH``   a local checkpoint of that family ("janus:PATH", "amused:PATH", …)
+- ``PATH``          a directory whose own files say which family it is (a run's checkpoint of any
+                    family); one no family recognises is read as an AR checkpoint (``ar``)
+
+Nothing here imports torch, transformers or diffusers: the help texts are derived from the registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from t2i_gcpo.errors import UserError
 
-PREFIXES = ("janus", "amused", "masked", "text", "ar")
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
-TEXT_SHIPPED = {"arithmetic": os.path.join(ASSETS, "arithmetic")}  # built by `pretrain --world arithmetic`
+# a directory no family recognises is tried as an AR checkpoint (its loader says what is missing)
+FALLBACK = "ar"
+ENTRY_POINT_GROUP = "t2i_gcpo.families"  # installed packages may register families here
+BUILTIN_MODULES = "t2i_gcpo.policies.families."
 
 
-def _read_json(path: Path) -> dict:
+@dataclass(frozen=True)
+class Family:
+    """One model family: everything `--model` needs to know about it."""
+
+    name: str  # the prefix of ``NAME:PATH``
+    load: Callable[[str, Any], Any]  # (shipped name or path, ModelOptions) → the policy
+    detect: Callable[[Path], bool] | None = None  # whether a directory's own files are this family's
+    shipped: Mapping[str, str] = field(default_factory=dict)  # shipped name → its folder
+    options: frozenset[str] = frozenset()  # the ModelOptions keys it reads; others must keep their defaults
+    task: str | None = None  # the task every model of the family serves (None: it depends on the model)
+    shipped_task: str | None = None  # the task of its shipped models, when `task` is None
+
+
+_FAMILIES: dict[str, Family] = {}
+_loaded = {"builtins": False, "plugins": False}
+
+
+def register_family(family: Family, *, replace: bool = False) -> Family:
+    """Add `family` to the registry (``replace=True`` overwrites one of the same name)."""
+    _load_builtins()
+    if not family.name.isidentifier():
+        raise UserError(f"family name {family.name!r}: use letters, digits and underscores")
+    if family.name in _FAMILIES and not replace:
+        raise UserError(f"model family {family.name!r} is already registered")
+    for other in _FAMILIES.values():
+        taken = set(family.shipped) & set(other.shipped) if other.name != family.name else set()
+        if taken:
+            raise UserError(
+                f"model family {family.name!r}: {', '.join(sorted(taken))} ships with {other.name!r}"
+            )
+    _FAMILIES[family.name] = dataclasses.replace(family, options=frozenset(family.options))
+    return _FAMILIES[family.name]
+
+
+def unregister_family(name: str) -> None:
+    """Remove a registered family (tests register toy ones)."""
+    _FAMILIES.pop(name, None)
+
+
+def _load_builtins() -> None:
+    if _loaded["builtins"]:
+        return
+    _loaded["builtins"] = True
+    from t2i_gcpo.policies import families as package
+
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        importlib.import_module(f"{package.__name__}.{module}")
+
+
+def _load_plugins() -> None:
+    """Families that installed packages declare under the ``t2i_gcpo.families`` entry point: the entry
+    point names a module that registers on import, or a `Family`."""
+    if _loaded["plugins"]:
+        return
+    _loaded["plugins"] = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        if isinstance(obj, Family) and obj.name not in _FAMILIES:
+            register_family(obj)
+
+
+def families(plugins: bool = True) -> dict[str, Family]:
+    """Every registered family by name: the built-in ones in name order, then the others in the order
+    they were registered (``plugins=False``: without scanning installed packages, for help texts)."""
+    _load_builtins()
+    if plugins:
+        _load_plugins()
+    builtin = sorted(n for n, f in _FAMILIES.items() if f.load.__module__.startswith(BUILTIN_MODULES))
+    return {n: _FAMILIES[n] for n in builtin + [n for n in _FAMILIES if n not in builtin]}
+
+
+def get_family(name: str) -> Family:
+    found = families().get(name)
+    if found is None:
+        raise UserError(f"unknown model family {name!r}: choose from {', '.join(families())}")
+    return found
+
+
+def shipped_folder(name: str) -> str | None:
+    """The folder of a shipped model ("shapeworld", "arithmetic", …), None for any other name."""
+    for fam in families(plugins=False).values():
+        if name in fam.shipped:
+            return fam.shipped[name]
+    return None
+
+
+def models_help(plugins: bool = False) -> str:
+    """The models `--model` takes, for help texts and errors (derived from the registry)."""
+    fams = families(plugins).values()
+    shipped = [f"'{name}'" for fam in fams for name in fam.shipped]
+    prefixed = [f"'{fam.name}:PATH'" for fam in fams]
+    return ", ".join(shipped + ["a checkpoint dir"] + prefixed[:-1]) + f" or {prefixed[-1]}"
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file's content; {} when it is missing or not a JSON object (for `detect`)."""
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
@@ -38,101 +138,75 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def is_causal_lm_type(model_type: object) -> bool:
-    """Whether ``AutoModelForCausalLM`` builds a model of this ``config.json`` model_type."""
-    if not isinstance(model_type, str) or not model_type:
-        return False
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-
 def detect_family(path: str) -> str:
-    """The adapter family of a checkpoint directory, from its own files (``ar`` when nothing says)."""
-    model_type = _read_json(Path(path) / "config.json").get("model_type")
-    if model_type == "janus":
-        return "janus"
-    index = _read_json(Path(path) / "model_index.json")
-    if index.get("_class_name") == "AmusedPipeline":
-        return "amused"
-    if index.get("policy") == "masked":
-        return "masked"
-    if not index and is_causal_lm_type(model_type):
-        return "text"
-    return "ar"
+    """The family of a checkpoint directory, from its own files (``ar`` when nothing says)."""
+    folder = Path(path)
+    for fam in families().values():
+        if fam.detect is not None and fam.detect(folder):
+            return fam.name
+    return FALLBACK
 
 
 def is_shipped(name: str) -> bool:
     """Whether `name` is a model the package ships ("shapeworld", "shapeworld-masked", "arithmetic", …)."""
-    from t2i_gcpo.policies.ar import SHIPPED as AR_SHIPPED
-    from t2i_gcpo.policies.masked import SHIPPED as MASKED_SHIPPED
+    return shipped_folder(name) is not None
 
-    return name in AR_SHIPPED or name in MASKED_SHIPPED or name in TEXT_SHIPPED
+
+def family_prefix(spec: str) -> tuple[str, str] | None:
+    """(family, rest) when `spec` starts with a registered family's ``NAME:``, else None."""
+    head, sep, rest = spec.partition(":")
+    return (head, rest) if sep and head in families() else None
 
 
 def split_spec(spec: str) -> tuple[str, str]:
     """``family:PATH`` or a name / path → (family, name or path)."""
-    from t2i_gcpo.policies.masked import SHIPPED as MASKED_SHIPPED
-
-    head, sep, rest = spec.partition(":")
-    if sep and head in PREFIXES:
-        return head, rest
-    if spec in MASKED_SHIPPED:
-        return "masked", spec
-    if spec in TEXT_SHIPPED:
-        return "text", spec
+    prefixed = family_prefix(spec)
+    if prefixed is not None:
+        return prefixed
+    for fam in families().values():
+        if spec in fam.shipped:
+            return fam.name, spec
     return detect_family(spec), spec
 
 
+def model_task(spec: str) -> str | None:
+    """The task a model's prompts belong to, known without loading it (None: it depends on the model)."""
+    name, target = split_spec(spec)
+    fam = get_family(name)
+    return fam.task or (fam.shipped_task if target in fam.shipped else None)
+
+
+def check_options(fam: Family, spec: str, options: Any) -> None:
+    """A one-line UserError for a model option set (not at its default) that `fam` does not read."""
+    from t2i_gcpo.config import ModelOptions
+
+    default = ModelOptions()
+    unknown = sorted(set(fam.options) - {f.name for f in dataclasses.fields(ModelOptions)})
+    if unknown:  # checked here, not at registration: the config module is slow to import for --help
+        raise UserError(
+            f"model family {fam.name!r} declares unknown model_options keys: {', '.join(unknown)}"
+        )
+    for f in dataclasses.fields(ModelOptions):
+        value = getattr(options, f.name, getattr(default, f.name))
+        if f.name in fam.options or value == getattr(default, f.name):
+            continue
+        readers = [other.name for other in families().values() if f.name in other.options]
+        names = ", ".join(readers[:-1]) + " and " + readers[-1] if len(readers) > 1 else "".join(readers)
+        where = f"{names} models only" if readers else "no model family"
+        raise UserError(
+            f"model_options.{f.name}={value!r} applies to {where}, not to the {fam.name} model '{spec}'"
+        )
+
+
 def load_policy(spec: str, options: Any = None) -> Any:
-    """The policy a `--model` string names; `options` (``TrainConfig.model_options``) sets the dtype,
-    LoRA and checkpointing of real checkpoints and the log-prob estimator of masked models."""
-    family, target = split_spec(spec)
-    estimator = getattr(options, "estimator", "trajectory")
-    remask_count = getattr(options, "remask_count", 2)
-    if family != "masked" and family != "amused" and estimator != "trajectory":
-        raise UserError(
-            f"model_options.estimator={estimator!r} applies to masked models only "
-            f"(shapeworld-masked, masked:PATH, amused:PATH); '{spec}' is autoregressive"
-        )
-    if getattr(options, "lora_rank", 0) and family != "janus":  # never silently full fine-tuning
-        raise UserError(
-            f"model_options.lora_rank applies to janus:PATH only, not to the {family} model '{spec}'"
-        )
-    if family == "janus":
-        from t2i_gcpo.policies.janus import JanusPolicy
+    """The policy a `--model` string names; `options` (``TrainConfig.model_options``, None for the
+    defaults) sets e.g. the dtype, LoRA and checkpointing of real checkpoints or the log-prob estimator
+    of masked models — each family reads the keys it declares."""
+    from t2i_gcpo.config import ModelOptions
 
-        kwargs = {}
-        if options is not None:
-            kwargs = dict(
-                dtype=options.dtype,
-                gradient_checkpointing=options.gradient_checkpointing,
-                lora={"r": options.lora_rank} if options.lora_rank else None,
-            )
-        return JanusPolicy.from_pretrained(target, **kwargs)
-    if family == "amused":
-        from t2i_gcpo.policies.amused import AmusedPolicy
-
-        dtype = getattr(options, "dtype", "float32")
-        return AmusedPolicy.from_pretrained(target, dtype, estimator, remask_count)
-    if family == "masked":
-        from t2i_gcpo.policies.masked import load_masked_policy
-
-        return load_masked_policy(target, estimator, remask_count)
-    if family == "text":
-        from t2i_gcpo.policies.text import TextPolicy
-
-        kwargs = {}
-        if options is not None:
-            kwargs = dict(dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing,
-                          negative=options.negative)  # fmt: skip
-        return TextPolicy.from_pretrained(TEXT_SHIPPED.get(target, target), **kwargs)
-    from t2i_gcpo.policies.ar import ARPolicy, resolve_checkpoint
-
-    path = resolve_checkpoint(target)
-    if not Path(path).is_dir():
-        raise UserError(
-            f"model '{spec}' not found: expected 'shapeworld', 'shapeworld-64', 'shapeworld-masked', 'arithmetic', "
-            "'masked:PATH', 'amused:PATH', 'janus:PATH', 'text:PATH' or a checkpoint directory"
-        )
-    return ARPolicy.from_pretrained(path)
+    name, target = split_spec(spec)
+    fam = get_family(name)
+    check_options(fam, spec, options)
+    if family_prefix(spec) is None and not is_shipped(spec) and not os.path.exists(os.path.expanduser(spec)):
+        raise UserError(f"model '{spec}' not found: expected {models_help(plugins=True)}")
+    return fam.load(target, options if options is not None else ModelOptions())

@@ -1,0 +1,26 @@
+"""Janus / Janus-Pro (policies/janus.py): a local checkpoint in transformers format (``janus:PATH``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from t2i_gcpo.policies.registry import Family, read_json, register_family
+
+
+def load(target: str, options: Any) -> Any:
+    from t2i_gcpo.policies.janus import JanusPolicy
+
+    lora = {"r": options.lora_rank} if options.lora_rank else None
+    return JanusPolicy.from_pretrained(
+        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora
+    )
+
+
+register_family(
+    Family(
+        name="janus",
+        load=load,
+        detect=lambda path: read_json(path / "config.json").get("model_type") == "janus",
+        options=frozenset({"dtype", "gradient_checkpointing", "lora_rank"}),
+    )
+)

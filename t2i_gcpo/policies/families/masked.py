@@ -1,0 +1,29 @@
+"""The ShapeWorld masked (MaskGIT) prior (policies/masked.py): the shipped ``shapeworld-masked``, or a
+directory ``MaskedPolicy.save_pretrained`` wrote (``masked:PATH``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from t2i_gcpo.policies.registry import ASSETS, Family, read_json, register_family
+
+SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
+
+
+def load(target: str, options: Any) -> Any:
+    from t2i_gcpo.policies.masked import load_masked_policy
+
+    return load_masked_policy(target, options.estimator, options.remask_count)
+
+
+register_family(
+    Family(
+        name="masked",
+        load=load,
+        detect=lambda path: read_json(path / "model_index.json").get("policy") == "masked",
+        shipped=SHIPPED,
+        options=frozenset({"estimator", "remask_count"}),
+        task="shapeworld",
+    )
+)
