@@ -862,7 +862,7 @@ def credit_maps(
     """
     from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.outdir import lock_output
-    from t2i_gcpo.train.credit_maps import check_credit_out
+    from t2i_gcpo.analysis.credit_maps import check_credit_out
 
     out_dir = check_writable_dir(out, "--out")  # before loading any model
     with lock_output(out_dir):
@@ -876,7 +876,7 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
                  negative: str | None, seed: int) -> str:  # fmt: skip
     """`credit_maps` once its output folder is locked."""
     from t2i_gcpo.core import CREDIT_SCHEMES
-    from t2i_gcpo.train.credit_maps import run_credit_maps
+    from t2i_gcpo.analysis.credit_maps import run_credit_maps
 
     texts: list[str] = []
     if prompts is not None and _is_prompt_file(prompts):
