@@ -51,6 +51,7 @@ from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.policies.base import SamplingParams  # noqa: E402
 from t2i_gcpo.policies.registry import load_policy  # noqa: E402
 from t2i_gcpo.rewards.registry import build_reward  # noqa: E402
+from t2i_gcpo.stats import standard_error  # noqa: E402
 from t2i_gcpo.tasks.arithmetic import first_wrong_step_mask  # noqa: E402
 from t2i_gcpo.tasks.geneval import object_grids  # noqa: E402
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score  # noqa: E402
@@ -168,7 +169,7 @@ def main() -> None:
             continue
         cos = [torch.nn.functional.cosine_similarity(a, b, 0).item() for a, b in itertools.combinations(g, 2)]
         c = statistics.mean(cos)
-        se = statistics.stdev(cos) / len(cos) ** 0.5
+        se = standard_error(cos)
         need = n * (1 - c) / c if c > 0 else float("inf")
         rows[f"{scheme}/{ctx}"] = {
             "cos_mean": c,
