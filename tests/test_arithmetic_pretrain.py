@@ -27,7 +27,6 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.registry import ASSETS, detect_family, load_policy, split_spec
 from t2i_gcpo.policies.text import TextPolicy
-from t2i_gcpo.worlds.arithmetic import format_prompt, format_reward, make_splits
 from t2i_gcpo.pretrain.arithmetic import (
     IGNORE,
     ArithmeticPretrainConfig,
@@ -36,6 +35,7 @@ from t2i_gcpo.pretrain.arithmetic import (
     encode_batch,
     pretrain,
 )
+from t2i_gcpo.worlds.arithmetic import format_prompt, format_reward, make_splits
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
 
 try:

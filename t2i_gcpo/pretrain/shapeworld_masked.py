@@ -32,9 +32,9 @@ from t2i_gcpo.errors import check_writable_dir
 from t2i_gcpo.policies.masked import AR_ASSETS, SHIPPED, MaskedConfig, MaskedPolicy
 from t2i_gcpo.policies.maskgen import mask_ratio
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
-from t2i_gcpo.tokenizers.vq import VQTokenizer
 from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.pretrain.shapeworld_ar import encode_dataset, render_dataset, use_bf16
+from t2i_gcpo.tokenizers.vq import VQTokenizer
 from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
 
 

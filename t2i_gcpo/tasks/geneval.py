@@ -165,11 +165,12 @@ def evaluate_shapeworld(policy: Policy, metadata: list[dict], images_per_prompt:
     Adds ``cfg_scale`` to the result."""
     import dataclasses
 
+    from t2i_gcpo.policies.sampling import resolve_guidance_scale
     from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
 
-    sampling = policy.default_sampling()
-    if cfg_scale is not None:
-        sampling = dataclasses.replace(sampling, guidance_scale=float(cfg_scale))
+    sampling = dataclasses.replace(
+        policy.default_sampling(), guidance_scale=resolve_guidance_scale(policy, cfg_scale)
+    )
     task = GenEvalTask("shapeworld", "shapeworld", default_reward="shapeworld")
     prompts = [PromptRecord(m["prompt"], meta=m) for m in metadata]
     reward = ShapeWorldReward(grid=tuple(policy.layout.grid))
