@@ -50,7 +50,9 @@ from t2i_gcpo.core.advantages import group_advantages  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.policies.base import SamplingParams  # noqa: E402
 from t2i_gcpo.policies.registry import load_policy  # noqa: E402
+from t2i_gcpo.policies.sampling import resolve_guidance_scale  # noqa: E402
 from t2i_gcpo.rewards.registry import build_reward  # noqa: E402
+from t2i_gcpo.stats import standard_error  # noqa: E402
 from t2i_gcpo.tasks.arithmetic import first_wrong_step_mask  # noqa: E402
 from t2i_gcpo.tasks.geneval import object_grids  # noqa: E402
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score  # noqa: E402
@@ -118,10 +120,10 @@ def main() -> None:
     reward = build_reward(task.default_reward, grid=policy.layout.grid)
     presets = {algo: load_config(algo) for algo in PRESETS}
     rollout_cfg = presets["dapo"].rollout
-    cfg_scale = args.cfg if args.cfg is not None else policy.default_sampling().guidance_scale
-    sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=cfg_scale,
+    guidance_scale = resolve_guidance_scale(policy, args.cfg)
+    sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=guidance_scale,
                               max_new_tokens=rollout_cfg.max_new_tokens, reveal_order=args.reveal_order)  # fmt: skip
-    schemes = variants(presets, guided=cfg_scale != 1.0)
+    schemes = variants(presets, guided=guidance_scale != 1.0)
     params = [p for n, p in policy.named_parameters() if p.requires_grad and not n.startswith("vq.")]
     rng = random.Random(args.seed)
     grads: dict[tuple[str, str], list[torch.Tensor]] = {v: [] for v in schemes}
@@ -168,7 +170,7 @@ def main() -> None:
             continue
         cos = [torch.nn.functional.cosine_similarity(a, b, 0).item() for a, b in itertools.combinations(g, 2)]
         c = statistics.mean(cos)
-        se = statistics.stdev(cos) / len(cos) ** 0.5
+        se = standard_error(cos)
         need = n * (1 - c) / c if c > 0 else float("inf")
         rows[f"{scheme}/{ctx}"] = {
             "cos_mean": c,
@@ -179,7 +181,7 @@ def main() -> None:
         print(f"{scheme:10s} {ctx:6s} {c:9.4f} {se:7.4f} {need:24.0f}")
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k != "out"} | {"cfg": cfg_scale, "task": task.name}
+    config = {k: v for k, v in vars(args).items() if k != "out"} | {"cfg": guidance_scale, "task": task.name}
     path.write_text(
         json.dumps({"config": config, "mean_reward": statistics.mean(rewards), "variants": rows}, indent=1)
     )

@@ -28,8 +28,8 @@ def main() -> None:
     if args.run:
         import torch
 
+        from t2i_gcpo.pretrain.shapeworld_ar import pretrain
         from t2i_gcpo.tasks.geneval import evaluate_shapeworld, format_table
-        from t2i_gcpo.worlds.shapeworld.pretrain import pretrain
 
         def evaluate(policy, test, images_per_prompt, seed):  # as `t2i-gcpo pretrain` scores the model
             result = evaluate_shapeworld(policy, test, images_per_prompt, seed=seed, progress=True)

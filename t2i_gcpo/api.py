@@ -520,8 +520,8 @@ def generate(
     """
     import torch
 
-    from t2i_gcpo.eval.geneval import masked_sampling
-    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.eval.geneval import image_sampling
+    from t2i_gcpo.policies.base import PromptRecord
     from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
 
     if n < 1 or batch < 1:
@@ -545,9 +545,8 @@ def generate(
     else:
         texts = list(prompts)
     policy.check_prompts(texts)
-    scale = policy.default_sampling().guidance_scale if cfg_scale is None else cfg_scale
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=scale,
-                              **masked_sampling(policy, steps, reveal_order))  # fmt: skip
+    sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, steps=steps,
+                              reveal_order=reveal_order)  # fmt: skip
     outputs: list[Any] = []
     for start in range(0, len(texts), batch):
         chunk = texts[start : start + batch]
@@ -630,8 +629,8 @@ def sample(
     import numpy as np
     from PIL import Image
 
-    from t2i_gcpo.eval.geneval import generate_geneval
-    from t2i_gcpo.eval.layout import sample_path
+    from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
+    from t2i_gcpo.eval.layout import recorded_settings, sample_path
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
@@ -644,10 +643,10 @@ def sample(
             policy.check_prompts(texts)  # every word the model cannot take, at once
             # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
             metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
-        generate_geneval(policy, metadata, out_dir, n=n, batch=max(1, 64 // n), cfg_scale=cfg_scale,
-                         temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order,
-                         seed=seed, model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        sampling = image_sampling(policy, None if overwrite else recorded_settings(out_dir), cfg_scale=cfg_scale,
+                                  temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order)  # fmt: skip
+        generate_geneval(policy, metadata, out_dir, sampling, n=n, batch=max(1, 64 // n), seed=seed,
+                         model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         images = np.stack(
             [
                 np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
@@ -697,7 +696,8 @@ def evaluate_shapeworld(
         GenEval's summary, as summary.json: ``{"tags": {tag: {"score", "correct", "total"}},
         "overall": the unweighted mean of the tag scores}``.
     """
-    from t2i_gcpo.eval.geneval import generate_geneval, score_geneval_folder
+    from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, score_geneval_folder
+    from t2i_gcpo.eval.layout import recorded_settings
     from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
@@ -708,10 +708,10 @@ def evaluate_shapeworld(
         with _prompt_path(prompts if prompts is not None else PROMPTS_DIR / "shapeworld_test.jsonl") as path:
             metadata = [p.meta for p in task.load_prompts(path)]
         root = out / "images"
-        # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
-        generate_geneval(policy, metadata, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
-                         reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
-                         overwrite=overwrite)  # fmt: skip
+        sampling = image_sampling(policy, None if overwrite else recorded_settings(root), cfg_scale=cfg_scale,
+                                  steps=steps, reveal_order=reveal_order)  # fmt: skip
+        generate_geneval(policy, metadata, root, sampling, n=n, batch=batch, seed=seed,
+                         model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
 
 
@@ -801,13 +801,14 @@ def evaluate_geneval(
             colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
         root = Path(score_only) if score_only is not None else out / "images"
         if model is not None:
-            from t2i_gcpo.eval.geneval import generate_geneval
+            from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
+            from t2i_gcpo.eval.layout import recorded_settings
 
             policy = _load(model).eval()
-            # cfg_scale, steps, reveal_order None: a resumed folder's recorded values, else the model's
-            generate_geneval(policy, prompts, root, n=n, batch=batch, cfg_scale=cfg_scale, steps=steps,
-                             reveal_order=reveal_order, seed=seed, model=_model_identity(model, policy),
-                             overwrite=overwrite)  # fmt: skip
+            sampling = image_sampling(policy, None if overwrite else recorded_settings(root), cfg_scale=cfg_scale,
+                                      steps=steps, reveal_order=reveal_order)  # fmt: skip
+            generate_geneval(policy, prompts, root, sampling, n=n, batch=batch, seed=seed,
+                             model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         return score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
@@ -862,9 +863,9 @@ def credit_maps(
     Raises:
         UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take.
     """
+    from t2i_gcpo.analysis.credit_maps import check_credit_out
     from t2i_gcpo.errors import check_writable_dir
     from t2i_gcpo.outdir import lock_output
-    from t2i_gcpo.train.credit_maps import check_credit_out
 
     out_dir = check_writable_dir(out, "--out")  # before loading any model
     with lock_output(out_dir):
@@ -877,8 +878,8 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
                  schemes: Sequence[str], group_size: int, cfg_scale: float | None, reward: str | None,
                  negative: str | None, seed: int) -> str:  # fmt: skip
     """`credit_maps` once its output folder is locked."""
+    from t2i_gcpo.analysis.credit_maps import run_credit_maps
     from t2i_gcpo.core import CREDIT_SCHEMES
-    from t2i_gcpo.train.credit_maps import run_credit_maps
 
     texts: list[str] = []
     if prompts is not None and _is_prompt_file(prompts):

@@ -1,4 +1,4 @@
-"""Arithmetic pretraining (t2i_gcpo.worlds.arithmetic.pretrain), the shipped `arithmetic` model and
+"""Arithmetic pretraining (t2i_gcpo.pretrain.arithmetic), the shipped `arithmetic` model and
 the text entries of the policy registry (`arithmetic`, `text:PATH`, detection of a causal-LM folder).
 
 What is checked: a few pretraining steps on a tiny shape write a folder that both `TextPolicy` and
@@ -25,8 +25,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.registry import ASSETS, detect_family, load_policy, split_spec
 from t2i_gcpo.policies.text import TextPolicy
-from t2i_gcpo.worlds.arithmetic import format_prompt, format_reward, make_splits
-from t2i_gcpo.worlds.arithmetic.pretrain import (
+from t2i_gcpo.pretrain.arithmetic import (
     IGNORE,
     ArithmeticPretrainConfig,
     ModelShape,
@@ -34,6 +33,7 @@ from t2i_gcpo.worlds.arithmetic.pretrain import (
     encode_batch,
     pretrain,
 )
+from t2i_gcpo.worlds.arithmetic import format_prompt, format_reward, make_splits
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
 
 from tiny_models import build_tiny_text_lm
@@ -176,7 +176,7 @@ def test_cli_out_that_is_a_file_is_refused(tmp_path):
 def test_cli_runs_the_arithmetic_pretraining(tmp_path, monkeypatch):
     import dataclasses
 
-    import t2i_gcpo.worlds.arithmetic.pretrain as module
+    import t2i_gcpo.pretrain.arithmetic as module
 
     monkeypatch.setattr(module, "ArithmeticPretrainConfig", lambda **kw: dataclasses.replace(TINY, **kw))
     out = tmp_path / "m"

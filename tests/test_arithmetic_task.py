@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -382,3 +383,31 @@ def test_summarize_pass_at_k_by_hand():
     rows = [(0, 1.0, 1.0, 10.0), (0, 0.0, 1.0, 20.0), (1, 0.0, 0.0, 30.0), (1, 0.0, math.nan, 40.0)]
     res = A.summarize(rows, 2)
     assert (res["accuracy"], res["pass_at_k"], res["format_rate"], res["length"]) == (0.25, 0.5, 2 / 3, 25.0)
+
+
+def test_evaluate_split_across_processes_gives_the_single_process_rows(tiny_policy, monkeypatch):
+    """The shared held-out loop (tasks/loop.py): each rank scores every world-th prompt from its own
+    generator, so the ranks' rows together are the rows of one process."""
+    import accelerate.utils
+
+    from t2i_gcpo.tasks.loop import held_out_rows
+
+    task = get_task("arithmetic")
+    prompts = task.load_prompts(task.default_eval_prompts())[:5]
+    reward = build_reward("arithmetic:format=0.1")
+    sampling = SamplingParams(max_new_tokens=12, score_negative=False)
+
+    def rows_of(chunk, scored):
+        n = len(scored.rollout.prompts) // len(chunk)
+        return [(chunk[b // n], text) for b, text in enumerate(scored.outputs)]
+
+    one = held_out_rows(tiny_policy, reward, prompts, 2, sampling, 7, rows_of, prompts_per_batch=2)
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda rows: rows)  # each rank's own rows
+    ranks = [
+        held_out_rows(tiny_policy, reward, prompts, 2, sampling, 7, rows_of,
+                      accelerator=SimpleNamespace(process_index=r, num_processes=2), prompts_per_batch=1)
+        for r in (0, 1)
+    ]  # fmt: skip
+    assert {i for i, _ in ranks[0]} == {0, 2, 4} and {i for i, _ in ranks[1]} == {1, 3}
+    assert sorted(ranks[0] + ranks[1]) == sorted(one) and len(one) == 10
+    assert not tiny_policy.training  # the eval mode it came in with is restored

@@ -334,7 +334,7 @@ def test_an_algorithm_with_fewer_seeds_is_paired_on_the_seeds_it_has(tmp_path):
 
 def welch_ci95(a: dict, b: dict):
     """The module's Welch interval on two algorithms' final scores (the last point of each curve)."""
-    from t2i_gcpo.viz.lift import welch_ci95 as welch
+    from t2i_gcpo.stats import welch_ci95 as welch
 
     return welch([c[-1] for c in a.values()], [c[-1] for c in b.values()])
 

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,11 +19,13 @@ from t2i_gcpo.eval.dpg import (
     is_yes,
     load_dpg_prompts,
     read_dpg_csv,
+    recorded_grid_settings,
     score_dpg,
     score_dpg_folder,
     split_2x2,
     tile_2x2,
 )
+from t2i_gcpo.eval.geneval import image_sampling
 from t2i_gcpo.policies.base import SamplingParams, TokenLayout
 
 # item a: 1 "is there a cat?" (entity), 2 "is the cat black?" (attribute, parent 1),
@@ -166,6 +169,16 @@ def test_score_dpg_folder_writes_results(tmp_path):
     assert "DPG-Bench (proxy VQA: scripted)" in text and "50.00" in text
 
 
+def dpg(policy, prompts, root, *, cfg_scale=5.0, temperature=1.0, top_k=0, steps=None, reveal_order=None,
+        overwrite=False, **kw):  # fmt: skip
+    """generate_dpg as `eval dpg` calls it: the sampling built once from the flags and the settings
+    recorded with the grids under `root`."""
+    recorded = None if overwrite else recorded_grid_settings(Path(root))
+    sampling = image_sampling(policy, recorded, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+                              steps=steps, reveal_order=reveal_order)  # fmt: skip
+    return generate_dpg(policy, prompts, root, sampling, overwrite=overwrite, **kw)
+
+
 class FakePolicy(torch.nn.Module):
     layout = TokenLayout.image(1, 1)
 
@@ -190,24 +203,24 @@ class FakePolicy(torch.nn.Module):
 def test_generate_dpg_grids_resume(tmp_path):
     prompts = [{"item_id": f"p{i}", "prompt": f"prompt {i}"} for i in range(3)]
     policy = FakePolicy()
-    assert generate_dpg(policy, prompts, tmp_path, batch=2, seed=1, progress=False) == 3
+    assert dpg(policy, prompts, tmp_path, batch=2, seed=1, progress=False) == 3
     grids = {p["item_id"]: np.asarray(Image.open(tmp_path / f"{p['item_id']}.png")) for p in prompts}
     assert all(g.shape == (12, 12, 3) for g in grids.values())
     # each tile is one sample: 4 distinct grey levels per grid (with overwhelming probability)
     assert len({int(g[y, x, 0]) for g in grids.values() for y in (0, 6) for x in (0, 6)}) > 4
     os.remove(tmp_path / "p1.png")
     policy.calls = 0
-    assert generate_dpg(policy, prompts, tmp_path, batch=2, seed=1, progress=False) == 1
+    assert dpg(policy, prompts, tmp_path, batch=2, seed=1, progress=False) == 1
     assert policy.calls == 1
     np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "p1.png")), grids["p1"])
     # a prompt's grid does not depend on its batch-mates
-    assert generate_dpg(policy, prompts, tmp_path / "b1", batch=1, seed=1, progress=False) == 3
+    assert dpg(policy, prompts, tmp_path / "b1", batch=1, seed=1, progress=False) == 3
     for p in prompts:
         np.testing.assert_array_equal(
             np.asarray(Image.open(tmp_path / "b1" / f"{p['item_id']}.png")), grids[p["item_id"]]
         )
     with pytest.raises(UserError, match="safe file name"):
-        generate_dpg(policy, [{"item_id": "../x", "prompt": "p"}], tmp_path, progress=False)
+        dpg(policy, [{"item_id": "../x", "prompt": "p"}], tmp_path, progress=False)
 
 
 def test_packaged_dpg_prompts():
@@ -330,35 +343,35 @@ DPG_PROMPTS = [{"item_id": f"p{i}", "prompt": f"prompt {i}"} for i in range(3)]
 def test_generate_dpg_refuses_grids_made_with_other_settings(tmp_path, change, word):
     policy = FakePolicy()
     args = dict(batch=2, seed=1, cfg_scale=5.0, model="fake", progress=False)
-    generate_dpg(policy, DPG_PROMPTS, tmp_path, **args)
+    dpg(policy, DPG_PROMPTS, tmp_path, **args)
     settings = json.loads((tmp_path / "generation.json").read_text())
     assert settings["settings"] == {"model": "fake", "seed": 1, "cfg_scale": 5.0, "temperature": 1.0,
                                     "top_k": 0, "n": 4}  # fmt: skip
     before = (tmp_path / "p0.png").read_bytes()
     policy.calls = 0
     with pytest.raises(UserError, match=rf"{word}=.*--overwrite") as e:
-        generate_dpg(policy, DPG_PROMPTS, tmp_path, **{**args, **change})
+        dpg(policy, DPG_PROMPTS, tmp_path, **{**args, **change})
     assert "\n" not in str(e.value) and policy.calls == 0
     assert (tmp_path / "p0.png").read_bytes() == before
-    assert generate_dpg(policy, DPG_PROMPTS, tmp_path, overwrite=True, **{**args, **change}) == 3
+    assert dpg(policy, DPG_PROMPTS, tmp_path, overwrite=True, **{**args, **change}) == 3
 
 
 def test_generate_dpg_refuses_other_prompts_and_stale_grids(tmp_path):
     policy = FakePolicy()
     args = dict(batch=2, seed=1, model="fake", progress=False)
-    generate_dpg(policy, DPG_PROMPTS, tmp_path, **args)
+    dpg(policy, DPG_PROMPTS, tmp_path, **args)
     # the same item id for another prompt text
     with pytest.raises(UserError, match=r"p0\.png.*another prompt.*--overwrite"):
-        generate_dpg(policy, [{"item_id": "p0", "prompt": "something else"}], tmp_path, **args)
+        dpg(policy, [{"item_id": "p0", "prompt": "something else"}], tmp_path, **args)
     # fewer prompts: the other grids are stale and would be scored
     with pytest.raises(UserError, match=r"2 grid\(s\).*p1.*--overwrite"):
-        generate_dpg(policy, DPG_PROMPTS[:1], tmp_path, **args)
+        dpg(policy, DPG_PROMPTS[:1], tmp_path, **args)
     # grids of unknown provenance
     (tmp_path / "legacy").mkdir()
     grid().save(tmp_path / "legacy" / "p0.png")
     with pytest.raises(UserError, match=r"generation.json.*--overwrite"):
-        generate_dpg(policy, DPG_PROMPTS, tmp_path / "legacy", **args)
-    assert generate_dpg(policy, DPG_PROMPTS[:1], tmp_path, overwrite=True, **args) == 1
+        dpg(policy, DPG_PROMPTS, tmp_path / "legacy", **args)
+    assert dpg(policy, DPG_PROMPTS[:1], tmp_path, overwrite=True, **args) == 1
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["p0.png"]
 
 
@@ -395,15 +408,15 @@ class FakeMaskedPolicy(FakePolicy):
 def test_generate_dpg_passes_and_records_a_masked_models_steps_and_reveal_order(tmp_path):
     policy = FakeMaskedPolicy()
     args = dict(batch=2, seed=1, cfg_scale=5.0, model="fake", progress=False)
-    generate_dpg(policy, DPG_PROMPTS, tmp_path, steps=3, reveal_order="random", **args)
+    dpg(policy, DPG_PROMPTS, tmp_path, steps=3, reveal_order="random", **args)
     assert (policy.sampling.steps, policy.sampling.reveal_order) == (3, "random")
     settings = json.loads((tmp_path / "generation.json").read_text())["settings"]
     assert (settings["steps"], settings["reveal_order"]) == (3, "random")
     with pytest.raises(UserError, match=r"steps=3, this run asks for steps=4"):
-        generate_dpg(policy, DPG_PROMPTS, tmp_path, steps=4, reveal_order="random", **args)
+        dpg(policy, DPG_PROMPTS, tmp_path, steps=4, reveal_order="random", **args)
     with pytest.raises(UserError, match="unknown reveal order"):
-        generate_dpg(policy, DPG_PROMPTS, tmp_path / "x", reveal_order="raster", **args)
+        dpg(policy, DPG_PROMPTS, tmp_path / "x", reveal_order="raster", **args)
     autoregressive = FakePolicy()
     autoregressive.default_sampling = lambda: SamplingParams(guidance_scale=3.0)  # steps None: token by token
     with pytest.raises(UserError, match="--steps and --reveal-order apply to masked models only"):
-        generate_dpg(autoregressive, DPG_PROMPTS, tmp_path / "y", steps=3, reveal_order="random", **args)
+        dpg(autoregressive, DPG_PROMPTS, tmp_path / "y", steps=3, reveal_order="random", **args)

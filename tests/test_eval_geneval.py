@@ -10,8 +10,14 @@ import torch
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import generate_geneval, load_geneval_prompts, score_geneval_folder
-from t2i_gcpo.eval.layout import existing_samples, iter_layout, sample_path, write_prompt_folder
+from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, load_geneval_prompts, score_geneval_folder
+from t2i_gcpo.eval.layout import (
+    existing_samples,
+    iter_layout,
+    recorded_settings,
+    sample_path,
+    write_prompt_folder,
+)
 from t2i_gcpo.policies.base import TokenLayout
 from t2i_gcpo.scoring.color_clip import (
     BACKGROUND_RGB,
@@ -384,6 +390,14 @@ def test_score_geneval_folder_rejects_unfinished_folders(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+def gen(policy, metadata, root, *, cfg_scale=5.0, temperature=1.0, top_k=0, overwrite=False, **kw):
+    """generate_geneval as `sample` and the eval commands call it: the sampling built once from the
+    flags and the settings recorded under `root`."""
+    recorded = None if overwrite else recorded_settings(root)
+    sampling = image_sampling(policy, recorded, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k)
+    return generate_geneval(policy, metadata, root, sampling, overwrite=overwrite, **kw)
+
+
 class FakePolicy(torch.nn.Module):
     """Images whose grey level is a random token drawn from the given generator."""
 
@@ -418,7 +432,7 @@ def grey(path):
 def test_generate_geneval_writes_layout_and_resumes_identically(tmp_path):
     metas = PROMPTS[:3]
     policy = FakePolicy()
-    assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 6
+    assert gen(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 6
     assert policy.calls == [[metas[0]["prompt"], metas[1]["prompt"]], [metas[2]["prompt"]]]
     assert {s.guidance_scale for s in policy.sampling} == {3.0}
     assert [(i, m, len(p)) for i, m, p in iter_layout(tmp_path)] == [(i, m, 2) for i, m in enumerate(metas)]
@@ -430,21 +444,21 @@ def test_generate_geneval_writes_layout_and_resumes_identically(tmp_path):
     for k in range(2):
         os.remove(sample_path(tmp_path, 2, k))
     policy.calls.clear()
-    assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 3
+    assert gen(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 3
     assert existing_samples(tmp_path, 1) == 2 and existing_samples(tmp_path, 2) == 2
     assert {(i, k): grey(sample_path(tmp_path, i, k)) for i in range(3) for k in range(2)} == before
     # a prompt's images do not depend on its batch-mates: one prompt per batch gives the same images
-    generate_geneval(policy, metas, tmp_path / "b1", n=2, batch=1, cfg_scale=3.0, seed=7, progress=False)
+    gen(policy, metas, tmp_path / "b1", n=2, batch=1, cfg_scale=3.0, seed=7, progress=False)
     assert {(i, k): grey(sample_path(tmp_path / "b1", i, k)) for i in range(3) for k in range(2)} == before
     # a complete folder makes no policy calls; another seed gives other images
     policy.calls.clear()
-    assert generate_geneval(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 0
+    assert gen(policy, metas, tmp_path, n=2, batch=2, cfg_scale=3.0, seed=7, progress=False) == 0
     assert policy.calls == []
-    generate_geneval(policy, metas[:1], tmp_path / "s8", n=2, batch=2, cfg_scale=3.0, seed=8, progress=False)
+    gen(policy, metas[:1], tmp_path / "s8", n=2, batch=2, cfg_scale=3.0, seed=8, progress=False)
     assert [grey(sample_path(tmp_path / "s8", 0, k)) for k in range(2)] != [before[0, 0], before[0, 1]]
 
     with pytest.raises(UserError, match="unknown words"):
-        generate_geneval(policy, [{**metas[0], "prompt": "forbidden"}], tmp_path / "x", progress=False)
+        gen(policy, [{**metas[0], "prompt": "forbidden"}], tmp_path / "x", progress=False)
 
 
 def test_packaged_geneval_prompts():
@@ -466,7 +480,7 @@ GEN = dict(n=2, batch=2, cfg_scale=3.0, seed=7, progress=False)
 
 
 def test_generate_geneval_records_its_settings_next_to_the_images(tmp_path):
-    generate_geneval(FakePolicy(), PROMPTS[:2], tmp_path, model="fake:1", **GEN)
+    gen(FakePolicy(), PROMPTS[:2], tmp_path, model="fake:1", **GEN)
     settings = json.loads((tmp_path / "00001" / "generation.json").read_text())
     assert settings == {
         "model": "fake:1",
@@ -494,16 +508,16 @@ def test_generate_geneval_records_its_settings_next_to_the_images(tmp_path):
 )
 def test_generate_geneval_refuses_a_folder_made_with_other_settings(tmp_path, change, word):
     policy = FakePolicy()
-    generate_geneval(policy, PROMPTS[:2], tmp_path, model="fake:1", **GEN)
+    gen(policy, PROMPTS[:2], tmp_path, model="fake:1", **GEN)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     policy.calls.clear()
     with pytest.raises(UserError, match=rf"{word}=.*--overwrite") as e:
-        generate_geneval(policy, PROMPTS[:2], tmp_path, **{**GEN, "model": "fake:1", **change})
+        gen(policy, PROMPTS[:2], tmp_path, **{**GEN, "model": "fake:1", **change})
     assert "\n" not in str(e.value) and "00000" in str(e.value)
     assert policy.calls == [] and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     # --overwrite regenerates with the new settings
     args = {**GEN, "model": "fake:1", **change}
-    assert generate_geneval(policy, PROMPTS[:2], tmp_path, overwrite=True, **args) == 2 * args["n"]
+    assert gen(policy, PROMPTS[:2], tmp_path, overwrite=True, **args) == 2 * args["n"]
     assert json.loads((tmp_path / "00000" / "generation.json").read_text())[word] == args[word]
     assert [len(p) for _, _, p in iter_layout(tmp_path)] == [args["n"]] * 2
 
@@ -511,17 +525,17 @@ def test_generate_geneval_refuses_a_folder_made_with_other_settings(tmp_path, ch
 def test_generate_geneval_refuses_other_prompts_and_stale_extra_folders(tmp_path):
     """A one-prompt run into a folder that held other prompts' images must not reuse or keep them."""
     policy = FakePolicy()
-    generate_geneval(policy, PROMPTS[:3], tmp_path, model="fake", **GEN)
+    gen(policy, PROMPTS[:3], tmp_path, model="fake", **GEN)
     with pytest.raises(UserError, match=r"00000.*'a photo of a cat'.*'a photo of a blue cat'.*--overwrite"):
-        generate_geneval(policy, PROMPTS[1:2], tmp_path, model="fake", **GEN)
+        gen(policy, PROMPTS[1:2], tmp_path, model="fake", **GEN)
     # same first prompt, fewer prompts: the other two folders are stale and would be scored
     with pytest.raises(UserError, match=r"2 prompt folder\(s\) .*00001.*--overwrite"):
-        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
+        gen(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
     # metadata differing beyond the prompt text is a mismatch too
     other = {**PROMPTS[0], "include": [{"class": "dog", "count": 1}]}
     with pytest.raises(UserError, match=r"00000.*metadata"):
-        generate_geneval(policy, [other, *PROMPTS[1:3]], tmp_path, model="fake", **GEN)
-    assert generate_geneval(policy, PROMPTS[1:2], tmp_path, model="fake", overwrite=True, **GEN) == 2
+        gen(policy, [other, *PROMPTS[1:3]], tmp_path, model="fake", **GEN)
+    assert gen(policy, PROMPTS[1:2], tmp_path, model="fake", overwrite=True, **GEN) == 2
     assert [(i, m) for i, m, _ in iter_layout(tmp_path)] == [(0, PROMPTS[1])]
 
 
@@ -530,11 +544,11 @@ def test_generate_geneval_refuses_images_of_unknown_provenance(tmp_path):
     write_prompt_folder(tmp_path, 0, PROMPTS[0], [Image.new("RGB", (4, 4))] * 2)
     policy = FakePolicy()
     with pytest.raises(UserError, match=r"00000.*generation.json.*--overwrite"):
-        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
+        gen(policy, PROMPTS[:1], tmp_path, model="fake", **GEN)
     assert policy.calls == []
     # a prompt folder with metadata but no images yet (an interrupted run) is simply filled in
     write_prompt_folder(tmp_path / "b", 0, PROMPTS[0], [])
-    assert generate_geneval(policy, PROMPTS[:1], tmp_path / "b", model="fake", **GEN) == 2
+    assert gen(policy, PROMPTS[:1], tmp_path / "b", model="fake", **GEN) == 2
 
 
 def test_score_geneval_folder_scores_only_this_runs_prompts(tmp_path):
@@ -557,12 +571,12 @@ def test_score_geneval_folder_scores_only_this_runs_prompts(tmp_path):
 
 def test_overwrite_removes_only_generated_prompt_folders(tmp_path):
     policy = FakePolicy()
-    generate_geneval(policy, PROMPTS[:2], tmp_path, model="fake", **GEN)
+    gen(policy, PROMPTS[:2], tmp_path, model="fake", **GEN)
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "00001" / "samples" / "notes.txt").write_text("mine too")
     with pytest.raises(UserError, match=r"--overwrite: .*00001 .*notes.txt"):
-        generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
+        gen(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
     assert existing_samples(tmp_path, 0) == 2  # nothing removed
     os.remove(tmp_path / "00001" / "samples" / "notes.txt")
-    generate_geneval(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
+    gen(policy, PROMPTS[:1], tmp_path, model="fake", overwrite=True, **GEN)
     assert sorted(os.listdir(tmp_path)) == ["00000", "notes.txt"]

@@ -22,26 +22,29 @@ ROOT = Path(__file__).resolve().parent.parent / "t2i_gcpo"
 
 # package -> layer, top to bottom
 LAYERS = {
-    "t2i_gcpo.cli": 11,
-    "t2i_gcpo.commands": 11,
-    "t2i_gcpo.api": 10,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
-    "t2i_gcpo.eval": 9,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
-    "t2i_gcpo.train": 8,
-    "t2i_gcpo.tasks": 7,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
-    "t2i_gcpo.rewards": 6,
-    "t2i_gcpo.worlds": 5,
-    "t2i_gcpo.scoring": 4,  # GenEval scoring primitives shared by rewards, worlds and eval
-    "t2i_gcpo.policies": 3,
+    "t2i_gcpo.cli": 13,
+    "t2i_gcpo.commands": 13,
+    "t2i_gcpo.api": 12,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
+    "t2i_gcpo.analysis": 11,  # credit maps and credit lift outside training (the credit-map command's logic)
+    "t2i_gcpo.eval": 10,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
+    "t2i_gcpo.train": 9,
+    "t2i_gcpo.tasks": 8,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
+    "t2i_gcpo.rewards": 7,
+    "t2i_gcpo.pretrain": 6,  # rebuilding the shipped models on the embedded worlds
+    "t2i_gcpo.policies": 5,  # may use the worlds' vocabularies; never the other way
+    "t2i_gcpo.worlds": 4,  # the embedded worlds: prompts, renders, checkers (no model code)
+    "t2i_gcpo.scoring": 3,  # GenEval scoring primitives shared by rewards, worlds and eval
     "t2i_gcpo.tokenizers": 2,
     "t2i_gcpo.viz": 2,
     "t2i_gcpo.config": 1,  # the typed config schema (checks scheme names against core's registry)
     "t2i_gcpo.core": 0,
+    "t2i_gcpo.stats": 0,  # confidence intervals and paired tests (scipy)
     "t2i_gcpo.errors": 0,
     "t2i_gcpo.metrics": 0,
-    "t2i_gcpo.hardware": 0,
+    "t2i_gcpo.hardware": 0,  # what the device does natively (bf16), for training and pretraining defaults
     "t2i_gcpo.resources": 0,  # the shipped presets, recipes and prompt files (importlib.resources)
     "t2i_gcpo.outdir": 0,  # one command at a time per output folder (locks)
-    "t2i_gcpo.weights": 0,  # the loading check every family's checkpoint goes through  # what the device does natively (bf16), for training and pretraining defaults
+    "t2i_gcpo.weights": 0,  # the loading check every family's checkpoint goes through
     "t2i_gcpo": 0,  # the package __init__ (version string)
 }
 FLOOR = {"t2i_gcpo.errors", "t2i_gcpo"}

@@ -384,7 +384,7 @@ def test_shipped_checkpoint_loads_and_replays():
 
 
 def test_mask_batch_masks_cosine_share():
-    from t2i_gcpo.worlds.shapeworld.pretrain_masked import mask_batch
+    from t2i_gcpo.pretrain.shapeworld_masked import mask_batch
 
     y = torch.randint(0, K, (200, T), generator=torch.Generator().manual_seed(0))
     canvas, masked = mask_batch(y, K, torch.Generator().manual_seed(1))
@@ -396,7 +396,7 @@ def test_mask_batch_masks_cosine_share():
 
 
 def test_pretrain_masked_writes_a_loadable_checkpoint(tmp_path):
-    from t2i_gcpo.worlds.shapeworld.pretrain_masked import MaskedPretrainConfig, pretrain_masked
+    from t2i_gcpo.pretrain.shapeworld_masked import MaskedPretrainConfig, pretrain_masked
 
     cfg = MaskedPretrainConfig(
         n_scenes=150, steps=3, batch=8, warmup=1,

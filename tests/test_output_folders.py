@@ -274,8 +274,8 @@ def test_credit_map_refuses_non_positive_limit(tmp_path, limit):
 
 
 def test_run_credit_maps_refuses_non_positive_limit(tmp_path):
+    from t2i_gcpo.analysis.credit_maps import run_credit_maps
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.train.credit_maps import run_credit_maps
 
     p = prompt_file(tmp_path / "p.txt", *RED)
     with pytest.raises(UserError, match="limit"):

@@ -149,8 +149,8 @@ def test_reward_object_grid_is_16x16_at_64px():
 def test_64px_config_gives_a_16x16_vq_and_a_256_token_prior():
     from t2i_gcpo.policies.ar import ARConfig, ARPolicy
     from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+    from t2i_gcpo.pretrain.shapeworld_ar import PretrainConfig
     from t2i_gcpo.tokenizers.vq import VQTokenizer
-    from t2i_gcpo.worlds.shapeworld.pretrain import PretrainConfig
 
     cfg = PretrainConfig.for_size(64, seed=3)
     assert (cfg.image_size, cfg.seed, cfg.vq.image_size, cfg.vq.codebook_size) == (64, 3, 64, 1024)
@@ -168,8 +168,8 @@ def test_64px_config_gives_a_16x16_vq_and_a_256_token_prior():
 
 
 def test_pretrain_refuses_a_vq_of_the_other_size_before_rendering(tmp_path):
+    from t2i_gcpo.pretrain.shapeworld_ar import PretrainConfig, pretrain
     from t2i_gcpo.tokenizers.vq import VQConfig
-    from t2i_gcpo.worlds.shapeworld.pretrain import PretrainConfig, pretrain
 
     with pytest.raises(UserError, match="is for 32 px images, the scenes are 64 px"):
         pretrain(str(tmp_path / "m"), PretrainConfig.for_size(64, vq=VQConfig(image_size=32)))
@@ -197,12 +197,12 @@ def test_the_shipped_64px_prior_samples_64px_scenes_its_reward_scores_on_16x16_t
     decodes 64 px images that its reward reads, and, with guidance, mostly draws what is asked."""
     import torch
 
+    from t2i_gcpo.analysis.credit_maps import base_model
     from t2i_gcpo.policies.base import SamplingParams
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
     from t2i_gcpo.tasks.registry import get_task
-    from t2i_gcpo.train.credit_maps import base_model
 
     policy = load_policy("shapeworld-64")
     assert tuple(policy.layout.grid) == (16, 16) and policy.num_tokens == 256

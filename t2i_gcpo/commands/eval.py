@@ -174,9 +174,10 @@ def dpg_cmd(
         generate_dpg,
         load_dpg_prompts,
         read_dpg_csv,
+        recorded_grid_settings,
         score_dpg_folder,
     )
-    from t2i_gcpo.eval.geneval import masked_asked
+    from t2i_gcpo.eval.geneval import image_sampling, masked_asked
     from t2i_gcpo.eval.layout import model_identity
 
     if bool(model) == bool(score_only):
@@ -197,10 +198,10 @@ def dpg_cmd(
     root = Path(score_only) if score_only else out / "images"
     if model:
         policy = _policy(model)
-        generate_dpg(
-            policy, prompts, root, batch=batch, cfg_scale=cfg_scale, steps=steps,
-            reveal_order=reveal_order, seed=seed, model=model_identity(model), overwrite=overwrite,
-        )  # fmt: skip
+        sampling = image_sampling(policy, None if overwrite else recorded_grid_settings(root), cfg_scale=cfg_scale,
+                                  steps=steps, reveal_order=reveal_order)  # fmt: skip
+        generate_dpg(policy, prompts, root, sampling, batch=batch, seed=seed, model=model_identity(model),
+                     overwrite=overwrite)  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
     click.echo(format_dpg_summary(result))

@@ -1,7 +1,7 @@
 """`t2i-gcpo pretrain`: rebuild an embedded ShapeWorld checkpoint (AR: VQ tokenizer + prior; masked:
 a MaskGIT prior over the shipped AR checkpoint's VQ tokens, in the shipped masked prior's vocabulary),
 or, with ``--world arithmetic``, the arithmetic world's tiny causal LM
-(t2i_gcpo.worlds.arithmetic.pretrain)."""
+(t2i_gcpo.pretrain.arithmetic)."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def pretrain_cmd(
 
     if arch == "masked":
         from t2i_gcpo.policies.masked import MaskedConfig
-        from t2i_gcpo.worlds.shapeworld.pretrain_masked import MaskedPretrainConfig, pretrain_masked
+        from t2i_gcpo.pretrain.shapeworld_masked import MaskedPretrainConfig, pretrain_masked
 
         if vq_steps is not None or new_vq:
             flag = "--vq-steps" if vq_steps is not None else "--new-vq"
@@ -198,7 +198,7 @@ def pretrain_cmd(
         click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
         return
 
-    from t2i_gcpo.worlds.shapeworld.pretrain import PretrainConfig, pretrain
+    from t2i_gcpo.pretrain.shapeworld_ar import PretrainConfig, pretrain
 
     if new_vq and vq_path is not None:
         raise click.UsageError("--new-vq trains a VQ tokenizer, --vq reuses one: give one of them")
@@ -224,7 +224,7 @@ def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None,
                          no_eval: bool) -> None:  # fmt: skip
     import torch
 
-    from t2i_gcpo.worlds.arithmetic.pretrain import ArithmeticPretrainConfig, pretrain
+    from t2i_gcpo.pretrain.arithmetic import ArithmeticPretrainConfig, pretrain
 
     torch.set_num_threads(threads)
     cfg = ArithmeticPretrainConfig(seed=seed, max_minutes=max_minutes)

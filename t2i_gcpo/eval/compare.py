@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from t2i_gcpo import metrics as M
+from t2i_gcpo.stats import mean_ci95, welch_ci95
 from t2i_gcpo.tasks.geneval import TAG_ORDER
-from t2i_gcpo.viz.lift import mean_ci95, welch_ci95
 
 
 def check_baseline(algos: list[str], baseline: str | None) -> str:

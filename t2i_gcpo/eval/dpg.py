@@ -31,14 +31,14 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.geneval import adopt_recorded, generate_images, image_settings
+from t2i_gcpo.eval.geneval import generate_images, image_sampling, image_settings
 from t2i_gcpo.eval.layout import (
     SETTINGS_NAME,
     atomic_save_image,
     atomic_write_json,
     settings_mismatch,
 )
-from t2i_gcpo.policies.base import Policy
+from t2i_gcpo.policies.base import Policy, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators
 
 DPG_COLUMNS = (
@@ -435,7 +435,7 @@ def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settin
         )
 
 
-def _recorded_grid_settings(root: Path) -> dict:
+def recorded_grid_settings(root: Path) -> dict:
     """The settings in `<root>/generation.json` when grids are there ({} otherwise or unreadable:
     `check_dpg_resumable` then says why)."""
     if not (root.is_dir() and dpg_image_paths(root)):
@@ -451,13 +451,9 @@ def generate_dpg(
     policy: Policy,
     prompts: Sequence[dict],
     root: str | os.PathLike,
+    sampling: SamplingParams | None = None,
     *,
     batch: int = 4,
-    cfg_scale: float | None = 5.0,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    steps: int | None = None,
-    reveal_order: str | None = None,
     seed: int = 0,
     model: str | None = None,
     overwrite: bool = False,
@@ -465,7 +461,9 @@ def generate_dpg(
 ) -> int:
     """Write 4 images per prompt as one 2×2 grid `<root>/<item_id>.png`; returns grids written.
 
-    `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `batch` prompts per
+    `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `sampling`: as
+    `geneval.image_sampling` builds it (None: the settings recorded with the grids under `root`, else
+    the model's). `batch` prompts per
     ``policy.rollout`` call. `<root>/generation.json` records the settings (`model` identity, default
     the policy's class name; seed, CFG scale, temperature, top-k, and a masked model's steps / reveal
     order when given) and a hash of each item's prompt.
@@ -482,15 +480,9 @@ def generate_dpg(
             raise UserError(f"DPG item_id {p['item_id']!r} is not a safe file name")
     policy.check_prompts([p["prompt"] for p in prompts])
     root = Path(root)
-    if not overwrite:  # flags left out: the settings recorded with the grids already there
-        cfg_scale, steps, reveal_order = adopt_recorded(
-            policy, _recorded_grid_settings(root), cfg_scale, steps, reveal_order
-        )
-    if cfg_scale is None:
-        cfg_scale = policy.default_sampling().guidance_scale
-    settings, masked = image_settings(
-        policy, model, seed, cfg_scale, temperature, top_k, 4, steps, reveal_order
-    )
+    if sampling is None:
+        sampling = image_sampling(policy, None if overwrite else recorded_grid_settings(root))
+    settings = image_settings(policy, model, seed, sampling, 4)
     if overwrite:
         for path in dpg_image_paths(root).values() if root.is_dir() else ():
             path.unlink()
@@ -511,16 +503,8 @@ def generate_dpg(
         bar.update(len(chunk) - sum(todo))
         if not any(todo):
             continue
-        per_prompt = generate_images(
-            policy,
-            [p["prompt"] for p in chunk],
-            4,
-            cfg_scale=cfg_scale,
-            temperature=temperature,
-            top_k=top_k,
-            masked=masked,
-            generators=group_generators(seed, "generate", range(start, start + len(chunk))),
-        )
+        per_prompt = generate_images(policy, [p["prompt"] for p in chunk], 4, sampling,
+                                     group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
         for path, images, needed in zip(paths, per_prompt, todo):
             if needed:
                 atomic_save_image(tile_2x2(images), path)

@@ -42,6 +42,7 @@ from t2i_gcpo.eval.layout import (
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.policies.maskgen import check_reveal_order
+from t2i_gcpo.policies.sampling import resolve_guidance_scale
 from t2i_gcpo.scoring import geneval_rules
 from t2i_gcpo.scoring.detections import Detection
 from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
@@ -80,19 +81,11 @@ def generate_images(
     policy: Policy,
     prompts: list[str],
     n: int,
-    *,
-    cfg_scale: float,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    masked: Mapping[str, Any] | None = None,
+    sampling: SamplingParams,
     generators: Sequence[torch.Generator],
 ) -> list[list[Image.Image]]:
     """`n` images per prompt from one rollout: result[i] holds prompt i's images, drawn with
-    generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates).
-    `masked`: steps / reveal_order for a masked model (see `masked_sampling`; absent: the model's)."""
-    sampling = SamplingParams(
-        temperature=temperature, top_k=top_k, guidance_scale=cfg_scale, **(masked or {})
-    )
+    generators[i] (see `t2i_gcpo.tasks.loop`: a prompt's images do not depend on its batch-mates)."""
     _, outputs = sample_and_decode(policy, [PromptRecord(p) for p in prompts], n, sampling, generators)
     images = tensor_to_pil(outputs)  # rows grouped: prompt 0's n samples first
     if len(images) != n * len(prompts):
@@ -145,34 +138,48 @@ def adopt_recorded(policy: Policy, recorded: Mapping, cfg_scale: float | None, s
     )
 
 
-def image_settings(policy: Policy, model: str | None, seed: int, cfg_scale: float, temperature: float, top_k: int,
-                   n: int, steps: int | None, reveal_order: str | None) -> tuple[dict, dict[str, Any]]:  # fmt: skip
-    """(the settings recorded with generated images, the masked-decoding fields asked for): see
-    `generation_settings` and `masked_sampling`. `model` defaults to the policy's class name."""
-    masked = masked_sampling(policy, steps, reveal_order)
+def image_sampling(
+    policy: Policy,
+    recorded: Mapping | None = None,
+    *,
+    cfg_scale: float | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+) -> SamplingParams:
+    """How `generate`, `sample` and the eval commands sample images, built once from the flags: for the
+    ones left out (`cfg_scale`, `steps`, `reveal_order` None), the settings `recorded` with a resumed
+    folder's images (`adopt_recorded`), else the model's (its guidance scale; its own steps and reveal
+    order, left None). UserError for steps or a reveal order asked of a model that does not decode in
+    steps."""
+    cfg_scale, steps, reveal_order = adopt_recorded(policy, recorded or {}, cfg_scale, steps, reveal_order)
+    return SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=resolve_guidance_scale(policy, cfg_scale),
+                          **masked_sampling(policy, steps, reveal_order))  # fmt: skip
+
+
+def image_settings(policy: Policy, model: str | None, seed: int, sampling: SamplingParams, n: int) -> dict:
+    """The settings recorded with generated images (see `generation_settings`), a masked model's steps
+    and reveal order when they were asked for. `model` defaults to the policy's class name."""
     settings = generation_settings(
         model or type(policy).__name__,
         seed=seed,
-        cfg_scale=cfg_scale,
-        temperature=temperature,
-        top_k=top_k,
+        cfg_scale=sampling.guidance_scale,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
         n=n,
     )
-    return settings | masked, masked
+    return settings | masked_asked(sampling.steps, sampling.reveal_order)
 
 
 def generate_geneval(
     policy: Policy,
     metadata_list: Sequence[dict],
     root: str | os.PathLike,
+    sampling: SamplingParams | None = None,
     *,
     n: int = 4,
     batch: int = 4,
-    cfg_scale: float | None = 5.0,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    steps: int | None = None,
-    reveal_order: str | None = None,
     seed: int = 0,
     model: str | None = None,
     overwrite: bool = False,
@@ -180,16 +187,15 @@ def generate_geneval(
 ) -> int:
     """Generate `n` images per prompt into GenEval's layout under `root`; returns images written.
 
-    `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder records the
-    settings (`model`, an identity such as `layout.model_identity(--model)`, default the policy's class
-    name; seed, CFG scale, temperature, top-k, n, and a masked model's steps / reveal order when given)
-    in generation.json. Resumable: prompts that already
+    `sampling`: as `image_sampling` builds it (None: the settings recorded under `root`, else the
+    model's). `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder
+    records the settings (`model`, an identity such as `layout.model_identity(--model)`, default the
+    policy's class name; seed, CFG scale, temperature, top-k, n, and a masked model's steps / reveal
+    order when given) in generation.json. Resumable: prompts that already
     have `n` samples are skipped, and a partly written batch is regenerated with the same generators
     (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming is
     refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
     or lies beyond this run's prompts; ``overwrite=True`` removes all prompt folders first instead.
-    `cfg_scale`, `steps`, `reveal_order` None: the values recorded with the images already there
-    (`adopt_recorded`), else the model's.
     """
     if n < 1 or batch < 1:
         raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
@@ -197,15 +203,9 @@ def generate_geneval(
         if not isinstance(m, dict) or "prompt" not in m:
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
-    if not overwrite:
-        cfg_scale, steps, reveal_order = adopt_recorded(
-            policy, recorded_settings(root), cfg_scale, steps, reveal_order
-        )
-    if cfg_scale is None:
-        cfg_scale = policy.default_sampling().guidance_scale
-    settings, masked = image_settings(
-        policy, model, seed, cfg_scale, temperature, top_k, n, steps, reveal_order
-    )
+    if sampling is None:
+        sampling = image_sampling(policy, None if overwrite else recorded_settings(root))
+    settings = image_settings(policy, model, seed, sampling, n)
     if overwrite:
         clear_layout(root)
     else:
@@ -219,16 +219,8 @@ def generate_geneval(
         bar.update(sum(min(have[i], n) for i in idx))
         if not todo:
             continue
-        per_prompt = generate_images(
-            policy,
-            [metadata_list[i]["prompt"] for i in idx],
-            n,
-            cfg_scale=cfg_scale,
-            temperature=temperature,
-            top_k=top_k,
-            masked=masked,
-            generators=group_generators(seed, "generate", idx),
-        )
+        per_prompt = generate_images(policy, [metadata_list[i]["prompt"] for i in idx], n, sampling,
+                                     group_generators(seed, "generate", idx))  # fmt: skip
         for i, images in zip(idx, per_prompt):
             if i in todo:
                 write_prompt_folder(

@@ -10,6 +10,7 @@ log-probs computed in chunks over T.
   teacher-forced pass recomputes).
 - `group_uniforms`: the uniforms of a rollout, drawn per prompt from that prompt's generator, so a
   sample depends on its own generator only (not on its batch-mates, chunking or process count).
+- `resolve_guidance_scale`: the guidance scale asked for, else the model's recommended one.
 - `chunked_logprobs` / `ChunkedDists`: log π(y_t) with gradient without a [B, T, V] tensor: the head
   runs on chunks of T, each under activation checkpointing when there is more than one chunk.
 """
@@ -22,13 +23,20 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 
 GUIDANCE: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
     "u + s(c − u)": lambda c, u, s: u + s * (c - u),
     "(1 + s)c − s·u": lambda c, u, s: (1 + s) * c - s * u,
 }
 LOGIT_BUDGET = 1 << 24  # elements of one logits chunk [B, t, V] (64 MB in fp32)
+
+
+def resolve_guidance_scale(policy: Policy, asked: float | None) -> float:
+    """The guidance scale s a run samples with: the one asked for (``--cfg``, rollout.cfg_scale, an
+    API's ``cfg_scale``), else the model's recommended one (`default_sampling`: a ShapeWorld
+    checkpoint's ``default_cfg_scale``, an adapter's pipeline default)."""
+    return float(policy.default_sampling().guidance_scale if asked is None else asked)
 
 
 def check_records(

@@ -33,7 +33,7 @@ from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
 from t2i_gcpo.rewards.arithmetic import problem_meta
 from t2i_gcpo.tasks.base import shipped_file
-from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
 if TYPE_CHECKING:
@@ -261,33 +261,18 @@ class ArithmeticTask:
         if self.tokenizer is None:
             self.tokenizer = getattr(policy, "tokenizer", None)
         sampling = dataclasses.replace(sampling, score_negative=False)  # only the completions are scored
-        rank = accelerator.process_index if accelerator else 0
-        world = accelerator.num_processes if accelerator else 1
-        mine = list(range(rank, len(prompts), world))
-        chunks = [mine[i : i + prompts_per_batch] for i in range(0, len(mine), prompts_per_batch)]
-        if progress:
-            from tqdm import tqdm
 
-            chunks = tqdm(chunks, desc="eval", unit="batch")
-        rows: list[tuple[int, float, float, float]] = []  # (prompt index, correct, format, length) per sample
-        was_training = getattr(policy, "training", False)
-        if isinstance(policy, torch.nn.Module):
-            policy.eval()
-        for chunk in chunks:
-            scored = sample_and_score(policy, reward, [prompts[i] for i in chunk], samples_per_prompt, sampling,
-                                      group_generators(seed, "eval", chunk))  # fmt: skip
-            out = scored.reward
-            for b, (d, s) in enumerate(zip(out.details, out.scores.tolist())):
+        def rows_of(chunk: list[int], scored: Scored) -> list[tuple[int, float, float, float]]:
+            rows = []  # (prompt index, correct, format, length) per sample
+            for b, (d, s) in enumerate(zip(scored.reward.details, scored.reward.scores.tolist())):
                 correct, fmt, length = (_get(d, k) for k in ("correct", "format", "length"))
                 rows.append((chunk[b // samples_per_prompt], float(s if correct is None else correct),
                              math.nan if fmt is None else float(fmt),
                              math.nan if length is None else float(length)))  # fmt: skip
-        if isinstance(policy, torch.nn.Module):
-            policy.train(was_training)
-        if world > 1:
-            from accelerate.utils import gather_object
+            return rows
 
-            rows = gather_object(rows)
+        rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
+                             progress, prompts_per_batch)  # fmt: skip
         return summarize(rows, samples_per_prompt)
 
 

@@ -20,7 +20,7 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.tasks.base import shipped_file
-from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
 TAG_ORDER = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
@@ -100,30 +100,15 @@ class GenEvalTask:
         Returns ``{"per_tag": {tag: {"strict", "partial", "images"}}, "strict", "partial", "images",
         "metrics": {eval/… keys}, "headline": str}``.
         """
-        rank = accelerator.process_index if accelerator else 0
-        world = accelerator.num_processes if accelerator else 1
-        mine = list(range(rank, len(prompts), world))
-        chunks = [mine[i : i + prompts_per_batch] for i in range(0, len(mine), prompts_per_batch)]
-        if progress:
-            from tqdm import tqdm
 
-            chunks = tqdm(chunks, desc="eval", unit="batch")
-        rows: list[tuple[str, float, float]] = []  # (tag, strict, partial) per image
-        was_training = getattr(policy, "training", False)
-        if isinstance(policy, torch.nn.Module):
-            policy.eval()
-        for chunk in chunks:
-            scored = sample_and_score(policy, reward, [prompts[i] for i in chunk], samples_per_prompt, sampling,
-                                      group_generators(seed, "eval", chunk))  # fmt: skip
+        def rows_of(chunk: list[int], scored: Scored) -> list[tuple[str, float, float]]:
+            # (tag, strict, partial) per image
             out = scored.reward
-            for d, s, p in zip(out.details, out.scores.tolist(), scored.rollout.prompts):
-                rows.append((p.meta.get("tag", "all"), float(d.get("strict", s)), float(d.get("partial", s))))
-        if isinstance(policy, torch.nn.Module):
-            policy.train(was_training)
-        if world > 1:
-            from accelerate.utils import gather_object
+            return [(p.meta.get("tag", "all"), float(d.get("strict", s)), float(d.get("partial", s)))
+                    for d, s, p in zip(out.details, out.scores.tolist(), scored.rollout.prompts)]  # fmt: skip
 
-            rows = gather_object(rows)
+        rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
+                             progress, prompts_per_batch)  # fmt: skip
         return summarize(rows)
 
 
@@ -180,11 +165,12 @@ def evaluate_shapeworld(policy: Policy, metadata: list[dict], images_per_prompt:
     Adds ``cfg_scale`` to the result."""
     import dataclasses
 
+    from t2i_gcpo.policies.sampling import resolve_guidance_scale
     from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
 
-    sampling = policy.default_sampling()
-    if cfg_scale is not None:
-        sampling = dataclasses.replace(sampling, guidance_scale=float(cfg_scale))
+    sampling = dataclasses.replace(
+        policy.default_sampling(), guidance_scale=resolve_guidance_scale(policy, cfg_scale)
+    )
     task = GenEvalTask("shapeworld", "shapeworld", default_reward="shapeworld")
     prompts = [PromptRecord(m["prompt"], meta=m) for m in metadata]
     reward = ShapeWorldReward(grid=tuple(policy.layout.grid))

@@ -1,5 +1,6 @@
 """The one rollout → decode → score loop, and the one seeding scheme, used by training, held-out
-evaluation, credit maps, the GenEval generator and the benchmarks.
+evaluation, credit maps, the GenEval generator and the benchmarks; and the held-out loop every task's
+`evaluate` runs (`held_out_rows`).
 
 Seeding: every prompt's group gets its own generator, seeded by (run seed, purpose, key), where the
 key names the prompt's slot (a training step's slot, a held-out prompt's index, …). A sample then
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,3 +81,39 @@ def sample_and_score(policy: Policy, reward: Any, prompts: Sequence[PromptRecord
     outputs = policy.decode(ro)  # decode counts as reward time (it only serves the reward)
     reward_out = call_reward(reward, outputs, ro.texts, [p.meta for p in ro.prompts])
     return Scored(ro, outputs, reward_out, {"rollout": mid - tic, "reward": time.perf_counter() - mid})
+
+
+@torch.no_grad()
+def held_out_rows(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], samples_per_prompt: int,
+                  sampling: SamplingParams, seed: int, rows_of: Callable[[list[int], Scored], list[Any]],
+                  accelerator: Any = None, progress: bool = False, prompts_per_batch: int = 16) -> list[Any]:  # fmt: skip
+    """The held-out loop of every task's `evaluate`: this process's share of the prompts (every
+    world-th from its rank), `prompts_per_batch` at a time, prompt i's group drawn from its own
+    generator (seed, "eval", i), the policy in eval mode meanwhile. `rows_of(chunk, scored)` turns a
+    chunk's prompt indices and its scored samples into result rows; returns every process's rows.
+    A prompt's samples depend neither on `prompts_per_batch` nor on the number of processes."""
+    rank = accelerator.process_index if accelerator else 0
+    world = accelerator.num_processes if accelerator else 1
+    mine = list(range(rank, len(prompts), world))
+    chunks = [mine[i : i + prompts_per_batch] for i in range(0, len(mine), prompts_per_batch)]
+    if progress:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc="eval", unit="batch")
+    rows: list[Any] = []
+    was_training = getattr(policy, "training", False)
+    if isinstance(policy, torch.nn.Module):
+        policy.eval()
+    try:
+        for chunk in chunks:
+            scored = sample_and_score(policy, reward, [prompts[i] for i in chunk], samples_per_prompt, sampling,
+                                      group_generators(seed, "eval", chunk))  # fmt: skip
+            rows += rows_of(chunk, scored)
+    finally:
+        if isinstance(policy, torch.nn.Module):
+            policy.train(was_training)
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows)
+    return rows

@@ -136,6 +136,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     """Load the model, task, prompts and reward of a run (everything checked before the first step);
     a `policy` or `reward` object given is used as it is."""
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.policies.sampling import resolve_guidance_scale
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
 
@@ -158,7 +159,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
-        cfg.rollout.cfg_scale = policy.default_sampling().guidance_scale
+        cfg.rollout.cfg_scale = resolve_guidance_scale(policy, None)
     if reward is None:
         reward = build_reward(
             cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output

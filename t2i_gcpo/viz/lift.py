@@ -23,15 +23,7 @@ from typing import Any
 import numpy as np
 
 from t2i_gcpo.errors import UserError
-
-
-def t975(df: float) -> float:
-    """Student-t quantile t_{0.975, df} for df > 0 (fractional for Welch's dof)."""
-    from scipy.stats import t
-
-    if not df > 0:
-        raise ValueError(f"df must be > 0, got {df}")
-    return float(t.ppf(0.975, df))
+from t2i_gcpo.stats import mean_ci95
 
 
 def _flat(x: Any, name: str) -> np.ndarray:
@@ -79,41 +71,6 @@ def mean_credit_lift(lifts: Iterable[float] | np.ndarray) -> float:
     a = np.asarray(list(lifts) if not isinstance(lifts, np.ndarray) else lifts, dtype=np.float64).ravel()
     a = a[~np.isnan(a)]
     return float(a.mean()) if a.size else float("nan")
-
-
-def mean_ci95(values: Iterable[float]) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) over the non-nan values: Student-t 95 % interval of the mean.
-    n = 1 gives (x, nan, nan, 1); n = 0 gives nans and 0."""
-    a = np.asarray(list(values), dtype=np.float64)
-    a = a[~np.isnan(a)]
-    n = int(a.size)
-    if n == 0:
-        return (math.nan, math.nan, math.nan, 0)
-    m = float(a.mean())
-    if n == 1:
-        return (m, math.nan, math.nan, 1)
-    half = t975(n - 1) * float(a.std(ddof=1)) / math.sqrt(n)
-    return (m, m - half, m + half, n)
-
-
-def welch_ci95(a: Iterable[float], b: Iterable[float]) -> tuple[float, float, float]:
-    """(mean(a) − mean(b), low, high) over the non-nan values: Welch's 95 % interval of the difference
-    of two means with unequal variances, t quantile at the Welch–Satterthwaite dof
-    (s²_a/n_a + s²_b/n_b)² / ((s²_a/n_a)²/(n_a − 1) + (s²_b/n_b)²/(n_b − 1)). The interval is nan
-    when either side has fewer than 2 values, and a point when both have zero spread."""
-    x, y = (np.asarray(list(v), dtype=np.float64) for v in (a, b))
-    x, y = x[~np.isnan(x)], y[~np.isnan(y)]
-    if x.size == 0 or y.size == 0:
-        return (math.nan, math.nan, math.nan)
-    diff = float(x.mean() - y.mean())
-    if x.size < 2 or y.size < 2:
-        return (diff, math.nan, math.nan)
-    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size  # squared standard errors
-    if va + vb == 0:
-        return (diff, diff, diff)
-    dof = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
-    half = t975(float(dof)) * math.sqrt(va + vb)
-    return (diff, diff - half, diff + half)
 
 
 def lift_table(rows: Mapping[str, Iterable[float]]) -> str:

@@ -1,6 +1,6 @@
 """Pretrain the ShapeWorld masked prior (t2i_gcpo.policies.masked) on the AR prior's data and tokens.
 
-1. Data: the AR pretraining's recipe, imported from `pretrain` (not copied): `n_scenes` prompts of
+1. Data: the AR pretraining's recipe, imported from `shapeworld_ar` (not copied): `n_scenes` prompts of
    `generate_metadata` minus every held-out test prompt, one `render_dataset` scene each, encoded to
    8×8 ids by the *shipped* VQ tokenizer (`encode_dataset`); the prompt vocabulary is the shipped
    masked prior's own (GenEval's six templates, 10 words: the AR prior's before it learned the
@@ -11,7 +11,7 @@
    replaced by the null prompt with probability `cfg_dropout` (CFG's unconditional branch, docs/worlds/shapeworld.md).
    AdamW, linear warm-up then cosine decay to 10 %, bf16 autocast where the CPU has native bf16.
 3. Save (fp16 safetensors), reload from disk, score the reloaded model on the held-out test prompts
-   through the `evaluate` callback (this module stays below tasks/, as `pretrain` does).
+   through the `evaluate` callback (this module stays below tasks/, as `shapeworld_ar` does).
 
 `pretrain_masked(out_dir, …)` returns the statistics it also writes to ``out_dir/pretrain.json``.
 """
@@ -32,9 +32,9 @@ from t2i_gcpo.errors import check_writable_dir
 from t2i_gcpo.policies.masked import AR_ASSETS, SHIPPED, MaskedConfig, MaskedPolicy
 from t2i_gcpo.policies.maskgen import mask_ratio
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr
+from t2i_gcpo.pretrain.shapeworld_ar import encode_dataset, render_dataset, use_bf16
 from t2i_gcpo.tokenizers.vq import VQTokenizer
-from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
-from t2i_gcpo.worlds.shapeworld.pretrain import encode_dataset, render_dataset, use_bf16
 from t2i_gcpo.worlds.shapeworld.prompts import generate_metadata, make_splits
 
 

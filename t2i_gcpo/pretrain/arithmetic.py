@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from t2i_gcpo.errors import check_writable_dir
+from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr
+from t2i_gcpo.pretrain.shapeworld_ar import use_bf16
 from t2i_gcpo.worlds.arithmetic.checking import correctness_reward, format_reward
 from t2i_gcpo.worlds.arithmetic.problems import Problem, make_splits
 from t2i_gcpo.worlds.arithmetic.prompts import format_prompt
 from t2i_gcpo.worlds.arithmetic.solutions import noisy_solution
 from t2i_gcpo.worlds.arithmetic.tokenizer import build_tokenizer
-from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
-from t2i_gcpo.worlds.shapeworld.pretrain import use_bf16
 
 IGNORE = -100  # label of a position without loss (prompt, padding)
 

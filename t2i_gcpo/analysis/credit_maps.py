@@ -45,6 +45,7 @@ def run_credit_maps(
 
     from t2i_gcpo.core.advantages import group_advantages
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.policies.sampling import resolve_guidance_scale
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.geneval import object_grids
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
@@ -74,9 +75,9 @@ def run_credit_maps(
         ref = load_policy(reference).eval()
     reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid,
                           output=policy.output)  # fmt: skip
-    sampling = policy.default_sampling()
-    if cfg_scale is not None:
-        sampling = dataclasses.replace(sampling, guidance_scale=cfg_scale)
+    sampling = dataclasses.replace(
+        policy.default_sampling(), guidance_scale=resolve_guidance_scale(policy, cfg_scale)
+    )
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_credit_outputs(out_dir)  # all checks passed: an earlier run's figures must not outlive it

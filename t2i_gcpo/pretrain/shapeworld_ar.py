@@ -36,8 +36,8 @@ from t2i_gcpo.errors import UserError, check_writable_dir
 from t2i_gcpo.hardware import native_bf16
 from t2i_gcpo.policies.ar import SHIPPED, ARConfig, ARPolicy
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq
-from t2i_gcpo.worlds.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.worlds.shapeworld.constants import TAGS
 from t2i_gcpo.worlds.shapeworld.parse import ALL_TAGS, longest_prompt_words
 from t2i_gcpo.worlds.shapeworld.prompts import compositional_test, content_key, generate_metadata, make_splits
