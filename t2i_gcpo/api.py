@@ -437,8 +437,7 @@ def _keep_initial_policy(job: Any) -> None:
 
     path = job.run_dir / INITIAL_MODEL
     if _main_process():
-        if hasattr(getattr(job.policy, "config", None), "storage_dtype"):
-            job.policy.config.storage_dtype = "float32"
+        job.policy.keep_full_precision()
         partial = job.run_dir / f".{INITIAL_MODEL}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         job.policy.save_pretrained(str(partial))
