@@ -139,18 +139,20 @@ def main() -> None:
         # one forward per trained context, one context at a time: its graph is freed before the next
         # (a masked model's trajectory forward holds the activations of every decoding step)
         for ctx in dict.fromkeys(c for _, c in schemes):
-            logp, dists = policy(ro, context=TRAIN_CONTEXT[ctx], dists=True)
+            logp, dists = policy.logprobs_and_dists(ro, TRAIN_CONTEXT[ctx])
             for scheme in (s for s, c in schemes if c == ctx):
                 if scheme == "oracle":
                     if target is None:
                         continue
-                    w = oracle_weights(target, ro.mask)
+                    w = oracle_weights(target, ro.loss_mask)
                 else:
                     cc = presets[scheme].credit
                     w = compute_weights(
                         cc, ro, adv, policy, reference, TRAIN_CONTEXT[ctx], dists, name=cc.scheme
                     )
-                loss, _ = policy_loss(logp, logp.detach(), adv, ro.mask, weights=w, aggregation="token-mean")
+                loss, _ = policy_loss(
+                    logp, logp.detach(), adv, ro.loss_mask, weights=w, aggregation="token-mean"
+                )
                 gs = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
                 grads[(scheme, ctx)].append(
                     torch.cat(

@@ -80,7 +80,7 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
         for ctx, recorded in ro.logp.items():
             with torch.autocast(args.device, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16"):
                 logp = policy(ro, context=ctx)
-            k3, gap = rollout_mismatch(logp.float(), recorded, ro.mask)
+            k3, gap = rollout_mismatch(logp.float(), recorded, ro.loss_mask)
             row[f"k3_{ctx}"], row[f"max_abs_{ctx}"] = float(k3), float(gap)
     return row
 
@@ -119,7 +119,7 @@ def cost(spec: str, args) -> dict:
             logp = policy(ro, context="pos")
         old = logp.detach() if tis else ro.logp["pos"]
         w = tis_weights(old, ro.logp["pos"], 2.0) if tis else None
-        loss, _ = policy_loss(logp, old, adv, ro.mask, aggregation="token-mean", is_weights=w)
+        loss, _ = policy_loss(logp, old, adv, ro.loss_mask, aggregation="token-mean", is_weights=w)
         loss.backward()
         policy.zero_grad(set_to_none=True)
 

@@ -151,14 +151,14 @@ def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
     return model, f"{PYTHON_OBJECT}:{type(model).__name__}"
 
 
-def _load(model: ModelArg) -> Any:
+def _load(model: ModelArg) -> Policy:
     from t2i_gcpo.train.run import local_device
 
     policy, name = _policy_and_name(model)  # a policy object stays where its owner put it
     return policy if policy is not None else load_policy(name).to(local_device())  # a GPU when there is one
 
 
-def _model_identity(model: ModelArg, policy: Any) -> str:
+def _model_identity(model: ModelArg, policy: Policy) -> str:
     """What generated images record as their model: a name or absolute path, or for a Python object its
     class and parameter checksum (a later call with changed weights does not resume into the folder)."""
     from t2i_gcpo.eval.layout import model_identity
@@ -281,7 +281,7 @@ class TrainResult:
     run_dir: Path
     metrics: list[dict]
     eval: dict
-    policy: Any
+    policy: Policy
 
     @property
     def checkpoint(self) -> Path | None:
@@ -439,8 +439,7 @@ def _keep_initial_policy(job: Any) -> None:
 
     path = job.run_dir / INITIAL_MODEL
     if _main_process():
-        if hasattr(getattr(job.policy, "config", None), "storage_dtype"):
-            job.policy.config.storage_dtype = "float32"
+        job.policy.keep_full_precision()
         partial = job.run_dir / f".{INITIAL_MODEL}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         job.policy.save_pretrained(str(partial))

@@ -138,7 +138,7 @@ def test_guided_logits_of_step_zero_equal_the_pipelines(folder, policy):
 
 
 def test_dists_and_forward(policy, rollout):
-    logp, d = policy.logprobs(rollout, "guided", dists=True)
+    logp, d = policy.logprobs_and_dists(rollout, "guided")
     assert isinstance(d, ChunkedDists)
     z = d.full()
     assert z.shape == (4, T, K)
@@ -173,7 +173,8 @@ def test_remask_estimator(folder):
     pol = AmusedPolicy.from_pretrained(folder, estimator="remask", remask_count=2)
     ro = roll(pol, PROMPTS[:2], 2, seed=2, guidance_scale=3.0, steps=4)
     masks = ro.state["remask"]
-    assert masks.shape == (4, 2, T) and torch.equal(ro.mask, masks.any(1).float())
+    assert masks.shape == (4, 2, T) and torch.equal(ro.scored, masks.any(1).float())
+    assert torch.equal(ro.mask, torch.ones(4, T)) and ro.loss_mask is ro.scored  # mask: every valid token
     for c in CONTEXTS:
         assert (ro.logp[c][~masks.any(1)] == 0).all()
         assert (pol.logprobs(ro, c) - ro.logp[c]).abs().max().item() < 1e-4
@@ -191,14 +192,14 @@ def test_policy_gradient_step_moves_logprobs_with_the_advantage(folder, estimato
     params = [p for p in pol.parameters() if p.requires_grad]
     assert params and all(any(p is q for q in pol.transformer.parameters()) for p in params)
     opt = torch.optim.SGD(params, lr=LR)
-    loss, _ = policy_loss(pol(ro, "pos"), ro.logp["pos"], torch.full((4,), sign), ro.mask)
+    loss, _ = policy_loss(pol(ro, "pos"), ro.logp["pos"], torch.full((4,), sign), ro.loss_mask)
     opt.zero_grad()
     loss.backward()
     assert pol.transformer.mlm_layer.conv2.weight.grad is not None  # the head is trained
     opt.step()
     with torch.no_grad():
         new = pol.logprobs(ro, "pos")
-    gain = ((new - ro.logp["pos"]) * ro.mask).sum() / ro.mask.sum()
+    gain = ((new - ro.logp["pos"]) * ro.loss_mask).sum() / ro.loss_mask.sum()
     assert sign * gain > 1e-3, gain
 
 

@@ -106,7 +106,7 @@ def test_select_and_concat_keep_rows_together(rollout):
 
 
 def test_dists_are_temperature_scaled_logits(policy, rollout):
-    logp, d = policy.logprobs(rollout, "pos", dists=True)
+    logp, d = policy.logprobs_and_dists(rollout, "pos")
     assert isinstance(d, ChunkedDists)
     z = d.full()
     assert z.shape == (6, 16, 16) and not z.requires_grad
@@ -114,12 +114,13 @@ def test_dists_are_temperature_scaled_logits(policy, rollout):
         raw = policy.teacher_forced_logits(rollout.state["prompt_ids"], rollout.tokens)
     assert torch.allclose(z, raw / 0.7, atol=1e-5)
     assert torch.allclose(logp, z.log_softmax(-1).gather(-1, rollout.tokens[..., None]).squeeze(-1))
-    assert torch.equal(logp, policy.logprobs(rollout, "pos"))  # dists=True changes nothing else
+    assert torch.equal(logp, policy.logprobs(rollout, "pos"))  # the dists change nothing else
+    assert torch.equal(policy(rollout, "pos", dists=True)[0], logp)  # forward(dists=True): the pair
     assert torch.allclose(policy(rollout, "pos"), logp)  # forward = logprobs (DDP syncs grads)
 
 
 def test_guided_dists_combine_pos_and_neg(policy, rollout):
-    z = {c: policy.logprobs(rollout, c, dists=True)[1].full() * 0.7 for c in CONTEXTS}  # unscaled
+    z = {c: policy.logprobs_and_dists(rollout, c)[1].full() * 0.7 for c in CONTEXTS}  # unscaled
     assert torch.allclose(z["guided"], z["neg"] + 2.5 * (z["pos"] - z["neg"]), atol=1e-4)
 
 
@@ -273,7 +274,7 @@ def test_chunked_logprobs_equal_one_chunk_values_and_gradients(policy, rollout, 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_chunked_dists_join_to_the_full_logits(policy, rollout, context, monkeypatch):
     monkeypatch.setattr(sampling_mod, "LOGIT_BUDGET", SMALL_BUDGET)
-    logp, d = policy.logprobs(rollout, context, dists=True)
+    logp, d = policy.logprobs_and_dists(rollout, context)
     chunks = list(d)
     assert len(chunks) == 6
     assert [(s.start, s.stop) for s, _ in chunks] == [(0, 3), (3, 6), (6, 9), (9, 12), (12, 15), (15, 16)]

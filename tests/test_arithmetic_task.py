@@ -342,9 +342,9 @@ def test_evaluate_on_a_tiny_random_lm(tiny_policy, monkeypatch):
     reward = build_reward("arithmetic:format=0.1")
     sampling = SamplingParams(max_new_tokens=12)
     contexts = []  # teacher-forced passes: evaluation reads only the completions, so none
-    real = type(tiny_policy).logprobs
-    monkeypatch.setattr(type(tiny_policy), "logprobs", lambda self, ro, context="pos", dists=False: (
-        contexts.append(context) or real(self, ro, context, dists)))  # fmt: skip
+    real = type(tiny_policy).logprobs_and_dists  # every teacher-forced pass goes through it
+    monkeypatch.setattr(type(tiny_policy), "logprobs_and_dists", lambda self, ro, context="pos": (
+        contexts.append(context) or real(self, ro, context)))  # fmt: skip
     res = task.evaluate(tiny_policy, reward, prompts, 3, sampling, seed=7, prompts_per_batch=2)
     assert contexts == []
     monkeypatch.undo()

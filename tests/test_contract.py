@@ -257,7 +257,7 @@ def test_dr_grpo_divides_by_the_samplers_max_length_not_the_batch_width(tiny_dir
 def test_logprobs_dists_are_the_trained_distribution(tiny_dir, tmp_path):
     policy, ro, _ = _tiny_batch(tmp_path, tiny_dir, perturb=False)
     for ctx in ("pos", "neg", "guided"):
-        logp, dists = policy.logprobs(ro, ctx, dists=True)
+        logp, dists = policy.logprobs_and_dists(ro, ctx)
         assert isinstance(dists, ChunkedDists)
         full = dists.full()
         assert torch.allclose(

@@ -114,7 +114,7 @@ def test_null_branch_rule_uses_checkpoint_pad_id(ckpt, tmp_path):
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_rollout_logprobs_equal_teacher_forced(policy, rollout, context):
     with torch.no_grad():
-        lp, dists = policy.logprobs(rollout, context, dists=True)
+        lp, dists = policy.logprobs_and_dists(rollout, context)
     assert isinstance(dists, ChunkedDists)
     logits = dists.full()
     recorded = rollout.logp[context]
@@ -129,7 +129,7 @@ def test_contexts_differ_and_cfg_scale_one_is_cond(policy, rollout):
     # the null branch is really different
     assert (rollout.logp["pos"] - rollout.logp["neg"]).abs().mean() > 0.1
     with torch.no_grad():  # the guided dists are the guidance formula applied to pos and neg
-        z = {c: policy.logprobs(rollout, c, dists=True)[1].full() * 0.8 for c in CONTEXTS}
+        z = {c: policy.logprobs_and_dists(rollout, c)[1].full() * 0.8 for c in CONTEXTS}
     assert torch.allclose(z["guided"], z["neg"] + 5.0 * (z["pos"] - z["neg"]), atol=1e-4)
     r1 = roll(policy, PROMPTS, 2, seed=1, guidance_scale=1.0)
     assert (r1.logp["guided"] - r1.logp["pos"]).abs().max().item() < 1e-5  # ℓ_u + 1·(ℓ_c − ℓ_u) = ℓ_c
@@ -209,9 +209,9 @@ def test_null_branch_and_sampler_match_transformers_cfg_generate(policy):
         state={"prompt_ids": policy.prompt_ids(prompts)},
     )
     with torch.no_grad():
-        cond = policy.logprobs(r, "pos", dists=True)[1].full()
-        null = policy.logprobs(r, "neg", dists=True)[1].full()
-        guided = policy.logprobs(r, "guided", dists=True)[1].full()
+        cond = policy.logprobs_and_dists(r, "pos")[1].full()
+        null = policy.logprobs_and_dists(r, "neg")[1].full()
+        guided = policy.logprobs_and_dists(r, "guided")[1].full()
     assert (cond - cond_hf).abs().max().item() < TOL
     assert (null - null_hf).abs().max().item() < TOL
     assert (guided - (null_hf + scale * (cond_hf - null_hf))).abs().max().item() < 10 * TOL

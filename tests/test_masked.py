@@ -165,7 +165,7 @@ def test_linear_guidance_schedule_replays(policy):
 
 
 def test_dists_are_temperature_scaled_logits_of_the_reveal_step(policy, rollout):
-    logp, d = policy.logprobs(rollout, "pos", dists=True)
+    logp, d = policy.logprobs_and_dists(rollout, "pos")
     assert isinstance(d, ChunkedDists)
     z = d.full()
     assert z.shape == (6, T, K) and not z.requires_grad
@@ -173,8 +173,8 @@ def test_dists_are_temperature_scaled_logits_of_the_reveal_step(policy, rollout)
         logp, z.log_softmax(-1).gather(-1, rollout.tokens[..., None]).squeeze(-1), atol=1e-6
     )
     assert torch.allclose(policy(rollout, "pos"), logp)  # forward = logprobs (DDP syncs grads)
-    zg = policy.logprobs(rollout, "guided", dists=True)[1].full() * 0.7
-    zn = policy.logprobs(rollout, "neg", dists=True)[1].full() * 0.7
+    zg = policy.logprobs_and_dists(rollout, "guided")[1].full() * 0.7
+    zn = policy.logprobs_and_dists(rollout, "neg")[1].full() * 0.7
     assert torch.allclose(zg, zn + 2.5 * (z * 0.7 - zn), atol=1e-4)
 
 
@@ -282,8 +282,8 @@ def test_remask_rollout_records_masks_and_estimates(policy, remask_policy):
         assert torch.allclose(ro.state["sampled_logp"][c], traj.logp[c])
     hit = masks.any(1)
     assert not hit.all()  # some positions were never re-masked here …
-    assert torch.equal(ro.mask, hit.float())  # … their mask is 0
-    assert torch.equal(remask_policy.loss_mask(ro), ro.mask)
+    assert torch.equal(ro.scored, hit.float())  # … they are not scored …
+    assert torch.equal(ro.loss_mask, ro.scored) and torch.equal(ro.mask, torch.ones(6, T))  # … yet valid
     for c in CONTEXTS:
         assert (ro.logp[c][~hit] == 0).all() and (ro.logp[c][hit] < 0).all()
         again = remask_policy.logprobs(ro, c)
@@ -309,7 +309,7 @@ def test_remask_positions_never_masked_get_no_gradient():
     ro = roll(remask_policy, PROMPTS[:2], 2, seed=4)
     assert (~ro.state["remask"].any(1)).sum() >= 2
     hit = ro.state["remask"].any(1)
-    logp, d = remask_policy.logprobs(ro, "pos", dists=True)
+    logp, d = remask_policy.logprobs_and_dists(ro, "pos")
     assert d.full().shape == (4, T, K)
     grads = []
     for pos in (~hit).nonzero()[:2].tolist() + hit.nonzero()[:1].tolist():
@@ -320,6 +320,30 @@ def test_remask_positions_never_masked_get_no_gradient():
         grads.append(0.0 if g is None else g.abs().sum().item())
     remask_policy.zero_grad(set_to_none=True)
     assert grads[0] == 0 and grads[1] == 0 and grads[2] > 0
+
+
+def test_remask_mask_still_marks_every_valid_token_and_credit_reads_the_scored_ones(policy):
+    """`Rollout.mask` has one meaning, valid tokens, under either estimator; the tokens the remask
+    estimator scores are `scored`, and what covers log-probs (credit, loss) reads `loss_mask`."""
+    from t2i_gcpo.config import CreditConfig
+    from t2i_gcpo.train.credit import compute_weights
+
+    remask_policy = tiny_policy(estimator="remask", remask_count=1)  # one re-mask: many never masked
+    ro = roll(remask_policy, PROMPTS[:2], 2, seed=4)
+    hit = ro.state["remask"].any(1).float()
+    assert not hit.all()
+    assert torch.equal(ro.mask, torch.ones(4, T))  # every image token is valid …
+    assert torch.equal(ro.scored, hit) and torch.equal(ro.loss_mask, hit)  # … fewer are scored
+    w = compute_weights(CreditConfig(scheme="uniform"), ro, torch.ones(4), remask_policy, None, "pos")
+    assert torch.equal(w, hit)  # uniform credit over the scored tokens, none on the others
+    # select, device moves and concatenation keep the two apart
+    part = ro.select([2, 0]).to("cpu")
+    assert torch.equal(part.mask, torch.ones(2, T)) and torch.equal(part.scored, hit[[2, 0]])
+    traj = roll(policy, PROMPTS[:1], 2, seed=1)
+    assert traj.scored is None and traj.loss_mask is traj.mask
+    both = Rollout.concat([traj, ro])
+    assert torch.equal(both.mask, torch.ones(6, T))
+    assert torch.equal(both.scored, torch.cat([torch.ones(2, T), hit]))  # the trajectory rows: all valid
 
 
 # ----------------------------------------------------------------------------- learning
@@ -336,14 +360,14 @@ def test_policy_gradient_step_moves_logprobs_with_the_advantage(estimator, sign)
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=2e-4)
     logp = policy(ro, "pos")
     assert (logp.detach() - ro.logp["pos"]).abs().max().item() < 1e-4
-    loss, _ = policy_loss(logp, ro.logp["pos"], torch.full((4,), sign), ro.mask)
+    loss, _ = policy_loss(logp, ro.logp["pos"], torch.full((4,), sign), ro.loss_mask)
     opt.zero_grad()
     loss.backward()
     assert all(p.grad is None for p in policy.vq.parameters())  # the VQ stays frozen
     opt.step()
     with torch.no_grad():
         new = policy.logprobs(ro, "pos")
-    gain = ((new - ro.logp["pos"]) * ro.mask).sum() / ro.mask.sum()
+    gain = ((new - ro.logp["pos"]) * ro.loss_mask).sum() / ro.loss_mask.sum()
     assert sign * gain > 1e-3, gain
 
 

@@ -181,13 +181,14 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
 
     import t2i_gcpo.hardware as hardware
     from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.policies.base import PolicyCapabilities
     from t2i_gcpo.train.trainer import resolve_autocast
 
     class Checked:  # a sampler checked under bf16 (the ShapeWorld priors, the fused text decoder)
-        bf16_sampling = True
+        capabilities = PolicyCapabilities(bf16_sampling=True)
 
     class Unchecked:  # a sampler not checked under bf16 (Janus, aMUSEd): 'auto' leaves it alone
-        bf16_sampling = False
+        capabilities = PolicyCapabilities(bf16_sampling=False)
 
     monkeypatch.setattr(hardware, "native_bf16", lambda device_type: native)
     cfg = TrainConfig()

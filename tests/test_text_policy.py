@@ -260,7 +260,7 @@ def test_recorded_logprobs_equal_teacher_forced(dirs, arch):
     ro = roll(pol, PROMPTS, 3)
     with torch.no_grad():
         for ctx in ("pos", "neg", "guided"):
-            lp, dists = pol.logprobs(ro, ctx, dists=True)
+            lp, dists = pol.logprobs_and_dists(ro, ctx)
             assert (lp - ro.logp[ctx]).abs().max() < TOL, ctx
             assert torch.equal(pol(ro, ctx), lp)  # forward = logprobs
     assert (ro.logp["pos"] - ro.logp["neg"]).abs().max() > 0.05, "the two contexts really differ"
@@ -272,13 +272,13 @@ def test_without_score_negative_the_neg_pass_is_skipped_and_scored_on_demand(cha
 
     full = roll(chat, PROMPTS, 3)
     scored = []
-    real = TextPolicy.logprobs
+    real = TextPolicy.logprobs_and_dists  # every teacher-forced pass (logprobs and forward) goes through it
 
-    def counted(self, ro, context="pos", dists=False):
+    def counted(self, ro, context="pos"):
         scored.append(context)
-        return real(self, ro, context, dists)
+        return real(self, ro, context)
 
-    monkeypatch.setattr(TextPolicy, "logprobs", counted)
+    monkeypatch.setattr(TextPolicy, "logprobs_and_dists", counted)
     lean = roll(chat, PROMPTS, 3, sampling=dataclasses.replace(SAMPLING, score_negative=False))
     assert scored == [] and set(lean.logp) == {"pos", "guided"}  # no teacher-forced pass at all
     assert torch.equal(lean.tokens, full.tokens) and torch.equal(lean.mask, full.mask)
@@ -303,7 +303,7 @@ def test_guided_sampling_records_all_three_contexts(chat):
     with torch.no_grad():
         for ctx in ("pos", "neg", "guided"):  # neg here comes from the second half of the KV cache
             assert (chat.logprobs(ro, ctx) - ro.logp[ctx]).abs().max() < 1e-4, ctx
-        z = {c: chat.logprobs(ro, c, dists=True)[1].full() for c in ("pos", "neg", "guided")}
+        z = {c: chat.logprobs_and_dists(ro, c)[1].full() for c in ("pos", "neg", "guided")}
     assert torch.allclose(z["guided"], z["neg"] + 3.0 * (z["pos"] - z["neg"]), atol=1e-4)
 
 
@@ -312,7 +312,7 @@ def test_teacher_forced_logits_equal_the_models_own(chat, rollout):
     seq = torch.tensor([row.state["prompt_ids"][0] + row.tokens[0, :-1].tolist()])
     with torch.no_grad():
         want = chat.model(seq).logits[0, len(row.state["prompt_ids"][0]) - 1 :] / SAMPLING.temperature
-        got = chat.logprobs(row, "pos", dists=True)[1].full()[0]
+        got = chat.logprobs_and_dists(row, "pos")[1].full()[0]
     assert (got - want).abs().max() < TOL
 
 
@@ -334,7 +334,7 @@ def test_variable_length_batch_equals_one_by_one(dirs, arch):
 
 def test_dists_shapes_and_normalisation(stopper, rollout):
     with torch.no_grad():
-        lp, dists = stopper.logprobs(rollout, "pos", dists=True)
+        lp, dists = stopper.logprobs_and_dists(rollout, "pos")
     assert isinstance(dists, ChunkedDists)
     z = dists.full()
     assert z.shape == (*rollout.tokens.shape, stopper.vocab_size) and not z.requires_grad

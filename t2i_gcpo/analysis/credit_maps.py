@@ -100,7 +100,7 @@ def run_credit_maps(
         grids = object_grids(rew.details, ro.tokens.shape[1])
         if grids is not None:
             for name, w in weights.items():
-                lifts[name] += credit_lift(w, grids, ro.mask).tolist()
+                lifts[name] += credit_lift(w, grids, ro.loss_mask).tolist()
         pix = to_uint8(images)
         reveal = reveal_grids(ro, rows, cols)
         for p, record in enumerate(chunk):
@@ -147,7 +147,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
     from t2i_gcpo.viz.lift import lift_table
     from t2i_gcpo.viz.text_heatmap import text_heatmap_figure, write_text_heatmap
 
-    if not hasattr(task, "text_samples"):
+    if not task.lays_out_text:
         raise UserError(f"task '{task.name}' cannot lay out text samples for credit maps")
     cfg = TrainConfig()
     lifts: dict[str, list[float]] = {s: [] for s in schemes}

@@ -22,21 +22,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenLayout,
+)
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
     check_reveal_order,
     draw_remasks,
-    estimator_mask,
     guidance_scales,
     masked_logprobs,
     maskgit_generate,
     remask_record,
+    remask_scored,
     reveal_counts,
     step_progress,
 )
-from t2i_gcpo.policies.sampling import group_uniforms
+from t2i_gcpo.policies.sampling import ChunkedDists, group_uniforms
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
@@ -70,7 +77,8 @@ class AmusedPolicy(nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
 
     output = "image"
-    bf16_sampling = False  # rollout.autocast='auto' leaves diffusers' transformer in its dtype (not checked)
+    # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
+    capabilities = PolicyCapabilities(bf16_sampling=False, reveal_order=True)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # AmusedPipeline: uncond_logits + s·(cond_logits − uncond_logits)
     DEFAULT_STEPS = 12  # AmusedPipeline num_inference_steps
@@ -295,13 +303,26 @@ class AmusedPolicy(nn.Module):
                 hidden_fn, self.head, tokens, masks, times, self.mask_id, self.codebook_size,
                 self.feature_dim, self.guidance, sampling.temperature, scale_fn,
             )  # fmt: skip
-            ro.mask = estimator_mask(ro)
+            ro.scored = remask_scored(ro.mask, masks)
         return ro
 
     # ------------------------------------------------------------------ log-probs
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient; with
-        `dists` also the full distributions (`ChunkedDists`, no gradient)."""
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
+        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient
+        (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
+        return self._logprobs(rollout, context, dists=False)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+        logp, dists = self._logprobs(rollout, context, dists=True)
+        assert dists is not None
+        return logp, dists
+
+    def _logprobs(
+        self, rollout: Rollout, context: Context, dists: bool
+    ) -> tuple[torch.Tensor, ChunkedDists | None]:
         sampling = rollout.sampling
         scale_fn = self._scale_fn(sampling)
         return masked_logprobs(
@@ -311,11 +332,11 @@ class AmusedPolicy(nn.Module):
             scale_fn=scale_fn, device=self.device, replay_rows=self.replay_rows,
         )  # fmt: skip
 
-    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        return self.logprobs(rollout, context, dists)
-
-    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        return estimator_mask(rollout)
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images
     @torch.no_grad()
@@ -331,6 +352,9 @@ class AmusedPolicy(nn.Module):
         return self.vqvae.quantize.embedding(rollout.tokens.to(self.device)).float()
 
     # ------------------------------------------------------------------ saving
+    def keep_full_precision(self) -> None:
+        """Nothing to do: the weights are saved in their own dtype."""
+
     def save_pretrained(self, path: str | Path) -> None:
         """A diffusers aMUSEd pipeline folder (loads with `from_pretrained` or ``AmusedPipeline``)."""
         path = Path(path)

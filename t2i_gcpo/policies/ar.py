@@ -12,13 +12,20 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenLayout,
+)
 from t2i_gcpo.policies.families.ar import SHIPPED  # names resolved to shipped checkpoints
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
@@ -55,7 +62,7 @@ class ARPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native: checked to train as float32 does (5 seeds)
-    bf16_sampling = True
+    capabilities = PolicyCapabilities(bf16_sampling=True)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # LlamaGen-style CFG on the logits
 
@@ -163,17 +170,25 @@ class ARPolicy(nn.Module):
 
         return to_logits
 
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        """log softmax(ℓ/T) at the sampled tokens [B, T], with gradient, in chunks over T; with
-        `dists` also the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
+        """log softmax(ℓ/T) at the sampled tokens [B, T], with gradient, in chunks over T."""
+        return self.logprobs_and_dists(rollout, context)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
         hidden = self._hidden(rollout, context)
         to_logits = self._to_logits(rollout, context)
         K = self.config.codebook_size
         logp = chunked_logprobs(hidden, to_logits, rollout.tokens.to(hidden.device), K)
-        return (logp, ChunkedDists(hidden, to_logits, K)) if dists else logp
+        return logp, ChunkedDists(hidden, to_logits, K)
 
-    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        return self.logprobs(rollout, context, dists)
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ---- sampler (gpt-fast style) ---------------------------------------------------------------
     def prefill(self, prefix: torch.Tensor, cache) -> torch.Tensor:
@@ -265,6 +280,13 @@ class ARPolicy(nn.Module):
         return self.vq.code_embeddings(rollout.tokens.to(self.device))
 
     # ---- persistence ----------------------------------------------------------------------------
+    def keep_reveal_order(self, order: str) -> None:
+        raise ValueError("the autoregressive prior has no reveal order")
+
+    def keep_full_precision(self) -> None:
+        """Save weights in float32 from now on (`config.storage_dtype`, float16 for shipping)."""
+        self.config.storage_dtype = "float32"
+
     def save_pretrained(self, path: str) -> None:
         """``path/model_index.json``, ``path/prior/{config.json, model.safetensors, vocab.json}``,
         ``path/vq/{config.json, model.safetensors}``; weights stored in ``config.storage_dtype``."""

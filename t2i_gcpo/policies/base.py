@@ -24,6 +24,7 @@ import torch
 Context = Literal["pos", "neg", "guided"]
 CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
 Output = Literal["image", "text"]
+Decoded = torch.Tensor | list[str]  # what `Policy.decode` returns: images [B, 3, H, W] or B strings
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Rollout:
     """
 
     tokens: torch.Tensor  # [B, T] long — image tokens (raster order) or text tokens
-    mask: torch.Tensor  # [B, T] float — 1 for valid tokens, 0 for padding
+    mask: torch.Tensor  # [B, T] float — 1 for valid tokens, 0 for padding; nothing else
     step: torch.Tensor  # [B, T] long — the step that decided each token (AR / text: t; masked: reveal step)
     logp: dict[str, torch.Tensor]  # context → [B, T] log-prob of the sampled token at temperature T
     prompts: list[PromptRecord]  # [B]
@@ -73,8 +74,11 @@ class Rollout:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_len: int = 0  # the longest T the sampler can produce (Dr. GRPO's constant normaliser)
     state: dict[str, Any] = field(default_factory=dict)  # adapter state: tensors / lists with B first
+    # [B, T] float — the valid tokens the log-prob estimator scores, where it scores fewer than `mask`
+    # (the masked models' remask estimator); None: every valid token. Read through `loss_mask`
+    scored: torch.Tensor | None = None
 
-    PER_SAMPLE = ("tokens", "mask", "step", "logp", "prompts", "state")
+    PER_SAMPLE = ("tokens", "mask", "step", "logp", "prompts", "state", "scored")
 
     def __post_init__(self) -> None:
         if not self.max_len:
@@ -86,6 +90,12 @@ class Rollout:
     @property
     def texts(self) -> list[str]:
         return [p.text for p in self.prompts]
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, T]: the tokens whose log-probs mean something — what the loss, the credit weights and
+        the log-prob metrics cover (`scored` where set, else `mask`). `mask` stays "valid token"."""
+        return self.mask if self.scored is None else self.scored
 
     def select(self, index: torch.Tensor | Sequence[int]) -> Rollout:
         """Rows `index` of every per-sample field."""
@@ -107,6 +117,10 @@ class Rollout:
         first = rollouts[0]
         if len(rollouts) == 1:
             return first
+        if any(r.scored is not None for r in rollouts):  # every row's scored tokens, or all its valid ones
+            rollouts = [
+                r if r.scored is not None else dataclasses.replace(r, scored=r.mask) for r in rollouts
+            ]
         changes = {name: _join([getattr(r, name) for r in rollouts]) for name in first.PER_SAMPLE}
         return dataclasses.replace(first, **changes, max_len=max(r.max_len for r in rollouts))
 
@@ -164,14 +178,40 @@ class TokenDists(Iterable):
     def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]: ...
 
 
+@dataclass(frozen=True)
+class PolicyCapabilities:
+    """What a family can do beyond the common contract, declared rather than probed."""
+
+    full_dists: bool = True  # `logprobs_and_dists` gives full next-token distributions (entropy, critical)
+    # rollout.autocast='auto' samples under bf16 autocast where the hardware is native: only for
+    # samplers checked to train as float32 does
+    bf16_sampling: bool = False
+    branching: bool = False  # rollouts can branch from a shared prefix (tree credit; none yet)
+    reveal_order: bool = False  # masked models: sampling takes a reveal order (`keep_reveal_order`)
+
+
 @runtime_checkable
 class Policy(Protocol):
-    """A generator adapter. Images are float tensors [B, 3, H, W] in [0, 1]; texts are strings."""
+    """A generator adapter. Images are float tensors [B, 3, H, W] in [0, 1]; texts are strings.
+
+    Every adapter is also a ``torch.nn.Module`` (parameters, ``train``/``eval``, ``to``, state dicts);
+    its ``forward(rollout, context, dists=False)`` is `logprobs`, or `logprobs_and_dists` with
+    ``dists=True``, so that a DDP/FSDP-wrapped policy is called as ``policy(rollout, context=…)``."""
 
     output: Output  # what `decode` returns
     layout: TokenLayout
     default_task: str  # the task its prompts belong to unless the config names one
     guidance: str  # its guidance formula, e.g. "u + s(c − u)"
+    # the family's own tokenizer (a `PromptTokenizer`, a transformers tokenizer): tasks that map
+    # reward spans of text to tokens read it (arithmetic's step lift)
+    tokenizer: Any
+
+    @property
+    def capabilities(self) -> PolicyCapabilities: ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where its trained weights live (rollouts run there)."""
 
     def default_sampling(self) -> SamplingParams:
         """The sampling settings this checkpoint recommends (e.g. its guidance scale)."""
@@ -184,15 +224,28 @@ class Policy(Protocol):
         """Sample `group_size` outputs per prompt. `generators[i]` drives prompt i's group alone, so a
         sample does not depend on its batch-mates, the batch size or the number of processes."""
 
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
         """Teacher-forced log-probs [B, T] of `rollout.tokens` under `context`, with gradient, computed
-        in chunks over T. With ``dists=True`` returns ``(logp, TokenDists)``: the same forward's full
-        distributions, recomputed chunk by chunk without gradient when iterated."""
+        in chunks over T (0 outside `rollout.loss_mask`)."""
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, TokenDists]:
+        """`logprobs` and the same forward's full distributions, recomputed chunk by chunk without
+        gradient when iterated (where `capabilities.full_dists`)."""
 
     def token_features(self, rollout: Rollout) -> torch.Tensor:
         """Per-token embeddings [B, T, D] (the VQ code vectors for images), for STAGE / critical."""
 
-    def decode(self, rollout: Rollout) -> Any:
+    def decode(self, rollout: Rollout) -> Decoded:
         """Images [B, 3, H, W] in [0, 1] (output "image") or a list of B strings (output "text")."""
+
+    def keep_reveal_order(self, order: str) -> None:
+        """Make `order` the default reveal order, saved with the model (where
+        `capabilities.reveal_order`; others raise ValueError)."""
+
+    def keep_full_precision(self) -> None:
+        """Save later checkpoints without rounding the weights (a run's checkpoints must be lossless
+        for an exact resume); a no-op for families that save in the weights' own dtype."""
 
     def save_pretrained(self, path: str) -> None: ...

@@ -20,7 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenLayout,
+)
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -71,7 +78,7 @@ class JanusPolicy(nn.Module):
     output = "image"
     # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
     # autocast fails on torch 2.15 (cache float32, keys bf16); rollout.autocast=bf16 asks for it anyway
-    bf16_sampling = False
+    capabilities = PolicyCapabilities(bf16_sampling=False)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # transformers' Janus CFG: uncond + s·(cond − uncond)
     DEFAULT_GUIDANCE_SCALE = 5.0  # Janus-Pro paper and the GCPO recipe
@@ -417,13 +424,18 @@ class JanusPolicy(nn.Module):
         """Logits at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, K]"""
         return self._head(self._context_hidden(ids, mask, tokens))
 
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
         """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient, in chunks over T. [B, T]
 
         context: ``pos`` (prompt), ``neg`` (null branch) or ``guided`` (log_softmax of the
-        CFG-combined logits, both branches in one doubled batch). With ``dists`` also returns the
-        full distributions of that forward (`ChunkedDists`: temperature-scaled logits, no gradient).
-        """
+        CFG-combined logits, both branches in one doubled batch)."""
+        return self.logprobs_and_dists(rollout, context)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of that forward (`ChunkedDists`: temperature-scaled
+        logits, no gradient)."""
         if context not in ("pos", "neg", "guided"):
             raise ValueError(f"context must be pos, neg or guided, got {context!r}")
         tokens = rollout.tokens.to(self.device)  # [B, T]
@@ -447,10 +459,13 @@ class JanusPolicy(nn.Module):
                 return self._head(h) / temperature
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
-        return (logp, ChunkedDists(hidden, to_logits, self.codebook_size)) if dists else logp
+        return logp, ChunkedDists(hidden, to_logits, self.codebook_size)
 
-    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        return self.logprobs(rollout, context, dists)
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()
@@ -470,6 +485,12 @@ class JanusPolicy(nn.Module):
         return F.normalize(table(rollout.tokens.to(self.device)).float(), dim=-1)
 
     # ------------------------------------------------------------------ saving
+    def keep_reveal_order(self, order: str) -> None:
+        raise ValueError("Janus has no reveal order")
+
+    def keep_full_precision(self) -> None:
+        """Nothing to do: the weights are saved in their own dtype."""
+
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with any LoRA deltas folded into the base weights (no mutation)."""
         sd = dict(self.model.state_dict())

@@ -12,30 +12,36 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenLayout,
+)
 from t2i_gcpo.policies.families.masked import SHIPPED
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
     check_reveal_order,
     draw_remasks,
-    estimator_mask,
     guidance_scales,
     masked_logprobs,
     maskgit_generate,
     remask_record,
+    remask_scored,
     reveal_counts,
     step_progress,
 )
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
-from t2i_gcpo.policies.sampling import check_records, group_uniforms
+from t2i_gcpo.policies.sampling import ChunkedDists, check_records, group_uniforms
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
@@ -63,7 +69,8 @@ class MaskedPolicy(nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
 
     output = "image"
-    bf16_sampling = True  # rollout.autocast='auto' samples in bf16 where native (its own transformer)
+    # rollout.autocast='auto' samples in bf16 where native (its own transformer)
+    capabilities = PolicyCapabilities(bf16_sampling=True, reveal_order=True)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
 
@@ -183,9 +190,22 @@ class MaskedPolicy(nn.Module):
         return self.config.choice_temperature * (1 - (torch.arange(steps) + 1) / steps)
 
     # ---- differentiable log-probs ---------------------------------------------------------------
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
         """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in
-        chunks over T; with `dists` also the full distributions (`ChunkedDists`, no gradient)."""
+        chunks over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
+        return self._logprobs(rollout, context, dists=False)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+        logp, dists = self._logprobs(rollout, context, dists=True)
+        assert dists is not None
+        return logp, dists
+
+    def _logprobs(
+        self, rollout: Rollout, context: Context, dists: bool
+    ) -> tuple[torch.Tensor, ChunkedDists | None]:
         sampling = rollout.sampling
         steps = self.resolve_steps(sampling)
         scale_fn = self._scale_fn(sampling)
@@ -196,12 +216,11 @@ class MaskedPolicy(nn.Module):
             device=self.device, replay_rows=self.replay_rows,
         )  # fmt: skip
 
-    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        return self.logprobs(rollout, context, dists)
-
-    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        """[B, T]: the tokens the rollout's estimator scores (see maskgen.estimator_mask)."""
-        return estimator_mask(rollout)
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ---- sampler --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -251,7 +270,7 @@ class MaskedPolicy(nn.Module):
                 self.config.codebook_size, self.config.hidden_size, self.guidance,
                 sampling.temperature, self._scale_fn(sampling),
             )  # fmt: skip
-            ro.mask = estimator_mask(ro)
+            ro.scored = remask_scored(ro.mask, masks)
         return ro
 
     # ---- images ---------------------------------------------------------------------------------
@@ -264,6 +283,10 @@ class MaskedPolicy(nn.Module):
         return self.vq.code_embeddings(rollout.tokens.to(self.device))
 
     # ---- persistence ----------------------------------------------------------------------------
+    def keep_full_precision(self) -> None:
+        """Save weights in float32 from now on (`config.storage_dtype`, float16 for shipping)."""
+        self.config.storage_dtype = "float32"
+
     def save_pretrained(self, path: str) -> None:
         """``path/model_index.json``, ``path/prior/{config.json, model.safetensors, vocab.json}``,
         ``path/vq/{config.json, model.safetensors}``; weights stored in ``config.storage_dtype``."""

@@ -214,23 +214,20 @@ def draw_remasks(uniforms: torch.Tensor, schedule: str = "cosine") -> tuple[torc
     return (rank < n[..., None]).to(uniforms.device), times.to(uniforms.device)
 
 
-def estimator_mask(rollout: Rollout) -> torch.Tensor:
-    """[B, T] float: the tokens the rollout's estimator scores — ``rollout.mask`` for trajectory;
-    for remask, the valid tokens that at least one re-mask masked."""
-    remask = rollout.state.get("remask")
-    if rollout.state.get("estimator") != "remask" or remask is None:
-        return rollout.mask
-    return rollout.mask * remask.any(1).to(rollout.mask)
+def remask_scored(mask: torch.Tensor, remasks: torch.Tensor) -> torch.Tensor:
+    """[B, T] float: the valid tokens (`mask`) that at least one re-mask [B, K, T] masked — the only
+    ones the remask estimator scores (`Rollout.scored`)."""
+    return mask * remasks.any(1).to(mask)
 
 
 def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: Context, dists: bool,
                     mask_id: int, vocab: int, dim: int, guidance: str, step_scales: torch.Tensor,
                     scale_fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-                    replay_rows: int = 512) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:  # fmt: skip
-    """log softmax(ℓ/T) of the rollout's tokens [B, T] under `context`, with gradient, by the estimator
-    recorded in the rollout (``state["estimator"]``); with `dists` also the full distributions
-    (`ChunkedDists`, no gradient). `step_scales` [S]: the sampler's guidance scale per step;
-    `scale_fn(progress)`: the scale at a re-mask's progress."""
+                    replay_rows: int = 512) -> tuple[torch.Tensor, ChunkedDists | None]:  # fmt: skip
+    """(log softmax(ℓ/T) of the rollout's tokens [B, T] under `context`, with gradient, by the estimator
+    recorded in the rollout (``state["estimator"]``); with `dists` the full distributions
+    (`ChunkedDists`, no gradient), else None). `step_scales` [S]: the sampler's guidance scale per
+    step; `scale_fn(progress)`: the scale at a re-mask's progress."""
     tokens = rollout.tokens.to(device)
     temperature = rollout.sampling.temperature
     to_logits = make_to_logits(head, context, guidance, temperature, dim)
@@ -238,7 +235,7 @@ def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: 
         step = rollout.step.to(device)
         hidden = trajectory_hidden(hidden_fn, tokens, step, mask_id, context, step_scales, replay_rows)
         logp = chunked_logprobs(hidden, to_logits, tokens, vocab)
-        return (logp, ChunkedDists(hidden, to_logits, vocab)) if dists else logp
+        return logp, ChunkedDists(hidden, to_logits, vocab) if dists else None
     masks = rollout.state["remask"].to(device)  # [B, K, T]
     times = rollout.state["remask_t"].to(device)  # [B, K]
     rows = torch.arange(tokens.shape[0], device=device)
@@ -256,7 +253,7 @@ def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: 
             chosen = hd if chosen is None else torch.where(m[..., None], hd, chosen)
     count = masks.sum(1)  # [B, T]
     logp = torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
-    return (logp, ChunkedDists(chosen, to_logits, vocab)) if dists else logp
+    return logp, ChunkedDists(chosen, to_logits, vocab) if dists else None
 
 
 @torch.no_grad()

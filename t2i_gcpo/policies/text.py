@@ -19,7 +19,14 @@ import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError, shorten
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenLayout,
+)
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
@@ -170,6 +177,12 @@ class TextPolicy(nn.Module):
             kwargs["max_new_tokens"] = int(limit)
         return cls(model.to(device), tokenizer, **kwargs).eval()
 
+    def keep_reveal_order(self, order: str) -> None:
+        raise ValueError("a text model has no reveal order")
+
+    def keep_full_precision(self) -> None:
+        """Nothing to do: the weights are saved in their own dtype."""
+
     def save_pretrained(self, path: str | Path) -> None:
         """The model (config, weights, generation config) and the tokenizer, reloadable with
         ``TextPolicy.from_pretrained(path)`` or ``AutoModelForCausalLM.from_pretrained(path)``."""
@@ -185,10 +198,10 @@ class TextPolicy(nn.Module):
         return self.fused_sampler and supports(self.model.config)
 
     @property
-    def bf16_sampling(self) -> bool:
-        """Whether rollout.autocast='auto' samples in bf16 where native: through the fused decoder only
-        (transformers' StaticCache under CPU autocast fails on torch 2.15: cache float32, keys bf16)."""
-        return self.samples_fused
+    def capabilities(self) -> PolicyCapabilities:
+        """bf16 sampling (rollout.autocast='auto' where native) through the fused decoder only:
+        transformers' StaticCache under CPU autocast fails on torch 2.15 (cache float32, keys bf16)."""
+        return PolicyCapabilities(bf16_sampling=self.samples_fused)
 
     # ------------------------------------------------------------------ contexts
     @property
@@ -436,10 +449,16 @@ class TextPolicy(nn.Module):
     def _context_rows(self, rollout: Rollout, context: str) -> list[list[int]]:
         return rollout.state["prompt_ids" if context == "pos" else "negative_ids"]
 
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
         """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient, chunked over T;
-        0 at padding. [B, T]. With ``dists`` also the full distributions of the same forward
-        (`ChunkedDists`: temperature-scaled logits [B, t, V] per chunk, no gradient)."""
+        0 at padding. [B, T]."""
+        return self.logprobs_and_dists(rollout, context)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`:
+        temperature-scaled logits [B, t, V] per chunk, no gradient)."""
         if context not in ("pos", "neg", "guided"):
             raise ValueError(f"context must be pos, neg or guided, got {context!r}")
         tokens = rollout.tokens.to(self.device)  # [B, T]
@@ -463,10 +482,13 @@ class TextPolicy(nn.Module):
                 return self._head(h) / temperature
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.vocab_size).masked_fill(mask == 0, 0.0)
-        return (logp, ChunkedDists(hidden, to_logits, self.vocab_size)) if dists else logp
+        return logp, ChunkedDists(hidden, to_logits, self.vocab_size)
 
-    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False) -> Any:
-        return self.logprobs(rollout, context, dists)
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ outputs
     @torch.no_grad()

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this t
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
 from t2i_gcpo.rewards.arithmetic import problem_meta
+from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
@@ -118,7 +119,7 @@ def step_token_indices(tokenizer: Any, ids: list[int], detail: dict) -> list[int
 
 def first_wrong_step_mask(tokenizer: Any, rollout: Rollout, details: list[dict]) -> torch.Tensor:
     """[B, T] bool: the tokens of each failed sample's first wrong step (all False where undefined)."""
-    mask = rollout.mask.detach().cpu() > 0  # [B, T]
+    mask = rollout.mask.detach().cpu() > 0  # [B, T]: the valid tokens, which decode to the completion
     out = torch.zeros_like(mask)
     tokens = rollout.tokens.detach().cpu()
     for i, d in enumerate(details):
@@ -134,7 +135,7 @@ def step_lift(weights: torch.Tensor, rollout: Rollout, details: list[dict], toke
     if len(details) != len(rollout):
         raise UserError(f"step lift: {len(details)} reward details for {len(rollout)} samples")
     steps = first_wrong_step_mask(tokenizer, rollout, details)
-    return credit_lift(weights, steps, rollout.mask)
+    return credit_lift(weights, steps, rollout.loss_mask)  # over the tokens that can carry credit
 
 
 def heatmap_samples(tokenizer: Any, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
@@ -143,7 +144,7 @@ def heatmap_samples(tokenizer: Any, rollout: Rollout, weights: dict[str, torch.T
     (special tokens by name), each scheme's weights [B, T] on them, the first wrong step outlined."""
     from t2i_gcpo.viz.text_heatmap import TextSample  # matplotlib: only when drawing
 
-    mask = rollout.mask.detach().cpu() > 0
+    mask = rollout.mask.detach().cpu() > 0  # the valid tokens: the completion as text
     tokens = rollout.tokens.detach().cpu()
     out = []
     for i in range(len(rollout)):
@@ -187,6 +188,11 @@ class ArithmeticTask:
     train_file: str | None = None  # shipped training prompts
     tokenizer: Any = None  # the policy's tokenizer, for step lift (module docstring)
     _builtin: Any = field(default=None, init=False, repr=False)  # the world's, built on first need
+    lays_out_text: ClassVar[bool] = True
+
+    def bind(self, policy: Policy) -> None:
+        """Read step lift's token spans with `policy`'s tokenizer."""
+        self.tokenizer = policy.tokenizer
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is not None:
@@ -202,7 +208,7 @@ class ArithmeticTask:
         return step_lift(weights, rollout, details, self._tokenizer())
 
     def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                     scores: Any = None, advantages: Any = None) -> list[Any]:  # fmt: skip
+                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
         """Token heatmap samples (`viz.text_heatmap.TextSample`) with the first wrong step outlined."""
         return heatmap_samples(self._tokenizer(), rollout, weights, details, scores, advantages)
 
@@ -248,7 +254,7 @@ class ArithmeticTask:
         return {STEP_LIFT: lift, STEP_LIFT_N: float(np.isfinite(lifts).sum())}
 
     @torch.no_grad()
-    def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
+    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
                  sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
                  prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
         """Sample `samples_per_prompt` completions per prompt and score them; prompts are split across
@@ -259,7 +265,7 @@ class ArithmeticTask:
         "metrics": {eval/… keys}, "headline": str}``.
         """
         if self.tokenizer is None:
-            self.tokenizer = getattr(policy, "tokenizer", None)
+            self.bind(policy)
         sampling = dataclasses.replace(sampling, score_negative=False)  # only the completions are scored
 
         def rows_of(chunk: list[int], scored: Scored) -> list[tuple[int, float, float, float]]:

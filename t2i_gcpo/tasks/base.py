@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.base import Reward
+
+if TYPE_CHECKING:
+    from t2i_gcpo.viz.text_heatmap import TextSample
 
 
 def shipped_file(path: str | None) -> str | None:
@@ -18,6 +23,13 @@ def shipped_file(path: str | None) -> str | None:
 class Task(Protocol):
     name: str
     default_reward: str | None  # reward spec used when the config names none (None: one must be given)
+    # whether its samples are text with per-token marks: `text_samples` and `sample_lifts` work (token
+    # heatmaps, `credit-map` for text); False: they raise ValueError
+    lays_out_text: bool
+
+    def bind(self, policy: Policy) -> None:
+        """Learn what the task needs of the policy it scores (arithmetic: the tokenizer that maps a
+        reward's text spans to tokens); a no-op for most tasks."""
 
     def load_prompts(self, path: str | Path) -> list[PromptRecord]:
         """Read a prompt file; a one-line UserError for anything this task cannot take."""
@@ -40,7 +52,15 @@ class Task(Protocol):
     ) -> dict[str, float]:
         """Metrics of the credit weights [B, T] against what the task knows (e.g. credit lift)."""
 
-    def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
+    def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
+        """Per-sample credit lift [B] of weights [B, T] (NaN where undefined); `lays_out_text` tasks."""
+
+    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
+                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+        """Token heatmap samples of a scored text rollout under each scheme's weights; `lays_out_text`
+        tasks."""
+
+    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
                  sampling: SamplingParams, seed: int, accelerator: Any = None,
                  progress: bool = False, prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
         """Held-out score; the result's "metrics" are logged, its "headline" printed. A prompt's

@@ -12,16 +12,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
+
+if TYPE_CHECKING:
+    from t2i_gcpo.viz.text_heatmap import TextSample
 
 TAG_ORDER = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
@@ -33,6 +38,17 @@ class GenEvalTask:
     default_reward: str | None
     eval_file: str | None = None  # default held-out prompts
     train_file: str | None = None  # shipped training prompts
+    lays_out_text: ClassVar[bool] = False  # images: no text samples
+
+    def bind(self, policy: Policy) -> None:
+        """Nothing to learn of the policy."""
+
+    def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
+        raise ValueError(f"task '{self.name}' scores images: it has no text samples")
+
+    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
+                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+        raise ValueError(f"task '{self.name}' scores images: it has no text samples")
 
     def _classes(self) -> list[str] | None:
         if self.classes == "shapeworld":
@@ -86,11 +102,11 @@ class GenEvalTask:
         grids = object_grids(details, rollout.tokens.shape[1])
         if grids is None:
             return {}
-        lift = mean_credit_lift(credit_lift(weights, grids, rollout.mask))
+        lift = mean_credit_lift(credit_lift(weights, grids, rollout.loss_mask))  # over creditable tokens
         return {M.CREDIT_LIFT: lift} if math.isfinite(lift) else {}
 
     @torch.no_grad()
-    def evaluate(self, policy: Policy, reward: Any, prompts: list[PromptRecord], samples_per_prompt: int,
+    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
                  sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
                  prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
         """Sample `samples_per_prompt` images per prompt and score them; prompts are split across

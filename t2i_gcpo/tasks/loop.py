@@ -15,13 +15,12 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
-from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
-from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.policies.base import Decoded, Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.base import Reward, RewardOutput
 from t2i_gcpo.rewards.combine import call_reward
 
 
@@ -46,12 +45,12 @@ class Scored:
     """A rollout, what it decodes to and its reward."""
 
     rollout: Rollout
-    outputs: Any  # images [B, 3, H, W] in [0, 1], or B strings
+    outputs: Decoded  # images [B, 3, H, W] in [0, 1], or B strings
     reward: RewardOutput  # scores [B], details [B]
     seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward" (decode + score)
 
 
-def sampler_precision(policy: Policy, sampling: SamplingParams) -> Any:
+def sampler_precision(policy: Policy, sampling: SamplingParams) -> contextlib.AbstractContextManager:
     """The context a rollout runs in: bfloat16 autocast for `sampling.autocast == "bf16"`, else none."""
     if sampling.autocast == "none":
         return contextlib.nullcontext()
@@ -62,7 +61,7 @@ def sampler_precision(policy: Policy, sampling: SamplingParams) -> Any:
 
 @torch.no_grad()
 def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                      generators: Sequence[torch.Generator]) -> tuple[Rollout, Any]:  # fmt: skip
+                      generators: Sequence[torch.Generator]) -> tuple[Rollout, Decoded]:  # fmt: skip
     """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] on the CPU or B strings)."""
     with sampler_precision(policy, sampling):
         ro = policy.rollout(list(prompts), group_size, sampling, generators)
@@ -71,7 +70,7 @@ def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_siz
 
 
 @torch.no_grad()
-def sample_and_score(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], group_size: int,
+def sample_and_score(policy: Policy, reward: Reward, prompts: Sequence[PromptRecord], group_size: int,
                      sampling: SamplingParams, generators: Sequence[torch.Generator]) -> Scored:  # fmt: skip
     """Sample a group per prompt, decode, and score (a failing or NaN reward raises RewardError)."""
     tic = time.perf_counter()

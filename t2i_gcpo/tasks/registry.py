@@ -4,6 +4,7 @@ overrides it."""
 from __future__ import annotations
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Policy
 from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.tasks.arithmetic import TEST_FILE, TRAIN_FILE, ArithmeticTask
 from t2i_gcpo.tasks.base import Task
@@ -24,12 +25,12 @@ TASKS = {
 }
 
 
-def get_task(name: str, policy: object = None) -> Task:
-    """A fresh task; with `policy`, bound to its tokenizer where the task maps reward spans (text
-    positions) to the policy's tokens (arithmetic's step lift)."""
+def get_task(name: str, policy: Policy | None = None) -> Task:
+    """A fresh task; with `policy`, bound to it (`Task.bind`: arithmetic maps reward spans, text
+    positions, to the policy's tokens for its step lift)."""
     if name not in TASKS:
         raise UserError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
     task = TASKS[name]()
-    if policy is not None and hasattr(task, "tokenizer"):
-        task.tokenizer = getattr(policy, "tokenizer", None)
+    if policy is not None:
+        task.bind(policy)
     return task

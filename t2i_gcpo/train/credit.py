@@ -45,7 +45,8 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     `reference`: the policy that `ref_dists` come from (frozen initial or rollout snapshot)."""
     needs = get_scheme(name).needs
     layout = getattr(unwrap(policy), "layout", None)
-    inp = CreditInputs(mask=ro.mask, step=ro.step, layout=layout.grid if layout is not None else None)
+    # the tokens credit may fall on: those the log-prob estimator scores (Rollout.loss_mask)
+    inp = CreditInputs(mask=ro.loss_mask, step=ro.step, layout=layout.grid if layout is not None else None)
     if "contrast" in needs:
         # "recorded": the sampler's log-probs, equal to re-scoring with one update epoch, and free; a context
         # the rollout lacks (text sampled without c⁻ for a scheme that reads no contrast, its figure drawing

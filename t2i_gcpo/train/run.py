@@ -5,21 +5,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from t2i_gcpo.config import TrainConfig, _read_yaml, from_dict, load_config
 from t2i_gcpo.errors import UserError, check_writable_dir
+
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.base import Policy, PromptRecord
+    from t2i_gcpo.rewards.base import Reward
+    from t2i_gcpo.tasks.base import Task
 
 
 @dataclass
 class Job:
     cfg: TrainConfig
     run_dir: Path | None
-    prompts: list[Any]  # PromptRecord
-    eval_prompts: list[Any] | None
-    policy: Any
-    reward: Any
-    task: Any
+    prompts: list[PromptRecord]
+    eval_prompts: list[PromptRecord] | None
+    policy: Policy
+    reward: Reward
+    task: Task
     resume: bool
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
     lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
@@ -45,7 +50,8 @@ def local_device() -> str:
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
             overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None, *,
-            cfg: TrainConfig | None = None, policy: Any = None, reward: Any = None) -> Job:  # fmt: skip
+            cfg: TrainConfig | None = None, policy: Policy | None = None,
+            reward: Reward | None = None) -> Job:  # fmt: skip
     """Everything a run needs, checked and loaded; the run directory locked (released by `run`). `cfg`
     replaces the config built from the other arguments; `policy` and `reward` objects (from the Python
     API) replace loading ``cfg.model`` and building ``cfg.reward``, which then name them (`PYTHON_OBJECT`
@@ -132,7 +138,8 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
-def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Any, reward: Any) -> Job:
+def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Policy | None,
+          reward: Reward | None) -> Job:  # fmt: skip
     """Load the model, task, prompts and reward of a run (everything checked before the first step);
     a `policy` or `reward` object given is used as it is."""
     from t2i_gcpo.policies.registry import load_policy
@@ -169,7 +176,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
 
 
 def check_reward(
-    cfg: TrainConfig, policy: Any, reward: Any, prompts: list, eval_prompts: list | None
+    cfg: TrainConfig, policy: Policy, reward: Reward, prompts: list, eval_prompts: list | None
 ) -> None:
     """Before the run directory exists: the reward takes every training and held-out prompt (the
     arithmetic reward needs answers), and a reward that runs user code (a ``module:function`` or the

@@ -88,7 +88,7 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
             whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
         denom = None
         if len(chunks) > 1:
-            denom = aggregation_denominator(loss_cfg.aggregation, ro.mask, whole)
+            denom = aggregation_denominator(loss_cfg.aggregation, ro.loss_mask, whole)
         optimizer.zero_grad(set_to_none=True)
         for i, idx in enumerate(chunks):
             mb, mb_adv = ro.select(idx), adv[idx]
@@ -98,7 +98,7 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
                 recorded = mb.logp[ctx]  # [B, T] π_rollout
                 if _epoch == 0:  # weights unchanged since sampling: any gap is numerics
-                    on = mb.mask * fresh[idx, None]
+                    on = mb.loss_mask * fresh[idx, None]
                     k3, gap = rollout_mismatch(logp, recorded, on)
                     k3_sum, n_fresh = k3_sum + float(k3) * float(on.sum()), n_fresh + float(on.sum())
                     max_abs = max(max_abs, float(gap))
@@ -113,7 +113,9 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                 )
                 if i == 0 and accelerator.num_processes > 1:  # the global batch's normaliser
                     local = (
-                        aggregation_denominator(loss_cfg.aggregation, mb.mask, w) if denom is None else denom
+                        aggregation_denominator(loss_cfg.aggregation, mb.loss_mask, w)
+                        if denom is None
+                        else denom
                     )
                     denom = global_denominator(local, accelerator, active=loss_scale != 0)
                 logp_ref = None
@@ -121,19 +123,20 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     with torch.no_grad(), precision(cfg, accelerator):
                         logp_ref = ref(mb, context=ctx)
                 loss, st = policy_loss(
-                    logp, old, mb_adv, mb.mask,
+                    logp, old, mb_adv, mb.loss_mask,
                     weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
                     dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
                     logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
                     max_len=ro.max_len, denom=denom, is_weights=is_w,
                 )  # fmt: skip
                 if is_w is not None:
-                    st.update(tis_stats(is_w, old, recorded, mb.mask))
-                st[M.ENTROPY] = token_entropy(dists, mb.mask)  # before backward: FSDP reshards weights there
+                    st.update(tis_stats(is_w, old, recorded, mb.loss_mask))
+                # before backward: FSDP reshards weights there
+                st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
             weights[idx] = w.to(weights)
-            st.update(credit_stats(w, mb.mask))
+            st.update(credit_stats(w, mb.loss_mask))
             for k, v in st.items():
                 stats.setdefault(k, []).append(float(v))
         grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf"))
@@ -263,14 +266,14 @@ def weights_finite(model: Any) -> bool:
 
 def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
-    else 'none'; the rollout only for a policy whose sampler declares bf16 support (`bf16_sampling`:
-    the ShapeWorld priors, the fused text decoder). In place: the run's config.yaml then says what ran,
-    and a resumed run keeps it."""
+    else 'none'; the rollout only for a policy whose sampler declares bf16 support
+    (`capabilities.bf16_sampling`: the ShapeWorld priors, the fused text decoder). In place: the run's
+    config.yaml then says what ran, and a resumed run keeps it."""
     from t2i_gcpo.hardware import native_bf16
 
     native = native_bf16(device_type)
     if cfg.rollout.autocast == "auto":
-        sampler = bool(getattr(unwrap(policy), "bf16_sampling", False))
+        sampler = unwrap(policy).capabilities.bf16_sampling
         cfg.rollout.autocast = "bf16" if native and sampler else "none"
     if cfg.optim.autocast == "auto":
         cfg.optim.autocast = "bf16" if native else "none"
@@ -361,7 +364,7 @@ class Trainer:
         trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = sampling_params(cfg)
-        if cfg.rollout.reveal_order and hasattr(policy, "keep_reveal_order"):
+        if cfg.rollout.reveal_order and policy.capabilities.reveal_order:
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
             # (`eval`, `sample`, `credit-map`) the way they were trained
             policy.keep_reveal_order(cfg.rollout.reveal_order)
@@ -421,8 +424,7 @@ class Trainer:
         if compares and cfg.credit.reference == "rollout":
             self.rollout_ref = copy.deepcopy(policy).eval().requires_grad_(False)
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
-        if hasattr(getattr(policy, "config", None), "storage_dtype"):
-            policy.config.storage_dtype = "float32"  # run checkpoints must be lossless: resume is exact
+        policy.keep_full_precision()  # run checkpoints must be lossless: resume is exact
         self.start_step, self.ckpt = 0, None
         if resume:
             policy = self._load_resume(policy)

@@ -5,11 +5,14 @@ group's completions with every token coloured by its weight under each scheme.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.policies.base import Policy, Rollout
+from t2i_gcpo.tasks.base import Task
+from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_weights
 
 
@@ -33,14 +36,14 @@ def image_grid(images: np.ndarray, cols: int, scale: int = 4, pad: int = 2) -> n
     return grid
 
 
-def reveal_grids(rollout: Any, rows: int, cols: int) -> list[np.ndarray | None]:
+def reveal_grids(rollout: Rollout, rows: int, cols: int) -> list[np.ndarray | None]:
     """Per sample, the step that revealed each token as a [rows, cols] grid (masked models), or None
     where tokens were decided in raster order (autoregressive: step t decides token t)."""
     raster = torch.arange(rollout.step.shape[1], device=rollout.step.device)
     return [None if torch.equal(s, raster) else s.reshape(rows, cols).cpu().numpy() for s in rollout.step]
 
 
-def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 4) -> Path:
+def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int = 4) -> Path:
     from PIL import Image, ImageDraw, ImageFont
 
     G = group_size
@@ -61,7 +64,8 @@ def save_sample_grid(path: Path, batch: Any, group_size: int, max_groups: int = 
     return path
 
 
-def group_weights(batch: Any, policy: Any, reference: Any, cfg: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
+                  cfg: TrainConfig) -> tuple[Rollout, dict[str, torch.Tensor]]:  # fmt: skip
     """The first group's rollout and its weights under every registered scheme (the trained one first;
     schemes that compare with a reference only when the run has one)."""
     from t2i_gcpo.core.schemes import CREDIT_SCHEMES
@@ -75,13 +79,13 @@ def group_weights(batch: Any, policy: Any, reference: Any, cfg: Any) -> tuple[An
     return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 
-def save_text_heatmap(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int,
-                      task: Any) -> Path | None:  # fmt: skip
+def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
+                      step: int, task: Task) -> Path | None:  # fmt: skip
     """The first group's completions as a token heatmap page (`viz.text_heatmap`), with the task's
     marks (the first wrong step for arithmetic); None when the task cannot lay out text samples."""
     from t2i_gcpo.viz.text_heatmap import write_text_heatmap
 
-    if not hasattr(task, "text_samples"):
+    if not task.lays_out_text:
         return None
     G = batch.rollout.group_size
     ro, weights = group_weights(batch, policy, reference, cfg)
@@ -91,7 +95,8 @@ def save_text_heatmap(path: Path, batch: Any, policy: Any, reference: Any, cfg: 
     return write_text_heatmap(path, samples, title=f"step {step}: {ro.prompts[0].text}")
 
 
-def save_credit_maps(path: Path, batch: Any, policy: Any, reference: Any, cfg: Any, step: int) -> Path:
+def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
+                     step: int) -> Path:  # fmt: skip
     """The first group's samples with their weights under every registered scheme (the trained one
     first); schemes that compare with a reference are drawn when the run has one."""
     from t2i_gcpo.viz.credit_map import credit_figure
