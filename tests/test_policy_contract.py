@@ -17,7 +17,7 @@ import torch
 from t2i_gcpo.config import ModelOptions
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies import registry
-from t2i_gcpo.policies.base import CONTEXTS, Policy, PromptRecord
+from t2i_gcpo.policies.base import CONTEXTS, Policy, PolicyCapabilities, PromptRecord
 from t2i_gcpo.policies.registry import families, load_policy, models_help, split_spec
 from t2i_gcpo.tasks.loop import group_generators
 
@@ -72,7 +72,9 @@ def test_every_registered_family_has_a_tiny_model():
 @pytest.mark.parametrize("family", CASES)
 def test_rollout_shapes_dtypes_and_mask(built, family):
     policy, prompts, sampling = built(family)
-    assert isinstance(policy, Policy)
+    assert isinstance(policy, Policy)  # every declared member exists
+    assert isinstance(policy.capabilities, PolicyCapabilities)
+    assert policy.device == next(policy.parameters()).device
     ro = policy.rollout(records(prompts), G, sampling, gens(0, range(2)))
     b, t = ro.tokens.shape
     assert b == len(ro) == 2 * G and ro.group_size == G and t <= ro.max_len
@@ -97,7 +99,7 @@ def test_recorded_logprobs_equal_teacher_forced(built, family):
             forced = policy.logprobs(ro, ctx)
             assert forced.shape == recorded.shape
             assert ((forced - recorded) * ro.mask).abs().max().item() < TOL, ctx
-            with_dists, dists = policy.logprobs(ro, ctx, dists=True)
+            with_dists, dists = policy.logprobs_and_dists(ro, ctx)
             assert torch.allclose(with_dists, forced)
             assert sum(1 for _ in dists) >= 1
     for one, other in (("pos", "neg"), ("guided", "pos")):  # the contexts really differ

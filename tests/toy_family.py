@@ -15,7 +15,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from t2i_gcpo.policies.base import Context, PromptRecord, Rollout, SamplingParams, TokenLayout
+from t2i_gcpo.policies.base import (
+    Context,
+    PolicyCapabilities,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+    TokenDists,
+    TokenLayout,
+)
 from t2i_gcpo.policies.registry import Family, register_family, unregister_family
 
 CODES, TOKENS, LETTERS = 8, 4, 26
@@ -26,6 +34,8 @@ class ToyPolicy(nn.Module):
     layout = TokenLayout.image(2, 2)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"
+    capabilities = PolicyCapabilities(full_dists=True)
+    tokenizer = None  # prompts are read letter by letter
 
     def __init__(self) -> None:
         super().__init__()
@@ -34,8 +44,18 @@ class ToyPolicy(nn.Module):
         self.previous = nn.Embedding(CODES + 1, CODES)  # row CODES: the start of the sequence
         self.position = nn.Parameter(torch.randn(TOKENS, CODES))
 
+    @property
+    def device(self) -> torch.device:
+        return self.null.device
+
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(guidance_scale=2.0)
+
+    def keep_reveal_order(self, order: str) -> None:
+        raise ValueError("the toy family has no reveal order")
+
+    def keep_full_precision(self) -> None:
+        pass  # always float32
 
     def check_prompts(self, prompts: list[str]) -> None:
         pass  # any text has letter counts
@@ -78,13 +98,17 @@ class ToyPolicy(nn.Module):
             ro.logp = {ctx: self.logprobs(ro, ctx) for ctx in ("pos", "neg", "guided")}
         return ro
 
-    def logprobs(self, rollout: Rollout, context: Context = "pos", dists: bool = False):
+    def logprobs_and_dists(self, rollout: Rollout, context: Context = "pos") -> tuple[torch.Tensor, TokenDists]:
         s = rollout.sampling
         logits = self._logits(rollout.texts, rollout.tokens, context, s.guidance_scale) / s.temperature
         logp = logits.log_softmax(-1).gather(-1, rollout.tokens[..., None]).squeeze(-1)
-        return (logp, [(slice(0, TOKENS), logits.detach())]) if dists else logp
+        return logp, [(slice(0, TOKENS), logits.detach())]
 
-    forward = logprobs
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
+        return self.logprobs_and_dists(rollout, context)[0]
+
+    def forward(self, rollout: Rollout, context: Context = "pos", dists: bool = False):
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     def token_features(self, rollout: Rollout) -> torch.Tensor:
         return self.previous.weight[rollout.tokens]
