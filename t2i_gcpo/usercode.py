@@ -61,7 +61,9 @@ def import_function(spec: str, what: str) -> Callable[..., Any]:
     mod = import_module(module, what)
     fn = getattr(mod, func, None)
     if fn is None:
-        raise UserError(f"{what} {'file' if module.endswith('.py') else 'module'} '{module}' has no function '{func}'")
+        raise UserError(
+            f"{what} {'file' if module.endswith('.py') else 'module'} '{module}' has no function '{func}'"
+        )
     if not callable(fn):
         raise UserError(f"{what} '{spec}' is not a function (it is a {type(fn).__name__})")
     return fn

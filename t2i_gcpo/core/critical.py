@@ -158,4 +158,3 @@ def critical_weights(
     size = critical.sum(dim=1, keepdim=True)
     w = n[:, None].float() / size.clamp_min(1).float()
     return torch.where(critical, w.expand(B, T), torch.zeros(B, T, device=m.device))
-

@@ -40,7 +40,10 @@ def gcpo(
         float, Option("x in the hist schedule: the top fraction of tokens …", 1e-6, 1 - 1e-6, why=HIST)
     ] = 0.4,
     top_mass: Annotated[
-        float, Option("y in the hist schedule: … that carries this fraction of the credit.", 1e-6, 1 - 1e-6, why=HIST)
+        float,
+        Option(
+            "y in the hist schedule: … that carries this fraction of the credit.", 1e-6, 1 - 1e-6, why=HIST
+        ),
     ] = 0.8,
     tau: Annotated[float, Option("τ for normalization='softmax'.", 1e-6, why=TAU)] = 1.0,
 ) -> Tensor:

@@ -241,7 +241,9 @@ def credit_weights(name: str, inputs: CreditInputs, options: dict[str, Any] | No
         raise CreditSchemeError(f"credit scheme {name!r} needs {missing}, which were not given")
     w = scheme.fn(inputs, **check_options(scheme, options or {}))
     if not isinstance(w, Tensor):
-        raise CreditSchemeError(f"credit scheme {name!r} returned a {type(w).__name__}, expected a tensor [B, T]")
+        raise CreditSchemeError(
+            f"credit scheme {name!r} returned a {type(w).__name__}, expected a tensor [B, T]"
+        )
     if w.shape != inputs.mask.shape:
         raise CreditSchemeError(
             f"credit scheme {name!r} returned {tuple(w.shape)}, expected {tuple(inputs.mask.shape)}"
