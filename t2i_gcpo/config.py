@@ -748,7 +748,7 @@ def load_config(
     overrides: Sequence[str] | Mapping[str, Any] = (),
     base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given);
+    """Build the resolved config. `flags` holds values from CLI options by (dotted) key (None = not given);
     `overrides` is ``--set`` strings ("key=value", the value read as YAML) or a dict of dotted keys to
     values. A `base` config (a copy of it) replaces the preset and the config file."""
     if base is not None:
@@ -759,7 +759,7 @@ def load_config(
         cfg = TrainConfig()
         _apply(cfg, _read_yaml(preset_path(algo)))
         _apply(cfg, file_data)
-    _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
+    _apply(cfg, nest({k: v for k, v in (flags or {}).items() if v is not None}))  # e.g. "credit.scheme"
     pairs = overrides.items() if isinstance(overrides, Mapping) else (parse_set(s) for s in overrides)
     sets = nest(dict(pairs))
     if "algo" in sets and sets["algo"] != algo:  # it would be overwritten below: never silently

@@ -111,7 +111,9 @@ def test_registry_checks_declared_needs_and_refuses_options_the_scheme_does_not_
         credit_weights("gcpo", CreditInputs(mask=inp.mask))
     assert get_scheme("gcpo").needs == {"contrast"} and get_scheme("uniform").needs == set()
     # an option the function does not take is an error naming the scheme and its options, never dropped
-    with pytest.raises(ValueError, match=r"'gcpo' has no option 'kappa' \(its options: normalization, top_fraction"):
+    with pytest.raises(
+        ValueError, match=r"'gcpo' has no option 'kappa' \(its options: normalization, top_fraction"
+    ):
         credit_weights("gcpo", inp, {"normalization": "softmax", "tau": 0.5, "kappa": 3.0})
     b = credit_weights("gcpo", inp, {"normalization": "softmax", "tau": 0.5})
     assert not torch.equal(b, credit_weights("gcpo", inp, {}))  # its own options are used
