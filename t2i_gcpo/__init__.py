@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module("t2i_gcpo.api")
     if name == "credit_scheme":  # the decorator of a user's credit scheme (docs/guides/custom-credit.md)
-        from t2i_gcpo.core.schemes import credit_scheme
+        import importlib
 
-        return credit_scheme
+        return importlib.import_module("t2i_gcpo.core.schemes").credit_scheme
     raise AttributeError(f"module 't2i_gcpo' has no attribute {name!r}")
