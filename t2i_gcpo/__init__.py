@@ -14,4 +14,8 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module("t2i_gcpo.api")
+    if name == "credit_scheme":  # the decorator of a user's credit scheme (docs/guides/custom-credit.md)
+        import importlib
+
+        return importlib.import_module("t2i_gcpo.core.schemes").credit_scheme
     raise AttributeError(f"module 't2i_gcpo' has no attribute {name!r}")

@@ -194,6 +194,40 @@ def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
     return Checked(wrapped), spec
 
 
+def _credit_spec(credit: str | Callable[..., Any] | None) -> str | None:
+    """The string config.yaml records for `credit` (``credit.scheme``): a name or spec as it is; a function
+    importable as ``module:function`` so (the command line can resume it), any other function added to the
+    registry under ``<python>:NAME`` (resumable from Python, given again)."""
+    if credit is None or isinstance(credit, str):
+        return credit
+    if isinstance(credit, os.PathLike):
+        raise UserError(
+            f"credit: give a file's function as 'path/to/file.py:function', got the path {credit}"
+        )
+    if not callable(credit):
+        raise UserError(
+            f"credit must be a scheme name, a 'file.py:function' spec or a function, got {credit!r}"
+        )
+    from t2i_gcpo.core.schemes import CreditSchemeError, add_user_scheme
+    from t2i_gcpo.usercode import PYTHON_OBJECT
+
+    module, qualname = getattr(credit, "__module__", None), getattr(credit, "__qualname__", "")
+    if module and module != "__main__" and qualname.isidentifier():
+        import importlib
+
+        try:
+            if getattr(importlib.import_module(module), qualname, None) is credit:
+                return f"{module}:{qualname}"
+        except Exception:  # not importable again: recorded as a Python object
+            pass
+    spec = f"{PYTHON_OBJECT}:{getattr(credit, '__name__', type(credit).__name__)}"
+    try:
+        add_user_scheme(spec, credit)
+    except CreditSchemeError as e:
+        raise UserError(str(e)) from None
+    return spec
+
+
 def _check_cfg(cfg_scale: float | None) -> float | None:
     """`cfg_scale` checked as the config key rollout.cfg_scale (``--cfg``): no NaN or inf, in range."""
     from t2i_gcpo.config import check_value
@@ -305,6 +339,7 @@ def train(
     seed: int | None = None,
     report_to: str | None = None,
     resume: str | os.PathLike | None = None,
+    credit: str | Callable[..., Any] | None = None,
 ) -> TrainResult:
     """Train a policy with GRPO, DAPO, GCPO or DGPO (``t2i-gcpo train``).
 
@@ -331,8 +366,12 @@ def train(
             ``"mlflow"``, ``"trackio"``, ``"all"``, ``"none"`` or a comma-separated list; one that is not
             installed is refused before anything is loaded.
         resume: continue the run in this directory from its last checkpoint, with its saved config
-            (only `steps` may change; a run trained with a Python reward needs the same function as
-            `reward`).
+            (only `steps` may change; a run trained with a Python reward or credit function needs the same
+            function as `reward` / `credit`).
+        credit: the token-credit scheme (``--credit``, config key ``credit.scheme``; default: the
+            preset's): a registered name (``"gcpo"``, ``"uniform"``, …), ``"path/to/file.py:function"``,
+            ``"module:function"``, or a function ``fn(inputs, **options) -> w [B, T]`` marked with
+            `t2i_gcpo.credit_scheme` (docs/guides/custom-credit.md); its options: ``credit.options.NAME``.
 
     Returns:
         `TrainResult`: the run directory, its metrics rows, the final held-out scores and the policy.
@@ -345,40 +384,42 @@ def train(
     """
     policy, model_name = _policy_and_name(model)
     reward_obj, reward_name = _reward_and_name(reward)
+    credit_name = _credit_spec(credit)
     if resume is not None:
         given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
                                 ("out", out), ("report_to", report_to), ("seed", seed)) if v is not None]  # fmt: skip
         given += ["model"] if model is not None else []
-        given += ["reward"] if isinstance(reward, str) else []
+        given += [k for k, v in (("reward", reward), ("credit", credit)) if isinstance(v, str)]
         if given:
             raise UserError(
                 f"resume takes the run's saved config; only steps may be given with it (and a Python "
-                f"reward function again), not {', '.join(given)}"
+                f"reward or credit function again), not {', '.join(given)}"
             )
         job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
         return _finish(job, _run(job))
     if prompts is None:
         raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
-    from t2i_gcpo.config import ALGORITHMS, TrainConfig
+    from t2i_gcpo.config import TrainConfig, preset_names
     from t2i_gcpo.config import load_config as _load
 
-    if isinstance(config, str) and config in ALGORITHMS:  # a preset name; any other string is a file
+    presets = preset_names()
+    if isinstance(config, str) and config in presets:  # a preset name; any other string is a file
         if algo is not None:
             raise UserError(f"give the preset once: config={config!r} or algo={algo!r}")
         config, algo = None, config
     elif (
         isinstance(config, str) and Path(config).suffix not in (".yaml", ".yml") and not Path(config).exists()
     ):
-        raise UserError(f"config {config!r} is neither a preset ({', '.join(ALGORITHMS)}) nor a YAML file")
+        raise UserError(f"config {config!r} is neither a preset ({', '.join(presets)}) nor a YAML file")
     elif isinstance(config, TrainConfig) and algo is not None:
         raise UserError("algo= picks a preset; a TrainConfig object already holds its own (config.algo)")
 
     base = config if isinstance(config, TrainConfig) else None
     listed = not _is_prompt_file(prompts)
     with _prompt_path(prompts) as prompt_file:
-        flags = dict(prompts=prompt_file, model=model_name, reward=reward_name,
-                     out=None if out is None else os.fspath(out), steps=steps, seed=seed,
-                     report_to=report_to)  # fmt: skip
+        flags = {"prompts": prompt_file, "model": model_name, "reward": reward_name,
+                 "out": None if out is None else os.fspath(out), "steps": steps, "seed": seed,
+                 "report_to": report_to, "credit.scheme": credit_name}  # fmt: skip
         file = None if base is not None or config is None else os.fspath(config)
         cfg = _load(algo, file, flags, _overrides(overrides), base=base)
         job = _prepare(cfg=cfg, policy=policy, reward=reward_obj)  # locks an out= run directory
@@ -824,7 +865,7 @@ def credit_maps(
     prompt_file: str | os.PathLike | None = None,
     limit: int | None = None,
     reference: str | None = None,
-    schemes: Sequence[str] = ("gcpo", "dgpo", "stage", "critical", "uniform"),
+    schemes: Sequence[str] | None = None,
     group_size: int = 8,
     cfg_scale: float | None = None,
     reward: str | None = None,
@@ -847,7 +888,8 @@ def credit_maps(
             ``--prompt``).
         limit: use only the first `limit` prompts of the file.
         reference: DGPO's reference model (default: the shipped base model of the family).
-        schemes: credit schemes to draw (any of `t2i_gcpo.core.CREDIT_SCHEMES`).
+        schemes: credit schemes to draw (any of `t2i_gcpo.core.CREDIT_SCHEMES`, or your own as
+            ``path/to/file.py:function`` / ``module:function``; default: every registered one).
         group_size: samples per prompt, G ≥ 2.
         cfg_scale: guidance scale (default: the model's).
         reward: a reward spec as for `train` (default: the task's own).
@@ -874,11 +916,13 @@ def credit_maps(
 
 
 def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: int | None, reference: str | None,
-                 schemes: Sequence[str], group_size: int, cfg_scale: float | None, reward: str | None,
+                 schemes: Sequence[str] | None, group_size: int, cfg_scale: float | None, reward: str | None,
                  negative: str | None, seed: int) -> str:  # fmt: skip
     """`credit_maps` once its output folder is locked."""
     from t2i_gcpo.analysis.credit_maps import run_credit_maps
+    from t2i_gcpo.config import canonical_spec, resolve_scheme
     from t2i_gcpo.core import CREDIT_SCHEMES
+    from t2i_gcpo.usercode import is_function_spec
 
     texts: list[str] = []
     if prompts is not None and _is_prompt_file(prompts):
@@ -891,12 +935,16 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         texts = list(prompts)
     if not texts and prompt_file is None:
         raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
-    names = tuple(s.strip() for s in schemes if s.strip())
-    unknown = [s for s in names if s not in CREDIT_SCHEMES]
+    schemes = tuple(CREDIT_SCHEMES) if schemes is None else schemes
+    names = tuple(canonical_spec(s.strip()) for s in schemes if s.strip())
+    unknown = [s for s in names if s not in CREDIT_SCHEMES and not is_function_spec(s)]
     if unknown or not names:
         raise UserError(
-            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)}"
+            f"unknown scheme(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(CREDIT_SCHEMES)} "
+            "or give your own as path/to/file.py:function"
         )
+    for name in names:  # a user's function: imported now, its errors before any sampling
+        resolve_scheme(name)
     if group_size < 2:
         raise UserError("--group must be ≥ 2 (advantages are group-relative)")
     file = None if prompt_file is None else os.fspath(prompt_file)

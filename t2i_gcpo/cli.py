@@ -20,7 +20,7 @@ from t2i_gcpo.errors import UserError, one_line
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
         "t2i_gcpo.commands.train:train_cmd",
-        "Train a policy with GRPO, DAPO, GCPO or DGPO (the main job).",
+        "Train a policy: an algorithm preset, any credit scheme (the main job).",
     ),
     "sample": (
         "t2i_gcpo.commands.sample:sample_cmd",

@@ -20,11 +20,18 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from t2i_gcpo.core.schemes import (
+    CREDIT_SCHEMES,
+    CreditScheme,
+    CreditSchemeError,
+    Option,
+    SchemeOption,
+    check_options,
+)
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR, config_file_path
 
 REPO_PROMPTS = PROMPTS_DIR  # the name branches older than t2i_gcpo/resources.py import
-ALGORITHMS = ("grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical", "stage")
 
 
 @dataclass(frozen=True)
@@ -213,54 +220,15 @@ class LossConfig:
     )
 
 
-HIST = "the hist schedule takes ln(1 − x) and ln(1 − y)"
-TAU = "> 0; smaller overflows the scaled scores"
-
-
 @dataclass
-class GCPOConfig:
-    normalization: Literal["hist", "softmax", "mean", "none"] = doc(
-        "How d_t becomes weights (docs/concepts/credit.md#gcpo); 'hist' is the official one.", "hist"
-    )
-    top_fraction: float = doc(
-        "x in the hist schedule: the top fraction of tokens …", 0.4, bounds=Bounds(1e-6, 1 - 1e-6, why=HIST)
-    )
-    top_mass: float = doc(
-        "y in the hist schedule: … that carries this fraction of the credit.", 0.8,
-        bounds=Bounds(1e-6, 1 - 1e-6, why=HIST),
-    )  # fmt: skip
-    tau: float = doc("τ for normalization='softmax'.", 1.0, bounds=Bounds(1e-6, why=TAU))
+class CreditBase:
+    """The credit config's fixed keys; `CreditConfig` adds one section per registered scheme with options."""
 
-
-@dataclass
-class DGPOConfig:
-    tau: float = doc(
-        "τ: softmax temperature over s_t = h_t·g_t (reconstructed default 0.5).", 0.5,
-        bounds=Bounds(1e-6, why=TAU),
-    )  # fmt: skip
-    kappa: float = doc("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 1.0, bounds=Bounds(0))
-    squared: bool = doc("Use the squared Hellinger H² instead of h = sqrt(H²).", False)
-
-
-@dataclass
-class CriticalConfig:
-    first_fraction: float = doc(
-        "Share of tokens credited for coming first in decoding order.", 0.1, bounds=Bounds(0, 1)
-    )
-    entropy_fraction: float = doc(
-        "Share credited for the largest entropy change against grid neighbours.", 0.1, bounds=Bounds(0, 1)
-    )
-    similarity_fraction: float = doc(
-        "Share credited for the least similarity to the group's other samples.", 0.1, bounds=Bounds(0, 1)
-    )
-
-
-@dataclass
-class CreditConfig:
     scheme: str = doc(
-        "Token credit, a name in the registry (t2i_gcpo/core/schemes.py): uniform (GRPO/DAPO), gcpo "
-        "(Guidance Contrastive, arXiv 2605.29198), dgpo (Hellinger × entropy), stage (group similarity), "
-        "critical (Group Critical-token PO, zghhui/GCPO — not the same method as gcpo).",
+        "Token credit: a scheme of the registry (t2i_gcpo/core/schemes/, one file each: "
+        + ", ".join(CREDIT_SCHEMES)
+        + "; critical is Group Critical-token PO, zghhui/GCPO — not the same method as gcpo), or a "
+        "function of your own, 'path/to/file.py:function' or 'module:function' (docs/guides/custom-credit.md).",
         "uniform",
     )
     granularity: Literal["token", "step"] = doc(
@@ -278,9 +246,63 @@ class CreditConfig:
         "that sampled the step's rollout (a weight snapshot, not cached logits).",
         "initial",
     )
-    gcpo: GCPOConfig = doc("GCPO options.", factory=GCPOConfig)
-    dgpo: DGPOConfig = doc("DGPO options.", factory=DGPOConfig)
-    critical: CriticalConfig = doc("Critical-token options.", factory=CriticalConfig)
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        """The keyword options scheme `name` is called with: its section `credit.<name>` (if it has one)
+        and, for the configured scheme, `credit.options` on top."""
+        section = getattr(self, name, None) if name.isidentifier() else None
+        options = dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
+        if name == self.scheme:
+            options.update(getattr(self, "options", {}))
+        return options
+
+
+def _option_field(name: str, opt: SchemeOption) -> tuple[str, Any, Any]:
+    """A config field for the scheme option `opt`: its type, default, documentation and range."""
+    if opt.required:
+        raise TypeError(f"credit scheme {name!r}: built-in option {opt.name!r} needs a default")
+    info = opt.info or Option("")
+    has_bounds = info.low is not None or info.high is not None
+    bounds = Bounds(info.low, info.high, info.low_open, info.high_open, info.why) if has_bounds else None
+    return opt.name, opt.type, doc(info.doc, opt.default, bounds=bounds)
+
+
+def _scheme_section(name: str, scheme: CreditScheme) -> type:
+    """The config section `credit.<name>`: a dataclass of the scheme's options, made from its signature."""
+    title = "".join(part.capitalize() for part in name.replace("-", "_").split("_"))
+    section = dataclasses.make_dataclass(
+        f"{title}Options", [_option_field(name, o) for o in scheme.specs], namespace={"scheme": name}
+    )
+    section.__module__ = __name__
+    globals()[section.__name__] = section  # importable by its name (copy, pickle)
+    return section
+
+
+def _credit_config() -> type:
+    """`CreditBase` plus a section per registered scheme that takes options, in the registry's order,
+    plus `options` (the configured scheme's options given by name, e.g. a user scheme's)."""
+    fields: list[tuple[str, Any, Any]] = []
+    for name, scheme in CREDIT_SCHEMES.items():
+        if scheme.options and name.isidentifier():
+            section = _scheme_section(name, scheme)
+            fields.append((name, section, doc(f"Options of the credit scheme {name}.", factory=section)))
+    fields.append(
+        (
+            "options",
+            dict[str, Any],
+            doc(
+                "Options for the configured scheme by name (credit.options.NAME=value), checked against its "
+                "function's signature: a user scheme's options, or a built-in one's on top of its section.",
+                factory=dict,
+            ),
+        )
+    )
+    cls = dataclasses.make_dataclass("CreditConfig", fields, bases=(CreditBase,))
+    cls.__module__ = __name__
+    return cls
+
+
+CreditConfig = _credit_config()
 
 
 @dataclass
@@ -359,7 +381,10 @@ class ModelOptions:
 
 @dataclass
 class TrainConfig:
-    algo: str = doc(f"Algorithm preset the run started from: one of {', '.join(ALGORITHMS)}.", "gcpo")
+    algo: str = doc(
+        "Algorithm preset the run started from: one of the files t2i_gcpo/configs/*.yaml (`--algo` lists them).",
+        "gcpo",
+    )
     model: str = doc(
         "'shapeworld' (shipped AR prior), 'shapeworld-64' (its 64 px scale), 'shapeworld-masked' (shipped "
         "masked prior), a local checkpoint dir, 'masked:PATH', 'amused:PATH' or 'janus:PATH'.",
@@ -419,14 +444,13 @@ class TrainConfig:
         """Every field against its declared `Bounds`, then the checks that span fields; raise a
         one-line UserError naming the offending key."""
         check_fields(self)
-        from t2i_gcpo.core import CREDIT_SCHEMES  # the registry: a new scheme needs no edit here
-
         check_report_to(self.report_to)
+        check_credit(self.credit)
 
-        P, G, fractions = self.rollout.prompts_per_step, self.rollout.group_size, self.credit.critical
+        P, G = self.rollout.prompts_per_step, self.rollout.group_size
+        presets = preset_names()
         checks = [  # (key, accepted, what the key must be)
-            ("algo", self.algo in ALGORITHMS, f"must be one of {', '.join(ALGORITHMS)}"),
-            ("credit.scheme", self.credit.scheme in CREDIT_SCHEMES, f"must be one of {', '.join(CREDIT_SCHEMES)}"),
+            ("algo", self.algo in presets, f"must be one of {', '.join(presets)}"),
             (
                 "optim.minibatches",
                 P * G % self.optim.minibatches == 0,
@@ -439,12 +463,6 @@ class TrainConfig:
                 f"step), got {self.optim.lr:g} × {self.optim.weight_decay:g}",
             ),
             (
-                "credit.gcpo.top_fraction",
-                self.credit.gcpo.normalization != "hist" or self.credit.gcpo.top_fraction <= self.credit.gcpo.top_mass,
-                "must be ≤ credit.gcpo.top_mass (the hist schedule gives the top fraction x of tokens a share "
-                f"y ≥ x of the credit), got {self.credit.gcpo.top_fraction:g} > {self.credit.gcpo.top_mass:g}",
-            ),
-            (
                 "loss.tis_cap",
                 self.loss.tis_cap is None or self.rollout.old_logprobs == "recompute",
                 "needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
@@ -455,11 +473,6 @@ class TrainConfig:
                 "applies to optim.lr_scheduler=cosine_with_min_lr only",
             ),
             (
-                "credit.critical",
-                fractions.first_fraction + fractions.entropy_fraction + fractions.similarity_fraction > 0,
-                "at least one of first_fraction, entropy_fraction, similarity_fraction must be > 0",
-            ),
-            (
                 "model_options.negative",
                 self.model_options.negative in ("empty", "wrong_answer") or "{question}" in self.model_options.negative,
                 "must be 'empty', 'wrong_answer' or a template containing {question}",
@@ -468,6 +481,71 @@ class TrainConfig:
         for key, ok, message in checks:
             if not ok:
                 raise UserError(f"config key '{key}': {message}")
+
+
+def check_credit(credit: Any) -> None:
+    """The configured credit scheme exists (a user's ``file.py:function`` is imported now, again on every
+    load, so a resumed run re-imports it), takes the options given, and each section passes its scheme's
+    own check; else a one-line UserError naming the key, the scheme and its options."""
+    scheme = resolve_scheme(credit.scheme)
+    hints = {o.name: o.type for o in scheme.specs}
+    for key, value in credit.options.items():  # typed as the function declares them, where it does
+        if key in hints and _checkable(hints[key]):
+            credit.options[key] = _coerce(f"credit.options.{key}", value, hints[key])
+    try:
+        check_options(scheme, credit.options_for(credit.scheme))
+    except CreditSchemeError as e:
+        raise UserError(f"config key 'credit.options': {e}") from None
+    for name, registered in CREDIT_SCHEMES.items():  # every section, as every other field is checked
+        if registered.check is None or not dataclasses.is_dataclass(getattr(credit, name, None)):
+            continue
+        problem = registered.check(credit.options_for(name))
+        if problem:
+            option, message = problem
+            raise UserError(f"config key 'credit.{name}{'.' + option if option else ''}': {message}")
+
+
+def resolve_scheme(spec: str) -> CreditScheme:
+    """The scheme named `spec`: a registered one, or a user function ``file.py:function`` /
+    ``module:function`` (imported now and added to the registry under `spec`); else a one-line UserError
+    that names the choices."""
+    from t2i_gcpo.core.schemes import USER_SCHEMES, add_user_scheme, get_scheme
+    from t2i_gcpo.usercode import PYTHON_OBJECT, import_function, is_function_spec
+
+    if spec in CREDIT_SCHEMES:
+        return get_scheme(spec)
+    if spec.split(":", 1)[0] == PYTHON_OBJECT:
+        if spec in USER_SCHEMES:  # added by the Python API in this process
+            return USER_SCHEMES[spec]
+        raise UserError(
+            f"config key 'credit.scheme': '{spec}' names a Python function that is not importable: pass it "
+            "from Python again (t2i_gcpo.api.train(…, credit=function))"
+        )
+    if not is_function_spec(spec):
+        raise UserError(
+            f"config key 'credit.scheme': must be one of {', '.join(CREDIT_SCHEMES)}, or a function of your "
+            f"own as 'path/to/file.py:function' or 'module:function', got {spec!r}"
+        )
+    fn = import_function(spec, "credit scheme")
+    try:
+        return add_user_scheme(spec, fn)
+    except CreditSchemeError as e:
+        raise UserError(str(e)) from None
+
+
+def canonical_spec(spec: str) -> str:
+    """`spec` as a run records it: a user file by its absolute path (so `--resume` finds it from any
+    directory); anything else unchanged."""
+    from t2i_gcpo.usercode import canonical_spec as canonical
+
+    return spec if spec in CREDIT_SCHEMES else canonical(spec)
+
+
+def _checkable(tp: Any) -> bool:
+    """Whether `_coerce` can check a value against the annotation `tp` (plain values, Literal, unions)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return all(_checkable(a) for a in typing.get_args(tp))
+    return typing.get_origin(tp) is Literal or tp in (int, float, bool, str, type(None))
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to's trackers (train/tracking.py)
@@ -566,6 +644,12 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> None:
     for name, value in updates.items():
         key = f"{prefix}{name}"
         if name not in names:
+            scheme = getattr(obj, "scheme", None) if prefix.startswith("credit.") else None
+            if isinstance(scheme, str) and scheme in CREDIT_SCHEMES:  # a scheme's section: its options
+                raise UserError(
+                    f"unknown config key '{key}': credit scheme '{scheme}' has no option '{name}' "
+                    f"(its options: {CREDIT_SCHEMES[scheme].describe_options()})"
+                )
             close = ", ".join(sorted(names))
             raise UserError(f"unknown config key '{key}' (known at this level: {close})")
         current = getattr(obj, name)
@@ -573,6 +657,10 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> None:
             if not isinstance(value, dict):
                 raise UserError(f"config key '{key}' is a section; set its fields, e.g. {key}.<field>=…")
             _apply(current, value, prefix=f"{key}.")
+        elif isinstance(current, dict):  # a free mapping (credit.options): merged key by key
+            if not isinstance(value, dict):
+                raise UserError(f"config key '{key}' is a mapping; set its entries, e.g. {key}.<name>=…")
+            setattr(obj, name, {**current, **value})
         else:
             value = _coerce(key, value, hints[name])
             if isinstance(value, float):
@@ -615,11 +703,15 @@ def preset_names() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
 
 
+ALGORITHMS = preset_names()  # the presets shipped (read again by preset_names where files may change)
+
+
 def preset_path(algo: str) -> Path:
     """The shipped preset of `algo`: always the package's own file (in a clone, the checkout's
     t2i_gcpo/configs/, edits included); a file of the user's is given with --config, on top of it."""
-    if algo not in ALGORITHMS:
-        raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(ALGORITHMS)})")
+    presets = preset_names()
+    if algo not in presets:
+        raise UserError(f"unknown algorithm '{algo}' (choose one of {', '.join(presets)})")
     return CONFIG_DIR / f"{algo}.yaml"
 
 
@@ -656,7 +748,7 @@ def load_config(
     overrides: Sequence[str] | Mapping[str, Any] = (),
     base: TrainConfig | None = None,
 ) -> TrainConfig:
-    """Build the resolved config. `flags` holds top-level values from CLI options (None = not given);
+    """Build the resolved config. `flags` holds values from CLI options by (dotted) key (None = not given);
     `overrides` is ``--set`` strings ("key=value", the value read as YAML) or a dict of dotted keys to
     values. A `base` config (a copy of it) replaces the preset and the config file."""
     if base is not None:
@@ -667,7 +759,7 @@ def load_config(
         cfg = TrainConfig()
         _apply(cfg, _read_yaml(preset_path(algo)))
         _apply(cfg, file_data)
-    _apply(cfg, {k: v for k, v in (flags or {}).items() if v is not None})
+    _apply(cfg, nest({k: v for k, v in (flags or {}).items() if v is not None}))  # e.g. "credit.scheme"
     pairs = overrides.items() if isinstance(overrides, Mapping) else (parse_set(s) for s in overrides)
     sets = nest(dict(pairs))
     if "algo" in sets and sets["algo"] != algo:  # it would be overwritten below: never silently
@@ -677,6 +769,7 @@ def load_config(
         )
     _apply(cfg, sets)
     cfg.algo = algo
+    cfg.credit.scheme = canonical_spec(cfg.credit.scheme)  # a file by its absolute path: resumable anywhere
     cfg.validate()
     return cfg
 

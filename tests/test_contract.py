@@ -101,15 +101,18 @@ def test_every_registered_scheme_is_mass_preserving_and_b_by_t(name, granularity
         )
 
 
-def test_registry_checks_declared_needs_and_passes_only_known_options():
+def test_registry_checks_declared_needs_and_refuses_options_the_scheme_does_not_take():
     inp = _full_inputs()
     with pytest.raises(ValueError, match="needs"):
         credit_weights("gcpo", CreditInputs(mask=inp.mask))
     assert get_scheme("gcpo").needs == {"contrast"} and get_scheme("uniform").needs == set()
-    # options of other schemes (a whole config section) are ignored, own ones are used
-    a = credit_weights("gcpo", inp, {"normalization": "softmax", "tau": 0.5, "kappa": 3.0})
+    # an option the function does not take is an error naming the scheme and its options, never dropped
+    with pytest.raises(
+        ValueError, match=r"'gcpo' has no option 'kappa' \(its options: normalization, top_fraction"
+    ):
+        credit_weights("gcpo", inp, {"normalization": "softmax", "tau": 0.5, "kappa": 3.0})
     b = credit_weights("gcpo", inp, {"normalization": "softmax", "tau": 0.5})
-    assert torch.equal(a, b) and not torch.equal(a, credit_weights("gcpo", inp, {}))
+    assert not torch.equal(b, credit_weights("gcpo", inp, {}))  # its own options are used
 
 
 def test_a_scheme_registered_elsewhere_is_trainable_by_name(tmp_path):

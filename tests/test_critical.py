@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import t2i_gcpo.core.critical  # noqa: F401  (registers the scheme)
 from t2i_gcpo.core.critical import critical_weights, entropy_gradient, group_similarity
 from t2i_gcpo.core.schemes import CreditInputs, credit_weights, get_scheme
 
@@ -298,7 +297,9 @@ def test_credit_weights_through_registry(chunk):
         advantages=torch.tensor([1.0, -1.0]),
         group_size=2,
     )
-    w = credit_weights("critical", inp, {"first_fraction": 0.1, "tau": 3.0})  # other schemes' options ignored
+    with pytest.raises(ValueError, match="'critical' has no option 'tau'"):  # never silently dropped
+        credit_weights("critical", inp, {"first_fraction": 0.1, "tau": 3.0})
+    w = credit_weights("critical", inp, {"first_fraction": 0.1})
     expected = torch.zeros(2, 10)
     expected[0, [0, 4, 7]] = 10 / 3
     expected[1, [0, 4]] = 5.0

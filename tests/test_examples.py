@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -25,7 +26,7 @@ def run_example(name: str, out: Path, cwd: Path) -> str:
 
 def test_every_example_has_a_test():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(
-        ["train_with_python_reward.py", "sample_and_evaluate.py", "credit_map.py"]
+        ["train_with_python_reward.py", "sample_and_evaluate.py", "credit_map.py", "custom_credit.py"]
     )
 
 
@@ -60,3 +61,16 @@ def test_credit_map(tmp_path):
     lifts = json.loads((out / "lift.json").read_text())
     assert set(lifts) == {"gcpo", "uniform"} and all(v == pytest.approx(1.0) for v in lifts["uniform"])
     assert "gcpo" in printed and "uniform" in printed
+
+
+@pytest.mark.slow
+def test_custom_credit(tmp_path):
+    out = tmp_path / "run"
+    printed = run_example("custom_credit.py", out, tmp_path)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert f"step 1: reward {rows[0]['reward/mean']:.4f}, mean largest token weight " in printed
+    assert rows[0]["credit/weight_max"] > 1  # not uniform: the scheme's own weights were used
+    credit = yaml.safe_load((out / "config.yaml").read_text())["credit"]
+    assert credit["scheme"] == f"{EXAMPLES / 'custom_credit.py'}:prompt_sensitivity"
+    assert credit["options"] == {"power": 2.0}

@@ -44,6 +44,7 @@ LAYERS = {
     "t2i_gcpo.hardware": 0,  # what the device does natively (bf16), for training and pretraining defaults
     "t2i_gcpo.resources": 0,  # the shipped presets, recipes and prompt files (importlib.resources)
     "t2i_gcpo.outdir": 0,  # one command at a time per output folder (locks)
+    "t2i_gcpo.usercode": 0,  # importing a user's file.py:function (--credit)
     "t2i_gcpo.weights": 0,  # the loading check every family's checkpoint goes through
     "t2i_gcpo": 0,  # the package __init__ (version string)
 }

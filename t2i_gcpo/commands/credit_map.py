@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from t2i_gcpo.commands.options import cfg_option
+from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 from t2i_gcpo.policies.registry import models_help
 
 EXAMPLES = """
@@ -36,8 +37,9 @@ Examples:
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."
 )
 @click.option(
-    "--schemes", default="gcpo,dgpo,stage,critical,uniform", show_default=True,
-    help="Comma-separated credit schemes (any registered one; critical = Group Critical-token PO, not GCPO).",
+    "--schemes", default=None, metavar="NAMES",
+    help=f"Comma-separated credit schemes: {', '.join(CREDIT_SCHEMES)} (critical = Group Critical-token PO, not "
+    "GCPO), or your own as path/to/file.py:function  [default: all of them]",
 )  # fmt: skip
 @click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
 @cfg_option(help="CFG scale [default: the training default].")
@@ -73,7 +75,7 @@ def credit_map_cmd(
 
     from t2i_gcpo.api import credit_maps
 
-    names = schemes.split(",")
+    names = schemes.split(",") if schemes is not None else None
     # a Path is a file, never a prompt
     table = credit_maps(list(prompt_texts), out, model, prompt_file=Path(prompt_file) if prompt_file else None,
                         limit=limit, reference=reference, schemes=names, group_size=group_size,

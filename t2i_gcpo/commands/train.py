@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.config import preset_names
+from t2i_gcpo.config import TrainConfig, preset_names
+from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 from t2i_gcpo.policies.registry import models_help
 
 EXAMPLES = """
@@ -22,6 +23,8 @@ Examples:
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --report-to wandb --set optim.lr_scheduler=cosine
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --algo dapo --credit my_credit.py:late_tokens \
+      --set credit.options.power=2   # your own credit scheme (docs/guides/custom-credit.md)
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
@@ -48,7 +51,17 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     help="Prompt file: .txt (GenEval-template prompts) or .jsonl (GenEval metadata).",
 )
-@click.option("--algo", type=str, default=None, help=" | ".join(preset_names()) + "  [default: gcpo]")
+@click.option(
+    "--algo", type=str, default=None, help=" | ".join(preset_names()) + f"  [default: {TrainConfig.algo}]"
+)
+@click.option(
+    "--credit",
+    type=str,
+    default=None,
+    metavar="SCHEME",
+    help=" | ".join(CREDIT_SCHEMES) + ", or your own: 'path/to/file.py:function' or 'module:function' "
+    "(options: --set credit.options.NAME=VALUE)  [default: the preset's]",
+)
 @click.option(
     "--config", "config_file", type=str, default=None, help="YAML config applied on top of the preset."
 )
@@ -92,9 +105,10 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
 @click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
               help="List every config key with its default and meaning.")  # fmt: skip
 def train_cmd(
-    prompts, algo, config_file, model, reward, out, report_to, steps, seed, overrides, resume
+    prompts, algo, credit, config_file, model, reward, out, report_to, steps, seed, overrides, resume
 ) -> None:
-    """Train a text-to-image policy with GRPO, DAPO, GCPO or DGPO.
+    """Train a text-to-image policy: an algorithm preset (--algo) and its token credit, or any other
+    credit scheme, a function of your own included (--credit).
 
     With only --prompts it trains the shipped ShapeWorld model with GCPO and the ShapeWorld reward.
     """
@@ -104,7 +118,10 @@ def train_cmd(
 
     if resume:
         if (
-            any(v is not None for v in (prompts, algo, config_file, model, reward, out, report_to, seed))
+            any(
+                v is not None
+                for v in (prompts, algo, credit, config_file, model, reward, out, report_to, seed)
+            )
             or overrides
         ):
             raise UserError("--resume takes the run's saved config; only --steps may be given with it")
@@ -113,7 +130,7 @@ def train_cmd(
     try:
         # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
         train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
-              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume)  # fmt: skip
+              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume, credit=credit)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
             signal.signal(sig, signal.SIG_IGN)

@@ -1,11 +1,10 @@
 """Credit-assignment core: pure tensor maths (torch only), no models, images or files.
 
 advantages — GRPO/DAPO sequence advantages; losses — clipped surrogate, aggregation, k3 KL;
-credit — token weights (uniform, GCPO, DGPO, STAGE); schemes — the registry the train step reads
-(what each scheme needs); critical — the critical-token scheme. See docs/concepts/algorithms.md and docs/concepts/credit.md.
+credit — token weights (uniform, GCPO, DGPO, STAGE); critical — the critical-token weights; schemes — the
+registry the train step reads, one module per scheme (what each needs, its options). See docs/concepts/algorithms.md and docs/concepts/credit.md.
 """
 
-import t2i_gcpo.core.critical  # noqa: F401, I001  (registers the critical-token scheme)
 from t2i_gcpo.core.advantages import (
     PerPromptStatTracker,
     dynamic_sampling_filter,
@@ -35,6 +34,9 @@ from t2i_gcpo.core.losses import (
 from t2i_gcpo.core.schemes import (
     CREDIT_SCHEMES,
     CreditInputs,
+    CreditSchemeError,
+    Option,
+    credit_scheme,
     credit_weights,
     get_scheme,
     pool_by_step,
@@ -45,6 +47,9 @@ __all__ = [
     "AGGREGATIONS",
     "CREDIT_SCHEMES",
     "CreditInputs",
+    "CreditSchemeError",
+    "Option",
+    "credit_scheme",
     "credit_weights",
     "dgpo_scores",
     "get_scheme",

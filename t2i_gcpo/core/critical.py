@@ -1,4 +1,5 @@
 """Critical-token credit (docs/concepts/credit.md#critical-token): Group Critical-token Policy Optimization (zghhui/GCPO, ICLR 2026).
+The maths; the scheme is registered in core/schemes/critical.py.
 
 Not this package's GCPO (Guidance Contrastive Policy Optimization, arXiv 2605.29198): the two methods
 share an acronym, so this one is called ``critical`` everywhere (scheme name, config section, files).
@@ -26,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from t2i_gcpo.core.credit import _check
-from t2i_gcpo.core.schemes import CreditInputs, register_scheme
 
 _COS_GRID = 1e9  # cosines are rounded to 1e-9 so that numerically equal ones tie (and break by position)
 
@@ -158,30 +158,3 @@ def critical_weights(
     size = critical.sum(dim=1, keepdim=True)
     w = n[:, None].float() / size.clamp_min(1).float()
     return torch.where(critical, w.expand(B, T), torch.zeros(B, T, device=m.device))
-
-
-@register_scheme(
-    "critical",
-    needs=("dists", "features", "groups"),
-    doc="Critical-token credit (Group Critical-token PO, zghhui/GCPO, ICLR 2026 — not this package's gcpo): "
-    "w = N/|S| on the union of the first tokens in decision order, the largest grid entropy gradients and "
-    "the least group-similar tokens, 0 elsewhere (docs/concepts/credit.md#critical-token).",
-)
-def critical(inp: CreditInputs, first_fraction: float = 0.1, entropy_fraction: float = 0.1,
-             similarity_fraction: float = 0.1) -> Tensor:  # fmt: skip
-    entropy = torch.zeros(inp.mask.shape, dtype=torch.float32, device=inp.mask.device)  # H [B, T]
-    with torch.no_grad():
-        for sl, logits in inp.dists():
-            p = F.softmax(logits.float(), dim=-1)  # [B, t, V]
-            entropy[:, sl] = torch.special.entr(p).sum(dim=-1).to(entropy.device)
-    return critical_weights(
-        entropy,
-        inp.features,
-        inp.step,
-        inp.mask,
-        inp.group_size,
-        inp.layout,
-        first_fraction,
-        entropy_fraction,
-        similarity_fraction,
-    )

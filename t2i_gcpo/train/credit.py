@@ -7,12 +7,12 @@ Used by the train step, the step's credit-map figure and `t2i-gcpo credit-map`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from t2i_gcpo.core.schemes import CreditInputs, credit_weights, get_scheme
+from t2i_gcpo.core.schemes import CREDIT_SCHEMES, CreditInputs, CreditSchemeError, credit_weights, get_scheme
+from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.train.distributed import unwrap
 
@@ -20,9 +20,9 @@ TRAIN_CONTEXT = {"cond": "pos", "cfg": "guided"}  # rollout.train_logp → the p
 
 
 def scheme_options(credit_cfg: Any, name: str) -> dict[str, Any]:
-    """The config section `credit.<name>` as keyword options (empty when the scheme has none)."""
-    section = getattr(credit_cfg, name, None)
-    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
+    """The keyword options scheme `name` is called with (`CreditConfig.options_for`: its section
+    `credit.<name>`, and `credit.options` for the configured scheme)."""
+    return credit_cfg.options_for(name)
 
 
 def reads_recorded_contrast(credit_cfg: Any) -> bool:
@@ -75,8 +75,17 @@ def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | Non
     """w [B, T] of the configured scheme (or of `name`), without gradient."""
     name = name or credit_cfg.scheme
     inp = fetch_inputs(name, ro, advantages, policy, reference, credit_cfg, context, dists)
-    with torch.no_grad():
-        return credit_weights(name, inp, scheme_options(credit_cfg, name), credit_cfg.granularity)
+    options = scheme_options(credit_cfg, name)
+    if name in CREDIT_SCHEMES:  # a built-in scheme's failure is a bug: its traceback stays
+        with torch.no_grad():
+            return credit_weights(name, inp, options, credit_cfg.granularity)
+    try:  # a user's function (--credit): what went wrong in one line, naming it
+        with torch.no_grad():
+            return credit_weights(name, inp, options, credit_cfg.granularity)
+    except CreditSchemeError as e:
+        raise UserError(str(e)) from None
+    except Exception as e:
+        raise UserError(f"credit scheme '{name}' failed: {type(e).__name__}: {e}") from e
 
 
 def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,

@@ -1,0 +1,274 @@
+"""The credit-scheme registry (docs/concepts/credit.md#registry): each scheme is a named pure function that
+declares what it needs; the train step fetches exactly that and nothing else.
+
+A scheme is ``fn(inputs: CreditInputs, **options) -> w [B, T]`` (no gradient, mass-preserving),
+registered with the inputs it reads, in a module of its own in this package:
+
+    @register_scheme("mine", needs=("contrast",), doc="…")
+    def mine(inp: CreditInputs, alpha: Annotated[float, Option("α: …", low=0)] = 1.0) -> Tensor: ...
+
+Needs (the fields of `CreditInputs` they fill):
+- ``contrast``  — logp_pos, logp_neg: the sampled tokens' log-probs under the positive and the
+                  negative context [B, T] (recorded while sampling, or recomputed)
+- ``dists``     — dists: the trained policy's full next-token logits, an iterable of
+                  (token slice, logits [B, t, V]) chunks (memory stays at one chunk)
+- ``ref_dists`` — ref_dists: the same chunks for the reference policy (same slices)
+- ``features``  — features [B, T, D]: per-token embeddings (the VQ code vectors for images)
+- ``groups``    — advantages [B] and group_size: whole groups, so the weights are computed on the full
+                  batch before it is split into minibatches
+Always given: mask [B, T], step [B, T] (the step at which each token was decided) and layout
+(the (rows, cols) token grid of an image, or None for a sequence).
+
+Options are the keyword parameters after the first: the signature is their only declaration (name, type,
+default; `Option` in an ``Annotated`` type adds the documentation and accepted range that the config
+section ``credit.<name>.*`` and ``--help-config`` show). An option the function does not take is an
+error, never dropped. ``granularity="step"`` pools the weights over the tokens decided at one step.
+
+A user's own scheme (``--credit file.py:function``) is a function marked with `credit_scheme`; it is
+added under its spec with `add_user_scheme` and found by `get_scheme` like a built-in one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+NEEDS = ("contrast", "dists", "ref_dists", "features", "groups")
+Chunks = Iterable[tuple[slice, Tensor]]
+
+
+class CreditSchemeError(ValueError):
+    """A scheme asked for what it cannot have (inputs, options) or returned unusable weights."""
+
+
+@dataclass
+class CreditInputs:
+    """What a scheme may read. Fields a scheme did not declare are left None."""
+
+    mask: Tensor  # [B, T] — 1 for valid tokens
+    step: Tensor | None = None  # [B, T] long — step at which each token was decided (AR: t)
+    layout: tuple[int, int] | None = None  # (rows, cols) of an image's token grid; None = a sequence
+    logp_pos: Tensor | None = None  # [B, T] — log π(y_t | c⁺, …)  (contrast)
+    logp_neg: Tensor | None = None  # [B, T] — log π(y_t | c⁻, …)  (contrast)
+    dists: Callable[[], Chunks] | None = None  # () → chunks of the policy's logits [B, t, V]
+    ref_dists: Callable[[], Chunks] | None = None  # () → the reference's chunks, same slices
+    features: Tensor | None = None  # [B, T, D]
+    advantages: Tensor | None = None  # [B] (groups)
+    group_size: int | None = None  # G (groups)
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option's documentation and accepted range, attached to its parameter with ``Annotated``
+    (bounds as the config's: `low` ≤ v ≤ `high`, strict with `low_open` / `high_open`; `why` explains)."""
+
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class SchemeOption:
+    """One keyword option of a scheme, read from its signature."""
+
+    name: str
+    type: Any  # the annotation without Annotated; Any when there is none
+    default: Any  # inspect.Parameter.empty: the option must be given
+    info: Option | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class CreditScheme:
+    name: str
+    fn: Callable[..., Tensor]
+    needs: frozenset[str]
+    doc: str
+    specs: tuple[SchemeOption, ...] = field(default=())  # the keyword options the function takes
+    any_options: bool = False  # the function takes **kwargs
+    # cross-option check: options → None, or (option name, what is wrong) for a one-line error
+    check: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The names of the keyword options."""
+        return tuple(o.name for o in self.specs)
+
+    def describe_options(self) -> str:
+        return ", ".join(self.options) or "none"
+
+
+CREDIT_SCHEMES: dict[str, CreditScheme] = {}  # the built-in schemes (and any registered in code)
+USER_SCHEMES: dict[str, CreditScheme] = {}  # user functions, keyed by their spec ("file.py:function")
+
+
+def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[str] = (), doc: str = "",
+                         check: Any = None) -> CreditScheme:  # fmt: skip
+    """A `CreditScheme` for `fn`, its options read from its signature; CreditSchemeError for unknown
+    needs or a function that cannot take the inputs."""
+    needs = tuple(needs)
+    unknown = sorted(set(needs) - set(NEEDS))
+    if unknown:
+        raise CreditSchemeError(f"credit scheme {name!r}: unknown needs {unknown}; known: {', '.join(NEEDS)}")
+    if not callable(fn):
+        raise CreditSchemeError(f"credit scheme {name!r} is not a function (it is a {type(fn).__name__})")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        raise CreditSchemeError(f"credit scheme {name!r}: its signature cannot be read") from None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not params or params[0].kind not in positional:
+        raise CreditSchemeError(
+            f"credit scheme {name!r} must take the CreditInputs as its first argument: fn(inputs, **options)"
+        )
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # an annotation that cannot be resolved: the options stay untyped
+        hints = {}
+    options = []
+    for p in params[1:]:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise CreditSchemeError(f"credit scheme {name!r}: option {p.name!r} must be a keyword argument")
+        tp, info = hints.get(p.name, Any), None
+        if typing.get_origin(tp) is typing.Annotated:
+            tp, *extras = typing.get_args(tp)
+            info = next((e for e in extras if isinstance(e, Option)), None)
+        options.append(SchemeOption(p.name, tp, p.default, info))
+    any_options = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return CreditScheme(name, fn, frozenset(needs), doc, tuple(options), any_options, check)
+
+
+def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None) -> Callable:
+    """Decorator: add `fn` to `CREDIT_SCHEMES` under `name`, with the inputs it needs (and, optionally,
+    a `check` of its options together, see `CreditScheme`)."""
+
+    def add(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        CREDIT_SCHEMES[name] = scheme_from_function(name, fn, needs, doc, check)
+        return fn
+
+    scheme_from_function(name, lambda inp: inp, needs)  # unknown needs fail at the decorator line
+    return add
+
+
+def credit_scheme(needs: tuple[str, ...] = (), doc: str = "") -> Callable:
+    """Decorator for a user's own credit scheme (``t2i-gcpo train --credit file.py:function``,
+    docs/guides/custom-credit.md): declares the inputs it needs (any of `NEEDS`). It registers nothing;
+    the function is added under its spec when a run names it. Same as setting ``fn.needs = (…)``."""
+    scheme_from_function("credit_scheme", lambda inp: inp, needs)  # unknown needs: an error at import
+
+    def mark(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        fn.needs = tuple(needs)  # type: ignore[attr-defined]
+        if doc:
+            fn.credit_doc = doc  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def add_user_scheme(spec: str, fn: Callable[..., Tensor]) -> CreditScheme:
+    """Add the user function `fn` under `spec` (its declared needs from `credit_scheme` or ``fn.needs``);
+    replaces an earlier function of the same spec (the file was loaded again)."""
+    needs = getattr(fn, "needs", ())
+    if isinstance(needs, str):
+        needs = (needs,)
+    doc = getattr(fn, "credit_doc", None) or (inspect.getdoc(fn) or "").split("\n")[0]
+    USER_SCHEMES[spec] = scheme = scheme_from_function(spec, fn, needs, doc)
+    return scheme
+
+
+def get_scheme(name: str) -> CreditScheme:
+    if name in CREDIT_SCHEMES:
+        return CREDIT_SCHEMES[name]
+    if name in USER_SCHEMES:
+        return USER_SCHEMES[name]
+    raise KeyError(f"unknown credit scheme {name!r}; registered: {', '.join(CREDIT_SCHEMES)}")
+
+
+def check_options(scheme: CreditScheme, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` if `scheme` takes every one of them and each option it must be given is there, else a
+    CreditSchemeError naming the scheme and its options."""
+    if not scheme.any_options:
+        unknown = [k for k in options if k not in scheme.options]
+        if unknown:
+            s = "s" if len(unknown) > 1 else ""
+            raise CreditSchemeError(
+                f"credit scheme {scheme.name!r} has no option{s} {', '.join(map(repr, unknown))} "
+                f"(its options: {scheme.describe_options()})"
+            )
+    missing = [o.name for o in scheme.specs if o.required and o.name not in options]
+    if missing:
+        raise CreditSchemeError(f"credit scheme {scheme.name!r} needs the option(s) {', '.join(missing)}")
+    return dict(options)
+
+
+@torch.no_grad()
+def pool_by_step(weights: Tensor, step: Tensor, mask: Tensor) -> Tensor:
+    """Step granularity: every valid token gets the mean weight of the valid tokens of its row decided
+    at the same step (mass-preserving; identity when each step decides one token, as in AR)."""
+    m = mask.bool()
+    B, T = weights.shape
+    key = step.long().clamp_min(0)  # [B, T]
+    n_steps = int(key.max().item()) + 1 if key.numel() else 1
+    w = torch.where(m, weights.float(), torch.zeros_like(weights, dtype=torch.float32))
+    total = w.new_zeros(B, n_steps).scatter_add_(1, key, w)  # [B, S]
+    count = w.new_zeros(B, n_steps).scatter_add_(1, key, m.float())
+    mean = total / count.clamp_min(1)
+    return torch.where(m, mean.gather(1, key), torch.zeros_like(w))
+
+
+def credit_weights(name: str, inputs: CreditInputs, options: dict[str, Any] | None = None,
+                   granularity: str = "token") -> Tensor:  # fmt: skip
+    """w [B, T] of scheme `name`: checks that its declared inputs are present and that it takes every
+    option given, checks what it returns (a [B, T] tensor, finite on valid tokens), and pools by step
+    when asked."""
+    scheme = get_scheme(name)
+    missing = [n for n in scheme.needs if _missing(n, inputs)]
+    if missing:
+        raise CreditSchemeError(f"credit scheme {name!r} needs {missing}, which were not given")
+    w = scheme.fn(inputs, **check_options(scheme, options or {}))
+    if not isinstance(w, Tensor):
+        raise CreditSchemeError(
+            f"credit scheme {name!r} returned a {type(w).__name__}, expected a tensor [B, T]"
+        )
+    if w.shape != inputs.mask.shape:
+        raise CreditSchemeError(
+            f"credit scheme {name!r} returned {tuple(w.shape)}, expected {tuple(inputs.mask.shape)}"
+        )
+    bad = ~torch.isfinite(w) & inputs.mask.bool()
+    if bad.any():
+        raise CreditSchemeError(
+            f"credit scheme {name!r} returned NaN/inf weights for {int(bad.sum())} valid token(s) "
+            f"of {int(inputs.mask.bool().sum())}"
+        )
+    if granularity == "step":
+        if inputs.step is None:
+            raise ValueError("granularity 'step' needs CreditInputs.step")
+        w = pool_by_step(w, inputs.step, inputs.mask)
+    elif granularity != "token":
+        raise ValueError(f"unknown granularity {granularity!r}; expected 'token' or 'step'")
+    return w
+
+
+def _missing(need: str, inp: CreditInputs) -> bool:
+    fields = {
+        "contrast": (inp.logp_pos, inp.logp_neg),
+        "dists": (inp.dists,),
+        "ref_dists": (inp.ref_dists,),
+        "features": (inp.features,),
+        "groups": (inp.advantages, inp.group_size),
+    }[need]
+    return any(f is None for f in fields)

@@ -1,0 +1,13 @@
+"""Uniform credit (GRPO, DAPO): every valid token gets w = 1."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from t2i_gcpo.core.credit import uniform_weights
+from t2i_gcpo.core.schemes.registry import CreditInputs, register_scheme
+
+
+@register_scheme("uniform", doc="GRPO / DAPO: every valid token gets w = 1.")
+def uniform(inp: CreditInputs) -> Tensor:
+    return uniform_weights(inp.mask)
