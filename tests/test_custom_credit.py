@@ -17,7 +17,8 @@ from t2i_gcpo.config import load_config, preset_names
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES, USER_SCHEMES, CreditInputs, credit_weights
 from t2i_gcpo.errors import UserError
 
-from train_fixtures import tiny_policy_dir, write_prompt_file
+from tiny_models import tiny_policy_dir
+from train_fixtures import write_prompt_file
 
 FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=0", "eval_every=-1", "save_every=1")  # fmt: skip
