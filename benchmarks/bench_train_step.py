@@ -29,15 +29,20 @@ import torch  # noqa: E402
 
 from t2i_gcpo.resources import PROMPTS_DIR  # noqa: E402
 from t2i_gcpo.train.run import prepare  # noqa: E402
-from t2i_gcpo.train.trainer import Trainer, train_step  # noqa: E402
+from t2i_gcpo.train.trainer import Trainer  # noqa: E402
 
 ALGOS = ["grpo", "dapo", "gcpo", "dgpo", "gcpo-official", "critical"]
 PARTS = ["time/rollout", "time/reward", "time/update", "time/step"]
 
 
-def make_trainer(algo: str, model: str, steps: int, overrides: list[str], tmp: str, name: str | None = None) -> Trainer:
+def make_trainer(
+    algo: str, model: str, steps: int, overrides: list[str], tmp: str, name: str | None = None
+) -> Trainer:
     flags = dict(
-        prompts=str(PROMPTS_DIR / "shapeworld_train.jsonl"), model=model, out=f"{tmp}/{name or algo}", steps=steps
+        prompts=str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+        model=model,
+        out=f"{tmp}/{name or algo}",
+        steps=steps,
     )
     # dynamic sampling would change how many rollouts a step makes: switch it off so every
     # algorithm does exactly one rollout of the same size per step
@@ -55,7 +60,7 @@ def round_robin(trainers: dict[str, Trainer], steps: int, warmup: int,
     for step in range(1, warmup + steps + 1):
         for a, t in trainers.items():
             tic = time.perf_counter()
-            row = train_step(t, step)
+            row = t.train_step(step)
             row["time/step"] = time.perf_counter() - tic
             if after_step is not None:
                 after_step(a, row)

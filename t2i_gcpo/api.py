@@ -25,7 +25,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -445,16 +444,15 @@ def _main_process() -> bool:
 def _claim_run_dir(job: Any) -> None:
     """Name, create and lock the run directory now (the trainer would only at its start); under several
     processes it must be given (each would pick its own name)."""
-    from t2i_gcpo.outdir import lock_output
-    from t2i_gcpo.train.trainer import claim_run_dir
+    from t2i_gcpo.train.run_dir import claim_default_run_dir
 
     if job.run_dir is None:
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
             raise UserError(
                 "give out= when training a policy object or a prompt list under several processes"
             )
-        job.run_dir = claim_run_dir(Path("runs") / f"{job.cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-        job.lock = lock_output(job.run_dir)  # released when the run ends, as an out= one
+        # the lock is released when the run ends, as an out= one
+        job.run_dir, job.lock = claim_default_run_dir(job.cfg.algo)
     if _main_process():
         job.run_dir.mkdir(parents=True, exist_ok=True)
 

@@ -13,7 +13,8 @@ from t2i_gcpo.policies.ar import ARPolicy
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.policies.sampling import ChunkedDists
 from t2i_gcpo.tasks.loop import group_generators
-from t2i_gcpo.train.trainer import Batch, update
+from t2i_gcpo.train.batch import Batch
+from t2i_gcpo.train.update import update
 
 from tiny_models import tiny_policy_dir
 

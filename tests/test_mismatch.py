@@ -136,7 +136,7 @@ def test_the_recompute_pass_equals_the_first_pass_forward(tiny, autocast):
 
     from t2i_gcpo.policies.base import PromptRecord, SamplingParams
     from t2i_gcpo.policies.registry import load_policy
-    from t2i_gcpo.train.trainer import precision, recompute_old_logprobs
+    from t2i_gcpo.train.update import precision, recompute_old_logprobs
 
     policy = load_policy(tiny["model"])
     prompts = [PromptRecord(json.loads(line)["prompt"]) for line in open(tiny["prompts"]).readlines()[:2]]

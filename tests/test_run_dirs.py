@@ -22,10 +22,10 @@ from t2i_gcpo.errors import UserError, one_line
 from t2i_gcpo.outdir import LOCK_NAME, lock_output
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.checkpoint import carry_types, latest_checkpoint, load_carry
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree
-from t2i_gcpo.train.trainer import Batch
 
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
@@ -319,17 +319,17 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     assert [r["step"] for r in rows(full)] == [0, 1, 2, 3, 3]  # base, steps, final evaluation
 
     crashed = tmp_path / "crashed"
-    real_step = trainer_mod.train_step
+    real_step = trainer_mod.Trainer.train_step
 
     def crash_at_2(t, step):
         if step == 2:
             raise RuntimeError("simulated crash")
         return real_step(t, step)
 
-    monkeypatch.setattr(trainer_mod, "train_step", crash_at_2)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", crash_at_2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(tiny, crashed, 3, extra)
-    monkeypatch.setattr(trainer_mod, "train_step", real_step)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", real_step)
     assert latest_checkpoint(crashed) is None
     code, _, err = cli(capsys, *cli_args(tiny, crashed, 3, extra))
     assert code == 2 and f"continue it with --resume {crashed}" in error_line(err)

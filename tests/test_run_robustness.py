@@ -19,6 +19,7 @@ import yaml
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+import t2i_gcpo.train.run_dir as run_dir_mod
 import t2i_gcpo.train.trainer as trainer_mod
 from t2i_gcpo.cli import cli
 from t2i_gcpo.config import from_dict, load_config
@@ -99,19 +100,19 @@ def test_extended_run_crashes_then_plain_resume_finishes_it(tiny, tmp_path, monk
     out = tmp_path / "run"
     evals = ("eval_every=0", f"eval_prompts={tiny['eval']}", "eval_images_per_prompt=2")
     train(tiny, out, steps=2, extra=evals)  # finished: final eval row at step 2
-    real_step = trainer_mod.train_step
+    real_step = trainer_mod.Trainer.train_step
 
     def crash_at_4(t, step):
         if step == 4:
             raise RuntimeError("simulated crash at step 4")
         return real_step(t, step)
 
-    monkeypatch.setattr(trainer_mod, "train_step", crash_at_4)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", crash_at_4)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(prepare(resume_dir=out, steps=5))  # extend to 5 steps; checkpoint at 3, then the crash
     assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 5, "the new total is saved"
     assert not (out / "eval.json").exists(), "eval.json of step 2 no longer describes the run"
-    monkeypatch.setattr(trainer_mod, "train_step", real_step)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", real_step)
 
     run(prepare(resume_dir=out))  # plain --resume: continues to 5 from the checkpoint at 3
     assert kinds(out) == [
@@ -194,7 +195,7 @@ def test_resume_after_the_last_checkpoint_but_before_the_end_writes_the_final_ev
 
 def test_default_run_directories_never_collide(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(trainer_mod.time, "strftime", lambda fmt, *a: "20261123-120000")  # same second
+    monkeypatch.setattr(run_dir_mod.time, "strftime", lambda fmt, *a: "20261123-120000")  # same second
     for _ in range(2):
         train(tiny, None, steps=1)
     dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())

@@ -269,8 +269,9 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
         flags["out"] = str(tmp_path / algo)
         job = prepare(algo=algo, flags=flags, overrides=(*FAST, "eval_images_per_prompt=1"))
         t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
-        capacity = t.blocks * t.local_prompts  # a round's slots
-        draws = [t.prompts_for(step, round_, capacity) for step in (1, 2, 3) for round_ in range(t.rounds)]
+        c = t.collector
+        capacity = c.blocks * c.local_prompts  # a round's slots
+        draws = [c.prompts_for(step, round_, capacity) for step in (1, 2, 3) for round_ in range(c.rounds)]
         eval_keys.clear()
         metrics, _ = t.evaluate()  # the base model: every algorithm starts from it
         seen[algo] = {

@@ -4,7 +4,7 @@ Trainers are built and stepped by benchmarks/bench_train_step.py (`make_trainer`
 shipped ShapeWorld prior, its prompts, dynamic sampling off (so every algorithm samples exactly one
 batch of P prompts × 8 per step), the k-th step of every algorithm back to back. Times are the
 trainer's own (``time/rollout``, ``time/reward`` = decode + reward, ``time/update``) and the wall time
-of `train_step`, median over the timed steps after the warm-up.
+of `Trainer.train_step`, median over the timed steps after the warm-up.
 
 Peak memory per phase: the policy's ``rollout`` and the trainer's reward are wrapped so that the
 phases rollout → reward (decode + score) → update (advantages, credit, loss, backward, optimizer) are
@@ -78,7 +78,7 @@ def update_flops(trainer: Any) -> float:
     from t2i_gcpo.train.distributed import unwrap
 
     cfg, policy = trainer.cfg, unwrap(trainer.policy)
-    samples = trainer.local_prompts * cfg.rollout.group_size
+    samples = trainer.collector.local_prompts * cfg.rollout.group_size
     one = teacher_forced_flops(shape_of(policy), policy.prefix_len, policy.num_tokens, samples)
     rows = 2 if cfg.rollout.train_logp == "cfg" else 1
     needs = get_scheme(cfg.credit.scheme).needs
@@ -100,7 +100,9 @@ def run(ctx: Context) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {a: make_trainer(a, "shapeworld", warmup + steps, overrides, tmp) for a in algos}
         if native_bf16(ctx.device):  # the presets sample and update in bf16 here ('auto'): DAPO in fp32 too
-            trainers[FP32] = make_trainer("dapo", "shapeworld", warmup + steps, [*overrides, *FP32_SETS], tmp, FP32)
+            trainers[FP32] = make_trainer(
+                "dapo", "shapeworld", warmup + steps, [*overrides, *FP32_SETS], tmp, FP32
+            )
         meters = {a: instrument(t, ctx.device) for a, t in trainers.items()}
 
         def after(algo: str, row: dict) -> None:

@@ -179,3 +179,26 @@ def load_scheduler(ckpt: Path) -> dict | None:
     if not tree_files(ckpt, "scheduler")[1].is_file():
         return None
     return load_tree(ckpt, "scheduler", "the lr scheduler state")
+
+
+def collector_checkpoint(states: list[dict]) -> tuple[dict, list | None]:
+    """The batch collectors' states (train/collect.py `state_dict`, one per process in process order)
+    as a checkpoint stores them: (trainer-state entries, carry). The running zero-std estimate goes to
+    trainer_state.json (every process holds the same); the carried groups to carry.safetensors + .json,
+    one entry per process (None: no process carried any, and no carry file is written)."""
+    carry = [s["carry"] for s in states]
+    state = {"zero_std_estimate": states[0]["zero_std_estimate"]}
+    return state, (carry if any(c is not None for c in carry) else None)
+
+
+def load_collector_state(ckpt: Path, process_index: int, num_processes: int, device: Any = "cpu") -> dict:
+    """This process's batch collector state saved in `ckpt` (see `collector_checkpoint`). Groups
+    carried by a run with another number of processes are dropped (the main process says so)."""
+    state = load_trainer_state(ckpt)
+    carry = load_carry(ckpt, device)
+    own = None
+    if carry is not None and len(carry) == num_processes:
+        own = carry[process_index]
+    elif carry is not None and process_index == 0:
+        print(f"note: {len(carry)} processes carried groups into step {state['step'] + 1}; dropped them")
+    return {"carry": own, "zero_std_estimate": state.get("zero_std_estimate")}

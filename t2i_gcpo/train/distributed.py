@@ -177,6 +177,45 @@ def global_denominator(local: Any, accelerator: Any, active: bool = True) -> Any
     return (d / n).reshape(()).to(torch.as_tensor(local).dtype)
 
 
+def any_process(flag: bool, accelerator: Any) -> bool:
+    """Whether `flag` holds on any process (one all-reduce; every process must call it)."""
+    import torch
+
+    t = torch.tensor([float(flag)], device=accelerator.device)  # NCCL reduces GPU tensors only
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+def gather_objects(obj: Any, accelerator: Any) -> list[Any]:
+    """Every process's `obj`, in process order (a collective under several processes)."""
+    if accelerator.num_processes == 1:
+        return [obj]
+    from accelerate.utils import gather_object
+
+    return gather_object([obj])
+
+
+def broadcast_from_main(obj: Any, accelerator: Any) -> Any:
+    """The main process's `obj`, on every process (a collective under several processes)."""
+    if accelerator.num_processes == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([obj])[0]
+
+
+def average_over_processes(row: dict[str, float], accelerator: Any) -> dict[str, float]:
+    """Average per-process metrics, each key over the processes that report it (their prompt tags
+    can differ: `strict/<tag>` exists only where the tag was drawn). Unweighted: exact for means over
+    equal shares (reward/mean without dynamic sampling), approximate otherwise."""
+    if accelerator.num_processes == 1:
+        return row
+    rows = gather_objects({k: float(v) for k, v in row.items()}, accelerator)  # one dict per process
+    keys = sorted(set().union(*rows))
+    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+
+
 def leave_process_group() -> None:
     """Destroy the distributed process group, if there is one, before the process exits: a process
     that exits with a live gloo group can abort in C++ teardown ("terminate called without an active

@@ -1,0 +1,174 @@
+"""One step's training groups: rollout → decode → reward → group advantages, round by round, until
+this process holds P groups with signal (docs/concepts/algorithms.md#sequence-advantages, "Dynamic
+sampling").
+
+With `advantage.dynamic_sampling`, groups whose rewards are all equal are dropped and further rounds
+draw more; a round over-samples by the running share of groups without signal r̂, a step draws at
+most `draw_budget`·P groups, and groups with signal beyond P are carried into the next step. The
+collector's state (the carried groups and r̂) is what a checkpoint saves for it (`state_dict`).
+
+Prompt slots are pure functions of (seed, step, round, process): resume and the paired-seed
+comparison of runs depend on them (`prompts_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from t2i_gcpo import metrics as M
+from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.train.batch import Batch
+from t2i_gcpo.train.data import PromptStream
+
+
+@dataclass
+class Collected:
+    """What one process drew in one step."""
+
+    batch: Batch | None  # ≤ P groups with signal, the carried-over ones first; None: none had signal
+    carried: int  # groups at the head of `batch` carried over from the previous step (older weights)
+    last_round: Batch  # every group of the step's last round, with or without signal
+    scores: torch.Tensor  # [n] the score of every sample drawn this step
+    details: list[dict] = field(default_factory=list)  # their per-sample reward details
+    groups_drawn: int = 0
+    groups_without_signal: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # time/rollout, time/reward
+
+    def stand_in(self) -> Batch:
+        """One group of the last round with zero advantages: a process whose groups all lacked signal
+        trains on it with a zero loss, to join the other processes' gradient all-reduce."""
+        last = self.last_round
+        G = last.rollout.group_size
+        return Batch(last.rollout, torch.zeros(len(last.advantages)), last.reward, last.outputs).select(
+            torch.arange(G)
+        )
+
+    def metrics(self) -> dict[str, float]:
+        scores = self.scores
+        return {
+            M.REWARD_MEAN: scores.mean().item(),
+            M.REWARD_STD: scores.std().item() if len(scores) > 1 else 0.0,
+            M.ZERO_STD_RATIO: self.groups_without_signal / max(self.groups_drawn, 1),
+            M.GROUPS_KEPT: groups_in([self.batch]) if self.batch is not None else 0,
+            M.GROUPS_DRAWN: self.groups_drawn,
+            M.GROUPS_CARRIED: self.carried,
+        }
+
+
+class BatchCollector:
+    """Draws one process's groups for each step: DAPO's dynamic sampling within a draw budget,
+    over-sampling by r̂, carry-over of the surplus."""
+
+    def __init__(
+        self, cfg: TrainConfig, stream: PromptStream, process_index: int = 0, num_processes: int = 1
+    ):
+        P = cfg.rollout.prompts_per_step
+        if P % num_processes:
+            raise UserError(
+                f"rollout.prompts_per_step={P} must be divisible by the {num_processes} processes"
+            )
+        self.cfg, self.stream, self.process_index = cfg, stream, process_index
+        self.local_prompts = P // num_processes  # groups this process trains on per step
+        # rounds per step, and how many groups a step may draw (a round's slots are `blocks` blocks of P,
+        # so an over-sampled round never reuses another round's slots). The slot layout is the same
+        # without dynamic sampling: runs with one seed draw their step's first groups from the same
+        # slots (prompts and sampling seeds) whatever the algorithm
+        dyn = cfg.advantage
+        self.rounds = 1 + (dyn.max_resample if dyn.dynamic_sampling else 0)
+        self.blocks = math.ceil(dyn.draw_budget)
+        self.draw_budget = (
+            int(dyn.draw_budget * self.local_prompts) if dyn.dynamic_sampling else self.local_prompts
+        )
+        self.zero_std_estimate: float | None = None  # r̂: running share of groups without signal
+        self.carry: Batch | None = None  # groups with signal drawn beyond P, trained at the next step
+
+    def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
+        """This process's groups for `step`: the last step's carried-over groups first, then rounds
+        of fresh ones until P have signal, the round limit or the draw budget is reached."""
+        adv_cfg, G, P = self.cfg.advantage, self.cfg.rollout.group_size, self.local_prompts
+        seconds = {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0}
+        kept: list[Batch] = [self.carry] if self.carry is not None else []
+        carried, self.carry = groups_in(kept), None
+        scores, details, drawn, without_signal = [], [], 0, 0
+        last_round: Batch | None = None
+        budget = self.draw_budget  # groups this process may still draw this step
+        for round_ in range(self.rounds):
+            missing = P - groups_in(kept)
+            if missing <= 0 or budget <= 0:
+                break
+            # over-sampled by the expected share without signal: one batched round usually fills the
+            # step; each group is seeded by its stream slot
+            slots, prompts = self.prompts_for(step, round_, min(self.groups_to_draw(missing), budget))
+            budget -= len(prompts)
+            scored = sample_and_score(policy, reward, prompts, G, sampling,
+                                      group_generators(self.cfg.seed, "train", slots))  # fmt: skip
+            seconds[M.TIME_ROLLOUT] += scored.seconds["rollout"]
+            seconds[M.TIME_REWARD] += scored.seconds["reward"]
+            r = scored.reward.scores  # NaN/raise → RewardError
+            adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
+            last_round = Batch(scored.rollout, adv, scored.reward, scored.outputs)
+            scores.append(r)
+            details += scored.reward.details
+            keep = torch.ones(len(adv), dtype=torch.bool)
+            if adv_cfg.dynamic_sampling:  # DAPO: only groups with signal
+                keep, _ = dynamic_sampling_filter(r, G)
+            drawn += len(prompts)
+            without_signal += len(prompts) - int(keep.sum()) // G
+            idx = keep.nonzero().flatten()
+            if len(idx):
+                kept.append(last_round.select(idx))
+        batch = Batch.concat(kept)
+        if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
+            rows = torch.arange(len(batch.rollout))
+            if adv_cfg.carry_over:
+                self.carry = batch.select(rows[P * G : (P + P // 2) * G]) if P // 2 else None
+            batch = batch.select(rows[: P * G])
+        return Collected(batch, carried, last_round, torch.cat(scores), details,
+                         groups_drawn=drawn, groups_without_signal=without_signal, seconds=seconds)  # fmt: skip
+
+    def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
+        """This process's first `count` prompts for (step, round), with their positions in the prompt
+        stream. A round owns `blocks` blocks of P slots; process k takes slots k·p … k·p + p − 1 of each
+        block in turn (p = P / processes), so a slot is the same whatever the number of processes."""
+        P, p = self.cfg.rollout.prompts_per_step, self.local_prompts
+        if count > self.blocks * p:
+            raise ValueError(f"a round holds at most {self.blocks * p} groups per process, asked for {count}")
+        base = (step * (1 + self.cfg.advantage.max_resample) + round_) * self.blocks * P
+        slots = [base + (j // p) * P + self.process_index * p + j % p for j in range(count)]
+        return slots, [self.stream.take(slot, 1)[0] for slot in slots]
+
+    def groups_to_draw(self, missing: int) -> int:
+        """Groups to sample for `missing` groups with signal: missing / (1 − r̂), r̂ the running share
+        of groups without signal (no over-sampling before the first step has measured it)."""
+        r = self.zero_std_estimate
+        if not self.cfg.advantage.dynamic_sampling or r is None:
+            return missing
+        return math.ceil(missing / max(1.0 - r, 0.05) - 1e-9)
+
+    def observe_zero_std(self, ratio: float) -> None:
+        """Update r̂ from a step's measured share (averaged over processes, so every rank agrees);
+        without dynamic sampling r̂ is not kept."""
+        if not self.cfg.advantage.dynamic_sampling:
+            return
+        r = self.zero_std_estimate
+        self.zero_std_estimate = ratio if r is None else 0.8 * r + 0.2 * ratio
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint saves (train/checkpoint.py `collector_checkpoint`): the groups carried
+        into the next step and r̂."""
+        return {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.carry, self.zero_std_estimate = state["carry"], state["zero_std_estimate"]
+
+
+def groups_in(batches: list[Batch]) -> int:
+    return sum(len(b.rollout) // b.rollout.group_size for b in batches)

@@ -1,0 +1,232 @@
+"""The update on one step's batch: credit weights → clipped policy loss → optimizer step, epoch by
+epoch and minibatch by minibatch, with the rollout-mismatch metrics, truncated importance sampling
+and a recomputed π_old (docs/mismatch.md#what-the-trainer-does), and the NaN guard."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+
+from t2i_gcpo import metrics as M
+from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.train.batch import Batch
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
+from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
+
+
+def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, optimizer: Any,
+           accelerator: Any, loss_scale: float = 1.0, stale_rows: int = 0) -> tuple[dict, torch.Tensor]:  # fmt: skip
+    """Clipped policy-gradient update(s) on one batch → (loss/credit statistics, weights [B, T]).
+
+    Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
+    batch is split into minibatches, weights and loss normalisers are computed on the whole batch
+    first (schemes may need whole groups; the normaliser must be the batch's), so any split gives the
+    same gradient. With several processes the normaliser is the global batch's (`global_denominator`),
+    so DDP's gradient average equals one process training on the whole global batch. `loss_scale` 0
+    lets a process without data join the others' gradient all-reduce.
+
+    π_old is the sampler's recorded log-prob, or (rollout.old_logprobs=recompute) the update's own
+    forward under the weights that sampled; the first pass measures how far the recorded ones are from
+    it (`mismatch/*`, over rows from row `stale_rows` on: the first rows were carried over from the
+    previous step and sampled by older weights)."""
+    ctx, agg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss.aggregation
+    ro = batch.rollout
+    adv = batch.advantages.to(ro.mask.device)  # rewards and advantages are computed on the CPU
+    chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
+    logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
+    if cfg.rollout.old_logprobs == "recompute" and cfg.optim.update_epochs > 1:
+        logp_old = recompute_old_logprobs(cfg, ro, chunks, policy, accelerator, ctx)
+    fresh = (torch.arange(len(ro)) >= stale_rows).to(ro.mask)  # [B]: rows sampled by these weights
+    mismatch = MismatchMeter()
+    stats: dict[str, list[float]] = {}
+    weights = torch.zeros_like(ro.mask)
+    for epoch in range(cfg.optim.update_epochs):
+        whole = denom = None  # the whole batch's weights and loss normaliser, when it is split
+        if len(chunks) > 1:
+            whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
+            denom = aggregation_denominator(agg, ro.loss_mask, whole)
+        optimizer.zero_grad(set_to_none=True)
+        finite_loss = True
+        for i, idx in enumerate(chunks):
+            mb = ro.select(idx)
+            with _gradient_sync(policy, accelerator, last=i == len(chunks) - 1):
+                with precision(cfg, accelerator):
+                    logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
+                recorded = mb.logp[ctx]  # [B, T] π_rollout
+                if epoch == 0:  # weights unchanged since sampling: any gap is numerics
+                    mismatch.add(logp, recorded, mb.loss_mask * fresh[idx, None])
+                old = recorded
+                if cfg.rollout.old_logprobs == "recompute":  # one epoch: this forward is π_old itself
+                    old = logp_old[idx] if logp_old is not None else logp.detach()
+                if whole is not None:
+                    w = whole[idx]
+                else:
+                    w = compute_weights(cfg.credit, mb, adv[idx], policy, credit_ref, ctx, dists)
+                if i == 0 and accelerator.num_processes > 1:  # the global batch's normaliser
+                    local = denom if denom is not None else aggregation_denominator(agg, mb.loss_mask, w)
+                    denom = global_denominator(local, accelerator, active=loss_scale != 0)
+                loss, st = minibatch_loss(cfg, mb, adv[idx], logp, old, w, denom, ref, ctx, accelerator)
+                st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)  # before backward: FSDP reshards weights there
+                finite_loss = finite_loss and bool(torch.isfinite(loss))
+                accelerator.backward(loss * loss_scale)
+            weights[idx] = w.to(weights)
+            st.update(credit_stats(w, mb.loss_mask))
+            for k, v in st.items():
+                stats.setdefault(k, []).append(float(v))
+        grad_norm = optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
+        stats.setdefault(M.GRAD_NORM, []).append(grad_norm)
+    return {**average(stats, cfg.optim.update_epochs), **mismatch.metrics(ctx)}, weights
+
+
+def minibatch_loss(cfg: TrainConfig, mb: Rollout, adv: torch.Tensor, logp: torch.Tensor, old: torch.Tensor,
+                   w: torch.Tensor, denom: Any, ref: Any, ctx: str, accelerator: Any) -> tuple[torch.Tensor, dict]:  # fmt: skip
+    """The clipped loss of one minibatch (core.losses.policy_loss) with the KL term to the frozen
+    reference when loss.beta > 0 and TIS weights min(π_old/π_rollout, C) when loss.tis_cap = C."""
+    loss_cfg, recorded = cfg.loss, mb.logp[ctx]
+    is_w = tis_weights(old, recorded, loss_cfg.tis_cap) if loss_cfg.tis_cap else None
+    logp_ref = None
+    if loss_cfg.beta > 0:
+        with torch.no_grad(), precision(cfg, accelerator):
+            logp_ref = ref(mb, context=ctx)
+    loss, st = policy_loss(
+        logp, old, adv, mb.loss_mask,
+        weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
+        dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
+        logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
+        max_len=mb.max_len, denom=denom, is_weights=is_w,
+    )  # fmt: skip
+    if is_w is not None:
+        st.update(tis_stats(is_w, old, recorded, mb.loss_mask))
+    return loss, st
+
+
+def optimizer_step(
+    cfg: TrainConfig, policy: Any, optimizer: Any, accelerator: Any, finite_loss: bool
+) -> float:
+    """Clip the gradient, step, and return its norm. The NaN guard: a non-finite loss or gradient never
+    reaches the weights, non-finite weights never reach a checkpoint (the run stops; Trainer.fit names
+    the last good checkpoint)."""
+    grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf")))
+    refuse_non_finite({"loss": not finite_loss, "gradient norm": not math.isfinite(grad_norm)}, accelerator)
+    optimizer.step()
+    gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
+    refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
+    return grad_norm
+
+
+def average(stats: dict[str, list[float]], epochs: int) -> dict[str, float]:
+    """Per-minibatch statistics → one number each: loss terms are minibatch shares of one loss (summed,
+    averaged over epochs); the rest are averaged."""
+    losses = {M.LOSS_POLICY, M.LOSS_KL}
+    return {k: (sum(v) / epochs if k in losses else sum(v) / len(v)) for k, v in stats.items()}
+
+
+class MismatchMeter:
+    """Rollout vs update log-probs on the first pass: the token-weighted mean k3 and the largest
+    |Δ log p| over the tokens it is given."""
+
+    def __init__(self) -> None:
+        self.k3_sum, self.tokens, self.max_abs = 0.0, 0.0, 0.0
+
+    def add(self, logp: torch.Tensor, recorded: torch.Tensor, on: torch.Tensor) -> None:
+        k3, gap = rollout_mismatch(logp, recorded, on)
+        self.k3_sum, self.tokens = self.k3_sum + float(k3) * float(on.sum()), self.tokens + float(on.sum())
+        self.max_abs = max(self.max_abs, float(gap))
+
+    def metrics(self, ctx: str) -> dict[str, float]:
+        if not self.tokens:  # every row was carried over (or a zero-loss stand-in)
+            return {}
+        return {
+            M.MISMATCH_K3.format(context=ctx): self.k3_sum / self.tokens,
+            M.MISMATCH_MAX.format(context=ctx): self.max_abs,
+        }
+
+
+def recompute_old_logprobs(cfg: TrainConfig, ro: Rollout, chunks: Any, policy: Any, accelerator: Any,
+                           ctx: str) -> torch.Tensor:  # fmt: skip
+    """π_old [B, T] of the trained context: a teacher-forced no-grad forward of the weights that sampled,
+    minibatch by minibatch in the update's precision (the same numbers its first pass computes)."""
+    out = torch.zeros_like(ro.mask, dtype=torch.float32)
+    with torch.no_grad(), precision(cfg, accelerator):
+        for idx in chunks:
+            out[idx] = unwrap(policy)(ro.select(idx), context=ctx).float()
+    return out
+
+
+def precision(cfg: TrainConfig, accelerator: Any) -> Any:
+    """optim.autocast=bf16: the update's forward passes under bfloat16 autocast (a no-op otherwise).
+    Rollouts follow rollout.autocast (tasks/loop.py `sampler_precision`)."""
+    return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16")
+
+
+def _gradient_sync(policy: Any, accelerator: Any, last: bool) -> Any:
+    """DDP: gradients are all-reduced on the last minibatch's backward only."""
+    if last or accelerator.num_processes == 1:
+        return contextlib.nullcontext()
+    return accelerator.no_sync(policy)
+
+
+# ============================================================================ the NaN guard
+
+
+class NonFiniteError(UserError):
+    """The loss, the gradient or the weights became NaN or inf: the run stops, its last checkpoint
+    (written before) is kept. Not a usage error: exit status 1."""
+
+    exit_code = 1
+
+
+def refuse_non_finite(bad: dict[str, bool], accelerator: Any) -> None:
+    """Raise NonFiniteError naming the first of `bad`'s quantities that is flagged on any process
+    (all processes agree, so all stop together)."""
+    flags = torch.tensor([float(v) for v in bad.values()], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    for name, flag in zip(bad, flags.tolist()):
+        if flag:
+            raise NonFiniteError(f"the {name} became NaN or inf")
+
+
+def weights_finite(model: Any) -> bool:
+    """Whether every trainable parameter (this process's shard under FSDP) is finite; one sync."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
+    return bool(torch.stack([p.detach().isfinite().all() for p in local]).all()) if local else True
+
+
+# ============================================================================ statistics
+
+
+def credit_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Max weight and normalised entropy of w/N per sequence, averaged (1 = uniform credit)."""
+    n = mask.sum(-1).clamp_min(1)
+    p = (weights * mask) / n[:, None]
+    ent = -(p.clamp_min(1e-12).log() * p).sum(-1) / n.clamp_min(2).log()
+    valid = mask.sum(-1) > 1
+    return {
+        M.CREDIT_WEIGHT_MAX: (weights * mask).max(-1).values[valid].mean().item() if valid.any() else 1.0,
+        M.CREDIT_WEIGHT_ENTROPY: ent[valid].mean().item() if valid.any() else 1.0,
+    }
+
+
+def tis_stats(is_w: torch.Tensor, old: torch.Tensor, recorded: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Mean TIS weight and the share of tokens whose π_old/π_rollout went past the cap."""
+    m = mask.bool()
+    n = m.sum().clamp_min(1)
+    capped = (old.detach().float() - recorded.float()).exp() > is_w
+    return {M.TIS_WEIGHT_MEAN: float(is_w[m].sum() / n), M.TIS_CAPPED: float((capped & m).sum() / n)}
+
+
+def token_entropy(dists: Any, mask: torch.Tensor) -> float:
+    """Mean entropy (nats) over valid tokens of the trained distribution, chunk by chunk."""
+    total = 0.0
+    for sl, z in dists:
+        logp = torch.log_softmax(z.float(), -1)
+        ent = -(logp.exp() * logp).sum(-1)  # [B, t]
+        total += float((ent * mask[:, sl].to(ent)).sum())
+    return total / max(float(mask.sum()), 1.0)
