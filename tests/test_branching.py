@@ -120,7 +120,9 @@ def test_ar_continuations_keep_prefix_and_record_teacher_forced_logprobs(ar):
 
 
 def test_ar_continuation_with_the_roots_uniforms_is_the_root(ar):
-    check_reproduces_root(ar, records(SHAPES), ar.default_sampling(), [[0, 45], [57, 63]])
+    # hot sampling: every position's draw depends on its uniform (cold, the background tokens would not)
+    hot = SamplingParams(guidance_scale=3.0, temperature=3.0)
+    check_reproduces_root(ar, records(SHAPES), hot, [[0, 21], [33, 63]])
 
 
 def test_ar_continuation_depends_on_its_key_only(ar):
@@ -169,7 +171,8 @@ def test_masked_continuations_keep_revealed_canvas_and_record_trajectory_logprob
     assert br.rollout.tokens.shape == (12, 64)
     check_prefixes(ro, br, masked=True)
     check_teacher_forced(masked, br)
-    check_reproduces_root(masked, records(SHAPES), sampling, [[0, 3], [5, -1]], masked=True)
+    hot = SamplingParams(guidance_scale=3.0, steps=6, reveal_order=order, temperature=3.0)
+    check_reproduces_root(masked, records(SHAPES), hot, [[0, 3], [2, -1]], masked=True)
 
 
 def test_masked_remask_roots_give_trajectory_continuations(masked):
