@@ -19,8 +19,9 @@ What is shared, per family:
   CFG halves, all roots in one batch) fills a fused KV cache; the continuations from t copy its first
   P + t slots (index copies, no recompute) and decode T − t tokens, batched over every (root, c) that
   branches at the same t. Cost: one prefill (≈ one forward over the roots' sequences, cheap next to
-  the T sequential steps of their sampling) plus (T − t) + 1 single-token steps per continuation (the
-  +1 re-feeds the prefix's last token to get position t's logits). The rollout's own cache is not
+  the T sequential steps of their sampling) plus T − t single-token steps per continuation (the first
+  re-feeds the prefix's last token to get position t's logits; a fresh sample takes a prefill and
+  T − 1). The rollout's own cache is not
   kept: adapters do not return it (a hook returning the final `FusedLlamaDecoder` would save the
   prefill).
 - Text (`TextPolicy`) on a plain Llama (the fused sampler): the same, with left-padded contexts (per-row
@@ -89,7 +90,7 @@ def decision_steps(rollout: Rollout) -> Tensor:
     valid = rollout.mask > 0
     if rollout.state.get("estimator") == "remask":  # the loss mask hides tokens, not decisions
         valid = torch.ones_like(valid)
-    return torch.where(valid, rollout.step, -1).amax(dim=1).clamp_min(-1) + 1
+    return torch.where(valid, rollout.step, -1).amax(dim=1) + 1
 
 
 def continuation_keys(slots: Sequence[int | tuple[int, ...]], group_size: int, points: Tensor,
