@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 
-from t2i_gcpo.policies.ar import SHIPPED
+from t2i_gcpo.policies.families.ar import SHIPPED
 
 
 def main() -> None:

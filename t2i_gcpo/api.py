@@ -139,13 +139,16 @@ def _overrides(
 
 def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
     """(the policy object or None, the string config.yaml records for `model`)."""
+    from t2i_gcpo.policies.base import Policy, policy_members
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
     if model is None or isinstance(model, (str, os.PathLike)):
         return None, None if model is None else os.fspath(model)
-    if not hasattr(model, "rollout") or not hasattr(model, "decode"):
+    if not isinstance(model, Policy):  # the protocol's members, checked by name
+        missing = [m for m in policy_members() if not hasattr(model, m)]
         raise UserError(
-            f"model must be a name, a path or a policy (with rollout and decode), got {type(model).__name__}"
+            f"model must be a name, a path or a Policy (t2i_gcpo.policies.base.Policy), got "
+            f"{type(model).__name__}, which lacks {', '.join(missing)}"
         )
     return model, f"{PYTHON_OBJECT}:{type(model).__name__}"
 

@@ -303,3 +303,13 @@ def test_credit_maps_draws_each_prompt_and_measures_lift(tmp_path):
     assert "gcpo" in table and "wrote 2 figures" in table
     api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
     assert (out / "00000.png").is_file() and not (out / "00001.png").exists()  # the earlier run's figure
+
+
+def test_a_python_object_that_is_not_a_policy_is_refused_naming_what_it_lacks():
+    class Half(torch.nn.Module):  # a generator with rollout and decode, nothing else of the protocol
+        def rollout(self, *a): ...
+
+        def decode(self, *a): ...
+
+    with pytest.raises(UserError, match=r"lacks output, layout, .*capabilities.*keep_full_precision"):
+        api.generate(Half(), ["a photo of a red circle"], n=1)

@@ -15,6 +15,7 @@ import torch
 from t2i_gcpo.core.losses import policy_loss
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.policies.families.masked import SHIPPED
 from t2i_gcpo.policies.masked import MaskedConfig, MaskedPolicy, load_masked_policy
 from t2i_gcpo.policies.maskgen import (
     draw_remasks,
@@ -397,7 +398,7 @@ def test_load_errors_name_the_path(tmp_path):
 
 
 def test_shipped_checkpoint_loads_and_replays():
-    policy = load_masked_policy("shapeworld-masked")
+    policy = load_masked_policy(SHIPPED["shapeworld-masked"])
     assert policy.layout.grid == (8, 8)
     ro = policy.rollout(records([PROMPTS[0]]), 2, policy.default_sampling(), gens(0, 1))
     assert (policy.logprobs(ro, "guided") - ro.logp["guided"]).abs().max().item() < 1e-3

@@ -195,3 +195,17 @@ def test_an_installed_package_registers_a_family_through_its_entry_point(monkeyp
     finally:
         registry.unregister_family("plugged")
         toy_family.register()
+
+
+def test_a_scheme_reading_distributions_is_refused_where_the_family_declares_none():
+    from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.train.credit import compute_weights
+
+    policy = toy_family.ToyPolicy()
+    ro = policy.rollout([PromptRecord("a red circle")], 2, policy.default_sampling(), gens(0, range(1)))
+    credit = TrainConfig().credit
+    assert compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo").shape == ro.mask.shape
+    policy.capabilities = dataclasses.replace(policy.capabilities, full_dists=False)
+    with pytest.raises(UserError, match="full next-token distributions"):
+        compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo")
+    compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="uniform")  # needs none

@@ -130,7 +130,7 @@ def test_sample_compositional_prompts_of_up_to_6_objects_on_the_shipped_model(tm
 
 
 def test_the_shipped_prior_reads_every_word_and_length_the_grammar_accepts():
-    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.worlds.shapeworld import SHAPES
     from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS
     from t2i_gcpo.worlds.shapeworld.parse import geneval_plural, longest_prompt_words
@@ -150,7 +150,7 @@ def test_a_group_of_the_shipped_prior_at_its_default_sampling_is_not_identical_c
     variance teaches RL nothing)."""
     import torch
 
-    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.policies.base import PromptRecord
 
     policy = load_policy("shapeworld").eval()
@@ -227,7 +227,7 @@ def test_tiny_pretrain_then_sample(tmp_path):
 def test_pretrain_defaults_reuse_the_shipped_vq_and_rebuild_deterministically(tmp_path):
     """The 32 px defaults keep the shipped VQ tokenizer byte for byte, give the prior the grammar's
     longest prompt and the shipped sampling default, and the same seed gives the same weights."""
-    from t2i_gcpo.policies.ar import SHIPPED
+    from t2i_gcpo.policies.families.ar import SHIPPED
 
     args = ["--scenes", "300", "--steps", "3", "--no-eval", "--threads", "1"]
     for name in ("a", "b"):
@@ -311,7 +311,7 @@ def test_shipped_model_is_decent_but_imperfect():
     """The base model is decent but leaves RL room (docs/worlds/shapeworld.md): on the held-out template
     prompts 0.798 (2026-11-25), with position and colour binding far from solved, and on the held-out
     compositional prompts 0.291."""
-    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.tasks.geneval import evaluate_shapeworld
     from t2i_gcpo.worlds.shapeworld import make_splits
     from t2i_gcpo.worlds.shapeworld.prompts import compositional_test

@@ -26,7 +26,6 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.families.ar import SHIPPED  # names resolved to shipped checkpoints
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -299,19 +298,20 @@ class ARPolicy(nn.Module):
         return load_prior_folder(path, "t2i_gcpo_ar", ARConfig, "an AR policy", cls)
 
 
-def resolve_checkpoint(name_or_path: str) -> str:
-    """ "shapeworld" → the shipped checkpoint directory; anything else must be a local directory."""
-    path = SHIPPED.get(name_or_path, name_or_path)
+def resolve_checkpoint(path: str, name: str | None = None) -> str:
+    """`path` if it is a directory (a shipped name is resolved to its folder by the family registration,
+    policies/families/ar.py); `name` is what the user wrote, for the error."""
+    name = name or path
     if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"model {name_or_path!r}: {path} is a file, expected a checkpoint directory")
+        raise UserError(f"model {name!r}: {path} is a file, expected a checkpoint directory")
     if not os.path.isdir(path):
-        raise UserError(f"model {name_or_path!r}: no such directory {path}")
+        raise UserError(f"model {name!r}: no such directory {path}")
     return path
 
 
-def load_policy(name_or_path: str = "shapeworld") -> ARPolicy:
-    """Load the shipped ShapeWorld prior by name, or an `ARPolicy.save_pretrained` directory."""
-    path = resolve_checkpoint(name_or_path)
+def load_policy(path: str, name: str | None = None) -> ARPolicy:
+    """Load an `ARPolicy.save_pretrained` directory (the shipped priors are such directories)."""
+    path = resolve_checkpoint(path, name)
     if not os.path.isfile(os.path.join(path, "model_index.json")):
         raise UserError(f"{path} is not a t2i-gcpo checkpoint (no model_index.json)")
     return ARPolicy.from_pretrained(path)

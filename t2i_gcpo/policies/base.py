@@ -249,3 +249,10 @@ class Policy(Protocol):
         for an exact resume); a no-op for families that save in the weights' own dtype."""
 
     def save_pretrained(self, path: str) -> None: ...
+
+
+def policy_members() -> list[str]:
+    """The members every `Policy` declares (attributes and methods), in declaration order."""
+    names = list(getattr(Policy, "__annotations__", {}))
+    names += [n for n, v in vars(Policy).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))]
+    return list(dict.fromkeys(names))

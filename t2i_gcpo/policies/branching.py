@@ -54,7 +54,7 @@ from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.janus import JanusPolicy
 from t2i_gcpo.policies.masked import MaskedPolicy
-from t2i_gcpo.policies.maskgen import gumbel, reveal_counts, step_progress
+from t2i_gcpo.policies.maskgen import maskgit_continue, reveal_counts, step_progress
 from t2i_gcpo.policies.sampling import sample_step
 from t2i_gcpo.policies.text import TextPolicy
 
@@ -380,47 +380,6 @@ def _repeat_rows(cache, n: int) -> None:
 
 
 @torch.no_grad()
-def maskgit_continue(hidden_fn, head, tokens: Tensor, step: Tensor, logps: Tensor, start: int,
-                     counts: Sequence[int], sampling, uniforms: Tensor, choice_temperatures: Tensor,
-                     scales: Tensor, guidance: str, reveal_order: str = "confidence") -> tuple[Tensor, ...]:  # fmt: skip
-    """maskgen.maskgit_generate's decoding from reveal step `start` on: tokens [N, T] (mask id where
-    unrevealed), step [N, T] (−1 where unrevealed) and logps [3, N, T] hold the canvas after step
-    start − 1; uniforms [N, S, T, 2]. With start = 0 and an empty canvas it is maskgit_generate.
-    → (tokens, step, logps) after the last step."""
-    b, t_len = tokens.shape
-    device = tokens.device
-    rows = torch.arange(b, device=device)
-    null = torch.arange(2 * b, device=device) >= b
-    tokens, step, logps = tokens.clone(), step.clone(), logps.clone()
-    uniforms = uniforms.to(device)
-    for s in range(start, len(counts)):
-        n_reveal = counts[s]
-        if n_reveal == 0:
-            continue
-        unknown = step < 0
-        h = hidden_fn(torch.cat([tokens, tokens]), torch.cat([rows, rows]), null)
-        hc, hu = h.chunk(2)
-        where = unknown.nonzero(as_tuple=True)
-        sp = dataclasses.replace(sampling, guidance_scale=float(scales[s]))
-        tok, lp = sample_step(head(hc[where]), head(hu[where]), sp, uniforms[:, s, :, 0][where], guidance)
-        conf = torch.full((b, t_len), float("-inf"), device=device)
-        noise = gumbel(uniforms[:, s, :, 1][where])
-        conf[where] = (
-            noise if reveal_order == "random" else lp["guided"] + float(choice_temperatures[s]) * noise
-        )
-        pick = conf.topk(n_reveal, dim=-1).indices
-        reveal = torch.zeros_like(unknown).scatter_(1, pick, True) & unknown
-        cand = tokens.clone()
-        cand[where] = tok
-        tokens = torch.where(reveal, cand, tokens)
-        step = torch.where(reveal, torch.full_like(step, s), step)
-        for i, c in enumerate(CONTEXTS):
-            full = torch.zeros(b, t_len, device=device)
-            full[where] = lp[c]
-            logps[i] = torch.where(reveal, full, logps[i])
-    return tokens, step, logps
-
-
 def _masked_parts(policy, rollout: Rollout, root: Tensor):
     """(hidden_fn over the continuations' rows, mask id, reveal counts, choice temperatures, scales, order)."""
     sampling = rollout.sampling

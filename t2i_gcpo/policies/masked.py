@@ -25,7 +25,6 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.families.masked import SHIPPED
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
@@ -305,10 +304,10 @@ class MaskedPolicy(nn.Module):
         )
 
 
-def load_masked_policy(name_or_path: str = "shapeworld-masked", estimator: str = "trajectory",
-                       remask_count: int = 2) -> MaskedPolicy:  # fmt: skip
-    """The shipped ShapeWorld masked prior by name, or a `MaskedPolicy.save_pretrained` directory."""
-    path = SHIPPED.get(name_or_path, name_or_path)
+def load_masked_policy(path: str, estimator: str = "trajectory", remask_count: int = 2,
+                       name: str | None = None) -> MaskedPolicy:  # fmt: skip
+    """A `MaskedPolicy.save_pretrained` directory (a shipped name is resolved to its folder by the family
+    registration, policies/families/masked.py); `name` is what the user wrote, for the error."""
     if not os.path.isdir(path):
-        raise UserError(f"model {name_or_path!r}: no such directory {path}")
+        raise UserError(f"model {name or path!r}: no such directory {path}")
     return MaskedPolicy.from_pretrained(path, estimator, remask_count)

@@ -108,19 +108,38 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
     uniforms [B, S, T, 2] (token draw, Gumbel noise); choice_temperatures and scales [S] →
     tokens [B, T] long, step [B, T] long (the step that revealed each token), log-probs [3, B, T]
     (pos, neg, guided) of each token under the distributions of its reveal step."""
-    b, t_len = uniforms.shape[0], num_tokens
+    b = uniforms.shape[0]
+    tokens = torch.full((b, num_tokens), mask_id, dtype=torch.long, device=device)  # the canvas
+    step = torch.full((b, num_tokens), -1, dtype=torch.long, device=device)
+    logps = torch.zeros(3, b, num_tokens, device=device)
+    tokens, step, logps = maskgit_continue(hidden_fn, head, tokens, step, logps, 0, counts, sampling, uniforms,
+                                           choice_temperatures, scales, guidance, reveal_order)  # fmt: skip
+    if bool((step < 0).any()):
+        raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
+    return tokens, step, logps
+
+
+def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step: torch.Tensor,
+                     logps: torch.Tensor, start: int, counts: Sequence[int], sampling: SamplingParams,
+                     uniforms: torch.Tensor, choice_temperatures: torch.Tensor, scales: torch.Tensor, guidance: str,
+                     reveal_order: str = "confidence") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The decoding loop from reveal step `start` on: tokens [N, T] (mask id where unrevealed), step
+    [N, T] (−1 where unrevealed) and logps [3, N, T] hold the canvas after step start − 1 (an empty
+    canvas for start = 0: `maskgit_generate`; a root's canvas for a branched rollout,
+    policies/branching.py); uniforms [N, S, T, 2]. → (tokens, step, logps) after the last step."""
     random_order = check_reveal_order(reveal_order) == "random"
+    b, t_len = tokens.shape
+    device = tokens.device
     rows = torch.arange(b, device=device)
     null = torch.arange(2 * b, device=device) >= b
-    tokens = torch.full((b, t_len), mask_id, dtype=torch.long, device=device)  # the canvas
-    step = torch.full((b, t_len), -1, dtype=torch.long, device=device)
-    logps = torch.zeros(3, b, t_len, device=device)
+    tokens, step, logps = tokens.clone(), step.clone(), logps.clone()
     uniforms = uniforms.to(device)
-    for s, n_reveal in enumerate(counts):
+    for s in range(start, len(counts)):
+        n_reveal = counts[s]
         if n_reveal == 0:
             continue
-        unknown = step < 0  # [B, T]
-        h = hidden_fn(torch.cat([tokens, tokens]), torch.cat([rows, rows]), null)  # [2B, T, D]
+        unknown = step < 0  # [N, T]
+        h = hidden_fn(torch.cat([tokens, tokens]), torch.cat([rows, rows]), null)  # [2N, T, D]
         hc, hu = h.chunk(2)
         where = unknown.nonzero(as_tuple=True)  # every row has the same number of masked positions
         sp = dataclasses.replace(sampling, guidance_scale=float(scales[s]))
@@ -128,7 +147,7 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
         conf = torch.full((b, t_len), float("-inf"), device=device)
         noise = gumbel(uniforms[:, s, :, 1][where])
         conf[where] = noise if random_order else lp["guided"] + float(choice_temperatures[s]) * noise
-        pick = conf.topk(n_reveal, dim=-1).indices  # [B, n]
+        pick = conf.topk(n_reveal, dim=-1).indices  # [N, n]
         reveal = torch.zeros_like(unknown).scatter_(1, pick, True) & unknown
         cand = tokens.clone()
         cand[where] = tok
@@ -138,8 +157,6 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
             full = torch.zeros(b, t_len, device=device)
             full[where] = lp[c]
             logps[i] = torch.where(reveal, full, logps[i])
-    if bool((step < 0).any()):
-        raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
     return tokens, step, logps
 
 

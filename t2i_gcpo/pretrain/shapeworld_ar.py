@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from t2i_gcpo.errors import UserError, check_writable_dir
 from t2i_gcpo.hardware import native_bf16
-from t2i_gcpo.policies.ar import SHIPPED, ARConfig, ARPolicy
+from t2i_gcpo.policies.ar import ARConfig, ARPolicy
+from t2i_gcpo.policies.families.ar import SHIPPED
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer, train_vq

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from t2i_gcpo.errors import check_writable_dir
-from t2i_gcpo.policies.masked import AR_ASSETS, SHIPPED, MaskedConfig, MaskedPolicy
+from t2i_gcpo.policies.families.masked import SHIPPED
+from t2i_gcpo.policies.masked import AR_ASSETS, MaskedConfig, MaskedPolicy
 from t2i_gcpo.policies.maskgen import mask_ratio
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.pretrain.optim import pretrain_optimizer, set_lr

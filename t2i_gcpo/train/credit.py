@@ -44,9 +44,14 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     `dists`: the policy's distributions from a forward already made (else one is made on demand);
     `reference`: the policy that `ref_dists` come from (frozen initial or rollout snapshot)."""
     needs = get_scheme(name).needs
-    layout = getattr(unwrap(policy), "layout", None)
+    model = unwrap(policy)
+    if needs & {"dists", "ref_dists"} and not model.capabilities.full_dists:
+        raise UserError(
+            f"credit scheme {name!r} reads full next-token distributions, which this {type(model).__name__} "
+            "does not give (PolicyCapabilities.full_dists)"
+        )
     # the tokens credit may fall on: those the log-prob estimator scores (Rollout.loss_mask)
-    inp = CreditInputs(mask=ro.loss_mask, step=ro.step, layout=layout.grid if layout is not None else None)
+    inp = CreditInputs(mask=ro.loss_mask, step=ro.step, layout=model.layout.grid)
     if "contrast" in needs:
         # "recorded": the sampler's log-probs, equal to re-scoring with one update epoch, and free; a context
         # the rollout lacks (text sampled without c⁻ for a scheme that reads no contrast, its figure drawing

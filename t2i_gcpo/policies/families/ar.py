@@ -17,7 +17,7 @@ SHIPPED = {  # names resolved to shipped checkpoints
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.ar import load_policy
 
-    return load_policy(target)
+    return load_policy(SHIPPED.get(target, target), name=target)
 
 
 register_family(

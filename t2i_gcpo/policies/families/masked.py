@@ -14,7 +14,7 @@ SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.masked import load_masked_policy
 
-    return load_masked_policy(target, options.estimator, options.remask_count)
+    return load_masked_policy(SHIPPED.get(target, target), options.estimator, options.remask_count, name=target)
 
 
 register_family(
