@@ -12,11 +12,11 @@ import torch
 import yaml
 
 import t2i_gcpo.train.trainer as trainer_mod
-from t2i_gcpo.cli import main
 from t2i_gcpo.config import load_config, preset_names
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES, USER_SCHEMES, CreditInputs, credit_weights
 from t2i_gcpo.errors import UserError
 
+from cli_helpers import cli, error_line
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
@@ -74,24 +74,6 @@ def train_args(tiny, out, steps, credit, *sets):
     for s in (*FAST, "advantage.dynamic_sampling=false", *sets):
         args += ["--set", s]
     return args
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """`t2i-gcpo ARGS` in process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def rows(run_dir: Path) -> list[dict]:

@@ -11,28 +11,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from t2i_gcpo.cli import cli, main
+from t2i_gcpo.cli import cli
+
+from cli_helpers import cli as run_cli
+from cli_helpers import error_line
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
-    """`t2i-gcpo ARGS` in process, as the console script runs it: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, *args)
 
 
 def one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip() and "GenEval generate" not in line]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
+    return error_line(err, ignore="GenEval generate")
 
 
 def prompt_file(path: Path, *prompts: str) -> Path:

@@ -193,9 +193,9 @@ def test_callable_reward_forms(user_module):
 def test_callable_reward_import_errors(user_module, tmp_path):
     with pytest.raises(UserError, match="cannot import reward module 'no_such_module_xyz'.*PYTHONPATH"):
         CallableReward("no_such_module_xyz:f")
-    with pytest.raises(UserError, match="has no attribute 'missing'"):
+    with pytest.raises(UserError, match="has no function 'missing'"):
         CallableReward("my_rewards:missing")
-    with pytest.raises(UserError, match="not callable"):
+    with pytest.raises(UserError, match="is not a function"):
         CallableReward("my_rewards:NOT_CALLABLE")
     with pytest.raises(UserError, match="does not exist"):
         CallableReward(f"{tmp_path}/nope.py:f")

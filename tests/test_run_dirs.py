@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import t2i_gcpo.train.trainer as trainer_mod
-from t2i_gcpo.cli import main
 from t2i_gcpo.errors import UserError, one_line
 from t2i_gcpo.outdir import LOCK_NAME, lock_output
 from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
@@ -27,6 +26,7 @@ from t2i_gcpo.train.checkpoint import carry_types, latest_checkpoint, load_carry
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree
 
+from cli_helpers import cli, error_line
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
@@ -102,24 +102,6 @@ def cli_args(tiny, out, steps, extra=()):
     for s in (*FAST, *extra):
         args += ["--set", s]
     return args
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """`t2i-gcpo ARGS` in process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def subprocess_env(tiny, **extra) -> dict:

@@ -11,12 +11,9 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +21,7 @@ import torch
 
 from t2i_gcpo.errors import RewardError, UserError
 from t2i_gcpo.rewards.base import Reward, RewardOutput
+from t2i_gcpo.usercode import import_function
 
 
 def reward_name(reward: Any) -> str:
@@ -142,27 +140,6 @@ def runs_user_code(reward: Any) -> bool:
     return isinstance(reward, FunctionReward)  # CallableReward is one
 
 
-def _import_module(module: str) -> Any:
-    if module.endswith(".py"):
-        path = Path(module).expanduser()
-        if not path.is_file():
-            raise UserError(f"reward file '{module}' does not exist")
-        spec = importlib.util.spec_from_file_location(f"t2i_gcpo_user_reward_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as e:
-            raise UserError(f"cannot import reward file '{module}': {type(e).__name__}: {e}") from None
-        return mod
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        hint = " (is it on PYTHONPATH?)" if e.name == module.split(".")[0] else ""
-        raise UserError(f"cannot import reward module '{module}': {e}{hint}") from None
-    except Exception as e:
-        raise UserError(f"cannot import reward module '{module}': {type(e).__name__}: {e}") from None
-
-
 class FunctionReward:
     """A user function ``f(images, prompts, metadata)`` as a reward (the Python API's reward callables).
 
@@ -203,16 +180,8 @@ class CallableReward(FunctionReward):
     `FunctionReward`; its name is the function name."""
 
     def __init__(self, spec: str):
-        module, sep, func = spec.rpartition(":")
-        if not sep or not module or not func:
-            raise UserError(f"a callable reward is written 'module:function', got '{spec}'")
-        mod = _import_module(module)
-        fn = getattr(mod, func, None)
-        if fn is None:
-            raise UserError(f"reward module '{module}' has no attribute '{func}'")
-        if not callable(fn):
-            raise UserError(f"'{spec}' is not callable (it is a {type(fn).__name__})")
-        super().__init__(fn, name=func, origin=spec)
+        fn = import_function(spec, "reward")
+        super().__init__(fn, name=spec.rpartition(":")[2], origin=spec)
         self.spec = spec
 
 
