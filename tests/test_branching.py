@@ -14,13 +14,7 @@ from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.branching import branch_rollout, continuation_keys, decision_steps
 from t2i_gcpo.tasks.loop import group_generators
 
-try:
-    from tests.amused_fixtures import build_tiny_amused
-    from tests.janus_fixtures import build_tiny_janus
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    from amused_fixtures import build_tiny_amused
-
-    from janus_fixtures import build_tiny_janus
+from tiny_models import build_tiny_amused, build_tiny_janus
 
 CONTEXTS = ("pos", "neg", "guided")
 SHAPES = ["a photo of a green bar", "a photo of two triangles"]

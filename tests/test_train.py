@@ -251,7 +251,7 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
     dynamic sampling), a step's rounds take the same stream slots — the same prompts in the same order,
     each group sampled from the generator seeded by its slot — and the held-out evaluation draws prompt
     i's samples from the same generator. Only how many of a round's slots a run uses differs."""
-    import t2i_gcpo.tasks.geneval as geneval
+    import t2i_gcpo.tasks.loop as loop  # the held-out loop every task's evaluation runs
     from t2i_gcpo.train.trainer import Trainer
 
     eval_keys = []  # (seed, purpose, keys) of every generator the held-out evaluation makes
@@ -261,8 +261,8 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
         eval_keys.append((seed, purpose, keys))
         return group_generators(seed, purpose, keys)
 
-    group_generators = geneval.group_generators
-    monkeypatch.setattr(geneval, "group_generators", spy)
+    group_generators = loop.group_generators
+    monkeypatch.setattr(loop, "group_generators", spy)
     seen = {}
     for algo in ALGORITHMS:
         flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward="shapeworld", seed=3)
