@@ -344,6 +344,18 @@ class OptimConfig:
     minibatches: int = doc(
         "Split each rollout batch into this many gradient-accumulation minibatches.", 1, bounds=Bounds(1)
     )
+    minibatch_split: Literal["sequential", "query", "balanced"] = doc(
+        "How the batch is split into minibatches: rows in order; 'query': whole groups (all samples of a "
+        "prompt together); 'balanced': whole groups assigned so that each minibatch's positive and negative "
+        "advantage mass nearly cancel (arXiv 2605.08666; docs/concepts/tree_credit.md#balanced-minibatches). "
+        "Changes the gradient only with optim.step_per_minibatch.",
+        "sequential",
+    )
+    step_per_minibatch: bool = doc(
+        "Take an optimizer step after every minibatch (PPO-style minibatch updates, each normalised by its "
+        "own tokens) instead of accumulating the whole batch's gradient into one step.",
+        False,
+    )
     autocast: Literal["auto", "none", "bf16"] = doc(
         "Run the update's forward passes under torch.autocast in bfloat16 (log-probs and the loss stay "
         "float32; rollouts follow rollout.autocast, in the weights' dtype otherwise: model_options.dtype "

@@ -32,6 +32,12 @@ TIME_ROLLOUT = "time/rollout"  # seconds spent sampling (all dynamic-sampling ro
 TIME_REWARD = "time/reward"  # seconds spent decoding and scoring
 TIME_UPDATE = "time/update"  # seconds spent in credit, loss, backward and optimizer
 TIME_STEP = "time/step"  # wall time of the whole step
+# what a step spent (summed over processes; branch continuations included), and the run's totals so far
+BUDGET_SAMPLES = "budget/samples"  # samples sampled and scored: the groups' and any continuations
+BUDGET_TOKENS = "budget/tokens"  # tokens sampled (valid tokens; a continuation's from its branch point on)
+BUDGET_REWARD_CALLS = "budget/reward_calls"  # calls of the reward (each scores one batch of samples)
+BUDGET_TOTAL = "{key}_total"  # e.g. budget/samples_total: the sum over the run's steps
+BUDGET = (BUDGET_SAMPLES, BUDGET_TOKENS, BUDGET_REWARD_CALLS)
 EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)
 EVAL_STRICT_TAG = "eval/strict/{tag}"
 EVAL_PARTIAL = "eval/partial/mean"

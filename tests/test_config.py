@@ -32,6 +32,10 @@ def test_presets_match_the_spec_table():
         "gcpo-official": (0.2, 0.2, "weighted-token-mean", False, 0.03, "gcpo"),
         "critical": (0.2, 0.28, "token-mean", True, 0.0, "critical"),
         "stage": (0.2, 0.28, "token-mean", True, 0.0, "stage"),
+        "vine": (0.2, 0.28, "token-mean", True, 0.0, "vine"),
+        "tempo": (0.2, 0.28, "token-mean", True, 0.0, "tempo"),
+        "eg-grpo": (0.2, 0.28, "token-mean", True, 0.0, "eg_grpo"),
+        "balanced": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
     }
     for algo, expected in table.items():
         c = rows[algo]
@@ -47,7 +51,7 @@ def test_presets_match_the_spec_table():
     assert rows["gcpo-official"].loss.kl_reweight and not rows["gcpo"].loss.kl_reweight
     # gcpo, critical and stage differ from dapo only in credit
     dapo = to_dict(rows["dapo"])
-    for algo in ("gcpo", "critical", "stage"):
+    for algo in ("gcpo", "critical", "stage", "vine", "tempo", "eg-grpo"):
         other = to_dict(rows[algo])
         assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "credit"}, algo
         assert {k for k in dapo["credit"] if dapo["credit"][k] != other["credit"][k]} == {"scheme"}, algo

@@ -32,7 +32,7 @@ def row(*xs):
 
 
 def test_registry_and_uniform():
-    assert set(CREDIT_SCHEMES) == {"uniform", "gcpo", "dgpo", "stage", "critical"}
+    assert set(CREDIT_SCHEMES) == {"uniform", "gcpo", "dgpo", "stage", "critical", "eg_grpo", "tempo", "vine"}
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
     assert torch.equal(uniform_weights(mask), torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
 

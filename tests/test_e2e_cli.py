@@ -108,3 +108,20 @@ def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
     assert f"run directory: {run}" in out
     # measured here: 0.609 → 0.875 in 10 steps (0.953 at 20, 0.984 at 30)
     assert curve[10] >= curve[0] + 0.15, curve
+
+
+@pytest.mark.parametrize("algo", ["vine", "tempo", "eg-grpo", "balanced"])
+def test_tree_credit_presets_run_two_steps_on_the_shipped_prior(tmp_path, algo):
+    """Each preset of docs/concepts/tree_credit.md#running-tree-credit, 2 steps from the command line."""
+    out = tmp_path / algo
+    p = t2i("train", "--algo", algo, "--prompts", str(PROMPTS_DIR / "shapeworld_train.txt"), "--steps", "2",
+            "--seed", "3", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
+            "--set", "eval_every=-1", "--out", str(out))  # fmt: skip
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    G = 4
+    for r in rows:
+        extra = r["budget/samples"] - r["groups_drawn"] * G  # the continuations scored
+        assert extra > 0 if algo == "vine" and r["groups_kept"] else extra == 0, r

@@ -250,6 +250,33 @@ def test_policy_loss_stats_hand_computed():
     assert stats["clip_frac"].item() == pytest.approx(0.5)
 
 
+def test_policy_loss_token_advantages_hand_computed():
+    # two sequences; row 0: 3 valid tokens, row 1: 2 valid + junk padding. Token advantages [B, T]
+    ratio = torch.tensor([[1.5, 1.0, 0.5], [0.7, 1.1, 9.0]])
+    logp = torch.log(ratio).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([[2.0, -1.0, 0.5], [-1.0, 0.0, float("nan")]])
+    loss, stats = policy_loss(logp, torch.zeros(2, 3), adv, mask, eps_low=0.2, eps_high=0.2)
+    # −min(ρA, clip(ρ)A): 2·1.2 (clipped), −1·1.0, 0.5·0.5, −1·0.8 (clipped: min(−0.7, −0.8)), 0
+    per_token = [-2.4, 1.0, -0.25, 0.8, 0.0]
+    assert loss.item() == pytest.approx(sum(per_token) / 5)
+    assert stats["clip_frac"].item() == pytest.approx(2 / 5)
+    # d/dlogp of −ρA/5 where unclipped: tokens (0,1), (0,2), (1,1); clipped ones and padding get 0
+    grad = _grad(loss, logp)
+    expected = torch.tensor([[0.0, 1.0 / 5, -0.25 / 5], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(grad, expected)
+    # weights still multiply: Â = A_it·w_it; and [B] advantages equal their broadcast [B, T]
+    w = torch.tensor([[2.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss_w, _ = policy_loss(logp, torch.zeros(2, 3), adv.nan_to_num(0.0), mask, weights=w)
+    assert loss_w.item() == pytest.approx((-2.4 * 2 + 1.0 + 0.8) / 5)
+    seq = torch.tensor([1.0, -2.0])
+    a, _ = policy_loss(logp, torch.zeros(2, 3), seq, mask, aggregation="seq-mean-token-mean")
+    b, _ = policy_loss(
+        logp, torch.zeros(2, 3), seq[:, None].expand(2, 3), mask, aggregation="seq-mean-token-mean"
+    )
+    torch.testing.assert_close(a, b)
+
+
 def test_policy_loss_kl_and_reweighting():
     logp, logp_old, logp_ref, adv, mask = _batch(seed=4)
     w = torch.rand(4, 6, generator=torch.Generator().manual_seed(5)) * 2

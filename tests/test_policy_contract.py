@@ -162,6 +162,35 @@ def test_save_pretrained_then_load_by_path_alone(built, family, tmp_path):
     assert torch.equal(again.tokens, ro.tokens)
 
 
+@pytest.mark.parametrize("family", CASES)
+def test_a_branch_fed_the_roots_uniforms_reproduces_the_root(built, family):
+    """`Policy.branch` where `capabilities.branching`: a continuation from step t whose generator is the
+    root's own (a group of one) re-draws the root's uniforms from t on, so it is the root; elsewhere
+    branching is refused."""
+    from t2i_gcpo.policies.branching import decision_steps
+
+    policy, prompts, sampling = built(family)
+    ro = policy.rollout(records(prompts), 1, sampling, gens(8, range(2)))
+    n_steps = decision_steps(ro).tolist()
+    rows = [sorted({t for t in (1, n // 2) if 0 < t < n}) for n in n_steps]  # steps 1 and half-way
+    points = torch.tensor([r + [-1] * (2 - len(r)) for r in rows])  # [B, 2], −1 padding
+    if not policy.capabilities.branching:
+        with pytest.raises(TypeError):
+            policy.branch(ro, points, 1, gens(8, [0]))
+        return
+    keys = [b for b, row in enumerate(points.tolist()) for t in row if t >= 0]
+    assert keys, "every row has a step to branch from"
+    br = policy.branch(ro, points, 1, gens(8, keys))
+    base = ro.select(br.root)
+    width = min(base.tokens.shape[1], br.rollout.tokens.shape[1])
+    assert torch.equal(br.rollout.tokens[:, :width], base.tokens[:, :width]), br.point
+    assert torch.equal(br.rollout.mask[:, :width], base.mask[:, :width])
+    for ctx in base.logp:
+        torch.testing.assert_close(
+            br.rollout.logp[ctx][:, :width], base.logp[ctx][:, :width], atol=TOL, rtol=0
+        )
+
+
 # ----------------------------------------------------------------------------- the registry
 
 

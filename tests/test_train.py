@@ -292,3 +292,56 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
             assert s[key] == first[key], (algo, key)
     assert first["held-out seeds"] and {key[:2] for key in first["held-out seeds"]} == {(3, "eval")}
     assert len({p for step in first["prompts"] for p in step}) > 1, "the stream moves on from step to step"
+
+
+# ----------------------------------------------------------------------------- tree credit and budgets
+
+TREE = ("credit.vine.k=4", "credit.vine.continuations=2")  # the tiny prior's grid is small: points every 4
+
+
+def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tiny, tmp_path):
+    full = train(tiny, tmp_path / "full", algo="vine", steps=4, extra=TREE)
+    train(tiny, tmp_path / "part", algo="vine", steps=2, extra=TREE)
+    run(prepare(resume_dir=tmp_path / "part", steps=4))
+    resumed = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(full, resumed):
+        for k in a:
+            if not k.startswith("time/"):
+                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+    pa, pb = params(tmp_path / "full", 4), params(tmp_path / "part", 4)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    # the continuations are scored samples: more than the groups drawn, and the totals add up
+    G = 4
+    assert any(r["budget/samples"] > r["groups_drawn"] * G for r in full)
+    assert all(r["budget/samples"] >= r["groups_drawn"] * G for r in full)
+    total = 0.0
+    for r in full:
+        total += r["budget/samples"]
+        assert r["budget/samples_total"] == total
+
+
+def test_budget_counts_samples_tokens_and_reward_calls(tiny, tmp_path):
+    rows = train(tiny, tmp_path / "dapo", algo="dapo", steps=3)
+    T = 16  # the tiny prior's 4 × 4 token grid
+    totals = {"samples": 0.0, "tokens": 0.0, "reward_calls": 0.0}
+    for r in rows:
+        assert r["budget/samples"] == r["groups_drawn"] * 4
+        assert r["budget/tokens"] == r["budget/samples"] * T
+        assert 1 <= r["budget/reward_calls"] <= 1 + TrainConfig().advantage.max_resample
+        for k in totals:
+            totals[k] += r[f"budget/{k}"]
+            assert r[f"budget/{k}_total"] == totals[k]
+
+
+def test_balanced_minibatch_steps_change_the_update_and_the_split_alone_does_not(tiny, tmp_path):
+    """With one accumulated step the split cannot matter (same gradient up to rounding); with a step per
+    minibatch it does."""
+    base = ("optim.minibatches=2", "rollout.prompts_per_step=2")
+    train(tiny, tmp_path / "seq", algo="dapo", steps=2, extra=base)
+    train(tiny, tmp_path / "bal", algo="dapo", steps=2, extra=(*base, "optim.minibatch_split=balanced"))
+    train(tiny, tmp_path / "step", algo="dapo", steps=2,
+          extra=(*base, "optim.minibatch_split=balanced", "optim.step_per_minibatch=true"))  # fmt: skip
+    seq, bal, step = (params(tmp_path / name, 2) for name in ("seq", "bal", "step"))
+    assert all(torch.allclose(seq[k], bal[k], atol=1e-6) for k in seq)
+    assert any(not torch.allclose(seq[k], step[k], atol=1e-6) for k in seq)

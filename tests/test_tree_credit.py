@@ -427,3 +427,57 @@ def test_minibatch_helpers_check_their_inputs():
         reward_balanced_minibatches(torch.zeros(5), 2, 1)
     with pytest.raises(ValueError, match="mask"):
         advantage_mass(torch.zeros(2, 3), torch.ones(2, 2))
+
+
+# ----------------------------------------------------------------------------- the registered schemes
+
+
+def test_vine_scheme_returns_hand_computed_segment_advantages():
+    from t2i_gcpo.core.schemes import CreditInputs, credit_weights, get_scheme
+
+    # one group of 2, 4 tokens each; sample 0 branched at t = 2 with continuations scoring 1 and 0
+    mask = torch.ones(2, 4)
+    inp = CreditInputs(mask=mask, step=torch.arange(4).expand(2, 4), tokens=torch.zeros(2, 4, dtype=torch.long),
+                       rewards=torch.tensor([1.0, 0.0]), group_size=2,
+                       branch_points=torch.tensor([[2], [-1]]),
+                       branch_rewards=torch.tensor([[[1.0, 0.0]], [[float("nan")] * 2]], dtype=torch.float64),
+                       branch_exists=torch.tensor([[[True, True]], [[False, False]]]))  # fmt: skip
+    assert get_scheme("vine").returns == "advantages"
+    a = credit_weights("vine", inp, {"normalisation": "none", "include_root": True})
+    # V(prompt) = 0.5; sample 0: V(t=2) = mean(1, 0, own 1) = 2/3, V(end) = 1; sample 1: 0 − 0.5 everywhere
+    torch.testing.assert_close(a, torch.tensor([[1 / 6, 1 / 6, 1 / 3, 1 / 3], [-0.5] * 4]))
+    without_root = credit_weights("vine", inp, {"normalisation": "none", "include_root": False})
+    torch.testing.assert_close(without_root[0], torch.tensor([0.0, 0.0, 0.5, 0.5]))
+
+
+def test_tempo_scheme_reads_the_group_in_decision_order():
+    from t2i_gcpo.core.schemes import CreditInputs, credit_weights
+
+    # masked-style: 3 tokens, decided in the order position 2, 0, 1 (steps 0, 1, 2) in both samples;
+    # the samples agree on position 2 (decided first) and differ at position 0: the tree branches there
+    tokens = torch.tensor([[5, 7, 3], [6, 7, 3]])
+    step = torch.tensor([[1, 2, 0], [1, 2, 0]])
+    inp = CreditInputs(mask=torch.ones(2, 3), step=step, tokens=tokens, rewards=torch.tensor([1.0, 0.0]),
+                       group_size=2, advantages=torch.tensor([0.7, -0.7]))  # fmt: skip
+    delta = credit_weights("tempo", inp, {"normalisation": "none", "sequence_term": False})
+    # shared first decision: δ = 0; the branching decision (position 0): ±0.5; after it nothing branches
+    torch.testing.assert_close(delta, torch.tensor([[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]]))
+    full = credit_weights("tempo", inp, {"normalisation": "none"})
+    torch.testing.assert_close(full, delta + torch.tensor([[0.7], [-0.7]]))
+
+
+def test_minibatch_rows_keep_groups_whole_and_balance_them():
+    from t2i_gcpo.config import TrainConfig
+    from t2i_gcpo.policies.base import Rollout
+    from t2i_gcpo.train.update import minibatch_rows
+
+    cfg = TrainConfig()
+    cfg.optim.minibatches = 2
+    ro = Rollout(torch.zeros(8, 3, dtype=torch.long), torch.ones(8, 3), torch.zeros(8, 3, dtype=torch.long),
+                 {}, [], group_size=2)  # fmt: skip
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.0, -2.0, 0.0, 0.5, -0.5])  # group nets 0, 2, −2, 0
+    assert [r.tolist() for r in minibatch_rows(cfg, ro, adv)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    cfg.optim.minibatch_split = "query"
+    assert [r.tolist() for r in minibatch_rows(cfg, ro, adv)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    cfg.optim.minibatch_split = "balanced"  # groups 1 (+2) and 2 (−2) cancel in one minibatch
+    assert sorted(r.tolist() for r in minibatch_rows(cfg, ro, adv)) == [[0, 1, 6, 7], [2, 3, 4, 5]]

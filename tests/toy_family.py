@@ -51,6 +51,9 @@ class ToyPolicy(nn.Module):
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(guidance_scale=2.0)
 
+    def branch(self, rollout, points, n, generators):
+        raise TypeError("the toy family has no branched rollouts")
+
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("the toy family has no reveal order")
 
@@ -98,7 +101,9 @@ class ToyPolicy(nn.Module):
             ro.logp = {ctx: self.logprobs(ro, ctx) for ctx in ("pos", "neg", "guided")}
         return ro
 
-    def logprobs_and_dists(self, rollout: Rollout, context: Context = "pos") -> tuple[torch.Tensor, TokenDists]:
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, TokenDists]:
         s = rollout.sampling
         logits = self._logits(rollout.texts, rollout.tokens, context, s.guidance_scale) / s.temperature
         logp = logits.log_softmax(-1).gather(-1, rollout.tokens[..., None]).squeeze(-1)

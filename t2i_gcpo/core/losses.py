@@ -176,9 +176,11 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped policy-gradient loss with token credit and optional k3 KL (docs/concepts/algorithms.md#policy-loss, docs/concepts/credit.md).
 
-    logp, logp_old, mask, weights, logp_ref: [B, T]; advantages: [B] (sequence advantage A_i).
-    Token advantage Â_it = A_i·w_it (w = 1 when weights is None), except for "weighted-token-mean",
-    where the surrogate uses A_i and w is the aggregation weight (official GCPO: Σ(ρ A w)/Σ w).
+    logp, logp_old, mask, weights, logp_ref: [B, T]; advantages: [B] (sequence advantage A_i) or [B, T]
+    (token advantages A_it, from a scheme that computes them: docs/concepts/tree_credit.md).
+    Token advantage Â_it = A_i·w_it (or A_it·w_it; w = 1 when weights is None), except for
+    "weighted-token-mean", where the surrogate uses A_i (A_it) and w is the aggregation weight
+    (official GCPO: Σ(ρ A w)/Σ w).
     KL: + β·agg(k3 · r), r = gcpo_kl_reweight(w) if kl_reweight else 1.
     ``max_len``: Dr. GRPO's constant normaliser (the longest output the sampler can produce);
     ``denom``: the whole batch's normaliser when this is one of several minibatches.
@@ -189,8 +191,10 @@ def policy_loss(
     valid tokens) when logp_ref is given.
     """
     B, _ = _same_shape(logp=logp, logp_old=logp_old, mask=mask)
-    if advantages.shape != (B,):
-        raise ValueError(f"advantages must be [B]=[{B}], got {tuple(advantages.shape)}")
+    if advantages.shape != (B,) and advantages.shape != logp.shape:
+        raise ValueError(
+            f"advantages must be [B]=[{B}] or [B, T]={list(logp.shape)}, got {tuple(advantages.shape)}"
+        )
     if weights is not None:
         _same_shape(logp=logp, weights=weights)
     if logp_ref is not None:
@@ -206,7 +210,8 @@ def policy_loss(
     w = m.to(dtype) if weights is None else torch.where(m, weights.detach().to(dtype), zero)
     lp = torch.where(m, logp.to(dtype), zero)  # [B, T]
     ratio = torch.exp(lp - torch.where(m, logp_old.detach().to(dtype), zero))  # ρ [B, T]; padding ρ = 1
-    A = advantages.detach().to(dtype).unsqueeze(1)  # [B, 1]
+    A = advantages.detach().to(dtype)
+    A = A.unsqueeze(1) if A.dim() == 1 else torch.where(m, A, zero)  # [B, 1] or [B, T]
     weighted_mode = aggregation == "weighted-token-mean"
     adv = A.expand_as(lp) if weighted_mode else A * w  # Â [B, T]
     agg_w = w if weighted_mode else None

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,9 @@ from t2i_gcpo.policies.maskgen import (
     step_progress,
 )
 from t2i_gcpo.policies.sampling import ChunkedDists, group_uniforms
+
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
@@ -78,7 +81,7 @@ class AmusedPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
-    capabilities = PolicyCapabilities(bf16_sampling=False, reveal_order=True)
+    capabilities = PolicyCapabilities(bf16_sampling=False, branching=True, reveal_order=True)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # AmusedPipeline: uncond_logits + s·(cond_logits − uncond_logits)
     DEFAULT_STEPS = 12  # AmusedPipeline num_inference_steps
@@ -183,6 +186,14 @@ class AmusedPolicy(nn.Module):
             steps=self.DEFAULT_STEPS,
             reveal_order=self.reveal_order,
         )
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
+        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
+        from t2i_gcpo.policies.branching import branch_rollout
+
+        return branch_rollout(self, rollout, points, n, generators)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""

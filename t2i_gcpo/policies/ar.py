@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from t2i_gcpo.policies.sampling import (
 )
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
+
 
 @dataclass
 class ARConfig:
@@ -61,7 +64,7 @@ class ARPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native: checked to train as float32 does (5 seeds)
-    capabilities = PolicyCapabilities(bf16_sampling=True)
+    capabilities = PolicyCapabilities(bf16_sampling=True, branching=True)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # LlamaGen-style CFG on the logits
 
@@ -277,6 +280,14 @@ class ARPolicy(nn.Module):
     def token_features(self, rollout: Rollout) -> torch.Tensor:
         """VQ codebook vectors of the sampled tokens [B, T, D] (STAGE and critical-token credit)."""
         return self.vq.code_embeddings(rollout.tokens.to(self.device))
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
+        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
+        from t2i_gcpo.policies.branching import branch_rollout
+
+        return branch_rollout(self, rollout, points, n, generators)
 
     # ---- persistence ----------------------------------------------------------------------------
     def keep_reveal_order(self, order: str) -> None:

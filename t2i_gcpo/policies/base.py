@@ -17,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
 
 Context = Literal["pos", "neg", "guided"]
 CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
@@ -186,7 +189,7 @@ class PolicyCapabilities:
     # rollout.autocast='auto' samples under bf16 autocast where the hardware is native: only for
     # samplers checked to train as float32 does
     bf16_sampling: bool = False
-    branching: bool = False  # rollouts can branch from a shared prefix (tree credit; none yet)
+    branching: bool = False  # `Policy.branch`: continuations from a sample's prefixes (tree credit)
     reveal_order: bool = False  # masked models: sampling takes a reveal order (`keep_reveal_order`)
 
 
@@ -239,6 +242,13 @@ class Policy(Protocol):
 
     def decode(self, rollout: Rollout) -> Decoded:
         """Images [B, 3, H, W] in [0, 1] (output "image") or a list of B strings (output "text")."""
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (points [B, K] long,
+        −1 padding; one generator per continuation, keyed by policies/branching.continuation_keys): where
+        `capabilities.branching` (policies/branching.py); others raise TypeError. A continuation fed the
+        root's own uniforms from step t reproduces the root (docs/concepts/tree_credit.md#branched-rollouts)."""
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` the default reveal order, saved with the model (where

@@ -13,7 +13,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,9 @@ from t2i_gcpo.policies.sampling import (
     group_uniforms,
     sample_step,
 )
+
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FREEZE_GROUPS = ("vision", "vq", "language", "generation")
@@ -78,7 +81,7 @@ class JanusPolicy(nn.Module):
     output = "image"
     # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
     # autocast fails on torch 2.15 (cache float32, keys bf16); rollout.autocast=bf16 asks for it anyway
-    capabilities = PolicyCapabilities(bf16_sampling=False)
+    capabilities = PolicyCapabilities(bf16_sampling=False, branching=True)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # transformers' Janus CFG: uncond + s·(cond − uncond)
     DEFAULT_GUIDANCE_SCALE = 5.0  # Janus-Pro paper and the GCPO recipe
@@ -485,6 +488,14 @@ class JanusPolicy(nn.Module):
         return F.normalize(table(rollout.tokens.to(self.device)).float(), dim=-1)
 
     # ------------------------------------------------------------------ saving
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
+        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
+        from t2i_gcpo.policies.branching import branch_rollout
+
+        return branch_rollout(self, rollout, points, n, generators)
+
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("Janus has no reveal order")
 

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -43,6 +44,9 @@ from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import ChunkedDists, check_records, group_uniforms
 from t2i_gcpo.tokenizers.vq import VQTokenizer
 
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
+
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 AR_ASSETS = os.path.join(ASSETS, "shapeworld")  # the AR prior: its prompt vocabulary and VQ are shared
 
@@ -69,7 +73,7 @@ class MaskedPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native (its own transformer)
-    capabilities = PolicyCapabilities(bf16_sampling=True, reveal_order=True)
+    capabilities = PolicyCapabilities(bf16_sampling=True, branching=True, reveal_order=True)
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
 
@@ -172,6 +176,14 @@ class MaskedPolicy(nn.Module):
         if steps < 1:
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
+        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
+        from t2i_gcpo.policies.branching import branch_rollout
+
+        return branch_rollout(self, rollout, points, n, generators)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (config.json)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -29,6 +29,9 @@ from t2i_gcpo.policies.base import (
 )
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
+
+if TYPE_CHECKING:
+    from t2i_gcpo.policies.branching import Branches
 
 NEGATIVE_MODES = ("empty", "wrong_answer")
 WRONG_ANSWER_INSTRUCTION = "Note: Intentionally generate an incorrect answer."
@@ -177,6 +180,14 @@ class TextPolicy(nn.Module):
             kwargs["max_new_tokens"] = int(limit)
         return cls(model.to(device), tokenizer, **kwargs).eval()
 
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
+        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
+        from t2i_gcpo.policies.branching import branch_rollout
+
+        return branch_rollout(self, rollout, points, n, generators)
+
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("a text model has no reveal order")
 
@@ -201,7 +212,7 @@ class TextPolicy(nn.Module):
     def capabilities(self) -> PolicyCapabilities:
         """bf16 sampling (rollout.autocast='auto' where native) through the fused decoder only:
         transformers' StaticCache under CPU autocast fails on torch 2.15 (cache float32, keys bf16)."""
-        return PolicyCapabilities(bf16_sampling=self.samples_fused)
+        return PolicyCapabilities(bf16_sampling=self.samples_fused, branching=True)
 
     # ------------------------------------------------------------------ contexts
     @property

@@ -185,9 +185,10 @@ def collector_checkpoint(states: list[dict]) -> tuple[dict, list | None]:
     """The batch collectors' states (train/collect.py `state_dict`, one per process in process order)
     as a checkpoint stores them: (trainer-state entries, carry). The running zero-std estimate goes to
     trainer_state.json (every process holds the same); the carried groups to carry.safetensors + .json,
-    one entry per process (None: no process carried any, and no carry file is written)."""
+    one entry per process (None: no process carried any, and no carry file is written); the budget
+    spent so far, one entry per process, to trainer_state.json."""
     carry = [s["carry"] for s in states]
-    state = {"zero_std_estimate": states[0]["zero_std_estimate"]}
+    state = {"zero_std_estimate": states[0]["zero_std_estimate"], "budget": [s.get("budget") for s in states]}
     return state, (carry if any(c is not None for c in carry) else None)
 
 
@@ -201,4 +202,12 @@ def load_collector_state(ckpt: Path, process_index: int, num_processes: int, dev
         own = carry[process_index]
     elif carry is not None and process_index == 0:
         print(f"note: {len(carry)} processes carried groups into step {state['step'] + 1}; dropped them")
-    return {"carry": own, "zero_std_estimate": state.get("zero_std_estimate")}
+    budget = state.get("budget") or []  # per process; a run with another number of processes: the totals
+    if len(budget) == num_processes:  # go to the main process, so the run's sums stay right
+        spent = budget[process_index]
+    else:
+        spent = {
+            k: sum((b or {}).get(k, 0.0) for b in budget) for k in set().union(*(b or {} for b in budget))
+        }
+        spent = spent if process_index == 0 else None
+    return {"carry": own, "zero_std_estimate": state.get("zero_std_estimate"), "budget": spent}

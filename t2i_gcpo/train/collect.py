@@ -22,10 +22,13 @@ import torch
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
+from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
+from t2i_gcpo.train.branches import empty_tree, grow
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_options
 from t2i_gcpo.train.data import PromptStream
 
 
@@ -41,15 +44,17 @@ class Collected:
     groups_drawn: int = 0
     groups_without_signal: int = 0
     seconds: dict[str, float] = field(default_factory=dict)  # time/rollout, time/reward
+    budget: dict[str, float] = field(default_factory=dict)  # this step's budget/* counts
+    budget_total: dict[str, float] = field(default_factory=dict)  # the same, summed over the run so far
 
     def stand_in(self) -> Batch:
         """One group of the last round with zero advantages: a process whose groups all lacked signal
         trains on it with a zero loss, to join the other processes' gradient all-reduce."""
         last = self.last_round
         G = last.rollout.group_size
-        return Batch(last.rollout, torch.zeros(len(last.advantages)), last.reward, last.outputs).select(
-            torch.arange(G)
-        )
+        return Batch(
+            last.rollout, torch.zeros(len(last.advantages)), last.reward, last.outputs, last.tree
+        ).select(torch.arange(G))
 
     def metrics(self) -> dict[str, float]:
         scores = self.scores
@@ -60,6 +65,8 @@ class Collected:
             M.GROUPS_KEPT: groups_in([self.batch]) if self.batch is not None else 0,
             M.GROUPS_DRAWN: self.groups_drawn,
             M.GROUPS_CARRIED: self.carried,
+            **self.budget,
+            **{M.BUDGET_TOTAL.format(key=k): v for k, v in self.budget_total.items()},
         }
 
 
@@ -89,6 +96,12 @@ class BatchCollector:
         )
         self.zero_std_estimate: float | None = None  # r̂: running share of groups without signal
         self.carry: Batch | None = None  # groups with signal drawn beyond P, trained at the next step
+        # a scheme that needs "branches": its options (rule, k, continuations) say how to grow them
+        scheme = cfg.credit.scheme
+        self.branching = (
+            scheme_options(cfg.credit, scheme) if "branches" in get_scheme(scheme).needs else None
+        )
+        self.spent = dict.fromkeys(M.BUDGET, 0.0)  # the run's budget/* totals (this process)
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -98,6 +111,7 @@ class BatchCollector:
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
         scores, details, drawn, without_signal = [], [], 0, 0
+        spent = dict.fromkeys(M.BUDGET, 0.0)
         last_round: Batch | None = None
         budget = self.draw_budget  # groups this process may still draw this step
         for round_ in range(self.rounds):
@@ -112,9 +126,13 @@ class BatchCollector:
                                       group_generators(self.cfg.seed, "train", slots))  # fmt: skip
             seconds[M.TIME_ROLLOUT] += scored.seconds["rollout"]
             seconds[M.TIME_REWARD] += scored.seconds["reward"]
+            spent[M.BUDGET_SAMPLES] += len(scored.rollout)
+            spent[M.BUDGET_TOKENS] += float(scored.rollout.mask.sum())
+            spent[M.BUDGET_REWARD_CALLS] += 1
             r = scored.reward.scores  # NaN/raise → RewardError
             adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
-            last_round = Batch(scored.rollout, adv, scored.reward, scored.outputs)
+            tree = empty_tree(len(adv), self.branching["continuations"]) if self.branching else None
+            last_round = Batch(scored.rollout, adv, scored.reward, scored.outputs, tree)
             scores.append(r)
             details += scored.reward.details
             keep = torch.ones(len(adv), dtype=torch.bool)
@@ -123,16 +141,32 @@ class BatchCollector:
             drawn += len(prompts)
             without_signal += len(prompts) - int(keep.sum()) // G
             idx = keep.nonzero().flatten()
+            if self.branching is not None:  # only groups the step can train on or carry are branched
+                room = P + (P // 2 if adv_cfg.carry_over else 0) - groups_in(kept)
+                idx = idx[: max(room, 0) * G]
             if len(idx):
                 kept.append(last_round.select(idx))
+                if self.branching is not None:
+                    group_slots = [slots[g] for g in (idx[::G] // G).tolist()]
+                    grown = grow(policy, reward, kept[-1].rollout, group_slots, self.branching, self.cfg.seed,
+                                 sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
+                    kept[-1].tree = grown.tree
+                    seconds[M.TIME_ROLLOUT] += grown.seconds["rollout"]
+                    seconds[M.TIME_REWARD] += grown.seconds["reward"]
+                    spent[M.BUDGET_SAMPLES] += grown.samples
+                    spent[M.BUDGET_TOKENS] += grown.tokens
+                    spent[M.BUDGET_REWARD_CALLS] += 1 if grown.samples else 0
         batch = Batch.concat(kept)
         if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
             rows = torch.arange(len(batch.rollout))
             if adv_cfg.carry_over:
                 self.carry = batch.select(rows[P * G : (P + P // 2) * G]) if P // 2 else None
             batch = batch.select(rows[: P * G])
+        for key, value in spent.items():
+            self.spent[key] += value
         return Collected(batch, carried, last_round, torch.cat(scores), details,
-                         groups_drawn=drawn, groups_without_signal=without_signal, seconds=seconds)  # fmt: skip
+                         groups_drawn=drawn, groups_without_signal=without_signal, seconds=seconds,
+                         budget=spent, budget_total=dict(self.spent))  # fmt: skip
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt
@@ -163,11 +197,12 @@ class BatchCollector:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint saves (train/checkpoint.py `collector_checkpoint`): the groups carried
-        into the next step and r̂."""
-        return {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate}
+        into the next step, r̂ and the budget spent so far."""
+        return {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate, "budget": dict(self.spent)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.carry, self.zero_std_estimate = state["carry"], state["zero_std_estimate"]
+        self.spent = {**dict.fromkeys(M.BUDGET, 0.0), **(state.get("budget") or {})}  # older runs: none
 
 
 def groups_in(batches: list[Batch]) -> int:

@@ -75,11 +75,45 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     return inp
 
 
+def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Tensor | None,
+                    tree: dict[str, torch.Tensor] | None) -> CreditInputs:  # fmt: skip
+    """Fill the sampled tokens, and the "rewards" / "branches" inputs where scheme `name` needs them: the
+    batch's scores and its continuations' rewards per branch point (train/branches.py)."""
+    needs = get_scheme(name).needs
+    inp.tokens = ro.tokens
+    dev = ro.mask.device
+    if "rewards" in needs and rewards is not None:
+        inp.rewards, inp.group_size = rewards.to(dev), ro.group_size
+    if "branches" in needs and tree is not None:
+        inp.branch_points, inp.branch_rewards, inp.branch_exists = (
+            tree[k].to(dev) for k in ("points", "rewards", "exists")
+        )
+    return inp
+
+
+def returns_advantages(name: str) -> bool:
+    """Whether scheme `name` returns token advantages [B, T] instead of credit weights."""
+    return get_scheme(name).returns == "advantages"
+
+
+def credit_share(token_advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """How a scheme's token advantages spread credit, drawn and logged as weights: w = |A_it|·N / Σ_t |A_it|
+    per row (mass N, the row's valid tokens; 1 everywhere for a row whose advantages are all 0)."""
+    a = torch.where(mask.bool(), token_advantages.abs().float(), 0.0)
+    total = a.sum(dim=1, keepdim=True)
+    n = mask.float().sum(dim=1, keepdim=True)
+    return torch.where(total > 0, a * n / total.clamp_min(1e-30), mask.float())
+
+
 def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
-                    context: str, dists: Any = None, name: str | None = None) -> torch.Tensor:  # fmt: skip
-    """w [B, T] of the configured scheme (or of `name`), without gradient."""
+                    context: str, dists: Any = None, name: str | None = None, rewards: torch.Tensor | None = None,
+                    tree: dict[str, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+    """w [B, T] of the configured scheme (or of `name`), without gradient; token advantages [B, T] for a
+    scheme that returns them (`returns_advantages`). `rewards` [B] and `tree` (`Batch.tree`): the batch's
+    scores and continuations, for schemes that need them."""
     name = name or credit_cfg.scheme
     inp = fetch_inputs(name, ro, advantages, policy, reference, credit_cfg, context, dists)
+    add_tree_inputs(inp, name, ro, rewards, tree)
     options = scheme_options(credit_cfg, name)
     if name in CREDIT_SCHEMES:  # a built-in scheme's failure is a bug: its traceback stays
         with torch.no_grad():
@@ -94,11 +128,18 @@ def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | Non
 
 
 def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,
-                   context: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Weights under each named scheme, for figures; a scheme that needs a reference is skipped without one."""
+                   context: str, names: tuple[str, ...], rewards: torch.Tensor | None = None,
+                   tree: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Weights under each named scheme, for figures (a scheme returning token advantages: their
+    `credit_share`); a scheme that needs a reference, rewards or continuations is skipped without them."""
     out = {}
     for name in names:
-        if "ref_dists" in get_scheme(name).needs and reference is None:
+        needs = get_scheme(name).needs
+        if ("ref_dists" in needs and reference is None) or ("rewards" in needs and rewards is None):
             continue
-        out[name] = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name)
+        if "branches" in needs and tree is None:
+            continue
+        w = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name, rewards=rewards,
+                            tree=tree)  # fmt: skip
+        out[name] = credit_share(w, ro.loss_mask) if returns_advantages(name) else w
     return out

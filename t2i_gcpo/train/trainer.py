@@ -250,6 +250,8 @@ class Trainer:
                 row[M.TIME_STEP] = time.perf_counter() - tic
                 row[M.LR] = lr
                 row = average_over_processes(row, acc)
+                for key in (*M.BUDGET, *(M.BUDGET_TOTAL.format(key=k) for k in M.BUDGET)):
+                    row[key] *= acc.num_processes  # what the processes spent together: a sum, not a mean
                 self.collector.observe_zero_std(row[M.ZERO_STD_RATIO])
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step != cfg.steps:
                     metrics, headline = self.evaluate()

@@ -12,11 +12,12 @@ import torch
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.core.balanced import query_preserved_minibatches, reward_balanced_minibatches
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.train.batch import Batch
-from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, credit_share, returns_advantages
 from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
 
 
@@ -34,11 +35,23 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     π_old is the sampler's recorded log-prob, or (rollout.old_logprobs=recompute) the update's own
     forward under the weights that sampled; the first pass measures how far the recorded ones are from
     it (`mismatch/*`, over rows from row `stale_rows` on: the first rows were carried over from the
-    previous step and sampled by older weights)."""
+    previous step and sampled by older weights).
+
+    A scheme that returns token advantages (vine, tempo) gives the loss's Â [B, T] directly; the weights
+    returned and logged are then their `credit_share`. optim.step_per_minibatch steps the optimizer
+    after every minibatch instead (its own normaliser), over the split optim.minibatch_split makes."""
     ctx, agg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss.aggregation
+    token_adv = returns_advantages(cfg.credit.scheme)
+    if token_adv and agg == "weighted-token-mean":
+        raise UserError(
+            f"credit scheme {cfg.credit.scheme!r} gives token advantages, which loss.aggregation="
+            "'weighted-token-mean' cannot weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
+        )
     ro = batch.rollout
     adv = batch.advantages.to(ro.mask.device)  # rewards and advantages are computed on the CPU
-    chunks = torch.tensor_split(torch.arange(len(ro)), cfg.optim.minibatches)
+    rewards, tree = batch.reward.scores, batch.tree
+    chunks = minibatch_rows(cfg, ro, batch.advantages)
+    per_step = cfg.optim.step_per_minibatch and len(chunks) > 1
     logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
     if cfg.rollout.old_logprobs == "recompute" and cfg.optim.update_epochs > 1:
         logp_old = recompute_old_logprobs(cfg, ro, chunks, policy, accelerator, ctx)
@@ -49,13 +62,17 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     for epoch in range(cfg.optim.update_epochs):
         whole = denom = None  # the whole batch's weights and loss normaliser, when it is split
         if len(chunks) > 1:
-            whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx)
-            denom = aggregation_denominator(agg, ro.loss_mask, whole)
+            whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx, rewards=rewards, tree=tree)
+            if not per_step:
+                denom = aggregation_denominator(agg, ro.loss_mask, None if token_adv else whole)
         optimizer.zero_grad(set_to_none=True)
         finite_loss = True
         for i, idx in enumerate(chunks):
+            if per_step and i > 0:  # a step per minibatch: each its own gradient and normaliser
+                optimizer.zero_grad(set_to_none=True)
+                finite_loss, denom = True, None
             mb = ro.select(idx)
-            with _gradient_sync(policy, accelerator, last=i == len(chunks) - 1):
+            with _gradient_sync(policy, accelerator, last=per_step or i == len(chunks) - 1):
                 with precision(cfg, accelerator):
                     logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
                 recorded = mb.logp[ctx]  # [B, T] π_rollout
@@ -65,23 +82,52 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                 if cfg.rollout.old_logprobs == "recompute":  # one epoch: this forward is π_old itself
                     old = logp_old[idx] if logp_old is not None else logp.detach()
                 if whole is not None:
-                    w = whole[idx]
+                    out = whole[idx]
                 else:
-                    w = compute_weights(cfg.credit, mb, adv[idx], policy, credit_ref, ctx, dists)
-                if i == 0 and accelerator.num_processes > 1:  # the global batch's normaliser
+                    out = compute_weights(cfg.credit, mb, adv[idx], policy, credit_ref, ctx, dists,
+                                          rewards=rewards[idx], tree=select_tree(tree, idx))  # fmt: skip
+                a, w = (out, None) if token_adv else (adv[idx], out)  # Â = A_it, or A_i·w_it
+                if (i == 0 or per_step) and accelerator.num_processes > 1:  # the global batch's normaliser
                     local = denom if denom is not None else aggregation_denominator(agg, mb.loss_mask, w)
                     denom = global_denominator(local, accelerator, active=loss_scale != 0)
-                loss, st = minibatch_loss(cfg, mb, adv[idx], logp, old, w, denom, ref, ctx, accelerator)
+                loss, st = minibatch_loss(cfg, mb, a, logp, old, w, denom, ref, ctx, accelerator)
                 st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)  # before backward: FSDP reshards weights there
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
-            weights[idx] = w.to(weights)
-            st.update(credit_stats(w, mb.loss_mask))
+            shown = credit_share(out, mb.loss_mask) if token_adv else w
+            weights[idx] = shown.to(weights)
+            st.update(credit_stats(shown, mb.loss_mask))
             for k, v in st.items():
                 stats.setdefault(k, []).append(float(v))
-        grad_norm = optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
-        stats.setdefault(M.GRAD_NORM, []).append(grad_norm)
-    return {**average(stats, cfg.optim.update_epochs), **mismatch.metrics(ctx)}, weights
+            if per_step:
+                stats.setdefault(M.GRAD_NORM, []).append(
+                    optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
+                )
+        if not per_step:
+            grad_norm = optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
+            stats.setdefault(M.GRAD_NORM, []).append(grad_norm)
+    losses_per_epoch = len(chunks) if per_step else 1  # separate steps: their losses are averaged
+    return {**average(stats, cfg.optim.update_epochs * losses_per_epoch), **mismatch.metrics(ctx)}, weights
+
+
+def minibatch_rows(cfg: TrainConfig, ro: Rollout, advantages: torch.Tensor) -> list[torch.Tensor]:
+    """The minibatches' row indices (optim.minibatch_split): rows in order, whole groups in order
+    ("query"), or whole groups balanced by advantage mass ("balanced", core/balanced.py); at most one
+    minibatch per group for the last two."""
+    m, G, split = cfg.optim.minibatches, ro.group_size, cfg.optim.minibatch_split
+    if split == "sequential" or m == 1:
+        return list(torch.tensor_split(torch.arange(len(ro)), m))
+    n = min(m, len(ro) // G)
+    if split == "query":
+        return query_preserved_minibatches(len(ro), G, n)
+    if split == "balanced":
+        return [rows.cpu() for rows in reward_balanced_minibatches(advantages.cpu(), G, n)]
+    raise ValueError(f"unknown minibatch split {split!r}")
+
+
+def select_tree(tree: dict[str, torch.Tensor] | None, idx: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """Rows `idx` of a `Batch.tree`."""
+    return None if tree is None else {k: v[idx] for k, v in tree.items()}
 
 
 def minibatch_loss(cfg: TrainConfig, mb: Rollout, adv: torch.Tensor, logp: torch.Tensor, old: torch.Tensor,

@@ -16,8 +16,15 @@ Needs (the fields of `CreditInputs` they fill):
 - ``features``  — features [B, T, D]: per-token embeddings (the VQ code vectors for images)
 - ``groups``    — advantages [B] and group_size: whole groups, so the weights are computed on the full
                   batch before it is split into minibatches
-Always given: mask [B, T], step [B, T] (the step at which each token was decided) and layout
-(the (rows, cols) token grid of an image, or None for a sequence).
+- ``rewards``   — rewards [B] (the samples' scores) and group_size, whole groups
+- ``branches``  — branch_points [B, K], branch_rewards [B, K, M], branch_exists [B, K, M]: the rewards of
+                  M continuations sampled from each sample's branch points (the train step samples and
+                  scores them only for a scheme that declares this; docs/concepts/tree_credit.md)
+Always given: mask [B, T], tokens [B, T], step [B, T] (the step at which each token was decided) and
+layout (the (rows, cols) token grid of an image, or None for a sequence).
+
+A scheme returns credit weights w [B, T] (the token advantage is then A_i·w_it), or, registered with
+``returns="advantages"``, the token advantages A_it [B, T] themselves (the loss uses them as they are).
 
 Options are the keyword parameters after the first: the signature is their only declaration (name, type,
 default; `Option` in an ``Annotated`` type adds the documentation and accepted range that the config
@@ -39,7 +46,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-NEEDS = ("contrast", "dists", "ref_dists", "features", "groups")
+NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches")
+RETURNS = ("weights", "advantages")
 Chunks = Iterable[tuple[slice, Tensor]]
 
 
@@ -60,7 +68,12 @@ class CreditInputs:
     ref_dists: Callable[[], Chunks] | None = None  # () → the reference's chunks, same slices
     features: Tensor | None = None  # [B, T, D]
     advantages: Tensor | None = None  # [B] (groups)
-    group_size: int | None = None  # G (groups)
+    group_size: int | None = None  # G (groups, rewards)
+    tokens: Tensor | None = None  # [B, T] long — the sampled tokens
+    rewards: Tensor | None = None  # [B] (rewards)
+    branch_points: Tensor | None = None  # [B, K] long, −1 padding (branches)
+    branch_rewards: Tensor | None = None  # [B, K, M] float64, NaN where none (branches)
+    branch_exists: Tensor | None = None  # [B, K, M] bool (branches)
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class CreditScheme:
     any_options: bool = False  # the function takes **kwargs
     # cross-option check: options → None, or (option name, what is wrong) for a one-line error
     check: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+    returns: str = "weights"  # or "advantages": token advantages [B, T] (RETURNS)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -115,13 +129,15 @@ USER_SCHEMES: dict[str, CreditScheme] = {}  # user functions, keyed by their spe
 
 
 def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[str] = (), doc: str = "",
-                         check: Any = None) -> CreditScheme:  # fmt: skip
+                         check: Any = None, returns: str = "weights") -> CreditScheme:  # fmt: skip
     """A `CreditScheme` for `fn`, its options read from its signature; CreditSchemeError for unknown
     needs or a function that cannot take the inputs."""
     needs = tuple(needs)
     unknown = sorted(set(needs) - set(NEEDS))
     if unknown:
         raise CreditSchemeError(f"credit scheme {name!r}: unknown needs {unknown}; known: {', '.join(NEEDS)}")
+    if returns not in RETURNS:
+        raise CreditSchemeError(f"credit scheme {name!r}: returns must be one of {RETURNS}, got {returns!r}")
     if not callable(fn):
         raise CreditSchemeError(f"credit scheme {name!r} is not a function (it is a {type(fn).__name__})")
     try:
@@ -149,18 +165,19 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
             info = next((e for e in extras if isinstance(e, Option)), None)
         options.append(SchemeOption(p.name, tp, p.default, info))
     any_options = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-    return CreditScheme(name, fn, frozenset(needs), doc, tuple(options), any_options, check)
+    return CreditScheme(name, fn, frozenset(needs), doc, tuple(options), any_options, check, returns)
 
 
-def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None) -> Callable:
+def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None,
+                    returns: str = "weights") -> Callable:  # fmt: skip
     """Decorator: add `fn` to `CREDIT_SCHEMES` under `name`, with the inputs it needs (and, optionally,
-    a `check` of its options together, see `CreditScheme`)."""
+    a `check` of its options together, see `CreditScheme`; `returns`: "weights" or "advantages")."""
 
     def add(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        CREDIT_SCHEMES[name] = scheme_from_function(name, fn, needs, doc, check)
+        CREDIT_SCHEMES[name] = scheme_from_function(name, fn, needs, doc, check, returns)
         return fn
 
-    scheme_from_function(name, lambda inp: inp, needs)  # unknown needs fail at the decorator line
+    scheme_from_function(name, lambda inp: inp, needs, returns=returns)  # unknown needs fail here
     return add
 
 
@@ -232,7 +249,7 @@ def pool_by_step(weights: Tensor, step: Tensor, mask: Tensor) -> Tensor:
 
 def credit_weights(name: str, inputs: CreditInputs, options: dict[str, Any] | None = None,
                    granularity: str = "token") -> Tensor:  # fmt: skip
-    """w [B, T] of scheme `name`: checks that its declared inputs are present and that it takes every
+    """w [B, T] of scheme `name` (token advantages for a scheme that returns them): checks that its declared inputs are present and that it takes every
     option given, checks what it returns (a [B, T] tensor, finite on valid tokens), and pools by step
     when asked."""
     scheme = get_scheme(name)
@@ -270,5 +287,7 @@ def _missing(need: str, inp: CreditInputs) -> bool:
         "ref_dists": (inp.ref_dists,),
         "features": (inp.features,),
         "groups": (inp.advantages, inp.group_size),
+        "rewards": (inp.rewards, inp.group_size),
+        "branches": (inp.branch_points, inp.branch_rewards, inp.branch_exists),
     }[need]
     return any(f is None for f in fields)

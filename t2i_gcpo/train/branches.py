@@ -1,0 +1,122 @@
+"""Continuations for a scheme that needs "branches" (docs/concepts/tree_credit.md#running-tree-credit):
+pick each sample's branch points by the scheme's rule, sample `continuations` from each through
+`Policy.branch`, decode and score them with the run's reward, and keep their rewards per point.
+
+A continuation's generator is keyed (seed, "branch", slot, root, t, c) (policies/branching.continuation_keys):
+continuations are pure functions of the run's seed and the group's prompt slot, so a resumed run draws
+the same ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, top_entropy
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Rollout, SamplingParams
+from t2i_gcpo.policies.branching import continuation_keys, decision_steps
+from t2i_gcpo.rewards.combine import call_reward
+from t2i_gcpo.tasks.loop import group_generators, sampler_precision
+
+
+@dataclass
+class Grown:
+    """The continuations' rewards per branch point (a `Batch.tree`) and what they cost."""
+
+    tree: dict[str, torch.Tensor]
+    samples: int  # continuations sampled and scored
+    tokens: int  # tokens they sampled (positions, or masked reveals, from their point on)
+    seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward"
+
+
+def empty_tree(rows: int, n: int) -> dict[str, torch.Tensor]:
+    """A tree without branch points (K = 0): segment advantages are then r_i − V(prompt) on every token."""
+    return {
+        "points": torch.zeros(rows, 0, dtype=torch.long),
+        "rewards": torch.zeros(rows, 0, n, dtype=torch.float64),
+        "exists": torch.zeros(rows, 0, n, dtype=torch.bool),
+    }
+
+
+def sequential(ro: Rollout) -> bool:
+    """Whether each token's step is its position (AR images, text): a step is then a token."""
+    pos = torch.arange(ro.tokens.shape[1], device=ro.step.device).expand_as(ro.step)
+    return bool(((ro.step == pos) | (ro.mask == 0)).all())
+
+
+def step_entropy(policy: Any, ro: Rollout, context: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, S] the highest token entropy among the tokens decided at each step, [B, S] bool: steps that
+    exist), S = the most decision steps of any row; the policy's distributions, no gradient."""
+    m = ro.mask > 0
+    entropy = torch.zeros(ro.mask.shape, dtype=torch.float32, device=ro.mask.device)
+    with torch.no_grad():
+        _, dists = policy(ro, context=context, dists=True)
+        for sl, logits in dists:
+            p = torch.softmax(logits.float(), dim=-1)
+            entropy[:, sl] = torch.special.entr(p).sum(dim=-1).to(entropy.device)
+    n = decision_steps(ro).to(m.device)  # [B]
+    S = int(n.max())
+    key = ro.step.long().clamp(0, S - 1)
+    per_step = torch.full((len(ro), S), -torch.inf, device=m.device)
+    per_step = per_step.scatter_reduce(1, key, torch.where(m, entropy, -torch.inf), "amax")
+    exists = torch.arange(S, device=m.device)[None] < n[:, None]
+    return torch.where(exists, per_step, 0.0), exists
+
+
+def line_starts(policy: Any, ro: Rollout) -> torch.Tensor:
+    """[B, T] bool: text positions that follow a token containing a line break."""
+    cache: dict[int, bool] = {}
+    tok = ro.tokens.tolist()
+    breaks = [[cache.setdefault(t, "\n" in policy.tokenizer.decode([t])) for t in row] for row in tok]
+    after = torch.tensor(breaks, dtype=torch.bool, device=ro.mask.device)
+    return torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], dim=1)
+
+
+def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> torch.Tensor:
+    """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding."""
+    if rule == "every_k":
+        return every_k(decision_steps(ro), k)
+    if rule == "entropy":
+        entropy, exists = step_entropy(policy, ro, context)
+        return top_entropy(entropy, exists, k)
+    if rule == "boundary":
+        if not sequential(ro):
+            raise UserError(
+                "credit.vine.rule=boundary needs a model that decides its tokens in order (AR images, text); "
+                "use every_k or entropy for masked models"
+            )
+        layout = policy.layout
+        if layout.kind == "grid":
+            boundary = row_starts(ro.mask, layout.grid[1])
+        else:
+            boundary = line_starts(policy, ro)
+        return at_boundaries(boundary, ro.mask > 0)
+    raise ValueError(f"unknown branch rule {rule!r}")
+
+
+def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], options: dict[str, Any], seed: int,
+         sampling: SamplingParams, context: str) -> Grown:  # fmt: skip
+    """Branch every row of `ro` (whole groups, the group of slot `slots[i]` in rows i·G … i·G + G − 1)
+    at the points of `options["rule"]`, sample `options["continuations"]` from each, score them."""
+    n = int(options["continuations"])
+    tic = time.perf_counter()
+    points = pick_points(policy, ro, options["rule"], int(options["k"]), context).cpu()
+    if not (points >= 0).any():
+        return Grown(empty_tree(len(ro), n), 0, 0, {"rollout": time.perf_counter() - tic, "reward": 0.0})
+    keys = continuation_keys(slots, ro.group_size, points, n)
+    with sampler_precision(policy, sampling):
+        br = policy.branch(ro, points, n, group_generators(seed, "branch", keys))
+    mid = time.perf_counter()
+    cont = br.rollout
+    outputs = policy.decode(cont)
+    scores = call_reward(reward, outputs, cont.texts, [p.meta for p in cont.prompts]).scores
+    rewards, exists = br.per_point(scores, len(ro), points.shape[1])
+    fresh = (cont.step >= br.point.to(cont.step.device)[:, None]) & (cont.mask > 0)
+    return Grown(
+        {"points": points, "rewards": rewards, "exists": exists}, len(cont), int(fresh.sum()),
+        {"rollout": mid - tic, "reward": time.perf_counter() - mid},
+    )  # fmt: skip
