@@ -158,7 +158,9 @@ def main() -> None:
         "--cost", action="store_true", help="time the update with and without recompute/TIS instead"
     )
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy runs (default cpu)")
+    ap.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the policy runs (default cpu)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.cost:

@@ -19,8 +19,8 @@ import time
 import torch
 
 from t2i_gcpo.policies.ar import ARConfig, ARPolicy
-from t2i_gcpo.policies.families.ar import SHIPPED
 from t2i_gcpo.policies.base import SamplingParams
+from t2i_gcpo.policies.families.ar import SHIPPED
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 

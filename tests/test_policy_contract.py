@@ -233,7 +233,9 @@ def test_a_scheme_reading_distributions_is_refused_where_the_family_declares_non
     policy = toy_family.ToyPolicy()
     ro = policy.rollout([PromptRecord("a red circle")], 2, policy.default_sampling(), gens(0, range(1)))
     credit = TrainConfig().credit
-    assert compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo").shape == ro.mask.shape
+    assert (
+        compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo").shape == ro.mask.shape
+    )
     policy.capabilities = dataclasses.replace(policy.capabilities, full_dists=False)
     with pytest.raises(UserError, match="full next-token distributions"):
         compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo")

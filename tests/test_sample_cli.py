@@ -150,8 +150,8 @@ def test_a_group_of_the_shipped_prior_at_its_default_sampling_is_not_identical_c
     variance teaches RL nothing)."""
     import torch
 
-    from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.policies.base import PromptRecord
+    from t2i_gcpo.policies.registry import load_policy
 
     policy = load_policy("shapeworld").eval()
     texts = ["a photo of a purple square", "a photo of two triangles", COMPOSITIONAL[0]]

@@ -264,5 +264,9 @@ class Policy(Protocol):
 def policy_members() -> list[str]:
     """The members every `Policy` declares (attributes and methods), in declaration order."""
     names = list(getattr(Policy, "__annotations__", {}))
-    names += [n for n, v in vars(Policy).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))]
+    names += [
+        n
+        for n, v in vars(Policy).items()
+        if not n.startswith("_") and (callable(v) or isinstance(v, property))
+    ]
     return list(dict.fromkeys(names))

@@ -91,7 +91,9 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     local = denom if denom is not None else aggregation_denominator(agg, mb.loss_mask, w)
                     denom = global_denominator(local, accelerator, active=loss_scale != 0)
                 loss, st = minibatch_loss(cfg, mb, a, logp, old, w, denom, ref, ctx, accelerator)
-                st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)  # before backward: FSDP reshards weights there
+                st[M.ENTROPY] = token_entropy(
+                    dists, mb.loss_mask
+                )  # before backward: FSDP reshards weights there
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
             shown = credit_share(out, mb.loss_mask) if token_adv else w

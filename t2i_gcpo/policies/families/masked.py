@@ -14,7 +14,9 @@ SHIPPED = {"shapeworld-masked": os.path.join(ASSETS, "shapeworld_masked")}
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.masked import load_masked_policy
 
-    return load_masked_policy(SHIPPED.get(target, target), options.estimator, options.remask_count, name=target)
+    return load_masked_policy(
+        SHIPPED.get(target, target), options.estimator, options.remask_count, name=target
+    )
 
 
 register_family(
