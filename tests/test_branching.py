@@ -92,7 +92,7 @@ def check_independent(policy, ro, points, n, slots) -> None:
 
 @pytest.fixture(scope="module")
 def ar():
-    from t2i_gcpo.policies.ar import load_policy
+    from t2i_gcpo.policies.registry import load_policy
 
     return load_policy("shapeworld").eval()
 
@@ -148,9 +148,9 @@ def test_bad_points_are_refused(ar):
 
 @pytest.fixture(scope="module")
 def masked():
-    from t2i_gcpo.policies.masked import load_masked_policy
+    from t2i_gcpo.policies.registry import load_policy
 
-    return load_masked_policy("shapeworld-masked").eval()
+    return load_policy("shapeworld-masked").eval()
 
 
 @pytest.mark.parametrize("order", ["confidence", "random"])
@@ -191,10 +191,10 @@ def test_masked_continuation_depends_on_its_key_only(masked):
 
 @pytest.fixture(scope="module")
 def lm():
-    from t2i_gcpo.policies.registry import TEXT_SHIPPED
+    from t2i_gcpo.policies.families.text import SHIPPED
     from t2i_gcpo.policies.text import TextPolicy
 
-    return TextPolicy.from_pretrained(TEXT_SHIPPED["arithmetic"], max_new_tokens=40)
+    return TextPolicy.from_pretrained(SHIPPED["arithmetic"], max_new_tokens=40)
 
 
 HOT = SamplingParams(temperature=1.5, max_new_tokens=40)  # hot enough that completions differ in length

@@ -49,7 +49,8 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
         )
     ro = batch.rollout
     adv = batch.advantages.to(ro.mask.device)  # rewards and advantages are computed on the CPU
-    rewards, tree = batch.reward.scores, batch.tree
+    rewards = batch.reward.scores if batch.reward is not None else None  # read by schemes needing rewards
+    tree = batch.tree
     chunks = minibatch_rows(cfg, ro, batch.advantages)
     per_step = cfg.optim.step_per_minibatch and len(chunks) > 1
     logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
@@ -85,15 +86,14 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
                     out = whole[idx]
                 else:
                     out = compute_weights(cfg.credit, mb, adv[idx], policy, credit_ref, ctx, dists,
-                                          rewards=rewards[idx], tree=select_tree(tree, idx))  # fmt: skip
+                                          rewards=None if rewards is None else rewards[idx], tree=select_tree(tree, idx))  # fmt: skip
                 a, w = (out, None) if token_adv else (adv[idx], out)  # Â = A_it, or A_i·w_it
                 if (i == 0 or per_step) and accelerator.num_processes > 1:  # the global batch's normaliser
                     local = denom if denom is not None else aggregation_denominator(agg, mb.loss_mask, w)
                     denom = global_denominator(local, accelerator, active=loss_scale != 0)
                 loss, st = minibatch_loss(cfg, mb, a, logp, old, w, denom, ref, ctx, accelerator)
-                st[M.ENTROPY] = token_entropy(
-                    dists, mb.loss_mask
-                )  # before backward: FSDP reshards weights there
+                # before backward: FSDP reshards weights there
+                st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
             shown = credit_share(out, mb.loss_mask) if token_adv else w

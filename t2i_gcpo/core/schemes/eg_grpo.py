@@ -26,6 +26,7 @@ def _check(options: dict[str, Any]) -> tuple[str, str] | None:
     doc="EG-GRPO-style entropy gate: w = 0 below the low entropy quantile, 1 + β above the high one, 1 "
     "between (docs/concepts/tree_credit.md#entropy-gating).",
     check=_check,
+    mass_preserving=False,  # unless preserve_mass: gated tokens' share is not handed to the others
 )
 def eg_grpo(
     inp: CreditInputs,

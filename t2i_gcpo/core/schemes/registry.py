@@ -37,6 +37,8 @@ added under its spec with `add_user_scheme` and found by `get_scheme` like a bui
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import typing
 from collections.abc import Callable, Iterable
@@ -114,6 +116,9 @@ class CreditScheme:
     # cross-option check: options → None, or (option name, what is wrong) for a one-line error
     check: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
     returns: str = "weights"  # or "advantages": token advantages [B, T] (RETURNS)
+    # weights: Σ_t m·w = N per sequence (the loss's scale unchanged); False for a scheme that gates tokens
+    # off without giving their share to others (eg_grpo by default)
+    mass_preserving: bool = True
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -169,12 +174,14 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
 
 
 def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None,
-                    returns: str = "weights") -> Callable:  # fmt: skip
+                    returns: str = "weights", mass_preserving: bool = True) -> Callable:  # fmt: skip
     """Decorator: add `fn` to `CREDIT_SCHEMES` under `name`, with the inputs it needs (and, optionally,
-    a `check` of its options together, see `CreditScheme`; `returns`: "weights" or "advantages")."""
+    a `check` of its options together, see `CreditScheme`; `returns`: "weights" or "advantages";
+    `mass_preserving`: whether its weights keep Σ_t m·w = N)."""
 
     def add(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        CREDIT_SCHEMES[name] = scheme_from_function(name, fn, needs, doc, check, returns)
+        scheme = scheme_from_function(name, fn, needs, doc, check, returns)
+        CREDIT_SCHEMES[name] = dataclasses.replace(scheme, mass_preserving=mass_preserving)
         return fn
 
     scheme_from_function(name, lambda inp: inp, needs, returns=returns)  # unknown needs fail here
