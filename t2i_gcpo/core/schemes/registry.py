@@ -38,7 +38,6 @@ added under its spec with `add_user_scheme` and found by `get_scheme` like a bui
 from __future__ import annotations
 
 import dataclasses
-
 import inspect
 import typing
 from collections.abc import Callable, Iterable
