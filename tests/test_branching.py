@@ -288,5 +288,16 @@ def test_amused_continuations(amused):
 
 def test_unsupported_policy_is_refused(ar):
     ro = ar.rollout(records(SHAPES[:1]), 1, ar.default_sampling(), seeded(SEEDS[:1]))
-    with pytest.raises(TypeError, match="has no branched rollouts"):
-        branch_rollout(object(), ro, torch.tensor([[3]]), 1, seeded([0]))
+    import dataclasses
+
+    from toy_family import ToyPolicy
+
+    toy = ToyPolicy()  # declares no branching
+    with pytest.raises(TypeError, match="ToyPolicy has no branched rollouts"):
+        branch_rollout(toy, ro, torch.tensor([[3]]), 1, seeded([0]))
+    ar.capabilities = dataclasses.replace(ar.capabilities, branching=False)  # a capability, not a probe
+    try:
+        with pytest.raises(TypeError, match="ARPolicy has no branched rollouts"):
+            branch_rollout(ar, ro, torch.tensor([[3]]), 1, seeded([0]))
+    finally:
+        del ar.capabilities  # the class's declaration again

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -44,9 +45,6 @@ from t2i_gcpo.policies.maskgen import (
     step_progress,
 )
 from t2i_gcpo.policies.sampling import ChunkedDists, group_uniforms
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
@@ -187,13 +185,20 @@ class AmusedPolicy(nn.Module):
             reveal_order=self.reveal_order,
         )
 
+    def reveal_plan(self, rollout: Rollout, root: torch.Tensor, steps: int) -> tuple:
+        """(hidden_fn over rows `root` of `rollout`, reveal counts per step, reveal order): what a
+        continuation of those rows re-runs from a reveal step (policies/branching.py)."""
+        hidden_fn = self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root])
+        counts = reveal_counts(self.num_tokens, steps, self.mask_schedule)
+        return hidden_fn, counts, rollout.sampling.reveal_order or self.reveal_order
+
     def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
         policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branch_rollout
+        from t2i_gcpo.policies.branching import branches, continue_masked
 
-        return branch_rollout(self, rollout, points, n, generators)
+        return branches(self, rollout, points, n, generators, continue_masked)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""

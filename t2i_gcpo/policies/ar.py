@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -38,9 +39,6 @@ from t2i_gcpo.policies.sampling import (
     sample_step,
 )
 from t2i_gcpo.tokenizers.vq import VQTokenizer
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 
 @dataclass
@@ -285,9 +283,9 @@ class ARPolicy(nn.Module):
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
         policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branch_rollout
+        from t2i_gcpo.policies.branching import branches, continue_ar
 
-        return branch_rollout(self, rollout, points, n, generators)
+        return branches(self, rollout, points, n, generators, continue_ar)
 
     # ---- persistence ----------------------------------------------------------------------------
     def keep_reveal_order(self, order: str) -> None:

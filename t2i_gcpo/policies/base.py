@@ -17,12 +17,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 Context = Literal["pos", "neg", "guided"]
 CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
@@ -179,6 +176,31 @@ class TokenDists(Iterable):
     iterating yields (token slice, temperature-scaled logits [B, t, V])."""
 
     def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]: ...
+
+
+@dataclass
+class Branches:
+    """N continuations of a rollout: row j continues root row ``root[j]`` from step ``point[j]`` (the
+    value in column ``slot[j]`` of the points it was asked for). Rows are ordered root by root, then by
+    slot, then continuation; each (root, point)'s n rows are contiguous, so ``rollout.group_size = n``."""
+
+    rollout: Rollout  # [N]: the root's prefix, then the continuation's draws
+    root: torch.Tensor  # [N] long
+    point: torch.Tensor  # [N] long
+    slot: torch.Tensor  # [N] long
+    n: int
+
+    def per_point(
+        self, values: torch.Tensor, num_roots: int, num_slots: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-continuation values [N] (rewards) → ([B, K, n] float64, NaN where no continuation; [B, K, n]
+        bool, which exist): the ``cont_rewards`` / ``cont_mask`` of core/tree_credit.segment_advantages."""
+        out = torch.full((num_roots, num_slots, self.n), float("nan"), dtype=torch.float64)
+        exists = torch.zeros((num_roots, num_slots, self.n), dtype=torch.bool)
+        c = torch.arange(len(self.root)) % self.n
+        out[self.root, self.slot, c] = values.detach().double().cpu()
+        exists[self.root, self.slot, c] = True
+        return out, exists
 
 
 @dataclass(frozen=True)

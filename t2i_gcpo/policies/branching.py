@@ -42,46 +42,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from t2i_gcpo.policies.amused import AmusedPolicy
-from t2i_gcpo.policies.ar import ARPolicy
-from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.policies.base import Branches, Rollout
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
-from t2i_gcpo.policies.janus import JanusPolicy
-from t2i_gcpo.policies.masked import MaskedPolicy
-from t2i_gcpo.policies.maskgen import maskgit_continue, reveal_counts, step_progress
+from t2i_gcpo.policies.maskgen import maskgit_continue, step_progress
 from t2i_gcpo.policies.sampling import sample_step
-from t2i_gcpo.policies.text import TextPolicy
 
 CONTEXTS = ("pos", "neg", "guided")
-
-
-@dataclass
-class Branches:
-    """N continuations of a rollout: row j continues root row ``root[j]`` from step ``point[j]`` (the
-    value in column ``slot[j]`` of the points it was asked for). Rows are ordered root by root, then by
-    slot, then continuation; each (root, point)'s n rows are contiguous, so ``rollout.group_size = n``."""
-
-    rollout: Rollout  # [N]: the root's prefix, then the continuation's draws
-    root: Tensor  # [N] long
-    point: Tensor  # [N] long
-    slot: Tensor  # [N] long
-    n: int
-
-    def per_point(self, values: Tensor, num_roots: int, num_slots: int) -> tuple[Tensor, Tensor]:
-        """Per-continuation values [N] (rewards) → ([B, K, n] float64, NaN where no continuation; [B, K, n]
-        bool, which exist): the ``cont_rewards`` / ``cont_mask`` of core/tree_credit.segment_advantages."""
-        out = torch.full((num_roots, num_slots, self.n), float("nan"), dtype=torch.float64)
-        exists = torch.zeros((num_roots, num_slots, self.n), dtype=torch.bool)
-        c = torch.arange(len(self.root)) % self.n
-        out[self.root, self.slot, c] = values.detach().double().cpu()
-        exists[self.root, self.slot, c] = True
-        return out, exists
 
 
 def decision_steps(rollout: Rollout) -> Tensor:
@@ -105,13 +76,27 @@ def continuation_keys(slots: Sequence[int | tuple[int, ...]], group_size: int, p
     return keys
 
 
-@torch.no_grad()
 def branch_rollout(policy, rollout: Rollout, points: Tensor, n: int,
                    generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-    """`n` continuations of every root row from each of its branch points.
+    """`n` continuations of every root row from each of its branch points, through the policy's declared
+    capability (`Policy.branch`; `PolicyCapabilities.branching`).
 
     points: [B, K] long, each row's points then −1 (core/branch_points.py; 0 ≤ t < `decision_steps`);
     generators: one per continuation, in `Branches` row order (keys: `continuation_keys`)."""
+    if not policy.capabilities.branching:
+        raise TypeError(f"{type(policy).__name__} has no branched rollouts")
+    return policy.branch(rollout, points, n, generators)
+
+
+ContinueFn = Callable[..., Rollout]  # (policy, rollout, root [N], point [N], generators, n) → [N] rows
+
+
+@torch.no_grad()
+def branches(policy, rollout: Rollout, points: Tensor, n: int, generators: Sequence[torch.Generator],
+             continue_from: ContinueFn) -> Branches:  # fmt: skip
+    """What every family's `Policy.branch` does: check the points, lay out the continuations (root by root,
+    point by point, n each) and sample them with the family's `continue_from` (`continue_ar`,
+    `continue_text`, `continue_janus`, `continue_masked` below)."""
     B = len(rollout)
     if points.dim() != 2 or points.shape[0] != B:
         raise ValueError(f"points must be [B, K] with B = {B}, got {tuple(points.shape)}")
@@ -127,16 +112,7 @@ def branch_rollout(policy, rollout: Rollout, points: Tensor, n: int,
     point = points[root, slot]
     if len(generators) != len(root):
         raise ValueError(f"need one generator per continuation ({len(root)}), got {len(generators)}")
-    if isinstance(policy, ARPolicy):
-        ro = _branch_ar(policy, rollout, root, point, generators)
-    elif isinstance(policy, TextPolicy):
-        ro = _branch_text(policy, rollout, root, point, generators)
-    elif isinstance(policy, JanusPolicy):
-        ro = _branch_janus(policy, rollout, root, point, n, generators)
-    elif isinstance(policy, (MaskedPolicy, AmusedPolicy)):
-        ro = _branch_masked(policy, rollout, root, point, generators)
-    else:
-        raise TypeError(f"{type(policy).__name__} has no branched rollouts")
+    ro = continue_from(policy, rollout, root, point, generators, n)
     return Branches(dataclasses.replace(ro, group_size=n), root, point, slot, n)
 
 
@@ -193,8 +169,8 @@ def _eval(module: torch.nn.Module) -> Iterator[None]:
 # ---------------------------------------------------------------------------- AR images
 
 
-def _branch_ar(policy: ARPolicy, rollout: Rollout, root: Tensor, point: Tensor,
-               generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+def continue_ar(policy, rollout: Rollout, root: Tensor, point: Tensor,
+                generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
     """ShapeWorld AR prior: one prefill per root, its cache rows copied to the continuations (module doc)."""
     dev, T, P, sampling = policy.device, policy.num_tokens, policy.prefix_len, rollout.sampling
     roots = root.unique()  # sorted
@@ -234,8 +210,8 @@ def _branch_ar(policy: ARPolicy, rollout: Rollout, root: Tensor, point: Tensor,
 # ---------------------------------------------------------------------------- text
 
 
-def _branch_text(policy: TextPolicy, rollout: Rollout, root: Tensor, point: Tensor,
-                 generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+def continue_text(policy, rollout: Rollout, root: Tensor, point: Tensor,
+                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
     """Text: a fused prefill per root shared by its continuations, or (other architectures) the prefix
     re-run for every continuation through the adapter's own loop (module doc)."""
     sampling, steps, dev = rollout.sampling, rollout.max_len, policy.device
@@ -271,7 +247,7 @@ def _branch_text(policy: TextPolicy, rollout: Rollout, root: Tensor, point: Tens
     return ro
 
 
-def _text_fused(policy: TextPolicy, rollout: Rollout, root: Tensor, point: Tensor, uniforms: Tensor,
+def _text_fused(policy, rollout: Rollout, root: Tensor, point: Tensor, uniforms: Tensor,
                 tokens: Tensor, valid: Tensor, logps: Tensor) -> None:  # fmt: skip
     """Fill tokens / valid / logps [3, N, steps] from positions ≥ point: every root's contexts (c⁺, and c⁻
     when guided) are left-padded to one width W, its tokens follow, so position t sits at cache slot
@@ -325,8 +301,8 @@ def _text_fused(policy: TextPolicy, rollout: Rollout, root: Tensor, point: Tenso
 # ---------------------------------------------------------------------------- Janus
 
 
-def _branch_janus(policy: JanusPolicy, rollout: Rollout, root: Tensor, point: Tensor, n: int,
-                  generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+def continue_janus(policy, rollout: Rollout, root: Tensor, point: Tensor,
+                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
     """Janus: one StaticCache prefill per (root, point), repeated across its n continuations (module doc)."""
     from transformers import StaticCache
 
@@ -379,26 +355,18 @@ def _repeat_rows(cache, n: int) -> None:
 # ---------------------------------------------------------------------------- masked images
 
 
-@torch.no_grad()
 def _masked_parts(policy, rollout: Rollout, root: Tensor):
-    """(hidden_fn over the continuations' rows, mask id, reveal counts, choice temperatures, scales, order)."""
+    """(hidden_fn over the continuations' rows, mask id, reveal counts, choice temperatures, scales, order),
+    from the adapter's `reveal_plan` (ShapeWorld masked prior, aMUSEd)."""
     sampling = rollout.sampling
     steps = policy.resolve_steps(sampling)
     scales = policy._scale_fn(sampling)(step_progress(steps))
-    if isinstance(policy, MaskedPolicy):
-        hidden_fn = policy._hidden_fn(rollout.state["prompt_ids"].to(policy.device)[root.to(policy.device)])
-        counts = reveal_counts(policy.num_tokens, steps, policy.config.mask_schedule)
-        order = policy.resolve_reveal_order(sampling)
-    else:
-        r = root.to(policy.device)
-        hidden_fn = policy._hidden_fn(rollout.state["prompt_ids"][r], rollout.state["negative_ids"][r])
-        counts = reveal_counts(policy.num_tokens, steps, policy.mask_schedule)
-        order = sampling.reveal_order or policy.reveal_order
+    hidden_fn, counts, order = policy.reveal_plan(rollout, root.to(policy.device), steps)
     return hidden_fn, policy.mask_id, counts, policy.choice_temperatures(steps), scales, order
 
 
-def _branch_masked(policy, rollout: Rollout, root: Tensor, point: Tensor,
-                   generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+def continue_masked(policy, rollout: Rollout, root: Tensor, point: Tensor,
+                    generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
     """Masked images: each continuation re-runs the reveal schedule from its step on the root's canvas."""
     dev, T = policy.device, policy.num_tokens
     hidden_fn, mask_id, counts, temps, scales, order = _masked_parts(policy, rollout, root)

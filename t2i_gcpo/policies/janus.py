@@ -13,7 +13,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -36,9 +37,6 @@ from t2i_gcpo.policies.sampling import (
     group_uniforms,
     sample_step,
 )
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FREEZE_GROUPS = ("vision", "vq", "language", "generation")
@@ -492,9 +490,9 @@ class JanusPolicy(nn.Module):
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
         policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branch_rollout
+        from t2i_gcpo.policies.branching import branches, continue_janus
 
-        return branch_rollout(self, rollout, points, n, generators)
+        return branches(self, rollout, points, n, generators, continue_janus)
 
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("Janus has no reveal order")

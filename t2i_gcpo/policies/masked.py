@@ -12,13 +12,13 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -43,9 +43,6 @@ from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import ChunkedDists, check_records, group_uniforms
 from t2i_gcpo.tokenizers.vq import VQTokenizer
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 AR_ASSETS = os.path.join(ASSETS, "shapeworld")  # the AR prior: its prompt vocabulary and VQ are shared
@@ -177,13 +174,20 @@ class MaskedPolicy(nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
+    def reveal_plan(self, rollout: Rollout, root: torch.Tensor, steps: int) -> tuple:
+        """(hidden_fn over rows `root` of `rollout`, reveal counts per step, reveal order): what a
+        continuation of those rows re-runs from a reveal step (policies/branching.py)."""
+        hidden_fn = self._hidden_fn(rollout.state["prompt_ids"].to(self.device)[root])
+        counts = reveal_counts(self.num_tokens, steps, self.config.mask_schedule)
+        return hidden_fn, counts, self.resolve_reveal_order(rollout.sampling)
+
     def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
         policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branch_rollout
+        from t2i_gcpo.policies.branching import branches, continue_masked
 
-        return branch_rollout(self, rollout, points, n, generators)
+        return branches(self, rollout, points, n, generators, continue_masked)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (config.json)."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -29,9 +30,6 @@ from t2i_gcpo.policies.base import (
 )
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
-
-if TYPE_CHECKING:
-    from t2i_gcpo.policies.branching import Branches
 
 NEGATIVE_MODES = ("empty", "wrong_answer")
 WRONG_ANSWER_INSTRUCTION = "Note: Intentionally generate an incorrect answer."
@@ -184,9 +182,9 @@ class TextPolicy(nn.Module):
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
         policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branch_rollout
+        from t2i_gcpo.policies.branching import branches, continue_text
 
-        return branch_rollout(self, rollout, points, n, generators)
+        return branches(self, rollout, points, n, generators, continue_text)
 
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("a text model has no reveal order")
