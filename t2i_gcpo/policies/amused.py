@@ -23,7 +23,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -31,6 +30,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
+from t2i_gcpo.policies.branching import Branching, continue_masked
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
@@ -74,8 +74,10 @@ def import_amused() -> tuple[Any, Any, Any]:
     return UVit2DModel, VQModel, AmusedScheduler
 
 
-class AmusedPolicy(nn.Module):
+class AmusedPolicy(Branching, nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
+
+    continue_from = staticmethod(continue_masked)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
@@ -191,14 +193,6 @@ class AmusedPolicy(nn.Module):
         hidden_fn = self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root])
         counts = reveal_counts(self.num_tokens, steps, self.mask_schedule)
         return hidden_fn, counts, rollout.sampling.reveal_order or self.reveal_order
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
-        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branches, continue_masked
-
-        return branches(self, rollout, points, n, generators, continue_masked)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""

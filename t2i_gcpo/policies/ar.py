@@ -19,7 +19,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -27,6 +26,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
+from t2i_gcpo.policies.branching import Branching, continue_ar
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -57,8 +57,10 @@ class ARConfig:
 CacheKind = Literal["fused", "static", "dynamic", "none"]
 
 
-class ARPolicy(nn.Module):
+class ARPolicy(Branching, nn.Module):
     """Text-conditioned Llama-style prior over VQ tokens plus its (frozen) VQ tokenizer."""
+
+    continue_from = staticmethod(continue_ar)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native: checked to train as float32 does (5 seeds)
@@ -278,14 +280,6 @@ class ARPolicy(nn.Module):
     def token_features(self, rollout: Rollout) -> torch.Tensor:
         """VQ codebook vectors of the sampled tokens [B, T, D] (STAGE and critical-token credit)."""
         return self.vq.code_embeddings(rollout.tokens.to(self.device))
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
-        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branches, continue_ar
-
-        return branches(self, rollout, points, n, generators, continue_ar)
 
     # ---- persistence ----------------------------------------------------------------------------
     def keep_reveal_order(self, order: str) -> None:

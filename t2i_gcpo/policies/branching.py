@@ -116,6 +116,20 @@ def branches(policy, rollout: Rollout, points: Tensor, n: int, generators: Seque
     return Branches(dataclasses.replace(ro, group_size=n), root, point, slot, n)
 
 
+class Branching:
+    """What an adapter that declares `capabilities.branching` mixes in: `Policy.branch` through its
+    family's continuation function (`continue_from = staticmethod(continue_ar)`, …)."""
+
+    continue_from: ContinueFn
+
+    def branch(
+        self, rollout: Rollout, points: Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
+        """`n` continuations of every row of `rollout` from each of its branch points
+        (docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branches(self, rollout, points, n, generators, self.continue_from)
+
+
 # ---------------------------------------------------------------------------- shared pieces
 
 

@@ -21,7 +21,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -29,6 +28,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
+from t2i_gcpo.policies.branching import Branching, continue_janus
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -70,11 +70,13 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-class JanusPolicy(nn.Module):
+class JanusPolicy(Branching, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Janus / Janus-Pro checkpoint.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
     """
+
+    continue_from = staticmethod(continue_janus)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
@@ -486,13 +488,6 @@ class JanusPolicy(nn.Module):
         return F.normalize(table(rollout.tokens.to(self.device)).float(), dim=-1)
 
     # ------------------------------------------------------------------ saving
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
-        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branches, continue_janus
-
-        return branches(self, rollout, points, n, generators, continue_janus)
 
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("Janus has no reveal order")

@@ -18,7 +18,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -26,6 +25,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
+from t2i_gcpo.policies.branching import Branching, continue_masked
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
@@ -65,8 +65,10 @@ class MaskedConfig:
     codebook_size: int = 256  # K, copied from the VQ
 
 
-class MaskedPolicy(nn.Module):
+class MaskedPolicy(Branching, nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
+
+    continue_from = staticmethod(continue_masked)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native (its own transformer)
@@ -180,14 +182,6 @@ class MaskedPolicy(nn.Module):
         hidden_fn = self._hidden_fn(rollout.state["prompt_ids"].to(self.device)[root])
         counts = reveal_counts(self.num_tokens, steps, self.config.mask_schedule)
         return hidden_fn, counts, self.resolve_reveal_order(rollout.sampling)
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
-        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branches, continue_masked
-
-        return branches(self, rollout, points, n, generators, continue_masked)
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (config.json)."""

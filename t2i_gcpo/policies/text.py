@@ -20,7 +20,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import (
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -28,6 +27,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
+from t2i_gcpo.policies.branching import Branching, continue_text
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
@@ -66,11 +66,13 @@ def quiet_hub_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class TextPolicy(nn.Module):
+class TextPolicy(Branching, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local causal language model.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
     """
+
+    continue_from = staticmethod(continue_text)  # Policy.branch (policies/branching.py)
 
     output = "text"
     guidance = "u + s(c − u)"
@@ -177,14 +179,6 @@ class TextPolicy(nn.Module):
         if limit and "max_new_tokens" not in kwargs:  # the checkpoint's own completion limit
             kwargs["max_new_tokens"] = int(limit)
         return cls(model.to(device), tokenizer, **kwargs).eval()
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every row of `rollout` from each of its branch points (`capabilities.branching`;
-        policies/branching.py, docs/concepts/tree_credit.md#branched-rollouts)."""
-        from t2i_gcpo.policies.branching import branches, continue_text
-
-        return branches(self, rollout, points, n, generators, continue_text)
 
     def keep_reveal_order(self, order: str) -> None:
         raise ValueError("a text model has no reveal order")
