@@ -86,9 +86,11 @@ def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
     assert not list((run_dir / "checkpoints").glob("*.tmp")), "no temporary checkpoint left"
 
 
-def test_resumed_run_matches_uninterrupted(tiny, tmp_path):
-    full = train(tiny, tmp_path / "full", steps=4)
-    train(tiny, tmp_path / "part", steps=2)
+def resume_matches_uninterrupted(tiny, tmp_path, **kwargs) -> tuple[list[dict], list[dict]]:
+    """Train 4 steps straight and 2 + a resume to 4: the same metrics (time/* aside) and weights.
+    → (the uninterrupted run's metric rows, the resumed run's)."""
+    full = train(tiny, tmp_path / "full", steps=4, **kwargs)
+    train(tiny, tmp_path / "part", steps=2, **kwargs)
     run(prepare(resume_dir=tmp_path / "part", steps=4))
     resumed = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -98,6 +100,11 @@ def test_resumed_run_matches_uninterrupted(tiny, tmp_path):
                 assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
     pa, pb = params(tmp_path / "full", 4), params(tmp_path / "part", 4)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    return full, resumed
+
+
+def test_resumed_run_matches_uninterrupted(tiny, tmp_path):
+    resume_matches_uninterrupted(tiny, tmp_path)
 
 
 def test_nan_reward_stops_and_keeps_last_checkpoint(tiny, tmp_path):
@@ -300,17 +307,7 @@ TREE = ("credit.vine.k=4", "credit.vine.continuations=2")  # the tiny prior's gr
 
 
 def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tiny, tmp_path):
-    full = train(tiny, tmp_path / "full", algo="vine", steps=4, extra=TREE)
-    train(tiny, tmp_path / "part", algo="vine", steps=2, extra=TREE)
-    run(prepare(resume_dir=tmp_path / "part", steps=4))
-    resumed = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(full, resumed):
-        for k in a:
-            if not k.startswith("time/"):
-                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
-    pa, pb = params(tmp_path / "full", 4), params(tmp_path / "part", 4)
-    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    full, _ = resume_matches_uninterrupted(tiny, tmp_path, algo="vine", extra=TREE)
     # the continuations are scored samples: more than the groups drawn, and the totals add up
     G = 4
     assert any(r["budget/samples"] > r["groups_drawn"] * G for r in full)

@@ -152,7 +152,7 @@ def dgpo_scores(
         raise ValueError(f"need |V| >= 2 and kappa >= 0; got V={V}, kappa={kappa}")
     h2 = hellinger_sq(logits_policy, logits_ref)
     h = h2 if squared else h2.sqrt()
-    entropy = torch.special.entr(F.softmax(logits_policy.float(), dim=-1)).sum(dim=-1)
+    entropy = token_entropy(logits_policy)
     return h * (entropy / math.log(V)).clamp(0, 1) ** kappa
 
 
@@ -228,3 +228,18 @@ def stage_weights(code_embeddings: Tensor, advantages: Tensor, group_size: int, 
     total = raw.sum(dim=1, keepdim=True)  # [B, 1]
     n = m.sum(dim=1, keepdim=True)
     return torch.where(total > 0, n * raw / total.clamp_min(1e-30), m.float())
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """H = −Σ_v p log p (nats) of softmax(logits [..., V]), in float32 at least → [...]."""
+    return torch.special.entr(F.softmax(logits.float(), dim=-1)).sum(dim=-1)
+
+
+@torch.no_grad()
+def chunked_entropy(chunks, shape: torch.Size, device: torch.device) -> Tensor:
+    """Entropies [B, T] of a policy's chunked distributions ((token slice, logits [B, t, V]) pairs, as
+    `CreditInputs.dists()` yields them); one chunk of probabilities in memory at a time."""
+    entropy = torch.zeros(shape, dtype=torch.float32, device=device)
+    for sl, logits in chunks:
+        entropy[:, sl] = token_entropy(logits).to(device)
+    return entropy

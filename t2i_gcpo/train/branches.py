@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, top_entropy
+from t2i_gcpo.core.credit import chunked_entropy
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout, SamplingParams
 from t2i_gcpo.policies.branching import continuation_keys, decision_steps
@@ -52,12 +53,9 @@ def step_entropy(policy: Any, ro: Rollout, context: str) -> tuple[torch.Tensor, 
     """([B, S] the highest token entropy among the tokens decided at each step, [B, S] bool: steps that
     exist), S = the most decision steps of any row; the policy's distributions, no gradient."""
     m = ro.mask > 0
-    entropy = torch.zeros(ro.mask.shape, dtype=torch.float32, device=ro.mask.device)
     with torch.no_grad():
         _, dists = policy(ro, context=context, dists=True)
-        for sl, logits in dists:
-            p = torch.softmax(logits.float(), dim=-1)
-            entropy[:, sl] = torch.special.entr(p).sum(dim=-1).to(entropy.device)
+        entropy = chunked_entropy(dists, ro.mask.shape, ro.mask.device)
     n = decision_steps(ro).to(m.device)  # [B]
     S = int(n.max())
     key = ro.step.long().clamp(0, S - 1)

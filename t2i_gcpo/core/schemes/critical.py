@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from t2i_gcpo.core.credit import chunked_entropy
 from t2i_gcpo.core.critical import critical_weights
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
@@ -40,11 +39,7 @@ def critical(
         float, Option("Share credited for the least similarity to the group's other samples.", 0, 1)
     ] = 0.1,
 ) -> Tensor:
-    entropy = torch.zeros(inp.mask.shape, dtype=torch.float32, device=inp.mask.device)  # H [B, T]
-    with torch.no_grad():
-        for sl, logits in inp.dists():
-            p = F.softmax(logits.float(), dim=-1)  # [B, t, V]
-            entropy[:, sl] = torch.special.entr(p).sum(dim=-1).to(entropy.device)
+    entropy = chunked_entropy(inp.dists(), inp.mask.shape, inp.mask.device)  # H [B, T]
     return critical_weights(
         entropy,
         inp.features,

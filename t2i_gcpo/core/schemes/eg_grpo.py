@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from t2i_gcpo.core.credit import chunked_entropy
 from t2i_gcpo.core.entropy_gate import entropy_gate_weights
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
@@ -38,8 +37,5 @@ def eg_grpo(
     ] = "sample",
     preserve_mass: Annotated[bool, Option("Rescale each row so that Σ w = N (its valid tokens).")] = False,
 ) -> Tensor:
-    entropy = torch.zeros(inp.mask.shape, dtype=torch.float32, device=inp.mask.device)  # H [B, T]
-    for sl, logits in inp.dists():
-        p = F.softmax(logits.float(), dim=-1)  # [B, t, V]
-        entropy[:, sl] = torch.special.entr(p).sum(dim=-1).to(entropy.device)
+    entropy = chunked_entropy(inp.dists(), inp.mask.shape, inp.mask.device)  # H [B, T]
     return entropy_gate_weights(entropy, inp.mask, low_quantile, high_quantile, bonus, scope, preserve_mass)
