@@ -28,7 +28,7 @@ class Batch:
         ids = index.tolist()
         outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
         details = [self.reward.details[i] for i in ids] if self.reward.details else []
-        tree = None if self.tree is None else {k: v[index.to(v.device)] for k, v in self.tree.items()}
+        tree = select_tree(self.tree, index)
         return Batch(self.rollout.select(index), self.advantages[index],
                      RewardOutput(self.reward.scores[index], details), outputs, tree)  # fmt: skip
 
@@ -65,3 +65,8 @@ def concat_trees(trees: list[dict[str, torch.Tensor] | None]) -> dict[str, torch
             parts.append(torch.cat([x, pad], dim=1))
         out[name] = torch.cat(parts)
     return out
+
+
+def select_tree(tree: dict[str, torch.Tensor] | None, index: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """Rows `index` of a `Batch.tree`."""
+    return None if tree is None else {k: v[index.to(v.device)] for k, v in tree.items()}

@@ -16,7 +16,7 @@ from t2i_gcpo.core.balanced import query_preserved_minibatches, reward_balanced_
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
-from t2i_gcpo.train.batch import Batch
+from t2i_gcpo.train.batch import Batch, select_tree
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, credit_share, returns_advantages
 from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
 
@@ -125,11 +125,6 @@ def minibatch_rows(cfg: TrainConfig, ro: Rollout, advantages: torch.Tensor) -> l
     if split == "balanced":
         return [rows.cpu() for rows in reward_balanced_minibatches(advantages.cpu(), G, n)]
     raise ValueError(f"unknown minibatch split {split!r}")
-
-
-def select_tree(tree: dict[str, torch.Tensor] | None, idx: torch.Tensor) -> dict[str, torch.Tensor] | None:
-    """Rows `idx` of a `Batch.tree`."""
-    return None if tree is None else {k: v[idx] for k, v in tree.items()}
 
 
 def minibatch_loss(cfg: TrainConfig, mb: Rollout, adv: torch.Tensor, logp: torch.Tensor, old: torch.Tensor,
