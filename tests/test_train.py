@@ -44,9 +44,12 @@ def params(run_dir, step):
     )
 
 
+TREE = ("credit.vine.k=4", "credit.vine.continuations=2")  # the tiny prior's grid is small: points every 4
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
-    rows = train(tiny, tmp_path / algo, algo=algo)
+    rows = train(tiny, tmp_path / algo, algo=algo, extra=TREE if algo == "vine" else ())
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         for key in (
@@ -303,7 +306,6 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
 
 # ----------------------------------------------------------------------------- tree credit and budgets
 
-TREE = ("credit.vine.k=4", "credit.vine.continuations=2")  # the tiny prior's grid is small: points every 4
 
 
 def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tiny, tmp_path):
@@ -316,6 +318,12 @@ def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tin
     for r in full:
         total += r["budget/samples"]
         assert r["budget/samples_total"] == total
+
+
+def test_vine_spacing_wider_than_the_samples_is_an_error_not_plain_group_credit(tiny, tmp_path):
+    """every_k with k ≥ the decision steps would branch nowhere and train as plain group credit."""
+    with pytest.raises(UserError, match=r"credit.vine.k=16 puts no branch point in samples of at most 16"):
+        train(tiny, tmp_path / "wide", algo="vine", steps=1, extra=("credit.vine.k=16",))
 
 
 def test_budget_counts_samples_tokens_and_reward_calls(tiny, tmp_path):

@@ -17,6 +17,8 @@ Examples:
   t2i-gcpo compare --algos dapo,gcpo --seeds 0,1,2,7 --baseline dapo --steps 150 --out runs/cmp_paired
   t2i-gcpo compare --algos dapo,gcpo,dgpo,stage@3,critical@3 --seeds 5 --steps 150 --jobs 2 --out runs/study
   t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
+  t2i-gcpo compare --algos dapo,vine,eg-grpo@3 --match-budget samples --seeds 5 --steps 150 --out runs/tree
+      # + dapo-at-vine-budget: dapo with vine's samples per step (a bigger group), read at equal samples
 Re-running the same command resumes: finished runs are kept, stopped runs continue.
 """
 
@@ -127,15 +129,32 @@ def default_train_prompts(model: str) -> str:
     show_default=True,
     help="Runs trained side by side, each with cores/jobs threads (2 on a 2-core machine: ≈1.5× the throughput).",
 )
+@click.option(
+    "--match-budget",
+    type=click.Choice(["samples"]),
+    default=None,
+    help="Also train the baseline at the sample budget of every algorithm that scores extra samples (vine), "
+    "measured from its first two steps, as arm <baseline>-at-<algo>-budget; the table then reads the "
+    "algorithm against it at equal samples (and every arm at equal training time).",
+)
+@click.option(
+    "--match-by",
+    type=click.Choice(["group", "prompts"]),
+    default="group",
+    show_default=True,
+    help="What the matched baseline scales: its group size (same prompts per step) or its prompts per step.",
+)
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
 def compare_cmd(
-    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, report_to, jobs, out
-) -> None:
+    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, report_to, jobs,
+    match_budget, match_by, out,
+) -> None:  # fmt: skip
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
     baseline's, paired by seed and unpaired, every run's held-out score at each evaluation, the paired
-    differences at each evaluation, and curves with bands."""
+    differences at each evaluation, what each run spent (samples, tokens, reward calls, training time)
+    with the scores read at equal training time, and curves with bands."""
     from t2i_gcpo.commands.options import lock_out
     from t2i_gcpo.errors import UserError, check_writable_dir
     from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
@@ -152,7 +171,7 @@ def compare_cmd(
         overrides = (*overrides, f"report_to={report_to}")
     lock_out(check_writable_dir(out, "--out"))  # each run's own folder is locked by its training
     result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
-                            tuple(overrides), jobs, baseline)  # fmt: skip
+                            tuple(overrides), jobs, baseline, match_budget, match_by)  # fmt: skip
     leave_process_group()
     click.echo(format_table(result))
     click.echo(f"curves: {Path(out) / 'curves.png'}")

@@ -49,14 +49,26 @@ def run_comparison(
     overrides: tuple[str, ...] = (),
     jobs: int = 1,
     baseline: str | None = None,
+    match_budget: str | None = None,
+    match_by: str = "group",
 ) -> dict[str, Any]:
     """Train every (algo, seed) not already finished under `out/<algo>/seed<k>` (so an interrupted
     comparison resumes where it stopped), then summarise against `baseline`. `jobs` > 1 trains that
     many runs side by side, each in its own process with an equal share of the CPU threads. `seeds`:
-    one list for every algorithm, or each algorithm's own list."""
+    one list for every algorithm, or each algorithm's own list. `match_budget="samples"`: the baseline
+    is also trained, as arm `<baseline>-at-<algo>-budget` with the same seeds, at the sample budget of
+    every algorithm that scores extra samples (its group size or prompt count scaled, `match_by`)."""
     from t2i_gcpo.train.run import prepare, run
 
     seeds = seed_lists(algos, seeds)
+    baseline = check_baseline(algos, baseline)
+    algos, presets, extra = list(algos), {a: a for a in algos}, {a: () for a in algos}
+    if match_budget is not None:
+        flags = dict(prompts=prompts, model=model, reward=reward, steps=steps)
+        for matched, info in plan_matches(out, algos, seeds, baseline, flags, overrides, match_by).items():
+            algos.insert(algos.index(info["of"]) + 1, matched)
+            presets[matched], extra[matched] = baseline, (info["set"],)
+            seeds[matched] = seeds[info["of"]]
     todo = []
     for algo in algos:
         for seed in seeds[algo]:
@@ -71,22 +83,72 @@ def run_comparison(
             flags = dict(
                 prompts=prompts, model=model, reward=reward, out=str(run_dir), steps=steps, seed=seed
             )
-            todo.append((algo, run_dir, resumable, flags))
+            todo.append((presets[algo], run_dir, resumable, flags, extra[algo]))
     overrides = (f"eval_every={eval_every}", *overrides)
     if jobs > 1:
         run_side_by_side(todo, steps, overrides, jobs)
         return summarise(out, algos, seeds, baseline)
-    for algo, run_dir, resumable, flags in todo:
+    for preset, run_dir, resumable, flags, own in todo:
         if resumable:
             run(prepare(resume_dir=run_dir, steps=steps))
         else:
-            run(prepare(algo=algo, flags=flags, overrides=overrides))
+            run(prepare(algo=preset, flags=flags, overrides=(*overrides, *own)))
     return summarise(out, algos, seeds, baseline)
+
+
+def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
+                 overrides: tuple[str, ...], match_by: str) -> dict[str, dict]:  # fmt: skip
+    """The matched arms of `--match-budget samples`: for every algorithm that scores extra samples, the
+    baseline at its measured samples per step (`budget.probe_samples_per_step`, its first seed, two
+    steps), as {matched name: {"of", "samples_per_step", "set"}}; kept in out/budget.json so a resumed
+    comparison trains the same arms without probing again."""
+    from t2i_gcpo.config import load_config
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.eval import budget as B
+
+    if match_by not in B.MATCH_BY:
+        raise UserError(f"--match-by must be one of {', '.join(B.MATCH_BY)}, got '{match_by}'")
+    arms = [a for a in algos if a != baseline and B.samples_extra(a)]
+    if B.samples_extra(baseline):
+        raise UserError(
+            f"--match-budget: the baseline {baseline} scores extra samples itself; use --baseline dapo"
+        )
+    if not arms:
+        raise UserError(
+            "--match-budget samples: no compared algorithm scores extra samples (vine does), nothing to match"
+        )
+    path = out / "budget.json"
+    key = {"match": "samples", "by": match_by, "baseline": baseline, "model": flags["model"],
+           "overrides": list(overrides)}  # fmt: skip
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if {k: saved.get(k) for k in key} != key:
+            raise UserError(
+                f"{path} was written by a comparison with other settings ({saved.get('by')}, "
+                f"{saved.get('overrides')}): use another --out"
+            )
+        arms_done = saved["arms"]
+    else:
+        arms_done = {}
+    base_cfg = load_config(baseline, flags=flags, overrides=overrides)
+    for arm in arms:
+        name = B.matched_name(baseline, arm)
+        if name in arms_done:
+            continue
+        per_step = B.probe_samples_per_step(arm, {**flags, "seed": seeds[arm][0]}, overrides)
+        arms_done[name] = {
+            "of": arm, "samples_per_step": per_step,
+            "set": B.matched_override(per_step, base_cfg.rollout.group_size,
+                                      base_cfg.rollout.prompts_per_step, match_by),
+        }  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**key, "arms": arms_done}, indent=1))
+    return {name: arms_done[name] for name in (B.matched_name(baseline, a) for a in arms)}
 
 
 def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
                   overrides: tuple[str, ...]) -> list[str]:  # fmt: skip
-    """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison."""
+    """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison (`algo`: its preset)."""
     if resumable:
         return ["train", "--resume", str(run_dir), "--steps", str(steps)]
     args = ["train", "--algo", algo]
@@ -128,14 +190,14 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
     try:
         while pending or running:
             while pending and len(running) < jobs:
-                algo, run_dir, resumable, flags = pending.pop(0)
+                preset, run_dir, resumable, flags, own = pending.pop(0)
                 run_dir.mkdir(parents=True, exist_ok=True)
                 log = open(run_dir / "train.log", "a")
                 cmd = [
                     sys.executable,
                     "-m",
                     "t2i_gcpo.cli",
-                    *train_command(algo, run_dir, resumable, flags, steps, overrides),
+                    *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own)),
                 ]
                 running.append(
                     (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), run_dir, log)
@@ -255,10 +317,68 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
               "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
               "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
               "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
+    result.update(budget_readings(out, algos, seeds, baseline, metric_rows, by_seed, headline))
     (out / "comparison.json").write_text(json.dumps(strict_json(result), indent=1, allow_nan=False))
     (out / "comparison.md").write_text(format_table(result))
     plot_curves(curves, out / "curves.png", label)
     return result
+
+
+def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str,
+                    metric_rows: dict[str, list[list[dict]]], by_seed: dict[str, dict[int, list]],
+                    headline: dict[str, dict[int, float]]) -> dict[str, Any]:  # fmt: skip
+    """What each arm spent (samples, tokens, reward calls, training seconds: means over its seeds), the
+    equal-time reading, and — for a comparison with matched arms (out/budget.json) — the equal-sample one."""
+    from t2i_gcpo.eval import budget as B
+
+    spent = {a: [B.totals(rows) for rows in metric_rows[a]] for a in algos}
+    readings: dict[str, Any] = {
+        "budget": {a: {k: float(np.mean([t[k] for t in spent[a]])) for k in spent[a][0]} for a in algos}
+    }
+    if all(t["seconds"] > 0 for a in algos for t in spent[a]):
+        clocks = {a: {s: B.training_clock(rows) for s, rows in zip(seeds[a], metric_rows[a])} for a in algos}
+        readings["equal_time"] = B.equal_time(by_seed, clocks, baseline)
+    path = out / "budget.json"
+    if path.is_file():
+        matches = {m: info["of"] for m, info in json.loads(path.read_text())["arms"].items() if m in algos}
+        readings["equal_samples"] = B.equal_samples(headline, matches)
+    return readings
+
+
+def format_budget(result: dict[str, Any]) -> list[str]:
+    """comparison.md's budget table and its equal-sample and equal-time readings."""
+    if "budget" not in result:
+        return []
+    baseline = result["baseline"]
+    lines = ["", "What each run spent (mean over its seeds): samples scored, tokens sampled and reward calls "
+             "(continuations included), and training time (held-out evaluations excluded):", "",
+             "| algorithm | samples | tokens | reward calls | training time (s) |", "|---|---|---|---|---|"]  # fmt: skip
+    for algo, b in result["budget"].items():
+        cells = [_count(b[M.BUDGET_SAMPLES]), _count(b[M.BUDGET_TOKENS]), _count(b[M.BUDGET_REWARD_CALLS])]
+        lines.append(f"| {algo} | " + " | ".join(cells) + f" | {b['seconds']:.0f} |")
+    if result.get("equal_samples"):
+        lines += ["", "**At equal samples**: final score minus the baseline trained at the algorithm's sample "
+                  "budget, paired by seed:", "", "| algorithm | against | paired Δ | seeds ahead |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for algo, r in result["equal_samples"].items():
+            lines.append(f"| {algo} | {r['against']} | {_cell(*r['paired'][:3], sign=True)} "
+                         f"| {r['ahead']}/{r['paired'][3]} |")  # fmt: skip
+    if result.get("equal_time"):
+        t = result["equal_time"]
+        secs = ", ".join(f"seed {s}: {v:.0f} s" for s, v in t["seconds"].items())
+        lines += ["", f"**At equal training time** — the fastest run's of each seed ({secs}); each run read at "
+                  f"its last evaluation by then, minus {baseline}'s, paired by seed:", "",
+                  "| algorithm | score | paired Δ | seeds ahead |", "|---|---|---|---|"]  # fmt: skip
+        for algo, score in t["score"].items():
+            p = t["paired"].get(algo)
+            delta = "—" if p is None else _cell(*p["paired"][:3], sign=True)
+            ahead = "—" if p is None else f"{p['ahead']}/{p['paired'][3]}"
+            lines.append(f"| {algo} | {_cell(*score[:3])} | {delta} | {ahead} |")
+    return lines
+
+
+def _count(x: float) -> str:
+    return "—" if x is None or not np.isfinite(x) else f"{x:,.0f}"
 
 
 def strict_json(value: Any) -> Any:
@@ -394,7 +514,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % interval). "
             f"Seeds ahead: seeds where the algorithm ends above {baseline}."
         )
-    return "\n".join(lines + format_curves(result))
+    return "\n".join(lines + format_budget(result) + format_curves(result))
 
 
 def _cell(mean: float, low: float, high: float, sign: bool = False) -> str:

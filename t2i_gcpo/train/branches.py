@@ -77,7 +77,14 @@ def line_starts(policy: Any, ro: Rollout) -> torch.Tensor:
 def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> torch.Tensor:
     """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding."""
     if rule == "every_k":
-        return every_k(decision_steps(ro), k)
+        steps = decision_steps(ro)
+        if int(steps.max()) <= k:  # a silent no-op otherwise: vine would train as plain group credit
+            raise UserError(
+                f"credit.vine.k={k} puts no branch point in samples of at most {int(steps.max())} decision "
+                f"steps: set credit.vine.k below {int(steps.max())} (e.g. --set credit.vine.k="
+                f"{max(1, int(steps.max()) // 4)})"
+            )
+        return every_k(steps, k)
     if rule == "entropy":
         entropy, exists = step_entropy(policy, ro, context)
         return top_entropy(entropy, exists, k)

@@ -1,0 +1,127 @@
+"""Arms at equal budget (docs/concepts/tree_credit.md#budget): how many samples a preset scores per step,
+measured by drawing its first steps' batches with the base model, and the readings of a comparison at
+equal samples and at equal training time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from t2i_gcpo import metrics as M
+from t2i_gcpo.stats import mean_ci95
+
+MATCH_BY = ("group", "prompts")  # what a matched arm scales: rollout.group_size or rollout.prompts_per_step
+
+
+def samples_extra(preset: str) -> bool:
+    """Whether a preset scores samples beyond its groups (a credit scheme that needs branches)."""
+    from t2i_gcpo.config import load_config
+    from t2i_gcpo.core.schemes import get_scheme
+
+    return "branches" in get_scheme(load_config(preset).credit.scheme).needs
+
+
+def matched_name(baseline: str, arm: str) -> str:
+    """The folder and table name of `baseline` trained at `arm`'s sample budget."""
+    return f"{baseline}-at-{arm}-budget"
+
+
+def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], steps: int = 2) -> float:
+    """Mean samples scored per step (`budget/samples`: every dynamic-sampling round and every
+    continuation) over the first `steps` steps of a run of `algo` with seed flags["seed"], drawn exactly as
+    training draws them, from the base model (no update between the steps; nothing written)."""
+    import torch
+
+    from t2i_gcpo.train.collect import BatchCollector
+    from t2i_gcpo.train.data import PromptStream
+    from t2i_gcpo.train.run import local_device, prepare
+    from t2i_gcpo.train.trainer import resolve_autocast, sampling_params
+
+    job = prepare(algo=algo, flags={**flags, "out": None}, overrides=overrides)
+    cfg, policy = job.cfg, job.policy
+    device = local_device()
+    resolve_autocast(cfg, torch.device(device).type, policy)
+    if cfg.rollout.reveal_order and policy.capabilities.reveal_order:
+        policy.keep_reveal_order(cfg.rollout.reveal_order)
+    policy.to(device)
+    collector = BatchCollector(cfg, PromptStream(job.prompts, cfg.seed), 0, 1)
+    sampling = sampling_params(cfg)
+    counts = [collector.collect(step, policy, job.reward, sampling).metrics()[M.BUDGET_SAMPLES]
+              for step in range(1, steps + 1)]  # fmt: skip
+    return float(np.mean(counts))
+
+
+def matched_override(samples_per_step: float, group_size: int, prompts_per_step: int, by: str) -> str:
+    """The `--set` that makes a run score about `samples_per_step` samples a step in one round: a group
+    size (by "group") or a prompt count (by "prompts"), at least the run's own."""
+    if by == "group":
+        return f"rollout.group_size={max(group_size, round(samples_per_step / prompts_per_step))}"
+    return f"rollout.prompts_per_step={max(prompts_per_step, round(samples_per_step / group_size))}"
+
+
+def totals(rows: list[dict]) -> dict[str, float]:
+    """A run's budget totals (the last logged `budget/*_total`) and its training time: the sum of
+    `time/step` over its steps (held-out evaluations excluded), each step counted once."""
+    per_step: dict[int, dict] = {}
+    for r in rows:
+        if M.TIME_STEP in r:
+            per_step[r[M.STEP]] = r
+    out = {"seconds": float(sum(r[M.TIME_STEP] for r in per_step.values()))}
+    last = per_step[max(per_step)] if per_step else {}
+    for key in M.BUDGET:
+        out[key] = float(last.get(M.BUDGET_TOTAL.format(key=key), np.nan))
+    return out
+
+
+def training_clock(rows: list[dict]) -> dict[int, float]:
+    """step → seconds of training up to and including that step (0 → 0: the start)."""
+    per_step = {r[M.STEP]: r[M.TIME_STEP] for r in rows if M.TIME_STEP in r}
+    clock, elapsed = {0: 0.0}, 0.0
+    for step in sorted(per_step):
+        elapsed += per_step[step]
+        clock[step] = elapsed
+    return clock
+
+
+def score_at(curve: list[tuple[int, float]], clock: dict[int, float], seconds: float) -> float:
+    """A run's held-out score at `seconds` of training: its last evaluation at or before that time."""
+    reached = [v for step, v in curve if clock.get(step, np.inf) <= seconds + 1e-9]
+    return reached[-1] if reached else np.nan
+
+
+def equal_time(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, dict[int, float]]],
+               baseline: str) -> dict[str, Any]:  # fmt: skip
+    """The equal-time reading: per seed, the training time of the fastest arm's whole run; every arm's
+    score at that time (its last evaluation by then); each arm minus the baseline, paired by seed."""
+    seeds = sorted({s for runs in curves.values() for s in runs})
+    budget = {}
+    for s in seeds:
+        ends = [max(clocks[a][s].values()) for a in curves if s in clocks[a]]
+        budget[s] = min(ends)
+    scores = {a: {s: score_at(curves[a][s], clocks[a][s], budget[s]) for s in curves[a]} for a in curves}
+    paired = {}
+    for a in curves:
+        if a == baseline:
+            continue
+        diffs = [scores[a][s] - scores[baseline][s] for s in scores[a] if s in scores[baseline]]
+        diffs = [d for d in diffs if np.isfinite(d)]
+        paired[a] = {"paired": mean_ci95(diffs), "ahead": int(sum(d > 0 for d in diffs))}
+    return {
+        "seconds": {str(s): t for s, t in budget.items()},
+        "score": {a: mean_ci95([v for v in scores[a].values() if np.isfinite(v)]) for a in curves},
+        "paired": paired,
+    }
+
+
+def equal_samples(headline: dict[str, dict[int, float]], matches: dict[str, str]) -> dict[str, Any]:
+    """The equal-sample reading: each arm against the baseline trained at its budget (`matches`: matched
+    arm → arm), final score paired by seed."""
+    out = {}
+    for matched, arm in matches.items():
+        if arm not in headline or matched not in headline:
+            continue
+        diffs = [headline[arm][s] - headline[matched][s] for s in headline[arm] if s in headline[matched]]
+        diffs = [d for d in diffs if np.isfinite(d)]
+        out[arm] = {"against": matched, "paired": mean_ci95(diffs), "ahead": int(sum(d > 0 for d in diffs))}
+    return out

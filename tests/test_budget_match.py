@@ -1,0 +1,133 @@
+"""`compare --match-budget samples`: the matched baseline arm, and the equal-sample and equal-time
+readings of a comparison (t2i_gcpo/eval/budget.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from t2i_gcpo.cli import cli
+from t2i_gcpo.eval import budget as B
+from t2i_gcpo.resources import PROMPTS_DIR
+
+from tiny_models import tiny_policy_dir
+
+T2 = 12.706205  # t_{0.975, 1}
+
+
+def test_matched_override_scales_group_or_prompts_never_below_the_run():
+    assert B.matched_override(92.0, 8, 2, "group") == "rollout.group_size=46"
+    assert B.matched_override(92.0, 8, 2, "prompts") == "rollout.prompts_per_step=12"  # 11.5 → 12
+    assert B.matched_override(10.0, 8, 2, "group") == "rollout.group_size=8"
+
+
+def test_training_clock_and_totals_count_each_step_once():
+    rows = [
+        {"step": 0, "eval/strict/overall": 0.3},
+        {"step": 1, "time/step": 2.0, "budget/samples_total": 10},
+        {"step": 2, "time/step": 9.0, "budget/samples_total": 99},  # interrupted, redone on resume
+        {"step": 2, "time/step": 3.0, "budget/samples_total": 20, "budget/tokens_total": 640},
+        {"step": 2, "eval/strict/overall": 0.5},
+    ]
+    assert B.training_clock(rows) == {0: 0.0, 1: 2.0, 2: 5.0}
+    t = B.totals(rows)
+    assert t["seconds"] == 5.0 and t["budget/samples"] == 20 and t["budget/tokens"] == 640
+    assert math.isnan(t["budget/reward_calls"])
+    curve = [(0, 0.3), (2, 0.5)]
+    assert B.score_at(curve, B.training_clock(rows), 4.9) == 0.3
+    assert B.score_at(curve, B.training_clock(rows), 5.0) == 0.5
+
+
+# per arm and seed: (held-out at steps 0, 10, 20), seconds a step, samples a step
+RUNS = {
+    "dapo": {0: ((0.3, 0.4, 0.5), 1.0, 64), 1: ((0.2, 0.3, 0.45), 1.0, 64)},
+    "vine": {0: ((0.3, 0.5, 0.6), 2.0, 448), 1: ((0.2, 0.4, 0.5), 2.0, 448)},
+    "dapo-at-vine-budget": {0: ((0.3, 0.45, 0.58), 4.0, 448), 1: ((0.2, 0.45, 0.54), 4.0, 448)},
+}
+
+
+def fake_runs(out: Path) -> None:
+    """Finished runs of 20 steps, a step's time and samples constant, evaluations at 0, 10 and 20."""
+    for algo, seeds in RUNS.items():
+        for seed, (curve, seconds, samples) in seeds.items():
+            run = out / algo / f"seed{seed}"
+            run.mkdir(parents=True)
+            rows = [{"step": 0, "eval/strict/overall": curve[0]}]
+            for step in range(1, 21):
+                rows.append({"step": step, "time/step": seconds, "budget/samples_total": samples * step,
+                             "budget/tokens_total": 64 * samples * step, "budget/reward_calls_total": step})  # fmt: skip
+                if step % 10 == 0:
+                    rows.append({"step": step, "eval/strict/overall": curve[step // 10]})
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (run / "eval.json").write_text(json.dumps({"eval/strict/overall": curve[2]}))
+    (out / "budget.json").write_text(json.dumps({"arms": {"dapo-at-vine-budget": {"of": "vine"}}}))
+
+
+def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    result = summarise(tmp_path, list(RUNS), [0, 1])
+    assert result["budget"]["vine"]["budget/samples"] == 448 * 20
+    assert result["budget"]["dapo-at-vine-budget"]["seconds"] == 80.0
+    # equal samples: vine − dapo-at-vine-budget, final, paired: +0.02 and −0.04
+    eq = result["equal_samples"]["vine"]
+    half = T2 * math.sqrt(((0.02 + 0.01) ** 2 + (-0.04 + 0.01) ** 2) / 1) / math.sqrt(2)
+    assert eq["against"] == "dapo-at-vine-budget" and eq["ahead"] == 1
+    assert eq["paired"] == pytest.approx((-0.01, -0.01 - half, -0.01 + half, 2))
+    # equal time: dapo's 20 s; vine read at step 10 (20 s), the matched arm at step 0 (its step 10 is 40 s)
+    t = result["equal_time"]
+    assert t["seconds"] == {"0": 20.0, "1": 20.0}
+    assert t["paired"]["vine"]["paired"][0] == pytest.approx((0.0 - 0.05) / 2)  # vs dapo's final
+    assert t["paired"]["dapo-at-vine-budget"]["paired"][0] == pytest.approx((-0.2 - 0.25) / 2)
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| vine | 8,960 | 573,440 | 20 | 40 |" in md
+    assert "**At equal samples**" in md and "| vine | dapo-at-vine-budget | -0.010 ± " in md
+    assert "**At equal training time**" in md and "seed 0: 20 s" in md
+
+
+def test_match_budget_without_an_arm_that_samples_extra_is_one_line(tmp_path):
+    r = CliRunner().invoke(cli, ["compare", "--algos", "dapo,gcpo", "--match-budget", "samples", "--seeds", "1",
+                                 "--steps", "1", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert r.exit_code != 0 and "no compared algorithm scores extra samples" in str(r.exception)
+    r = CliRunner().invoke(cli, ["compare", "--algos", "vine,gcpo", "--baseline", "vine", "--match-budget",
+                                 "samples", "--seeds", "1", "--steps", "1", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert r.exit_code != 0 and "the baseline vine scores extra samples itself" in str(r.exception)
+
+
+@pytest.mark.slow
+def test_compare_trains_dapo_at_vines_measured_budget_and_resumes_without_probing(tmp_path):
+    model = tiny_policy_dir(tmp_path)
+    out = tmp_path / "cmp"
+    args = ["compare", "--algos", "dapo,vine", "--match-budget", "samples", "--seeds", "1", "--steps", "1",
+            "--eval-every", "1", "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+            "--out", str(out), "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
+            "--set", "eval_images_per_prompt=1", "--set", "sample_every=0", "--set", "credit.vine.k=4"]  # fmt: skip
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "budget.json").read_text())["arms"]["dapo-at-vine-budget"]
+    assert plan["of"] == "vine" and plan["samples_per_step"] > 8  # vine scores more than its 2 × 4 roots
+    group = round(plan["samples_per_step"] / 2)
+    assert plan["set"] == f"rollout.group_size={group}"
+    cfg = yaml.safe_load((out / "dapo-at-vine-budget" / "seed0" / "config.yaml").read_text())
+    assert cfg["algo"] == "dapo" and cfg["rollout"]["group_size"] == group
+    assert cfg["credit"]["scheme"] == "uniform"
+    result = json.loads((out / "comparison.json").read_text())
+    assert set(result["equal_samples"]) == {"vine"} and "equal_time" in result
+    plan["samples_per_step"] = -1.0  # a resumed comparison reads budget.json instead of probing again
+    (out / "budget.json").write_text(json.dumps({**json.loads((out / "budget.json").read_text()),
+                                                 "arms": {"dapo-at-vine-budget": plan}}))  # fmt: skip
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert (
+        r.exit_code == 0
+        and json.loads((out / "budget.json").read_text())["arms"]["dapo-at-vine-budget"]["samples_per_step"]
+        == -1.0
+    )
+    changed = [*args, "--match-by", "prompts"]
+    r = CliRunner().invoke(cli, changed)
+    assert r.exit_code != 0 and "use another --out" in str(r.exception)
