@@ -1,6 +1,7 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
 scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
-step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift)."""
+step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With the vine scheme the
+samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,33 @@ def base_model(policy) -> str:
     if isinstance(policy, MaskedPolicy):
         return "shapeworld-masked"
     return "shapeworld-64" if tuple(policy.layout.grid) == (16, 16) else "shapeworld"
+
+
+VALUE_POINTS = 4  # image value maps: branch every S / 4 decision steps (3 points per sample)
+
+
+def branch_options(cfg: TrainConfig, policy, ro) -> dict:
+    """The vine options credit-map branches with: a run's (credit.vine.*), but images branch every S / 4 of
+    their S decision steps, so every model (64 or 256 raster tokens, 8 reveal steps) gets 3 points."""
+    from t2i_gcpo.policies.branching import decision_steps
+
+    options = dict(cfg.credit.options_for("vine"))
+    if policy.output != "text":
+        options.update(rule="every_k", k=max(1, int(decision_steps(ro).max()) // VALUE_POINTS))
+    return options
+
+
+def grow_values(
+    cfg: TrainConfig, policy, reward, ro, rewards, slots: list[int], seed: int, sampling
+) -> tuple:
+    """Branch a chunk's groups for the vine scheme (train/branches.grow, keyed by the groups' slots as a run
+    keys its own) → (the tree, each sample's value fields (train/visuals.sample_values), continuations)."""
+    from t2i_gcpo.train.branches import grow
+    from t2i_gcpo.train.visuals import sample_values
+
+    options = branch_options(cfg, policy, ro)
+    grown = grow(policy, reward, ro, slots, options, seed, sampling, "pos")
+    return grown.tree, sample_values(ro, rewards, grown.tree, bool(options["include_root"])), grown.samples
 
 
 def run_credit_maps(
@@ -88,6 +116,7 @@ def run_credit_maps(
     rows, cols = policy.layout.grid
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
     groups = []
+    continuations = 0
     starts = range(0, len(prompts), batch_prompts)
     for start in tqdm(starts, desc="credit maps", unit="batch"):
         chunk = prompts[start : start + batch_prompts]
@@ -96,7 +125,15 @@ def run_credit_maps(
                                   group_generators(seed, "credit-map", keys))  # fmt: skip
         ro, rew, images = scored.rollout, scored.reward, scored.outputs
         adv = group_advantages(rew.scores, group_size)
-        weights = scheme_weights(cfg.credit, ro, adv, policy, ref, "pos", schemes)
+        tree, values = None, [{}] * len(ro)
+        if "vine" in schemes:
+            tree, values, n = grow_values(cfg, policy, reward, ro, rew.scores, list(keys), seed, sampling)
+            continuations += n
+            for v in values:
+                v["value_grid"] = v.pop("value_tokens").reshape(rows, cols)
+        weights = scheme_weights(
+            cfg.credit, ro, adv, policy, ref, "pos", schemes, rewards=rew.scores, tree=tree
+        )
         grids = object_grids(rew.details, ro.tokens.shape[1])
         if grids is not None:
             for name, w in weights.items():
@@ -113,6 +150,7 @@ def run_credit_maps(
                     "weights": {k: w[i].reshape(rows, cols).numpy() for k, w in weights.items()},
                     "reveal_step": reveal[i],
                     **({"object_grid": grids[i].reshape(rows, cols).numpy()} if grids is not None else {}),
+                    **values[i],
                 }
                 for i in idx
             ]
@@ -123,11 +161,17 @@ def run_credit_maps(
             )
     html = write_credit_html(out_dir, groups, title=f"Credit maps — {model}")
     lifts = {k: v for k, v in lifts.items() if v}
-    summary = f"wrote {len(groups)} figures and {html}"
+    summary = f"wrote {len(groups)} figures and {html}" + _continuations_note(
+        continuations, "vine" in schemes
+    )
     if lifts:
         (out_dir / "lift.json").write_text(json.dumps(lifts))
         summary = lift_table(lifts) + "\n" + summary
     return summary + _self_reference_note(ref, reference, model)
+
+
+def _continuations_note(continuations: int, branched: bool) -> str:
+    return f"\nvine: {continuations} continuations sampled and scored for the value maps" if branched else ""
 
 
 def _self_reference_note(ref, reference: str, model: str) -> str:
@@ -149,19 +193,31 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
 
     if not task.lays_out_text:
         raise UserError(f"task '{task.name}' cannot lay out text samples for credit maps")
+    from t2i_gcpo.train.visuals import attach_text_values
+
     cfg = TrainConfig()
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
     samples = []
+    continuations = 0
     for start in tqdm(range(0, len(prompts), batch_prompts), desc="credit maps", unit="batch"):
         chunk = prompts[start : start + batch_prompts]
         scored = sample_and_score(policy, reward, chunk, group_size, sampling,
                                   group_generators(seed, "credit-map", range(start, start + len(chunk))))  # fmt: skip
         ro, rew = scored.rollout, scored.reward
         adv = group_advantages(rew.scores, group_size)
-        weights = scheme_weights(cfg.credit, ro, adv, policy, ref, "pos", schemes)
+        tree = values = None
+        if "vine" in schemes:
+            slots = list(range(start, start + len(chunk)))
+            tree, values, n = grow_values(cfg, policy, reward, ro, rew.scores, slots, seed, sampling)
+            continuations += n
+        weights = scheme_weights(
+            cfg.credit, ro, adv, policy, ref, "pos", schemes, rewards=rew.scores, tree=tree
+        )
         for name, w in weights.items():
             lifts[name] += task.sample_lifts(w, ro, rew.details).tolist()
         group = task.text_samples(ro, weights, rew.details, rew.scores, adv)
+        if values is not None:
+            attach_text_values(group, ro, values)
         for p, record in enumerate(chunk):  # a picture of each prompt's first samples
             text_heatmap_figure(group[p * group_size : p * group_size + 4], out_dir / f"{start + p:05d}.png",
                                 title=record.text)  # fmt: skip
@@ -172,6 +228,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         "step lift (credit share on the first wrong step over its token share; failed samples):\n"
         + lift_table(lifts)
         + f"\nwrote {page} and one PNG per prompt"
+        + _continuations_note(continuations, "vine" in schemes)
     )
 
 

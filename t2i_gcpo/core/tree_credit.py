@@ -5,18 +5,20 @@ by scoring continuations of a sample's prefixes, or by reading the group as a pr
   (arXiv 2505.23564, segment advantages): V(prefix) = mean reward of the continuations sampled from it, and
   the tokens between two branch points get V(after) − V(before)
   (docs/concepts/tree_credit.md#segment-advantages).
+- ``prefix_values`` — the same values per token (V of the prefix a token was decided under), for value
+  maps (docs/concepts/tree_credit.md#value-maps).
 - ``tempo_advantages`` — TEMPO's tree term (arXiv 2509.18314, Prefix-to-Tree): samples of a group that share
   leading tokens form the nodes of a tree, V(node) = mean reward of the samples below it, and a token gets
   V(child) − V(parent), which is 0 wherever its node does not branch (docs/concepts/tree_credit.md#tempo).
 
-Both are linear in the rewards, so ``scale="group"`` (dividing by a std σ of the prompt's rewards) is the
+The advantages are linear in the rewards, so ``scale="group"`` (dividing by a std σ of the prompt's rewards) is the
 same as computing them on the standardised rewards (r − μ)/σ, as GRPO does. Groups are contiguous rows
 (``rewards.view(P, G)``), as everywhere in core/.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -210,3 +212,47 @@ def tempo_advantages(
     flat = r.amax(dim=1) == r.amin(dim=1)
     delta = _scaled(delta.view(-1, group_size, T), r, torch.ones_like(r, dtype=torch.bool), flat, scale, eps)
     return torch.where(m, delta.view(B, T), torch.zeros(B, T, dtype=delta.dtype, device=m.device)).float()
+
+
+class PrefixValues(NamedTuple):
+    """`prefix_values`' result: per token, and per sample along its branch points."""
+
+    token: Tensor  # [B, T] float64: V of the prefix each valid token was decided under; NaN on padding
+    path: (
+        Tensor  # [B, K + 2] float64: V_0 (the group mean), V_1 … V_K, then V_{K+1} = r_i (``segment_values``)
+    )
+
+
+@torch.no_grad()
+def prefix_values(
+    rewards: Tensor,
+    group_size: int,
+    points: Tensor,
+    cont_rewards: Tensor,
+    mask: Tensor,
+    cont_mask: Tensor | None = None,
+    step: Tensor | None = None,
+    include_root: bool = True,
+) -> PrefixValues:
+    """The value map of every sample (docs/concepts/tree_credit.md#value-maps): a valid token decided at a
+    step in [t_k, t_{k+1}) gets V_k, the value of the prefix it was sampled under (t_0 = 0, so the tokens
+    before the first branch point get V_0, the group mean); the sample's own reward V_{K+1} = r_i is no
+    token's prefix and comes separately, as ``path[:, -1]``. The values are those of ``segment_values`` (same
+    arguments, same include_root convention, raw reward units), so a token's segment advantage (scale
+    "none") is the next entry of ``path`` minus its value. Returns ``PrefixValues(token, path)``.
+    """
+    if mask.dim() != 2 or mask.shape[0] != points.shape[0]:
+        raise ValueError(f"mask must be [B, T] with B = {points.shape[0]}, got {tuple(mask.shape)}")
+    m = mask.bool()
+    B, T = m.shape
+    d = torch.arange(T, device=m.device).expand(B, T) if step is None else step.long()  # decision step [B, T]
+    if d.shape != m.shape:
+        raise ValueError(f"step {tuple(d.shape)} does not match mask [B, T] = {tuple(m.shape)}")
+    used = points >= 0
+    last = torch.where(m, d, torch.full_like(d, -1)).amax(dim=1)  # each sample's last step [B]
+    if (used & (points > last[:, None])).any():
+        raise ValueError("a branch point lies after its sample's last step (nothing left to continue)")
+    path = segment_values(rewards, group_size, points, cont_rewards, cont_mask, include_root)  # [B, K + 2]
+    seg = (used[:, None, :] & (points[:, None, :] <= d[:, :, None])).sum(dim=2)  # token's segment k [B, T]
+    token = torch.gather(path, 1, seg)
+    return PrefixValues(torch.where(m, token, torch.full_like(token, torch.nan)), path)

@@ -1,6 +1,8 @@
 """Pictures a run writes every `sample_every` steps: a grid of the step's samples and the credit
 maps of one group under every credit scheme (the trained one first); for text, one HTML page of the
-group's completions with every token coloured by its weight under each scheme."""
+group's completions with every token coloured by its weight under each scheme. A run whose batches carry
+continuations (`Batch.tree`, the vine scheme) also draws value maps: V(prefix) along the decoding order
+(docs/concepts/tree_credit.md#value-maps)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import numpy as np
 import torch
 
 from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.core.tree_credit import prefix_values
 from t2i_gcpo.policies.base import Policy, Rollout
 from t2i_gcpo.tasks.base import Task
-from t2i_gcpo.train.batch import Batch
-from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_weights
+from t2i_gcpo.train.batch import Batch, select_tree
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_options, scheme_weights
+
+MAX_VALUE_GROUPS = 4  # groups drawn in a step's value maps
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -43,6 +48,33 @@ def reveal_grids(rollout: Rollout, rows: int, cols: int) -> list[np.ndarray | No
     return [None if torch.equal(s, raster) else s.reshape(rows, cols).cpu().numpy() for s in rollout.step]
 
 
+def sample_values(ro: Rollout, rewards: torch.Tensor, tree: dict[str, torch.Tensor],
+                  include_root: bool = True) -> list[dict]:  # fmt: skip
+    """Each sample's value map (`core.tree_credit.prefix_values`) as the fields `viz.credit_map` draws:
+    ``value_tokens`` [T] (V of the prefix each token was decided under, NaN on padding), ``value_centre``
+    (V_0, its group's mean reward), ``value_path`` [V_0, V_1 … V_K, r] and ``value_points`` [t_1 … t_K]."""
+    mask, step = ro.mask.cpu(), ro.step.cpu()
+    points = tree["points"].cpu()
+    values = prefix_values(rewards.cpu(), ro.group_size, points, tree["rewards"].cpu(), mask,
+                           tree["exists"].cpu(), step, include_root)  # fmt: skip
+    out = []
+    for i in range(len(ro)):
+        used = points[i] >= 0
+        k = int(used.sum())
+        out.append({
+            "value_tokens": values.token[i].numpy(),
+            "value_centre": float(values.path[i, 0]),
+            "value_path": [*values.path[i, : k + 1].tolist(), float(values.path[i, -1])],
+            "value_points": points[i, used].tolist(),
+        })  # fmt: skip
+    return out
+
+
+def tree_include_root(cfg: TrainConfig) -> bool:
+    """The trained scheme's include_root option (segment values' convention; True when it has none)."""
+    return bool(scheme_options(cfg.credit, cfg.credit.scheme).get("include_root", True))
+
+
 def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int = 4) -> Path:
     from PIL import Image, ImageDraw, ImageFont
 
@@ -67,7 +99,8 @@ def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int 
 def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
                   cfg: TrainConfig) -> tuple[Rollout, dict[str, torch.Tensor]]:  # fmt: skip
     """The first group's rollout and its weights under every registered scheme (the trained one first;
-    schemes that compare with a reference only when the run has one)."""
+    schemes that compare with a reference only when the run has one, those that read continuations only
+    when the batch has them)."""
     from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 
     idx = torch.arange(batch.rollout.group_size)
@@ -75,7 +108,8 @@ def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
     order = (first, *[x for x in CREDIT_SCHEMES if x != first])
     ro = batch.rollout.select(idx)
     weights = scheme_weights(cfg.credit, ro, batch.advantages[idx].to(ro.mask.device), policy, reference,
-                             TRAIN_CONTEXT[cfg.rollout.train_logp], order)  # fmt: skip
+                             TRAIN_CONTEXT[cfg.rollout.train_logp], order, rewards=batch.reward.scores[idx],
+                             tree=select_tree(batch.tree, idx))  # fmt: skip
     return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 
@@ -91,20 +125,42 @@ def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Polic
     ro, weights = group_weights(batch, policy, reference, cfg)
     samples = task.text_samples(ro, weights, batch.reward.details[:G], batch.reward.scores[:G],
                                 batch.advantages[:G])  # fmt: skip
+    if batch.tree is not None:  # the value map: one more column, V(prefix) of each token
+        tree = select_tree(batch.tree, torch.arange(G))
+        attach_text_values(
+            samples, ro, sample_values(ro, batch.reward.scores[:G], tree, tree_include_root(cfg))
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_text_heatmap(path, samples, title=f"step {step}: {ro.prompts[0].text}")
+
+
+def attach_text_values(samples: list, ro: Rollout, values: list[dict]) -> None:
+    """Give each text heatmap sample (`viz.text_heatmap.TextSample`, its valid tokens) its value map."""
+    for s, v, m in zip(samples, values, ro.mask.cpu() > 0):
+        s.values, s.value_centre = v["value_tokens"][m.numpy()], v["value_centre"]
+
+
+def image_values(ro: Rollout, rewards: torch.Tensor, tree: dict[str, torch.Tensor], rows: int, cols: int,
+                 include: bool) -> list[dict]:  # fmt: skip
+    """`sample_values` with each sample's values as its [rows, cols] token grid (``value_grid``)."""
+    out = sample_values(ro, rewards, tree, include)
+    for v in out:
+        v["value_grid"] = v.pop("value_tokens").reshape(rows, cols)
+    return out
 
 
 def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
                      step: int) -> Path:  # fmt: skip
     """The first group's samples with their weights under every registered scheme (the trained one
-    first); schemes that compare with a reference are drawn when the run has one."""
-    from t2i_gcpo.viz.credit_map import credit_figure
+    first); schemes that compare with a reference are drawn when the run has one. A batch with
+    continuations (`Batch.tree`) adds each sample's value map as a column, and writes the value maps of the
+    step's first groups to ``<run>/value_maps/`` (`path`'s name, beside its folder)."""
+    from t2i_gcpo.viz.credit_map import credit_figure, value_figure
 
     G = batch.rollout.group_size
     ro, weights = group_weights(batch, policy, reference, cfg)
     rows, cols = policy.layout.grid
-    images = to_uint8(batch.outputs[:G])
+    images = to_uint8(batch.outputs[: MAX_VALUE_GROUPS * G])
     reveal = reveal_grids(ro, rows, cols)
     samples = [
         {
@@ -116,5 +172,15 @@ def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy
         }
         for i in range(G)
     ]
+    if batch.tree is not None:
+        n = min(len(batch.rollout), MAX_VALUE_GROUPS * G)
+        idx = torch.arange(n)
+        values = image_values(batch.rollout.select(idx), batch.reward.scores[:n], select_tree(batch.tree, idx),
+                              rows, cols, tree_include_root(cfg))  # fmt: skip
+        for s, v in zip(samples, values):
+            s.update(v)
+        drawn = [{"image": images[i], "reward": float(batch.reward.scores[i]), **values[i]} for i in range(n)]
+        value_figure([drawn[g : g + G] for g in range(0, n, G)], path.parent.parent / "value_maps" / path.name,
+                     title=f"step {step}: V(prefix) of the first groups")  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     return credit_figure(samples, list(weights), path, title=f"step {step}: {ro.prompts[0].text}")

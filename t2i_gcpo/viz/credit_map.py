@@ -8,6 +8,9 @@ token order). These helpers draw that grid over the decoded image:
 - `credit_figure`: a matplotlib figure, one row per sample, the image then one weight map per scheme
   (shared colour scale per scheme column, one colour bar per column).
 - `write_credit_html`: one self-contained HTML page of figures and per-sample tables.
+- Value maps (docs/concepts/tree_credit.md#value-maps): a sample carrying ``value_grid`` (V of the prefix
+  each token was decided under) gets a "V(prefix)" column in `credit_figure`, on a diverging scale centred
+  on its group's mean V_0; `value_figure` draws them over the images of several groups.
 
 Inputs are plain arrays (numpy, or torch tensors, converted on the way in); nothing here needs a model.
 """
@@ -32,6 +35,8 @@ from t2i_gcpo.viz import _html
 from t2i_gcpo.viz.lift import credit_lift
 
 REVEAL_COLUMN = "reveal step"
+VALUE_COLUMN = "V(prefix)"
+VALUE_CMAP = "RdBu"  # diverging: red below the group mean V_0 (became worse), blue above (became better)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +154,8 @@ def weight_overlay(
 
 def _columns(samples: Sequence[dict], schemes: Sequence[str]) -> list[str]:
     cols = list(schemes)
+    if any(s.get("value_grid") is not None for s in samples):
+        cols.append(VALUE_COLUMN)
     if any(s.get("reveal_step") is not None for s in samples):
         cols.append(REVEAL_COLUMN)
     return cols
@@ -157,9 +164,35 @@ def _columns(samples: Sequence[dict], schemes: Sequence[str]) -> list[str]:
 def _column_grid(sample: dict, column: str) -> np.ndarray | None:
     if column == REVEAL_COLUMN:
         grid = sample.get("reveal_step")
+    elif column == VALUE_COLUMN:
+        grid = sample.get("value_grid")
     else:
         grid = (sample.get("weights") or {}).get(column)
     return None if grid is None else _as_grid(grid, f"weights[{column!r}]")
+
+
+def value_scale(samples: Sequence[dict]) -> tuple[float, float]:
+    """(V_0, span) of the samples' value maps: the colour scale runs V_0 − span … V_0 + span, span the
+    largest |V − V_0| of any token or final reward (1 when all equal V_0). V_0: the first sample's centre
+    (a figure shows one group; samples of several groups are each drawn around their own V_0)."""
+    shown = [s for s in samples if s.get("value_grid") is not None]
+    if not shown:
+        return 0.0, 1.0
+    devs = [0.0]
+    for s in shown:
+        centre = float(s["value_centre"])
+        dev = np.abs(_as_grid(s["value_grid"], "value_grid") - centre)
+        devs += [float(np.nanmax(dev))] if np.isfinite(dev).any() else []
+        devs += [abs(float(s["reward"]) - centre)] if s.get("reward") is not None else []
+    span = max(devs)
+    return float(shown[0]["value_centre"]), span if span > 0 else 1.0
+
+
+def _value_label(samples: Sequence[dict], centre: float) -> str:
+    grids = [_as_grid(s["value_grid"]) for s in samples if s.get("value_grid") is not None]
+    lo = min(float(np.nanmin(g)) for g in grids if np.isfinite(g).any())
+    hi = max(float(np.nanmax(g)) for g in grids if np.isfinite(g).any())
+    return f"V(prefix), centred on V₀ = {centre:.3f}\nvalues {lo:.3f} … {hi:.3f}"
 
 
 def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi: int = 100) -> bytes:
@@ -171,7 +204,9 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
     nrows, ncols = len(samples), 1 + len(columns)
     grids = [[_column_grid(s, c) for c in columns] for s in samples]
 
-    # Shared colour scale per column: 0 … the column's max weight (reveal steps: 0 … last step).
+    # Shared colour scale per column: 0 … the column's max weight (reveal steps: 0 … last step); the value
+    # column: V − V_0 on a symmetric diverging scale, each sample around its own group mean V_0
+    centre, span = value_scale(samples)
     vmax = []
     for j in range(len(columns)):
         vals = [float(np.nanmax(g[j])) for g in grids if g[j] is not None and g[j].size]
@@ -198,6 +233,10 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
             if grid is None:
                 ax.text(0.5, 0.5, "n/a", ha="center", va="center", color="#888", transform=ax.transAxes)
                 ax.set_facecolor("#f2f2f2")
+            elif column == VALUE_COLUMN:
+                dev = grid - float(sample["value_centre"]) + centre  # drawn around the figure's V_0
+                mappables[j] = ax.imshow(dev, cmap=VALUE_CMAP, vmin=centre - span, vmax=centre + span,
+                                         interpolation="nearest")  # fmt: skip
             else:
                 cmap = "viridis" if column == REVEAL_COLUMN else "magma"
                 mappables[j] = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax[j], interpolation="nearest")
@@ -209,7 +248,8 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
             cb = fig.colorbar(
                 mappables[j], ax=axes[:, j + 1], orientation="horizontal", shrink=0.85, aspect=12, pad=0.02
             )
-            cb.set_label("step revealed" if column == REVEAL_COLUMN else "weight w", fontsize=9)
+            label = {REVEAL_COLUMN: "step revealed", VALUE_COLUMN: None}.get(column, "weight w")
+            cb.set_label(label or _value_label(samples, centre), fontsize=9)
             cb.ax.tick_params(labelsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
@@ -222,10 +262,14 @@ def credit_figure(
     """Draw credit maps of several samples under several schemes; save a PNG (Agg, no display).
 
     Each sample: ``{"image": uint8 [H, W, 3], "reward": float, "advantage": float,
-    "weights": {scheme: [rows, cols]}, "reveal_step": [rows, cols] (optional, masked models)}``.
+    "weights": {scheme: [rows, cols]}, "reveal_step": [rows, cols] (optional, masked models)}``, and
+    optionally its value map: ``"value_grid": [rows, cols]`` (V of the prefix each token was decided
+    under), ``"value_centre"``: its group's mean V_0, ``"value_path"``: [V_0, V_1 … V_K, r] and
+    ``"value_points"``: [t_1 … t_K] (shown in the HTML table).
     Layout: one row per sample (reward r and advantage A at its left); columns = image, one weight
-    map per scheme, then "reveal step" if any sample has one. Each column shares one colour scale
-    (0 … the column's max) and one colour bar. A scheme missing from a sample is drawn as "n/a".
+    map per scheme, then "V(prefix)" and "reveal step" if any sample has one. Each column shares one colour
+    scale (0 … the column's max; the value column: diverging, centred on V_0, symmetric) and one colour
+    bar. A scheme missing from a sample is drawn as "n/a".
     """
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,11 +299,20 @@ def _group_schemes(group: dict) -> list[str]:
     return list(seen)
 
 
+def value_path_text(path: Sequence[float], points: Sequence[int]) -> str:
+    """A sample's values along its branch points: "V₀ 0.500 → t=16 0.667 → t=32 1.000 → r 1.000"."""
+    path = [float(v) for v in path]
+    steps = [f"t={int(t)} {_fmt(v)}" for t, v in zip(points, path[1:-1])]
+    return " → ".join([f"V₀ {_fmt(path[0])}", *steps, f"r {_fmt(path[-1])}"])
+
+
 def _group_table(samples: Sequence[dict], schemes: Sequence[str]) -> str:
     has_lift = any(s.get("object_grid") is not None for s in samples)
+    has_values = any(s.get("value_path") is not None for s in samples)
     head = ["#", "reward", "advantage"]
     for sc in schemes:
         head += [f"{sc}: max w", f"{sc}: H/ln N"] + ([f"{sc}: lift"] if has_lift else [])
+    head += ["V(prefix) along the branch points"] if has_values else []
     rows = ["<tr>" + "".join(f"<th>{_html.esc(h)}</th>" for h in head) + "</tr>"]
     for i, s in enumerate(samples):
         cells = [str(i), _fmt(s.get("reward")), _fmt(s.get("advantage"), "+.3f")]
@@ -276,6 +329,9 @@ def _group_table(samples: Sequence[dict], schemes: Sequence[str]) -> str:
                     credit_lift(w[None], np.asarray(obj, dtype=bool)[None])[0] if obj is not None else np.nan
                 )
                 cells.append(_fmt(lift))
+        if has_values:
+            path = s.get("value_path")
+            cells.append("–" if path is None else _html.esc(value_path_text(path, s.get("value_points", []))))
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return "<table>\n" + "\n".join(rows) + "\n</table>"
 
@@ -293,7 +349,8 @@ def write_credit_html(
     "figure": PNG path or bytes (optional; drawn with credit_figure when absent)}``.
     A sample may carry ``"object_grid"``: bool [rows, cols] of tokens covering prompt objects, which
     adds a credit-lift column per scheme (docs/worlds/shapeworld.md#credit-lift). The table shows reward, advantage and, per scheme,
-    max w and the normalised weight entropy H/ln N (1 = uniform).
+    max w and the normalised weight entropy H/ln N (1 = uniform); samples with a value map add their values
+    along the branch points (``value_path``).
 
     Returns the path of the page (``<out_dir>/<filename>``), written atomically.
     """
@@ -311,3 +368,48 @@ def write_credit_html(
         if samples:
             parts.append(_group_table(samples, schemes))
     return _html.atomic_write_text(Path(out_dir) / filename, _html.page(title, "\n".join(parts)))
+
+
+# ---------------------------------------------------------------------------------------------
+# value maps of several groups
+# ---------------------------------------------------------------------------------------------
+
+
+def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, title: str = "",
+                 scale: int = 4, alpha: float = 0.6) -> Path:  # fmt: skip
+    """Value maps of several groups (docs/concepts/tree_credit.md#value-maps), one row per group: each
+    sample's image with its ``value_grid`` as a translucent diverging layer centred on the group's V_0
+    (``value_centre``; red: the prefix a token was decided under is worth less than V_0, blue: more), its
+    reward above it, one colour bar per group with its value range. Samples as in `credit_figure`."""
+    groups = [list(g) for g in groups if any(s.get("value_grid") is not None for s in g)]
+    if not groups:
+        raise UserError("value_figure needs at least one sample with a value_grid")
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    ncols = max(len(g) for g in groups)
+    fig = Figure(figsize=(1.8 * ncols + 1.6, 2.1 * len(groups) + 0.6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    axes = fig.subplots(len(groups), ncols, squeeze=False)
+    for i, group in enumerate(groups):
+        centre, span = value_scale(group)
+        for j, ax in enumerate(axes[i]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j >= len(group) or group[j].get("value_grid") is None:
+                ax.set_axis_off()
+                continue
+            s = group[j]
+            dev = np.nan_to_num(_as_grid(s["value_grid"]) - float(s["value_centre"]))  # no value: V_0's tint
+            ax.imshow(weight_overlay(s["image"], dev, scale, -span, span, VALUE_CMAP, alpha))
+            ax.set_title(f"r = {float(s.get('reward', float('nan'))):.3f}", fontsize=9)
+        cb = fig.colorbar(ScalarMappable(Normalize(centre - span, centre + span), VALUE_CMAP), ax=axes[i, :],
+                          shrink=0.85, aspect=12, pad=0.01)  # fmt: skip
+        cb.set_label(_value_label(group, centre), fontsize=8)
+        cb.ax.tick_params(labelsize=7)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format="png", facecolor="white")
+    return out_path

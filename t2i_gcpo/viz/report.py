@@ -6,10 +6,11 @@
     <run_dir>/samples/step_XXXXXX.png    sample grids
     <run_dir>/credit_maps/step_XXXXXX.png credit-map figures
     <run_dir>/credit_maps/step_XXXXXX.html token heatmaps (text runs)
+    <run_dir>/value_maps/step_XXXXXX.png  value maps (runs with continuations: the vine scheme)
     <run_dir>/config.yaml                the resolved config
 
 and writes `<run_dir>/report.html`: reward curves (overall and per GenEval tag), optimisation,
-credit and timing diagnostics, the latest sample grid and credit map, and the config. Every metric
+credit and timing diagnostics, the latest sample grid, credit map and value map, and the config. Every metric
 that is present is drawn, none is required. Images are inlined (base64 PNG); the file is written to a
 temp file and renamed, so it can be rewritten while training and a reader never sees half a page.
 """
@@ -43,6 +44,13 @@ _CREDIT_KEYS = ("credit/weight_max", "credit/weight_entropy", "credit_lift")
 _MAX_OTHER = 24  # cap on the "other metrics" grid
 
 Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps [n], values [n])
+
+_CAPTIONS = {
+    "value_maps": '<p class="meta">Each token coloured by V(prefix), the value of the prefix it was decided '
+    "under (the mean reward of the continuations from its segment's branch point), centred on the group's "
+    "mean V₀: red where the sample had become worse than its prompt's value, blue where better "
+    "(docs/concepts/tree_credit.md#value-maps).</p>\n"
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,13 +304,17 @@ def write_run_report(run_dir: str | os.PathLike) -> Path:
         parts.append("<h2>Latest values</h2>\n" + _latest_table(s))
 
     # latest images (a file still being written is skipped for the previous one)
-    for folder, name in (("samples", "Latest samples"), ("credit_maps", "Latest credit map")):
+    for folder, name in (
+        ("samples", "Latest samples"),
+        ("credit_maps", "Latest credit map"),
+        ("value_maps", "Latest value maps"),
+    ):
         for step, path in step_pngs(run_dir / folder)[:3]:
             try:
                 img = _pixel_img(path, f"{name}, step {step}")
             except (OSError, ValueError):
                 continue
-            parts.append(f"<h2>{name} (step {step})</h2>\n" + img)
+            parts.append(f"<h2>{name} (step {step})</h2>\n" + _CAPTIONS.get(folder, "") + img)
             break
 
     # text runs: the latest token heatmap page, embedded whole (the report stays one file)

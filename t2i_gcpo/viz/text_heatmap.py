@@ -8,6 +8,9 @@ colour scale for the whole page (vmax: the largest weight shown, unless given), 
 compare directly: uniform credit (w = 1) is one flat tint, a concentrating scheme shows hot spots.
 Tokens and prompts are HTML-escaped; a newline shows as "↵" and breaks the line; hovering a token
 shows its index and weight. `token_heatmap.token_heatmap_html` is the one-sequence, one-scheme view.
+A sample with ``values`` (its value map, docs/concepts/tree_credit.md#value-maps) adds a "V(prefix)"
+column (a row in the PNG): every token shaded by the value of the prefix it was decided under, on a
+diverging scale centred on the sample's group mean V_0.
 """
 
 from __future__ import annotations
@@ -55,6 +58,22 @@ class TextSample:
     highlight: Sequence[int] = ()
     title: str | None = None
     notes: Sequence[str] = field(default_factory=tuple)  # extra facts shown on the sample's line
+    values: Any = None  # T values V(prefix) of the prefix each token was decided under (value maps)
+    value_centre: float = 0.0  # its group's mean reward V_0, the centre of the value scale
+
+
+VALUE_COLUMN, VALUE_CMAP = "V(prefix)", "RdBu"  # as viz.credit_map: red below V_0, blue above
+
+
+def _value_span(samples: Sequence[TextSample]) -> float:
+    """The largest |V − V_0| of the samples' value maps (1 when none or all equal V_0)."""
+    devs = [np.abs(_as_array(s.values) - s.value_centre) for s in samples if s.values is not None]
+    top = max((float(d[np.isfinite(d)].max()) for d in devs if np.isfinite(d).any()), default=0.0)
+    return top if top > 0 else 1.0
+
+
+def _value_rgb(v: float, centre: float, span: float) -> tuple:
+    return matplotlib.colormaps[VALUE_CMAP](0.5 + 0.5 * (v - centre) / span) if math.isfinite(v) else _NAN_RGB
 
 
 def _as_array(w: Any) -> np.ndarray:
@@ -76,7 +95,22 @@ def _spans(tokens: Sequence[str], w: np.ndarray, marked: set[int], vmax: float, 
     return "".join(out)
 
 
-def _sample_html(k: int, s: TextSample, schemes: list[str], vmax: float, cmap: str) -> str:
+def _value_html(tokens: list[str], s: TextSample, marked: set[int], span: float) -> str:
+    v = _as_array(s.values)
+    if v.size != len(tokens):
+        raise UserError(f"text heatmap: {len(tokens)} tokens but {v.size} values")
+    spans = []
+    for t, (tok, vt) in enumerate(zip(tokens, v)):
+        rgb = _value_rgb(float(vt), s.value_centre, span)
+        spans.append(
+            f'<span class="{"tok wrong" if t in marked else "tok"}" title="t={t} V={vt:.4f}" '
+            f'style="background:{_hex(rgb)};color:{_text_colour(rgb)}">{_html.esc(_show(tok))}</span>'
+        )
+    head = f"{VALUE_COLUMN} · V₀ {s.value_centre:.3f}"
+    return f'<div class="scheme"><h4>{_html.esc(head)}</h4><div>{"".join(spans)}</div></div>'
+
+
+def _sample_html(k: int, s: TextSample, schemes: list[str], vmax: float, cmap: str, span: float = 1.0) -> str:
     tokens = [str(t) for t in s.tokens]
     marked = {int(i) for i in s.highlight}
     if any(not 0 <= i < len(tokens) for i in marked):
@@ -105,6 +139,8 @@ def _sample_html(k: int, s: TextSample, schemes: list[str], vmax: float, cmap: s
             f'<div class="scheme"><h4>{_html.esc(head)}</h4>'
             f"<div>{_spans(tokens, w, marked, vmax, cmap)}</div></div>"
         )
+    if s.values is not None:
+        cols.append(_value_html(tokens, s, marked, span))
     return (
         '<div class="seq">\n'
         f"<h3>{_html.esc(s.title or f'sample {k}')}</h3>\n"
@@ -139,8 +175,17 @@ def text_heatmap_html(
         ' &nbsp; <span class="key wrong">outlined</span> = the first wrong step\'s tokens'
         " &nbsp; ↵ = newline; hover a token for its index and weight.</p>"
     )
+    span = _value_span(samples)
+    if any(s.values is not None for s in samples):
+        stops = ", ".join(_hex(matplotlib.colormaps[VALUE_CMAP](x)) for x in np.linspace(0.0, 1.0, 7))
+        head += (
+            f'\n<p class="meta">{VALUE_COLUMN}: the value of the prefix each token was decided under, centred on '
+            f'its group\'s mean V₀: <span class="meta">V₀ − {span:.3g} </span><span class="legend" '
+            f'style="background: linear-gradient(to right, {stops});"></span><span class="meta"> V₀ + {span:.3g}'
+            "</span> (red: worse than the prompt's value, blue: better).</p>"
+        )
     body = [f"<style>{_CSS}</style>", head]
-    body += [_sample_html(k, s, schemes, vmax, cmap) for k, s in enumerate(samples)]
+    body += [_sample_html(k, s, schemes, vmax, cmap, span) for k, s in enumerate(samples)]
     return _html.page(title, "\n".join(body))
 
 
@@ -170,6 +215,9 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
         ]
         top = max((float(a.max()) for a in finite if a.size), default=1.0)
         scale[name] = vmax or max(top, 2.0)  # weights average 1: uniform credit sits mid-scale
+    span = _value_span(samples)
+    if any(s.values is not None for s in samples):
+        schemes.append(VALUE_COLUMN)
     lines = [max(1, 1 + sum(t.endswith("\n") for t in s.tokens)) for s in samples]
     width = [max(len(line) for line in "".join(t if t.endswith("\n") else t or "∅" for t in s.tokens).split("\n"))
              for s in samples]  # fmt: skip
@@ -189,7 +237,9 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
     for r, scheme in enumerate(schemes):
         y0 = 0.6 + r * row_h
         ax.text(0.1, y0 + 0.25, scheme, fontsize=9, weight="bold", va="center")
-        ax.text(0.1, y0 + 0.5, f"w 0 … {scale[scheme]:.2g}", fontsize=7, va="center", color="#444")
+        is_value = scheme == VALUE_COLUMN
+        key = f"V₀ ± {span:.2g}" if is_value else f"w 0 … {scale[scheme]:.2g}"
+        ax.text(0.1, y0 + 0.5, key, fontsize=7, va="center", color="#444")
         x_col = 1.2
         for c, s in enumerate(samples):
             if r == 0:
@@ -197,13 +247,20 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
                 if s.reward is not None:
                     head += f"  r={s.reward:.2f}"
                 ax.text(x_col, y0 - 0.12, head, fontsize=7, va="center", color="#444")
-            w = _as_array(s.weights.get(scheme, []))
+            w = _as_array(
+                (s.values if s.values is not None else []) if is_value else s.weights.get(scheme, [])
+            )
             marked = set(s.highlight)
             x, y = x_col, y0 + 0.1
             for i, tok in enumerate(s.tokens):
                 shown = tok.rstrip("\n") or ("↵" if tok.endswith("\n") else tok or "∅")
                 wi = float(w[i]) if i < len(w) else math.nan
-                face = "#dddddd" if not math.isfinite(wi) else cm(min(max(wi / scale[scheme], 0.0), 1.0))
+                if not math.isfinite(wi):
+                    face = "#dddddd"
+                elif is_value:
+                    face = _value_rgb(wi, s.value_centre, span)
+                else:
+                    face = cm(min(max(wi / scale[scheme], 0.0), 1.0))
                 ax.add_patch(Rectangle((x, y), cw * len(shown), lh * 0.9, facecolor=face,
                                        edgecolor="#1f5fbf" if i in marked else "none", lw=1.2))  # fmt: skip
                 ink = "#000" if isinstance(face, str) else _text_colour(face)
