@@ -176,7 +176,7 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
 
     from t2i_gcpo.errors import UserError
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, len(os.sched_getaffinity(0)) // jobs)  # the cores this process may use (taskset, cgroups)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     pending, running, failed = list(todo), [], []
     bar = tqdm(
