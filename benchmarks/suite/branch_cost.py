@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-from benchmarks.suite.common import Context, plural
+from benchmarks.suite.common import Context, load_average, plural, shared_cpu_note
 from benchmarks.suite.text_vs_generate import questions
 from t2i_gcpo.hardware import native_bf16
 
@@ -144,6 +144,7 @@ def scale_of(policy, sampling, name: str) -> str:
 
 
 def run(ctx: Context) -> dict:
+    load = load_average()
     batch = ctx.pick(16, 64)
     repeats = ctx.pick(2, 5)
     rows, precision, lengths = [], {}, {}
@@ -185,6 +186,8 @@ def run(ctx: Context) -> dict:
         "per point, drawing the uniforms and assembling the rows; the masked prior's steps are not all "
         "alike (the schedule reveals more tokens late, every step a full forward)." + text_note
     )
+    if ctx.device == "cpu":
+        reading += shared_cpu_note(load)
     return {
         "title": TITLE,
         "timing": f"median of {plural(repeats, 'repeat')} after one warm-up; each repeat samples new roots, then "

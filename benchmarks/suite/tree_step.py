@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.suite.common import Context, plural
+from benchmarks.suite.common import Context, load_average, plural, shared_cpu_note
 
 TITLE = "Tree-credit step vs DAPO at equal sample budget (`tree_step`)"
 ARMS = ("dapo", "vine", "tempo", "eg-grpo", "balanced")
@@ -53,6 +53,7 @@ def time_branches(trainer: Any) -> list[float]:
 def run(ctx: Context) -> dict:
     from benchmarks.bench_train_step import make_trainer, round_robin
 
+    load = load_average()
     prompts = ctx.pick(2, 8)
     steps, warmup = ctx.pick(1, 3), 1
     overrides = [f"rollout.prompts_per_step={prompts}"]
@@ -111,6 +112,8 @@ def run(ctx: Context) -> dict:
         f"(section `branch_cost`). The presets without extra samples, against DAPO's step: {others}"
         + (" (the same samples per step)." if same_budget else " (samples per step differ from DAPO's).")
     )
+    if ctx.device == "cpu":
+        reading += shared_cpu_note(load)
     return {
         "title": TITLE,
         "timing": f"median of {plural(steps, 'step')} per arm after {plural(warmup, 'warm-up step')} (vine: one "
