@@ -156,35 +156,42 @@ def run(ctx: Context) -> dict:
             rows.append({"model": label, "precision": precision[label], "batch": batch,
                          "point": f"{f:g} · {scale_of(policy, sampling, name)}", "fresh_s": got["fresh_s"],
                          "branch_s": p["branch_s"], "measured": p["branch_s"] / got["fresh_s"],
-                         "expected": p["share"], "prefill_pct": 100 * p["prefill_s"] / p["branch_s"]})  # fmt: skip
+                         "expected": p["share"], "prefill_pct": 100 * p["prefill_s"] / p["branch_s"],
+                         "without_prefill": (p["branch_s"] - p["prefill_s"]) / got["fresh_s"]})  # fmt: skip
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
     parts = []
     for label, rs in by_model.items():
-        ratios = ", ".join(f"{r['measured']:.2f} (expected {r['expected']:.2f})" for r in rs)
-        pre = (
-            f"; the prefill is {min(r['prefill_pct'] for r in rs):.0f}–{max(r['prefill_pct'] for r in rs):.0f} % "
-            f"of a branch call"
-            if any(r["prefill_pct"] > 0 for r in rs)
-            else "; no prefill (nothing cached)"
+        ratios = ", ".join(f"{r['measured']:.2f} (share {r['expected']:.2f})" for r in rs)
+        over = statistics.mean(r["measured"] - r["expected"] for r in rs)
+        line = (
+            f"{label} ({rs[0]['precision']}, fresh batch {rs[0]['fresh_s']:.2f} s): {ratios}, on average "
+            f"{abs(over):.2f} of a fresh batch {'above' if over > 0 else 'below'} the share"
         )
-        parts.append(f"{label} ({rs[0]['precision']}, fresh batch {rs[0]['fresh_s']:.2f} s): {ratios}{pre}")
-    text = by_model.get("text (arithmetic)")
+        if any(r["prefill_pct"] > 0 for r in rs):
+            line += (
+                f"; its prefill takes {min(r['prefill_pct'] for r in rs):.0f}–{max(r['prefill_pct'] for r in rs):.0f} % "
+                f"of the continuation (growing with t, the prefix it re-reads), and without it a continuation costs "
+                + ", ".join(f"{r['without_prefill']:.2f}" for r in rs)
+            )
+        parts.append(line)
     text_note = (
-        f" The text roots average {lengths['text (arithmetic)']:.1f} tokens; a continuation batch runs until its "
-        f"longest row ends, as the fresh batch does, so the measured share follows the longest rows."
-        if text
+        f" The text roots are {lengths['text (arithmetic)']:.1f} tokens long on average and a batch runs until "
+        f"its longest row ends (fresh or continued), so the text rows follow the longest roots rather than "
+        f"the mean share."
+        if "text (arithmetic)" in by_model
         else ""
     )
     reading = (
-        f"Cost of one continuation per root (B = {batch}) from a quarter, half and three quarters of the "
-        f"decisions, as a fraction of a fresh batch of B samples, next to the re-made share: "
+        f"One continuation per root (B = {batch}) from a quarter, a half and three quarters of the decisions, "
+        f"its cost as a fraction of a fresh batch of B samples next to the share of decisions it re-makes: "
         + "; ".join(parts)
-        + ". A continuation costs more than its share by the fixed costs of a branch call: the prefill of "
-        "[context; root prefix] (AR and text), re-feeding the prefix's last token, copying the cached rows "
-        "per point, drawing the uniforms and assembling the rows; the masked prior's steps are not all "
-        "alike (the schedule reveals more tokens late, every step a full forward)." + text_note
+        + ". What a continuation pays beyond its share is fixed per branch call: the prefill of [context; root "
+        "prefix] (AR and text: one forward over the roots' prefixes, which the rollout computed already and "
+        "does not hand on), re-feeding the prefix's last token, copying the cached rows, drawing the uniforms "
+        "and assembling the rows. The masked prior caches nothing: each remaining reveal step is one "
+        "forward of the doubled batch, as in the fresh rollout." + text_note
     )
     if ctx.device == "cpu":
         reading += shared_cpu_note(load)
@@ -202,6 +209,7 @@ def run(ctx: Context) -> dict:
             ("measured", "continuation / fresh"),
             ("expected", "re-made share"),
             ("prefill_pct", "prefill % of continuation"),
+            ("without_prefill", "continuation without prefill / fresh"),
         ],
         "rows": rows,
         "summary": {

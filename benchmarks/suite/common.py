@@ -275,7 +275,7 @@ def shared_cpu_note(load: float | None) -> str:
     return (
         f" Measured on a shared machine (1-min load average {load:.2f} at the section's start, "
         f"{os.cpu_count()} cores): other processes used the CPU, so the seconds are those of a busy machine; "
-        f"the ratios compare arms measured side by side."
+        f"the ratios compare calls measured side by side."
     )
 
 

@@ -106,9 +106,9 @@ def run(ctx: Context) -> dict:
         f"{ratio:.2f}× the equal-budget DAPO step ({eq['step_s']:.2f} s): {verdict}; and "
         f"{vine['vs_dapo']:.2f}× DAPO's step at its own budget ({dapo['step_s']:.2f} s). Where the time goes: "
         f"vine {split(vine)} (its continuations' branch calls {vine['branch_s']:.2f} s of the rollout); "
-        f"equal-budget DAPO {split(eq)}; DAPO {split(dapo)}. Vine trains on its {prompts * group} roots only, "
-        f"so its update costs about DAPO's at its own budget, while the equal-budget DAPO arm updates on all "
-        f"{eq['samples']:.0f} samples; its continuations re-make only the tokens after their branch point "
+        f"equal-budget DAPO {split(eq)}; DAPO {split(dapo)}. Vine updates on its {prompts * group} roots only "
+        f"({vine['update_s']:.2f} s against DAPO's {dapo['update_s']:.2f} s), the equal-budget DAPO arm on all "
+        f"{eq['samples']:.0f} samples; vine's continuations re-make only the tokens after their branch point "
         f"(section `branch_cost`). The presets without extra samples, against DAPO's step: {others}"
         + (" (the same samples per step)." if same_budget else " (samples per step differ from DAPO's).")
     )
