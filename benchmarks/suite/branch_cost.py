@@ -105,6 +105,7 @@ def measure(ctx: Context, policy, sampling, name: str, batch: int, repeats: int)
     steps = policy.resolve_steps(sampling) if masked else policy.num_tokens if name != "arithmetic" else None
     prompts = prompts_for(name, batch // GROUP)
     fresh, branch, prefill, share = [], {f: [] for f in FRACTIONS}, {f: [] for f in FRACTIONS}, {}
+    distinct: dict[float, list[int]] = {f: [] for f in FRACTIONS}
     for r in range(repeats + 1):  # r = 0: warm-up
         gens = group_generators(r, "bench", range(len(prompts)))
         with torch.no_grad(), sampler_precision(policy, sampling):
@@ -119,6 +120,7 @@ def measure(ctx: Context, policy, sampling, name: str, batch: int, repeats: int)
                 points = points_at(ro, f, masked, steps)
                 todo = (steps - points[:, 0]) / steps if masked else (length - points[:, 0]) / length
                 share[f] = float(todo.mean())
+                distinct[f].append(len(points.unique()))  # each distinct t is decoded as its own batch
                 keys = [(b, int(points[b, 0]), 0) for b in range(len(ro))]
                 spent: list[float] = []
                 with prefill_clock(ctx, spent):
@@ -132,7 +134,8 @@ def measure(ctx: Context, policy, sampling, name: str, batch: int, repeats: int)
     out = {"fresh_s": statistics.median(fresh), "length": float(length.mean()), "points": {}}
     for f in FRACTIONS:
         cost = statistics.median(branch[f])
-        out["points"][f] = {"branch_s": cost, "share": share[f], "prefill_s": statistics.median(prefill[f])}
+        out["points"][f] = {"branch_s": cost, "share": share[f], "prefill_s": statistics.median(prefill[f]),
+                            "distinct": statistics.median(distinct[f])}  # fmt: skip
     return out
 
 
@@ -157,7 +160,8 @@ def run(ctx: Context) -> dict:
                          "point": f"{f:g} · {scale_of(policy, sampling, name)}", "fresh_s": got["fresh_s"],
                          "branch_s": p["branch_s"], "measured": p["branch_s"] / got["fresh_s"],
                          "expected": p["share"], "prefill_pct": 100 * p["prefill_s"] / p["branch_s"],
-                         "without_prefill": (p["branch_s"] - p["prefill_s"]) / got["fresh_s"]})  # fmt: skip
+                         "without_prefill": (p["branch_s"] - p["prefill_s"]) / got["fresh_s"],
+                         "distinct": p["distinct"]})  # fmt: skip
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
@@ -176,11 +180,15 @@ def run(ctx: Context) -> dict:
                 + ", ".join(f"{r['without_prefill']:.2f}" for r in rs)
             )
         parts.append(line)
+    text = by_model.get("text (arithmetic)")
     text_note = (
-        f" The text roots are {lengths['text (arithmetic)']:.1f} tokens long on average and a batch runs until "
-        f"its longest row ends (fresh or continued), so the text rows follow the longest roots rather than "
-        f"the mean share."
-        if "text (arithmetic)" in by_model
+        f" The text roots are {lengths['text (arithmetic)']:.1f} tokens long on average, and a point a fraction "
+        f"of each root's own length puts the {batch} continuations on "
+        f"{min(r['distinct'] for r in text):.0f}–{max(r['distinct'] for r in text):.0f} distinct t (median per "
+        f"call): the branch call decodes each distinct t as its own batch, one after another, each until its "
+        f"longest row ends, so it pays the per-step overhead of the tiny model that many times. The AR and "
+        f"masked rows branch every root at the same t (one batch), as `every_k` does for text too."
+        if text and max(r["distinct"] for r in text) > 1
         else ""
     )
     reading = (
@@ -204,6 +212,7 @@ def run(ctx: Context) -> dict:
             ("precision", "precision"),
             ("batch", "samples"),
             ("point", "branch point"),
+            ("distinct", "distinct t"),
             ("fresh_s", "fresh s"),
             ("branch_s", "continuation s"),
             ("measured", "continuation / fresh"),
