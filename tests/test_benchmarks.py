@@ -175,3 +175,70 @@ def test_compare_cost_reads_times_and_pairs_final_scores_by_seed(tmp_path):
     assert compare_cost.run(Context()) is None  # nothing given: the earlier result is kept
     with pytest.raises(SystemExit, match="no finished runs"):
         compare_cost.run(Context(compare_dir=str(tmp_path / "empty")))
+
+
+def test_branch_cost_points_are_fractions_of_each_root_inside_its_decisions():
+    from types import SimpleNamespace
+
+    from benchmarks.suite.branch_cost import points_at
+
+    mask = torch.zeros(3, 40)
+    for row, length in enumerate((40, 12, 2)):  # text roots of their own lengths
+        mask[row, :length] = 1
+    ro = SimpleNamespace(mask=mask, step=torch.arange(40).expand(3, -1), state={})
+    assert points_at(ro, 0.25, masked=False, steps=None)[:, 0].tolist() == [10, 3, 1]
+    assert points_at(ro, 0.75, masked=False, steps=None)[:, 0].tolist() == [30, 9, 1]  # < 2 for the shortest
+    assert points_at(ro, 0.5, masked=True, steps=8)[:, 0].tolist() == [4, 4, 4]  # reveal steps of S = 8
+
+
+def test_branch_cost_prefill_clock_times_multi_token_forwards_only_and_restores():
+    from benchmarks.suite.branch_cost import prefill_clock
+    from benchmarks.suite.common import Context
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+    calls, inner = [], FusedLlamaDecoder.forward
+
+    def fake(self, ids, start, **kwargs):
+        calls.append(ids.shape[1])
+
+    FusedLlamaDecoder.forward = fake
+    try:
+        spent: list[float] = []
+        with prefill_clock(Context(), spent):
+            for n in (5, 1, 1):
+                FusedLlamaDecoder.forward(None, torch.zeros(2, n, dtype=torch.long), 0)
+        assert calls == [5, 1, 1] and len(spent) == 1  # every call passed through, the prefill timed
+        assert FusedLlamaDecoder.forward is fake  # the clock put back what it found
+    finally:
+        FusedLlamaDecoder.forward = inner
+
+
+@pytest.mark.slow
+def test_branch_cost_and_tree_step_quick_paths_write_what_the_page_reads(tmp_path):
+    from benchmarks.suite.runner import main
+
+    out, page = tmp_path / "suite.json", tmp_path / "performance.md"
+    main(["--quick", "--only", "branch_cost,tree_step", "--device", "cpu", "--json", str(out), "--md", str(page)])  # fmt: skip
+    sections = json.loads(out.read_text())["sections"]
+    assert list(sections) == ["branch_cost", "tree_step"]
+    for sec in sections.values():  # every column the table shows is in every row
+        assert all(key in row for row in sec["rows"] for key, _ in sec["columns"])
+    branch = sections["branch_cost"]
+    shares = {(r["model"], r["expected"]) for r in branch["rows"]}
+    for model in ("AR prior", "masked prior"):
+        assert {(model, 0.75), (model, 0.5), (model, 0.25)} <= shares  # (T − t)/T, (S − s)/S
+    assert all(r["measured"] > 0 for r in branch["rows"])
+    assert all(r["prefill_pct"] == 0 for r in branch["rows"] if r["model"] == "masked prior")
+    assert all(r["prefill_pct"] > 0 for r in branch["rows"] if r["model"] == "AR prior")
+    tree = sections["tree_step"]
+    by = {r["arm"]: r for r in tree["rows"]}
+    factor = tree["summary"]["budget_factor"]
+    assert factor == by["vine"]["samples"] / by["dapo"]["samples"] > 1  # vine's logged budget sizes the arm
+    assert by["dapo, equal budget"]["samples"] == by["vine"]["samples"]
+    assert by["dapo, equal budget"]["group"] == round(by["dapo"]["group"] * factor)
+    assert all(by[a]["samples"] == by["dapo"]["samples"] for a in ("tempo", "eg-grpo", "balanced"))
+    assert set(tree["summary"]["check"]) == {"ratio", "target", "pass"}
+    assert by["vine"]["branch_s"] > 0
+    assert by["vine"]["vs_equal"] == pytest.approx(tree["summary"]["check"]["ratio"])
+    text = page.read_text()
+    assert "(`branch_cost`)" in text and "(`tree_step`)" in text

@@ -9,6 +9,8 @@ SECTIONS = [
     "janus_vs_generate",
     "rl_step",
     "scaling",
+    "branch_cost",
+    "tree_step",
     "progress",
     "compare_cost",
 ]

@@ -262,3 +262,22 @@ def machine(device: str, threads: int) -> dict[str, Any]:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+BUSY = 0.5  # 1-min load average above which a section says that the CPU was shared
+
+
+def shared_cpu_note(load: float | None) -> str:
+    """A sentence for a section's reading when the 1-min load average at its start (`load`) says other
+    processes were using the CPU: its timings are then upper bounds of a quiet machine's."""
+    if load is None or load <= BUSY:
+        return ""
+    return (
+        f" Measured on a shared machine (1-min load average {load:.2f} at the section's start, "
+        f"{os.cpu_count()} cores): other processes used the CPU, so the seconds are those of a busy machine; "
+        f"the ratios compare calls measured side by side."
+    )
+
+
+def load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
