@@ -20,10 +20,18 @@ from tiny_models import tiny_policy_dir
 T2 = 12.706205  # t_{0.975, 1}
 
 
-def test_matched_override_scales_group_or_prompts_never_below_the_run():
-    assert B.matched_override(92.0, 8, 2, "group") == "rollout.group_size=46"
-    assert B.matched_override(92.0, 8, 2, "prompts") == "rollout.prompts_per_step=12"  # 11.5 → 12
-    assert B.matched_override(10.0, 8, 2, "group") == "rollout.group_size=8"
+def test_matched_size_scales_group_or_prompts_never_below_the_run():
+    assert B.matched_size(92.0, 8, 2, "group") == ("rollout.group_size", 46)
+    assert B.matched_size(92.0, 8, 2, "prompts") == ("rollout.prompts_per_step", 12)  # 11.5 → 12
+    assert B.matched_size(10.0, 8, 2, "group") == ("rollout.group_size", 8)
+
+
+def test_the_plan_resizes_once_by_what_the_first_size_drew(monkeypatch):
+    """vine scores 448 a step; dapo sized to 448 in one round (group 56) draws 1.4 rounds → group 40."""
+    drawn = {"vine": 448.0, "dapo": 627.2}
+    monkeypatch.setattr(B, "probe_samples_per_step", lambda algo, flags, overrides: drawn[algo])
+    plan = B.plan_match("vine", "dapo", {}, (), "group")
+    assert plan["first_size"] == 56 and plan["set"] == "rollout.group_size=40"
 
 
 def test_training_clock_and_totals_count_each_step_once():
@@ -75,11 +83,12 @@ def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
     result = summarise(tmp_path, list(RUNS), [0, 1])
     assert result["budget"]["vine"]["budget/samples"] == 448 * 20
     assert result["budget"]["dapo-at-vine-budget"]["seconds"] == 80.0
-    # equal samples: vine − dapo-at-vine-budget, final, paired: +0.02 and −0.04
+    # equal samples, both spent 448 a step: the last evaluations, +0.02 and −0.04
     eq = result["equal_samples"]["vine"]
     half = T2 * math.sqrt(((0.02 + 0.01) ** 2 + (-0.04 + 0.01) ** 2) / 1) / math.sqrt(2)
     assert eq["against"] == "dapo-at-vine-budget" and eq["ahead"] == 1
     assert eq["paired"] == pytest.approx((-0.01, -0.01 - half, -0.01 + half, 2))
+    assert eq["final"][0] == pytest.approx(-0.01) and eq["spent_ratio"] == pytest.approx(1.0)
     # equal time: dapo's 20 s; vine read at step 10 (20 s), the matched arm at step 0 (its step 10 is 40 s)
     t = result["equal_time"]
     assert t["seconds"] == {"0": 20.0, "1": 20.0}
@@ -88,7 +97,28 @@ def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
     md = (tmp_path / "comparison.md").read_text()
     assert "| vine | 8,960 | 573,440 | 20 | 40 |" in md
     assert "**At equal samples**" in md and "| vine | dapo-at-vine-budget | -0.010 ± " in md
+    assert "| 20 / 20 | 1/2 | -0.010 ± " in md and "| 1.00× |" in md
     assert "**At equal training time**" in md and "seed 0: 20 s" in md
+
+
+def test_equal_samples_reads_the_bigger_spender_where_it_had_spent_the_others_total(tmp_path):
+    """The matched arm drew twice the samples planned (dynamic sampling): the reading takes it at step 10,
+    where it had scored what vine scored in its whole run."""
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    for seed in (0, 1):
+        path = tmp_path / "dapo-at-vine-budget" / f"seed{seed}" / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for r in rows:
+            if "budget/samples_total" in r:
+                r["budget/samples_total"] *= 2
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    eq = summarise(tmp_path, list(RUNS), [0, 1])["equal_samples"]["vine"]
+    # vine's final (0.6, 0.5) against the matched arm's step 10 (0.45, 0.45)
+    assert eq["paired"][0] == pytest.approx((0.15 + 0.05) / 2) and eq["ahead"] == 2
+    assert eq["read_at_step"] == {"vine": 20.0, "dapo-at-vine-budget": 10.0}
+    assert eq["spent_ratio"] == pytest.approx(2.0) and eq["final"][0] == pytest.approx(-0.01)
 
 
 def test_match_budget_without_an_arm_that_samples_extra_is_one_line(tmp_path):
@@ -112,7 +142,8 @@ def test_compare_trains_dapo_at_vines_measured_budget_and_resumes_without_probin
     assert r.exit_code == 0, r.output
     plan = json.loads((out / "budget.json").read_text())["arms"]["dapo-at-vine-budget"]
     assert plan["of"] == "vine" and plan["samples_per_step"] > 8  # vine scores more than its 2 × 4 roots
-    group = round(plan["samples_per_step"] / 2)
+    assert plan["first_size"] == round(plan["samples_per_step"] / 2)
+    group = max(4, round(plan["first_size"] * plan["samples_per_step"] / plan["first_size_drew"]))
     assert plan["set"] == f"rollout.group_size={group}"
     cfg = yaml.safe_load((out / "dapo-at-vine-budget" / "seed0" / "config.yaml").read_text())
     assert cfg["algo"] == "dapo" and cfg["rollout"]["group_size"] == group

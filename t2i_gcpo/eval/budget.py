@@ -52,12 +52,29 @@ def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], s
     return float(np.mean(counts))
 
 
-def matched_override(samples_per_step: float, group_size: int, prompts_per_step: int, by: str) -> str:
-    """The `--set` that makes a run score about `samples_per_step` samples a step in one round: a group
-    size (by "group") or a prompt count (by "prompts"), at least the run's own."""
+def matched_size(samples_per_step: float, group_size: int, prompts_per_step: int, by: str) -> tuple[str, int]:
+    """(config key, value) that makes a run score about `samples_per_step` samples a step in one round:
+    a group size (by "group") or a prompt count (by "prompts"), at least the run's own."""
     if by == "group":
-        return f"rollout.group_size={max(group_size, round(samples_per_step / prompts_per_step))}"
-    return f"rollout.prompts_per_step={max(prompts_per_step, round(samples_per_step / group_size))}"
+        return "rollout.group_size", max(group_size, round(samples_per_step / prompts_per_step))
+    return "rollout.prompts_per_step", max(prompts_per_step, round(samples_per_step / group_size))
+
+
+def plan_match(arm: str, baseline: str, flags: dict, overrides: tuple[str, ...], by: str) -> dict[str, Any]:
+    """How to train `baseline` at `arm`'s sample budget: `arm`'s samples per step measured
+    (`probe_samples_per_step`), the baseline sized to score as many in one round (`matched_size`), then
+    probed at that size and resized once by the ratio — a baseline whose larger groups still lack signal
+    draws extra dynamic-sampling rounds, which the first size does not count."""
+    from t2i_gcpo.config import load_config
+
+    base = load_config(baseline, flags=flags, overrides=overrides).rollout
+    own = base.group_size if by == "group" else base.prompts_per_step
+    target = probe_samples_per_step(arm, flags, overrides)
+    key, first = matched_size(target, base.group_size, base.prompts_per_step, by)
+    drawn = probe_samples_per_step(baseline, flags, (*overrides, f"{key}={first}"))
+    size = max(own, round(first * target / drawn))
+    return {"of": arm, "samples_per_step": target, "first_size": first, "first_size_drew": drawn,
+            "set": f"{key}={size}"}  # fmt: skip
 
 
 def totals(rows: list[dict]) -> dict[str, float]:
@@ -81,6 +98,16 @@ def training_clock(rows: list[dict]) -> dict[int, float]:
     for step in sorted(per_step):
         elapsed += per_step[step]
         clock[step] = elapsed
+    return clock
+
+
+def samples_clock(rows: list[dict]) -> dict[int, float]:
+    """step → samples scored up to and including that step (`budget/samples_total`; 0 → 0)."""
+    total = M.BUDGET_TOTAL.format(key=M.BUDGET_SAMPLES)
+    clock = {0: 0.0}
+    for r in rows:
+        if total in r:
+            clock[r[M.STEP]] = float(r[total])
     return clock
 
 
@@ -114,14 +141,32 @@ def equal_time(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, d
     }
 
 
-def equal_samples(headline: dict[str, dict[int, float]], matches: dict[str, str]) -> dict[str, Any]:
-    """The equal-sample reading: each arm against the baseline trained at its budget (`matches`: matched
-    arm → arm), final score paired by seed."""
+def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, dict[int, float]]],
+                  matches: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """The equal-sample reading of each arm against the baseline trained at its budget (`matches`:
+    matched arm → arm; `clocks`: arm → seed → step → samples scored so far). Per seed, both runs are
+    read at their last evaluation by the samples the thriftier of the two scored in its whole run — the
+    matched arm's dynamic sampling can spend more or fewer samples than planned — and compared, paired
+    by seed; "final" is the same for the two runs' last evaluations, with the ratio of what they spent."""
     out = {}
     for matched, arm in matches.items():
-        if arm not in headline or matched not in headline:
+        if arm not in curves or matched not in curves:
             continue
-        diffs = [headline[arm][s] - headline[matched][s] for s in headline[arm] if s in headline[matched]]
-        diffs = [d for d in diffs if np.isfinite(d)]
-        out[arm] = {"against": matched, "paired": mean_ci95(diffs), "ahead": int(sum(d > 0 for d in diffs))}
+        seeds = [s for s in curves[arm] if s in curves[matched]]
+        diffs, finals, at, ratio = [], [], {arm: [], matched: []}, []
+        for s in seeds:
+            budget = min(max(clocks[arm][s].values()), max(clocks[matched][s].values()))
+            a, b = (score_at(curves[x][s], clocks[x][s], budget) for x in (arm, matched))
+            for x in (arm, matched):
+                steps = [st for st, _ in curves[x][s] if clocks[x][s].get(st, np.inf) <= budget + 1e-9]
+                at[x].append(steps[-1] if steps else np.nan)
+            diffs.append(a - b)
+            finals.append(curves[arm][s][-1][1] - curves[matched][s][-1][1])
+            ratio.append(max(clocks[matched][s].values()) / max(max(clocks[arm][s].values()), 1.0))
+        ok = [d for d in diffs if np.isfinite(d)]
+        out[arm] = {
+            "against": matched, "paired": mean_ci95(ok), "ahead": int(sum(d > 0 for d in ok)),
+            "read_at_step": {x: float(np.nanmean(v)) if v else np.nan for x, v in at.items()},
+            "final": mean_ci95(finals), "spent_ratio": float(np.mean(ratio)) if ratio else np.nan,
+        }  # fmt: skip
     return out

@@ -99,10 +99,9 @@ def run_comparison(
 def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
                  overrides: tuple[str, ...], match_by: str) -> dict[str, dict]:  # fmt: skip
     """The matched arms of `--match-budget samples`: for every algorithm that scores extra samples, the
-    baseline at its measured samples per step (`budget.probe_samples_per_step`, its first seed, two
-    steps), as {matched name: {"of", "samples_per_step", "set"}}; kept in out/budget.json so a resumed
-    comparison trains the same arms without probing again."""
-    from t2i_gcpo.config import load_config
+    baseline sized to its measured samples per step (`budget.plan_match`, its first seed, two steps), as
+    {matched name: {"of", "samples_per_step", "set", …}}; kept in out/budget.json so a resumed comparison
+    trains the same arms without probing again."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval import budget as B
 
@@ -130,17 +129,11 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
         arms_done = saved["arms"]
     else:
         arms_done = {}
-    base_cfg = load_config(baseline, flags=flags, overrides=overrides)
     for arm in arms:
         name = B.matched_name(baseline, arm)
         if name in arms_done:
             continue
-        per_step = B.probe_samples_per_step(arm, {**flags, "seed": seeds[arm][0]}, overrides)
-        arms_done[name] = {
-            "of": arm, "samples_per_step": per_step,
-            "set": B.matched_override(per_step, base_cfg.rollout.group_size,
-                                      base_cfg.rollout.prompts_per_step, match_by),
-        }  # fmt: skip
+        arms_done[name] = B.plan_match(arm, baseline, {**flags, "seed": seeds[arm][0]}, overrides, match_by)
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**key, "arms": arms_done}, indent=1))
     return {name: arms_done[name] for name in (B.matched_name(baseline, a) for a in arms)}
@@ -176,7 +169,9 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
 
     from t2i_gcpo.errors import UserError
 
-    threads = max(1, len(os.sched_getaffinity(0)) // jobs)  # the cores this process may use (taskset, cgroups)
+    threads = max(
+        1, len(os.sched_getaffinity(0)) // jobs
+    )  # the cores this process may use (taskset, cgroups)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     pending, running, failed = list(todo), [], []
     bar = tqdm(
@@ -341,7 +336,8 @@ def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], ba
     path = out / "budget.json"
     if path.is_file():
         matches = {m: info["of"] for m, info in json.loads(path.read_text())["arms"].items() if m in algos}
-        readings["equal_samples"] = B.equal_samples(headline, matches)
+        clocks = {a: {s: B.samples_clock(rows) for s, rows in zip(seeds[a], metric_rows[a])} for a in algos}
+        readings["equal_samples"] = B.equal_samples(by_seed, clocks, matches)
     return readings
 
 
@@ -357,12 +353,18 @@ def format_budget(result: dict[str, Any]) -> list[str]:
         cells = [_count(b[M.BUDGET_SAMPLES]), _count(b[M.BUDGET_TOKENS]), _count(b[M.BUDGET_REWARD_CALLS])]
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {b['seconds']:.0f} |")
     if result.get("equal_samples"):
-        lines += ["", "**At equal samples**: final score minus the baseline trained at the algorithm's sample "
-                  "budget, paired by seed:", "", "| algorithm | against | paired Δ | seeds ahead |",
-                  "|---|---|---|---|"]  # fmt: skip
+        lines += ["", "**At equal samples**: the algorithm minus the baseline trained at its sample budget, "
+                  "paired by seed, both read at their last evaluation by the samples the thriftier run of "
+                  "the seed scored in all (the steps read, mean over seeds), and at their last evaluations "
+                  "with what the matched arm spent there (× the algorithm's samples):", "",
+                  "| algorithm | against | at equal samples | read at steps | seeds ahead | last evaluations "
+                  "| matched arm spent |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for algo, r in result["equal_samples"].items():
-            lines.append(f"| {algo} | {r['against']} | {_cell(*r['paired'][:3], sign=True)} "
-                         f"| {r['ahead']}/{r['paired'][3]} |")  # fmt: skip
+            steps = " / ".join("—" if v is None or not np.isfinite(v) else f"{v:.0f}"
+                               for v in r["read_at_step"].values())  # fmt: skip
+            spent = "—" if r["spent_ratio"] is None else f"{r['spent_ratio']:.2f}×"
+            lines.append(f"| {algo} | {r['against']} | {_cell(*r['paired'][:3], sign=True)} | {steps} "
+                         f"| {r['ahead']}/{r['paired'][3]} | {_cell(*r['final'][:3], sign=True)} | {spent} |")  # fmt: skip
     if result.get("equal_time"):
         t = result["equal_time"]
         secs = ", ".join(f"seed {s}: {v:.0f} s" for s, v in t["seconds"].items())
