@@ -130,6 +130,43 @@ def test_gradient_snr_arithmetic_oracle_is_the_first_wrong_step_and_uniform_when
     assert target[1].all()  # a correct solution: uniform
 
 
+def test_gradient_snr_vine_trains_only_its_branched_rows_and_tempo_returns_token_advantages():
+    from types import SimpleNamespace
+
+    from benchmarks.bench_gradient_snr import token_credit
+    from t2i_gcpo.config import load_config
+    from t2i_gcpo.policies.base import PromptRecord, Rollout
+    from t2i_gcpo.train.branches import Grown
+    from t2i_gcpo.train.credit import compute_weights
+
+    B, T, G = 4, 6, 2
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 0, 0, 0], [1, 2, 4, 4, 5, 6], [1, 5, 3, 4, 5, 6]])
+    ro = Rollout(
+        tokens, torch.ones(B, T), torch.arange(T).expand(B, T).clone(), {}, [PromptRecord("p")] * B, G
+    )
+    policy = SimpleNamespace(layout=SimpleNamespace(grid=(2, 3)))
+    # group 0 has no signal: the train step neither branches nor trains it under vine
+    scores = torch.tensor([0.5, 0.5, 1.0, 0.0])
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0])
+    rows = torch.tensor([2, 3])  # one point at step 3, 2 continuations each
+    tree = {
+        "points": torch.tensor([[3], [3]]),
+        "rewards": torch.tensor([[[1.0, 0.0]], [[1.0, 1.0]]], dtype=torch.float64),
+        "exists": torch.ones(2, 1, 2, dtype=torch.bool),
+    }
+    vine = load_config("vine")
+    a, w = token_credit(vine, ro, adv, scores, policy, None, "pos", None, (rows, Grown(tree, 4, 12)))
+    assert w is None and a.shape == (B, T)
+    assert (a[:2] == 0).all()  # rows outside the branched groups: no credit at all
+    sub = compute_weights(vine.credit, ro.select(rows), adv[rows], policy, None, "pos", rewards=scores[rows],
+                          tree=tree)  # fmt: skip
+    assert torch.equal(a[2:], sub.float()) and (a[2:] != 0).any()
+    # tempo: token advantages, whose sequence term is the group advantage where the prefixes never branch
+    a, w = token_credit(load_config("tempo"), ro, adv, scores, policy, None, "pos", None, None)
+    assert w is None and a.shape == (B, T) and (a[:2] == 0).all()
+    assert torch.allclose(a[2:, 3:], adv[2:, None].expand(2, 3).float())
+
+
 def _fake_comparison(root: Path, finals: dict[str, dict[int, float]], start: float, autocast: str) -> None:
     """A finished `compare` output: per run config.yaml (written at `start` + 100·k s), 3 steps of 10 s
     each in metrics.jsonl, eval.json with the final score (written 60 s after its config.yaml)."""
