@@ -30,13 +30,13 @@ VALUE_POINTS = 4  # image value maps: branch every S / 4 decision steps (3 point
 
 
 def branch_options(cfg: TrainConfig, policy, ro) -> dict:
-    """The vine options credit-map branches with: a run's (credit.vine.*), but images branch every S / 4 of
-    their S decision steps, so every model (64 or 256 raster tokens, 8 reveal steps) gets 3 points."""
+    """The vine options credit-map branches with: a run's (credit.vine.*), but every S / 4 of the S decision
+    steps of the group's longest sample, so every model (64 or 256 raster tokens, 8 reveal steps, a text of
+    any length) gets 3 points."""
     from t2i_gcpo.policies.branching import decision_steps
 
     options = dict(cfg.credit.options_for("vine"))
-    if policy.output != "text":
-        options.update(rule="every_k", k=max(1, int(decision_steps(ro).max()) // VALUE_POINTS))
+    options.update(rule="every_k", k=max(1, int(decision_steps(ro).max()) // VALUE_POINTS))
     return options
 
 
