@@ -12,6 +12,9 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.stats import mean_ci95
 
 MATCH_BY = ("group", "prompts")  # what a matched arm scales: rollout.group_size or rollout.prompts_per_step
+# the equal-sample reading counts two runs as equal within this share of the thriftier one's samples: their
+# dynamic sampling never spends to the sample alike, and a 2 % overspend must not push a run back one evaluation
+SAMPLES_TOLERANCE = 0.05
 
 
 def samples_extra(preset: str) -> bool:
@@ -145,9 +148,10 @@ def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int
                   matches: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     """The equal-sample reading of each arm against the baseline trained at its budget (`matches`:
     matched arm → arm; `clocks`: arm → seed → step → samples scored so far). Per seed, both runs are
-    read at their last evaluation by the samples the thriftier of the two scored in its whole run — the
-    matched arm's dynamic sampling can spend more or fewer samples than planned — and compared, paired
-    by seed; "final" is the same for the two runs' last evaluations, with the ratio of what they spent."""
+    read at their last evaluation by the samples the thriftier of the two scored in its whole run (+ 5 %,
+    `SAMPLES_TOLERANCE`) — the matched arm's dynamic sampling can spend more or fewer samples than
+    planned — and compared, paired by seed; "final" is the same for the two runs' last evaluations, with
+    the ratio of what they spent."""
     out = {}
     for matched, arm in matches.items():
         if arm not in curves or matched not in curves:
@@ -156,6 +160,7 @@ def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int
         diffs, finals, at, ratio = [], [], {arm: [], matched: []}, []
         for s in seeds:
             budget = min(max(clocks[arm][s].values()), max(clocks[matched][s].values()))
+            budget *= 1 + SAMPLES_TOLERANCE
             a, b = (score_at(curves[x][s], clocks[x][s], budget) for x in (arm, matched))
             for x in (arm, matched):
                 steps = [st for st, _ in curves[x][s] if clocks[x][s].get(st, np.inf) <= budget + 1e-9]

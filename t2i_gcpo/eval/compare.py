@@ -355,7 +355,7 @@ def format_budget(result: dict[str, Any]) -> list[str]:
     if result.get("equal_samples"):
         lines += ["", "**At equal samples**: the algorithm minus the baseline trained at its sample budget, "
                   "paired by seed, both read at their last evaluation by the samples the thriftier run of "
-                  "the seed scored in all (the steps read, mean over seeds), and at their last evaluations "
+                  "the seed scored in all, + 5 % (the steps read, mean over seeds), and at their last evaluations "
                   "with what the matched arm spent there (× the algorithm's samples):", "",
                   "| algorithm | against | at equal samples | read at steps | seeds ahead | last evaluations "
                   "| matched arm spent |", "|---|---|---|---|---|---|---|"]  # fmt: skip
