@@ -307,7 +307,6 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
 # ----------------------------------------------------------------------------- tree credit and budgets
 
 
-
 def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tiny, tmp_path):
     full, _ = resume_matches_uninterrupted(tiny, tmp_path, algo="vine", extra=TREE)
     # the continuations are scored samples: more than the groups drawn, and the totals add up
