@@ -106,6 +106,24 @@ def segment_values(
     return torch.cat([v0[:, None], v, r[:, None]], dim=1)  # [B, K + 2]
 
 
+def token_segments(points: Tensor, mask: Tensor, step: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(valid [B, T] bool, the segment k of every token [B, T]: how many of its sample's branch points lie at
+    or before the step it was decided at; `step` None: its position). Checks the shapes, and that no point
+    lies after its sample's last step."""
+    if mask.dim() != 2 or mask.shape[0] != points.shape[0]:
+        raise ValueError(f"mask must be [B, T] with B = {points.shape[0]}, got {tuple(mask.shape)}")
+    m = mask.bool()
+    B, T = m.shape
+    d = torch.arange(T, device=m.device).expand(B, T) if step is None else step.long()  # decision step [B, T]
+    if d.shape != m.shape:
+        raise ValueError(f"step {tuple(d.shape)} does not match mask [B, T] = {tuple(m.shape)}")
+    used = points >= 0
+    last = torch.where(m, d, torch.full_like(d, -1)).amax(dim=1)  # each sample's last step [B]
+    if (used & (points > last[:, None])).any():
+        raise ValueError("a branch point lies after its sample's last step (nothing left to continue)")
+    return m, (used[:, None, :] & (points[:, None, :] <= d[:, :, None])).sum(dim=2)
+
+
 @torch.no_grad()
 def segment_advantages(
     rewards: Tensor,
@@ -131,19 +149,9 @@ def segment_advantages(
     σ + eps, σ the unbiased std of all the rewards scored for the prompt: its G samples and all their
     continuations). A group whose rewards are all equal gets 0. Returns float32 [B, T], 0 on padding.
     """
-    if mask.dim() != 2 or mask.shape[0] != points.shape[0]:
-        raise ValueError(f"mask must be [B, T] with B = {points.shape[0]}, got {tuple(mask.shape)}")
-    m = mask.bool()
+    m, seg = token_segments(points, mask, step)
     B, T = m.shape
-    d = torch.arange(T, device=m.device).expand(B, T) if step is None else step.long()  # decision step [B, T]
-    if d.shape != m.shape:
-        raise ValueError(f"step {tuple(d.shape)} does not match mask [B, T] = {tuple(m.shape)}")
-    used = points >= 0
-    last = torch.where(m, d, torch.full_like(d, -1)).amax(dim=1)  # each sample's last step [B]
-    if (used & (points > last[:, None])).any():
-        raise ValueError("a branch point lies after its sample's last step (nothing left to continue)")
     v = segment_values(rewards, group_size, points, cont_rewards, cont_mask, include_root)  # [B, K + 2]
-    seg = (used[:, None, :] & (points[:, None, :] <= d[:, :, None])).sum(dim=2)  # token's segment k [B, T]
     adv = torch.gather(v, 1, seg + 1) - torch.gather(v, 1, seg)  # [B, T]
 
     # every reward scored for the prompt: its G samples, then all their continuations  [P, G + G·K·M]
@@ -241,18 +249,7 @@ def prefix_values(
     arguments, same include_root convention, raw reward units), so a token's segment advantage (scale
     "none") is the next entry of ``path`` minus its value. Returns ``PrefixValues(token, path)``.
     """
-    if mask.dim() != 2 or mask.shape[0] != points.shape[0]:
-        raise ValueError(f"mask must be [B, T] with B = {points.shape[0]}, got {tuple(mask.shape)}")
-    m = mask.bool()
-    B, T = m.shape
-    d = torch.arange(T, device=m.device).expand(B, T) if step is None else step.long()  # decision step [B, T]
-    if d.shape != m.shape:
-        raise ValueError(f"step {tuple(d.shape)} does not match mask [B, T] = {tuple(m.shape)}")
-    used = points >= 0
-    last = torch.where(m, d, torch.full_like(d, -1)).amax(dim=1)  # each sample's last step [B]
-    if (used & (points > last[:, None])).any():
-        raise ValueError("a branch point lies after its sample's last step (nothing left to continue)")
+    m, seg = token_segments(points, mask, step)
     path = segment_values(rewards, group_size, points, cont_rewards, cont_mask, include_root)  # [B, K + 2]
-    seg = (used[:, None, :] & (points[:, None, :] <= d[:, :, None])).sum(dim=2)  # token's segment k [B, T]
     token = torch.gather(path, 1, seg)
     return PrefixValues(torch.where(m, token, torch.full_like(token, torch.nan)), path)
