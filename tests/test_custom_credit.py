@@ -213,3 +213,14 @@ def test_every_preset_and_scheme_is_in_the_help(capsys):
     }
     code, _, err = cli(capsys, "train", "--prompts", "x.txt", "--algo", "grop")
     assert error_line(err) == f"error: unknown algorithm 'grop' (choose one of {', '.join(preset_names())})"
+
+
+def test_credit_map_draws_a_scheme_from_a_file_beside_the_registered_ones(tiny, tmp_path, capsys):
+    out = tmp_path / "maps"
+    code, text, err = cli(capsys, "credit-map", "--prompt", "a photo of a red circle", "--model", tiny["model"],
+                          "--schemes", f"{tiny['scheme']}:constant,uniform", "--group", 2, "--out", out)  # fmt: skip
+    assert code == 0, err
+    html = (out / "credit_maps.html").read_text()
+    assert "constant" in html and "uniform" in html
+    assert set(json.loads((out / "lift.json").read_text())) == {f"{tiny['scheme']}:constant", "uniform"}
+    assert len(list(out.glob("*.png"))) == 1
