@@ -323,6 +323,7 @@ def test_vine_spacing_wider_than_the_samples_is_an_error_not_plain_group_credit(
     """every_k with k ≥ the decision steps would branch nowhere and train as plain group credit."""
     with pytest.raises(UserError, match=r"credit.vine.k=16 puts no branch point in samples of at most 16"):
         train(tiny, tmp_path / "wide", algo="vine", steps=1, extra=("credit.vine.k=16",))
+    assert not (tmp_path / "wide").exists()  # refused before the run directory was made
 
 
 def test_budget_counts_samples_tokens_and_reward_calls(tiny, tmp_path):

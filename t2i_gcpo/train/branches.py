@@ -74,16 +74,33 @@ def line_starts(policy: Any, ro: Rollout) -> torch.Tensor:
     return torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], dim=1)
 
 
+def no_point(k: int, steps: int) -> UserError:
+    """every_k with k ≥ the samples' decision steps: no branch point anywhere, vine a silent no-op."""
+    return UserError(
+        f"credit.vine.k={k} puts no branch point in samples of at most {steps} decision steps: set "
+        f"credit.vine.k below {steps} (e.g. --set credit.vine.k={max(1, steps // 4)})"
+    )
+
+
+def check_spacing(policy: Any, options: dict[str, Any], sampling: SamplingParams) -> None:
+    """Before a run: images decide a fixed number of steps (AR: every token; masked: the reveal steps), so
+    every_k's spacing can be checked without sampling (text is checked on its first samples, `pick_points`)."""
+    if options.get("rule") != "every_k" or policy.output == "text":
+        return
+    if policy.capabilities.reveal_order:  # masked: decision steps are reveal steps
+        steps = int(policy.resolve_steps(sampling))
+    else:
+        steps = int(policy.layout.grid[0] * policy.layout.grid[1])
+    if steps <= int(options["k"]):
+        raise no_point(int(options["k"]), steps)
+
+
 def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> torch.Tensor:
     """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding."""
     if rule == "every_k":
         steps = decision_steps(ro)
         if int(steps.max()) <= k:  # a silent no-op otherwise: vine would train as plain group credit
-            raise UserError(
-                f"credit.vine.k={k} puts no branch point in samples of at most {int(steps.max())} decision "
-                f"steps: set credit.vine.k below {int(steps.max())} (e.g. --set credit.vine.k="
-                f"{max(1, int(steps.max()) // 4)})"
-            )
+            raise no_point(k, int(steps.max()))
         return every_k(steps, k)
     if rule == "entropy":
         entropy, exists = step_entropy(policy, ro, context)
