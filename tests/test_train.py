@@ -277,7 +277,8 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
     for algo in ALGORITHMS:
         flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward="shapeworld", seed=3)
         flags["out"] = str(tmp_path / algo)
-        job = prepare(algo=algo, flags=flags, overrides=(*FAST, "eval_images_per_prompt=1"))
+        extra = TREE if algo == "vine" else ()
+        job = prepare(algo=algo, flags=flags, overrides=(*FAST, "eval_images_per_prompt=1", *extra))
         t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
         c = t.collector
         capacity = c.blocks * c.local_prompts  # a round's slots
