@@ -61,6 +61,24 @@ def test_touching_objects_of_different_colours_are_split():
     assert sorted((d.cls, d.color) for d in dets) == [("square", "blue"), ("square", "red")]
 
 
+def test_a_weak_colours_patch_cut_off_by_the_split_keeps_its_own_colour():
+    # blue | orange | red in a row, touching: blue has too few votes to split the component, so its
+    # pixels go to the closest strong colour (red), which the orange block cuts them off from. None of
+    # red is in them: it crashed the shape fit (division by an empty coverage map, seen on a GPU run)
+    # and is now a blue object.
+    from t2i_gcpo.worlds.shapeworld.constants import BACKGROUND_RGB, COLOR_RGB
+
+    img = np.zeros((32, 32, 3), np.uint8)
+    img[:] = BACKGROUND_RGB
+    img[10:16, 3:6] = COLOR_RGB["blue"]
+    img[10:16, 6:12] = COLOR_RGB["orange"]
+    img[10:16, 12:18] = COLOR_RGB["red"]
+    found = {d.color: d for d in detect(img)}
+    assert set(found) == {"blue", "orange", "red"}
+    assert found["blue"].box[0] < 6 < found["orange"].box[2] < 12.5 < found["red"].box[2]
+    assert found["orange"].cls == found["red"].cls == "square"
+
+
 def test_blobs_that_fit_no_shape_score_low():
     img = render([])
     img[4:6, 2:30] = (220, 20, 20)  # a thin 2 × 28 red line

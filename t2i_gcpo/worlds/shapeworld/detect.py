@@ -138,6 +138,8 @@ def _fit_shapes(alpha: np.ndarray, origin: tuple[int, int]) -> tuple[np.ndarray,
     """
     h, w = alpha.shape
     mass = float(alpha.sum())
+    if mass <= 0:
+        raise ValueError("_fit_shapes: the coverage map is empty (no share of the object's colour)")
     ys, xs = np.mgrid[0:h, 0:w]
     mx = origin[1] + 0.5 + float((alpha * xs).sum()) / mass  # centroid, image pixels
     my = origin[0] + 0.5 + float((alpha * ys).sum()) / mass
@@ -197,7 +199,11 @@ def detect(image: np.ndarray) -> list[Detection]:
         for sl in np.unique(sub[sub > 0]):
             m = sub == sl
             if m.sum() >= min_area:
-                objects.append((m, int(owner[m][0])))
+                colour = int(owner[m][0])
+                if alphas[..., colour][m].sum() == 0:  # a weak colour's own patch, cut off from its
+                    # neighbour: none of the closest strong colour in it, so it keeps the colour it has
+                    colour = int(np.bincount(label[m], weights=alpha[m], minlength=len(COLORS)).argmax())
+                objects.append((m, colour))
 
     # 3–4. shape by analysis by synthesis on the object's coverage map, confidence from the fit
     detections = []
