@@ -10,6 +10,7 @@ import torch
 
 from t2i_gcpo.core.branch_points import every_k
 from t2i_gcpo.core.tree_credit import segment_advantages
+from t2i_gcpo.policies import branching
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.branching import branch_rollout, continuation_keys, decision_steps
 from t2i_gcpo.tasks.loop import group_generators
@@ -85,6 +86,34 @@ def check_independent(policy, ro, points, n, slots) -> None:
         width = part.rollout.tokens.shape[1]
         assert torch.equal(part.rollout.tokens, full.rollout.tokens[rows, :width])
         assert torch.equal(part.point, full.point[rows])
+
+
+def check_max_rollout_batch(policy, ro, points, n, limit, spied, monkeypatch) -> None:
+    """With `max_rollout_batch` set, the continuations are sampled in passes of at most that many rows
+    (`spied`: (owner, name) of what sees each pass's rows first) and are the same continuations."""
+    keys = continuation_keys(list(range(len(ro) // ro.group_size)), ro.group_size, points, n)
+    whole = branch_rollout(policy, ro, points, n, group_generators(3, "b", keys))
+    owner, name = spied
+    seen, inner = [], getattr(owner, name)
+
+    def spy(x, *args, **kwargs):
+        seen.append(len(x))
+        return inner(x, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(policy, "max_rollout_batch", limit)
+        m.setattr(owner, name, spy)
+        sliced = branch_rollout(policy, ro, points, n, group_generators(3, "b", keys))
+    assert seen and max(seen) <= limit < max(seen_whole_pass(points, n))
+    assert torch.equal(sliced.rollout.tokens, whole.rollout.tokens)
+    for c in whole.rollout.logp:
+        torch.testing.assert_close(sliced.rollout.logp[c], whole.rollout.logp[c], atol=1e-4, rtol=0)
+
+
+def seen_whole_pass(points, n) -> list[int]:
+    """Rows per pass without a limit: every continuation from one point in one pass."""
+    used = points[points >= 0]
+    return [int((used == t).sum()) * n for t in used.unique()]
 
 
 # ---------------------------------------------------------------------------- ShapeWorld AR
@@ -202,7 +231,7 @@ HOT = SamplingParams(temperature=1.5, max_new_tokens=40)  # hot enough that comp
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 2.0])
-def test_text_continuations(lm, fused, scale):
+def test_text_continuations(lm, fused, scale, monkeypatch):
     lm.fused_sampler = fused
     try:
         sampling = (
@@ -220,6 +249,8 @@ def test_text_continuations(lm, fused, scale):
         check_reproduces_root(lm, records(SUMS), sampling, [[0, 4, 9], [2, -1, -1]])
         if fused:
             check_independent(lm, ro, points[:, 1:], 2, [0, 1])
+        spied = (branching, "sample_step") if fused else (lm, "decode_n_tokens")
+        check_max_rollout_batch(lm, ro, points, 2, 3, spied, monkeypatch)
     finally:
         lm.fused_sampler = True
 
@@ -249,7 +280,7 @@ def janus(tmp_path_factory):
     return JanusPolicy.from_pretrained(build_tiny_janus(tmp_path_factory.mktemp("janus") / "ckpt"))
 
 
-def test_janus_continuations(janus):
+def test_janus_continuations(janus, monkeypatch):
     sampling = SamplingParams(guidance_scale=5.0)
     texts = ["a red circle", "two blue squares left of a green cat"]  # different lengths → left padding
     ro = janus.rollout(records(texts), 2, sampling, seeded(SEEDS))
@@ -262,6 +293,8 @@ def test_janus_continuations(janus):
     check_teacher_forced(janus, br)
     check_reproduces_root(janus, records(texts), sampling, [[0, 9], [15, -1]])
     check_independent(janus, ro, points, 2, [0, 1])
+    shared = torch.tensor([[0, 7], [0, 7], [3, -1], [3, -1]])  # two roots per point: 6 rows, passes of 3
+    check_max_rollout_batch(janus, ro, shared, 3, 4, (branching, "sample_step"), monkeypatch)
 
 
 @pytest.fixture(scope="module")

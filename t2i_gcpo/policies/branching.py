@@ -34,6 +34,10 @@ What is shared, per family:
   s … S − 1, S − s forwards of the doubled batch. A root sampled under the remask estimator gives its
   sampler's log-probs (``state["sampled_logp"]``); the continuations are trajectory rollouts.
 
+Text and Janus sample a point's continuations in passes of at most the adapter's `max_rollout_batch`
+rows (the rollout's own limit, so branching fits where sampling fits; the ShapeWorld priors have none).
+The fused text path's one prefill still holds every root's context: the roots of one rollout batch.
+
 Run it under the rollout's precision context (tasks/loop.sampler_precision) to sample as the rollout did.
 """
 
@@ -170,6 +174,20 @@ def _assemble(rollout: Rollout, root: Tensor, point: Tensor, new: dict[str, Tens
     return dataclasses.replace(base, **changes)
 
 
+def _passes(point: Tensor, policy, n: int = 1) -> list[tuple[int, Tensor]]:
+    """(t, continuation rows) per sampling pass: the rows branching at each point t, in slices of at most
+    the adapter's `max_rollout_batch` (whole runs of `n`, at least one run), so continuations are sampled
+    in passes no larger than the rollout's. Each continuation's draws come from its own generator: the
+    slicing changes no sample."""
+    limit = getattr(policy, "max_rollout_batch", None)
+    out = []
+    for t in point.unique().tolist():
+        rows = (point == t).nonzero(as_tuple=True)[0]
+        size = len(rows) if not limit else max(n, limit // n * n)
+        out += [(t, part) for part in rows.split(size)]
+    return out
+
+
 @contextlib.contextmanager
 def _eval(module: torch.nn.Module) -> Iterator[None]:
     was = module.training
@@ -241,8 +259,7 @@ def continue_text(policy, rollout: Rollout, root: Tensor, point: Tensor,
         if policy.samples_fused:
             _text_fused(policy, rollout, root, point, uniforms, tokens, valid, logps)
         else:
-            for t in point.unique().tolist():
-                rows = (point == t).nonzero(as_tuple=True)[0]
+            for t, rows in _passes(point, policy):
                 prefix = [list(pos_ids[b]) + root_tok[b, :t].tolist() for b in root[rows].tolist()]
                 neg = [list(neg_ids[b]) + root_tok[b, :t].tolist() for b in root[rows].tolist()]
                 out = policy.decode_n_tokens(
@@ -284,8 +301,8 @@ def _text_fused(policy, rollout: Rollout, root: Tensor, point: Tensor, uniforms:
     decoder.forward(seq, 0, positions=positions[:, : seq.shape[1]], key_mask=full_mask[:, : seq.shape[1]])
     which = torch.searchsorted(roots, root).to(dev)
     eos = torch.as_tensor(policy.eos_ids, dtype=torch.long, device=dev)
-    for t in point.unique().tolist():
-        rows = (point == t).nonzero(as_tuple=True)[0].to(dev)
+    for t, rows in _passes(point, policy):
+        rows = rows.to(dev)
         r = which[rows]
         src = torch.cat([r, r + R]) if guided else r
         cache = _fork(decoder, src)
@@ -327,8 +344,7 @@ def continue_janus(policy, rollout: Rollout, root: Tensor, point: Tensor,
     logps = torch.zeros(3, N, T, device=dev)
     root_tok = rollout.tokens.to(dev)
     with _eval(policy):
-        for t in point.unique().tolist():
-            rows = (point == t).nonzero(as_tuple=True)[0]
+        for t, rows in _passes(point, policy, n):
             heads = rows[::n]  # one per (root, point): rows come in runs of n
             ids, mask = policy.pad_left([rollout.state["prompt_ids"][b] for b in root[heads].tolist()])
             m, L = ids.shape
