@@ -185,11 +185,15 @@ def detect(image: np.ndarray) -> list[Detection]:
     # 2. foreground components, each with its colour; two strong colours split a component
     objects: list[tuple[np.ndarray, int]] = []  # (mask [H, W], colour index)
     comps = _components(fg.astype(np.int64))
+
+    def colour_votes(region: np.ndarray) -> np.ndarray:  # [10] each colour's α over the region's pixels
+        return np.bincount(label[region], weights=alpha[region], minlength=len(COLORS))
+
     for lab in np.unique(comps[comps > 0]):
         comp = comps == lab
         if comp.sum() < min_area:
             continue
-        votes = np.bincount(label[comp], weights=alpha[comp], minlength=len(COLORS))
+        votes = colour_votes(comp)
         strong = [c for c in np.argsort(-votes) if votes[c] >= max(_SPLIT_SHARE * votes.sum(), min_area / 2)]
         if len(strong) <= 1:
             objects.append((comp, int(votes.argmax())))
@@ -202,7 +206,7 @@ def detect(image: np.ndarray) -> list[Detection]:
                 colour = int(owner[m][0])
                 if alphas[..., colour][m].sum() == 0:  # a weak colour's own patch, cut off from its
                     # neighbour: none of the closest strong colour in it, so it keeps the colour it has
-                    colour = int(np.bincount(label[m], weights=alpha[m], minlength=len(COLORS)).argmax())
+                    colour = int(colour_votes(m).argmax())
                 objects.append((m, colour))
 
     # 3–4. shape by analysis by synthesis on the object's coverage map, confidence from the fit
