@@ -56,6 +56,7 @@ from t2i_gcpo.config import load_config  # noqa: E402
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages  # noqa: E402
 from t2i_gcpo.core.losses import policy_loss  # noqa: E402
 from t2i_gcpo.core.schemes import get_scheme  # noqa: E402
+from t2i_gcpo.core.tree import Tree  # noqa: E402
 from t2i_gcpo.policies.base import SamplingParams  # noqa: E402
 from t2i_gcpo.policies.registry import load_policy  # noqa: E402
 from t2i_gcpo.policies.sampling import resolve_guidance_scale  # noqa: E402
@@ -65,7 +66,7 @@ from t2i_gcpo.tasks.arithmetic import first_wrong_step_mask  # noqa: E402
 from t2i_gcpo.tasks.geneval import object_grids  # noqa: E402
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score  # noqa: E402
 from t2i_gcpo.tasks.registry import get_task  # noqa: E402
-from t2i_gcpo.train.branches import Grown, empty_tree, grow  # noqa: E402
+from t2i_gcpo.train.branches import Grown, grow  # noqa: E402
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, returns_advantages  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "gradient_snr.json"
@@ -91,7 +92,7 @@ def branched_groups(cfg, policy, reward, ro, scores: torch.Tensor, batch_key: in
                     sampling: SamplingParams) -> tuple[torch.Tensor, Grown]:  # fmt: skip
     """(rows, continuations) of a scheme that needs branches, as the train step collects them
     (train/collect.py): the groups with signal when the preset samples dynamically, each branched with
-    the preset's options, the continuations keyed by the batch's group keys (batch_key, group)."""
+    the run's branching settings, the continuations keyed by the batch's group keys (batch_key, group)."""
     G = ro.group_size
     keep = (
         dynamic_sampling_filter(scores, G)[0]
@@ -100,10 +101,9 @@ def branched_groups(cfg, policy, reward, ro, scores: torch.Tensor, batch_key: in
     )
     rows = keep.nonzero().flatten()
     slots = [(batch_key, g) for g in (rows[::G] // G).tolist()]
-    options = cfg.credit.options_for(cfg.credit.scheme)
     if not len(rows):  # no group with signal: nothing branched, nothing trained
-        return rows, Grown(empty_tree(0, int(options["continuations"])), 0, 0)
-    return rows, grow(policy, reward, ro.select(rows), slots, options, seed, sampling,
+        return rows, Grown(Tree.empty(0, cfg.branching.continuations), 0, 0)
+    return rows, grow(policy, reward, ro.select(rows), slots, cfg.branching, seed, sampling,
                       TRAIN_CONTEXT[cfg.rollout.train_logp])  # fmt: skip
 
 

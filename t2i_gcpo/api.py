@@ -936,6 +936,7 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         texts = list(prompts)
     if not texts and prompt_file is None:
         raise UserError("give --prompt TEXT (repeatable) or --prompts FILE")
+    given = schemes is not None
     schemes = tuple(CREDIT_SCHEMES) if schemes is None else schemes
     names = tuple(canonical_spec(s.strip()) for s in schemes if s.strip())
     unknown = [s for s in names if s not in CREDIT_SCHEMES and not is_function_spec(s)]
@@ -950,4 +951,4 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         raise UserError("--group must be ≥ 2 (advantages are group-relative)")
     file = None if prompt_file is None else os.fspath(prompt_file)
     return run_credit_maps(texts, file, limit, model, reference, names, group_size, cfg_scale, reward, seed,
-                           os.fspath(out), negative=negative)  # fmt: skip
+                           os.fspath(out), negative=negative, schemes_given=given)  # fmt: skip

@@ -306,6 +306,30 @@ CreditConfig = _credit_config()
 
 
 @dataclass
+class BranchingConfig:
+    """Branched rollouts (docs/concepts/tree_credit.md#running-tree-credit): read by the train step and the
+    credit maps for every credit scheme that needs "branches" (vine, or a user's own), ignored otherwise."""
+
+    rule: Literal["every_k", "entropy", "boundary"] = doc(
+        "Where samples branch: every k decision steps, before the k highest-entropy steps, or at task "
+        "boundaries (text: line starts; AR images: token rows).",
+        "every_k",
+    )
+    k: int = doc(
+        "every_k: the spacing in decision steps (scale it with the sample's steps: 16 gives 3 points on a "
+        "64-token grid, use 64 on a 256-token one); entropy: how many points per sample.",
+        16,
+        bounds=Bounds(1),
+    )
+    continuations: int = doc(
+        "Continuations sampled from each branch point (each is decoded and scored: a step scores about "
+        "G·points·continuations extra samples per prompt).",
+        2,
+        bounds=Bounds(1, 1024, why="each continuation is a whole extra sample"),
+    )
+
+
+@dataclass
 class OptimConfig:
     lr: float = doc(
         "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro recipe uses 5e-6.",
@@ -398,8 +422,8 @@ class TrainConfig:
         "gcpo",
     )
     model: str = doc(
-        "'shapeworld' (shipped AR prior), 'shapeworld-64' (its 64 px scale), 'shapeworld-masked' (shipped "
-        "masked prior), a local checkpoint dir, 'masked:PATH', 'amused:PATH' or 'janus:PATH'.",
+        "The model to train: a shipped model's name, a local checkpoint folder, or FAMILY:PATH for one of the "
+        "registered model families (`t2i-gcpo train --help` lists them under --model; docs/guides/new_family.md).",
         "shapeworld",
     )
     task: str | None = doc(
@@ -446,6 +470,9 @@ class TrainConfig:
     advantage: AdvantageConfig = doc("Sequence advantages.", factory=AdvantageConfig)
     loss: LossConfig = doc("Policy loss.", factory=LossConfig)
     credit: CreditConfig = doc("Token credit.", factory=CreditConfig)
+    branching: BranchingConfig = doc(
+        "Branched rollouts for credit schemes that need them (vine).", factory=BranchingConfig
+    )
     optim: OptimConfig = doc("Optimizer.", factory=OptimConfig)
     model_options: ModelOptions = doc(
         "Loading options: real checkpoints' dtype, LoRA, checkpointing; masked models' estimator.",
@@ -650,7 +677,40 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise UserError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
 
 
+# keys that moved: older runs' config.yaml, presets and --set lines that use the old name still work
+MOVED_KEYS = {
+    "credit.vine.rule": "branching.rule",
+    "credit.vine.k": "branching.k",
+    "credit.vine.continuations": "branching.continuations",
+}
+
+
+def _moved(updates: dict[str, Any]) -> dict[str, Any]:
+    """`updates` (nested) with every key of MOVED_KEYS under its new name; both names at once is an error."""
+    out = copy.deepcopy(updates)
+    for old, new in MOVED_KEYS.items():
+        *parents, leaf = old.split(".")
+        node = out
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *new_parents, new_leaf = new.split(".")
+        target = out
+        for name in new_parents:
+            target = target.setdefault(name, {})
+            if not isinstance(target, dict):
+                raise UserError(f"config key '{new}': its section is not a mapping")
+        if new_leaf in target and target[new_leaf] != value:
+            raise UserError(f"config keys '{old}' and '{new}' are the same setting ({new}); give it once")
+        target[new_leaf] = value
+    return out
+
+
 def _apply(obj: Any, updates: dict[str, Any], prefix: str = "") -> None:
+    if not prefix:
+        updates = _moved(updates)
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for name, value in updates.items():

@@ -10,7 +10,8 @@ import torch
 
 from t2i_gcpo.core.branch_points import every_k
 from t2i_gcpo.core.tree_credit import segment_advantages
-from t2i_gcpo.policies import branching
+from t2i_gcpo.policies import janus as janus_adapter
+from t2i_gcpo.policies import text as text_adapter
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.branching import branch_rollout, continuation_keys, decision_steps
 from t2i_gcpo.tasks.loop import group_generators
@@ -158,9 +159,9 @@ def test_branches_feed_segment_advantages(ar):
     points = every_k(decision_steps(ro), 32)  # [4, 1]: t = 32
     br = branch_rollout(ar, ro, points, 2, group_generators(0, "b", continuation_keys([0, 1], 2, points, 2)))
     values = torch.arange(len(br.root), dtype=torch.float)
-    cont, exists = br.per_point(values, len(ro), points.shape[1])
-    assert cont.shape == (4, 1, 2) and exists.all() and cont[3, 0].tolist() == [6.0, 7.0]
-    adv = segment_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]), 2, points, cont, ro.mask, exists)
+    tree = br.tree(points, values)
+    assert tree.rewards.shape == (4, 1, 2) and tree.exists.all() and tree.rewards[3, 0].tolist() == [6.0, 7.0]
+    adv = segment_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]), 2, tree, ro.mask)
     assert adv.shape == (4, 64)
 
 
@@ -249,7 +250,7 @@ def test_text_continuations(lm, fused, scale, monkeypatch):
         check_reproduces_root(lm, records(SUMS), sampling, [[0, 4, 9], [2, -1, -1]])
         if fused:
             check_independent(lm, ro, points[:, 1:], 2, [0, 1])
-        spied = (branching, "sample_step") if fused else (lm, "decode_n_tokens")
+        spied = (text_adapter, "sample_step") if fused else (lm, "decode_n_tokens")
         check_max_rollout_batch(lm, ro, points, 2, 3, spied, monkeypatch)
     finally:
         lm.fused_sampler = True
@@ -294,7 +295,7 @@ def test_janus_continuations(janus, monkeypatch):
     check_reproduces_root(janus, records(texts), sampling, [[0, 9], [15, -1]])
     check_independent(janus, ro, points, 2, [0, 1])
     shared = torch.tensor([[0, 7], [0, 7], [3, -1], [3, -1]])  # two roots per point: 6 rows, passes of 3
-    check_max_rollout_batch(janus, ro, shared, 3, 4, (branching, "sample_step"), monkeypatch)
+    check_max_rollout_batch(janus, ro, shared, 3, 4, (janus_adapter, "sample_step"), monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_compare_trains_dapo_at_vines_measured_budget_and_resumes_without_probin
     args = ["compare", "--algos", "dapo,vine", "--match-budget", "samples", "--seeds", "1", "--steps", "1",
             "--eval-every", "1", "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
             "--out", str(out), "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-            "--set", "eval_images_per_prompt=1", "--set", "sample_every=0", "--set", "credit.vine.k=4"]  # fmt: skip
+            "--set", "eval_images_per_prompt=1", "--set", "sample_every=0", "--set", "branching.k=4"]  # fmt: skip
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     plan = json.loads((out / "budget.json").read_text())["arms"]["dapo-at-vine-budget"]

@@ -139,7 +139,7 @@ def test_the_options_are_checked_against_the_function_signature(tiny, tmp_path, 
         ("no_such_module_xyz:fn", "cannot import credit scheme module 'no_such_module_xyz'"),
         (
             "magic",
-            "config key 'credit.scheme': must be one of critical, dgpo, eg_grpo, gcpo, stage, tempo, uniform, vine, or a function",
+            f"config key 'credit.scheme': must be one of {', '.join(CREDIT_SCHEMES)}, or a function",
         ),
     ],
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch
 from t2i_gcpo.config import ModelOptions
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies import registry
-from t2i_gcpo.policies.base import CONTEXTS, Policy, PolicyCapabilities, PromptRecord
+from t2i_gcpo.policies.base import CONTEXTS, Policy, PolicyCapabilities, PromptRecord, policy_members
 from t2i_gcpo.policies.registry import families, load_policy, models_help, split_spec
 from t2i_gcpo.tasks.loop import group_generators
 
@@ -240,3 +241,14 @@ def test_a_scheme_reading_distributions_is_refused_where_the_family_declares_non
     with pytest.raises(UserError, match="full next-token distributions"):
         compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="dgpo")
     compute_weights(credit, ro, torch.zeros(2), policy, policy, "pos", name="uniform")  # needs none
+
+
+def test_the_new_family_guide_lists_every_protocol_member_once():
+    """docs/guides/new_family.md#adapter: its member table is the protocol, in the protocol's order."""
+    import re
+
+    guide = Path(__file__).resolve().parent.parent / "docs" / "guides" / "new_family.md"
+    text = guide.read_text().split("## The adapter", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    listed = [re.match(r"\| `(\w+)", line).group(1) for line in rows]
+    assert listed == policy_members()

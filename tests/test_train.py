@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from t2i_gcpo.cli import cli
-from t2i_gcpo.config import ALGORITHMS, TrainConfig
+from t2i_gcpo.config import ALGORITHMS, TrainConfig, load_config
+from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.run import prepare, run
 
@@ -44,12 +45,17 @@ def params(run_dir, step):
     )
 
 
-TREE = ("credit.vine.k=4", "credit.vine.continuations=2")  # the tiny prior's grid is small: points every 4
+TREE = ("branching.k=4", "branching.continuations=2")  # the tiny prior's grid is small: points every 4
+
+
+def branches(algo: str) -> bool:
+    """Whether preset `algo`'s credit scheme samples continuations (it then needs TREE on the tiny prior)."""
+    return "branches" in get_scheme(load_config(algo).credit.scheme).needs
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
-    rows = train(tiny, tmp_path / algo, algo=algo, extra=TREE if algo == "vine" else ())
+    rows = train(tiny, tmp_path / algo, algo=algo, extra=TREE if branches(algo) else ())
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         for key in (
@@ -277,7 +283,7 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
     for algo in ALGORITHMS:
         flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward="shapeworld", seed=3)
         flags["out"] = str(tmp_path / algo)
-        extra = TREE if algo == "vine" else ()
+        extra = TREE if branches(algo) else ()
         job = prepare(algo=algo, flags=flags, overrides=(*FAST, "eval_images_per_prompt=1", *extra))
         t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
         c = t.collector
@@ -322,8 +328,8 @@ def test_vine_resumed_run_matches_uninterrupted_and_counts_its_continuations(tin
 
 def test_vine_spacing_wider_than_the_samples_is_an_error_not_plain_group_credit(tiny, tmp_path):
     """every_k with k ≥ the decision steps would branch nowhere and train as plain group credit."""
-    with pytest.raises(UserError, match=r"credit.vine.k=16 puts no branch point in samples of at most 16"):
-        train(tiny, tmp_path / "wide", algo="vine", steps=1, extra=("credit.vine.k=16",))
+    with pytest.raises(UserError, match=r"branching.k=16 puts no branch point in samples of at most 16"):
+        train(tiny, tmp_path / "wide", algo="vine", steps=1, extra=("branching.k=16",))
     assert not (tmp_path / "wide").exists()  # refused before the run directory was made
 
 

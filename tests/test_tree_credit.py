@@ -16,6 +16,7 @@ from t2i_gcpo.core.balanced import (
 )
 from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, top_entropy
 from t2i_gcpo.core.entropy_gate import entropy_gate_weights, row_quantiles
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.core.tree_credit import segment_advantages, segment_values, tempo_advantages, tempo_values
 
 F = pytest.approx
@@ -72,7 +73,7 @@ def _two_samples():
 
 def test_segment_advantages_hand_computed_without_the_root():
     rewards, points, cont, mask = _two_samples()
-    adv = segment_advantages(rewards, 2, points, cont, mask, include_root=False)
+    adv = segment_advantages(rewards, 2, Tree(points, cont), mask, include_root=False)
     # V0 = 1/2 (group mean). Sample 0: V1 = 2/3, V2 = 1, V(full) = 1 → 1/6, 1/6 | 1/3, 1/3 | 0.
     # Sample 1: V1 = 1/3, V(full) = 0 → −1/6 ×3 | −1/3, then padding 0.
     assert adv[0].tolist() == F([1 / 6, 1 / 6, 1 / 3, 1 / 3, 0.0])
@@ -82,22 +83,22 @@ def test_segment_advantages_hand_computed_without_the_root():
 
 def test_segment_advantages_hand_computed_with_the_root_as_a_continuation():
     rewards, points, cont, mask = _two_samples()
-    v = segment_values(rewards, 2, points, cont, include_root=True)
+    v = segment_values(rewards, 2, Tree(points, cont), include_root=True)
     assert v[0].tolist() == F([0.5, 3 / 4, 1.0, 1.0])  # V1 = (2 + 1)/4, V2 = (3 + 1)/4, V(full) = r
     assert v[1].tolist() == F([0.5, 1 / 4, 0.0, 0.0])  # V1 = (1 + 0)/4; the unused slot is V(full)
-    adv = segment_advantages(rewards, 2, points, cont, mask)
+    adv = segment_advantages(rewards, 2, Tree(points, cont), mask)
     assert adv[0].tolist() == F([1 / 4, 1 / 4, 1 / 4, 1 / 4, 0.0])
     assert adv[1].tolist() == F([-1 / 4, -1 / 4, -1 / 4, -1 / 4, 0.0])
 
 
 def test_segment_advantages_group_scale_divides_by_the_std_of_every_reward_of_the_prompt():
     rewards, points, cont, mask = _two_samples()
-    raw = segment_advantages(rewards, 2, points, cont, mask)
+    raw = segment_advantages(rewards, 2, Tree(points, cont), mask)
     scored = torch.tensor([1.0, 0.0] + [0.0, 1.0, 1.0, 1.0, 1.0, 1.0] + [1.0, 0.0, 0.0])  # NaN slots unused
-    scaled = segment_advantages(rewards, 2, points, cont, mask, scale="group", eps=0.0)
+    scaled = segment_advantages(rewards, 2, Tree(points, cont), mask, scale="group", eps=0.0)
     torch.testing.assert_close(scaled, raw / scored.std())
     with pytest.raises(ValueError, match="unknown scale"):
-        segment_advantages(rewards, 2, points, cont, mask, scale="batch")
+        segment_advantages(rewards, 2, Tree(points, cont), mask, scale="batch")
 
 
 def test_segment_advantages_telescope_to_reward_minus_group_mean():
@@ -109,7 +110,7 @@ def test_segment_advantages_telescope_to_reward_minus_group_mean():
     points = every_k(lengths, 3)[:, :K]
     cont = torch.rand(B, points.shape[1], M, generator=gen)
     for include_root in (False, True):
-        adv = segment_advantages(rewards, G, points, cont, mask, include_root=include_root).double()
+        adv = segment_advantages(rewards, G, Tree(points, cont), mask, include_root=include_root).double()
         starts = torch.zeros_like(mask)  # one token per segment: position 0 and every branch point
         starts[:, 0] = True
         for i in range(B):
@@ -130,7 +131,7 @@ def test_segment_advantages_follow_decision_steps_not_positions():
     rewards, points, cont, _ = _two_samples()
     step = torch.tensor([[4, 0, 2, 1, 3], [3, 3, 0, 1, 2]])  # sample 1's last step is 3 (point 3 is legal)
     mask = torch.ones(2, 5)
-    adv = segment_advantages(rewards, 2, points, cont, mask, step=step, include_root=False)
+    adv = segment_advantages(rewards, 2, Tree(points, cont), mask, step=step, include_root=False)
     assert adv[0].tolist() == F([0.0, 1 / 6, 1 / 3, 1 / 6, 1 / 3])
     assert adv[1].tolist() == F([-1 / 3, -1 / 3, -1 / 6, -1 / 6, -1 / 6])
 
@@ -139,10 +140,9 @@ def test_segment_advantages_are_zero_for_a_flat_prompt_and_without_points():
     rewards = torch.full((4,), 0.3)
     points = torch.tensor([[2], [1], [-1], [3]])
     cont = torch.full((4, 1, 2), 0.3)
-    adv = segment_advantages(rewards, 4, points, cont, torch.ones(4, 5), scale="group")
+    adv = segment_advantages(rewards, 4, Tree(points, cont), torch.ones(4, 5), scale="group")
     assert (adv == 0).all()
-    none = segment_advantages(torch.tensor([1.0, 0.0]), 2, torch.empty(2, 0, dtype=torch.long),
-                              torch.empty(2, 0, 3), torch.ones(2, 3))  # fmt: skip
+    none = segment_advantages(torch.tensor([1.0, 0.0]), 2, Tree.empty(2, 3), torch.ones(2, 3))
     close(none, [[0.5] * 3, [-0.5] * 3])  # no branch: GRPO's r − mean on every token
 
 
@@ -159,19 +159,21 @@ def test_segment_advantages_are_zero_for_a_flat_prompt_and_without_points():
 def test_segment_advantages_reject_bad_points(points, cont_mask, message):
     rewards, _, cont, mask = _two_samples()
     with pytest.raises(ValueError, match=message):
-        segment_advantages(rewards, 2, torch.tensor(points), cont, mask, cont_mask, include_root=False)
+        segment_advantages(rewards, 2, Tree(torch.tensor(points), cont, cont_mask), mask, include_root=False)
 
 
 def test_segment_advantages_check_shapes():
     rewards, points, cont, mask = _two_samples()
-    with pytest.raises(ValueError, match="cont_rewards must be"):
-        segment_advantages(rewards, 2, points, cont[:, :1], mask)
-    with pytest.raises(ValueError, match="cont_mask"):
-        segment_advantages(rewards, 2, points, cont, mask, torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"a Tree needs points \[B, K\] and rewards \[B, K, M\]"):
+        Tree(points, cont[:, :1])
+    with pytest.raises(ValueError, match="exists .* must match rewards"):
+        Tree(points, cont, torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="the tree has 2 rows, the rewards 4"):
+        segment_values(torch.ones(4), 2, Tree(points, cont))
     with pytest.raises(ValueError, match="multiple of group_size"):
-        segment_advantages(rewards, 3, points, cont, mask)
+        segment_advantages(rewards, 3, Tree(points, cont), mask)
     with pytest.raises(ValueError, match="step"):
-        segment_advantages(rewards, 2, points, cont, mask, step=torch.zeros(2, 4))
+        segment_advantages(rewards, 2, Tree(points, cont), mask, step=torch.zeros(2, 4))
 
 
 # ---------------------------------------------------------------- toy reward with exact values
@@ -227,7 +229,7 @@ def test_segment_advantages_match_the_exact_values_in_expectation(p0, a, b):
     mask = torch.ones(G, chain.T)
     group_mean = float(rewards.mean())
     for include_root in (False, True):
-        adv = segment_advantages(rewards, G, points, cont.float(), mask, include_root=include_root)
+        adv = segment_advantages(rewards, G, Tree(points, cont.float()), mask, include_root=include_root)
         for i in range(G):
             y, r = roots[i].tolist(), float(rewards[i])
             # E[V̂(prefix_k) | root] = V*(prefix_k), or (r + M·V*)/(M + 1) when the root is one of the samples
@@ -439,9 +441,9 @@ def test_vine_scheme_returns_hand_computed_segment_advantages():
     mask = torch.ones(2, 4)
     inp = CreditInputs(mask=mask, step=torch.arange(4).expand(2, 4), tokens=torch.zeros(2, 4, dtype=torch.long),
                        rewards=torch.tensor([1.0, 0.0]), group_size=2,
-                       branch_points=torch.tensor([[2], [-1]]),
-                       branch_rewards=torch.tensor([[[1.0, 0.0]], [[float("nan")] * 2]], dtype=torch.float64),
-                       branch_exists=torch.tensor([[[True, True]], [[False, False]]]))  # fmt: skip
+                       tree=Tree(torch.tensor([[2], [-1]]),
+                                 torch.tensor([[[1.0, 0.0]], [[float("nan")] * 2]], dtype=torch.float64),
+                                 torch.tensor([[[True, True]], [[False, False]]])))  # fmt: skip
     assert get_scheme("vine").returns == "advantages"
     a = credit_weights("vine", inp, {"normalisation": "none", "include_root": True})
     # V(prompt) = 0.5; sample 0: V(t=2) = mean(1, 0, own 1) = 2/3, V(end) = 1; sample 1: 0 − 0.5 everywhere

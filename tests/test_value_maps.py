@@ -15,6 +15,7 @@ from test_text_train import REWARD, ROWS, cli_train, problems, tiny_lm  # noqa: 
 
 from t2i_gcpo import api
 from t2i_gcpo.cli import main
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.core.tree_credit import prefix_values, segment_advantages
 from t2i_gcpo.train.run import prepare, run
 from t2i_gcpo.viz.credit_map import VALUE_COLUMN, credit_figure, value_path_text, write_credit_html
@@ -41,31 +42,31 @@ def close(got: torch.Tensor, expected: list) -> None:
 
 
 def test_each_token_gets_the_value_of_the_prefix_it_was_decided_under():
-    v = prefix_values(REWARDS, 2, POINTS, CONT, MASK)
+    v = prefix_values(REWARDS, 2, Tree(POINTS, CONT), MASK)
     # with the root: V(t=2) = (1 + 0 + 1) / 3, V(t=4) = (1 + 1 + 1) / 3; row 1: V(t=3) = (0 + 0 + 0.5) / 3
     close(v.token, [[0.5, 0.5, 2 / 3, 2 / 3, 1.0, 1.0], [0.5, 0.5, 0.5, 1 / 6, 1 / 6, NAN]])
     close(v.path, [[0.5, 2 / 3, 1.0, 1.0], [0.5, 1 / 6, 0.0, 0.0]])  # V_{K+1} = r_i last
-    without = prefix_values(REWARDS, 2, POINTS, CONT, MASK, include_root=False)
+    without = prefix_values(REWARDS, 2, Tree(POINTS, CONT), MASK, include_root=False)
     close(without.token, [[0.5, 0.5, 0.5, 0.5, 1.0, 1.0], [0.5, 0.5, 0.5, 0.25, 0.25, NAN]])
 
 
 def test_masked_tokens_take_the_value_at_their_reveal_step():
     step = torch.tensor([[2, 0, 1, 1, 0, 2]] * 2)  # masked samples: 3 reveal steps, branched at 1 and 2
     cont = torch.tensor([[[0.0], [1.0]]] * 2)
-    v = prefix_values(torch.ones(2), 2, torch.tensor([[1, 2]] * 2), cont, torch.ones(2, 6), step=step)
+    v = prefix_values(torch.ones(2), 2, Tree(torch.tensor([[1, 2]] * 2), cont), torch.ones(2, 6), step=step)
     # V_0 = 1 (both rewards 1), V(step 1) = (1 + 0) / 2, V(step 2) = (1 + 1) / 2
     close(v.token[0], [1.0, 1.0, 0.5, 0.5, 1.0, 1.0])
 
 
 def test_the_next_value_minus_a_tokens_value_is_its_segment_advantage():
-    v = prefix_values(REWARDS, 2, POINTS, CONT, MASK)
-    adv = segment_advantages(REWARDS, 2, POINTS, CONT, MASK, scale="none").double()
+    v = prefix_values(REWARDS, 2, Tree(POINTS, CONT), MASK)
+    adv = segment_advantages(REWARDS, 2, Tree(POINTS, CONT), MASK, scale="none").double()
     seg = (POINTS[:, None, :].ge(0) & (POINTS[:, None, :] <= torch.arange(6)[None, :, None])).sum(2)
     after = torch.gather(v.path, 1, seg + 1)
     m = MASK.bool()
     torch.testing.assert_close((after - v.token)[m], adv[m])
     with pytest.raises(ValueError, match="after its sample's last step"):
-        prefix_values(REWARDS, 2, torch.tensor([[2, 4], [5, -1]]), CONT, MASK)
+        prefix_values(REWARDS, 2, Tree(torch.tensor([[2, 4], [5, -1]]), CONT), MASK)
 
 
 # ---------------------------------------------------------------- drawing
@@ -104,7 +105,7 @@ def test_credit_map_branches_for_vine_and_draws_its_value_column(tmp_path):
     out = tmp_path / "vine"
     summary = api.credit_maps(prompts, out, model="shapeworld", schemes=("uniform", "vine"), group_size=2)
     # 64 raster tokens branched every 16: 3 points × 2 continuations × 2 samples
-    assert "vine: 12 continuations" in summary
+    assert "branching: 12 continuations" in summary
     # columns: image, uniform, vine (its credit share), V(prefix): the figure is 2·4 + 1.2 inches at 100 dpi
     assert _png_width(out / "00000.png") == 920
     page = (out / "credit_maps.html").read_text()
@@ -122,7 +123,7 @@ def test_credit_map_on_text_shades_each_token_by_its_value(tiny_lm, tmp_path, ca
               "--group", "4", "--reward", REWARD, "--out", str(out)])  # fmt: skip
     except SystemExit as e:
         assert e.code in (0, None), f"exit {e.code}"
-    assert "vine:" in capsys.readouterr().out
+    assert "branching:" in capsys.readouterr().out
     page = (out / "credit_maps.html").read_text()
     assert page.count(f"<h4>{VALUE_COLUMN} · V₀") == 4 and "centred on its group" in page
     assert 'title="t=0 V=' in page and (out / "00000.png").is_file()
@@ -133,7 +134,7 @@ def test_credit_map_on_text_shades_each_token_by_its_value(tiny_lm, tmp_path, ca
 
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=2",
         "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none",
-        "credit.vine.k=4", "credit.vine.continuations=2"]  # fmt: skip
+        "branching.k=4", "branching.continuations=2"]  # fmt: skip
 
 
 def test_a_vine_run_draws_value_maps_and_its_report_shows_them(tmp_path):
@@ -155,7 +156,7 @@ def test_a_vine_run_draws_value_maps_and_its_report_shows_them(tmp_path):
 
 def test_a_text_vine_run_adds_a_value_column_to_its_token_heatmap(tiny_lm, tmp_path):  # noqa: F811
     out = tmp_path / "run"
-    cli_train(tiny_lm, problems(tmp_path, ROWS), out, "vine", 1e-6, extra=("credit.vine.k=4",))
+    cli_train(tiny_lm, problems(tmp_path, ROWS), out, "vine", 1e-6, extra=("branching.k=4",))
     page = (out / "credit_maps" / "step_000001.html").read_text()
     assert page.count(f"<h4>{VALUE_COLUMN} · V₀") == 4  # G = 4 samples of the first group
     assert "<iframe" in (out / "report.html").read_text()

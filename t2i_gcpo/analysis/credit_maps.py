@@ -1,7 +1,7 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
 scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
-step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With the vine scheme the
-samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps)."""
+step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With a scheme that needs
+branches (vine) the samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps)."""
 
 from __future__ import annotations
 
@@ -29,28 +29,46 @@ def base_model(policy) -> str:
 VALUE_POINTS = 4  # image value maps: branch every S / 4 decision steps (3 points per sample)
 
 
-def branch_options(cfg: TrainConfig, policy, ro) -> dict:
-    """The vine options credit-map branches with: a run's (credit.vine.*), but every S / 4 of the S decision
-    steps of the group's longest sample, so every model (64 or 256 raster tokens, 8 reveal steps, a text of
-    any length) gets 3 points."""
+def branches_needed(schemes: tuple[str, ...]) -> bool:
+    """Whether any of `schemes` reads branched continuations (vine, or a user's scheme that needs them)."""
+    return any("branches" in get_scheme(s).needs for s in schemes)
+
+
+def servable(schemes: tuple[str, ...], policy, given: bool) -> tuple[str, ...]:
+    """The schemes the policy's family can serve (`PolicyCapabilities`): all of those `given`, else an error."""
+    from t2i_gcpo.train.credit import check_capabilities
+
+    kept = []
+    for name in schemes:
+        try:
+            check_capabilities(name, policy)
+            kept.append(name)
+        except UserError:
+            if given:
+                raise
+    return tuple(kept)
+
+
+def value_branching(cfg: TrainConfig, ro):
+    """The branching credit-map uses: a run's (`branching.*`), but every S / 4 of the S decision steps of the
+    group's longest sample, so every model (64 or 256 raster tokens, 8 reveal steps, a text of any length)
+    gets 3 points."""
     from t2i_gcpo.policies.branching import decision_steps
 
-    options = dict(cfg.credit.options_for("vine"))
-    options.update(rule="every_k", k=max(1, int(decision_steps(ro).max()) // VALUE_POINTS))
-    return options
+    k = max(1, int(decision_steps(ro).max()) // VALUE_POINTS)
+    return dataclasses.replace(cfg.branching, rule="every_k", k=k)
 
 
 def grow_values(
     cfg: TrainConfig, policy, reward, ro, rewards, slots: list[int], seed: int, sampling
 ) -> tuple:
-    """Branch a chunk's groups for the vine scheme (train/branches.grow, keyed by the groups' slots as a run
-    keys its own) → (the tree, each sample's value fields (train/visuals.sample_values), continuations)."""
+    """Branch a chunk's groups (train/branches.grow, keyed by the groups' slots as a run keys its own) → (the
+    tree, each sample's value fields (train/visuals.sample_values), continuations)."""
     from t2i_gcpo.train.branches import grow
-    from t2i_gcpo.train.visuals import sample_values
+    from t2i_gcpo.train.visuals import sample_values, tree_include_root
 
-    options = branch_options(cfg, policy, ro)
-    grown = grow(policy, reward, ro, slots, options, seed, sampling, "pos")
-    return grown.tree, sample_values(ro, rewards, grown.tree, bool(options["include_root"])), grown.samples
+    grown = grow(policy, reward, ro, slots, value_branching(cfg, ro), seed, sampling, "pos")
+    return grown.tree, sample_values(ro, rewards, grown.tree, tree_include_root(cfg)), grown.samples
 
 
 def run_credit_maps(
@@ -67,8 +85,11 @@ def run_credit_maps(
     out: str,
     batch_prompts: int = 8,
     negative: str | None = None,
+    schemes_given: bool = True,
 ) -> str:
-    """Returns the printed summary (credit-lift table when the reward reports object grids)."""
+    """Returns the printed summary (credit-lift table when the reward reports object grids). `schemes_given`:
+    the schemes were named by the user (one the model's family cannot serve is an error); else they are the
+    registry's, and those the family cannot serve are left out."""
     from tqdm import tqdm
 
     from t2i_gcpo.core.advantages import group_advantages
@@ -97,6 +118,7 @@ def run_credit_maps(
     if not prompts:
         raise UserError("no prompts given")
     policy.check_prompts([p.text for p in prompts])
+    schemes = servable(schemes, policy, schemes_given)
     ref = None
     reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
@@ -126,7 +148,7 @@ def run_credit_maps(
         ro, rew, images = scored.rollout, scored.reward, scored.outputs
         adv = group_advantages(rew.scores, group_size)
         tree, values = None, [{}] * len(ro)
-        if "vine" in schemes:
+        if branches_needed(schemes):
             tree, values, n = grow_values(cfg, policy, reward, ro, rew.scores, list(keys), seed, sampling)
             continuations += n
             for v in values:
@@ -162,7 +184,7 @@ def run_credit_maps(
     html = write_credit_html(out_dir, groups, title=f"Credit maps — {model}")
     lifts = {k: v for k, v in lifts.items() if v}
     summary = f"wrote {len(groups)} figures and {html}" + _continuations_note(
-        continuations, "vine" in schemes
+        continuations, branches_needed(schemes)
     )
     if lifts:
         (out_dir / "lift.json").write_text(json.dumps(lifts))
@@ -171,7 +193,11 @@ def run_credit_maps(
 
 
 def _continuations_note(continuations: int, branched: bool) -> str:
-    return f"\nvine: {continuations} continuations sampled and scored for the value maps" if branched else ""
+    return (
+        f"\nbranching: {continuations} continuations sampled and scored for the value maps"
+        if branched
+        else ""
+    )
 
 
 def _self_reference_note(ref, reference: str, model: str) -> str:
@@ -206,7 +232,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         ro, rew = scored.rollout, scored.reward
         adv = group_advantages(rew.scores, group_size)
         tree = values = None
-        if "vine" in schemes:
+        if branches_needed(schemes):
             slots = list(range(start, start + len(chunk)))
             tree, values, n = grow_values(cfg, policy, reward, ro, rew.scores, slots, seed, sampling)
             continuations += n
@@ -228,7 +254,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         "step lift (credit share on the first wrong step over its token share; failed samples):\n"
         + lift_table(lifts)
         + f"\nwrote {page} and one PNG per prompt"
-        + _continuations_note(continuations, "vine" in schemes)
+        + _continuations_note(continuations, branches_needed(schemes))
     )
 
 

@@ -23,6 +23,8 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from t2i_gcpo.core.tree import Tree
+
 Scale = Literal["none", "group"]
 
 
@@ -51,49 +53,32 @@ def _scaled(adv: Tensor, pooled: Tensor, exists: Tensor, flat: Tensor, scale: Sc
     return adv / (var.sqrt() + eps)[:, None, None]
 
 
-def _continuations(points: Tensor, cont_rewards: Tensor, cont_mask: Tensor | None) -> Tensor:
-    """Which continuations exist [B, K, M] bool: cont_mask (default all) at the used points only."""
-    B, K = points.shape
-    if cont_rewards.dim() != 3 or cont_rewards.shape[:2] != (B, K):
-        raise ValueError(f"cont_rewards must be [B, K, M] = [{B}, {K}, M], got {tuple(cont_rewards.shape)}")
-    used = (points >= 0)[:, :, None]
-    if cont_mask is None:
-        return used.expand_as(cont_rewards)
-    if cont_mask.shape != cont_rewards.shape:
-        raise ValueError(
-            f"cont_mask {tuple(cont_mask.shape)} does not match cont_rewards {tuple(cont_rewards.shape)}"
-        )
-    return cont_mask.bool() & used
+def _continuations(tree: Tree) -> Tensor:
+    """Which continuations count [B, K, M] bool: those that exist, at the used points only."""
+    return tree.exists.bool() & (tree.points >= 0)[:, :, None]
 
 
 @torch.no_grad()
-def segment_values(
-    rewards: Tensor,
-    group_size: int,
-    points: Tensor,
-    cont_rewards: Tensor,
-    cont_mask: Tensor | None = None,
-    include_root: bool = True,
-) -> Tensor:
+def segment_values(rewards: Tensor, group_size: int, tree: Tree, include_root: bool = True) -> Tensor:
     """The value of every prefix of every sample, V [B, K + 2] float64 (docs/concepts/tree_credit.md#segment-advantages).
 
     V[:, 0] = V(prefix_0) = the mean reward of the sample's group (the prompt's value, estimated by its G
     samples, the sample itself included, as GRPO's baseline); V[:, k] (1 ≤ k ≤ K_i) = the mean reward of
     the continuations from branch point t_k (and of the sample itself when include_root: it is one
     continuation of each of its own prefixes); V[:, k] for k > K_i = r_i, the value of the full sample.
-    points: [B, K] long, t_1 < … < t_{K_i} then −1; cont_rewards: [B, K, M]; cont_mask: [B, K, M] bool
-    (which continuations exist; default all of them at the used points).
+    tree: the samples' branch points t_1 < … < t_{K_i} (then −1) and their continuations' rewards (`Tree`).
     """
     r = _groups(rewards, group_size).reshape(-1)  # [B]
-    if points.dim() != 2 or points.shape[0] != r.numel():
-        raise ValueError(f"points must be [B, K] with B = {r.numel()}, got {tuple(points.shape)}")
-    cm = _continuations(points, cont_rewards, cont_mask)  # [B, K, M]
+    points = tree.points
+    if len(tree) != r.numel():
+        raise ValueError(f"the tree has {len(tree)} rows, the rewards {r.numel()}")
+    cm = _continuations(tree)  # [B, K, M]
     used = points >= 0  # [B, K]
     if (used[:, 1:] & ~used[:, :-1]).any():
         raise ValueError("branch points must come first in each row, padding (−1) after them")
     if (used[:, 1:] & (points[:, 1:] <= points[:, :-1])).any() or (used & (points == 0)).any():
         raise ValueError("branch points must be increasing and > 0 (step 0 is the root)")
-    total = torch.where(cm, cont_rewards.double(), 0.0).sum(dim=2)  # [B, K]; unused slots may hold NaN
+    total = torch.where(cm, tree.rewards.double(), 0.0).sum(dim=2)  # [B, K]; unused slots may hold NaN
     count = cm.sum(dim=2).double()
     if include_root:
         total, count = total + r[:, None], count + 1
@@ -128,10 +113,8 @@ def token_segments(points: Tensor, mask: Tensor, step: Tensor | None) -> tuple[T
 def segment_advantages(
     rewards: Tensor,
     group_size: int,
-    points: Tensor,
-    cont_rewards: Tensor,
+    tree: Tree,
     mask: Tensor,
-    cont_mask: Tensor | None = None,
     step: Tensor | None = None,
     include_root: bool = True,
     scale: Scale = "none",
@@ -142,22 +125,22 @@ def segment_advantages(
     V(prefix_{K_i+1}) = r_i, the values of ``segment_values``. Summed over a sample's segments (one token per
     segment) the advantages telescope to r_i − V(prefix_0).
 
-    rewards: [B] root rewards, group_size G; points: [B, K] (from core/branch_points.py); cont_rewards:
-    [B, K, M], cont_mask: [B, K, M] — see ``segment_values``; mask: [B, T]; step: [B, T] the step at which
+    rewards: [B] root rewards, group_size G; tree: the branch points (core/branch_points.py) and the
+    continuations' rewards (`Tree`, see ``segment_values``); mask: [B, T]; step: [B, T] the step at which
     each token was decided (None: its position), in the units of the points. No point may lie after the
     sample's last step. scale: "none" (raw values, VinePPO's and SPO's estimator) or "group" (divided by
     σ + eps, σ the unbiased std of all the rewards scored for the prompt: its G samples and all their
     continuations). A group whose rewards are all equal gets 0. Returns float32 [B, T], 0 on padding.
     """
-    m, seg = token_segments(points, mask, step)
+    m, seg = token_segments(tree.points, mask, step)
     B, T = m.shape
-    v = segment_values(rewards, group_size, points, cont_rewards, cont_mask, include_root)  # [B, K + 2]
+    v = segment_values(rewards, group_size, tree, include_root)  # [B, K + 2]
     adv = torch.gather(v, 1, seg + 1) - torch.gather(v, 1, seg)  # [B, T]
 
     # every reward scored for the prompt: its G samples, then all their continuations  [P, G + G·K·M]
     G = group_size
-    cm = _continuations(points, cont_rewards, cont_mask)
-    pooled = torch.cat([rewards.double().view(-1, G), cont_rewards.double().reshape(B // G, -1)], dim=1)
+    cm = _continuations(tree)
+    pooled = torch.cat([rewards.double().view(-1, G), tree.rewards.double().reshape(B // G, -1)], dim=1)
     exists = torch.cat(
         [torch.ones(B // G, G, dtype=torch.bool, device=m.device), cm.reshape(B // G, -1)], dim=1
     )
@@ -235,10 +218,8 @@ class PrefixValues(NamedTuple):
 def prefix_values(
     rewards: Tensor,
     group_size: int,
-    points: Tensor,
-    cont_rewards: Tensor,
+    tree: Tree,
     mask: Tensor,
-    cont_mask: Tensor | None = None,
     step: Tensor | None = None,
     include_root: bool = True,
 ) -> PrefixValues:
@@ -249,7 +230,7 @@ def prefix_values(
     arguments, same include_root convention, raw reward units), so a token's segment advantage (scale
     "none") is the next entry of ``path`` minus its value. Returns ``PrefixValues(token, path)``.
     """
-    m, seg = token_segments(points, mask, step)
-    path = segment_values(rewards, group_size, points, cont_rewards, cont_mask, include_root)  # [B, K + 2]
+    m, seg = token_segments(tree.points, mask, step)
+    path = segment_values(rewards, group_size, tree, include_root)  # [B, K + 2]
     token = torch.gather(path, 1, seg)
     return PrefixValues(torch.where(m, token, torch.full_like(token, torch.nan)), path)

@@ -23,6 +23,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -30,7 +31,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import Branching, continue_masked
+from t2i_gcpo.policies.branching import branched, continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     check_estimator,
@@ -38,6 +39,7 @@ from t2i_gcpo.policies.maskgen import (
     draw_remasks,
     guidance_scales,
     masked_logprobs,
+    maskgit_branch,
     maskgit_generate,
     remask_record,
     remask_scored,
@@ -74,10 +76,8 @@ def import_amused() -> tuple[Any, Any, Any]:
     return UVit2DModel, VQModel, AmusedScheduler
 
 
-class AmusedPolicy(Branching, nn.Module):
+class AmusedPolicy(nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
-
-    continue_from = staticmethod(continue_masked)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
@@ -187,12 +187,24 @@ class AmusedPolicy(Branching, nn.Module):
             reveal_order=self.reveal_order,
         )
 
-    def reveal_plan(self, rollout: Rollout, root: torch.Tensor, steps: int) -> tuple:
-        """(hidden_fn over rows `root` of `rollout`, reveal counts per step, reveal order): what a
-        continuation of those rows re-runs from a reveal step (policies/branching.py)."""
-        hidden_fn = self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root])
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
+        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branched(rollout, points, n, generators, self._continue)
+
+    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
+                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+        sampling = rollout.sampling
+        steps = self.resolve_steps(sampling)
+        root = root.to(self.device)
         counts = reveal_counts(self.num_tokens, steps, self.mask_schedule)
-        return hidden_fn, counts, rollout.sampling.reveal_order or self.reveal_order
+        uniforms = continuation_uniforms(generators, (len(counts), self.num_tokens, 2), self.device)
+        return maskgit_branch(
+            rollout, root, point, uniforms, self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root]), self.head, self.mask_id,
+            counts, self.choice_temperatures(steps), self._scale_fn(sampling)(step_progress(steps)), self.guidance,
+            rollout.sampling.reveal_order or self.reveal_order,
+        )  # fmt: skip
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""

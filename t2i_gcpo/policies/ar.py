@@ -19,6 +19,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -26,7 +27,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import Branching, continue_ar
+from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -57,10 +58,8 @@ class ARConfig:
 CacheKind = Literal["fused", "static", "dynamic", "none"]
 
 
-class ARPolicy(Branching, nn.Module):
+class ARPolicy(nn.Module):
     """Text-conditioned Llama-style prior over VQ tokens plus its (frozen) VQ tokenizer."""
-
-    continue_from = staticmethod(continue_ar)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native: checked to train as float32 does (5 seeds)
@@ -271,6 +270,51 @@ class ARPolicy(Branching, nn.Module):
             sampling=sampling,
             state={"prompt_ids": pid},
         )
+
+    # ---- branched rollouts (docs/concepts/tree_credit.md#branched-rollouts) -----------------------
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every row from each of its branch points (token positions)."""
+        return branched(rollout, points, n, generators, self._continue)
+
+    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
+                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+        """One teacher-forced prefill of [prefix; root tokens] per root (both CFG halves, all roots in one
+        batch) fills a fused KV cache; the continuations from t copy its first P + t slots and decode T − t
+        tokens, batched over every (root, c) that branches at the same t."""
+        dev, T, P, sampling = self.device, self.num_tokens, self.prefix_len, rollout.sampling
+        roots = root.unique()  # sorted
+        R = len(roots)
+        pid = rollout.state["prompt_ids"].to(dev)[roots]
+        tok = rollout.tokens.to(dev)[roots]
+        t_max = int(point.max())
+        null = torch.arange(2 * R, device=dev) >= R
+        # [2R, P + t_max]: cond rows then null rows, each its prefix and the root's first t_max tokens
+        seq = torch.cat(
+            [self.prefix(torch.cat([pid, pid]), null), (tok[:, :t_max] + self.image_offset).repeat(2, 1)], 1
+        )
+        decoder = FusedLlamaDecoder(self.llama, 2 * R, P + T - 1)
+        decoder.forward(seq, 0)
+        which = torch.searchsorted(roots, root).to(dev)  # continuation → root index in `roots`
+        uniforms = continuation_uniforms(generators, (T,), dev)
+        N = len(root)
+        tokens = torch.zeros(N, T, dtype=torch.long, device=dev)
+        logps = torch.zeros(3, N, T, device=dev)
+        for t in point.unique().tolist():
+            rows = (point == t).nonzero(as_tuple=True)[0].to(dev)
+            r = which[rows]
+            cache = decoder.fork(torch.cat([r, r + R]))
+            # logits of position t: re-feed the prefix's last input (token t − 1, or <boi>) at its own slot
+            logits = self.head(cache.forward(seq[torch.cat([r, r + R]), P + t - 1 : P + t], P + t - 1))
+            for j in range(t, T):
+                lc, lu = logits.chunk(2)
+                tj, lp = sample_step(lc, lu, sampling, uniforms[rows, j], self.guidance)
+                tokens[rows, j] = tj
+                logps[:, rows, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
+                if j + 1 < T:
+                    logits = self.decode_one_token(tj, cache, P + j)
+        new = dict(zip(CONTEXTS, logps))
+        return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
 
     # ---- images ---------------------------------------------------------------------------------
     def decode(self, rollout: Rollout) -> torch.Tensor:

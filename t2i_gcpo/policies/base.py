@@ -21,6 +21,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from t2i_gcpo.core.tree import Tree
+
 Context = Literal["pos", "neg", "guided"]
 CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
 Output = Literal["image", "text"]
@@ -190,17 +192,16 @@ class Branches:
     slot: torch.Tensor  # [N] long
     n: int
 
-    def per_point(
-        self, values: torch.Tensor, num_roots: int, num_slots: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-continuation values [N] (rewards) → ([B, K, n] float64, NaN where no continuation; [B, K, n]
-        bool, which exist): the ``cont_rewards`` / ``cont_mask`` of core/tree_credit.segment_advantages."""
-        out = torch.full((num_roots, num_slots, self.n), float("nan"), dtype=torch.float64)
-        exists = torch.zeros((num_roots, num_slots, self.n), dtype=torch.bool)
+    def tree(self, points: torch.Tensor, rewards: torch.Tensor) -> Tree:
+        """The roots' `Tree` from the continuations' rewards [N]: the points [B, K] they were asked for,
+        rewards [B, K, n] float64 (NaN where none) and exists [B, K, n] (core/tree.py)."""
+        B, K = points.shape
+        out = torch.full((B, K, self.n), float("nan"), dtype=torch.float64)
+        exists = torch.zeros((B, K, self.n), dtype=torch.bool)
         c = torch.arange(len(self.root)) % self.n
-        out[self.root, self.slot, c] = values.detach().double().cpu()
+        out[self.root, self.slot, c] = rewards.detach().double().cpu()
         exists[self.root, self.slot, c] = True
-        return out, exists
+        return Tree(points.cpu(), out, exists)
 
 
 @dataclass(frozen=True)
@@ -269,8 +270,9 @@ class Policy(Protocol):
                generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
         """`n` continuations of every row of `rollout` from each of its branch points (points [B, K] long,
         −1 padding; one generator per continuation, keyed by policies/branching.continuation_keys): where
-        `capabilities.branching` (policies/branching.py); others raise TypeError. A continuation fed the
-        root's own uniforms from step t reproduces the root (docs/concepts/tree_credit.md#branched-rollouts)."""
+        `capabilities.branching` (each adapter's own sampling from a prefix, laid out by
+        policies/branching.branched); others raise TypeError. A continuation fed the root's own uniforms from
+        step t reproduces the root (docs/concepts/tree_credit.md#branched-rollouts)."""
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` the default reveal order, saved with the model (where

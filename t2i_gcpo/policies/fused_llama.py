@@ -21,6 +21,8 @@ native bf16 this samples the ShapeWorld prior ≈ 1.5× faster at one thread (be
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -74,6 +76,13 @@ class FusedLlamaDecoder:
         shape = (len(self.layers), rows, self.kv_heads, max_len, self.head_dim)
         self.keys = torch.empty(shape, device=device, dtype=low)
         self.values = torch.empty(shape, device=device, dtype=low)
+
+    def fork(self, rows: torch.Tensor) -> FusedLlamaDecoder:
+        """A decoder sharing these weights whose cache rows are copies of `rows` of this cache (branched
+        rollouts: continuations start from a root's filled prefix)."""
+        fork = copy.copy(self)
+        fork.keys, fork.values = self.keys[:, rows], self.values[:, rows]  # advanced indexing copies
+        return fork
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight

@@ -21,6 +21,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -28,7 +29,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import Branching, continue_janus
+from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -70,13 +71,11 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-class JanusPolicy(Branching, nn.Module):
+class JanusPolicy(nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Janus / Janus-Pro checkpoint.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
     """
-
-    continue_from = staticmethod(continue_janus)  # Policy.branch (policies/branching.py)
 
     output = "image"
     # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
@@ -411,6 +410,54 @@ class JanusPolicy(Branching, nn.Module):
             state={"prompt_ids": row_ids},
         )
 
+    # ------------------------------------------------------------------ branched rollouts
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every image from each of its branch points (token positions;
+        docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branched(rollout, points, n, generators, self._continue)
+
+    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
+                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+        """One StaticCache prefill of [prompt; root tokens < t] per (root, point), repeated across its n
+        continuations, in passes of at most `max_rollout_batch` rows."""
+        from transformers import StaticCache
+
+        sampling, dev, T = rollout.sampling, self.device, self.num_image_tokens
+        uniforms = continuation_uniforms(generators, (T,), dev)
+        N = len(root)
+        tokens = torch.zeros(N, T, dtype=torch.long, device=dev)
+        logps = torch.zeros(3, N, T, device=dev)
+        root_tok = rollout.tokens.to(dev)
+        with self._eval_mode():
+            for t, rows in passes(point, self.max_rollout_batch, n):
+                heads = rows[::n]  # one per (root, point): rows come in runs of n
+                ids, mask = self.pad_left([rollout.state["prompt_ids"][b] for b in root[heads].tolist()])
+                m, L = ids.shape
+                ids2, mask2 = torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1)
+                prefix_tok = root_tok[root[heads].to(dev), :t].repeat(2, 1)
+                embeds = self.model.get_input_embeddings()(ids2)
+                if t:
+                    embeds = torch.cat([embeds, self._image_embeds(prefix_tok)], dim=1)
+                full_mask = torch.cat([mask2, mask2.new_ones(2 * m, T)], dim=1)
+                pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+                cache = StaticCache(config=self.model.config.text_config, max_cache_len=L + T)
+                hidden = self._lm(embeds, full_mask[:, : L + t], pos[:, : L + t], cache)[:, -1]
+                repeat_cache_rows(cache, n)  # [cond roots; null roots] → each root's row n times
+                logits = self._head(hidden).repeat_interleave(n, dim=0)
+                full_mask, pos = full_mask.repeat_interleave(n, dim=0), pos.repeat_interleave(n, dim=0)
+                rd = rows.to(dev)
+                for j in range(t, T):
+                    cond, uncond = logits.chunk(2)
+                    tj, lp = sample_step(cond, uncond, sampling, uniforms[rd, j], self.guidance)
+                    tokens[rd, j] = tj
+                    logps[:, rd, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
+                    if j + 1 < T:
+                        logits = self._decode_one_token(torch.cat([tj, tj]), full_mask[:, : L + j + 1],
+                                                          pos[:, L + j], cache)  # fmt: skip
+        new = dict(zip(CONTEXTS, logps))
+        return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
+
     # ------------------------------------------------------------------ teacher forcing
     def _context_hidden(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """LM hidden states at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, D]"""
@@ -519,3 +566,12 @@ class JanusPolicy(Branching, nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path, state_dict=self.merged_state_dict())
         (self.processor or self.tokenizer).save_pretrained(path)
+
+
+def repeat_cache_rows(cache, n: int) -> None:
+    """Each row of a filled transformers StaticCache n times in a row (transformers 5's StaticLayer has
+    no batch_repeat_interleave of its own; its write position is one counter for all rows)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(n, dim=0)
+        layer.values = layer.values.repeat_interleave(n, dim=0)
+        layer.batch_size = layer.keys.shape[0]

@@ -125,8 +125,8 @@ def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step
                      reveal_order: str = "confidence") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The decoding loop from reveal step `start` on: tokens [N, T] (mask id where unrevealed), step
     [N, T] (−1 where unrevealed) and logps [3, N, T] hold the canvas after step start − 1 (an empty
-    canvas for start = 0: `maskgit_generate`; a root's canvas for a branched rollout,
-    policies/branching.py); uniforms [N, S, T, 2]. → (tokens, step, logps) after the last step."""
+    canvas for start = 0: `maskgit_generate`; a root's canvas for a branched rollout, `maskgit_branch`);
+    uniforms [N, S, T, 2]. → (tokens, step, logps) after the last step."""
     random_order = check_reveal_order(reveal_order) == "random"
     b, t_len = tokens.shape
     device = tokens.device
@@ -158,6 +158,42 @@ def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step
             full[where] = lp[c]
             logps[i] = torch.where(reveal, full, logps[i])
     return tokens, step, logps
+
+
+def maskgit_branch(rollout: Rollout, root: torch.Tensor, point: torch.Tensor, uniforms: torch.Tensor,
+                   hidden_fn: HiddenFn, head: Head, mask_id: int, counts: Sequence[int],
+                   choice_temperatures: torch.Tensor, scales: torch.Tensor, guidance: str,
+                   reveal_order: str) -> Rollout:  # fmt: skip
+    """Continuations of rows `root` of a masked rollout (docs/concepts/tree_credit.md#branched-rollouts):
+    continuation j starts on its root's canvas after reveal step point[j] − 1 and re-runs steps point[j] …
+    S − 1 with its uniforms [N, S, T, 2] (`maskgit_continue`). `hidden_fn` runs over the continuations' rows.
+    A root sampled under the remask estimator gives its sampler's log-probs (``state["sampled_logp"]``); the
+    continuations are trajectory rollouts."""
+    dev = uniforms.device
+    base = rollout.select(root)
+    recorded = base.state.get("sampled_logp", base.logp)
+    r_tok, r_step = base.tokens.to(dev), base.step.to(dev)
+    r_lp = torch.stack([recorded[c].to(dev) for c in ("pos", "neg", "guided")])
+    tokens, step, logps = r_tok.clone(), r_step.clone(), r_lp.clone()
+    for s in point.unique().tolist():
+        rows = (point == s).nonzero(as_tuple=True)[0].to(dev)
+        kept = r_step[rows] < s
+
+        def group_fn(canvas: torch.Tensor, rr: torch.Tensor, null: torch.Tensor, rows=rows) -> torch.Tensor:
+            return hidden_fn(canvas, rows[rr], null)  # group row → continuation row
+
+        out = maskgit_continue(
+            group_fn, head,
+            torch.where(kept, r_tok[rows], mask_id), torch.where(kept, r_step[rows], -1),
+            torch.where(kept, r_lp[:, rows], 0.0), s, counts, rollout.sampling, uniforms[rows], choice_temperatures,
+            scales, guidance, reveal_order,
+        )  # fmt: skip
+        tokens[rows], step[rows], logps[:, rows] = out
+    state = {k: v for k, v in base.state.items() if k not in ("remask", "remask_t", "sampled_logp")}
+    return dataclasses.replace(
+        base, tokens=tokens, step=step, mask=torch.ones_like(tokens, dtype=torch.float),
+        logp=dict(zip(("pos", "neg", "guided"), logps)), state={**state, "estimator": "trajectory"},
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- estimators

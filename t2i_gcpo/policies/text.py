@@ -11,6 +11,7 @@ Details: docs/concepts/adapters.md#text.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import (
+    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -27,7 +29,7 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import Branching, continue_text
+from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
@@ -66,13 +68,11 @@ def quiet_hub_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class TextPolicy(Branching, nn.Module):
+class TextPolicy(nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local causal language model.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
     """
-
-    continue_from = staticmethod(continue_text)  # Policy.branch (policies/branching.py)
 
     output = "text"
     guidance = "u + s(c − u)"
@@ -432,6 +432,99 @@ class TextPolicy(Branching, nn.Module):
                     ]
                 )
         return ro
+
+    # ------------------------------------------------------------------ branched rollouts
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every completion from each of its branch points (token positions;
+        docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branched(rollout, points, n, generators, self._continue)
+
+    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
+                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+        """A fused prefill per root shared by its continuations (`_continue_fused`), or (other
+        architectures) the prefix re-run for every continuation through `decode_n_tokens`, one batched
+        prefill per pass."""
+        sampling, steps, dev = rollout.sampling, rollout.max_len, self.device
+        guided = sampling.guidance_scale != 1.0
+        uniforms = continuation_uniforms(generators, (steps,), dev)
+        N = len(root)
+        tokens = torch.full((N, steps), self.pad_id, dtype=torch.long, device=dev)
+        valid = torch.zeros(N, steps, device=dev)
+        logps = torch.zeros(3, N, steps, device=dev)
+        pos_ids, neg_ids = rollout.state["prompt_ids"], rollout.state["negative_ids"]
+        root_tok = rollout.tokens.to(dev)
+        with self._eval_mode():
+            if self.samples_fused:
+                self._continue_fused(rollout, root, point, uniforms, tokens, valid, logps)
+            else:
+                for t, rows in passes(point, self.max_rollout_batch):
+                    prefix = [list(pos_ids[b]) + root_tok[b, :t].tolist() for b in root[rows].tolist()]
+                    neg = [list(neg_ids[b]) + root_tok[b, :t].tolist() for b in root[rows].tolist()]
+                    out = self.decode_n_tokens(
+                        prefix, sampling, uniforms[rows.to(dev), t:], neg if guided else None
+                    )
+                    tokens[rows, t:], valid[rows, t:] = out[0], out[1]
+                    logps[:, rows, t:] = torch.stack(out[2:])
+        new = {"pos": logps[0], "guided": logps[2], **({"neg": logps[1]} if guided else {})}
+        ro = assemble(rollout, root, point, new, tokens, valid)
+        width = int(ro.mask.sum(0).nonzero().max()) + 1  # the longest continuation, as `rollout` trims
+        ro = dataclasses.replace(ro, tokens=ro.tokens[:, :width], mask=ro.mask[:, :width], step=ro.step[:, :width],
+                                 logp={c: v[:, :width] for c, v in ro.logp.items()})  # fmt: skip
+        if "neg" in rollout.logp and not guided:  # as the rollout: c⁻ scored by teacher forcing
+            with self._eval_mode():
+                ro.logp["neg"] = self.logprobs(ro, "neg")
+        return ro
+
+    def _continue_fused(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor, uniforms: torch.Tensor,
+                        tokens: torch.Tensor, valid: torch.Tensor, logps: torch.Tensor) -> None:  # fmt: skip
+        """Fill tokens / valid / logps [3, N, steps] from positions ≥ point: every root's contexts (c⁺, and c⁻
+        when guided) are left-padded to one width W, its tokens follow, so position t sits at cache slot
+        W + t in every row and the continuations of one t step together."""
+        sampling, steps, dev = rollout.sampling, rollout.max_len, self.device
+        guided = sampling.guidance_scale != 1.0
+        roots = root.unique()
+        R, t_max = len(roots), int(point.max())
+        ctx = [list(rollout.state["prompt_ids"][b]) for b in roots.tolist()]
+        if guided:
+            ctx += [list(rollout.state["negative_ids"][b]) for b in roots.tolist()]
+        ids, ctx_mask = self.pad_left(ctx)  # [R', W]
+        W = ids.shape[1]
+        root_tok = rollout.tokens.to(dev)[roots][:, :t_max]
+        root_tok = root_tok.repeat(2, 1) if guided else root_tok
+        seq = torch.cat([ids, root_tok], dim=1)  # [R', W + t_max]
+        full_mask = torch.cat([ctx_mask, ctx_mask.new_ones(len(ctx), steps)], dim=1).bool()  # [R', W + steps]
+        positions = (full_mask.long().cumsum(-1) - 1).clamp(min=0)
+        decoder = FusedLlamaDecoder(self.model.base_model, len(ctx), W + steps)
+        decoder.forward(seq, 0, positions=positions[:, : seq.shape[1]], key_mask=full_mask[:, : seq.shape[1]])
+        which = torch.searchsorted(roots, root).to(dev)
+        eos = torch.as_tensor(self.eos_ids, dtype=torch.long, device=dev)
+        for t, rows in passes(point, self.max_rollout_batch):
+            rows = rows.to(dev)
+            r = which[rows]
+            src = torch.cat([r, r + R]) if guided else r
+            cache = decoder.fork(src)
+            mask, pos = full_mask[src], positions[src]
+            slot = W + t - 1  # re-feed the prefix's last input to get position t's logits
+            logits = self._head(cache.forward(seq[src, slot : slot + 1], slot, positions=pos[:, slot : slot + 1],
+                                              key_mask=mask[:, : slot + 1]))  # fmt: skip
+            done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
+            for j in range(t, steps):
+                pl, nl = logits.chunk(2) if guided else (logits, None)
+                tj, lp = sample_step(pl, nl, sampling, uniforms[rows, j], self.guidance)
+                live = ~done
+                tokens[rows, j] = torch.where(live, tj, self.pad_id)
+                valid[rows, j] = live.float()
+                for k, c in enumerate(CONTEXTS):
+                    if c in lp:
+                        logps[k, rows, j] = torch.where(live, lp[c], 0.0)
+                done = done | torch.isin(tj, eos)
+                if bool(done.all()) or j + 1 == steps:
+                    break
+                feed = tokens[rows, j].repeat(2) if guided else tokens[rows, j]
+                s = W + j
+                logits = self._head(cache.forward(feed[:, None], s, positions=pos[:, s : s + 1],
+                                                  key_mask=mask[:, : s + 1]))  # fmt: skip
 
     # ------------------------------------------------------------------ teacher forcing
     def _hidden(

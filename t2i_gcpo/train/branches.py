@@ -1,6 +1,7 @@
 """Continuations for a scheme that needs "branches" (docs/concepts/tree_credit.md#running-tree-credit):
-pick each sample's branch points by the scheme's rule, sample `continuations` from each through
-`Policy.branch`, decode and score them with the run's reward, and keep their rewards per point.
+pick each sample's branch points by the run's `branching.rule`, sample `branching.continuations` from each
+through `Policy.branch`, decode and score them with the run's reward, and keep their rewards per point (a
+`Tree`).
 
 A continuation's generator is keyed (seed, "branch", slot, root, t, c) (policies/branching.continuation_keys):
 continuations are pure functions of the run's seed and the group's prompt slot, so a resumed run draws
@@ -15,8 +16,10 @@ from typing import Any
 
 import torch
 
+from t2i_gcpo.config import BranchingConfig
 from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, top_entropy
 from t2i_gcpo.core.credit import chunked_entropy
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout, SamplingParams
 from t2i_gcpo.policies.branching import continuation_keys, decision_steps
@@ -28,19 +31,10 @@ from t2i_gcpo.tasks.loop import group_generators, sampler_precision
 class Grown:
     """The continuations' rewards per branch point (a `Batch.tree`) and what they cost."""
 
-    tree: dict[str, torch.Tensor]
+    tree: Tree
     samples: int  # continuations sampled and scored
     tokens: int  # tokens they sampled (positions, or masked reveals, from their point on)
     seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward"
-
-
-def empty_tree(rows: int, n: int) -> dict[str, torch.Tensor]:
-    """A tree without branch points (K = 0): segment advantages are then r_i − V(prompt) on every token."""
-    return {
-        "points": torch.zeros(rows, 0, dtype=torch.long),
-        "rewards": torch.zeros(rows, 0, n, dtype=torch.float64),
-        "exists": torch.zeros(rows, 0, n, dtype=torch.bool),
-    }
 
 
 def sequential(ro: Rollout) -> bool:
@@ -75,32 +69,37 @@ def line_starts(policy: Any, ro: Rollout) -> torch.Tensor:
 
 
 def no_point(k: int, steps: int) -> UserError:
-    """every_k with k ≥ the samples' decision steps: no branch point anywhere, vine a silent no-op."""
+    """every_k with k ≥ the samples' decision steps: no branch point anywhere, tree credit a silent no-op."""
     return UserError(
-        f"credit.vine.k={k} puts no branch point in samples of at most {steps} decision steps: set "
-        f"credit.vine.k below {steps} (e.g. --set credit.vine.k={max(1, steps // 4)})"
+        f"branching.k={k} puts no branch point in samples of at most {steps} decision steps: set "
+        f"branching.k below {steps} (e.g. --set branching.k={max(1, steps // 4)})"
     )
 
 
-def check_spacing(policy: Any, options: dict[str, Any], sampling: SamplingParams) -> None:
+def check_spacing(policy: Any, branching: BranchingConfig, sampling: SamplingParams) -> None:
     """Before a run: images decide a fixed number of steps (AR: every token; masked: the reveal steps), so
     every_k's spacing can be checked without sampling (text is checked on its first samples, `pick_points`)."""
-    if options.get("rule") != "every_k" or policy.output == "text":
+    if branching.rule != "every_k" or policy.output == "text":
         return
     if policy.capabilities.reveal_order:  # masked: decision steps are reveal steps
-        steps = int(policy.resolve_steps(sampling))
+        steps = sampling.steps if sampling.steps is not None else policy.default_sampling().steps
     else:
-        steps = int(policy.layout.grid[0] * policy.layout.grid[1])
-    if steps <= int(options["k"]):
-        raise no_point(int(options["k"]), steps)
+        steps = policy.layout.grid[0] * policy.layout.grid[1]
+    if steps is not None and int(steps) <= branching.k:
+        raise no_point(branching.k, int(steps))
 
 
-def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> torch.Tensor:
-    """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding."""
+def pick_points(
+    policy: Any, ro: Rollout, rule: str, k: int, context: str, strict: bool = True
+) -> torch.Tensor:
+    """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding. `strict`: every_k
+    whose spacing puts no point in any sample is an error (a run's first samples), else no points (K = 0)."""
     if rule == "every_k":
         steps = decision_steps(ro)
         if int(steps.max()) <= k:  # a silent no-op otherwise: vine would train as plain group credit
-            raise no_point(k, int(steps.max()))
+            if strict:
+                raise no_point(k, int(steps.max()))
+            return torch.zeros(len(ro), 0, dtype=torch.long, device=steps.device)
         return every_k(steps, k)
     if rule == "entropy":
         entropy, exists = step_entropy(policy, ro, context)
@@ -108,7 +107,7 @@ def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> to
     if rule == "boundary":
         if not sequential(ro):
             raise UserError(
-                "credit.vine.rule=boundary needs a model that decides its tokens in order (AR images, text); "
+                "branching.rule=boundary needs a model that decides its tokens in order (AR images, text); "
                 "use every_k or entropy for masked models"
             )
         layout = policy.layout
@@ -120,15 +119,16 @@ def pick_points(policy: Any, ro: Rollout, rule: str, k: int, context: str) -> to
     raise ValueError(f"unknown branch rule {rule!r}")
 
 
-def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], options: dict[str, Any], seed: int,
-         sampling: SamplingParams, context: str) -> Grown:  # fmt: skip
+def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], branching: BranchingConfig, seed: int,
+         sampling: SamplingParams, context: str, strict: bool = True) -> Grown:  # fmt: skip
     """Branch every row of `ro` (whole groups, the group of slot `slots[i]` in rows i·G … i·G + G − 1)
-    at the points of `options["rule"]`, sample `options["continuations"]` from each, score them."""
-    n = int(options["continuations"])
+    at the points of `branching.rule`, sample `branching.continuations` from each, score them. `strict`:
+    see `pick_points`."""
+    n = branching.continuations
     tic = time.perf_counter()
-    points = pick_points(policy, ro, options["rule"], int(options["k"]), context).cpu()
+    points = pick_points(policy, ro, branching.rule, branching.k, context, strict).cpu()
     if not (points >= 0).any():
-        return Grown(empty_tree(len(ro), n), 0, 0, {"rollout": time.perf_counter() - tic, "reward": 0.0})
+        return Grown(Tree.empty(len(ro), n), 0, 0, {"rollout": time.perf_counter() - tic, "reward": 0.0})
     keys = continuation_keys(slots, ro.group_size, points, n)
     with sampler_precision(policy, sampling):
         br = policy.branch(ro, points, n, group_generators(seed, "branch", keys))
@@ -136,9 +136,8 @@ def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], options: dict[
     cont = br.rollout
     outputs = policy.decode(cont)
     scores = call_reward(reward, outputs, cont.texts, [p.meta for p in cont.prompts]).scores
-    rewards, exists = br.per_point(scores, len(ro), points.shape[1])
     fresh = (cont.step >= br.point.to(cont.step.device)[:, None]) & (cont.mask > 0)
     return Grown(
-        {"points": points, "rewards": rewards, "exists": exists}, len(cont), int(fresh.sum()),
+        br.tree(points, scores), len(cont), int(fresh.sum()),
         {"rollout": mid - tic, "reward": time.perf_counter() - mid},
     )  # fmt: skip

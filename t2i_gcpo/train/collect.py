@@ -23,12 +23,13 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
 from t2i_gcpo.core.schemes import get_scheme
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
-from t2i_gcpo.train.branches import empty_tree, grow
-from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_options
+from t2i_gcpo.train.branches import grow
+from t2i_gcpo.train.credit import TRAIN_CONTEXT
 from t2i_gcpo.train.data import PromptStream
 
 
@@ -70,6 +71,27 @@ class Collected:
         }
 
 
+@dataclass
+class Tally:
+    """What one step has drawn so far: scores, reward details, groups, seconds and budget/* counts."""
+
+    scores: list[torch.Tensor] = field(default_factory=list)
+    details: list[dict] = field(default_factory=list)
+    drawn: int = 0
+    without_signal: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
+    spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(M.BUDGET, 0.0))
+
+    def add(self, seconds: dict[str, float], samples: int, tokens: float) -> None:
+        """Samples sampled and scored in one reward call (none: no call), the tokens they sampled, and the
+        seconds it took."""
+        self.seconds[M.TIME_ROLLOUT] += seconds["rollout"]
+        self.seconds[M.TIME_REWARD] += seconds["reward"]
+        self.spent[M.BUDGET_SAMPLES] += samples
+        self.spent[M.BUDGET_TOKENS] += tokens
+        self.spent[M.BUDGET_REWARD_CALLS] += 1 if samples else 0
+
+
 class BatchCollector:
     """Draws one process's groups for each step: DAPO's dynamic sampling within a draw budget,
     over-sampling by r̂, carry-over of the surplus."""
@@ -96,22 +118,20 @@ class BatchCollector:
         )
         self.zero_std_estimate: float | None = None  # r̂: running share of groups without signal
         self.carry: Batch | None = None  # groups with signal drawn beyond P, trained at the next step
-        # a scheme that needs "branches": its options (rule, k, continuations) say how to grow them
-        scheme = cfg.credit.scheme
-        self.branching = (
-            scheme_options(cfg.credit, scheme) if "branches" in get_scheme(scheme).needs else None
-        )
+        # a scheme that needs "branches": every kept group is branched at the run's `branching` settings
+        self.branching = cfg.branching if "branches" in get_scheme(cfg.credit.scheme).needs else None
+        self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
         self.spent = dict.fromkeys(M.BUDGET, 0.0)  # the run's budget/* totals (this process)
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
-        of fresh ones until P have signal, the round limit or the draw budget is reached."""
-        adv_cfg, G, P = self.cfg.advantage, self.cfg.rollout.group_size, self.local_prompts
-        seconds = {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0}
+        of fresh ones until P have signal, the round limit or the draw budget is reached; the kept groups
+        up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
+        G, P = self.cfg.rollout.group_size, self.local_prompts
+        tally = Tally()
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
-        scores, details, drawn, without_signal = [], [], 0, 0
-        spent = dict.fromkeys(M.BUDGET, 0.0)
+        fresh: dict[int, list[int]] = {}  # index in `kept` → the prompt slots of its groups (drawn this step)
         last_round: Batch | None = None
         budget = self.draw_budget  # groups this process may still draw this step
         for round_ in range(self.rounds):
@@ -122,51 +142,68 @@ class BatchCollector:
             # step; each group is seeded by its stream slot
             slots, prompts = self.prompts_for(step, round_, min(self.groups_to_draw(missing), budget))
             budget -= len(prompts)
-            scored = sample_and_score(policy, reward, prompts, G, sampling,
-                                      group_generators(self.cfg.seed, "train", slots))  # fmt: skip
-            seconds[M.TIME_ROLLOUT] += scored.seconds["rollout"]
-            seconds[M.TIME_REWARD] += scored.seconds["reward"]
-            spent[M.BUDGET_SAMPLES] += len(scored.rollout)
-            spent[M.BUDGET_TOKENS] += float(scored.rollout.mask.sum())
-            spent[M.BUDGET_REWARD_CALLS] += 1
-            r = scored.reward.scores  # NaN/raise → RewardError
-            adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
-            tree = empty_tree(len(adv), self.branching["continuations"]) if self.branching else None
-            last_round = Batch(scored.rollout, adv, scored.reward, scored.outputs, tree)
-            scores.append(r)
-            details += scored.reward.details
-            keep = torch.ones(len(adv), dtype=torch.bool)
-            if adv_cfg.dynamic_sampling:  # DAPO: only groups with signal
-                keep, _ = dynamic_sampling_filter(r, G)
-            drawn += len(prompts)
-            without_signal += len(prompts) - int(keep.sum()) // G
+            last_round, keep = self.draw(policy, reward, prompts, slots, sampling, tally)
             idx = keep.nonzero().flatten()
-            if self.branching is not None:  # only groups the step can train on or carry are branched
-                room = P + (P // 2 if adv_cfg.carry_over else 0) - groups_in(kept)
-                idx = idx[: max(room, 0) * G]
             if len(idx):
+                fresh[len(kept)] = [slots[g] for g in (idx[::G] // G).tolist()]
                 kept.append(last_round.select(idx))
-                if self.branching is not None:
-                    group_slots = [slots[g] for g in (idx[::G] // G).tolist()]
-                    grown = grow(policy, reward, kept[-1].rollout, group_slots, self.branching, self.cfg.seed,
-                                 sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
-                    kept[-1].tree = grown.tree
-                    seconds[M.TIME_ROLLOUT] += grown.seconds["rollout"]
-                    seconds[M.TIME_REWARD] += grown.seconds["reward"]
-                    spent[M.BUDGET_SAMPLES] += grown.samples
-                    spent[M.BUDGET_TOKENS] += grown.tokens
-                    spent[M.BUDGET_REWARD_CALLS] += 1 if grown.samples else 0
+        kept = self.within_cap(kept)
+        if self.branching is not None:
+            for i, part in enumerate(kept):
+                if i in fresh:  # carried groups were branched when they were drawn
+                    self.branch(part, fresh[i][: groups_in([part])], policy, reward, sampling, tally)
         batch = Batch.concat(kept)
         if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
             rows = torch.arange(len(batch.rollout))
-            if adv_cfg.carry_over:
-                self.carry = batch.select(rows[P * G : (P + P // 2) * G]) if P // 2 else None
+            self.carry = batch.select(rows[P * G :])
             batch = batch.select(rows[: P * G])
-        for key, value in spent.items():
+        for key, value in tally.spent.items():
             self.spent[key] += value
-        return Collected(batch, carried, last_round, torch.cat(scores), details,
-                         groups_drawn=drawn, groups_without_signal=without_signal, seconds=seconds,
-                         budget=spent, budget_total=dict(self.spent))  # fmt: skip
+        return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
+                         groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
+                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent))  # fmt: skip
+
+    def draw(self, policy: Any, reward: Any, prompts: list[PromptRecord], slots: list[int],
+             sampling: SamplingParams, tally: Tally) -> tuple[Batch, torch.Tensor]:  # fmt: skip
+        """One round: a group per prompt, sampled, decoded and scored, with its group advantages → (the
+        round's groups, [B] bool: the rows of the groups with signal, all of them without dynamic sampling)."""
+        adv_cfg, G = self.cfg.advantage, self.cfg.rollout.group_size
+        scored = sample_and_score(policy, reward, prompts, G, sampling,
+                                  group_generators(self.cfg.seed, "train", slots))  # fmt: skip
+        r = scored.reward.scores  # NaN/raise → RewardError
+        adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
+        tree = Tree.empty(len(adv), self.branching.continuations) if self.branching is not None else None
+        keep = torch.ones(len(adv), dtype=torch.bool)
+        if adv_cfg.dynamic_sampling:  # DAPO: only groups with signal
+            keep, _ = dynamic_sampling_filter(r, G)
+        tally.add(scored.seconds, samples=len(scored.rollout), tokens=float(scored.rollout.mask.sum()))
+        tally.scores.append(r)
+        tally.details += scored.reward.details
+        tally.drawn += len(prompts)
+        tally.without_signal += len(prompts) - int(keep.sum()) // G
+        return Batch(scored.rollout, adv, scored.reward, scored.outputs, tree), keep
+
+    def within_cap(self, kept: list[Batch]) -> list[Batch]:
+        """The kept groups up to what the step trains on and carries: P, plus P/2 with carry-over."""
+        P, G = self.local_prompts, self.cfg.rollout.group_size
+        room = P + (P // 2 if self.cfg.advantage.carry_over else 0)
+        out = []
+        for part in kept:
+            n = min(groups_in([part]), room)
+            if n:
+                out.append(part if n == groups_in([part]) else part.select(torch.arange(n * G)))
+            room -= n
+        return out
+
+    def branch(self, part: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
+               tally: Tally) -> None:  # fmt: skip
+        """Sample and score the continuations of `part`'s groups (drawn from prompt `slots`) at the run's
+        branch points: its `tree` (train/branches.grow)."""
+        grown = grow(policy, reward, part.rollout, slots, self.branching, self.cfg.seed, sampling,
+                     TRAIN_CONTEXT[self.cfg.rollout.train_logp], strict=not self.branched_once)  # fmt: skip
+        self.branched_once = True
+        part.tree = grown.tree
+        tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES, CreditInputs, CreditSchemeError, credit_weights, get_scheme
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.train.distributed import unwrap
@@ -37,6 +38,24 @@ def no_grad_dists(model: Any, ro: Rollout, context: str) -> Any:
         return unwrap(model)(ro, context=context, dists=True)[1]
 
 
+# a scheme's need → the `PolicyCapabilities` flag a family must declare to give it
+NEED_CAPABILITY = {"dists": "full_dists", "ref_dists": "full_dists", "branches": "branching"}
+CAPABILITY_WORDS = {"full_dists": "full next-token distributions", "branching": "branched rollouts"}
+
+
+def check_capabilities(name: str, policy: Any) -> None:
+    """A one-line UserError when credit scheme `name` needs what the policy's family does not declare it
+    can give (a run checks this before its directory exists)."""
+    model = unwrap(policy)
+    for need in sorted(get_scheme(name).needs):
+        flag = NEED_CAPABILITY.get(need)
+        if flag is not None and not getattr(model.capabilities, flag):
+            raise UserError(
+                f"credit scheme {name!r} needs {CAPABILITY_WORDS[flag]}, which this {type(model).__name__} does "
+                f"not give (PolicyCapabilities.{flag}); choose another scheme or model"
+            )
+
+
 def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
                  credit_cfg: Any, context: str, dists: Any = None) -> CreditInputs:  # fmt: skip
     """CreditInputs for scheme `name` on rollout `ro`, filled only where the scheme needs it.
@@ -45,11 +64,7 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     `reference`: the policy that `ref_dists` come from (frozen initial or rollout snapshot)."""
     needs = get_scheme(name).needs
     model = unwrap(policy)
-    if needs & {"dists", "ref_dists"} and not model.capabilities.full_dists:
-        raise UserError(
-            f"credit scheme {name!r} reads full next-token distributions, which this {type(model).__name__} "
-            "does not give (PolicyCapabilities.full_dists)"
-        )
+    check_capabilities(name, model)
     # the tokens credit may fall on: those the log-prob estimator scores (Rollout.loss_mask)
     inp = CreditInputs(mask=ro.loss_mask, step=ro.step, layout=model.layout.grid)
     if "contrast" in needs:
@@ -76,7 +91,7 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
 
 
 def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Tensor | None,
-                    tree: dict[str, torch.Tensor] | None) -> CreditInputs:  # fmt: skip
+                    tree: Tree | None) -> CreditInputs:  # fmt: skip
     """Fill the sampled tokens, and the "rewards" / "branches" inputs where scheme `name` needs them: the
     batch's scores and its continuations' rewards per branch point (train/branches.py)."""
     needs = get_scheme(name).needs
@@ -85,9 +100,7 @@ def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Te
     if "rewards" in needs and rewards is not None:
         inp.rewards, inp.group_size = rewards.to(dev), ro.group_size
     if "branches" in needs and tree is not None:
-        inp.branch_points, inp.branch_rewards, inp.branch_exists = (
-            tree[k].to(dev) for k in ("points", "rewards", "exists")
-        )
+        inp.tree = tree.to(dev)
     return inp
 
 
@@ -107,7 +120,7 @@ def credit_share(token_advantages: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
                     context: str, dists: Any = None, name: str | None = None, rewards: torch.Tensor | None = None,
-                    tree: dict[str, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+                    tree: Tree | None = None) -> torch.Tensor:  # fmt: skip
     """w [B, T] of the configured scheme (or of `name`), without gradient; token advantages [B, T] for a
     scheme that returns them (`returns_advantages`). `rewards` [B] and `tree` (`Batch.tree`): the batch's
     scores and continuations, for schemes that need them."""
@@ -129,7 +142,7 @@ def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | Non
 
 def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,
                    context: str, names: tuple[str, ...], rewards: torch.Tensor | None = None,
-                   tree: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+                   tree: Tree | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Weights under each named scheme, for figures (a scheme returning token advantages: their
     `credit_share`); a scheme that needs a reference, rewards or continuations is skipped without them."""
     out = {}

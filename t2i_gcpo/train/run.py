@@ -172,7 +172,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
             cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
         )
     check_reward(cfg, policy, reward, prompts, eval_prompts)
-    check_branching(cfg, policy)
+    check_scheme_fits(cfg, policy)
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
 
 
@@ -202,16 +202,18 @@ def check_reward(
             raise RewardError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
 
-def check_branching(cfg: TrainConfig, policy: Policy) -> None:
-    """Before the run directory exists: a scheme that branches (vine) must find branch points in the
-    model's samples (train/branches.check_spacing)."""
+def check_scheme_fits(cfg: TrainConfig, policy: Policy) -> None:
+    """Before the run directory exists: the model's family gives what the credit scheme needs
+    (train/credit.check_capabilities), and a scheme that branches finds branch points in the model's
+    samples (train/branches.check_spacing)."""
     from t2i_gcpo.core.schemes import get_scheme
     from t2i_gcpo.train.branches import check_spacing
-    from t2i_gcpo.train.credit import scheme_options
+    from t2i_gcpo.train.credit import check_capabilities
     from t2i_gcpo.train.trainer import sampling_params
 
+    check_capabilities(cfg.credit.scheme, policy)
     if "branches" in get_scheme(cfg.credit.scheme).needs:
-        check_spacing(policy, scheme_options(cfg.credit, cfg.credit.scheme), sampling_params(cfg))
+        check_spacing(policy, cfg.branching, sampling_params(cfg))
 
 
 def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:

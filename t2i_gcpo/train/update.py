@@ -16,7 +16,7 @@ from t2i_gcpo.core.balanced import query_preserved_minibatches, reward_balanced_
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
-from t2i_gcpo.train.batch import Batch, select_tree
+from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, credit_share, returns_advantages
 from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
 
@@ -40,76 +40,125 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
     A scheme that returns token advantages (vine, tempo) gives the loss's Â [B, T] directly; the weights
     returned and logged are then their `credit_share`. optim.step_per_minibatch steps the optimizer
     after every minibatch instead (its own normaliser), over the split optim.minibatch_split makes."""
-    ctx, agg = TRAIN_CONTEXT[cfg.rollout.train_logp], cfg.loss.aggregation
-    token_adv = returns_advantages(cfg.credit.scheme)
-    if token_adv and agg == "weighted-token-mean":
-        raise UserError(
-            f"credit scheme {cfg.credit.scheme!r} gives token advantages, which loss.aggregation="
-            "'weighted-token-mean' cannot weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
-        )
-    ro = batch.rollout
-    adv = batch.advantages.to(ro.mask.device)  # rewards and advantages are computed on the CPU
-    rewards = batch.reward.scores if batch.reward is not None else None  # read by schemes needing rewards
-    tree = batch.tree
-    chunks = minibatch_rows(cfg, ro, batch.advantages)
+    job = UpdateJob(cfg, batch, policy, ref, credit_ref, accelerator, loss_scale, stale_rows)
+    chunks = minibatch_rows(cfg, batch.rollout, batch.advantages)
     per_step = cfg.optim.step_per_minibatch and len(chunks) > 1
-    logp_old = None  # [B, T]: recomputed π_old, when later epochs need it fixed
-    if cfg.rollout.old_logprobs == "recompute" and cfg.optim.update_epochs > 1:
-        logp_old = recompute_old_logprobs(cfg, ro, chunks, policy, accelerator, ctx)
-    fresh = (torch.arange(len(ro)) >= stale_rows).to(ro.mask)  # [B]: rows sampled by these weights
-    mismatch = MismatchMeter()
+    job.recompute_old_logprobs(chunks)
     stats: dict[str, list[float]] = {}
-    weights = torch.zeros_like(ro.mask)
+    weights = torch.zeros_like(batch.rollout.mask)
     for epoch in range(cfg.optim.update_epochs):
-        whole = denom = None  # the whole batch's weights and loss normaliser, when it is split
-        if len(chunks) > 1:
-            whole = compute_weights(cfg.credit, ro, adv, policy, credit_ref, ctx, rewards=rewards, tree=tree)
-            if not per_step:
-                denom = aggregation_denominator(agg, ro.loss_mask, None if token_adv else whole)
+        whole, denom = job.whole_batch_credit(chunks, per_step)
         optimizer.zero_grad(set_to_none=True)
         finite_loss = True
         for i, idx in enumerate(chunks):
             if per_step and i > 0:  # a step per minibatch: each its own gradient and normaliser
                 optimizer.zero_grad(set_to_none=True)
                 finite_loss, denom = True, None
-            mb = ro.select(idx)
             with _gradient_sync(policy, accelerator, last=per_step or i == len(chunks) - 1):
-                with precision(cfg, accelerator):
-                    logp, dists = policy(mb, context=ctx, dists=True)  # [B, T] with gradient; lazy full dists
-                recorded = mb.logp[ctx]  # [B, T] π_rollout
-                if epoch == 0:  # weights unchanged since sampling: any gap is numerics
-                    mismatch.add(logp, recorded, mb.loss_mask * fresh[idx, None])
-                old = recorded
-                if cfg.rollout.old_logprobs == "recompute":  # one epoch: this forward is π_old itself
-                    old = logp_old[idx] if logp_old is not None else logp.detach()
-                if whole is not None:
-                    out = whole[idx]
-                else:
-                    out = compute_weights(cfg.credit, mb, adv[idx], policy, credit_ref, ctx, dists,
-                                          rewards=None if rewards is None else rewards[idx], tree=select_tree(tree, idx))  # fmt: skip
-                a, w = (out, None) if token_adv else (adv[idx], out)  # Â = A_it, or A_i·w_it
-                if (i == 0 or per_step) and accelerator.num_processes > 1:  # the global batch's normaliser
-                    local = denom if denom is not None else aggregation_denominator(agg, mb.loss_mask, w)
-                    denom = global_denominator(local, accelerator, active=loss_scale != 0)
-                loss, st = minibatch_loss(cfg, mb, a, logp, old, w, denom, ref, ctx, accelerator)
-                # before backward: FSDP reshards weights there
-                st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)
+                loss, st, shown, denom = job.loss(idx, epoch, whole, denom, global_norm=i == 0 or per_step)
                 finite_loss = finite_loss and bool(torch.isfinite(loss))
                 accelerator.backward(loss * loss_scale)
-            shown = credit_share(out, mb.loss_mask) if token_adv else w
             weights[idx] = shown.to(weights)
-            st.update(credit_stats(shown, mb.loss_mask))
             for k, v in st.items():
                 stats.setdefault(k, []).append(float(v))
             if per_step:
-                stats.setdefault(M.GRAD_NORM, []).append(
-                    optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
-                )
+                grad_norm = optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
+                stats.setdefault(M.GRAD_NORM, []).append(grad_norm)
         if not per_step:
             grad_norm = optimizer_step(cfg, policy, optimizer, accelerator, finite_loss)
             stats.setdefault(M.GRAD_NORM, []).append(grad_norm)
     losses_per_epoch = len(chunks) if per_step else 1  # separate steps: their losses are averaged
-    return {**average(stats, cfg.optim.update_epochs * losses_per_epoch), **mismatch.metrics(ctx)}, weights
+    return {
+        **average(stats, cfg.optim.update_epochs * losses_per_epoch),
+        **job.mismatch.metrics(job.ctx),
+    }, weights
+
+
+class UpdateJob:
+    """One `update` call's batch and models: the credit of any rows, π_old, and the loss of a minibatch."""
+
+    def __init__(self, cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, accelerator: Any,
+                 loss_scale: float, stale_rows: int) -> None:  # fmt: skip
+        self.cfg, self.batch, self.policy, self.ref, self.credit_ref = cfg, batch, policy, ref, credit_ref
+        self.accelerator, self.loss_scale = accelerator, loss_scale
+        self.ctx = TRAIN_CONTEXT[cfg.rollout.train_logp]
+        self.token_adv = returns_advantages(cfg.credit.scheme)
+        if self.token_adv and cfg.loss.aggregation == "weighted-token-mean":
+            raise UserError(
+                f"credit scheme {cfg.credit.scheme!r} gives token advantages, which loss.aggregation="
+                "'weighted-token-mean' cannot weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
+            )
+        ro = batch.rollout
+        self.advantages = batch.advantages.to(
+            ro.mask.device
+        )  # rewards and advantages are computed on the CPU
+        self.fresh = (torch.arange(len(ro)) >= stale_rows).to(ro.mask)  # [B]: rows sampled by these weights
+        self.logp_old: torch.Tensor | None = None  # [B, T]: recomputed π_old, when later epochs need it fixed
+        self.mismatch = MismatchMeter()
+
+    def recompute_old_logprobs(self, chunks: list[torch.Tensor]) -> None:
+        """rollout.old_logprobs=recompute over several epochs: π_old fixed before the first update."""
+        if self.cfg.rollout.old_logprobs == "recompute" and self.cfg.optim.update_epochs > 1:
+            self.logp_old = recompute_old_logprobs(self.cfg, self.batch.rollout, chunks, self.policy,
+                                                   self.accelerator, self.ctx)  # fmt: skip
+
+    def credit(
+        self, idx: torch.Tensor | None = None, dists: Any = None, rows: Rollout | None = None
+    ) -> torch.Tensor:
+        """The scheme's output — weights w [b, T], or token advantages — for rows `idx` (None: the batch);
+        `rows`: the rollout's rows `idx` when already selected, `dists` their distributions."""
+        batch = self.batch
+        rewards = batch.reward.scores if batch.reward is not None else None  # for schemes needing rewards
+        if idx is None:
+            return compute_weights(self.cfg.credit, batch.rollout, self.advantages, self.policy, self.credit_ref,
+                                   self.ctx, rewards=rewards, tree=batch.tree)  # fmt: skip
+        rows = rows if rows is not None else batch.rollout.select(idx)
+        return compute_weights(self.cfg.credit, rows, self.advantages[idx], self.policy,
+                               self.credit_ref, self.ctx, dists, rewards=None if rewards is None else rewards[idx],
+                               tree=None if batch.tree is None else batch.tree.select(idx))  # fmt: skip
+
+    def whole_batch_credit(self, chunks: list[torch.Tensor], per_step: bool) -> tuple[Any, Any]:
+        """(weights of the whole batch, its loss normaliser) when it is split into minibatches (schemes may
+        need whole groups; the normaliser is the batch's unless each minibatch steps); else (None, None)."""
+        if len(chunks) == 1:
+            return None, None
+        whole = self.credit()
+        if per_step:
+            return whole, None
+        mask = self.batch.rollout.loss_mask
+        return whole, aggregation_denominator(
+            self.cfg.loss.aggregation, mask, None if self.token_adv else whole
+        )
+
+    def loss(self, idx: torch.Tensor, epoch: int, whole: Any, denom: Any,
+                       global_norm: bool) -> tuple[torch.Tensor, dict, torch.Tensor, Any]:  # fmt: skip
+        """Rows `idx`: the forward with gradient, π_old, credit, normaliser and clipped loss → (loss, its
+        statistics, the credit shown as weights [b, T], the normaliser used). `global_norm`: this minibatch
+        sets the normaliser of the global batch (several processes)."""
+        cfg, accelerator = self.cfg, self.accelerator
+        mb = self.batch.rollout.select(idx)
+        with precision(cfg, accelerator):
+            logp, dists = self.policy(
+                mb, context=self.ctx, dists=True
+            )  # [b, T] with gradient; lazy full dists
+        recorded = mb.logp[self.ctx]  # [b, T] π_rollout
+        if epoch == 0:  # weights unchanged since sampling: any gap is numerics
+            self.mismatch.add(logp, recorded, mb.loss_mask * self.fresh[idx, None])
+        old = recorded
+        if cfg.rollout.old_logprobs == "recompute":  # one epoch: this forward is π_old itself
+            old = self.logp_old[idx] if self.logp_old is not None else logp.detach()
+        out = whole[idx] if whole is not None else self.credit(idx, dists, mb)
+        a, w = (out, None) if self.token_adv else (self.advantages[idx], out)  # Â = A_it, or A_i·w_it
+        if global_norm and accelerator.num_processes > 1:  # the global batch's normaliser
+            local = (
+                denom if denom is not None else aggregation_denominator(cfg.loss.aggregation, mb.loss_mask, w)
+            )
+            denom = global_denominator(local, accelerator, active=self.loss_scale != 0)
+        loss, st = minibatch_loss(cfg, mb, a, logp, old, w, denom, self.ref, self.ctx, accelerator)
+        st[M.ENTROPY] = token_entropy(dists, mb.loss_mask)  # before backward: FSDP reshards weights there
+        shown = credit_share(out, mb.loss_mask) if self.token_adv else w
+        st.update(credit_stats(shown, mb.loss_mask))
+        return loss, st, shown, denom
 
 
 def minibatch_rows(cfg: TrainConfig, ro: Rollout, advantages: torch.Tensor) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """Pictures a run writes every `sample_every` steps: a grid of the step's samples and the credit
 maps of one group under every credit scheme (the trained one first); for text, one HTML page of the
 group's completions with every token coloured by its weight under each scheme. A run whose batches carry
-continuations (`Batch.tree`, the vine scheme) also draws value maps: V(prefix) along the decoding order
+continuations (`Batch.tree`, a scheme that needs "branches": vine) also draws value maps: V(prefix) along the decoding order
 (docs/concepts/tree_credit.md#value-maps)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.core.tree_credit import prefix_values
 from t2i_gcpo.policies.base import Policy, Rollout
 from t2i_gcpo.tasks.base import Task
-from t2i_gcpo.train.batch import Batch, select_tree
+from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_options, scheme_weights
 
 MAX_VALUE_GROUPS = 4  # groups drawn in a step's value maps
@@ -48,15 +49,13 @@ def reveal_grids(rollout: Rollout, rows: int, cols: int) -> list[np.ndarray | No
     return [None if torch.equal(s, raster) else s.reshape(rows, cols).cpu().numpy() for s in rollout.step]
 
 
-def sample_values(ro: Rollout, rewards: torch.Tensor, tree: dict[str, torch.Tensor],
-                  include_root: bool = True) -> list[dict]:  # fmt: skip
+def sample_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, include_root: bool = True) -> list[dict]:
     """Each sample's value map (`core.tree_credit.prefix_values`) as the fields `viz.credit_map` draws:
     ``value_tokens`` [T] (V of the prefix each token was decided under, NaN on padding), ``value_centre``
     (V_0, its group's mean reward), ``value_path`` [V_0, V_1 … V_K, r] and ``value_points`` [t_1 … t_K]."""
-    mask, step = ro.mask.cpu(), ro.step.cpu()
-    points = tree["points"].cpu()
-    values = prefix_values(rewards.cpu(), ro.group_size, points, tree["rewards"].cpu(), mask,
-                           tree["exists"].cpu(), step, include_root)  # fmt: skip
+    tree = tree.to("cpu")
+    points = tree.points
+    values = prefix_values(rewards.cpu(), ro.group_size, tree, ro.mask.cpu(), ro.step.cpu(), include_root)
     out = []
     for i in range(len(ro)):
         used = points[i] >= 0
@@ -68,6 +67,11 @@ def sample_values(ro: Rollout, rewards: torch.Tensor, tree: dict[str, torch.Tens
             "value_points": points[i, used].tolist(),
         })  # fmt: skip
     return out
+
+
+def batch_tree(batch: Batch, idx: torch.Tensor) -> Tree | None:
+    """Rows `idx` of the batch's continuations (None: a batch without them)."""
+    return None if batch.tree is None else batch.tree.select(idx)
 
 
 def tree_include_root(cfg: TrainConfig) -> bool:
@@ -109,7 +113,7 @@ def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
     ro = batch.rollout.select(idx)
     weights = scheme_weights(cfg.credit, ro, batch.advantages[idx].to(ro.mask.device), policy, reference,
                              TRAIN_CONTEXT[cfg.rollout.train_logp], order, rewards=batch.reward.scores[idx],
-                             tree=select_tree(batch.tree, idx))  # fmt: skip
+                             tree=batch_tree(batch, idx))  # fmt: skip
     return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 
@@ -126,7 +130,7 @@ def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Polic
     samples = task.text_samples(ro, weights, batch.reward.details[:G], batch.reward.scores[:G],
                                 batch.advantages[:G])  # fmt: skip
     if batch.tree is not None:  # the value map: one more column, V(prefix) of each token
-        tree = select_tree(batch.tree, torch.arange(G))
+        tree = batch_tree(batch, torch.arange(G))
         attach_text_values(
             samples, ro, sample_values(ro, batch.reward.scores[:G], tree, tree_include_root(cfg))
         )
@@ -140,7 +144,7 @@ def attach_text_values(samples: list, ro: Rollout, values: list[dict]) -> None:
         s.values, s.value_centre = v["value_tokens"][m.numpy()], v["value_centre"]
 
 
-def image_values(ro: Rollout, rewards: torch.Tensor, tree: dict[str, torch.Tensor], rows: int, cols: int,
+def image_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, rows: int, cols: int,
                  include: bool) -> list[dict]:  # fmt: skip
     """`sample_values` with each sample's values as its [rows, cols] token grid (``value_grid``)."""
     out = sample_values(ro, rewards, tree, include)
@@ -175,7 +179,7 @@ def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy
     if batch.tree is not None:
         n = min(len(batch.rollout), MAX_VALUE_GROUPS * G)
         idx = torch.arange(n)
-        values = image_values(batch.rollout.select(idx), batch.reward.scores[:n], select_tree(batch.tree, idx),
+        values = image_values(batch.rollout.select(idx), batch.reward.scores[:n], batch_tree(batch, idx),
                               rows, cols, tree_include_root(cfg))  # fmt: skip
         for s, v in zip(samples, values):
             s.update(v)

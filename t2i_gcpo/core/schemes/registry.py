@@ -17,8 +17,8 @@ Needs (the fields of `CreditInputs` they fill):
 - ``groups``    — advantages [B] and group_size: whole groups, so the weights are computed on the full
                   batch before it is split into minibatches
 - ``rewards``   — rewards [B] (the samples' scores) and group_size, whole groups
-- ``branches``  — branch_points [B, K], branch_rewards [B, K, M], branch_exists [B, K, M]: the rewards of
-                  M continuations sampled from each sample's branch points (the train step samples and
+- ``branches``  — tree (`core.tree.Tree`: points [B, K], rewards [B, K, M], exists [B, K, M]): the rewards
+                  of M continuations sampled from each sample's branch points (the train step samples and
                   scores them only for a scheme that declares this; docs/concepts/tree_credit.md)
 Always given: mask [B, T], tokens [B, T], step [B, T] (the step at which each token was decided) and
 layout (the (rows, cols) token grid of an image, or None for a sequence).
@@ -47,6 +47,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from t2i_gcpo.core.tree import Tree
+
 NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches")
 RETURNS = ("weights", "advantages")
 Chunks = Iterable[tuple[slice, Tensor]]
@@ -72,9 +74,7 @@ class CreditInputs:
     group_size: int | None = None  # G (groups, rewards)
     tokens: Tensor | None = None  # [B, T] long — the sampled tokens
     rewards: Tensor | None = None  # [B] (rewards)
-    branch_points: Tensor | None = None  # [B, K] long, −1 padding (branches)
-    branch_rewards: Tensor | None = None  # [B, K, M] float64, NaN where none (branches)
-    branch_exists: Tensor | None = None  # [B, K, M] bool (branches)
+    tree: Tree | None = None  # branch points and their continuations' rewards (branches)
 
 
 @dataclass(frozen=True)
@@ -294,6 +294,6 @@ def _missing(need: str, inp: CreditInputs) -> bool:
         "features": (inp.features,),
         "groups": (inp.advantages, inp.group_size),
         "rewards": (inp.rewards, inp.group_size),
-        "branches": (inp.branch_points, inp.branch_rewards, inp.branch_exists),
+        "branches": (inp.tree,),
     }[need]
     return any(f is None for f in fields)
