@@ -310,14 +310,15 @@ class BranchingConfig:
     """Branched rollouts (docs/concepts/tree_credit.md#running-tree-credit): read by the train step and the
     credit maps for every credit scheme that needs "branches" (vine, or a user's own), ignored otherwise."""
 
-    rule: Literal["every_k", "entropy", "boundary"] = doc(
-        "Where samples branch: every k decision steps, before the k highest-entropy steps, or at task "
-        "boundaries (text: line starts; AR images: token rows).",
+    rule: Literal["every_k", "entropy", "boundary", "spread"] = doc(
+        "Where samples branch: every k decision steps, before the k highest-entropy steps, at task boundaries "
+        "(text: line starts; AR images: token rows), or k points spread evenly over each sample's steps "
+        "(tree groups: spread or entropy, so every group has the same number of leaves).",
         "every_k",
     )
     k: int = doc(
         "every_k: the spacing in decision steps (scale it with the sample's steps: 16 gives 3 points on a "
-        "64-token grid, use 64 on a 256-token one); entropy: how many points per sample.",
+        "64-token grid, use 64 on a 256-token one); entropy and spread: how many points per sample.",
         16,
         bounds=Bounds(1),
     )

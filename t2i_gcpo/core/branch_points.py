@@ -51,6 +51,21 @@ def every_k(n_steps: Tensor, k: int) -> Tensor:
     return torch.where(pts < n[:, None], pts, torch.full_like(pts, PAD))
 
 
+def spread(n_steps: Tensor, k: int) -> Tensor:
+    """Exactly k points per sample, evenly over its decision steps: t_j = ⌊j·n_i / (k + 1)⌋, j = 1 … k.
+
+    Distinct and ≥ 1 when n_i > k; a sample of n_i ≤ k steps repeats points, some of them 0 (a continuation
+    from the prompt: a fresh sample). Every sample gets k, so every tree group has the same number of leaves
+    (docs/concepts/tree_credit.md#tree-groups). Returns [B, k] long, sorted, not padded.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if n_steps.dim() != 1:
+        raise ValueError(f"n_steps must be [B], got {tuple(n_steps.shape)}")
+    j = torch.arange(1, k + 1, device=n_steps.device)
+    return (j[None] * n_steps.long()[:, None]) // (k + 1)
+
+
 def top_entropy(entropy: Tensor, mask: Tensor, k: int) -> Tensor:
     """Branch before the k highest-entropy valid positions of each sample (position 0 excluded).
 

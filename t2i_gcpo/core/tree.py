@@ -1,9 +1,13 @@
-"""The `Tree` record: the continuations sampled from each sample's branch points and their rewards
-(docs/concepts/tree_credit.md#branched-rollouts). One set of names from the adapters (which sample the
-continuations) through the batch and the checkpoints to the maths of core/tree_credit.py.
+"""The records of branched rollouts, from the adapters (which sample the continuations) through the batch and
+the checkpoints to the maths of core/tree_credit.py and core/tree_groups.py:
 
-Rows are samples (B), in the batch's order. A row's branch points come first, increasing, then −1 (K = the
-most points of any row, 0 when none has any); each point holds up to M continuations.
+- `Tree`: the continuations sampled from each sample's branch points and their rewards, the continuations
+  scored but not trained on (vine; docs/concepts/tree_credit.md#branched-rollouts);
+- `Leaves`: where each row of a tree group sits in its prompt's prefix tree, every leaf a training sample
+  (docs/concepts/tree_credit.md#tree-groups).
+
+Rows are samples (B), in the batch's order. A `Tree` row's branch points come first, increasing, then −1 (K
+= the most points of any row, 0 when none has any); each point holds up to M continuations.
 """
 
 from __future__ import annotations
@@ -83,3 +87,39 @@ class Tree:
             torch.cat([widen(t.rewards, float("nan")) for t in trees]),
             torch.cat([widen(t.exists, False) for t in trees]),
         )
+
+
+@dataclass
+class Leaves:
+    """The rows of tree groups (groups of G contiguous rows, as everywhere): each row a leaf of its prompt's
+    prefix tree — a root, sampled from the prompt, or a continuation of a root of its group from a branch
+    point, trained on from that point on."""
+
+    root: Tensor  # [B] long — the index within its group of the root the row continues; a root: its own
+    point: Tensor  # [B] long — the decision step the row branched from its root at; a root: −1
+
+    def __post_init__(self) -> None:
+        if self.root.dim() != 1 or self.point.shape != self.root.shape:
+            raise ValueError(
+                f"Leaves need root and point [B], got {tuple(self.root.shape)}, {tuple(self.point.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.root.shape[0])
+
+    @property
+    def is_root(self) -> Tensor:
+        """[B] bool."""
+        return self.point < 0
+
+    def select(self, index: Tensor | Sequence[int]) -> Leaves:
+        """Rows `index` (whole groups keep every `root` index valid)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Leaves(self.root[idx.to(self.root.device)], self.point[idx.to(self.point.device)])
+
+    def to(self, device: torch.device | str) -> Leaves:
+        return Leaves(self.root.to(device), self.point.to(device))
+
+    @staticmethod
+    def concat(parts: Sequence[Leaves]) -> Leaves:
+        return Leaves(torch.cat([p.root for p in parts]), torch.cat([p.point for p in parts]))

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from t2i_gcpo.core.tree import Tree
+from t2i_gcpo.core.tree import Leaves, Tree
 from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.rewards.base import RewardOutput
 
@@ -24,6 +24,8 @@ class Batch:
     # the continuations sampled from each row's branch points and their rewards, for a scheme that needs
     # "branches" (train/branches.py); None otherwise
     tree: Tree | None = None
+    # tree groups (a scheme that needs "leaves"): each row's root and branch point in its group's prefix tree
+    leaves: Leaves | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.tree, dict):  # a carry saved before the Tree record (a dict of its three fields)
@@ -34,21 +36,24 @@ class Batch:
         outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
         details = [self.reward.details[i] for i in ids] if self.reward.details else []
         tree = None if self.tree is None else self.tree.select(index)
+        leaves = None if self.leaves is None else self.leaves.select(index)
         return Batch(self.rollout.select(index), self.advantages[index],
-                     RewardOutput(self.reward.scores[index], details), outputs, tree)  # fmt: skip
+                     RewardOutput(self.reward.scores[index], details), outputs, tree, leaves)  # fmt: skip
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch | None:
         if not batches:
             return None
         outs = [b.outputs for b in batches]
-        trees = [b.tree for b in batches]
-        if any(t is None for t in trees) and not all(t is None for t in trees):
-            raise ValueError("cannot concatenate batches with and without branch continuations")
+        trees, leaves = [b.tree for b in batches], [b.leaves for b in batches]
+        for parts in (trees, leaves):
+            if any(x is None for x in parts) and not all(x is None for x in parts):
+                raise ValueError("cannot concatenate batches with and without branch continuations")
         return Batch(
             Rollout.concat([b.rollout for b in batches]),
             torch.cat([b.advantages for b in batches]),
             RewardOutput(torch.cat([b.reward.scores for b in batches]), [d for b in batches for d in b.reward.details]),
             torch.cat(outs) if torch.is_tensor(outs[0]) else [o for x in outs for o in x],
             None if trees[0] is None else Tree.concat(trees),
+            None if leaves[0] is None else Leaves.concat(leaves),
         )  # fmt: skip

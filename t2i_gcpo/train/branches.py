@@ -10,6 +10,7 @@ the same ones.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +18,9 @@ from typing import Any
 import torch
 
 from t2i_gcpo.config import BranchingConfig
-from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, top_entropy
+from t2i_gcpo.core.branch_points import at_boundaries, every_k, row_starts, spread, top_entropy
 from t2i_gcpo.core.credit import chunked_entropy
-from t2i_gcpo.core.tree import Tree
+from t2i_gcpo.core.tree import Leaves, Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout, SamplingParams
 from t2i_gcpo.policies.branching import continuation_keys, decision_steps
@@ -140,4 +141,91 @@ def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], branching: Bra
     return Grown(
         br.tree(points, scores), len(cont), int(fresh.sum()),
         {"rollout": mid - tic, "reward": time.perf_counter() - mid},
+    )  # fmt: skip
+
+
+def leaf_points(policy: Any, ro: Rollout, branching: BranchingConfig, context: str) -> torch.Tensor:
+    """[B, k] the branch points of tree groups: exactly `branching.k` per root, so every group has the same
+    number of leaves — `spread` evenly over each sample's decision steps, or (`entropy`) before its k most
+    uncertain steps, a short sample's missing points taken from the spread ones."""
+    spread_points = spread(decision_steps(ro).cpu(), branching.k)
+    if branching.rule == "spread":
+        return spread_points
+    if branching.rule == "entropy":
+        entropy, exists = step_entropy(policy, ro, context)
+        top = top_entropy(entropy, exists, branching.k).cpu()
+        if top.shape[1] < branching.k:
+            top = torch.nn.functional.pad(top, (0, branching.k - top.shape[1]), value=-1)
+        return torch.where(top >= 0, top, spread_points).sort(dim=1).values
+    raise UserError(f"tree groups branch with branching.rule=spread or entropy, got {branching.rule!r}")
+
+
+def leaf_keys(slots: list[int], group_size: int, points: torch.Tensor, n: int) -> list[tuple[int, ...]]:
+    """The generator keys of tree-group continuations, in `Branches` row order: (slot, g, j, t, c) for point j
+    (its column: a short sample's repeated points get distinct keys) at step t of root g."""
+    return [
+        (slots[b // group_size], b % group_size, j, t, c)
+        for b, row in enumerate(points.tolist())
+        for j, t in enumerate(row)
+        for c in range(n)
+    ]
+
+
+@dataclass
+class LeafGroups:
+    """Tree groups: each group's roots, then its continuations (docs/concepts/tree_credit.md#tree-groups)."""
+
+    rollout: Rollout  # [P·G] with G = G₀·(1 + k·n); continuations score their own segment only (`scored`)
+    outputs: Any  # what it decoded to
+    reward: Any  # RewardOutput of every leaf
+    leaves: Leaves
+    samples: int  # continuations sampled and scored
+    tokens: int  # tokens they sampled (from their point on)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_reward: Any, slots: list[int],
+                branching: BranchingConfig, seed: int, sampling: SamplingParams, context: str) -> LeafGroups:  # fmt: skip
+    """Branch every root of `roots` (groups of G₀, the group of slot `slots[i]` in rows i·G₀ …) at `k`
+    points, sample `continuations` from each, score them, and lay each group out as its roots then its
+    continuations — a tree group of G₀·(1 + k·n) leaves, all trained on."""
+    from t2i_gcpo.rewards.base import RewardOutput
+
+    if roots.state.get("estimator") == "remask":
+        raise UserError(
+            "tree groups train on continuations, which are trajectory samples: set "
+            "model_options.estimator=trajectory"
+        )
+    G0, n = roots.group_size, branching.continuations
+    tic = time.perf_counter()
+    points = leaf_points(policy, roots, branching, context)  # [B₀, k]
+    with sampler_precision(policy, sampling):
+        br = policy.branch(roots, points, n, group_generators(seed, "leaf", leaf_keys(slots, G0, points, n)))
+    mid = time.perf_counter()
+    cont = br.rollout
+    cont_out = policy.decode(cont)
+    cont_reward = call_reward(reward, cont_out, cont.texts, [p.meta for p in cont.prompts])
+    end = time.perf_counter()
+    own = (cont.step >= br.point.to(cont.step.device)[:, None]) & (cont.mask > 0)
+    cont = dataclasses.replace(cont, scored=own.to(cont.mask.dtype), group_size=G0)
+    # per group: its G₀ roots, then the k·n continuations of each of them (Branches order: root by root)
+    P, per_root = len(roots) // G0, points.shape[1] * n
+    order = torch.cat([
+        torch.cat([torch.arange(p * G0, (p + 1) * G0), len(roots) + torch.arange(p * G0 * per_root, (p + 1) * G0 * per_root)])
+        for p in range(P)
+    ])  # fmt: skip
+    both = Rollout.concat([roots, cont]).select(order)
+    both = dataclasses.replace(both, group_size=G0 * (1 + per_root))
+    root_index = torch.cat([torch.arange(len(roots)), br.root.cpu()]) % G0
+    point = torch.cat([torch.full((len(roots),), -1), br.point.cpu()])
+    if torch.is_tensor(outputs):
+        outs = torch.cat([outputs, cont_out.to(outputs.device)])[order.to(outputs.device)]
+    else:
+        outs = [(list(outputs) + list(cont_out))[i] for i in order.tolist()]
+    details = list(root_reward.details) + list(cont_reward.details)
+    scores = torch.cat([root_reward.scores, cont_reward.scores.to(root_reward.scores.device)])
+    return LeafGroups(
+        both, outs, RewardOutput(scores[order.to(scores.device)], [details[i] for i in order.tolist()] if details else []),
+        Leaves(root_index[order], point[order]), len(cont), int(own.sum()),
+        {"rollout": mid - tic, "reward": end - mid},
     )  # fmt: skip

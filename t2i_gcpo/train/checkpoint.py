@@ -131,12 +131,12 @@ LEGACY_OPTIMIZER, LEGACY_CARRY = "optimizer.pt", "carry.pt"  # torch.save files 
 
 def carry_types() -> dict[str, type]:
     """The dataclasses a carry file may hold (the allow-list `load_tree` builds from)."""
-    from t2i_gcpo.core.tree import Tree
+    from t2i_gcpo.core.tree import Leaves, Tree
     from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
     from t2i_gcpo.rewards.base import RewardOutput
     from t2i_gcpo.train.batch import Batch
 
-    return {c.__name__: c for c in (Batch, Rollout, PromptRecord, SamplingParams, RewardOutput, Tree)}
+    return {c.__name__: c for c in (Batch, Rollout, PromptRecord, SamplingParams, RewardOutput, Tree, Leaves)}
 
 
 def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:

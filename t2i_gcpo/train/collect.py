@@ -28,7 +28,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
-from t2i_gcpo.train.branches import grow
+from t2i_gcpo.train.branches import grow, grow_leaves
 from t2i_gcpo.train.credit import TRAIN_CONTEXT
 from t2i_gcpo.train.data import PromptStream
 
@@ -119,7 +119,11 @@ class BatchCollector:
         self.zero_std_estimate: float | None = None  # r̂: running share of groups without signal
         self.carry: Batch | None = None  # groups with signal drawn beyond P, trained at the next step
         # a scheme that needs "branches": every kept group is branched at the run's `branching` settings
-        self.branching = cfg.branching if "branches" in get_scheme(cfg.credit.scheme).needs else None
+        needs = get_scheme(cfg.credit.scheme).needs
+        self.branching = cfg.branching if "branches" in needs else None
+        self.leaves = (
+            cfg.branching if "leaves" in needs else None
+        )  # tree groups: continuations are trained on
         self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
         self.spent = dict.fromkeys(M.BUDGET, 0.0)  # the run's budget/* totals (this process)
 
@@ -127,7 +131,7 @@ class BatchCollector:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
         of fresh ones until P have signal, the round limit or the draw budget is reached; the kept groups
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
-        G, P = self.cfg.rollout.group_size, self.local_prompts
+        P = self.local_prompts
         tally = Tally()
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
@@ -145,7 +149,8 @@ class BatchCollector:
             last_round, keep = self.draw(policy, reward, prompts, slots, sampling, tally)
             idx = keep.nonzero().flatten()
             if len(idx):
-                fresh[len(kept)] = [slots[g] for g in (idx[::G] // G).tolist()]
+                g = last_round.rollout.group_size  # G, or a tree group's leaves
+                fresh[len(kept)] = [slots[i] for i in (idx[::g] // g).tolist()]
                 kept.append(last_round.select(idx))
         kept = self.within_cap(kept)
         if self.branching is not None:
@@ -155,8 +160,9 @@ class BatchCollector:
         batch = Batch.concat(kept)
         if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
             rows = torch.arange(len(batch.rollout))
-            self.carry = batch.select(rows[P * G :])
-            batch = batch.select(rows[: P * G])
+            cut = P * batch.rollout.group_size
+            self.carry = batch.select(rows[cut:])
+            batch = batch.select(rows[:cut])
         for key, value in tally.spent.items():
             self.spent[key] += value
         return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
@@ -172,25 +178,47 @@ class BatchCollector:
                                   group_generators(self.cfg.seed, "train", slots))  # fmt: skip
         r = scored.reward.scores  # NaN/raise → RewardError
         adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
-        tree = Tree.empty(len(adv), self.branching.continuations) if self.branching is not None else None
-        keep = torch.ones(len(adv), dtype=torch.bool)
-        if adv_cfg.dynamic_sampling:  # DAPO: only groups with signal
-            keep, _ = dynamic_sampling_filter(r, G)
         tally.add(scored.seconds, samples=len(scored.rollout), tokens=float(scored.rollout.mask.sum()))
         tally.scores.append(r)
         tally.details += scored.reward.details
         tally.drawn += len(prompts)
+        batch = Batch(scored.rollout, adv, scored.reward, scored.outputs)
+        if self.leaves is not None:  # tree groups: every group grows into its prefix tree, every leaf kept
+            batch = self.tree_groups(batch, slots, policy, reward, sampling, tally)
+            r, G = batch.reward.scores, batch.rollout.group_size
+        if self.branching is not None:  # continuations are grown for the kept groups (`branch`)
+            batch.tree = Tree.empty(len(r), self.branching.continuations)
+        keep = torch.ones(len(r), dtype=torch.bool)
+        if adv_cfg.dynamic_sampling:  # DAPO: only groups with signal (a tree group's: among all its leaves)
+            keep, _ = dynamic_sampling_filter(r, G)
         tally.without_signal += len(prompts) - int(keep.sum()) // G
-        return Batch(scored.rollout, adv, scored.reward, scored.outputs, tree), keep
+        return batch, keep
+
+    def tree_groups(self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
+                    tally: Tally) -> Batch:  # fmt: skip
+        """The round's groups grown into tree groups (train/branches.grow_leaves): roots then continuations,
+        the group advantages over every leaf."""
+        adv_cfg = self.cfg.advantage
+        grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward, slots, self.leaves,
+                            self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
+        tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
+        new = ~grown.leaves.is_root
+        tally.scores.append(grown.reward.scores[new])
+        if grown.reward.details:
+            tally.details += [d for d, keep in zip(grown.reward.details, new.tolist()) if keep]
+        G = grown.rollout.group_size
+        adv = group_advantages(grown.reward.scores, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
+        return Batch(grown.rollout, adv, grown.reward, grown.outputs, leaves=grown.leaves)
 
     def within_cap(self, kept: list[Batch]) -> list[Batch]:
-        """The kept groups up to what the step trains on and carries: P, plus P/2 with carry-over."""
-        P, G = self.local_prompts, self.cfg.rollout.group_size
-        room = P + (P // 2 if self.cfg.advantage.carry_over else 0)
+        """The kept groups up to what the step trains on and carries: P, plus P/2 with carry-over (a group
+        past the cap is dropped, so `kept`'s first entries keep their places)."""
+        room = self.local_prompts + (self.local_prompts // 2 if self.cfg.advantage.carry_over else 0)
         out = []
         for part in kept:
             n = min(groups_in([part]), room)
             if n:
+                G = part.rollout.group_size
                 out.append(part if n == groups_in([part]) else part.select(torch.arange(n * G)))
             room -= n
         return out

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES, CreditInputs, CreditSchemeError, credit_weights, get_scheme
-from t2i_gcpo.core.tree import Tree
+from t2i_gcpo.core.tree import Leaves, Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
 from t2i_gcpo.train.distributed import unwrap
@@ -39,7 +39,12 @@ def no_grad_dists(model: Any, ro: Rollout, context: str) -> Any:
 
 
 # a scheme's need → the `PolicyCapabilities` flag a family must declare to give it
-NEED_CAPABILITY = {"dists": "full_dists", "ref_dists": "full_dists", "branches": "branching"}
+NEED_CAPABILITY = {
+    "dists": "full_dists",
+    "ref_dists": "full_dists",
+    "branches": "branching",
+    "leaves": "branching",
+}
 CAPABILITY_WORDS = {"full_dists": "full next-token distributions", "branching": "branched rollouts"}
 
 
@@ -91,7 +96,7 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
 
 
 def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Tensor | None,
-                    tree: Tree | None) -> CreditInputs:  # fmt: skip
+                    tree: Tree | None, leaves: Leaves | None = None) -> CreditInputs:  # fmt: skip
     """Fill the sampled tokens, and the "rewards" / "branches" inputs where scheme `name` needs them: the
     batch's scores and its continuations' rewards per branch point (train/branches.py)."""
     needs = get_scheme(name).needs
@@ -101,6 +106,8 @@ def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Te
         inp.rewards, inp.group_size = rewards.to(dev), ro.group_size
     if "branches" in needs and tree is not None:
         inp.tree = tree.to(dev)
+    if "leaves" in needs and leaves is not None and rewards is not None:
+        inp.leaves, inp.rewards, inp.group_size = leaves.to(dev), rewards.to(dev), ro.group_size
     return inp
 
 
@@ -120,13 +127,13 @@ def credit_share(token_advantages: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
                     context: str, dists: Any = None, name: str | None = None, rewards: torch.Tensor | None = None,
-                    tree: Tree | None = None) -> torch.Tensor:  # fmt: skip
+                    tree: Tree | None = None, leaves: Leaves | None = None) -> torch.Tensor:  # fmt: skip
     """w [B, T] of the configured scheme (or of `name`), without gradient; token advantages [B, T] for a
-    scheme that returns them (`returns_advantages`). `rewards` [B] and `tree` (`Batch.tree`): the batch's
-    scores and continuations, for schemes that need them."""
+    scheme that returns them (`returns_advantages`). `rewards` [B], `tree` and `leaves` (`Batch.tree`,
+    `Batch.leaves`): the batch's scores, continuations and tree groups, for schemes that need them."""
     name = name or credit_cfg.scheme
     inp = fetch_inputs(name, ro, advantages, policy, reference, credit_cfg, context, dists)
-    add_tree_inputs(inp, name, ro, rewards, tree)
+    add_tree_inputs(inp, name, ro, rewards, tree, leaves)
     options = scheme_options(credit_cfg, name)
     if name in CREDIT_SCHEMES:  # a built-in scheme's failure is a bug: its traceback stays
         with torch.no_grad():
@@ -142,7 +149,7 @@ def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | Non
 
 def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,
                    context: str, names: tuple[str, ...], rewards: torch.Tensor | None = None,
-                   tree: Tree | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+                   tree: Tree | None = None, leaves: Leaves | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Weights under each named scheme, for figures (a scheme returning token advantages: their
     `credit_share`); a scheme that needs a reference, rewards or continuations is skipped without them."""
     out = {}
@@ -150,9 +157,9 @@ def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, polic
         needs = get_scheme(name).needs
         if ("ref_dists" in needs and reference is None) or ("rewards" in needs and rewards is None):
             continue
-        if "branches" in needs and tree is None:
+        if ("branches" in needs and tree is None) or ("leaves" in needs and leaves is None):
             continue
         w = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name, rewards=rewards,
-                            tree=tree)  # fmt: skip
+                            tree=tree, leaves=leaves)  # fmt: skip
         out[name] = credit_share(w, ro.loss_mask) if returns_advantages(name) else w
     return out

@@ -212,8 +212,26 @@ def check_scheme_fits(cfg: TrainConfig, policy: Policy) -> None:
     from t2i_gcpo.train.trainer import sampling_params
 
     check_capabilities(cfg.credit.scheme, policy)
-    if "branches" in get_scheme(cfg.credit.scheme).needs:
+    needs = get_scheme(cfg.credit.scheme).needs
+    if "branches" in needs:
         check_spacing(policy, cfg.branching, sampling_params(cfg))
+    if "leaves" in needs:
+        check_tree_groups(cfg)
+
+
+def check_tree_groups(cfg: TrainConfig) -> None:
+    """Tree groups need the same number of leaves in every group (branching.rule spread or entropy) and
+    continuations that train as the roots do (masked models: the trajectory estimator)."""
+    if cfg.branching.rule not in ("spread", "entropy"):
+        raise UserError(
+            f"credit scheme '{cfg.credit.scheme}' grows tree groups, which branch with branching.rule=spread or "
+            f"entropy (k points in every sample), got branching.rule={cfg.branching.rule}"
+        )
+    if cfg.model_options.estimator != "trajectory":
+        raise UserError(
+            f"credit scheme '{cfg.credit.scheme}' trains on continuations, which are trajectory samples: "
+            "set model_options.estimator=trajectory"
+        )
 
 
 def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:

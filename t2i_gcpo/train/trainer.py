@@ -132,7 +132,7 @@ class Trainer:
         if any_process(got.batch is not None, self.accelerator):
             self.refresh_credit_reference()
             if got.batch is not None:
-                stats, weights = self.update(got.batch, stale_rows=got.carried * cfg.rollout.group_size)
+                stats, weights = self.update(got.batch, stale_rows=got.carried * got.batch.rollout.group_size)
                 ro = got.batch.rollout.to("cpu")
                 stats.update(self.task.credit_metrics(weights.cpu(), ro, got.batch.reward.details))
             else:
@@ -409,7 +409,7 @@ class Trainer:
                               self.credit_ref, self.cfg, step, self.task)  # fmt: skip
             return
         save_sample_grid(
-            self.run_dir / "samples" / f"step_{step:06d}.png", batch, self.cfg.rollout.group_size
+            self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size
         )
         save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, unwrap(self.policy),
                          self.credit_ref, self.cfg, step)  # fmt: skip

@@ -109,13 +109,13 @@ class UpdateJob:
         `rows`: the rollout's rows `idx` when already selected, `dists` their distributions."""
         batch = self.batch
         rewards = batch.reward.scores if batch.reward is not None else None  # for schemes needing rewards
-        if idx is None:
-            return compute_weights(self.cfg.credit, batch.rollout, self.advantages, self.policy, self.credit_ref,
-                                   self.ctx, rewards=rewards, tree=batch.tree)  # fmt: skip
-        rows = rows if rows is not None else batch.rollout.select(idx)
-        return compute_weights(self.cfg.credit, rows, self.advantages[idx], self.policy,
-                               self.credit_ref, self.ctx, dists, rewards=None if rewards is None else rewards[idx],
-                               tree=None if batch.tree is None else batch.tree.select(idx))  # fmt: skip
+        tree, leaves, adv = batch.tree, batch.leaves, self.advantages
+        if idx is not None:
+            rows = rows if rows is not None else batch.rollout.select(idx)
+            rewards, adv = None if rewards is None else rewards[idx], adv[idx]
+            tree, leaves = (None if x is None else x.select(idx) for x in (tree, leaves))
+        return compute_weights(self.cfg.credit, batch.rollout if idx is None else rows, adv, self.policy,
+                               self.credit_ref, self.ctx, dists, rewards=rewards, tree=tree, leaves=leaves)  # fmt: skip
 
     def whole_batch_credit(self, chunks: list[torch.Tensor], per_step: bool) -> tuple[Any, Any]:
         """(weights of the whole batch, its loss normaliser) when it is split into minibatches (schemes may

@@ -113,7 +113,7 @@ def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
     ro = batch.rollout.select(idx)
     weights = scheme_weights(cfg.credit, ro, batch.advantages[idx].to(ro.mask.device), policy, reference,
                              TRAIN_CONTEXT[cfg.rollout.train_logp], order, rewards=batch.reward.scores[idx],
-                             tree=batch_tree(batch, idx))  # fmt: skip
+                             tree=batch_tree(batch, idx), leaves=None if batch.leaves is None else batch.leaves.select(idx))  # fmt: skip
     return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 

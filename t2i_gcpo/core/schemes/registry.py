@@ -20,6 +20,9 @@ Needs (the fields of `CreditInputs` they fill):
 - ``branches``  — tree (`core.tree.Tree`: points [B, K], rewards [B, K, M], exists [B, K, M]): the rewards
                   of M continuations sampled from each sample's branch points (the train step samples and
                   scores them only for a scheme that declares this; docs/concepts/tree_credit.md)
+- ``leaves``    — leaves (`core.tree.Leaves`: root [B], point [B]): the group is a prefix tree whose every leaf
+                  is a row of the batch — roots and their continuations, trained on (the train step samples
+                  them for a scheme that declares this; docs/concepts/tree_credit.md#tree-groups)
 Always given: mask [B, T], tokens [B, T], step [B, T] (the step at which each token was decided) and
 layout (the (rows, cols) token grid of an image, or None for a sequence).
 
@@ -47,9 +50,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from t2i_gcpo.core.tree import Tree
+from t2i_gcpo.core.tree import Leaves, Tree
 
-NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches")
+NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches", "leaves")
 RETURNS = ("weights", "advantages")
 Chunks = Iterable[tuple[slice, Tensor]]
 
@@ -75,6 +78,7 @@ class CreditInputs:
     tokens: Tensor | None = None  # [B, T] long — the sampled tokens
     rewards: Tensor | None = None  # [B] (rewards)
     tree: Tree | None = None  # branch points and their continuations' rewards (branches)
+    leaves: Leaves | None = None  # each row's root and branch point in its tree group (leaves)
 
 
 @dataclass(frozen=True)
@@ -295,5 +299,6 @@ def _missing(need: str, inp: CreditInputs) -> bool:
         "groups": (inp.advantages, inp.group_size),
         "rewards": (inp.rewards, inp.group_size),
         "branches": (inp.tree,),
+        "leaves": (inp.leaves, inp.rewards, inp.group_size),
     }[need]
     return any(f is None for f in fields)
