@@ -408,9 +408,7 @@ class Trainer:
             save_text_heatmap(self.run_dir / "credit_maps" / f"step_{step:06d}.html", batch, unwrap(self.policy),
                               self.credit_ref, self.cfg, step, self.task)  # fmt: skip
             return
-        save_sample_grid(
-            self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size
-        )
+        save_sample_grid(self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size)
         save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, unwrap(self.policy),
                          self.credit_ref, self.cfg, step)  # fmt: skip
 
