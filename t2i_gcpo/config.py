@@ -149,6 +149,21 @@ class RolloutConfig:
         "contrast (credit.contrast).",
         "recorded",
     )
+    allocation: Literal["none", "pods", "knapsack"] = doc(
+        "Prompt-level budget allocation (docs/concepts/algorithms.md#budget-allocation): 'none', G samples per "
+        "prompt; 'pods', draw draw_factor·G per prompt and train on the G whose rewards vary most (PODS, arXiv "
+        "2504.13818); 'knapsack', draw G per prompt, then (draw_factor − 1)·G per prompt more on average, a "
+        "group of G at a time, to the prompts whose estimated success rate (their history and this round) makes "
+        "a larger group most likely to hold both outcomes (Knapsack RL, arXiv 2509.25849), each prompt's draws "
+        "down-sampled to the G that vary most. Works with every credit scheme but tree groups; the budget "
+        "metrics count what was drawn (budget/samples) and what was kept (budget/samples_kept).",
+        "none",
+    )
+    draw_factor: float = doc(
+        "Budget allocation: the samples a step draws, as a multiple of the P·G it trains on.",
+        2.0,
+        bounds=Bounds(1, 64, why="a multiple of the trained samples"),
+    )
 
 
 @dataclass
@@ -511,6 +526,11 @@ class TrainConfig:
                 "optim.min_lr_rate",
                 self.optim.min_lr_rate == 0 or self.optim.lr_scheduler == "cosine_with_min_lr",
                 "applies to optim.lr_scheduler=cosine_with_min_lr only",
+            ),
+            (
+                "rollout.allocation",
+                self.rollout.allocation == "none" or "leaves" not in resolve_scheme(self.credit.scheme).needs,
+                "down-samples groups, which tree groups (a scheme that needs leaves) cannot be: set it to none",
             ),
             (
                 "model_options.negative",

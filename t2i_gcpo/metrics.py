@@ -36,6 +36,8 @@ TIME_STEP = "time/step"  # wall time of the whole step
 BUDGET_SAMPLES = "budget/samples"  # samples sampled and scored: the groups' and any continuations
 BUDGET_TOKENS = "budget/tokens"  # tokens sampled (valid tokens; a continuation's from its branch point on)
 BUDGET_REWARD_CALLS = "budget/reward_calls"  # calls of the reward (each scores one batch of samples)
+# budget allocation (rollout.allocation): samples left in the groups the step may train on, after down-sampling
+BUDGET_KEPT = "budget/samples_kept"
 BUDGET_TOTAL = "{key}_total"  # e.g. budget/samples_total: the sum over the run's steps
 BUDGET = (BUDGET_SAMPLES, BUDGET_TOKENS, BUDGET_REWARD_CALLS)
 EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)

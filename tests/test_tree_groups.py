@@ -126,10 +126,10 @@ def test_a_tree_step_trains_on_every_leaf_and_counts_its_budget(tmp_path, capsys
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["ar", "masked", "amused", "janus"])
 def test_the_tree_preset_trains_on_every_image_family(family, tmp_path, capsys):
-    build, texts = TINY_MODELS[family]
-    model = build(tmp_path)
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("\n".join(texts) + "\n")
+    model = TINY_MODELS[family][0](tmp_path)
+    prompts = tmp_path / "p.txt"  # prompts of the family's task: ShapeWorld's shapes or GenEval's classes
+    thing = "circle" if family in ("ar", "masked") else "cat"
+    prompts.write_text(f"a photo of a red {thing}\na photo of two {thing}s\n")
     out = tmp_path / "run"
     args = ["train", "--prompts", prompts, "--model", model, "--reward", "train_fixtures:redness", "--algo",
             "tree", "--out", out, "--steps", "2", "--seed", "0", "--set", "branching.k=1"]  # fmt: skip

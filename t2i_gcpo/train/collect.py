@@ -13,6 +13,7 @@ comparison of runs depend on them (`prompts_for`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,11 +23,12 @@ import torch
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
+from t2i_gcpo.core.allocation import allocate, max_variance_subset, success_estimate
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import PromptRecord, SamplingParams
-from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.tasks.loop import Scored, group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.branches import grow, grow_leaves
 from t2i_gcpo.train.credit import TRAIN_CONTEXT
@@ -125,14 +127,15 @@ class BatchCollector:
             cfg.branching if "leaves" in needs else None
         )  # tree groups: continuations are trained on
         self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
-        self.spent = dict.fromkeys(M.BUDGET, 0.0)  # the run's budget/* totals (this process)
+        self.spent = self.budget_keys()  # the run's budget/* totals (this process)
+        self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
         of fresh ones until P have signal, the round limit or the draw budget is reached; the kept groups
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
-        tally = Tally()
+        tally = Tally(spent=self.budget_keys())
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
         fresh: dict[int, list[int]] = {}  # index in `kept` → the prompt slots of its groups (drawn this step)
@@ -174,13 +177,9 @@ class BatchCollector:
         """One round: a group per prompt, sampled, decoded and scored, with its group advantages → (the
         round's groups, [B] bool: the rows of the groups with signal, all of them without dynamic sampling)."""
         adv_cfg, G = self.cfg.advantage, self.cfg.rollout.group_size
-        scored = sample_and_score(policy, reward, prompts, G, sampling,
-                                  group_generators(self.cfg.seed, "train", slots))  # fmt: skip
+        scored = self.sample(policy, reward, prompts, slots, sampling, tally)
         r = scored.reward.scores  # NaN/raise → RewardError
         adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
-        tally.add(scored.seconds, samples=len(scored.rollout), tokens=float(scored.rollout.mask.sum()))
-        tally.scores.append(r)
-        tally.details += scored.reward.details
         tally.drawn += len(prompts)
         batch = Batch(scored.rollout, adv, scored.reward, scored.outputs)
         if self.leaves is not None:  # tree groups: every group grows into its prefix tree, every leaf kept
@@ -193,6 +192,42 @@ class BatchCollector:
             keep, _ = dynamic_sampling_filter(r, G)
         tally.without_signal += len(prompts) - int(keep.sum()) // G
         return batch, keep
+
+    def sample(self, policy: Any, reward: Any, prompts: list[PromptRecord], slots: list[int],
+               sampling: SamplingParams, tally: Tally) -> Scored:  # fmt: skip
+        """The round's groups of G, sampled and scored; with rollout.allocation, more drawn and each prompt's
+        draws down-sampled to the G whose rewards vary most (docs/concepts/algorithms.md#budget-allocation).
+        A prompt's first G draws are the same samples with and without allocation (its own generator)."""
+        rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
+        first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
+        parts = [sample_and_score(policy, reward, prompts, first, sampling,
+                                  group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
+        rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
+        if rollout_cfg.allocation == "knapsack":
+            r = parts[0].reward.scores.view(len(prompts), G)
+            past = torch.tensor([self.history.get(p.text, [0.0, 0.0]) for p in prompts], dtype=torch.float64)
+            p_hat = success_estimate(past[:, 0], past[:, 1], r.sum(1), torch.full((len(prompts),), G))
+            extra = allocate(p_hat, G, units=round((rollout_cfg.draw_factor - 1) * len(prompts)), unit=G)
+            for units in sorted(set(extra.tolist()) - {0}):
+                which = (extra == units).nonzero().flatten().tolist()
+                offset = sum(len(part.rollout) for part in parts)
+                parts.append(sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
+                                              group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
+                for j, i in enumerate(which):
+                    rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
+        for part in parts:
+            tally.add(part.seconds, samples=len(part.rollout), tokens=float(part.rollout.mask.sum()))
+            tally.scores.append(part.reward.scores)
+            tally.details += part.reward.details
+        if rollout_cfg.allocation == "none":
+            return parts[0]
+        scores = torch.cat([part.reward.scores for part in parts])
+        for p, own in zip(prompts, rows):
+            seen = self.history.setdefault(p.text, [0.0, 0.0])
+            seen[0], seen[1] = seen[0] + float(scores[own].sum()), seen[1] + len(own)
+        order = torch.cat([torch.tensor(own)[max_variance_subset(scores[own], G)] for own in rows])
+        tally.spent[M.BUDGET_KEPT] += len(order)
+        return select_scored(parts, order, G)
 
     def tree_groups(self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
                     tally: Tally) -> Batch:  # fmt: skip
@@ -233,6 +268,11 @@ class BatchCollector:
         part.tree = grown.tree
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
 
+    def budget_keys(self) -> dict[str, float]:
+        """The budget/* counts this run keeps, at 0 (budget allocation also counts what it kept)."""
+        keys = (*M.BUDGET, M.BUDGET_KEPT) if self.cfg.rollout.allocation != "none" else M.BUDGET
+        return dict.fromkeys(keys, 0.0)
+
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt
         stream. A round owns `blocks` blocks of P slots; process k takes slots k·p … k·p + p − 1 of each
@@ -263,12 +303,34 @@ class BatchCollector:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint saves (train/checkpoint.py `collector_checkpoint`): the groups carried
         into the next step, r̂ and the budget spent so far."""
-        return {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate, "budget": dict(self.spent)}
+        state = {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate, "budget": dict(self.spent)}
+        if self.cfg.rollout.allocation != "none":
+            state["history"] = {text: list(v) for text, v in self.history.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.carry, self.zero_std_estimate = state["carry"], state["zero_std_estimate"]
-        self.spent = {**dict.fromkeys(M.BUDGET, 0.0), **(state.get("budget") or {})}  # older runs: none
+        self.spent = {**self.budget_keys(), **(state.get("budget") or {})}  # older runs: none
+        self.history = {text: list(v) for text, v in (state.get("history") or {}).items()}
 
 
 def groups_in(batches: list[Batch]) -> int:
     return sum(len(b.rollout) // b.rollout.group_size for b in batches)
+
+
+def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> Scored:
+    """Rows `order` of the scored parts laid end to end, as groups of `group_size`."""
+    from t2i_gcpo.rewards.base import RewardOutput
+
+    rollout = Rollout.concat([part.rollout for part in parts]).select(order)
+    outputs = [part.outputs for part in parts]
+    if torch.is_tensor(outputs[0]):
+        out = torch.cat(outputs)[order.to(outputs[0].device)]
+    else:
+        flat = [o for x in outputs for o in x]
+        out = [flat[i] for i in order.tolist()]
+    details = [d for part in parts for d in part.reward.details]
+    scores = torch.cat([part.reward.scores for part in parts])
+    seconds = {k: sum(part.seconds.get(k, 0.0) for part in parts) for k in parts[0].seconds}
+    return Scored(dataclasses.replace(rollout, group_size=group_size), out,
+                  RewardOutput(scores[order], [details[i] for i in order.tolist()] if details else []), seconds)  # fmt: skip
