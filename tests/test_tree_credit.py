@@ -483,3 +483,10 @@ def test_minibatch_rows_keep_groups_whole_and_balance_them():
     assert [r.tolist() for r in minibatch_rows(cfg, ro, adv)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     cfg.optim.minibatch_split = "balanced"  # groups 1 (+2) and 2 (−2) cancel in one minibatch
     assert sorted(r.tolist() for r in minibatch_rows(cfg, ro, adv)) == [[0, 1, 6, 7], [2, 3, 4, 5]]
+
+
+def test_roots_normalisation_divides_by_the_spread_of_the_groups_own_samples():
+    rewards, points, cont, mask = _two_samples()
+    raw = segment_advantages(rewards, 2, Tree(points, cont), mask)
+    roots = segment_advantages(rewards, 2, Tree(points, cont), mask, scale="roots", eps=0.0)
+    torch.testing.assert_close(roots, raw / rewards.std())  # std(1, 0), the continuations left out

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from t2i_gcpo.core.tree import Tree
 
-Scale = Literal["none", "group"]
+Scale = Literal["none", "group", "roots"]
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
@@ -44,8 +44,11 @@ def _scaled(adv: Tensor, pooled: Tensor, exists: Tensor, flat: Tensor, scale: Sc
     )  # a mean of equal floats may be 1 ulp off
     if scale == "none":
         return adv
-    if scale != "group":
-        raise ValueError(f"unknown scale {scale!r}; expected 'none' or 'group'")
+    if scale == "roots":  # the std of the group's own samples (pooled[:, :G]), as DAPO's advantage divides by
+        G = adv.shape[1]
+        pooled, exists = pooled[:, :G], exists[:, :G]
+    elif scale != "group":
+        raise ValueError(f"unknown scale {scale!r}; expected 'none', 'group' or 'roots'")
     n = exists.sum(dim=1).double()  # [P]
     x = torch.where(exists, pooled, 0.0)  # unused slots may hold NaN
     mean = x.sum(dim=1) / n
@@ -128,9 +131,10 @@ def segment_advantages(
     rewards: [B] root rewards, group_size G; tree: the branch points (core/branch_points.py) and the
     continuations' rewards (`Tree`, see ``segment_values``); mask: [B, T]; step: [B, T] the step at which
     each token was decided (None: its position), in the units of the points. No point may lie after the
-    sample's last step. scale: "none" (raw values, VinePPO's and SPO's estimator) or "group" (divided by
+    sample's last step. scale: "none" (raw values, VinePPO's and SPO's estimator), "group" (divided by
     σ + eps, σ the unbiased std of all the rewards scored for the prompt: its G samples and all their
-    continuations). A group whose rewards are all equal gets 0. Returns float32 [B, T], 0 on padding.
+    continuations) or "roots" (σ of its G samples alone, the divisor of DAPO's advantage). A group whose
+    rewards are all equal gets 0. Returns float32 [B, T], 0 on padding.
     """
     m, seg = token_segments(tree.points, mask, step)
     B, T = m.shape

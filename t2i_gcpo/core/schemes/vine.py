@@ -28,8 +28,12 @@ def vine(
         bool, Option("Count the sample itself as one continuation of each of its prefixes.")
     ] = True,
     normalisation: Annotated[
-        Literal["group", "none"],
-        Option("'group': divide by the std of every reward scored for the prompt; 'none': raw values."),
+        Literal["group", "roots", "none"],
+        Option(
+            "'group': divide by the std of every reward scored for the prompt, continuations included; 'roots': "
+            "by the std of its G samples alone (DAPO's divisor, so the two compare at the same step size); "
+            "'none': raw values."
+        ),
     ] = "group",
 ) -> Tensor:
     return segment_advantages(
