@@ -36,6 +36,9 @@ def test_presets_match_the_spec_table():
         "tempo": (0.2, 0.28, "token-mean", True, 0.0, "tempo"),
         "eg-grpo": (0.2, 0.28, "token-mean", True, 0.0, "eg_grpo"),
         "balanced": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
+        "tree": (0.2, 0.28, "token-mean", True, 0.0, "tree"),
+        "pods": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
+        "knapsack": (0.2, 0.28, "token-mean", True, 0.0, "uniform"),
     }
     for algo, expected in table.items():
         c = rows[algo]
@@ -55,6 +58,10 @@ def test_presets_match_the_spec_table():
         other = to_dict(rows[algo])
         assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "credit"}, algo
         assert {k for k in dapo["credit"] if dapo["credit"][k] != other["credit"][k]} == {"scheme"}, algo
+    for algo in ("pods", "knapsack"):  # DAPO with a budget allocation
+        other = to_dict(rows[algo])
+        assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "rollout"}, algo
+        assert {k for k in dapo["rollout"] if dapo["rollout"][k] != other["rollout"][k]} == {"allocation"}, algo
 
 
 def test_layering_preset_file_flags_then_set(tmp_path):
