@@ -135,6 +135,7 @@ def test_gradient_snr_vine_trains_only_its_branched_rows_and_tempo_returns_token
 
     from benchmarks.bench_gradient_snr import token_credit
     from t2i_gcpo.config import load_config
+    from t2i_gcpo.core.tree import Tree
     from t2i_gcpo.policies.base import PromptRecord, Rollout
     from t2i_gcpo.train.branches import Grown
     from t2i_gcpo.train.credit import compute_weights
@@ -149,11 +150,7 @@ def test_gradient_snr_vine_trains_only_its_branched_rows_and_tempo_returns_token
     scores = torch.tensor([0.5, 0.5, 1.0, 0.0])
     adv = torch.tensor([0.0, 0.0, 1.0, -1.0])
     rows = torch.tensor([2, 3])  # one point at step 3, 2 continuations each
-    tree = {
-        "points": torch.tensor([[3], [3]]),
-        "rewards": torch.tensor([[[1.0, 0.0]], [[1.0, 1.0]]], dtype=torch.float64),
-        "exists": torch.ones(2, 1, 2, dtype=torch.bool),
-    }
+    tree = Tree(torch.tensor([[3], [3]]), torch.tensor([[[1.0, 0.0]], [[1.0, 1.0]]], dtype=torch.float64))
     vine = load_config("vine")
     a, w = token_credit(vine, ro, adv, scores, policy, None, "pos", None, (rows, Grown(tree, 4, 12)))
     assert w is None and a.shape == (B, T)

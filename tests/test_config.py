@@ -61,7 +61,9 @@ def test_presets_match_the_spec_table():
     for algo in ("pods", "knapsack"):  # DAPO with a budget allocation
         other = to_dict(rows[algo])
         assert {k for k in dapo if dapo[k] != other[k]} == {"algo", "rollout"}, algo
-        assert {k for k in dapo["rollout"] if dapo["rollout"][k] != other["rollout"][k]} == {"allocation"}, algo
+        assert {k for k in dapo["rollout"] if dapo["rollout"][k] != other["rollout"][k]} == {"allocation"}, (
+            algo
+        )
 
 
 def test_layering_preset_file_flags_then_set(tmp_path):

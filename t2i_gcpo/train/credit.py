@@ -7,6 +7,7 @@ Used by the train step, the step's credit-map figure and `t2i-gcpo credit-map`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -48,11 +49,12 @@ NEED_CAPABILITY = {
 CAPABILITY_WORDS = {"full_dists": "full next-token distributions", "branching": "branched rollouts"}
 
 
-def check_capabilities(name: str, policy: Any) -> None:
+def check_capabilities(name: str, policy: Any, needs: Iterable[str] | None = None) -> None:
     """A one-line UserError when credit scheme `name` needs what the policy's family does not declare it
-    can give (a run checks this before its directory exists)."""
+    can give (a run checks this before its directory exists); `needs`: only these of its needs."""
     model = unwrap(policy)
-    for need in sorted(get_scheme(name).needs):
+    wanted = get_scheme(name).needs if needs is None else get_scheme(name).needs & set(needs)
+    for need in sorted(wanted):
         flag = NEED_CAPABILITY.get(need)
         if flag is not None and not getattr(model.capabilities, flag):
             raise UserError(
@@ -69,7 +71,7 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
     `reference`: the policy that `ref_dists` come from (frozen initial or rollout snapshot)."""
     needs = get_scheme(name).needs
     model = unwrap(policy)
-    check_capabilities(name, model)
+    check_capabilities(name, model, needs=("dists", "ref_dists"))  # what is fetched here
     # the tokens credit may fall on: those the log-prob estimator scores (Rollout.loss_mask)
     inp = CreditInputs(mask=ro.loss_mask, step=ro.step, layout=model.layout.grid)
     if "contrast" in needs:
