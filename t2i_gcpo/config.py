@@ -429,6 +429,10 @@ class TrainConfig:
         "Write a checkpoint every N steps (and at the end, and when stopped).", 50,
         bounds=Bounds(1, why="a checkpoint is also written at the end"),
     )  # fmt: skip
+    keep_checkpoints: int = doc(
+        "Checkpoints kept in the run directory: the last N (each save removes older ones).", 2,
+        bounds=Bounds(1, why="--resume continues from the last one"),
+    )  # fmt: skip
     eval_every: int = doc(
         "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
         "-1 never.",
@@ -478,6 +482,12 @@ class TrainConfig:
                 "loss.tis_cap",
                 self.loss.tis_cap is None or self.rollout.old_logprobs == "recompute",
                 "needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
+            ),
+            (
+                "optim.warmup_steps",
+                self.optim.warmup_steps == 0 or self.optim.warmup_steps < self.steps,
+                f"must be less than steps ({self.steps}): the warmup starts at lr 0, a run that ends in it "
+                "trains at a fraction of optim.lr",
             ),
             (
                 "optim.min_lr_rate",
@@ -802,7 +812,9 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    from t2i_gcpo.outdir import atomic_write_text  # never written through a link at `path`
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def describe(obj: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -166,12 +166,16 @@ class TextPolicy(Branching, nn.Module):
 
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(
+                path, trust_remote_code=False
+            )  # a folder's code never runs
         except Exception as e:  # any failure means: no usable tokenizer there
             raise UserError(f"no tokenizer found in '{path}' ({type(e).__name__}: {e})") from None
         try:
             with quiet_hub_bars():
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = AutoModelForCausalLM.from_pretrained(
+                    path, dtype=dtype, trust_remote_code=False, use_safetensors=True
+                )
         except (ValueError, OSError, KeyError, RuntimeError) as e:
             msg = " ".join(str(e).split())[:300]
             raise UserError(f"'{path}' is not a causal language model checkpoint: {msg}") from None
