@@ -23,12 +23,9 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import LOCK_NAME, RUN_MARKER, lock_output
 
 from cli_helpers import cli, error_line
-from tiny_models import tiny_policy_dir
-from train_fixtures import write_prompt_file
+from train_fixtures import copy_run, train_tiny_run
 
 TESTS = Path(__file__).resolve().parent
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "eval_every=-1", "save_every=1")  # fmt: skip
 
 CREDIT = """
 def weights(inputs):
@@ -47,23 +44,10 @@ def trained(tmp_path_factory):
     """A finished 1-step run (in `root/base`) trained with a credit scheme from a file of the user's."""
     root = tmp_path_factory.mktemp("sec")
     (root / "my_credit.py").write_text(CREDIT)
-    model, prompts = str(tiny_policy_dir(root)), str(write_prompt_file(root / "p.jsonl"))
-    args = ["train", "--prompts", prompts, "--model", model, "--credit", f"{root / 'my_credit.py'}:weights",
-            "--out", str(root / "base"), "--steps", "1", "--report-to", "none"]  # fmt: skip
-    for s in FAST:
-        args += ["--set", s]
-    from t2i_gcpo.cli import main
-
-    saved = trainer_mod.Trainer._report
-    trainer_mod.Trainer._report = lambda self: None
-    try:
-        main(args)
-    except SystemExit as e:
-        assert e.code in (0, None)
-    finally:
-        trainer_mod.Trainer._report = saved
-    return {"root": root, "base": root / "base", "model": model, "prompts": prompts,
-            "credit": root / "my_credit.py"}  # fmt: skip
+    return {
+        **train_tiny_run(root, "--credit", f"{root / 'my_credit.py'}:weights"),
+        "credit": root / "my_credit.py",
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -72,9 +56,7 @@ def no_report(monkeypatch):
 
 
 def fresh(trained, where: Path) -> Path:
-    run = where / "run"
-    shutil.copytree(trained["base"], run)
-    return run
+    return copy_run(trained["base"], where)
 
 
 def edit_config(run: Path, **changes) -> None:
