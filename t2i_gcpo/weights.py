@@ -118,11 +118,11 @@ def check_config_types(raw: dict, schema: type, path: str | os.PathLike) -> dict
             raise UserError(f"{path}: unknown config key '{key}' (a damaged file, or another model's?)")
         ok = _fits(value, hints[key]) and (key != "storage_dtype" or value in STORAGE_DTYPES)
         if not ok:
+            tp = hints[key]
             want = (
-                " | ".join(STORAGE_DTYPES)
-                if key == "storage_dtype"
-                else getattr(hints[key], "__name__", hints[key])
-            )
+                str(tp) if typing.get_args(tp) else getattr(tp, "__name__", str(tp))
+            )  # tuple[int, int], int
+            want = " | ".join(STORAGE_DTYPES) if key == "storage_dtype" else want
             raise UserError(f"{path}: config key '{key}' must be {want}, got {_one_line(repr(value), 80)}")
     return raw
 
