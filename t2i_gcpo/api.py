@@ -477,7 +477,7 @@ def _claim_run_dir(job: Any) -> None:
 
 def _keep_prompt_list(job: Any, temporary: Path) -> None:
     """Copy a prompt list's temporary file into the run directory and point the config at it."""
-    from t2i_gcpo.train.checkpoint import atomic_write_text
+    from t2i_gcpo.outdir import atomic_write_text
 
     path = job.run_dir / temporary.name
     if _main_process():

@@ -56,9 +56,8 @@ class RunCodeGuard:
     source: str  # the file that names the code (the run's config.yaml), for the messages
     named: frozenset[str] = frozenset()  # kinds named again on the command line ("credit scheme", "reward")
     trust: bool = False  # --trust-run-code: the code the run recorded at its start, unchanged
-    recorded: Mapping[str, str] | None = (
-        None  # absolute path → sha256 at the run's start (None: not recorded)
-    )
+    # absolute path → sha256 of each file the run read at its start (None: a run from before records)
+    recorded: Mapping[str, str] | None = None
     allow_changed: bool = False  # --allow-changed-inputs: a recorded file's new content is accepted
 
 

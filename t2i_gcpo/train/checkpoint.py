@@ -25,8 +25,6 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import atomic_write_text, read_side_json, read_side_text, real_dir
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree, tree_files
 
-__all__ = ["atomic_write_text"]  # kept here for the callers that import it from checkpoints
-
 STEP_DIR = re.compile(r"step_(\d+)")
 
 

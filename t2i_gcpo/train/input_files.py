@@ -16,6 +16,7 @@ from typing import Any
 
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import atomic_write_text, read_side_json
 from t2i_gcpo.usercode import code_file, sha256_bytes
 
 RECORD = "input_files.json"
@@ -55,16 +56,12 @@ def fingerprints(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
-    from t2i_gcpo.train.checkpoint import atomic_write_text
-
     atomic_write_text(run_dir / RECORD, json.dumps(record, indent=1) + "\n")
 
 
 def read_record(run_dir: Path) -> dict[str, dict] | None:
     """{absolute path: {"role", "sha256"}} as the run recorded them; None for a run from before runs
     recorded them. A damaged record is a one-line UserError."""
-    from t2i_gcpo.outdir import read_side_json
-
     path = run_dir / RECORD
     if not path.exists() and not path.is_symlink():
         return None

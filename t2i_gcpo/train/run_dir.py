@@ -11,7 +11,7 @@ from typing import Any
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, save_config
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.train.checkpoint import atomic_write_text
+from t2i_gcpo.outdir import atomic_write_text
 
 
 def claim_default_run_dir(algo: str) -> tuple[Path, Any]:
