@@ -507,7 +507,7 @@ class TrainConfig:
 
 def check_credit(credit: Any) -> None:
     """The configured credit scheme exists (a user's ``file.py:function`` is imported now, again on every
-    load, so a resumed run re-imports it), takes the options given, and each section passes its scheme's
+    load: a resumed run re-imports it, as usercode.run_code_guard allows), takes the options given, and each section passes its scheme's
     own check; else a one-line UserError naming the key, the scheme and its options."""
     scheme = resolve_scheme(credit.scheme)
     hints = {o.name: o.type for o in scheme.specs}

@@ -10,7 +10,7 @@ Forms:
                                               the arithmetic world's answer correctness (1/0), plus
                                               W × format reward, plus DAPO's overlong penalty
 - ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata) — user
-                                              code, imported and run (again on ``--resume``)
+                                              code, imported and run (on ``--resume`` only when named again or trusted)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
 
 The GenEval-style rewards score partial credit by docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1], by default; the
