@@ -342,6 +342,8 @@ def train(
     report_to: str | None = None,
     resume: str | os.PathLike | None = None,
     credit: str | Callable[..., Any] | None = None,
+    trust_run_code: bool = False,
+    allow_changed_inputs: bool = False,
 ) -> TrainResult:
     """Train a policy with GRPO, DAPO, GCPO or DGPO (``t2i-gcpo train``).
 
@@ -369,11 +371,17 @@ def train(
             installed is refused before anything is loaded.
         resume: continue the run in this directory from its last checkpoint, with its saved config
             (only `steps` may change; a run trained with a Python reward or credit function needs the same
-            function as `reward` / `credit`).
+            function as `reward` / `credit`). The code its config names (a ``file.py:function`` or
+            ``module:function`` credit scheme or reward) runs only when given again as `credit` /
+            `reward` (the same spec) or with `trust_run_code` (docs/errors.md#run-code).
         credit: the token-credit scheme (``--credit``, config key ``credit.scheme``; default: the
             preset's): a registered name (``"gcpo"``, ``"uniform"``, …), ``"path/to/file.py:function"``,
             ``"module:function"``, or a function ``fn(inputs, **options) -> w [B, T]`` marked with
             `t2i_gcpo.credit_scheme` (docs/guides/custom-credit.md); its options: ``credit.options.NAME``.
+        trust_run_code: with `resume`, run the code the run's config names without naming it again, if it
+            is the code the run started with (``--trust-run-code``).
+        allow_changed_inputs: with `resume`, continue although a prompt, credit or reward file changed
+            since the run started (``--allow-changed-inputs``).
 
     Returns:
         `TrainResult`: the run directory, its metrics rows, the final held-out scores and the policy.
@@ -391,14 +399,21 @@ def train(
         given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
                                 ("out", out), ("report_to", report_to), ("seed", seed)) if v is not None]  # fmt: skip
         given += ["model"] if model is not None else []
-        given += [k for k, v in (("reward", reward), ("credit", credit)) if isinstance(v, str)]
         if given:
             raise UserError(
-                f"resume takes the run's saved config; only steps may be given with it (and a Python "
-                f"reward or credit function again), not {', '.join(given)}"
+                f"resume takes the run's saved config; only steps may be given with it (and its reward or "
+                f"credit again), not {', '.join(given)}"
             )
-        job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj)
+        from t2i_gcpo.train.run import ResumeOptions
+
+        options = ResumeOptions(credit=credit_name, reward=reward_name, trust_run_code=trust_run_code,
+                                allow_changed_inputs=allow_changed_inputs)  # fmt: skip
+        job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj, resume_options=options)
         return _finish(job, _run(job))
+    if trust_run_code or allow_changed_inputs:
+        raise UserError(
+            "trust_run_code and allow_changed_inputs go with resume= (a new run runs the code you give)"
+        )
     if prompts is None:
         raise UserError("missing prompts (a .txt/.jsonl file or a list of prompts)")
     from t2i_gcpo.config import TrainConfig, preset_names
@@ -462,7 +477,7 @@ def _claim_run_dir(job: Any) -> None:
 
 def _keep_prompt_list(job: Any, temporary: Path) -> None:
     """Copy a prompt list's temporary file into the run directory and point the config at it."""
-    from t2i_gcpo.train.checkpoint import atomic_write_text
+    from t2i_gcpo.outdir import atomic_write_text
 
     path = job.run_dir / temporary.name
     if _main_process():

@@ -469,6 +469,10 @@ class TrainConfig:
         "Write a checkpoint every N steps (and at the end, and when stopped).", 50,
         bounds=Bounds(1, why="a checkpoint is also written at the end"),
     )  # fmt: skip
+    keep_checkpoints: int = doc(
+        "Checkpoints kept in the run directory: the last N (each save removes older ones).", 2,
+        bounds=Bounds(1, why="--resume continues from the last one"),
+    )  # fmt: skip
     eval_every: int = doc(
         "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
         "-1 never.",
@@ -523,6 +527,12 @@ class TrainConfig:
                 "needs rollout.old_logprobs=recompute (the weight is π_old/π_rollout)",
             ),
             (
+                "optim.warmup_steps",
+                self.optim.warmup_steps == 0 or self.optim.warmup_steps < self.steps,
+                f"must be less than steps ({self.steps}): the warmup starts at lr 0, a run that ends in it "
+                "trains at a fraction of optim.lr",
+            ),
+            (
                 "optim.min_lr_rate",
                 self.optim.min_lr_rate == 0 or self.optim.lr_scheduler == "cosine_with_min_lr",
                 "applies to optim.lr_scheduler=cosine_with_min_lr only",
@@ -545,7 +555,7 @@ class TrainConfig:
 
 def check_credit(credit: Any) -> None:
     """The configured credit scheme exists (a user's ``file.py:function`` is imported now, again on every
-    load, so a resumed run re-imports it), takes the options given, and each section passes its scheme's
+    load: a resumed run re-imports it, as usercode.run_code_guard allows), takes the options given, and each section passes its scheme's
     own check; else a one-line UserError naming the key, the scheme and its options."""
     scheme = resolve_scheme(credit.scheme)
     hints = {o.name: o.type for o in scheme.specs}
@@ -883,7 +893,9 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    from t2i_gcpo.outdir import atomic_write_text  # never written through a link at `path`
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def describe(obj: Any = None, prefix: str = "") -> list[tuple[str, str, str]]:

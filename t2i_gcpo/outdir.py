@@ -1,4 +1,14 @@
-"""Output folders: one command at a time per folder (`lock_output`), and what counts as a run.
+"""Output folders: one command at a time per folder (`lock_output`), what counts as a run, and the
+writes into them, none of which follows a link.
+
+A folder the tool writes may come from someone else (a downloaded run) or sit where others can write
+(/tmp). Its entries must be plain files and folders: `lock_output` refuses a folder holding a symbolic
+link, a FIFO, a socket or a device anywhere inside it (one line, before any work), and the writes
+themselves never follow a link at the last step of their path: the lock is opened with ``O_NOFOLLOW``
+(and ``O_NONBLOCK``: a FIFO there cannot hang it), `atomic_write_text` writes a fresh temporary file and
+renames it over the name (a rename replaces a link, never writes through it), `open_append` opens with
+``O_NOFOLLOW``, and `real_dir` checks a folder about to be written is a folder, not a link to one. The
+folder named on the command line may itself be a link: the user chose it.
 
 The lock is an exclusive `flock` on ``<folder>/.t2i-gcpo.lock``, taken without waiting. The kernel
 drops it when its process ends, however it ends (kill -9 included), so a lock left by a dead process
@@ -14,11 +24,15 @@ refused process, which is most of the code here around the one `flock` call.)
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
 import sys
+import tempfile
 from pathlib import Path
+from typing import IO, Any
 
 from t2i_gcpo.errors import UserError, shorten
 
@@ -71,9 +85,11 @@ def _holder(text: str) -> str:
         return "another process"
 
 
-def lock_output(folder: str | os.PathLike, command: str | None = None) -> OutputLock:
+def lock_output(folder: str | os.PathLike, command: str | None = None, check_tree: bool = True) -> OutputLock:
     """Lock `folder` (created if missing) for this process, or raise a UserError naming the process
-    that holds it. `command` is recorded for that message (default: this process's command line)."""
+    that holds it. `command` is recorded for that message (default: this process's command line).
+    `check_tree`: refuse a folder holding a link or a special file (`check_plain_tree`); a caller that
+    first checks the folder is its own (a new run's is empty) passes False and checks it then."""
     import fcntl
 
     folder = Path(folder)
@@ -90,7 +106,7 @@ def lock_output(folder: str | os.PathLike, command: str | None = None) -> Output
         "command": command or " ".join(["t2i-gcpo", *sys.argv[1:]]),
     }
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path, created)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -101,7 +117,7 @@ def lock_output(folder: str | os.PathLike, command: str | None = None) -> Output
                 f"{folder} is in use by {_holder(text)}; wait for it to end or stop it, or choose another folder"
             ) from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(path).st_ino
         except FileNotFoundError:
             same = False
         if same:
@@ -112,7 +128,147 @@ def lock_output(folder: str | os.PathLike, command: str | None = None) -> Output
         print(f"note: took over the lock of {_holder(stale)}, which no longer runs", file=sys.stderr)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
-    return OutputLock(folder, fd, created)
+    lock = OutputLock(folder, fd, created)
+    if check_tree:
+        try:
+            check_plain_tree(folder)
+        except BaseException:
+            lock.release()
+            raise
+    return lock
+
+
+def _open_lock(path: Path, created: list[Path]) -> int:
+    """The lock file's descriptor: created if missing, never through a link, never blocking on a FIFO;
+    anything but a plain file there is a one-line UserError."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        _remove_empty(created)
+        raise UserError(_unwritable(path, e)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        _remove_empty(created)
+        raise UserError(_unwritable(path))
+    return fd
+
+
+def _unwritable(path: Path, e: OSError | None = None) -> str:
+    """The message for a file the tool writes that it cannot open as a plain file."""
+    if e is not None and e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EEXIST):
+        return f"cannot write {path}: {e.strerror or e}"
+    return f"{path} is {_not_plain(path)}, where t2i-gcpo writes a file of its own; remove it"
+
+
+def _not_plain(path: Path) -> str:
+    """What `path` is, for a message about an entry that should be a plain file or folder."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "unreadable"
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link (to {os.readlink(path)})"
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def check_plain_tree(folder: Path) -> None:
+    """Refuse (one-line UserError) an output folder holding, anywhere inside, an entry the tool would
+    write through or into elsewhere: a symbolic link, a FIFO, a socket or a device."""
+    for root, dirs, files in os.walk(folder):  # never descends through a link
+        for name in (*dirs, *files):
+            path = Path(root) / name
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise UserError(
+                    f"{path} is {_not_plain(path)}: t2i-gcpo writes only plain files and folders in {folder} "
+                    "and does not write through links; remove it or choose another folder"
+                )
+
+
+def real_dir(path: Path) -> Path:
+    """`path` as a folder about to be written: created if missing; a link or a file there is a one-line
+    UserError (a link would send the writes, and the pruning of old checkpoints, elsewhere)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        pass
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise UserError(f"{path} is {_not_plain(path)}, where t2i-gcpo writes a folder of its own; remove it")
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and `os.replace`: a reader
+    sees the old content or the new one, never a part, and a link at `path` is replaced, never written
+    through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: Path) -> IO[str]:
+    """`path` opened to append text (created if missing), never through a link (a one-line UserError)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)  # fmt: skip
+    except OSError as e:
+        raise UserError(_unwritable(path, e)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(_unwritable(path))
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+SIDE_FILE_BYTES = 64 << 20  # a run folder's JSON/YAML side files are small; more is not one of ours
+
+
+def read_side_text(path: Path) -> str:
+    """The text of a small side file the tool wrote in a folder (trainer_state.json, eval.json, …): a
+    plain file, read without following a link or blocking on a FIFO, UTF-8; else a one-line UserError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        what = _not_plain(path) if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) else e.strerror
+        raise UserError(f"cannot read {path}: {what}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"cannot read {path}: it is {_not_plain(path)}")
+        if info.st_size > SIDE_FILE_BYTES:
+            raise UserError(
+                f"{path} holds {info.st_size} bytes, too many for a file t2i-gcpo wrote (damaged?)"
+            )
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text (damaged file?)") from None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """`text` parsed as JSON; malformed or absurdly nested JSON is a one-line UserError naming `where`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise UserError(f"{where} is nested too deeply to be a file t2i-gcpo wrote (damaged?)") from None
+
+
+def read_side_json(path: Path) -> Any:
+    """A side file's JSON (see `read_side_text`), or a one-line UserError naming it."""
+    return parse_json(read_side_text(path), str(path))
 
 
 def is_run_dir(folder: Path) -> bool:

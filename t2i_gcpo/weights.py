@@ -6,13 +6,19 @@ damaged checkpoint, and sampling never fails later with a NaN traceback.
 
 The ShapeWorld priors and their VQ read their files with `read_weights`; the families loaded through
 transformers / diffusers (text, Janus, aMUSEd) check their folders with `check_weight_files` first.
+Their ``config.json`` files are checked against the config dataclass they build (`check_config_types`):
+a key of the wrong type is a `UserError` naming the file and the key, not a traceback from deep inside
+the model's constructor.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import typing
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -59,9 +65,74 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")  # torch.save files: reading one can run code
+
+
 def check_weight_files(folder: str | os.PathLike) -> None:
     """Check every ``*.safetensors`` file under `folder` (a transformers / diffusers checkpoint),
-    tensor by tensor, so memory holds one tensor at a time."""
+    tensor by tensor, so memory holds one tensor at a time. A folder whose weights are only pickles
+    (``pytorch_model.bin``) is refused: the loaders read safetensors only (``use_safetensors=True``)."""
+    for pattern in PICKLED_WEIGHTS:
+        for path in sorted(Path(folder).rglob(pattern)):
+            if not any(path.parent.glob("*.safetensors")):
+                raise UserError(
+                    f"{path}: weights saved as a pickle (torch.save), which t2i-gcpo does not read (reading one "
+                    "can run code); save them as safetensors (save_pretrained(…, safe_serialization=True))"
+                )
     for path in sorted(Path(folder).rglob("*.safetensors")):
         for name, tensor in _tensors(path):
             check_tensor(path, name, tensor)
+
+
+STORAGE_DTYPES = ("float16", "bfloat16", "float32")  # what a built-in checkpoint stores its weights in
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether a JSON `value` is of the annotated type `tp` (a tuple field takes a JSON list)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is Literal:
+        return value in args
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+    return True  # a type this check does not know: the constructor checks it
+
+
+def check_config_types(raw: dict, schema: type, path: str | os.PathLike) -> dict:
+    """`raw` (a checkpoint's config.json) if every key is a field of the dataclass `schema` holding a
+    value of its type (and ``storage_dtype`` a weight dtype); else a `UserError` naming `path` and the key."""
+    hints = typing.get_type_hints(schema)
+    for key, value in raw.items():
+        if key not in hints:
+            raise UserError(f"{path}: unknown config key '{key}' (a damaged file, or another model's?)")
+        ok = _fits(value, hints[key]) and (key != "storage_dtype" or value in STORAGE_DTYPES)
+        if not ok:
+            tp = hints[key]
+            want = (
+                str(tp) if typing.get_args(tp) else getattr(tp, "__name__", str(tp))
+            )  # tuple[int, int], int
+            want = " | ".join(STORAGE_DTYPES) if key == "storage_dtype" else want
+            raise UserError(f"{path}: config key '{key}' must be {want}, got {_one_line(repr(value), 80)}")
+    return raw
+
+
+def custom_code_refusal(path: str | os.PathLike, e: BaseException) -> UserError | None:
+    """The one-line error for transformers refusing, under ``trust_remote_code=False``, a checkpoint whose
+    config files (``auto_map``) name Python code of its own; None for any other error."""
+    if "trust_remote_code" not in str(e) and "custom code" not in str(e):
+        return None
+    return UserError(
+        f"'{path}' needs Python code of its own to load (auto_map in its config files), and t2i-gcpo never "
+        "runs a checkpoint's code: use a checkpoint of a model transformers implements"
+    )

@@ -99,7 +99,7 @@ def test_a_scheme_from_a_file_trains_with_the_weights_it_returns_and_resumes(
 
     monkeypatch.chdir(tmp_path)  # the recorded path, not the working directory, finds the file again
     USER_SCHEMES.clear()  # as in a new process: the resume imports the file again
-    code, _, err = cli(capsys, "train", "--resume", zero, "--steps", "2")
+    code, _, err = cli(capsys, "train", "--resume", zero, "--steps", "2", "--trust-run-code")  # its own code
     assert code == 0, err
     resumed = rows(zero)
     assert [r["step"] for r in resumed] == [1, 2] and resumed[1]["credit/weight_max"] == 0
@@ -193,8 +193,10 @@ def test_a_python_function_is_a_scheme_for_the_api(tiny, tmp_path):
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["credit"]["scheme"] == (
         f"{__name__}:half_credit"
     )
-    with pytest.raises(UserError, match="not credit"):
-        api.train(resume=tmp_path / "run", credit="uniform")
+    with pytest.raises(
+        UserError, match="was trained with the credit scheme 'test_custom_credit:half_credit'"
+    ):
+        api.train(resume=tmp_path / "run", credit="uniform")  # a resumed run keeps its own
 
 
 def half_credit(inputs):

@@ -164,7 +164,7 @@ def test_fsdp2_two_processes_train_resume_and_match_one_process(tmp_path):
     train([*args, "--steps", "2", "--set", "sample_every=1", "--out", str(run)], FSDP)
     processes(run, "FSDP")
     assert sorted(p.name for p in (run / "credit_maps").iterdir()) == ["step_000001.png", "step_000002.png"]
-    train(["--resume", str(run), "--steps", "3"], FSDP)
+    train(["--resume", str(run), "--steps", "3", "--trust-run-code"], FSDP)
     processes(run, "FSDP")
     assert [r["step"] for r in rows(run)] == [1, 2, 3]
     initial = initial_weights(str(model))
@@ -266,7 +266,7 @@ def test_kill_9_and_resume_under_each_strategy_is_bit_identical(tmp_path, strate
     kill_after_checkpoint([*args, "--out", str(part)], launch, part, step=2)
     killed_at = len(rows(part))
     assert 2 <= killed_at < STEPS, f"killed after step {killed_at}"
-    train(["--resume", str(part)], launch)
+    train(["--resume", str(part), "--trust-run-code"], launch)
     kind = "FSDP" if strategy == "fsdp" else "MULTI_CPU"
     assert processes(full, kind)["param_checksums"] == processes(part, kind)["param_checksums"]
     a, b = rows(full), rows(part)

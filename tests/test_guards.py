@@ -158,7 +158,9 @@ def test_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tiny, tmp_pat
     assert steps == [1, 2]
     for ckpt in (out / "checkpoints").glob("step_*"):
         assert all(torch.isfinite(t).all() for t in weights(ckpt).values()), ckpt
-    code, err = cli("train", "--resume", str(out), "--steps", "2")  # ends the run at its good step
+    code, err = cli(
+        "train", "--resume", str(out), "--steps", "2", "--trust-run-code"
+    )  # ends it at its good step
     assert code == 0, err
 
 

@@ -21,13 +21,15 @@ import t2i_gcpo.train.trainer as trainer_mod
 from t2i_gcpo.config import OptimConfig, describe, load_config
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.checkpoint import latest_checkpoint, load_scheduler
-from t2i_gcpo.train.run import prepare, run
+from t2i_gcpo.train.run import ResumeOptions, prepare, run
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
 
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
 TESTS = Path(__file__).resolve().parent
+
+TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
 
 def lrs(optim: OptimConfig, steps: int, lr: float = 1.0) -> list[float]:
@@ -165,7 +167,7 @@ def test_cosine_with_floor_resumes_bit_identically_after_kill_9(tmp_path, monkey
     assert 3 <= done < steps
     assert load_scheduler(saved)["last_epoch"] == done  # the schedule's position is in the checkpoint
 
-    run(prepare(resume_dir=part))
+    run(prepare(resume_options=TRUST, resume_dir=part))
     a, b = rows(full), rows(part)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
     assert [r["lr"] for r in b] == logged, "the same lr at every step, to the bit"

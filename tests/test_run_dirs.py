@@ -23,7 +23,7 @@ from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.checkpoint import carry_types, latest_checkpoint, load_carry
-from t2i_gcpo.train.run import prepare, run
+from t2i_gcpo.train.run import ResumeOptions, prepare, run
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree
 
 from cli_helpers import cli, error_line
@@ -57,6 +57,8 @@ lock = lock_output(sys.argv[1], sys.argv[2])  # held while referenced
 print("locked", flush=True)
 time.sleep(300)
 """
+
+TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
 
 class Payload:
@@ -199,7 +201,7 @@ def test_a_crafted_pickle_in_a_run_directory_never_runs(tiny, tmp_path, capsys):
     marker.unlink()
 
     torch.save(Payload(marker), ckpt / "carry.pt")
-    code, _, err = cli(capsys, "train", "--resume", run_dir, "--steps", 2)
+    code, _, err = cli(capsys, "train", "--resume", run_dir, "--steps", 2, "--trust-run-code")
     line = error_line(err)
     assert code == 2 and "carry.pt is a pickle" in line and "delete it to resume" in line, line
     code, _, err = cli(capsys, "compare", "--algos", "gcpo", "--seeds", 1, "--steps", 2, "--model", tiny["model"],
@@ -211,7 +213,7 @@ def test_a_crafted_pickle_in_a_run_directory_never_runs(tiny, tmp_path, capsys):
     for name in ("optimizer.safetensors", "optimizer.json"):
         (ckpt / name).unlink()
     torch.save(Payload(marker), ckpt / "optimizer.pt")
-    code, _, err = cli(capsys, "train", "--resume", run_dir, "--steps", 2)
+    code, _, err = cli(capsys, "train", "--resume", run_dir, "--steps", 2, "--trust-run-code")
     assert code == 2 and "optimizer.pt: cannot read the optimizer state" in error_line(err)
     assert not marker.exists(), "the payload never ran"
 
@@ -315,7 +317,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     assert latest_checkpoint(crashed) is None
     code, _, err = cli(capsys, *cli_args(tiny, crashed, 3, extra))
     assert code == 2 and f"continue it with --resume {crashed}" in error_line(err)
-    run(prepare(resume_dir=crashed))
+    run(prepare(resume_options=TRUST, resume_dir=crashed))
     assert_same_run(full, crashed, 3)
 
     nan = tmp_path / "nan"  # NaN from the first training step on: the dry sample before the run passes
@@ -323,7 +325,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     code, _, err = cli(capsys, *cli_args(tiny, nan, 3, extra))
     assert code == 2 and "error:" in err and latest_checkpoint(nan) is None
     monkeypatch.delenv("T2I_TEST_NAN_REWARD")
-    run(prepare(resume_dir=nan))
+    run(prepare(resume_options=TRUST, resume_dir=nan))
     assert_same_run(full, nan, 3)
 
     stopped = tmp_path / "stopped"  # Ctrl-C twice in step 1: stop at once, before any checkpoint
@@ -340,7 +342,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
         in out
     )
     assert latest_checkpoint(stopped) is None
-    run(prepare(resume_dir=stopped))
+    run(prepare(resume_options=TRUST, resume_dir=stopped))
     assert_same_run(full, stopped, 3)
 
 
@@ -357,7 +359,7 @@ def test_a_ctrl_c_before_the_loop_says_how_to_continue(tiny, tmp_path, monkeypat
     monkeypatch.undo()
     monkeypatch.syspath_prepend(str(tiny["root"]))
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
-    run(prepare(resume_dir=out))
+    run(prepare(resume_options=TRUST, resume_dir=out))
     assert [r["step"] for r in rows(out)] == [1, 2]
 
 
@@ -401,7 +403,7 @@ def test_a_stop_signal_in_the_final_evaluation_prints_the_resume_line_and_writes
         in stdout
     )
     assert (out / "report.html").is_file() and not (out / "eval.json").exists()
-    run(prepare(resume_dir=out))
+    run(prepare(resume_options=TRUST, resume_dir=out))
     assert [r["step"] for r in rows(out)] == [1, 2, 2] and (out / "eval.json").is_file()
 
 

@@ -25,8 +25,14 @@ from t2i_gcpo.cli import cli
 from t2i_gcpo.config import from_dict, load_config
 from t2i_gcpo.errors import UserError, check_writable_dir
 from t2i_gcpo.policies.registry import load_policy
-from t2i_gcpo.train.checkpoint import latest_checkpoint, load_carry, load_optimizer, save_checkpoint
-from t2i_gcpo.train.run import prepare, run
+from t2i_gcpo.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_carry,
+    load_optimizer,
+    save_checkpoint,
+)
+from t2i_gcpo.train.run import ResumeOptions, prepare, run
 
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
@@ -34,6 +40,8 @@ from train_fixtures import write_prompt_file
 TESTS = Path(__file__).resolve().parent
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=0", "save_every=1", "eval_every=-1"]  # fmt: skip
+
+TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +117,16 @@ def test_extended_run_crashes_then_plain_resume_finishes_it(tiny, tmp_path, monk
 
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", crash_at_4)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(prepare(resume_dir=out, steps=5))  # extend to 5 steps; checkpoint at 3, then the crash
+        run(
+            prepare(resume_options=TRUST, resume_dir=out, steps=5)
+        )  # extend to 5 steps; checkpoint at 3, then the crash
     assert yaml.safe_load((out / "config.yaml").read_text())["steps"] == 5, "the new total is saved"
     assert not (out / "eval.json").exists(), "eval.json of step 2 no longer describes the run"
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", real_step)
 
-    run(prepare(resume_dir=out))  # plain --resume: continues to 5 from the checkpoint at 3
+    run(
+        prepare(resume_options=TRUST, resume_dir=out)
+    )  # plain --resume: continues to 5 from the checkpoint at 3
     assert kinds(out) == [
         (1, "train"),
         (2, "train"),
@@ -131,18 +143,18 @@ def test_extended_run_crashes_then_plain_resume_finishes_it(tiny, tmp_path, monk
     # resuming the finished run: one line, nothing written (before: a second final eval row)
     before = snapshot(out)
     capsys.readouterr()
-    result = run(prepare(resume_dir=out))
+    result = run(prepare(resume_options=TRUST, resume_dir=out))
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 1 and "already finished" in printed[0], printed
     assert result == json.loads((out / "eval.json").read_text())
     assert snapshot(out) == before
 
-    res = CliRunner().invoke(cli, ["train", "--resume", str(out)])
+    res = CliRunner().invoke(cli, ["train", "--resume", str(out), "--trust-run-code"])
     assert res.exit_code == 0 and "already finished" in res.output, res.output
     assert snapshot(out) == before
 
     with pytest.raises(UserError, match="trained 5 steps"):  # shortening below the checkpoint
-        prepare(resume_dir=out, steps=3)
+        prepare(resume_options=TRUST, resume_dir=out, steps=3)
 
 
 def test_a_run_extended_with_resume_steps_is_the_longer_run(tiny, tmp_path):
@@ -150,7 +162,7 @@ def test_a_run_extended_with_resume_steps_is_the_longer_run(tiny, tmp_path):
     training rows and, at step 4, bit-identical weights (how the study extends its runs)."""
     short, long = tmp_path / "short", tmp_path / "long"
     train(tiny, short, steps=2)
-    run(prepare(resume_dir=short, steps=4))
+    run(prepare(resume_options=TRUST, resume_dir=short, steps=4))
     train(tiny, long, steps=4)
     assert [r["step"] for r in rows(short)] == [r["step"] for r in rows(long)] == [1, 2, 3, 4]
     assert_same_run(short, long, 4)
@@ -163,7 +175,7 @@ def test_resume_refuses_a_checkpoint_past_the_saved_steps(tiny, tmp_path):
     (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("steps: 4", "steps: 2"))
     before = snapshot(out)
     with pytest.raises(UserError, match="--steps N with N ≥ 4"):
-        run(prepare(resume_dir=out))
+        run(prepare(resume_options=TRUST, resume_dir=out))
     assert snapshot(out) == before
 
 
@@ -181,12 +193,14 @@ def test_resume_after_the_last_checkpoint_but_before_the_end_writes_the_final_ev
         train(tiny, out, steps=2, extra=evals)
     assert kinds(out)[-1] == (2, "eval")
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
-    run(prepare(resume_dir=out))  # not finished: the final evaluation is done again, not appended
+    run(
+        prepare(resume_options=TRUST, resume_dir=out)
+    )  # not finished: the final evaluation is done again, not appended
     assert kinds(out) == [(1, "train"), (2, "train"), (2, "eval")]
     with pytest.raises(UserError, match="trained 2 steps"):
-        prepare(resume_dir=out, steps=1)
+        prepare(resume_options=TRUST, resume_dir=out, steps=1)
     capsys.readouterr()
-    run(prepare(resume_dir=out))
+    run(prepare(resume_options=TRUST, resume_dir=out))
     assert "already finished" in capsys.readouterr().out
 
 
@@ -321,7 +335,7 @@ def test_a_file_where_a_directory_belongs_and_back(tiny, tmp_path):
     with pytest.raises(UserError, match="is a directory"):
         load_config(config_file=tmp_path)
     with pytest.raises(UserError, match="is a file, not a run directory"):
-        prepare(resume_dir=Path(tiny["prompts"]))
+        prepare(resume_options=TRUST, resume_dir=Path(tiny["prompts"]))
 
 
 # ---------------------------------------------------------------------------------------- 5. NaN config
@@ -396,7 +410,7 @@ def test_sigterm_finishes_the_step_saves_and_resumes_bit_identically(tiny, tmp_p
         "the step was finished"
     )
 
-    run(prepare(resume_dir=part))
+    run(prepare(resume_options=TRUST, resume_dir=part))
     assert_same_run(full, part, 5)
 
 
@@ -408,7 +422,7 @@ def test_half_written_metrics_line_is_dropped_on_resume(tiny, tmp_path):
     train(tiny, out, steps=2)
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "reward/me')  # killed while writing step 3's row
-    run(prepare(resume_dir=out, steps=3))
+    run(prepare(resume_options=TRUST, resume_dir=out, steps=3))
     assert [r["step"] for r in rows(out)] == [1, 2, 3]
 
 
@@ -418,7 +432,7 @@ def test_damaged_metrics_line_in_the_middle_is_a_user_error(tiny, tmp_path):
     lines = (out / "metrics.jsonl").read_text().splitlines()
     (out / "metrics.jsonl").write_text("\n".join(["{oops", *lines]) + "\n")
     with pytest.raises(UserError, match=r"metrics.jsonl:1"):
-        run(prepare(resume_dir=out, steps=3))
+        run(prepare(resume_options=TRUST, resume_dir=out, steps=3))
 
 
 class _Saved:
@@ -471,7 +485,7 @@ def test_latest_pointer_is_replaced_atomically(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", crash)
     monkeypatch.setattr(Path, "write_text", half_written)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="cannot write the checkpoint of step 4"):
         save_checkpoint(tmp_path, 4, _Saved(), _optimizer_state(), {})
     monkeypatch.undo()
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000002\n"
@@ -513,5 +527,5 @@ def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
     part = tmp_path / "part"
     run(prepare(algo="gcpo", flags=flags(tiny, part, resume_at, reward), overrides=common))
     assert (part / "checkpoints" / f"step_{resume_at:06d}" / "carry.safetensors").is_file()
-    run(prepare(resume_dir=part, steps=6))
+    run(prepare(resume_options=TRUST, resume_dir=part, steps=6))
     assert_same_run(full, part, 6)

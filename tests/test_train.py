@@ -14,7 +14,7 @@ from t2i_gcpo.cli import cli
 from t2i_gcpo.config import ALGORITHMS, TrainConfig, load_config
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.train.run import prepare, run
+from t2i_gcpo.train.run import ResumeOptions, prepare, run
 
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
@@ -22,6 +22,8 @@ from train_fixtures import write_prompt_file
 # float32 whatever the machine ('auto' picks bf16 where native): the pinned metrics are float32 numbers
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
         "sample_every=2", "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+
+TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +102,7 @@ def resume_matches_uninterrupted(tiny, tmp_path, **kwargs) -> tuple[list[dict], 
     → (the uninterrupted run's metric rows, the resumed run's)."""
     full = train(tiny, tmp_path / "full", steps=4, **kwargs)
     train(tiny, tmp_path / "part", steps=2, **kwargs)
-    run(prepare(resume_dir=tmp_path / "part", steps=4))
+    run(prepare(resume_options=TRUST, resume_dir=tmp_path / "part", steps=4))
     resumed = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for a, b in zip(full, resumed):

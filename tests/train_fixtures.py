@@ -55,3 +55,35 @@ def huge_from_call(images, prompts, metadata):
         out.scores[:] = 3e38
         out.scores[1::4] = -3e38
     return out
+
+
+def train_tiny_run(root: Path, *args: str) -> dict:
+    """A finished 1-step run of the tiny prior in `root/base`, trained through `t2i-gcpo train ARGS…` (no
+    HTML report: matplotlib takes seconds): {"root", "base", "model", "prompts"}. For module fixtures,
+    which copy the folder for each test."""
+    import t2i_gcpo.train.trainer as trainer_mod
+    from t2i_gcpo.cli import main
+
+    from tiny_models import tiny_policy_dir
+
+    model, prompts = str(tiny_policy_dir(root)), str(write_prompt_file(root / "p.jsonl"))
+    argv = ["train", "--prompts", prompts, "--model", model, "--out", str(root / "base"), "--steps", "1",
+            "--report-to", "none", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
+            "--set", "rollout.cfg_scale=2", "--set", "optim.lr=3e-3", "--set", "sample_every=0",
+            "--set", "eval_every=-1", "--set", "save_every=1", *args]  # fmt: skip
+    report = trainer_mod.Trainer._report
+    trainer_mod.Trainer._report = lambda self: None
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code in (0, None), e
+    finally:
+        trainer_mod.Trainer._report = report
+    return {"root": root, "base": root / "base", "model": model, "prompts": prompts}
+
+
+def copy_run(run: Path, where: Path) -> Path:
+    """A copy of the run folder `run` as `where/run` (a test's own, to damage at will)."""
+    import shutil
+
+    return Path(shutil.copytree(run, where / "run"))

@@ -27,6 +27,7 @@ Examples:
       --set credit.options.power=2   # your own credit scheme (docs/guides/custom-credit.md)
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
+  t2i-gcpo train --resume runs/mine --credit my_credit.py:late_tokens   # a run of your own code: name it again
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts …   # several processes
   t2i-gcpo train --help-config                               # every config key, default and meaning
 """
@@ -100,13 +101,29 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     default=None,
     metavar="DIR",
-    help="Continue the run in DIR from its last checkpoint (with --steps N: to N steps in all).",
+    help="Continue the run in DIR from its last checkpoint (with --steps N: to N steps in all). Code its "
+    "config names (a credit or reward file.py:function) runs only if you name it again with --credit / "
+    "--reward, or with --trust-run-code.",
+)
+@click.option(
+    "--trust-run-code",
+    is_flag=True,
+    help="With --resume: run the credit and reward code the run's config names without naming it again, "
+    "if it is the code the run started with (unchanged). Only for runs you trust: a run folder from "
+    "someone else can name any code.",
+)
+@click.option(
+    "--allow-changed-inputs",
+    is_flag=True,
+    help="With --resume: continue although a prompt, credit or reward file changed since the run started "
+    "(the new content is recorded); without it that is an error naming the file.",
 )
 @click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
               help="List every config key with its default and meaning.")  # fmt: skip
 def train_cmd(
-    prompts, algo, credit, config_file, model, reward, out, report_to, steps, seed, overrides, resume
-) -> None:
+    prompts, algo, credit, config_file, model, reward, out, report_to, steps, seed, overrides, resume,
+    trust_run_code, allow_changed_inputs,
+) -> None:  # fmt: skip
     """Train a text-to-image policy: an algorithm preset (--algo) and its token credit, or any other
     credit scheme, a function of your own included (--credit).
 
@@ -117,20 +134,21 @@ def train_cmd(
     from t2i_gcpo.train.distributed import leave_process_group
 
     if resume:
-        if (
-            any(
-                v is not None
-                for v in (prompts, algo, credit, config_file, model, reward, out, report_to, seed)
+        if any(v is not None for v in (prompts, algo, config_file, model, out, report_to, seed)) or overrides:
+            raise UserError(
+                "--resume takes the run's saved config; only --steps may be given with it (and the run's own "
+                "--credit / --reward, to let their code run)"
             )
-            or overrides
-        ):
-            raise UserError("--resume takes the run's saved config; only --steps may be given with it")
+    elif trust_run_code or allow_changed_inputs:
+        flag = "--trust-run-code" if trust_run_code else "--allow-changed-inputs"
+        raise UserError(f"{flag} goes with --resume DIR (a new run runs the code you name)")
     elif not prompts:
         raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
     try:
         # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
         train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
-              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume, credit=credit)  # fmt: skip
+              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume, credit=credit,
+              trust_run_code=trust_run_code, allow_changed_inputs=allow_changed_inputs)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
             signal.signal(sig, signal.SIG_IGN)

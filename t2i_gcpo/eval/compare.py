@@ -60,6 +60,7 @@ def run_comparison(
     every algorithm that scores extra samples (its group size or prompt count scaled, `match_by`)."""
     from t2i_gcpo.train.run import prepare, run
 
+    named = named_code(reward, overrides)  # a resumed run runs only the code this command names
     seeds = seed_lists(algos, seeds)
     baseline = check_baseline(algos, baseline)
     algos, presets, extra = list(algos), {a: a for a in algos}, {a: () for a in algos}
@@ -86,11 +87,11 @@ def run_comparison(
             todo.append((presets[algo], run_dir, resumable, flags, extra[algo]))
     overrides = (f"eval_every={eval_every}", *overrides)
     if jobs > 1:
-        run_side_by_side(todo, steps, overrides, jobs)
+        run_side_by_side(todo, steps, overrides, jobs, named)
         return summarise(out, algos, seeds, baseline)
     for preset, run_dir, resumable, flags, own in todo:
         if resumable:
-            run(prepare(resume_dir=run_dir, steps=steps))
+            run(prepare(resume_dir=run_dir, steps=steps, resume_options=named))
         else:
             run(prepare(algo=preset, flags=flags, overrides=(*overrides, *own)))
     return summarise(out, algos, seeds, baseline)
@@ -139,11 +140,31 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
     return {name: arms_done[name] for name in (B.matched_name(baseline, a) for a in arms)}
 
 
+def named_code(reward: str | None, overrides: tuple[str, ...]) -> Any:
+    """The code this comparison names (its --reward, a --set credit.scheme=…): the only code a run of
+    it that is resumed may run (train/run.py ResumeOptions; a run folder's own config names any)."""
+    from t2i_gcpo.config import parse_set
+    from t2i_gcpo.train.run import ResumeOptions
+
+    sets = dict(parse_set(item) for item in overrides)
+    reward = reward if reward is not None else sets.get("reward")
+    credit = sets.get("credit.scheme")
+    return ResumeOptions(credit=credit if isinstance(credit, str) else None,
+                         reward=reward if isinstance(reward, str) else None)  # fmt: skip
+
+
 def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
-                  overrides: tuple[str, ...]) -> list[str]:  # fmt: skip
-    """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison (`algo`: its preset)."""
+                  overrides: tuple[str, ...], named: Any = None) -> list[str]:  # fmt: skip
+    """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison (`algo`: its preset;
+    `named`: the code a resumed run may run, `named_code`)."""
     if resumable:
-        return ["train", "--resume", str(run_dir), "--steps", str(steps)]
+        args = ["train", "--resume", str(run_dir), "--steps", str(steps)]
+        for option, spec in (
+            ("--credit", getattr(named, "credit", None)),
+            ("--reward", getattr(named, "reward", None)),
+        ):
+            args += [option, spec] if spec is not None else []
+        return args
     args = ["train", "--algo", algo]
     for key in ("prompts", "model", "reward", "out", "steps", "seed"):
         if flags.get(key) is not None:
@@ -153,7 +174,9 @@ def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps:
     return args
 
 
-def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: int) -> None:
+def run_side_by_side(
+    todo: list, steps: int, overrides: tuple[str, ...], jobs: int, named: Any = None
+) -> None:
     """Train the runs `jobs` at a time, each a `t2i-gcpo train` process with cores/jobs threads (torch
     threads of side-by-side processes must not add up past the cores: oversubscribed, a step can take
     20× longer). Each run logs to <run>/train.log; a failed run is reported with its log's last lines.
@@ -192,7 +215,7 @@ def run_side_by_side(todo: list, steps: int, overrides: tuple[str, ...], jobs: i
                     sys.executable,
                     "-m",
                     "t2i_gcpo.cli",
-                    *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own)),
+                    *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own), named),
                 ]
                 running.append(
                     (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), run_dir, log)

@@ -156,10 +156,12 @@ class AmusedPolicy(nn.Module):
         except (OSError, ValueError) as e:
             raise UserError(f"{sched_file}: cannot read the scheduler config ({e})") from None
         try:
-            transformer = uvit_cls.from_pretrained(path / "transformer", torch_dtype=DTYPES[dtype])
-            vqvae = vq_cls.from_pretrained(path / "vqvae")
+            transformer = uvit_cls.from_pretrained(
+                path / "transformer", torch_dtype=DTYPES[dtype], use_safetensors=True
+            )
+            vqvae = vq_cls.from_pretrained(path / "vqvae", use_safetensors=True)
             text_encoder = CLIPTextModelWithProjection.from_pretrained(
-                path / "text_encoder", dtype=DTYPES[dtype]
+                path / "text_encoder", dtype=DTYPES[dtype], use_safetensors=True
             )
             tokenizer = CLIPTokenizer.from_pretrained(path / "tokenizer")
         except (OSError, ValueError) as e:

@@ -54,8 +54,10 @@ def _read_config(path: Path) -> dict:
         raise UserError(f"'{path}' is not a Janus checkpoint: no config.json found")
     try:
         cfg = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise UserError(f"'{path}' is not a Janus checkpoint: config.json unreadable ({e})") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"'{path}' is not a Janus checkpoint: config.json holds a {type(cfg).__name__}")
     model_type = cfg.get("model_type")
     if model_type != "janus":
         hint = ""
@@ -156,24 +158,24 @@ class JanusPolicy(nn.Module):
 
         from transformers import AutoTokenizer, JanusForConditionalGeneration, JanusProcessor
 
+        from t2i_gcpo.weights import check_weight_files, custom_code_refusal
+
         processor, tokenizer, template = None, None, None
         try:
-            processor = JanusProcessor.from_pretrained(path)
+            processor = JanusProcessor.from_pretrained(path, trust_remote_code=False)  # its code never runs
             tokenizer = processor.tokenizer
             template = processor.chat_template
         except Exception:  # no processor files: fall back to the bare tokenizer
             try:
-                tokenizer = AutoTokenizer.from_pretrained(path)
+                tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
             except Exception as e:
-                raise UserError(
+                raise custom_code_refusal(path, e) or UserError(
                     f"no tokenizer found in Janus checkpoint '{path}' ({type(e).__name__})"
                 ) from None
         template = template or getattr(tokenizer, "chat_template", None)
 
-        from t2i_gcpo.weights import check_weight_files
-
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
-        model = JanusForConditionalGeneration.from_pretrained(path, dtype=DTYPES[dtype])
+        model = JanusForConditionalGeneration.from_pretrained(path, dtype=DTYPES[dtype], use_safetensors=True)
         policy = cls(
             model, tokenizer, chat_template=template, processor=processor, max_rollout_batch=max_rollout_batch
         )

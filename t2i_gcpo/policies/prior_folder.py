@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError  # transformers' configs check their own fields
 from torch import nn
 
 from t2i_gcpo.errors import UserError, check_file
@@ -56,7 +57,7 @@ def load_prior_folder(path: str, model_type: str, config_cls: type, what: str,
         )
     for p in need:
         check_file(p)
-    raw = read_config(need[0], "model_type", model_type)
+    raw = read_config(need[0], "model_type", model_type, schema=config_cls)
     vq = VQTokenizer.from_pretrained(os.path.join(path, "vq"))
     try:
         tokenizer = PromptTokenizer.load(prior)
@@ -67,8 +68,8 @@ def load_prior_folder(path: str, model_type: str, config_cls: type, what: str,
         if not math.isfinite(float(config.default_cfg_scale)):
             raise ValueError(f"default_cfg_scale must be a finite number, got {config.default_cfg_scale}")
         model = build(config, tokenizer, vq)
-    except (TypeError, ValueError, RuntimeError, ZeroDivisionError) as e:
-        raise UserError(f"{need[0]}: not {what} config: {' '.join(str(e).split())}") from None
+    except (TypeError, ValueError, RuntimeError, ZeroDivisionError, StrictDataclassError) as e:
+        raise UserError(f"{need[0]}: not {what} config: {' '.join(str(e).split())[:300]}") from None
     state = load_weights(need[1])
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)

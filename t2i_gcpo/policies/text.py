@@ -162,19 +162,25 @@ class TextPolicy(nn.Module):
             raise UserError(f"'{path}' is not a transformers checkpoint: no config.json found")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from t2i_gcpo.weights import check_weight_files
+        from t2i_gcpo.weights import check_weight_files, custom_code_refusal
 
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+        try:  # trust_remote_code=False: a checkpoint's own code never runs
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         except Exception as e:  # any failure means: no usable tokenizer there
-            raise UserError(f"no tokenizer found in '{path}' ({type(e).__name__}: {e})") from None
+            raise custom_code_refusal(path, e) or UserError(
+                f"no tokenizer found in '{path}' ({type(e).__name__}: {e})"
+            ) from None
         try:
             with quiet_hub_bars():
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = AutoModelForCausalLM.from_pretrained(
+                    path, dtype=dtype, trust_remote_code=False, use_safetensors=True
+                )
         except (ValueError, OSError, KeyError, RuntimeError) as e:
             msg = " ".join(str(e).split())[:300]
-            raise UserError(f"'{path}' is not a causal language model checkpoint: {msg}") from None
+            raise custom_code_refusal(path, e) or UserError(
+                f"'{path}' is not a causal language model checkpoint: {msg}"
+            ) from None
         limit = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
         if limit and "max_new_tokens" not in kwargs:  # the checkpoint's own completion limit
             kwargs["max_new_tokens"] = int(limit)

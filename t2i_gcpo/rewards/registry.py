@@ -10,7 +10,7 @@ Forms:
                                               the arithmetic world's answer correctness (1/0), plus
                                               W × format reward, plus DAPO's overlong penalty
 - ``module:function`` / ``file.py:function``  a user function f(images, prompts, metadata) — user
-                                              code, imported and run (again on ``--resume``)
+                                              code, imported and run (on ``--resume`` only when named again or trusted)
 - ``0.7*clip:CKPT+0.3*shapeworld``            a weighted sum of any of the above
 
 The GenEval-style rewards score partial credit by docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1], by default; the
@@ -30,6 +30,7 @@ from typing import Any
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.combine import CallableReward, Checked, WeightedSum
+from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec
 
 FORMS = (
     "'shapeworld[:flow_grpo]', 'clip:CKPT_PATH[:MODEL_NAME]', "
@@ -114,6 +115,58 @@ def _build_one(spec: str, ctx: dict) -> Any:
     raise UserError(f"unknown reward '{spec}': use {FORMS}")
 
 
+def _terms(spec: str) -> list[tuple[str, str]]:
+    """(weight as written, e.g. '0.7' or '' for none; the term) of each term of a reward spec."""
+    if "+" not in spec and not _WEIGHTED.match(spec):
+        return [("", spec)]
+    terms = []
+    for term in spec.split("+"):
+        m = _WEIGHTED.match(term)
+        terms.append((m.group(1), m.group(2)) if m else ("", term))
+    return terms
+
+
+def _is_user_function(term: str) -> bool:
+    """Whether a reward term names a user function (``module:function`` / ``file.py:function``)."""
+    term = term.strip()
+    builtin = term in SCORES or term.split(":")[0] in SCORES
+    return not builtin and ":" in term and not term.startswith(":")
+
+
+def user_code_specs(spec: str | None) -> list[str]:
+    """The user functions (``module:function`` / ``file.py:function``) a reward spec calls."""
+    if not spec or spec.split(":", 1)[0] == PYTHON_OBJECT:
+        return []
+    return [term.strip() for _, term in _terms(spec) if _is_user_function(term)]
+
+
+def canonical_reward(spec: str | None) -> str | None:
+    """`spec` as a run records it: a user file (``file.py:function``) and a CLIP or detector checkpoint
+    by its absolute path, so that a resume from another directory reads the same files; the rest as
+    written (what a string names is otherwise unchanged)."""
+    if not spec or spec.split(":", 1)[0] == PYTHON_OBJECT:
+        return spec
+
+    def absolute(path: str) -> str:
+        p = Path(path).expanduser()
+        return str(p.resolve()) if p.exists() else path
+
+    out = []
+    for weight, term in _terms(spec):
+        term = term.strip()
+        if term.startswith("clip:"):
+            ckpt, model = _split_clip(term[len("clip:") :])
+            explicit = term != f"clip:{ckpt}"
+            term = f"clip:{absolute(ckpt)}" + (f":{model}" if explicit else "")
+        elif term.startswith("geneval:"):
+            fields = [f.strip() for f in term[len("geneval:") :].split(",")]
+            term = "geneval:" + ",".join([absolute(f) for f in fields[:2]] + fields[2:])
+        elif _is_user_function(term):
+            term = canonical_spec(term)
+        out.append(f"{weight}*{term}" if weight else term)
+    return "+".join(out)
+
+
 def build_reward(spec: str, **ctx: Any) -> Any:
     """The reward named by `spec` (forms in the module docstring), checked for errors and NaN.
 
@@ -122,14 +175,12 @@ def build_reward(spec: str, **ctx: Any) -> Any:
     """
     if not spec or not spec.strip():
         raise UserError(f"empty reward: use {FORMS}")
-    terms = [t for t in spec.split("+")] if "+" in spec or _WEIGHTED.match(spec) else [spec]
-    if len(terms) == 1 and not _WEIGHTED.match(spec):
+    terms = _terms(spec)
+    if len(terms) == 1 and not terms[0][0]:
         return Checked(_build_one(spec, ctx))
     parts = []
-    for term in terms:
-        m = _WEIGHTED.match(term)
-        weight, sub = (float(m.group(1)), m.group(2)) if m else (1.0, term)
+    for weight, sub in terms:
         if not sub.strip():
             raise UserError(f"empty term in reward sum '{spec}'")
-        parts.append((_build_one(sub, ctx), weight))
+        parts.append((_build_one(sub, ctx), float(weight) if weight else 1.0))
     return WeightedSum(parts)

@@ -224,7 +224,7 @@ class VQTokenizer(nn.Module):
                 "no such directory" if not os.path.isdir(path) else "needs config.json and model.safetensors"
             )
             raise UserError(f"{path} is not a VQ tokenizer checkpoint ({why})")
-        raw = read_config(cfg_path, "model_type", "t2i_gcpo_vq")
+        raw = read_config(cfg_path, "model_type", "t2i_gcpo_vq", schema=VQConfig)
         try:
             config = VQConfig(**{**raw, "channels": tuple(raw.get("channels", VQConfig.channels))})
             model = cls(config)
@@ -243,17 +243,21 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def read_config(path: str, type_key: str | None = None, expected: str | None = None) -> dict:
+def read_config(path: str, type_key: str | None = None, expected: str | None = None,
+                schema: type | None = None) -> dict:  # fmt: skip
     """A checkpoint's ``config.json`` as a dict, the `type_key` entry removed (and checked against
-    `expected` when it is there); a `UserError` naming the file if it is missing, a directory or not
+    `expected` when it is there), each key checked against the dataclass `schema` when given
+    (weights.check_config_types); a `UserError` naming the file if it is missing, a directory or not
     a JSON object."""
+    from t2i_gcpo.weights import check_config_types
+
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a JSON object of config keys, got {type(raw).__name__}")
     found = raw.pop(type_key, None) if type_key else None
     if expected is not None and found is not None and found != expected:
         raise UserError(f"{path}: {type_key} is {found!r}, expected {expected!r}")
-    return raw
+    return check_config_types(raw, schema, path) if schema is not None else raw
 
 
 def load_weights(path: str) -> dict[str, torch.Tensor]:

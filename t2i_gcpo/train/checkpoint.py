@@ -3,15 +3,18 @@ state and carried groups (safetensors + JSON, `tensor_tree`: a run directory may
 else, and nothing in it is a pickle) and the trainer state. Each is written to a temporary directory and renamed into place, so a
 crash or Ctrl-C never leaves a half-written checkpoint behind; the ``checkpoints/latest`` pointer
 is replaced atomically, and a missing or damaged pointer falls back to the newest complete step.
+The last `keep` checkpoints are kept (config key keep_checkpoints). Nothing is written through a link:
+``checkpoints`` must be a plain folder (outdir.real_dir), and a save that fails (a full disk) leaves
+the previous checkpoints as they were and raises `CheckpointError`.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
 import re
 import shutil
-import tempfile
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,29 +22,21 @@ from typing import Any
 import torch
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import atomic_write_text, read_side_json, read_side_text, real_dir
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree, tree_files
 
-KEEP_LAST = 2
 STEP_DIR = re.compile(r"step_(\d+)")
+
+
+class CheckpointError(UserError):
+    """A checkpoint could not be written (a full disk, a read-only folder): the run stops, the previous
+    checkpoints are kept. Not a usage error: exit status 1."""
+
+    exit_code = 1
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and `os.replace`: a
-    reader sees the old content or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_checkpoint(
@@ -52,48 +47,70 @@ def save_checkpoint(
     state: dict,
     carry: Any = None,
     scheduler_state: dict | None = None,
+    keep: int = 2,
 ) -> Path:
     """`optimizer_state`: the optimizer's whole state dict (FSDP: gathered from the shards). `carry`:
     groups kept for the next step, one entry per process. `scheduler_state`: the lr scheduler's state
-    dict. All are written as safetensors + JSON."""
+    dict. All are written as safetensors + JSON. Then the checkpoints older than the last `keep` are
+    removed. A write that fails (OSError: a full disk) removes what it had written and raises
+    `CheckpointError`; the earlier checkpoints are untouched."""
+    from safetensors import SafetensorError
+
     final = checkpoint_dir(run_dir, step)
+    root = real_dir(final.parent)
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    policy.save_pretrained(str(tmp / "model"))
-    save_tree(tmp, "optimizer", optimizer_state)
-    if carry is not None:
-        save_tree(tmp, "carry", carry)
-    if scheduler_state is not None:
-        save_tree(tmp, "scheduler", scheduler_state)
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    atomic_write_text(run_dir / "checkpoints" / "latest", final.name + "\n")
-    for old in _step_dirs(run_dir)[:-KEEP_LAST]:
+    try:
+        _remove(tmp)
+        tmp.mkdir()
+        policy.save_pretrained(str(tmp / "model"))
+        save_tree(tmp, "optimizer", optimizer_state)
+        if carry is not None:
+            save_tree(tmp, "carry", carry)
+        if scheduler_state is not None:
+            save_tree(tmp, "scheduler", scheduler_state)
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+        _remove(final)
+        tmp.rename(final)
+        atomic_write_text(root / "latest", final.name + "\n")
+    except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
+        raise CheckpointError(f"cannot write the checkpoint of step {step} in {root}: {reason}") from None
+    for old in _step_dirs(run_dir)[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _remove(path: Path) -> None:
+    """Remove a checkpoint folder of ours about to be written again; a link or a file is unlinked, never
+    followed (rmtree refuses links)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def _step_dirs(run_dir: Path) -> list[Path]:
-    """The run's checkpoint folders ``step_NNNNNN`` (not the ``.tmp`` ones), oldest first."""
+    """The run's checkpoint folders ``step_NNNNNN`` (not the ``.tmp`` ones, not links), oldest first."""
     root = run_dir / "checkpoints"
-    found = (
-        [p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)] if root.is_dir() else []
-    )
+    if root.is_symlink() or not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and stat.S_ISDIR(p.lstat().st_mode)]
     return sorted(found, key=lambda p: int(STEP_DIR.fullmatch(p.name).group(1)))
 
 
 def is_complete(ckpt: Path) -> bool:
-    """A checkpoint folder with a readable trainer state, the optimizer state and the model folder."""
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False
+    """A checkpoint folder (not a link) holding the trainer state, the optimizer state and the model
+    folder (a save writes them all before the folder gets its name: anything less is damage). What the
+    trainer state says is checked when it is read (`load_trainer_state`)."""
     return (
-        isinstance(state, dict)
-        and isinstance(state.get("step"), int)
+        not ckpt.is_symlink()
+        and (ckpt / "trainer_state.json").is_file()
         and (all(p.is_file() for p in tree_files(ckpt, "optimizer")) or (ckpt / LEGACY_OPTIMIZER).is_file())
         and (ckpt / "model").is_dir()
     )
@@ -104,8 +121,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     incomplete checkpoint, the newest complete ``step_*`` folder; None when there is none."""
     pointer = run_dir / "checkpoints" / "latest"
     try:
-        name = pointer.read_text().strip()
-    except (OSError, ValueError):
+        name = read_side_text(pointer).strip()
+    except UserError:
         name = ""
     if STEP_DIR.fullmatch(name) and is_complete(pointer.parent / name):
         return pointer.parent / name
@@ -115,8 +132,44 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
+# trainer_state.json: each entry a resume reads, with the types it takes (budget: per process, or null)
+TRAINER_STATE = {"step": (int,), "finished": (bool,), "algo": (str,), "zero_std_estimate": (float, int, type(None)),
+                 "budget": (list, type(None))}  # fmt: skip
+
+
 def load_trainer_state(ckpt: Path) -> dict:
-    return json.loads((ckpt / "trainer_state.json").read_text())
+    """A checkpoint's trainer_state.json, checked: a mapping whose entries have the types a resume
+    reads (a step ≥ 0, finite numbers, the budget spent as numbers per process); else a one-line
+    UserError naming the file."""
+    path = ckpt / "trainer_state.json"
+    state = read_side_json(path)
+    problem = None
+    if not isinstance(state, dict) or "step" not in state:
+        problem = "not a mapping with a step"
+    else:
+        for key, types in TRAINER_STATE.items():
+            value = state.get(key)
+            if key in state and (
+                not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+            ):
+                problem = f"'{key}' is {type(value).__name__}"
+        if problem is None and state["step"] < 0:
+            problem = f"step {state['step']}"
+        z = state.get("zero_std_estimate")
+        if problem is None and z is not None and not (math.isfinite(z) and 0 <= z <= 1):
+            problem = f"zero_std_estimate {z}"
+        for spent in state.get("budget") or []:
+            if problem is None and not (
+                spent is None or (isinstance(spent, dict) and all(_finite_number(v) for v in spent.values()))
+            ):
+                problem = "a budget entry is not numbers"
+    if problem is not None:
+        raise UserError(f"{path}: not a trainer state t2i-gcpo wrote ({problem}; damaged or edited?)")
+    return state
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def mark_finished(ckpt: Path) -> None:
@@ -153,9 +206,10 @@ def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
     return None
 
 
-def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
+def load_optimizer(ckpt: Path, load: Callable[[dict], None], expected: list[dict] | None = None) -> None:
     """Read the optimizer state of `ckpt` and hand it to `load`: an optimizer's `load_state_dict`, or
-    (FSDP) the loader that shards it. A damaged file or a state that does not fit the model is a
+    (FSDP) the loader that shards it. A damaged file, a state that does not fit the model, or (with
+    `expected`, the param groups the run's config builds) hyperparameters other than the config's is a
     UserError. An earlier version's optimizer.pt is read with torch's weights-only loader, which builds
     only tensors and plain containers (no code runs)."""
     legacy = ckpt / LEGACY_OPTIMIZER
@@ -169,17 +223,65 @@ def load_optimizer(ckpt: Path, load: Callable[[dict], None]) -> None:
     else:
         path = ckpt / "optimizer.{safetensors,json}"
         state = load_tree(ckpt, "optimizer", "the optimizer state")
+    if expected is not None:
+        _check_param_groups(state, expected, path)
     try:
         load(state)
     except (ValueError, KeyError, RuntimeError, TypeError) as e:
         raise UserError(f"{path}: the optimizer state does not match the model: {e}") from None
 
 
-def load_scheduler(ckpt: Path) -> dict | None:
-    """The lr scheduler's saved state (None: a checkpoint from before runs saved one)."""
+# the optimizer hyperparameters a checkpoint must share with the run's config (the lr is the schedule's)
+CONFIGURED = ("initial_lr", "weight_decay", "betas", "eps", "amsgrad", "maximize")
+
+
+def _check_param_groups(state: Any, expected: list[dict], path: Path) -> None:
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(expected):
+        return  # the load reports a state that does not fit the model
+    for group, want in zip(groups, expected):
+        for key in CONFIGURED:
+            if key in want and isinstance(group, dict) and key in group and not _same(group[key], want[key]):
+                raise UserError(
+                    f"{path}: the optimizer state holds {key} {group[key]!r} where the run's config gives "
+                    f"{want[key]!r} (optim.*): it was not written by this run (edited?); resume it with the "
+                    "checkpoint it wrote, or start a new run"
+                )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, floats within rounding (a list or tuple element-wise)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def load_scheduler(ckpt: Path, lr: float | None = None, steps_done: int | None = None) -> dict | None:
+    """The lr scheduler's saved state (None: a checkpoint from before runs saved one). With `lr` (the
+    config's optim.lr) and `steps_done` (the checkpoint's step): a state whose schedule starts from another
+    lr, or has taken another number of steps, is a one-line UserError (it would set the run's lr)."""
     if not tree_files(ckpt, "scheduler")[1].is_file():
         return None
-    return load_tree(ckpt, "scheduler", "the lr scheduler state")
+    state = load_tree(ckpt, "scheduler", "the lr scheduler state")
+    where = ckpt / "scheduler.{safetensors,json}"
+    base = state.get("base_lrs") if isinstance(state, dict) else None
+    if not isinstance(base, list) or not base or not all(_finite_number(b) for b in base):
+        raise UserError(f"{where}: not an lr scheduler state t2i-gcpo wrote (base_lrs {base!r}; damaged?)")
+    if lr is not None and not all(_same(b, lr) for b in base):
+        raise UserError(
+            f"{where}: the lr schedule starts from {base[0]!r} where the run's config optim.lr is {lr!r} "
+            "(edited?); resume it with the checkpoint it wrote, or start a new run"
+        )
+    if steps_done is not None and state.get("last_epoch") != steps_done:
+        raise UserError(
+            f"{where}: the lr schedule has taken {state.get('last_epoch')!r} steps, the checkpoint is at "
+            f"step {steps_done} (edited?)"
+        )
+    return state
 
 
 def collector_checkpoint(states: list[dict]) -> tuple[dict, list | None]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from t2i_gcpo.config import TrainConfig, _read_yaml, from_dict, load_config
 from t2i_gcpo.errors import UserError, check_writable_dir
+from t2i_gcpo.outdir import check_plain_tree
 
 if TYPE_CHECKING:
     from t2i_gcpo.policies.base import Policy, PromptRecord
@@ -28,6 +29,19 @@ class Job:
     resume: bool
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
     lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
+
+
+@dataclass(frozen=True)
+class ResumeOptions:
+    """What a resumed run may run and read of what its folder names (docs/errors.md#run-code): the run's
+    `credit` scheme or `reward` named again (their code then runs, on its current content), or
+    `trust_run_code` (the code the run started with, unchanged); `allow_changed_inputs`: continue on the
+    new content of a prompt or code file edited since the run started."""
+
+    credit: str | None = None
+    reward: str | None = None
+    trust_run_code: bool = False
+    allow_changed_inputs: bool = False
 
 
 # `model` / `reward` for a policy or reward given as a Python object that no string can load again:
@@ -51,67 +65,111 @@ def local_device() -> str:
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
             overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None, *,
             cfg: TrainConfig | None = None, policy: Policy | None = None,
-            reward: Reward | None = None) -> Job:  # fmt: skip
+            reward: Reward | None = None, resume_options: ResumeOptions = ResumeOptions()) -> Job:  # fmt: skip
     """Everything a run needs, checked and loaded; the run directory locked (released by `run`). `cfg`
     replaces the config built from the other arguments; `policy` and `reward` objects (from the Python
     API) replace loading ``cfg.model`` and building ``cfg.reward``, which then name them (`PYTHON_OBJECT`
-    where they cannot be loaded again)."""
+    where they cannot be loaded again). A resumed run imports the code its folder names only as
+    `resume_options` allow."""
     lock = None
     if resume_dir is not None:
         if resume_dir.is_dir():
             lock = _lock(resume_dir)
         try:
-            cfg, finished = _resume_config(resume_dir, steps)
-            if finished:
-                return Job(
-                    cfg, resume_dir, [], None, None, None, None, resume=True, finished=finished, lock=lock
-                )
-            run_dir = resume_dir
-            check_writable_dir(run_dir, "run directory")
-            if reward is None and is_python_object(cfg.reward):
-                raise UserError(
-                    f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
-                    f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
-                )
+            return _prepare_resume(resume_dir, steps, resume_options, reward, lock)
         except BaseException:
             _release(lock)
             raise
-    else:
-        cfg = cfg if cfg is not None else load_config(algo, config_file, flags, overrides)
-        for key, given in (("model", policy), ("reward", reward)):
-            if given is None and is_python_object(getattr(cfg, key)):
-                raise UserError(
-                    f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python"
-                )
-        if not cfg.prompts:  # null in a --config file or --set prompts=null
-            raise UserError("config key 'prompts': a training run needs a prompt file, got none")
-        from t2i_gcpo.train.tracking import resolve_report_to
+    cfg = cfg if cfg is not None else load_config(algo, config_file, flags, overrides)
+    for key, given in (("model", policy), ("reward", reward)):
+        if given is None and is_python_object(getattr(cfg, key)):
+            raise UserError(f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python")
+    if not cfg.prompts:  # null in a --config file or --set prompts=null
+        raise UserError("config key 'prompts': a training run needs a prompt file, got none")
+    from t2i_gcpo.train.tracking import resolve_report_to
 
-        resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
-        run_dir = Path(cfg.out) if cfg.out else None
-        # before any work: an --out that is a file or cannot be written fails now, not at the first save
-        check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
-        if run_dir is not None:
-            lock = _lock(run_dir)
-            try:
-                check_new_run_dir(run_dir)
-            except BaseException:
-                _release(lock)
-                raise
+    resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
+    run_dir = Path(cfg.out) if cfg.out else None
+    # before any work: an --out that is a file or cannot be written fails now, not at the first save
+    check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
+    if run_dir is not None:
+        lock = _lock(run_dir, check_tree=False)  # a folder of the user's is refused before it is walked
+        try:
+            check_new_run_dir(run_dir)
+            check_plain_tree(run_dir)
+        except BaseException:
+            _release(lock)
+            raise
     try:
-        return _load(cfg, run_dir, resume_dir is not None, lock, policy, reward)
+        return _load(cfg, run_dir, False, lock, policy, reward)
     except BaseException:
         _release(lock)
         raise
 
 
-def _lock(run_dir: Path) -> Any:
+def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, reward: Reward | None,
+                    lock: Any) -> Job:  # fmt: skip
+    """`prepare` for ``--resume``: the saved config read, the code it names imported only as `options`
+    allow (usercode.run_code_guard), the prompt files checked against their fingerprints."""
+    from t2i_gcpo.train.input_files import check_unchanged, read_record
+    from t2i_gcpo.usercode import RunCodeGuard, run_code_guard
+
+    data, finished = _read_resumable(run_dir, steps)
+    recorded = read_record(run_dir)
+    guard = RunCodeGuard(
+        source=str(run_dir / "config.yaml"),
+        named=_named_again(run_dir, data, options),
+        trust=options.trust_run_code,
+        recorded=None if recorded is None else {p: e["sha256"] for p, e in recorded.items()},
+        allow_changed=options.allow_changed_inputs,
+    )
+    with run_code_guard(guard):
+        cfg = from_dict(data)  # imports the code it names, as the guard allows (also for a finished run)
+        if steps is not None:
+            cfg.steps = steps
+        if finished:
+            return Job(cfg, run_dir, [], None, None, None, None, resume=True, finished=finished, lock=lock)
+        check_writable_dir(run_dir, "run directory")
+        if reward is None and is_python_object(cfg.reward):
+            raise UserError(
+                f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
+                f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
+            )
+        check_unchanged(cfg, recorded, options.allow_changed_inputs)
+        return _load(cfg, run_dir, True, lock, None, reward)
+
+
+def _named_again(run_dir: Path, data: dict, options: ResumeOptions) -> frozenset[str]:
+    """The kinds of code ("credit scheme", "reward") the user named again for this resume: each given
+    must be the run's own (after paths are made absolute), else a one-line UserError."""
+    from t2i_gcpo.config import canonical_spec
+    from t2i_gcpo.rewards.registry import canonical_reward
+
+    credit = data.get("credit")
+    saved = {"credit scheme": credit.get("scheme") if isinstance(credit, dict) else None,
+             "reward": data.get("reward")}  # fmt: skip
+    named = set()
+    for what, option, given, canonical in (("credit scheme", "--credit", options.credit, canonical_spec),
+                                           ("reward", "--reward", options.reward, canonical_reward)):  # fmt: skip
+        if given is None:
+            continue
+        own = saved[what]
+        if not isinstance(own, str) or canonical(own) != canonical(given):
+            raise UserError(
+                f"{option} {given}: {run_dir} was trained with the {what} {own!r}; a resumed run keeps its "
+                f"own (name it to let its code run), another {what} needs a new run"
+            )
+        named.add(what)
+    return frozenset(named)
+
+
+def _lock(run_dir: Path, check_tree: bool = True) -> Any:
     """The run directory's lock, taken by the main process only (the others share its run)."""
     import os
 
     from t2i_gcpo.outdir import lock_output
 
-    return lock_output(run_dir) if int(os.environ.get("RANK", 0)) == 0 else None
+    return lock_output(run_dir, check_tree=check_tree) if int(os.environ.get("RANK", 0)) == 0 else None
 
 
 def _release(lock: Any) -> None:
@@ -234,9 +292,10 @@ def check_tree_groups(cfg: TrainConfig) -> None:
         )
 
 
-def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str | None]:
-    """The saved config of the run in `run_dir` (steps replaced by `steps` when given) and, when the
-    run has already finished those steps, the one line that says so. Reads only."""
+def _read_resumable(run_dir: Path, steps: int | None) -> tuple[dict, str | None]:
+    """The saved config of the run in `run_dir` as read from its config.yaml (not yet validated: that
+    imports the code it names, under the caller's guard) and, when the run has already finished its steps
+    (`steps` when given), the one line that says so. Reads only."""
     from t2i_gcpo.train.checkpoint import latest_checkpoint, load_trainer_state
 
     if run_dir.exists() and not run_dir.is_dir():
@@ -244,45 +303,66 @@ def _resume_config(run_dir: Path, steps: int | None) -> tuple[TrainConfig, str |
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise UserError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
-    cfg = from_dict(_read_yaml(saved))
-    if steps is not None:
-        if steps < 0:
-            raise UserError(f"--steps must be ≥ 0, got {steps}")
-        cfg.steps = steps
+    data = _read_yaml(saved)
+    if steps is not None and steps < 0:
+        raise UserError(f"--steps must be ≥ 0, got {steps}")
+    total = steps if steps is not None else data.get("steps", TrainConfig.steps)
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise UserError(f"{saved}: config key 'steps': expected int, got {total!r}")
     ckpt = latest_checkpoint(run_dir)
     state = load_trainer_state(ckpt) if ckpt is not None else {"step": 0}  # none: start from the beginning
     done = state["step"]
-    if done > cfg.steps:
+    if done > total:
         given = "--steps" if steps is not None else "its saved config's steps"
         raise UserError(
-            f"cannot resume: {run_dir} has trained {done} steps, more than {given} ({cfg.steps}); "
+            f"cannot resume: {run_dir} has trained {done} steps, more than {given} ({total}); "
             f"give --steps N with N ≥ {done}"
         )
-    if done == cfg.steps and state.get("finished"):
-        return cfg, (
-            f"{run_dir} already finished its {cfg.steps} steps; nothing to do "
+    if done == total and state.get("finished"):
+        return data, (
+            f"{run_dir} already finished its {total} steps; nothing to do "
             f"(train longer with: t2i-gcpo train --resume {run_dir} --steps N)"
         )
-    return cfg, None
+    return data, None
+
+
+def _absolute_paths(cfg: TrainConfig) -> None:
+    """The user files `cfg` names (prompt files, reward code and checkpoints) by their absolute paths, so
+    that a resume from another directory reads the same files, never others of the same name (a shipped
+    prompt file named by its short name stays so: it is found in the installed package)."""
+    from t2i_gcpo.rewards.registry import canonical_reward
+
+    for key in ("prompts", "eval_prompts"):
+        value = getattr(cfg, key)
+        if value and Path(value).expanduser().exists():
+            setattr(cfg, key, str(Path(value).expanduser().resolve()))
+    cfg.reward = canonical_reward(cfg.reward)
 
 
 def run(job: Job) -> dict:
     """Train (or, for a finished run, print so); the held-out scores at the end ({} when none)."""
-    import json
     import os
 
+    from t2i_gcpo.outdir import read_side_json
+    from t2i_gcpo.train.input_files import fingerprints, write_record
     from t2i_gcpo.train.trainer import Trainer
 
     trainer = None
+    main = int(os.environ.get("RANK", 0)) == 0
     try:
         if job.finished:
-            if int(os.environ.get("RANK", 0)) == 0:  # one line, also under `accelerate launch`
+            if main:  # one line, also under `accelerate launch`
                 print(job.finished)
             final = job.run_dir / "eval.json"
-            return json.loads(final.read_text()) if final.is_file() else {}
+            return read_side_json(final) if final.is_file() else {}
+        if not job.resume:
+            _absolute_paths(job.cfg)  # before config.yaml is written: a resume elsewhere reads the same files
+        inputs = fingerprints(job.cfg)  # what the run reads now, recorded once its directory exists
         trainer = Trainer(
             job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts, job.resume
         )
+        if main:
+            write_record(trainer.run_dir, inputs)
         return trainer.fit()
     finally:
         _release(job.lock)

@@ -11,7 +11,7 @@ from typing import Any
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, save_config
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.train.checkpoint import atomic_write_text
+from t2i_gcpo.outdir import atomic_write_text
 
 
 def claim_default_run_dir(algo: str) -> tuple[Path, Any]:
@@ -43,7 +43,7 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
     from t2i_gcpo.outdir import RUN_MARKER
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_MARKER).write_text("written by t2i-gcpo train: this folder is a run (config.yaml)\n")
+    atomic_write_text(run_dir / RUN_MARKER, "written by t2i-gcpo train: this folder is a run (config.yaml)\n")
     save_config(cfg, run_dir / "config.yaml")
 
 
@@ -87,7 +87,7 @@ def truncate_metrics(path: Path, step: int, redo_final: bool = False) -> None:
             row_step = row[M.STEP]
             if not isinstance(row_step, int):
                 raise TypeError(row_step)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: absurdly nested
             if i == len(lines) - 1:
                 continue  # cut short by a crash while it was written: it will be written again
             raise UserError(f"{path}:{i + 1}: not a metrics row (damaged file?)") from None

@@ -22,11 +22,13 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, to_dict
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import open_append
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.checkpoint import (
+    CheckpointError,
     checkpoint_dir,
     collector_checkpoint,
     latest_checkpoint,
@@ -101,9 +103,10 @@ class Trainer:
             policy = self._load_resume(policy)
         self._setup_optimizer(policy, resume)
         if resume:
-            restore_scheduler(
-                self.scheduler, load_scheduler(self.ckpt) if self.ckpt is not None else None, self.start_step
+            saved = (
+                load_scheduler(self.ckpt, cfg.optim.lr, self.start_step) if self.ckpt is not None else None
             )
+            restore_scheduler(self.scheduler, saved, self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
                 continue_run_dir(self.run_dir, self.start_step, cfg.steps)
             acc.wait_for_everyone()
@@ -211,8 +214,9 @@ class Trainer:
         optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
         self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
+        configured = optimizer.state_dict()["param_groups"]  # a checkpoint's must agree (train/checkpoint.py)
         if resume and self.ckpt is not None and not self.fsdp:
-            load_optimizer(self.ckpt, optimizer.load_state_dict)
+            load_optimizer(self.ckpt, optimizer.load_state_dict, configured)
         # FSDP: the prepared model is sharded in place; the main process keeps a CPU copy to write checkpoints
         self.save_copy = copy.deepcopy(policy).cpu() if self.fsdp and acc.is_main_process else None
         self.policy, self.optimizer = acc.prepare(policy, optimizer)
@@ -224,6 +228,7 @@ class Trainer:
                 load_optimizer(
                     self.ckpt,
                     lambda state: load_full_optimizer_state_dict(self.policy, self.optimizer, state),
+                    configured,
                 )
             gather_params(self.policy)
 
@@ -389,7 +394,7 @@ class Trainer:
         if not self.accelerator.is_main_process:
             return
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
+        with open_append(self.run_dir / "metrics.jsonl") as f:
             f.write(json.dumps(row) + "\n")
         log_metrics(self.accelerator, row, step)
         if (
@@ -429,12 +434,23 @@ class Trainer:
             if acc.is_main_process:
                 self.save_copy.load_state_dict(weights)
                 policy = self.save_copy
+        failed = None
         if acc.is_main_process:
             if optimizer_state is None:
                 optimizer_state = self.optimizer.state_dict()
-            save_checkpoint(self.run_dir, step, policy, optimizer_state, {"algo": self.cfg.algo, **collected},
-                            carry=carry, scheduler_state=self.scheduler.state_dict())  # fmt: skip
-        acc.wait_for_everyone()
+            try:
+                save_checkpoint(self.run_dir, step, policy, optimizer_state, {"algo": self.cfg.algo, **collected},
+                                carry=carry, scheduler_state=self.scheduler.state_dict(),
+                                keep=self.cfg.keep_checkpoints)  # fmt: skip
+            except CheckpointError as e:
+                failed = e
+        if any_process(failed is not None, acc):  # every process stops together, the main one says why
+            ckpt = latest_checkpoint(self.run_dir)
+            kept = f"the checkpoint of step {int(ckpt.name[5:])} is kept" if ckpt else "no checkpoint yet"
+            raise CheckpointError(
+                f"{failed or 'the main process could not write the checkpoint'}; {kept}; free space, then continue "
+                f"with: t2i-gcpo train --resume {self.run_dir}"
+            )
 
     def _load_resume(self, policy: Any) -> Any:
         from t2i_gcpo.policies.registry import load_policy
