@@ -739,6 +739,22 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def override_values(overrides: Sequence[str]) -> dict[str, Any]:
+    """``--set`` strings as {dotted key: the value the config takes}, sorted by key, a repeated key's last
+    value winning: how two command lines are compared (neither the order of the options nor the spelling
+    of a value, 1e-3 or 0.001, matters). An unknown key or a value of the wrong type is a UserError."""
+    pairs = dict(parse_set(item) for item in overrides)
+    cfg = TrainConfig()
+    _apply(cfg, nest(pairs))
+    values = {}
+    for key in pairs:
+        node: Any = cfg
+        for part in key.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        values[key] = dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+    return dict(sorted(values.items()))
+
+
 def nest(dotted: dict[str, Any]) -> dict[str, Any]:
     """{'a.b': 1} → {'a': {'b': 1}}."""
     out: dict[str, Any] = {}

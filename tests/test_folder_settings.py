@@ -1,0 +1,99 @@
+"""Every output folder records the settings that made it (`outdir.write_settings_record`) and refuses work
+made with other settings in one line, exit 2, nothing written — whatever the order of the options: compare,
+sample, credit-map, pretrain and eval (issue 45, "Silent wrong results")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import (
+    SETTINGS_RECORD,
+    check_settings_record,
+    describe_differences,
+    settings_differences,
+    write_settings_record,
+)
+from t2i_gcpo.resources import PROMPTS_DIR
+
+from cli_helpers import cli, error_line
+from tiny_models import tiny_policy_dir
+
+
+def files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+def test_settings_compare_whatever_the_order_and_name_what_differs(tmp_path):
+    a = {"--steps": 200, "--set": {"optim.lr": 1e-3, "rollout.group_size": 8}, "--reward": None}
+    b = {"--reward": None, "--set": {"rollout.group_size": 8, "optim.lr": 0.001}, "--steps": 200}
+    assert settings_differences(a, b) == []
+    c = {"--steps": 100, "--set": {"rollout.group_size": 8}, "--reward": "mine.py:f"}
+    assert settings_differences(a, c) == ["--steps", "--reward", ("--set", "optim.lr")]
+    assert describe_differences(a, c) == (
+        "--steps 200, --reward (default), --set optim.lr=0.001 "
+        "(this command: --steps 100, --reward mine.py:f, no --set optim.lr)"
+    )
+    assert not check_settings_record(tmp_path, "compare", a), "no record: nothing to compare with"
+    write_settings_record(tmp_path, "compare", a)
+    assert check_settings_record(tmp_path, "compare", b)
+    with pytest.raises(UserError, match=r"made by `compare` with --steps 200.*give --again to redo"):
+        check_settings_record(tmp_path, "compare", c, redo="--again")
+    with pytest.raises(UserError, match=r"holds the output of `t2i-gcpo compare`, not `sample`"):
+        check_settings_record(tmp_path, "sample", a)
+    (tmp_path / SETTINGS_RECORD).write_text("[1]")
+    with pytest.raises(UserError, match="not a settings record"):
+        check_settings_record(tmp_path, "compare", a)
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def test_compare_refuses_runs_made_with_other_settings_whatever_the_order_of_set(tmp_path, capsys):
+    """Issue 45: re-running compare with another --steps or --set reused the old runs and exited 0."""
+    out = tmp_path / "cmp"
+    base = ["compare", "--algos", "grpo", "--seeds", "1", "--eval-every", "1", "--model", tiny_policy_dir(tmp_path),
+            "--prompts", PROMPTS_DIR / "shapeworld_train.jsonl", "--out", out]  # fmt: skip
+    sets = ["--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "sample_every=0",
+            "--set", "eval_images_per_prompt=1"]  # fmt: skip
+    code, _, err = cli(capsys, *base, "--steps", 1, *sets)
+    assert code == 0, err
+    finished = files(out / "grpo")
+    code, _, err = cli(capsys, *base, "--steps", 2, *sets)
+    line = error_line(err)
+    assert code == 2 and "with --steps 1 (this command: --steps 2)" in line and "another --out" in line, line
+    code, _, err = cli(capsys, *base, "--steps", 1, *sets, "--set", "optim.lr=1e-3")
+    line = error_line(err)
+    assert code == 2 and "no --set optim.lr (this command: --set optim.lr=0.001)" in line, line
+    assert files(out / "grpo") == finished, "nothing trained or rewritten"
+    swapped = [*sets[4:], *sets[:4], "--set", "rollout.group_size=4"]  # same values, another order
+    code, out_text, err = cli(capsys, *base, "--steps", 1, *swapped)
+    assert code == 0 and "| grpo |" in out_text, err
+    assert files(out / "grpo") == finished, "the finished run is kept"
+
+    (out / "grpo" / "seed0" / "eval.json").unlink()  # a run folder without its final scores
+    code, _, err = cli(capsys, *base, "--steps", 1, *sets)
+    assert code == 2 and "seed0 has no eval.json" in err.splitlines()[-1] and "Traceback" not in err
+
+
+def test_an_unrecorded_comparison_is_checked_by_its_runs_saved_configs(tmp_path, capsys):
+    """A comparison folder of an earlier version has no record: its runs' config.yaml speak for it."""
+    from t2i_gcpo.eval.compare import claim_comparison
+
+    run = tmp_path / "cmp" / "dapo" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("steps: 200\neval_every: 25\noptim:\n  lr: 0.001\n")
+    flags = {"prompts": "prompts/shapeworld_train.jsonl", "model": "shapeworld", "reward": None, "steps": 200}
+    with pytest.raises(
+        UserError, match=r"seed0 was trained with optim.lr=0.001, this comparison asks for 0.0001"
+    ):
+        claim_comparison(tmp_path / "cmp", ["dapo"], flags, 25, ("optim.lr=1e-4",))
+    assert not (tmp_path / "cmp" / SETTINGS_RECORD).exists()
+    claim_comparison(tmp_path / "cmp", ["dapo"], flags, 25, ("optim.lr=0.001",))
+    assert json.loads((tmp_path / "cmp" / SETTINGS_RECORD).read_text())["settings"]["--steps"] == 200
