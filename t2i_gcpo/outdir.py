@@ -193,19 +193,24 @@ def read_settings_record(folder: Path) -> dict | None:
     return record
 
 
-def check_settings_record(
-    folder: Path, command: str, settings: Mapping[str, Any], redo: str | None = None
-) -> bool:
+def check_settings_record(folder: Path, command: str, settings: Mapping[str, Any], redo: str | None = None,
+                          redoing: bool = False) -> bool:  # fmt: skip
     """Whether `folder` holds work of `command` made with these `settings` (True: continue or redo it
-    there) or no record at all (False). A record of another command, or of other settings, is a
-    UserError naming what differs and what to do (`redo`: the flag that redoes the work anyway)."""
+    there) or no record at all (False; a record alone, of a command that stopped before its first
+    output, counts as none). A training run's folder, a record of another command, or one of other
+    settings is a UserError naming what differs and what to do (`redo`: the flag that redoes the work
+    anyway; `redoing`: it was given, and other settings of the same command pass)."""
+    if is_run_dir(folder):
+        raise UserError(f"{folder} holds a training run (t2i-gcpo train); choose another --out")
     record = read_settings_record(folder)
-    if record is None:
+    if record is None or not [p for p in folder.iterdir() if p.name not in (LOCK_NAME, SETTINGS_RECORD)]:
         return False
     if record["command"] != command:
         raise UserError(f"{folder} holds the output of `t2i-gcpo {record['command']}`, not `{command}`; "
                         "choose another --out")  # fmt: skip
     if settings_differences(record["settings"], settings):
+        if redoing:
+            return False
         todo = f"give {redo} to redo it there, or choose another --out" if redo else (
             f"choose another --out, or remove {folder} to start again")  # fmt: skip
         raise UserError(

@@ -42,6 +42,8 @@ def test_settings_compare_whatever_the_order_and_name_what_differs(tmp_path):
     )
     assert not check_settings_record(tmp_path, "compare", a), "no record: nothing to compare with"
     write_settings_record(tmp_path, "compare", a)
+    assert not check_settings_record(tmp_path, "compare", c), "a record alone: the command made nothing"
+    (tmp_path / "dapo").mkdir()  # its first output
     assert check_settings_record(tmp_path, "compare", b)
     with pytest.raises(UserError, match=r"made by `compare` with --steps 200.*give --again to redo"):
         check_settings_record(tmp_path, "compare", c, redo="--again")

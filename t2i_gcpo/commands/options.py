@@ -55,3 +55,10 @@ def cfg_option(help: str) -> Callable:
     return click.option(
         "--cfg", "cfg_scale", type=float, default=None, callback=config_value("rollout.cfg_scale"), help=help
     )
+
+
+def seed_option(command: Callable) -> Callable:
+    """--seed, checked as the config key seed (an integer in [0, 2⁶³ − 1], as `train --seed` takes)."""
+    return click.option("--seed", type=int, default=0, show_default=True, callback=config_value("seed"))(
+        command
+    )

@@ -120,11 +120,10 @@ def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]
 def claim_comparison(
     out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...]
 ) -> None:
-    """Before any run: every algorithm's config builds, and `out` holds no runs (or budget.json) of a
-    comparison with other settings (`comparison_settings`, recorded in `out` by
-    `outdir.write_settings_record`; a folder of an earlier version, with no record, by its runs' saved
-    configs); then this comparison's settings are recorded there. A comparison with other settings is a
-    one-line UserError naming them."""
+    """Before any run: every algorithm's config builds, and `out` holds no runs of a comparison with other
+    settings (`comparison_settings`, recorded in `out` by `outdir.write_settings_record`; a folder of an
+    earlier version, with no record, by its runs' saved configs); then this comparison's settings are
+    recorded there. A comparison with other settings is a one-line UserError naming them."""
     from t2i_gcpo.config import _read_yaml, load_config
     from t2i_gcpo.errors import UserError, check_file
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
@@ -139,8 +138,7 @@ def claim_comparison(
         )
     resolve_report_to(cfg.report_to)
     settings = comparison_settings(flags, eval_every, overrides)
-    started = (out / "budget.json").exists() or any(out.glob("*/seed*"))  # else nothing there to mix with
-    if started and not check_settings_record(out, COMMAND, settings):
+    if not check_settings_record(out, COMMAND, settings):
         wanted = {"steps": flags["steps"], "eval_every": eval_every, **settings["--set"]}
         for saved in sorted(out.glob("*/seed*/config.yaml")):
             if saved.parent.parent.name.endswith("-budget"):  # a matched arm: its own group size or prompts
