@@ -99,3 +99,69 @@ def test_an_unrecorded_comparison_is_checked_by_its_runs_saved_configs(tmp_path,
     assert not (tmp_path / "cmp" / SETTINGS_RECORD).exists()
     claim_comparison(tmp_path / "cmp", ["dapo"], flags, 25, ("optim.lr=0.001",))
     assert json.loads((tmp_path / "cmp" / SETTINGS_RECORD).read_text())["settings"]["--steps"] == 200
+
+
+# ----------------------------------------------------------------------------- pretrain
+
+
+def test_pretrain_locks_its_folder_and_refuses_runs_other_settings_and_foreign_files(tmp_path, capsys):
+    """Issue 45: pretrain had no lock and no folder check — it wrote into a run directory, and two at once
+    both exited 0."""
+    from t2i_gcpo.outdir import RUN_MARKER, lock_output
+
+    args = ["pretrain", "--world", "arithmetic", "--steps", 1, "--no-eval", "--threads", 1, "--out"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 1\n")
+    (run / RUN_MARKER).write_text("")
+    before = files(run)
+    code, _, err = cli(capsys, *args, run)
+    assert code == 2 and "holds a training run" in error_line(err)
+    assert files(run) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    code, _, err = cli(capsys, *args, mine)
+    assert code == 2 and "not empty (it holds notes.txt)" in error_line(err)
+    out = tmp_path / "model"
+    with lock_output(out, "t2i-gcpo pretrain --out model"):
+        code, _, err = cli(capsys, *args, out)
+        assert code == 2 and "is in use by pid" in error_line(err)
+    code, _, err = cli(capsys, "pretrain", "--world", "arithmetic", "--minutes", "nan", "--out", out)
+    assert code == 2 and "--minutes must be a finite number" in error_line(err)
+    assert not out.exists()
+
+    code, _, err = cli(capsys, *args, out)
+    assert code == 0, err
+    model = files(out)
+    code, _, err = cli(capsys, *args[:4], 2, *args[5:], out)
+    line = error_line(err)
+    assert code == 2 and "made by `pretrain` with --steps 1 (this command: --steps 2)" in line, line
+    assert files(out) == model
+    code, _, err = cli(capsys, *args, out)  # the same settings: built again in place
+    assert code == 0, err
+
+
+# ----------------------------------------------------------------------------- sample and eval
+
+
+def test_sample_and_eval_refuse_each_others_folders_and_a_run(tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a photo of a red circle\n")
+    out = tmp_path / "s"
+    sample = ["sample", "--prompts", prompts, "--n", 1, "--out"]
+    assert cli(capsys, *sample, out)[0] == 0
+    before = files(out)
+    for args in (["eval", "shapeworld", "--prompts", prompts, "--n", 1, "--out", out],
+                 ["credit-map", "--prompt", "a photo of a red circle", "--out", out],
+                 ["eval", "geneval", "--score-only", out, "--detector", "shapeworld", "--out", out]):  # fmt: skip
+        code, _, err = cli(capsys, *args)
+        line = error_line(err)
+        assert code == 2 and "holds the output of `t2i-gcpo sample`" in line, (args[:2], line)
+    assert files(out) == before
+    code, _, err = cli(capsys, *sample, tmp_path / "r", "--seed", 10**23)  # train refuses this seed too
+    assert code == 2 and "--seed must be" in error_line(err) and not (tmp_path / "r").exists()
+    code, _, err = cli(capsys, *sample, tmp_path / "r", "--temperature", "nan")
+    assert code == 2 and "--temperature must be a finite number" in error_line(err)
+    code, _, err = cli(capsys, *sample, tmp_path / "r", "--grid-scale", 100000)
+    assert code == 2 and "--grid-scale" in err and not (tmp_path / "r").exists()
