@@ -242,17 +242,14 @@ def _check_sampling(cfg_scale: float | None = None, temperature: float = 1.0, to
     for name, key, value, kind in (("cfg_scale", "rollout.cfg_scale", cfg_scale, numbers.Real),
                                    ("temperature", "rollout.temperature", temperature, numbers.Real),
                                    ("top_k", "rollout.top_k", top_k, numbers.Integral), ("seed", "seed", seed, numbers.Integral),
-                                   ("n", None, n, numbers.Integral)):  # fmt: skip
+                                   ("n", "eval_images_per_prompt", n, numbers.Integral)):  # fmt: skip
         if value is None and key == "rollout.cfg_scale":  # the model's own
             continue
         if isinstance(value, bool) or not isinstance(value, kind):
             raise UserError(
                 f"{name} must be {'an integer' if kind is numbers.Integral else 'a number'}, got {value!r}"
             )
-        if key is None and value < 1:
-            raise UserError(f"{name} must be ≥ 1, got {value}")
-        if key is not None:
-            check_value(key, value, what=name)
+        check_value(key, value, what=name)
     return cfg_scale
 
 
@@ -967,7 +964,7 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
                  negative: str | None, seed: int, overwrite: bool) -> str:  # fmt: skip
     """`credit_maps` once its output folder is locked."""
     from t2i_gcpo.analysis.credit_maps import run_credit_maps
-    from t2i_gcpo.config import canonical_spec, resolve_scheme
+    from t2i_gcpo.config import canonical_spec, check_value, resolve_scheme
     from t2i_gcpo.core import CREDIT_SCHEMES
     from t2i_gcpo.eval.layout import model_identity
     from t2i_gcpo.outdir import check_settings_record
@@ -995,8 +992,7 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         )
     for name in names:  # a user's function: imported now, its errors before any sampling
         resolve_scheme(name)
-    if group_size < 2:
-        raise UserError("--group must be ≥ 2 (advantages are group-relative)")
+    check_value("rollout.group_size", group_size, what="--group")
     file = None if prompt_file is None else os.fspath(prompt_file)
     settings = {"--prompt": texts, "--prompts": file and os.path.realpath(shipped_or_own(file)), "--limit": limit,
                 "--model": model_identity(model), "--reference": reference and model_identity(reference),

@@ -56,3 +56,84 @@ def test_mlflow_whose_store_cannot_open_is_one_line_before_the_run_folder(tmp_pa
     assert "MLFLOW_ALLOW_FILE_STORE=true" in line and not out.exists()
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     tracking.check_can_start("mlflow")
+
+
+# ----------------------------------------------------------------------------- credit options
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("k=0", "config key 'credit.options.k': must be ≥ 1, got 0"),
+        ("k=.nan", "config key 'credit.options.k': expected int, got nan"),
+        ("continuations=0", "config key 'credit.options.continuations': must be in [1, 64]"),
+        ("continuations=100000", "config key 'credit.options.continuations': must be in [1, 64]"),
+    ],
+)
+def test_credit_options_by_name_meet_the_bounds_of_the_schemes_section(option, message):
+    """`credit.options.k=0` passed where `credit.vine.k=0` was refused (issue 45)."""
+    from t2i_gcpo.config import load_config
+
+    with pytest.raises(UserError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
+        load_config("vine", overrides=[f"credit.options.{option}"])
+    section = option.replace("k=.nan", "k=0")
+    with pytest.raises(UserError, match=r"config key 'credit\.vine\."):
+        load_config("vine", overrides=[f"credit.vine.{section}"])
+    assert load_config("vine", overrides=["credit.options.k=3"]).credit.options == {"k": 3}
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_float_credit_option_refuses_nan_and_inf(value):
+    from t2i_gcpo.config import load_config
+
+    with pytest.raises(UserError, match=r"credit\.options\.tau"):
+        load_config("gcpo", overrides=[f"credit.options.tau={value}"])
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path, capsys):
+    """424 bytes of nested aliases became a 220 MB config.yaml in 141 s (issue 45)."""
+    levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\nrollout: {group_size: *i}\n")
+    out = tmp_path / "run"
+    code, _, err = cli(capsys, "train", "--config", bomb, "--prompts", TRAIN_PROMPTS, "--out", out)
+    line = error_line(err)
+    assert code == 2 and "aliases (*name) are not accepted in a config" in line and "line 2" in line, line
+    assert not out.exists()
+    from t2i_gcpo.config import parse_set
+
+    assert parse_set("model_options.negative=*a")[1] == "*a", "a --set value with an alias: the text as it is"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("rollout.group_size", 100000), ("rollout.prompts_per_step", 10**6), ("eval_images_per_prompt", 5000)],
+)
+def test_sample_counts_are_bounded(key, value):
+    from t2i_gcpo.config import load_config
+
+    with pytest.raises(UserError, match=rf"config key '{key}': must be in \[\d, 4096\]"):
+        load_config("dapo", overrides=[f"{key}={value}"])
+
+
+def test_a_huge_vq_image_size_in_a_checkpoint_is_one_line(tmp_path, capsys):
+    import json
+    import shutil
+
+    from t2i_gcpo.resources import PACKAGE_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(PACKAGE_DIR / "assets" / "shapeworld", model)
+    config = json.loads((model / "vq" / "config.json").read_text())
+    (model / "vq" / "config.json").write_text(json.dumps({**config, "image_size": 32 * 2**20}))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a photo of a red circle\n")
+    code, _, err = cli(capsys, "sample", "--model", model, "--prompts", prompts, "--out", tmp_path / "s")
+    line = error_line(err)
+    assert code == 2 and "image_size must be a multiple of 2^num_down up to 1024, got 33554432" in line, line
+    assert not (tmp_path / "s").exists()

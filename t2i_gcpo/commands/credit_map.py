@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, seed_option
+from t2i_gcpo.commands.options import cfg_option, config_value, seed_option
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 from t2i_gcpo.policies.registry import models_help
 
@@ -41,7 +41,15 @@ Examples:
     help=f"Comma-separated credit schemes: {', '.join(CREDIT_SCHEMES)} (critical = Group Critical-token PO, not "
     "GCPO), or your own as path/to/file.py:function  [default: all of them]",
 )  # fmt: skip
-@click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
+@click.option(
+    "--group",
+    "group_size",
+    type=int,
+    default=8,
+    show_default=True,
+    callback=config_value("rollout.group_size"),
+    help="Samples per prompt (G).",
+)
 @cfg_option(help="CFG scale [default: the training default].")
 @click.option(
     "--negative",

@@ -26,7 +26,13 @@ from t2i_gcpo.policies.registry import models_help
     help=models_help() + ".",
 )
 @click.option(
-    "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."
+    "--n",
+    "n_images",
+    default=4,
+    show_default=True,
+    type=int,
+    callback=config_value("eval_images_per_prompt"),
+    help="Images per prompt.",
 )
 @cfg_option(help="CFG scale s [default: the checkpoint's].")
 @click.option(

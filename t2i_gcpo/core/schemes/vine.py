@@ -31,7 +31,9 @@ def vine(
         ),
     ] = "every_k",
     k: Annotated[int, Option("every_k: the spacing; entropy: how many points per sample.", 1)] = 16,
-    continuations: Annotated[int, Option("Continuations sampled from each branch point.", 1)] = 2,
+    continuations: Annotated[
+        int, Option("Continuations sampled from each branch point.", 1, 64, why="VinePPO samples 9")
+    ] = 2,
     include_root: Annotated[
         bool, Option("Count the sample itself as one continuation of each of its prefixes.")
     ] = True,
