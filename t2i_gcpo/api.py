@@ -593,9 +593,9 @@ def generate(
     from t2i_gcpo.policies.base import PromptRecord
     from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
 
-    if n < 1 or batch < 1:
-        raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
     _check_sampling(cfg_scale, temperature, top_k, seed, n)
+    if batch < 1:
+        raise UserError(f"batch must be >= 1, got {batch}")
     if isinstance(prompts, str) and not _is_prompt_file(prompts):
         prompts = [prompts]
     policy = _load(model).eval()

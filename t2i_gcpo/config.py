@@ -470,6 +470,7 @@ class TrainConfig:
         check_fields(self)
         check_report_to(self.report_to)
         check_credit(self.credit)
+        check_prompt_files(self)
 
         P, G = self.rollout.prompts_per_step, self.rollout.group_size
         presets = preset_names()
@@ -505,6 +506,19 @@ class TrainConfig:
         for key, ok, message in checks:
             if not ok:
                 raise UserError(f"config key '{key}': {message}")
+
+
+def check_prompt_files(cfg: TrainConfig) -> None:
+    """The prompt files a config names exist (the user's, else the shipped one of that name): a missing one
+    is one line when the config is built, not after the model has loaded."""
+    from t2i_gcpo.resources import prompt_file
+
+    for key in ("prompts", "eval_prompts"):
+        path = getattr(cfg, key)
+        if path and prompt_file(path).is_dir():
+            raise UserError(f"config key '{key}': prompt file {path} is a directory, not a file")
+        if path and not prompt_file(path).is_file():
+            raise UserError(f"config key '{key}': prompt file {path} does not exist")
 
 
 def check_credit(credit: Any) -> None:

@@ -137,3 +137,57 @@ def test_a_huge_vq_image_size_in_a_checkpoint_is_one_line(tmp_path, capsys):
     line = error_line(err)
     assert code == 2 and "image_size must be a multiple of 2^num_down up to 1024, got 33554432" in line, line
     assert not (tmp_path / "s").exists()
+
+
+# ----------------------------------------------------------------------------- late checks
+
+
+def test_a_missing_prompt_file_is_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """It was reported after the model had loaded (16 s)."""
+    import t2i_gcpo.policies.registry as registry
+
+    monkeypatch.setattr(registry, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    for key in ("--prompts", "--set"):
+        value = tmp_path / "missing.txt" if key == "--prompts" else f"eval_prompts={tmp_path / 'missing.txt'}"
+        args = ["--prompts", TRAIN_PROMPTS] if key == "--set" else []
+        code, _, err = cli(capsys, "train", key, value, *args, "--out", tmp_path / "run")
+        line = error_line(err)
+        assert code == 2 and "missing.txt does not exist" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"top_k": -5}, "top_k must be ≥ 0"),  # a RuntimeError from torch.topk
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"seed": 10**23}, "seed must be in [0, 9223372036854775807]"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"cfg_scale": float("inf")}, "cfg_scale must be a finite number"),
+        ({"n": 0}, "n must be in [1, 4096]"),
+    ],
+)
+def test_the_api_checks_sampling_arguments_before_loading_a_model(kwargs, message, monkeypatch, tmp_path):
+    import t2i_gcpo.api as api
+
+    monkeypatch.setattr(api, "_load", lambda model: pytest.fail("the model was loaded"))
+    with pytest.raises(UserError) as e:
+        api.generate("shapeworld", "a photo of a red circle", **kwargs)
+    assert message in str(e.value)
+    with pytest.raises(UserError) as e:
+        api.sample(["a photo of a red circle"], tmp_path / "s", **kwargs)
+    assert message in str(e.value) and not (tmp_path / "s").exists()
+
+
+def test_complex_rewards_from_the_api_are_refused_like_nan(tmp_path):
+    import torch
+
+    from t2i_gcpo import api
+    from t2i_gcpo.errors import RewardError
+
+    def complex_reward(images, prompts, metadata):
+        return torch.ones(len(prompts), dtype=torch.complex64) * (1 + 1j)
+
+    with pytest.raises(RewardError, match="returned complex scores, expected real numbers"):
+        api.train(prompts=["a photo of a red circle"], reward=complex_reward, out=tmp_path / "run", steps=1)
+    assert not (tmp_path / "run").exists()
