@@ -6,6 +6,7 @@ sample without spread read as a point."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,15 +28,14 @@ def standard_error(values: Iterable[float]) -> float:
 def mean_ci95(values: Iterable[float]) -> tuple[float, float, float, int]:
     """(mean, low, high, n) over the non-nan values: Student-t 95 % interval of the mean.
     n = 1 gives (x, nan, nan, 1); n = 0 gives nans and 0."""
-    from scipy.stats import ttest_1samp
+    from scipy.stats import t
 
     a = _finite(values)
-    n = int(a.size)
-    m = float(a.mean()) if n else math.nan
+    n, m = int(a.size), float(a.mean()) if a.size else math.nan
     if n < 2 or np.ptp(a) == 0:  # one value: no interval; no spread: a point
         return (m, m if n > 1 else math.nan, m if n > 1 else math.nan, n)
-    ci = ttest_1samp(a, 0.0).confidence_interval(0.95)
-    return (m, float(ci.low), float(ci.high), n)
+    low, high = t.interval(0.95, n - 1, loc=m, scale=standard_error(a))
+    return (m, float(low), float(high), n)
 
 
 def welch_ci95(a: Iterable[float], b: Iterable[float]) -> tuple[float, float, float]:
@@ -50,5 +50,7 @@ def welch_ci95(a: Iterable[float], b: Iterable[float]) -> tuple[float, float, fl
         return (diff, math.nan, math.nan)
     if np.ptp(x) == 0 and np.ptp(y) == 0:
         return (diff, diff, diff)
-    ci = ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    with warnings.catch_warnings():  # precision loss for values that differ by rounding: still the formula's
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
     return (diff, float(ci.low), float(ci.high))
