@@ -165,3 +165,46 @@ def test_sample_and_eval_refuse_each_others_folders_and_a_run(tmp_path, capsys):
     assert code == 2 and "--temperature must be a finite number" in error_line(err)
     code, _, err = cli(capsys, *sample, tmp_path / "r", "--grid-scale", 100000)
     assert code == 2 and "--grid-scale" in err and not (tmp_path / "r").exists()
+
+
+def test_eval_geneval_refuses_scores_of_another_source(tmp_path, capsys):
+    from PIL import Image
+
+    from t2i_gcpo.eval.layout import write_prompt_folder
+
+    sources = []
+    for name in ("a", "b"):
+        root = tmp_path / name
+        meta = {
+            "tag": "single_object",
+            "include": [{"class": "circle", "count": 1}],
+            "prompt": "a photo of a circle",
+        }
+        write_prompt_folder(root, 0, meta, [Image.new("RGB", (32, 32), "white")])
+        sources.append(root)
+    out = tmp_path / "scores"
+    args = ["eval", "geneval", "--detector", "shapeworld", "--out", out, "--score-only"]
+    assert cli(capsys, *args, sources[0])[0] == 0
+    before = files(out)
+    code, _, err = cli(capsys, *args, sources[1])
+    line = error_line(err)
+    assert code == 2 and "made by `eval geneval` with --score-only" in line and "--overwrite" in line, line
+    assert files(out) == before
+
+
+def test_a_matched_comparison_resumes_whatever_the_order_of_set(tmp_path, monkeypatch):
+    """budget.json's guard compared the --set options as a list: another order was "other settings"."""
+    import t2i_gcpo.eval.budget as B
+    from t2i_gcpo.eval.compare import plan_matches
+
+    monkeypatch.setattr(B, "plan_match", lambda *a, **k: pytest.fail("probed again"))
+    arm = {"of": "vine", "samples_per_step": 48.0, "set": "rollout.group_size=12"}
+    saved = {"match": "samples", "by": "group", "baseline": "dapo", "model": "shapeworld",
+             "overrides": ["optim.lr=1e-4", "rollout.prompts_per_step=4"], "arms": {"dapo-at-vine-budget": arm}}  # fmt: skip
+    (tmp_path / "budget.json").write_text(json.dumps(saved))
+    flags = {"prompts": "prompts/shapeworld_train.jsonl", "model": "shapeworld", "reward": None, "steps": 10}
+    plan = plan_matches(tmp_path, ["dapo", "vine"], {"dapo": [0], "vine": [0]}, "dapo", flags,
+                        ("rollout.prompts_per_step=4", "optim.lr=1e-4"), "group")  # fmt: skip
+    assert plan == {"dapo-at-vine-budget": arm}
+    with pytest.raises(UserError, match="other settings"):
+        plan_matches(tmp_path, ["dapo", "vine"], {"dapo": [0], "vine": [0]}, "dapo", flags, (), "prompts")
