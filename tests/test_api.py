@@ -304,7 +304,9 @@ def test_credit_maps_draws_each_prompt_and_measures_lift(tmp_path):
     defined = [v for v in lifts["uniform"] if not math.isnan(v)]  # the shipped model draws the objects
     assert defined and all(v == pytest.approx(1.0) for v in defined)  # uniform credit lifts nothing
     assert "gcpo" in table and "wrote 2 figures" in table
-    api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
+    with pytest.raises(UserError, match=r"made by `credit-map` with --prompt .*give --overwrite"):
+        api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
+    api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2, overwrite=True)
     assert (out / "00000.png").is_file() and not (out / "00001.png").exists()  # the earlier run's figure
 
 

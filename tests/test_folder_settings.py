@@ -84,23 +84,6 @@ def test_compare_refuses_runs_made_with_other_settings_whatever_the_order_of_set
     assert code == 2 and "seed0 has no eval.json" in err.splitlines()[-1] and "Traceback" not in err
 
 
-def test_an_unrecorded_comparison_is_checked_by_its_runs_saved_configs(tmp_path, capsys):
-    """A comparison folder of an earlier version has no record: its runs' config.yaml speak for it."""
-    from t2i_gcpo.eval.compare import claim_comparison
-
-    run = tmp_path / "cmp" / "dapo" / "seed0"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text("steps: 200\neval_every: 25\noptim:\n  lr: 0.001\n")
-    flags = {"prompts": "prompts/shapeworld_train.jsonl", "model": "shapeworld", "reward": None, "steps": 200}
-    with pytest.raises(
-        UserError, match=r"seed0 was trained with optim.lr=0.001, this comparison asks for 0.0001"
-    ):
-        claim_comparison(tmp_path / "cmp", ["dapo"], flags, 25, ("optim.lr=1e-4",))
-    assert not (tmp_path / "cmp" / SETTINGS_RECORD).exists()
-    claim_comparison(tmp_path / "cmp", ["dapo"], flags, 25, ("optim.lr=0.001",))
-    assert json.loads((tmp_path / "cmp" / SETTINGS_RECORD).read_text())["settings"]["--steps"] == 200
-
-
 # ----------------------------------------------------------------------------- pretrain
 
 

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, config_value, lock_out, masked_sampling_options, seed_option
+from t2i_gcpo.commands.options import (
+    cfg_option,
+    images_option,
+    lock_out,
+    masked_sampling_options,
+    seed_option,
+)
 from t2i_gcpo.policies.registry import models_help
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -70,15 +76,7 @@ def _print_summary(out: Path, summary: dict) -> None:
     "--clip", "clip_ckpt", default=None, help="Local open_clip checkpoint for colour classification."
 )
 @click.option("--clip-model", default="ViT-L-14", show_default=True, help="open_clip architecture of --clip.")
-@click.option(
-    "--n",
-    "images_per_prompt",
-    default=4,
-    show_default=True,
-    type=int,
-    callback=config_value("eval_images_per_prompt"),
-    help="Images per prompt.",
-)
+@images_option("images_per_prompt")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
@@ -115,15 +113,7 @@ def geneval_cmd(
     help="Prompt file [default: prompts/shapeworld_test.jsonl, GenEval's six templates; the held-out "
     "compositional prompts: prompts/shapeworld_compositional_test.jsonl, a shipped file].",
 )
-@click.option(
-    "--n",
-    "images_per_prompt",
-    default=4,
-    show_default=True,
-    type=int,
-    callback=config_value("eval_images_per_prompt"),
-    help="Images per prompt.",
-)
+@images_option("images_per_prompt")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options

@@ -62,3 +62,9 @@ def seed_option(command: Callable) -> Callable:
     return click.option("--seed", type=int, default=0, show_default=True, callback=config_value("seed"))(
         command
     )
+
+
+def images_option(name: str) -> Callable:
+    """--n: images per prompt, checked as eval_images_per_prompt (1 to its ceiling)."""
+    return click.option("--n", name, type=int, default=4, show_default=True, help="Images per prompt.",
+                        callback=config_value("eval_images_per_prompt"))  # fmt: skip

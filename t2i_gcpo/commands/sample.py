@@ -6,7 +6,13 @@ import os
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, config_value, masked_sampling_options, seed_option
+from t2i_gcpo.commands.options import (
+    cfg_option,
+    config_value,
+    images_option,
+    masked_sampling_options,
+    seed_option,
+)
 from t2i_gcpo.policies.registry import models_help
 
 
@@ -25,15 +31,7 @@ from t2i_gcpo.policies.registry import models_help
     show_default=True,
     help=models_help() + ".",
 )
-@click.option(
-    "--n",
-    "n_images",
-    default=4,
-    show_default=True,
-    type=int,
-    callback=config_value("eval_images_per_prompt"),
-    help="Images per prompt.",
-)
+@images_option("n_images")
 @cfg_option(help="CFG scale s [default: the checkpoint's].")
 @click.option(
     "--temperature", default=1.0, show_default=True, type=float, callback=config_value("rollout.temperature")

@@ -120,16 +120,13 @@ def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]
 def claim_comparison(
     out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...]
 ) -> None:
-    """Before any run: every algorithm's config builds, and `out` holds no runs of a comparison with other
-    settings (`comparison_settings`, recorded in `out` by `outdir.write_settings_record`; a folder of an
-    earlier version, with no record, by its runs' saved configs); then this comparison's settings are
-    recorded there. A comparison with other settings is a one-line UserError naming them."""
-    from t2i_gcpo.config import _read_yaml, load_config
-    from t2i_gcpo.errors import UserError, check_file
+    """Before any run: every algorithm's config builds and its trackers can start, and `out` holds no runs
+    of a comparison with other settings (`comparison_settings`, recorded in `out` by
+    `outdir.write_settings_record`); then this comparison's settings are recorded there. A comparison with
+    other settings is a one-line UserError naming them. (A folder of an earlier version holds no record:
+    its runs are taken as they are.)"""
+    from t2i_gcpo.config import load_config
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
-    from t2i_gcpo.resources import prompt_file
-
-    check_file(prompt_file(flags["prompts"]), "prompt file")
     from t2i_gcpo.train.tracking import resolve_report_to
 
     for algo in algos:  # a bad key or value, a tracker that cannot start: one line now, before any run
@@ -138,26 +135,8 @@ def claim_comparison(
         )
     resolve_report_to(cfg.report_to)
     settings = comparison_settings(flags, eval_every, overrides)
-    if not check_settings_record(out, COMMAND, settings):
-        wanted = {"steps": flags["steps"], "eval_every": eval_every, **settings["--set"]}
-        for saved in sorted(out.glob("*/seed*/config.yaml")):
-            if saved.parent.parent.name.endswith("-budget"):  # a matched arm: its own group size or prompts
-                continue
-            config = _read_yaml(saved)
-            for key, value in wanted.items():
-                have = _dig(config, key)
-                if have != value:
-                    raise UserError(
-                        f"{saved.parent} was trained with {key}={have!r}, this comparison asks for {value!r}; "
-                        f"choose another --out, or remove {out} to start again"
-                    )
+    check_settings_record(out, COMMAND, settings)
     write_settings_record(out, COMMAND, settings)
-
-
-def _dig(data: Any, key: str) -> Any:
-    for part in key.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
 
 
 def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
