@@ -230,23 +230,51 @@ def _credit_spec(credit: str | Callable[..., Any] | None) -> str | None:
     return spec
 
 
-def _check_cfg(cfg_scale: float | None) -> float | None:
-    """`cfg_scale` checked as the config key rollout.cfg_scale (``--cfg``): no NaN or inf, in range."""
+def _check_sampling(cfg_scale: float | None = None, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
+                    n: int = 1) -> float | None:  # fmt: skip
+    """The sampling arguments checked as the config keys they set (rollout.cfg_scale, rollout.temperature,
+    rollout.top_k, seed: the same types and bounds, no NaN or inf) and `n` ≥ 1, before any model is
+    loaded; returns `cfg_scale`."""
+    import numbers
+
     from t2i_gcpo.config import check_value
 
-    return cfg_scale if cfg_scale is None else check_value("rollout.cfg_scale", cfg_scale, what="cfg_scale")
+    for name, key, value, kind in (("cfg_scale", "rollout.cfg_scale", cfg_scale, numbers.Real),
+                                   ("temperature", "rollout.temperature", temperature, numbers.Real),
+                                   ("top_k", "rollout.top_k", top_k, numbers.Integral), ("seed", "seed", seed, numbers.Integral),
+                                   ("n", "eval_images_per_prompt", n, numbers.Integral)):  # fmt: skip
+        if value is None and key == "rollout.cfg_scale":  # the model's own
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UserError(
+                f"{name} must be {'an integer' if kind is numbers.Integral else 'a number'}, got {value!r}"
+            )
+        check_value(key, value, what=name)
+    return cfg_scale
 
 
 @contextmanager
-def _locked_out(out: str | os.PathLike) -> Iterator[Path]:
+def _locked_out(out: str | os.PathLike, command: str, settings: Mapping[str, Any] | None = None,
+                overwrite: bool = False) -> Iterator[Path]:  # fmt: skip
     """The output folder, checked writable and locked while the caller writes it (one command at a time
-    per folder, as `t2i_gcpo.outdir.lock_output`: another holder is a UserError naming it)."""
+    per folder, as `t2i_gcpo.outdir.lock_output`: another holder is a UserError naming it), and not made
+    by another command or (unless `overwrite`) with other `settings` (`outdir.check_settings_record`);
+    the caller records its settings (`_record_out`) before its first output."""
     from t2i_gcpo.errors import check_writable_dir
-    from t2i_gcpo.outdir import lock_output
+    from t2i_gcpo.outdir import check_settings_record, lock_output
 
     out_dir = check_writable_dir(out, "--out")
     with lock_output(out_dir):
+        check_settings_record(out_dir, command, settings or {}, redo="--overwrite", redoing=overwrite)
         yield out_dir
+
+
+def _record_out(out_dir: Path, command: str, settings: Mapping[str, Any] | None = None) -> None:
+    """Record in the locked `out_dir` that `command` writes there with `settings` (before its first output)."""
+    from t2i_gcpo.outdir import write_settings_record
+
+    if _main_process():
+        write_settings_record(out_dir, command, settings or {})
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -580,9 +608,9 @@ def generate(
     from t2i_gcpo.policies.base import PromptRecord
     from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
 
-    if n < 1 or batch < 1:
-        raise UserError(f"n and batch must be >= 1 (got n={n}, batch={batch})")
-    _check_cfg(cfg_scale)
+    _check_sampling(cfg_scale, temperature, top_k, seed, n)
+    if batch < 1:
+        raise UserError(f"batch must be >= 1, got {batch}")
     if isinstance(prompts, str) and not _is_prompt_file(prompts):
         prompts = [prompts]
     policy = _load(model).eval()
@@ -623,12 +651,14 @@ class SampleResult:
         grid: the path of grid.png (each prompt's images side by side).
         prompts: the prompt texts, in folder order.
         n: images per prompt.
+        written: images this call made (the others were made earlier, with the same settings).
     """
 
     folder: Path
     grid: Path
     prompts: list[str]
     n: int
+    written: int = 0
 
     def image_paths(self, index: int) -> list[Path]:
         """The image files of prompt `index`."""
@@ -656,8 +686,8 @@ def sample(
 
     Writes ``out/00000/metadata.jsonl``, ``out/00000/samples/0000.png`` … and ``generation.json`` (the
     settings) per prompt, and ``out/grid.png``. Resumable: images already written for the same prompts
-    and settings are kept, and `cfg_scale`, `steps`, `reveal_order` left out take the values recorded
-    there; other settings are refused unless ``overwrite=True``. `out` is locked while it is written
+    and settings are kept; a folder made with other settings (`cfg_scale`, `steps`, `reveal_order` left
+    out mean the model's own) is refused, naming the setting that continues it, unless ``overwrite=True``. `out` is locked while it is written
     (another command writing it is refused).
 
     Args:
@@ -665,7 +695,7 @@ def sample(
         out: the output folder.
         model: a model name or path (see `load_policy`) or a policy object.
         n: images per prompt.
-        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        cfg_scale: guidance scale (default: the model's).
         temperature: sampling temperature.
         top_k: keep the k most likely tokens (0: all).
         steps: masked models' decoding steps (default: as `cfg_scale`).
@@ -686,23 +716,26 @@ def sample(
     from PIL import Image
 
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
-    from t2i_gcpo.eval.layout import recorded_settings, sample_path
+    from t2i_gcpo.eval.layout import sample_path
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
 
-    _check_cfg(cfg_scale)
-    with _locked_out(out) as out_dir:  # before loading anything
+    _check_sampling(cfg_scale, temperature, top_k, seed, n)
+    if isinstance(grid_scale, bool) or not isinstance(grid_scale, int) or not 1 <= grid_scale <= 32:
+        raise UserError(f"grid_scale must be an integer from 1 to 32, got {grid_scale!r}")
+    with _locked_out(out, "sample", overwrite=overwrite) as out_dir:  # before loading anything
         with _prompt_path(prompts) as prompts_path:
             texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
             policy = _load(model).eval()
             policy.check_prompts(texts)  # every word the model cannot take, at once
             # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
             metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-        sampling = image_sampling(policy, None if overwrite else recorded_settings(out_dir), cfg_scale=cfg_scale,
-                                  temperature=temperature, top_k=top_k, steps=steps, reveal_order=reveal_order)  # fmt: skip
-        generate_geneval(policy, metadata, out_dir, sampling, n=n, batch=max(1, 64 // n), seed=seed,
-                         model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, steps=steps,
+                                  reveal_order=reveal_order)  # fmt: skip
+        _record_out(out_dir, "sample")  # the settings of its images: each prompt folder's generation.json
+        written = generate_geneval(policy, metadata, out_dir, sampling, n=n, batch=max(1, 64 // n), seed=seed,
+                                   model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         images = np.stack(
             [
                 np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
@@ -711,9 +744,16 @@ def sample(
             ]
         )
         cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
+        pixels = -(-len(images) // cols) * cols * images.shape[1] * images.shape[2] * grid_scale**2
+        if pixels > MAX_GRID_PIXELS:
+            raise UserError(f"grid.png would hold {pixels / 1e6:.0f} M pixels at grid_scale {grid_scale} (at most "
+                            f"{MAX_GRID_PIXELS / 1e6:.0f} M): give a smaller one (the images are written)")  # fmt: skip
         grid = out_dir / "grid.png"
         Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
-    return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n)
+    return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n, written)
+
+
+MAX_GRID_PIXELS = 100_000_000  # sample's grid.png: ≈ 300 MB in memory; what image viewers still open
 
 
 def evaluate_shapeworld(
@@ -742,7 +782,7 @@ def evaluate_shapeworld(
         prompts: a prompt file or list (default: the shipped prompts/shapeworld_test.jsonl).
         n: images per prompt.
         batch: prompts per sampling call.
-        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        cfg_scale: guidance scale (default: the model's).
         steps: masked models' decoding steps (default: as `cfg_scale`).
         reveal_order: masked models' reveal order (default: as `cfg_scale`).
         seed: the seed.
@@ -753,19 +793,18 @@ def evaluate_shapeworld(
         "overall": the unweighted mean of the tag scores}``.
     """
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, score_geneval_folder
-    from t2i_gcpo.eval.layout import recorded_settings
     from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
-    _check_cfg(cfg_scale)
-    with _locked_out(out) as out:
+    _check_sampling(cfg_scale, seed=seed, n=n)
+    with _locked_out(out, "eval shapeworld", overwrite=overwrite) as out:
         policy = _load(model).eval()
         task = get_task(policy.default_task, policy)
         with _prompt_path(prompts if prompts is not None else PROMPTS_DIR / "shapeworld_test.jsonl") as path:
             metadata = [p.meta for p in task.load_prompts(path)]
         root = out / "images"
-        sampling = image_sampling(policy, None if overwrite else recorded_settings(root), cfg_scale=cfg_scale,
-                                  steps=steps, reveal_order=reveal_order)  # fmt: skip
+        sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
+        _record_out(out, "eval shapeworld")  # the settings of its images: generation.json under images/
         generate_geneval(policy, metadata, root, sampling, n=n, batch=batch, seed=seed,
                          model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
@@ -814,7 +853,7 @@ def evaluate_geneval(
         score_only: score this existing GenEval-layout folder instead of generating (no `model`).
         n: images per prompt.
         batch: prompts per sampling call.
-        cfg_scale: guidance scale (default: a resumed folder's recorded one, else the model's).
+        cfg_scale: guidance scale (default: the model's).
         steps: masked models' decoding steps (default: as `cfg_scale`).
         reveal_order: masked models' reveal order (default: as `cfg_scale`).
         seed: the seed.
@@ -833,8 +872,9 @@ def evaluate_geneval(
         raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
     if n < 1 or batch < 1:
         raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
-    _check_cfg(cfg_scale)
-    with _locked_out(out) as out:
+    _check_sampling(cfg_scale, seed=seed, n=n)
+    source = {"--score-only": None if score_only is None else os.path.realpath(score_only)}
+    with _locked_out(out, "eval geneval", source, overwrite=overwrite) as out:
         prompts = load_geneval_prompts() if model is not None else None
         if isinstance(model, (str, os.PathLike)) and not overwrite:
             # refuse a folder of other prompts or settings before loading any model
@@ -856,13 +896,12 @@ def evaluate_geneval(
 
             colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
         root = Path(score_only) if score_only is not None else out / "images"
+        _record_out(out, "eval geneval", source)
         if model is not None:
             from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
-            from t2i_gcpo.eval.layout import recorded_settings
 
             policy = _load(model).eval()
-            sampling = image_sampling(policy, None if overwrite else recorded_settings(root), cfg_scale=cfg_scale,
-                                      steps=steps, reveal_order=reveal_order)  # fmt: skip
+            sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
             generate_geneval(policy, prompts, root, sampling, n=n, batch=batch, seed=seed,
                              model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
         return score_geneval_folder(
@@ -887,12 +926,14 @@ def credit_maps(
     reward: str | None = None,
     negative: str | None = None,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> str:
     """Sample a group per prompt, score it, and draw every sample's token credit under each scheme
     (``t2i-gcpo credit-map``).
 
     Writes one PNG per prompt (``out/00000.png`` …) and ``out/credit_maps.html``, replacing an earlier
-    run's figures there (`out` is locked meanwhile); where the reward reports object masks (ShapeWorld)
+    run's figures there when it was made with the same settings, else only with `overwrite` (`out` is
+    locked meanwhile); where the reward reports object masks (ShapeWorld)
     also ``out/lift.json``, each scheme's credit lift per sample
     (its credit share on the prompt's object tokens over their token share; uniform credit = 1).
 
@@ -912,13 +953,15 @@ def credit_maps(
         negative: text models: GCPO's negative context (``"empty"``, ``"wrong_answer"`` or a
             ``{question}`` template).
         seed: the seed.
+        overwrite: replace the maps in `out` made with other settings (``--overwrite``).
 
     Returns:
         The summary the command prints: the credit-lift table (ShapeWorld) or step-lift table (text)
         and the files written.
 
     Raises:
-        UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take.
+        UserError: an unknown scheme, G < 2, no prompts, a prompt the model cannot take, an `out` made
+            with other settings (without `overwrite`).
     """
     from t2i_gcpo.analysis.credit_maps import check_credit_out
     from t2i_gcpo.errors import check_writable_dir
@@ -928,16 +971,19 @@ def credit_maps(
     with lock_output(out_dir):
         check_credit_out(out_dir)  # someone else's files named like ours: refused before any work
         return _credit_maps(prompts, out_dir, model, prompt_file, limit, reference, schemes, group_size,
-                            _check_cfg(cfg_scale), reward, negative, seed)  # fmt: skip
+                            _check_sampling(cfg_scale, seed=seed), reward, negative, seed, overwrite)  # fmt: skip
 
 
 def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: int | None, reference: str | None,
                  schemes: Sequence[str] | None, group_size: int, cfg_scale: float | None, reward: str | None,
-                 negative: str | None, seed: int) -> str:  # fmt: skip
+                 negative: str | None, seed: int, overwrite: bool) -> str:  # fmt: skip
     """`credit_maps` once its output folder is locked."""
     from t2i_gcpo.analysis.credit_maps import run_credit_maps
-    from t2i_gcpo.config import canonical_spec, resolve_scheme
+    from t2i_gcpo.config import canonical_spec, check_value, resolve_scheme
     from t2i_gcpo.core import CREDIT_SCHEMES
+    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.outdir import check_settings_record
+    from t2i_gcpo.resources import prompt_file as shipped_or_own
     from t2i_gcpo.usercode import is_function_spec
 
     texts: list[str] = []
@@ -962,8 +1008,15 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         )
     for name in names:  # a user's function: imported now, its errors before any sampling
         resolve_scheme(name)
-    if group_size < 2:
-        raise UserError("--group must be ≥ 2 (advantages are group-relative)")
+    check_value("rollout.group_size", group_size, what="--group")
     file = None if prompt_file is None else os.fspath(prompt_file)
+    settings = {"--prompt": texts, "--prompts": file and os.path.realpath(shipped_or_own(file)), "--limit": limit,
+                "--model": model_identity(model), "--reference": reference and model_identity(reference),
+                "--schemes": list(names), "--group": group_size, "--cfg": cfg_scale, "--reward": reward,
+                "--negative": negative, "--seed": seed}  # fmt: skip
+    made = check_settings_record(out, "credit-map", settings, redo="--overwrite", redoing=overwrite)
+    if not (made or overwrite) and (out / "credit_maps.html").is_file():
+        raise UserError(f"{out} holds credit maps of an earlier version, which recorded no settings; give "
+                        "--overwrite to replace them, or choose another --out")  # fmt: skip
     return run_credit_maps(texts, file, limit, model, reference, names, group_size, cfg_scale, reward, seed,
-                           os.fspath(out), negative=negative, schemes_given=given)  # fmt: skip
+                           os.fspath(out), negative=negative, schemes_given=given, settings=settings)  # fmt: skip

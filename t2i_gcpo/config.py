@@ -75,14 +75,19 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
     return field(default=default, metadata=metadata)
 
 
+# a ceiling on every count of samples (prompts per step, group size, held-out images per prompt): a typo's
+# 100000 is one line at once, not an allocation error or a week of sampling
+MAX_SAMPLES = 4096
+
+
 @dataclass
 class RolloutConfig:
     prompts_per_step: int = doc(
-        "P: prompts sampled per step (each gets a group of G outputs).", 8, bounds=Bounds(1)
+        "P: prompts sampled per step (each gets a group of G outputs).", 8, bounds=Bounds(1, MAX_SAMPLES)
     )
     group_size: int = doc(
         "G: outputs sampled per prompt (GCPO paper: 16).", 8,
-        bounds=Bounds(2, why="advantages are group-relative"),
+        bounds=Bounds(2, MAX_SAMPLES, why="advantages are group-relative"),
     )  # fmt: skip
     cfg_scale: float | None = doc(
         "s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u); null = the model's default "
@@ -276,10 +281,15 @@ def _option_field(name: str, opt: SchemeOption) -> tuple[str, Any, Any]:
     """A config field for the scheme option `opt`: its type, default, documentation and range."""
     if opt.required:
         raise TypeError(f"credit scheme {name!r}: built-in option {opt.name!r} needs a default")
-    info = opt.info or Option("")
-    has_bounds = info.low is not None or info.high is not None
-    bounds = Bounds(info.low, info.high, info.low_open, info.high_open, info.why) if has_bounds else None
-    return opt.name, opt.type, doc(info.doc, opt.default, bounds=bounds)
+    return opt.name, opt.type, doc((opt.info or Option("")).doc, opt.default, bounds=option_bounds(opt))
+
+
+def option_bounds(opt: SchemeOption) -> Bounds | None:
+    """The `Bounds` a scheme option's `Option` declares (None: any value of its type)."""
+    info = opt.info
+    if info is None or (info.low is None and info.high is None):
+        return None
+    return Bounds(info.low, info.high, info.low_open, info.high_open, info.why)
 
 
 def _scheme_section(name: str, scheme: CreditScheme) -> type:
@@ -341,7 +351,7 @@ class BranchingConfig:
         "Continuations sampled from each branch point (each is decoded and scored: a step scores about "
         "G·points·continuations extra samples per prompt).",
         2,
-        bounds=Bounds(1, 1024, why="each continuation is a whole extra sample"),
+        bounds=Bounds(1, 64, why="each continuation is a whole extra sample; VinePPO samples 9"),
     )
 
 
@@ -479,7 +489,9 @@ class TrainConfig:
         100,
         bounds=Bounds(-1, why="0: only at the end, -1: never"),
     )
-    eval_images_per_prompt: int = doc("Images per held-out prompt when evaluating.", 8, bounds=Bounds(1))
+    eval_images_per_prompt: int = doc(
+        "Images per held-out prompt when evaluating.", 8, bounds=Bounds(1, MAX_SAMPLES)
+    )
     report_to: str = doc(
         "Experiment trackers the metrics also go to: tensorboard, wandb, mlflow, trackio, a comma-separated "
         "list of them, all (every installed one) or none; metrics.jsonl is always written "
@@ -505,6 +517,7 @@ class TrainConfig:
         check_fields(self)
         check_report_to(self.report_to)
         check_credit(self.credit)
+        check_prompt_files(self)
 
         P, G = self.rollout.prompts_per_step, self.rollout.group_size
         presets = preset_names()
@@ -553,15 +566,36 @@ class TrainConfig:
                 raise UserError(f"config key '{key}': {message}")
 
 
+def check_prompt_files(cfg: TrainConfig) -> None:
+    """The prompt files a config names exist (the user's, else the shipped one of that name): a missing one
+    is one line when the config is built, not after the model has loaded."""
+    from t2i_gcpo.resources import prompt_file
+
+    for key in ("prompts", "eval_prompts"):
+        path = getattr(cfg, key)
+        if path and prompt_file(path).is_dir():
+            raise UserError(f"config key '{key}': prompt file {path} is a directory, not a file")
+        if path and not prompt_file(path).is_file():
+            raise UserError(f"config key '{key}': prompt file {path} does not exist")
+
+
 def check_credit(credit: Any) -> None:
     """The configured credit scheme exists (a user's ``file.py:function`` is imported now, again on every
     load: a resumed run re-imports it, as usercode.run_code_guard allows), takes the options given, and each section passes its scheme's
     own check; else a one-line UserError naming the key, the scheme and its options."""
     scheme = resolve_scheme(credit.scheme)
-    hints = {o.name: o.type for o in scheme.specs}
-    for key, value in credit.options.items():  # typed as the function declares them, where it does
-        if key in hints and _checkable(hints[key]):
-            credit.options[key] = _coerce(f"credit.options.{key}", value, hints[key])
+    specs = {o.name: o for o in scheme.specs}
+    for (
+        key,
+        value,
+    ) in credit.options.items():  # typed and bounded as the function declares them, where it does
+        if key in specs and _checkable(specs[key].type):
+            credit.options[key] = _coerce(f"credit.options.{key}", value, specs[key].type)
+        value, bounds = credit.options[key], option_bounds(specs[key]) if key in specs else None
+        if bounds is not None:  # the bounds of the scheme's section credit.<scheme>.<key>, NaN included
+            check_value(f"credit.options.{key}", value, bounds=bounds)
+        elif isinstance(value, float):
+            check_finite(f"config key 'credit.options.{key}'", value)
     try:
         check_options(scheme, credit.options_for(credit.scheme))
     except CreditSchemeError as e:
@@ -783,13 +817,30 @@ def check_finite(name: str, value: float, allow_inf: bool = False) -> float:
     return value
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases (``*name``): a config has no use for them, and a few hundred bytes
+    of nested aliases expand to gigabytes ("billion laughs") when the config is walked or saved."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a config: "
+                                              "write the value out", mark)  # fmt: skip
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` parsed as YAML the safe way, aliases refused (`_NoAliasLoader`): every YAML a user gives."""
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 — a SafeLoader subclass
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise UserError(f"config file {path} is a directory, expected a YAML file")
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not a YAML file (not UTF-8 text: a binary file?)") from None
     except OSError as e:
@@ -824,10 +875,26 @@ def parse_set(item: str) -> tuple[str, Any]:
         raise UserError(f"--set expects key=value, got '{item}'")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = load_yaml(raw) if raw.strip() else ""
+    except yaml.YAMLError:  # an alias included: the text as it is
         value = raw
     return key.strip(), value
+
+
+def override_values(overrides: Sequence[str]) -> dict[str, Any]:
+    """``--set`` strings as {dotted key: the value the config takes}, sorted by key, a repeated key's last
+    value winning: how two command lines are compared (neither the order of the options nor the spelling
+    of a value, 1e-3 or 0.001, matters). An unknown key or a value of the wrong type is a UserError."""
+    pairs = dict(parse_set(item) for item in overrides)
+    cfg = TrainConfig()
+    _apply(cfg, nest(pairs))
+    values = {}
+    for key in pairs:
+        node: Any = cfg
+        for part in key.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        values[key] = dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
+    return dict(sorted(values.items()))
 
 
 def nest(dotted: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -285,3 +286,102 @@ def foreign_entries(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name for p in folder.iterdir() if p.name not in (LOCK_NAME, RUN_MARKER, "train.log"))
+
+
+# ------------------------------------------------------------------------ the settings that made a folder
+
+SETTINGS_RECORD = ".t2i-gcpo-settings.json"  # {"command": "compare", "settings": {"--steps": 200, …}}
+
+
+def flat_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` canonicalised for comparison: as JSON reads it back (tuples as lists, keys as strings),
+    one level of mappings flattened to (option, key) pairs — `{"--set": {"optim.lr": 1e-3}}` holds the
+    pair ("--set", "optim.lr") — so that the order in which options were given never matters."""
+    data = json.loads(json.dumps(dict(settings), default=str))
+    flat: dict[Any, Any] = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            flat.update({(name, key): v for key, v in value.items()})
+        else:
+            flat[name] = value
+    return flat
+
+
+def settings_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list:
+    """The settings (names, or (option, key) pairs of a mapping) whose values differ, in `wanted`'s order."""
+    a, b = flat_settings(recorded), flat_settings(wanted)
+    missing = object()
+    return [k for k in dict.fromkeys([*b, *a]) if a.get(k, missing) != b.get(k, missing)]
+
+
+def _setting(name: Any, flat: dict[Any, Any]) -> str:
+    if name not in flat:
+        return f"no {' '.join(name) if isinstance(name, tuple) else name}"
+    value = flat[name]
+    shown = (
+        "(default)" if value is None else shorten(value if isinstance(value, str) else json.dumps(value), 80)
+    )
+    return f"{name[0]} {name[1]}={shown}" if isinstance(name, tuple) else f"{name} {shown}"
+
+
+def describe_differences(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
+    """ "--steps 200, --set optim.lr=0.001 (this command: --steps 100, no --set optim.lr)"."""
+    keys = settings_differences(recorded, wanted)
+    a, b = flat_settings(recorded), flat_settings(wanted)
+    return (
+        f"{', '.join(_setting(k, a) for k in keys)} (this command: {', '.join(_setting(k, b) for k in keys)})"
+    )
+
+
+def read_settings_record(folder: Path) -> dict | None:
+    """The record a command left in `folder` ({"command", "settings"}), None when there is none."""
+    path = Path(folder) / SETTINGS_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        record = None
+    if not (isinstance(record, dict) and isinstance(record.get("command"), str)
+            and isinstance(record.get("settings"), dict)):  # fmt: skip
+        raise UserError(f"{path} is not a settings record t2i-gcpo wrote; choose another --out")
+    return record
+
+
+def check_settings_record(folder: Path, command: str, settings: Mapping[str, Any], redo: str | None = None,
+                          redoing: bool = False) -> bool:  # fmt: skip
+    """Whether `folder` holds work of `command` made with these `settings` (True: continue or redo it
+    there) or no record at all (False; a record alone, of a command that stopped before its first
+    output, counts as none). A training run's folder, a record of another command, or one of other
+    settings is a UserError naming what differs and what to do (`redo`: the flag that redoes the work
+    anyway; `redoing`: it was given, and other settings of the same command pass)."""
+    if is_run_dir(folder):
+        raise UserError(f"{folder} holds a training run (t2i-gcpo train); choose another --out")
+    record = read_settings_record(folder)
+    if record is None or not [p for p in folder.iterdir() if p.name not in (LOCK_NAME, SETTINGS_RECORD)]:
+        return False
+    if record["command"] != command:
+        raise UserError(f"{folder} holds the output of `t2i-gcpo {record['command']}`, not `{command}`; "
+                        "choose another --out")  # fmt: skip
+    if settings_differences(record["settings"], settings):
+        if redoing:
+            return False
+        todo = f"give {redo} to redo it there, or choose another --out" if redo else (
+            f"choose another --out, or remove {folder} to start again")  # fmt: skip
+        raise UserError(
+            f"{folder} was made by `{command}` with {describe_differences(record['settings'], settings)}; {todo}"
+        )
+    return True
+
+
+def write_settings_record(folder: Path, command: str, settings: Mapping[str, Any]) -> None:
+    """Record in `folder` that `command` works there with `settings` (before its first output, so that
+    an interrupted command's work is recorded too). Written whole: a temporary file, then a rename."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{SETTINGS_RECORD}.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"command": command, "settings": dict(settings)}, f, indent=1, sort_keys=True, default=str)
+    os.replace(tmp, folder / SETTINGS_RECORD)

@@ -234,7 +234,7 @@ def test_generate_gives_the_images_sample_writes(tiny, tmp_path):
     assert not torch.equal(other, images)  # the seed matters
 
 
-def test_sample_locks_its_folder_and_a_resumed_folder_keeps_its_recorded_cfg(tiny, tmp_path):
+def test_sample_locks_its_folder_and_a_resumed_folder_continues_only_with_its_cfg(tiny, tmp_path):
     from t2i_gcpo.outdir import lock_output
 
     out = tmp_path / "s"
@@ -245,7 +245,10 @@ def test_sample_locks_its_folder_and_a_resumed_folder_keeps_its_recorded_cfg(tin
             api.sample(PROMPTS[:1], out, model=tiny["model"], n=2)
     assert not out.exists()  # the folder made only for the lock is gone with it
     api.sample(PROMPTS[:1], out, model=tiny["model"], n=2, seed=5, cfg_scale=2)
-    resumed = api.sample(PROMPTS[:2], out, model=tiny["model"], n=2, seed=5)  # no cfg_scale: the recorded 2
+    with pytest.raises(UserError, match=r"made with cfg_scale=2.0, this run asks for cfg_scale="):
+        api.sample(PROMPTS[:2], out, model=tiny["model"], n=2, seed=5)  # no cfg_scale: the model's, not 2
+    resumed = api.sample(PROMPTS[:2], out, model=tiny["model"], n=2, seed=5, cfg_scale=2)
+    assert resumed.written == 2
     assert json.loads((out / "00001" / "generation.json").read_text())["cfg_scale"] == 2
     images = api.generate(tiny["model"], PROMPTS[:2], n=2, seed=5, cfg_scale=2)
     for k, path in enumerate(resumed.image_paths(1)):
@@ -301,7 +304,9 @@ def test_credit_maps_draws_each_prompt_and_measures_lift(tmp_path):
     defined = [v for v in lifts["uniform"] if not math.isnan(v)]  # the shipped model draws the objects
     assert defined and all(v == pytest.approx(1.0) for v in defined)  # uniform credit lifts nothing
     assert "gcpo" in table and "wrote 2 figures" in table
-    api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
+    with pytest.raises(UserError, match=r"made by `credit-map` with --prompt .*give --overwrite"):
+        api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2)
+    api.credit_maps(PROMPTS[:1], out, model="shapeworld", schemes=("uniform",), group_size=2, overwrite=True)
     assert (out / "00000.png").is_file() and not (out / "00001.png").exists()  # the earlier run's figure
 
 

@@ -99,7 +99,7 @@ def test_the_old_vine_keys_are_read_as_the_branching_settings():
     assert load_config("vine", overrides=["branching.k=4"]).branching.k == 4
     with pytest.raises(UserError, match="'credit.vine.k' and 'branching.k' are the same setting"):
         load_config("vine", overrides={"credit.vine.k": 8, "branching.k": 4})
-    with pytest.raises(UserError, match=r"config key 'branching.continuations': must be in \[1, 1024\]"):
+    with pytest.raises(UserError, match=r"config key 'branching.continuations': must be in \[1, 64\]"):
         load_config("vine", overrides=["branching.continuations=100000"])
 
 

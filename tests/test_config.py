@@ -88,7 +88,7 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("rollout.train_logp=logits", "config key 'rollout.train_logp': expected one of 'cond' | 'cfg'"),
         ("credit=gcpo", "config key 'credit' is a section"),
         ("advantage.dynamic_sampling=3", "config key 'advantage.dynamic_sampling': expected bool"),
-        ("rollout.group_size=1", "config key 'rollout.group_size': must be ≥ 2"),
+        ("rollout.group_size=1", "config key 'rollout.group_size': must be in [2, 4096]"),
         (
             "credit.gcpo.top_fraction=1.5",
             "config key 'credit.gcpo.top_fraction': must be in [1e-06, 0.999999]",
@@ -100,7 +100,7 @@ def test_layering_preset_file_flags_then_set(tmp_path):
         ("save_every=0", "config key 'save_every': must be ≥ 1"),  # was a ZeroDivisionError at the first step
         ("sample_every=-1", "config key 'sample_every': must be ≥ 0"),
         ("eval_every=-2", "config key 'eval_every': must be ≥ -1"),
-        ("eval_images_per_prompt=0", "config key 'eval_images_per_prompt': must be ≥ 1"),
+        ("eval_images_per_prompt=0", "config key 'eval_images_per_prompt': must be in [1, 4096]"),
         ("log_every=5", "unknown config key 'log_every'"),  # retired: it never did anything
     ],
 )

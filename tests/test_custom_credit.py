@@ -43,6 +43,12 @@ def wrong_shape(inputs):
 def nan_weights(inputs):
     return inputs.mask.float() * float("nan")
 
+def complex_weights(inputs):
+    return inputs.mask.float() * (1 + 1j)
+
+def negative_weights(inputs):
+    return inputs.mask.float() * -1
+
 def needs_option(inputs, power: float):
     return inputs.mask.float() ** power
 
@@ -154,17 +160,24 @@ def test_a_scheme_that_cannot_be_loaded_is_one_line(tiny, tmp_path, capsys, monk
 @pytest.mark.parametrize(
     ("function", "message"),
     [
-        ("wrong_shape", "returned (8, 15), expected (8, 16)"),
-        ("nan_weights", "returned NaN/inf weights for 128 valid token(s) of 128"),
+        ("wrong_shape", "returned (2, 15), expected (2, 16)"),
+        ("nan_weights", "returned NaN/inf weights for 32 valid token(s) of 32"),
+        ("complex_weights", "returned torch.complex64 weights, expected real numbers (a float tensor)"),
+        ("negative_weights", "returned negative weights for 32 valid token(s) (min -1): weights must be ≥ 0"),
     ],
 )
-def test_a_scheme_that_returns_unusable_weights_stops_the_run_in_one_line(
+def test_a_scheme_that_returns_unusable_weights_stops_before_the_run_in_one_line(
     tiny, tmp_path, capsys, function, message
 ):
+    """Checked on a dry sample (a group of 2) before the run folder exists — it was at step 1, and complex
+    weights were a traceback, negative ones a message naming credit_lift (issue 45)."""
     code, _, err = cli(capsys, *train_args(tiny, tmp_path / "run", 1, f"{tiny['scheme']}:{function}"))
-    last = err.splitlines()[-1]  # after the progress bar: one line, no traceback
-    assert code != 0 and "Traceback" not in err
-    assert last == f"error: credit scheme '{tiny['scheme']}:{function}' {message}"
+    line = error_line(err)
+    assert code == 2 and line.startswith(f"error: credit scheme '{tiny['scheme']}:{function}' {message}"), (
+        line
+    )
+    assert line.endswith("(on a dry sample, before the run started)")
+    assert not (tmp_path / "run").exists()
 
 
 def test_needs_are_declared_and_checked(tiny):

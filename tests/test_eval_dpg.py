@@ -3,7 +3,6 @@
 import csv
 import json
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +18,6 @@ from t2i_gcpo.eval.dpg import (
     is_yes,
     load_dpg_prompts,
     read_dpg_csv,
-    recorded_grid_settings,
     score_dpg,
     score_dpg_folder,
     split_2x2,
@@ -171,10 +169,8 @@ def test_score_dpg_folder_writes_results(tmp_path):
 
 def dpg(policy, prompts, root, *, cfg_scale=5.0, temperature=1.0, top_k=0, steps=None, reveal_order=None,
         overwrite=False, **kw):  # fmt: skip
-    """generate_dpg as `eval dpg` calls it: the sampling built once from the flags and the settings
-    recorded with the grids under `root`."""
-    recorded = None if overwrite else recorded_grid_settings(Path(root))
-    sampling = image_sampling(policy, recorded, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+    """generate_dpg as `eval dpg` calls it: the sampling built once from the flags."""
+    sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
                               steps=steps, reveal_order=reveal_order)  # fmt: skip
     return generate_dpg(policy, prompts, root, sampling, overwrite=overwrite, **kw)
 

@@ -14,7 +14,6 @@ from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, load_geneval
 from t2i_gcpo.eval.layout import (
     existing_samples,
     iter_layout,
-    recorded_settings,
     sample_path,
     write_prompt_folder,
 )
@@ -392,9 +391,8 @@ def test_score_geneval_folder_rejects_unfinished_folders(tmp_path):
 
 def gen(policy, metadata, root, *, cfg_scale=5.0, temperature=1.0, top_k=0, overwrite=False, **kw):
     """generate_geneval as `sample` and the eval commands call it: the sampling built once from the
-    flags and the settings recorded under `root`."""
-    recorded = None if overwrite else recorded_settings(root)
-    sampling = image_sampling(policy, recorded, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k)
+    flags."""
+    sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k)
     return generate_geneval(policy, metadata, root, sampling, overwrite=overwrite, **kw)
 
 

@@ -276,14 +276,17 @@ def test_run_credit_maps_refuses_non_positive_limit(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# resumed folders keep their recorded settings (issue 38 items 12 and 14)
+# resumed folders: never a mix (issue 38 item 14); an option left out means the model's default, and a
+# folder made otherwise is refused naming the option that continues it (issue 45)
 # ---------------------------------------------------------------------------------------------
 
 
-def test_a_resumed_masked_sample_continues_with_its_recorded_steps_and_order(tmp_path, capsys, monkeypatch):
+def test_a_resumed_masked_sample_continues_with_its_steps_and_order_given_again(
+    tmp_path, capsys, monkeypatch
+):
     """`sample --model shapeworld-masked --steps 4 --reveal-order random`, interrupted (an image
-    missing), re-run without the two flags: the missing image is made as the others were, the same
-    bytes as the lost one, and generation.json is not rewritten."""
+    missing): re-run without the two flags it is refused naming them; with them the missing image is made
+    as the others were, the same bytes as the lost one, and generation.json is not rewritten."""
     from t2i_gcpo.eval import geneval
 
     seen = []
@@ -300,7 +303,14 @@ def test_a_resumed_masked_sample_continues_with_its_recorded_steps_and_order(tmp
     lost.unlink()
     seen.clear()
     code, _, err = run(capsys, *args)
+    line = one_line_error(err)
+    assert code == 2 and "made with steps=4" in line and "(--steps 4 continues them)" in line, line
+    assert seen == [] and not lost.exists()
+    code, _, err = run(capsys, *args, "--steps", 4)
+    assert code == 2 and "(--reveal-order random continues them)" in one_line_error(err)
+    code, out_text, err = run(capsys, *args, "--steps", 4, "--reveal-order", "random")
     assert code == 0, err
+    assert "wrote 1 image(s), kept 3 made earlier with the same settings" in out_text
     assert [(s.steps, s.reveal_order) for s in seen] == [(4, "random")]
     assert {k: v for k, v in files(out).items() if k.name != "grid.png"} == {
         k: v for k, v in before.items() if k.name != "grid.png"
@@ -311,15 +321,26 @@ def test_a_resumed_masked_sample_continues_with_its_recorded_steps_and_order(tmp
     assert json.loads((out / "00000" / "generation.json").read_text())["steps"] == 4
 
 
-def test_a_resumed_sample_continues_with_its_recorded_cfg(tmp_path, capsys):
+def test_sample_into_a_folder_made_with_another_cfg_is_refused_not_kept(tmp_path, capsys):
+    """Issue 45: `sample --out samples/` into a folder made with --cfg 3 exited 0 and printed "wrote 76 × 4
+    images", kept the cfg-3 images and wrote none; --cfg left out is the model's default (2)."""
     out = tmp_path / "c"
     p = prompt_file(tmp_path / "p.txt", RED[0])
     args = ["sample", "--prompts", p, "--out", out, "--n", "2"]
-    assert run(capsys, *args, "--cfg", "1.5")[0] == 0
-    record = (out / "00000" / "generation.json").read_bytes()
+    assert run(capsys, *args, "--cfg", "3")[0] == 0
+    before = files(out)
+    code, out_text, err = run(capsys, *args)
+    line = one_line_error(err)
+    assert code == 2 and out_text == "", out_text
+    assert "made with cfg_scale=3.0, this run asks for cfg_scale=2.0 (--cfg 3.0 continues them)" in line, line
+    assert files(out) == before
     (out / "00000" / "samples" / "0001.png").unlink()
-    assert run(capsys, *args)[0] == 0  # --cfg left out: 1.5, as recorded (not the model's default)
-    assert (out / "00000" / "generation.json").read_bytes() == record
+    code, out_text, _ = run(capsys, *args, "--cfg", "3")
+    assert code == 0 and "wrote 1 image(s), kept 1 made earlier" in out_text
+    assert files(out) == before
+    code, out_text, _ = run(capsys, *args, "--overwrite")
+    assert code == 0 and "wrote 2 image(s) to" in out_text
+    assert json.loads((out / "00000" / "generation.json").read_text())["cfg_scale"] == 2.0
 
 
 def test_eval_refuses_a_folder_with_a_stray_image_before_generating(tmp_path, capsys):
@@ -338,12 +359,17 @@ def test_eval_refuses_a_folder_with_a_stray_image_before_generating(tmp_path, ca
     assert files(out) == before and not missing.exists(), "nothing generated into the refused folder"
 
 
-def test_credit_map_replaces_the_figures_of_an_earlier_larger_run(tmp_path, capsys):
+def test_credit_map_replaces_the_figures_of_an_earlier_run_only_with_overwrite(tmp_path, capsys):
     out = tmp_path / "maps"
     common = ["credit-map", "--schemes", "gcpo,uniform", "--group", "2", "--out", out]
     assert run(capsys, *common, "--prompt", RED[0], "--prompt", RED[1])[0] == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["00000.png", "00001.png"]
-    assert run(capsys, *common, "--prompt", BLUE)[0] == 0
+    before = files(out)
+    code, _, err = run(capsys, *common, "--prompt", BLUE)  # issue 45: silently replaced before
+    line = one_line_error(err)
+    assert code == 2 and "--prompt" in line and "--overwrite" in line, line
+    assert files(out) == before
+    assert run(capsys, *common, "--prompt", BLUE, "--overwrite")[0] == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["00000.png"], "no figure of the earlier run is left"
     assert (
         BLUE in (out / "credit_maps.html").read_text()
@@ -352,12 +378,12 @@ def test_credit_map_replaces_the_figures_of_an_earlier_larger_run(tmp_path, caps
     photos = tmp_path / "photos"  # a folder of someone else's files named like credit-map's: refused
     photos.mkdir()
     (photos / "00000.png").write_bytes(b"my photo")
-    code, _, err = run(capsys, *common[:-1], photos, "--prompt", BLUE)
+    code, _, err = run(capsys, *common[:-1], photos, "--prompt", BLUE, "--overwrite")
     assert code == 2 and "no credit_maps.html" in one_line_error(err)
     assert (photos / "00000.png").read_bytes() == b"my photo"
 
 
-def test_a_resumed_dpg_folder_continues_with_its_recorded_cfg(tmp_path, capsys, monkeypatch):
+def test_a_resumed_dpg_folder_continues_with_its_cfg_given_again(tmp_path, capsys, monkeypatch):
     import t2i_gcpo.eval.dpg as dpg
 
     class YesVQA:
@@ -386,7 +412,9 @@ def test_a_resumed_dpg_folder_continues_with_its_recorded_cfg(tmp_path, capsys, 
     assert run(capsys, *args, "--cfg", "1.5")[0] == 0
     images = {p.name: p.read_bytes() for p in (out / "images").iterdir()}
     (out / "images" / "b.png").unlink()
-    assert run(capsys, *args)[0] == 0  # --cfg left out: the recorded 1.5
+    code, _, err = run(capsys, *args)  # --cfg left out: the model's default, not the recorded 1.5
+    assert code == 2 and "(--cfg 1.5 continues them)" in one_line_error(err)
+    assert run(capsys, *args, "--cfg", "1.5")[0] == 0
     assert {p.name: p.read_bytes() for p in (out / "images").iterdir()} == images, (
         "b.png as before; record kept"
     )

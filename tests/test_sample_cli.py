@@ -23,7 +23,7 @@ def test_sample_writes_geneval_layout_and_grid(tmp_path):
         sample_cmd, ["--prompts", str(prompts), "--out", str(out), "--n", "3", "--seed", "1"]
     )
     assert res.exit_code == 0, res.output + repr(res.exception)
-    assert sorted(os.listdir(out)) == ["00000", "00001", "grid.png"]
+    assert sorted(os.listdir(out)) == [".t2i-gcpo-settings.json", "00000", "00001", "grid.png"]
     meta0 = [json.loads(line) for line in (out / "00000" / "metadata.jsonl").read_text().splitlines()]
     assert meta0 == [
         {

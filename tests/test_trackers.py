@@ -26,6 +26,9 @@ FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale
 
 
 def test_names_all_none_and_a_missing_package(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        tracking, "check_can_start", lambda name: None
+    )  # whether each starts: test_input_checks
     assert resolve_report_to("tensorboard") == ["tensorboard"]
     assert resolve_report_to("none") == []
     assert resolve_report_to("tensorboard, tensorboard") == ["tensorboard"]

@@ -86,10 +86,12 @@ def run_credit_maps(
     batch_prompts: int = 8,
     negative: str | None = None,
     schemes_given: bool = True,
+    settings: dict | None = None,
 ) -> str:
     """Returns the printed summary (credit-lift table when the reward reports object grids). `schemes_given`:
     the schemes were named by the user (one the model's family cannot serve is an error); else they are the
-    registry's, and those the family cannot serve are left out."""
+    registry's, and those the family cannot serve are left out. `settings`: recorded in `out`
+    (`outdir.write_settings_record`) before its first figure."""
     from tqdm import tqdm
 
     from t2i_gcpo.core.advantages import group_advantages
@@ -131,6 +133,10 @@ def run_credit_maps(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     clear_credit_outputs(out_dir)  # all checks passed: an earlier run's figures must not outlive it
+    if settings is not None:
+        from t2i_gcpo.outdir import write_settings_record
+
+        write_settings_record(out_dir, "credit-map", settings)
     if policy.output == "text":
         summary = _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir,
                              batch_prompts, model)  # fmt: skip

@@ -19,7 +19,9 @@ Examples:
   t2i-gcpo compare --model arithmetic --algos grpo,dapo,gcpo,dgpo --seeds 3 --steps 100 --out runs/cmp_text
   t2i-gcpo compare --algos dapo,vine,eg-grpo@3 --match-budget samples --seeds 5 --steps 150 --out runs/tree
       # + dapo-at-vine-budget: dapo with vine's samples per step (a bigger group), read at equal samples
-Re-running the same command resumes: finished runs are kept, stopped runs continue.
+Re-running the same command resumes: finished runs are kept, stopped runs continue (more --algos or
+--seeds add runs); a folder made with other --steps, --prompts, --model, --reward, --eval-every or --set
+values is refused.
 """
 
 

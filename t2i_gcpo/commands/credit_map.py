@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option
+from t2i_gcpo.commands.options import cfg_option, config_value, seed_option
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 from t2i_gcpo.policies.registry import models_help
 
@@ -41,7 +41,15 @@ Examples:
     help=f"Comma-separated credit schemes: {', '.join(CREDIT_SCHEMES)} (critical = Group Critical-token PO, not "
     "GCPO), or your own as path/to/file.py:function  [default: all of them]",
 )  # fmt: skip
-@click.option("--group", "group_size", type=int, default=8, show_default=True, help="Samples per prompt (G).")
+@click.option(
+    "--group",
+    "group_size",
+    type=int,
+    default=8,
+    show_default=True,
+    callback=config_value("rollout.group_size"),
+    help="Samples per prompt (G).",
+)
 @cfg_option(help="CFG scale [default: the training default].")
 @click.option(
     "--negative",
@@ -49,8 +57,14 @@ Examples:
     help="Text models: GCPO's negative context, 'empty', 'wrong_answer' or a {question} template [default: empty].",
 )
 @click.option("--reward", default=None, help="Reward spec, as for train [default: the task's own].")
-@click.option("--seed", type=int, default=0, show_default=True)
+@seed_option
 @click.option("--out", required=True, help="Output directory (PNG per prompt, credit_maps.html, lift.json).")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the maps in OUT made with other settings (without it, OUT takes only maps of the same "
+    "prompts, model, schemes and settings, which are drawn again).",
+)
 def credit_map_cmd(
     prompt_texts,
     prompt_file,
@@ -64,6 +78,7 @@ def credit_map_cmd(
     reward,
     seed,
     out,
+    overwrite,
 ):
     """Sample a group per prompt, score it, and draw every sample's token weights under each scheme.
 
@@ -79,5 +94,6 @@ def credit_map_cmd(
     # a Path is a file, never a prompt
     table = credit_maps(list(prompt_texts), out, model, prompt_file=Path(prompt_file) if prompt_file else None,
                         limit=limit, reference=reference, schemes=names, group_size=group_size,
-                        cfg_scale=cfg_scale, reward=reward, negative=negative, seed=seed)  # fmt: skip
+                        cfg_scale=cfg_scale, reward=reward, negative=negative, seed=seed,
+                        overwrite=overwrite)  # fmt: skip
     click.echo(table)

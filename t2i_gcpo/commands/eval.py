@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, lock_out, masked_sampling_options
+from t2i_gcpo.commands.options import (
+    cfg_option,
+    images_option,
+    lock_out,
+    masked_sampling_options,
+    seed_option,
+)
 from t2i_gcpo.policies.registry import models_help
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -69,11 +76,11 @@ def _print_summary(out: Path, summary: dict) -> None:
     "--clip", "clip_ckpt", default=None, help="Local open_clip checkpoint for colour classification."
 )
 @click.option("--clip-model", default="ViT-L-14", show_default=True, help="open_clip architecture of --clip.")
-@click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
+@images_option("images_per_prompt")
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
-@click.option("--seed", default=0, show_default=True)
+@seed_option
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
@@ -106,11 +113,11 @@ def geneval_cmd(
     help="Prompt file [default: prompts/shapeworld_test.jsonl, GenEval's six templates; the held-out "
     "compositional prompts: prompts/shapeworld_compositional_test.jsonl, a shipped file].",
 )
-@click.option("--n", "images_per_prompt", default=4, show_default=True, help="Images per prompt.")
+@images_option("images_per_prompt")
 @click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
-@click.option("--seed", default=0, show_default=True)
+@seed_option
 @click.option(
     "--out", required=True, help="Output dir: images/ in GenEval layout, results.jsonl, summary.txt/json."
 )
@@ -155,7 +162,7 @@ def _print_partial(out: Path) -> None:
 @click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
 @cfg_option(help="CFG scale [default: the model's].")
 @masked_sampling_options
-@click.option("--seed", default=0, show_default=True)
+@seed_option
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
@@ -174,11 +181,11 @@ def dpg_cmd(
         generate_dpg,
         load_dpg_prompts,
         read_dpg_csv,
-        recorded_grid_settings,
         score_dpg_folder,
     )
     from t2i_gcpo.eval.geneval import image_sampling, masked_asked
     from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.outdir import check_settings_record, write_settings_record
 
     if bool(model) == bool(score_only):
         raise UserError("give either --model (generate, then score) or --score-only DIR")
@@ -187,6 +194,8 @@ def dpg_cmd(
     if batch < 1:
         raise UserError(f"--batch must be >= 1 (got {batch})")
     out = _check_out(out)
+    source = {"--score-only": score_only and os.path.realpath(score_only)}
+    check_settings_record(out, "eval dpg", source, redo="--overwrite", redoing=overwrite)
     prompts = load_dpg_prompts() if model else None
     if model and not overwrite:  # refuse grids of other prompts or settings before loading any model
         known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
@@ -196,10 +205,10 @@ def dpg_cmd(
     read_dpg_csv(csv_path)  # fail on a bad CSV before generating anything
     vqa_model = VQAModel.from_pretrained(vqa, device=device)
     root = Path(score_only) if score_only else out / "images"
+    write_settings_record(out, "eval dpg", source)
     if model:
         policy = _policy(model)
-        sampling = image_sampling(policy, None if overwrite else recorded_grid_settings(root), cfg_scale=cfg_scale,
-                                  steps=steps, reveal_order=reveal_order)  # fmt: skip
+        sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
         generate_dpg(policy, prompts, root, sampling, batch=batch, seed=seed, model=model_identity(model),
                      overwrite=overwrite)  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None

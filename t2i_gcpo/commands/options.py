@@ -55,3 +55,16 @@ def cfg_option(help: str) -> Callable:
     return click.option(
         "--cfg", "cfg_scale", type=float, default=None, callback=config_value("rollout.cfg_scale"), help=help
     )
+
+
+def seed_option(command: Callable) -> Callable:
+    """--seed, checked as the config key seed (an integer in [0, 2⁶³ − 1], as `train --seed` takes)."""
+    return click.option("--seed", type=int, default=0, show_default=True, callback=config_value("seed"))(
+        command
+    )
+
+
+def images_option(name: str) -> Callable:
+    """--n: images per prompt, checked as eval_images_per_prompt (1 to its ceiling)."""
+    return click.option("--n", name, type=int, default=4, show_default=True, help="Images per prompt.",
+                        callback=config_value("eval_images_per_prompt"))  # fmt: skip

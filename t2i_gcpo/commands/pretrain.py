@@ -5,7 +5,12 @@ or, with ``--world arithmetic``, the arithmetic world's tiny causal LM
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
+
+from t2i_gcpo.commands.options import config_value, seed_option
 
 
 @click.command("pretrain")
@@ -73,6 +78,7 @@ import click
     "cfg_scale",
     default=None,
     type=float,
+    callback=config_value("rollout.cfg_scale"),
     help="Default CFG scale stored in the checkpoint [default: ar 2 (3 at --size 64), masked 3].",
 )
 @click.option(
@@ -88,7 +94,7 @@ import click
     is_flag=True,
     help="Train a fresh VQ tokenizer instead of reusing the shipped one (--size 32; --size 64 always does).",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
+@seed_option
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch threads.")
 @click.option("--no-eval", is_flag=True, help="Skip scoring the result on the held-out test prompts.")
 def pretrain_cmd(
@@ -150,6 +156,11 @@ def pretrain_cmd(
 
     out = out or f"{world}_model"
     check_writable_dir(out, "--out")  # bad input fails now, not after minutes of training
+    if max_minutes is not None:
+        check_finite("--minutes", max_minutes)
+    settings = {"--world": world, "--arch": arch, "--size": image_size, "--vq-steps": vq_steps, "--steps": prior_steps,
+                "--scenes": n_scenes, "--minutes": max_minutes, "--cfg": cfg_scale,
+                "--vq": vq_path and os.path.realpath(vq_path), "--new-vq": new_vq, "--seed": seed}  # fmt: skip
     if world == "arithmetic":
         given = [("--arch masked", arch == "masked"), ("--vq-steps", vq_steps is not None),
                  ("--scenes", n_scenes is not None), ("--cfg", cfg_scale is not None),
@@ -160,10 +171,9 @@ def pretrain_cmd(
             raise UserError(
                 f"{', '.join(bad)} applies to --world shapeworld only (the arithmetic model is a causal LM)"
             )
+        claim_out(out, settings)
         _pretrain_arithmetic(out, prior_steps, max_minutes, seed, threads, no_eval)
         return
-    if cfg_scale is not None:
-        check_finite("--cfg", cfg_scale)
     if arch == "masked" and image_size == "64":
         raise UserError(
             "--size 64 applies to --arch ar only (the masked prior reuses the shipped 32 px VQ tokens)"
@@ -194,6 +204,7 @@ def pretrain_cmd(
             mcfg.n_scenes = n_scenes
         if cfg_scale is not None:
             mcfg.model = MaskedConfig(default_cfg_scale=cfg_scale)
+        claim_out(out, settings)
         stats = pretrain_masked(out, mcfg, evaluate=None if no_eval else evaluate)
         click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
         return
@@ -216,8 +227,27 @@ def pretrain_cmd(
     if cfg_scale is not None:
         cfg.cfg_scale = cfg_scale
 
+    claim_out(out, settings)
     stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
     click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+
+
+def claim_out(out: str, settings: dict) -> None:
+    """After the options are checked, before any training: lock `out` until the command ends and make
+    sure it is new, empty, or a model this command built with the same `settings` (rebuilt in place);
+    record them there. Anything else (a training run, a model built otherwise, someone's files) is a
+    one-line UserError."""
+    from t2i_gcpo.commands.options import lock_out
+    from t2i_gcpo.errors import UserError, check_writable_dir, shorten
+    from t2i_gcpo.outdir import SETTINGS_RECORD, check_settings_record, foreign_entries, write_settings_record
+
+    folder = Path(lock_out(check_writable_dir(out, "--out")))
+    if not check_settings_record(folder, "pretrain", settings):
+        entries = [e for e in foreign_entries(folder) if e != SETTINGS_RECORD]
+        if entries:
+            raise UserError(f"--out {out} is not empty (it holds {shorten(entries[0], 60)}) and not a model "
+                            "pretrain built there; pick a new or empty folder")  # fmt: skip
+    write_settings_record(folder, "pretrain", settings)
 
 
 def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None, seed: int, threads: int,

@@ -6,7 +6,13 @@ import os
 
 import click
 
-from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
+from t2i_gcpo.commands.options import (
+    cfg_option,
+    config_value,
+    images_option,
+    masked_sampling_options,
+    seed_option,
+)
 from t2i_gcpo.policies.registry import models_help
 
 
@@ -25,16 +31,16 @@ from t2i_gcpo.policies.registry import models_help
     show_default=True,
     help=models_help() + ".",
 )
-@click.option(
-    "--n", "n_images", default=4, show_default=True, type=click.IntRange(min=1), help="Images per prompt."
-)
+@images_option("n_images")
 @cfg_option(help="CFG scale s [default: the checkpoint's].")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option(
+    "--temperature", default=1.0, show_default=True, type=float, callback=config_value("rollout.temperature")
+)
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 = no truncation.")
 @masked_sampling_options
-@click.option("--seed", default=0, show_default=True, type=int)
+@seed_option
 @click.option(
-    "--grid-scale", default=4, show_default=True, type=click.IntRange(min=1), help="Upscaling of grid.png."
+    "--grid-scale", default=4, show_default=True, type=click.IntRange(1, 32), help="Upscaling of grid.png."
 )
 @click.option(
     "--overwrite",
@@ -63,7 +69,8 @@ def sample_cmd(
     OUT/00000/samples/0000.png, …, and OUT/00000/generation.json, the settings) and OUT/grid.png
     (each prompt's images side by side, several prompts per row, upscaled ×--grid-scale with nearest
     neighbour). Resumable: written images are kept when OUT was made for the same prompts and
-    settings; otherwise the run stops with an error (--overwrite regenerates). Every prompt must fit
+    settings (an option left out means the model's default, not what OUT was made with); otherwise the
+    run stops with an error naming the setting (--overwrite regenerates). Every prompt must fit
     the task's templates; nothing is written otherwise.
 
     \b
@@ -79,6 +86,10 @@ def sample_cmd(
     result = sample(Path(prompts_path), out, model, n_images, cfg_scale=cfg_scale, temperature=temperature,
                     top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed, grid_scale=grid_scale,
                     overwrite=overwrite)  # fmt: skip
+    kept = len(result.prompts) * n_images - result.written
+    made = f"wrote {result.written} image(s)" + (
+        f", kept {kept} made earlier with the same settings," if kept else ""
+    )
     click.echo(
-        f"wrote {len(result.prompts)} × {n_images} images to {out}/ (grid: {os.path.join(out, 'grid.png')})"
+        f"{made} to {out}/ ({len(result.prompts)} prompts × {n_images}; grid: {os.path.join(out, 'grid.png')})"
     )

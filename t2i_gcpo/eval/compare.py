@@ -63,6 +63,8 @@ def run_comparison(
     named = named_code(reward, overrides)  # a resumed run runs only the code this command names
     seeds = seed_lists(algos, seeds)
     baseline = check_baseline(algos, baseline)
+    claim_comparison(out, algos, dict(prompts=prompts, model=model, reward=reward, steps=steps), eval_every,
+                     overrides)  # fmt: skip
     algos, presets, extra = list(algos), {a: a for a in algos}, {a: () for a in algos}
     if match_budget is not None:
         flags = dict(prompts=prompts, model=model, reward=reward, steps=steps)
@@ -97,6 +99,47 @@ def run_comparison(
     return summarise(out, algos, seeds, baseline)
 
 
+COMMAND = "compare"
+
+
+def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """What every run of a comparison shares, so that its runs are comparable: steps, prompts (the file
+    they resolve to), model, reward, the evaluation interval and the ``--set`` values (by key and by the
+    value the config takes: neither their order nor their spelling matters; trackers left out)."""
+    import os
+
+    from t2i_gcpo.config import override_values
+    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.resources import prompt_file
+
+    sets = {k: v for k, v in override_values(overrides).items() if k != "report_to"}
+    return {"--steps": flags["steps"], "--prompts": os.path.realpath(prompt_file(flags["prompts"])),
+            "--model": model_identity(flags["model"]), "--reward": flags["reward"], "--eval-every": eval_every,
+            "--set": sets}  # fmt: skip
+
+
+def claim_comparison(
+    out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...]
+) -> None:
+    """Before any run: every algorithm's config builds and its trackers can start, and `out` holds no runs
+    of a comparison with other settings (`comparison_settings`, recorded in `out` by
+    `outdir.write_settings_record`); then this comparison's settings are recorded there. A comparison with
+    other settings is a one-line UserError naming them. (A folder of an earlier version holds no record:
+    its runs are taken as they are.)"""
+    from t2i_gcpo.config import load_config
+    from t2i_gcpo.outdir import check_settings_record, write_settings_record
+    from t2i_gcpo.train.tracking import resolve_report_to
+
+    for algo in algos:  # a bad key or value, a tracker that cannot start: one line now, before any run
+        cfg = load_config(
+            algo, flags={**flags, "out": None}, overrides=(f"eval_every={eval_every}", *overrides)
+        )
+    resolve_report_to(cfg.report_to)
+    settings = comparison_settings(flags, eval_every, overrides)
+    check_settings_record(out, COMMAND, settings)
+    write_settings_record(out, COMMAND, settings)
+
+
 def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
                  overrides: tuple[str, ...], match_by: str) -> dict[str, dict]:  # fmt: skip
     """The matched arms of `--match-budget samples`: for every algorithm that scores extra samples, the
@@ -118,14 +161,15 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
             "--match-budget samples: no compared algorithm scores extra samples (vine does), nothing to match"
         )
     path = out / "budget.json"
+    # the model and the --set values are the comparison's own settings, which `claim_comparison` checked
     key = {"match": "samples", "by": match_by, "baseline": baseline, "model": flags["model"],
            "overrides": list(overrides)}  # fmt: skip
     if path.is_file():
         saved = json.loads(path.read_text())
-        if {k: saved.get(k) for k in key} != key:
+        if any(saved.get(k) != key[k] for k in ("match", "by", "baseline")):
             raise UserError(
-                f"{path} was written by a comparison with other settings ({saved.get('by')}, "
-                f"{saved.get('overrides')}): use another --out"
+                f"{path} was written by a comparison with other settings (--match-by {saved.get('by')}, "
+                f"baseline {saved.get('baseline')}): use another --out"
             )
         arms_done = saved["arms"]
     else:
@@ -186,7 +230,8 @@ def run_side_by_side(
     import signal
     import subprocess
     import sys
-    import time
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
 
@@ -196,53 +241,52 @@ def run_side_by_side(
         1, len(os.sched_getaffinity(0)) // jobs
     )  # the cores this process may use (taskset, cgroups)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    pending, running, failed = list(todo), [], []
-    bar = tqdm(
-        total=len(todo), desc=f"runs ({jobs} side by side, {threads} thread(s) each)", dynamic_ncols=True
-    )
+    children, failed, starting, stopping = [], [], threading.Lock(), threading.Event()
+
+    def train_one(preset: str, run_dir: Path, resumable: bool, flags: dict, own: tuple) -> int | None:
+        """One run, its exit status (None: stopped before it started)."""
+        cmd = [sys.executable, "-m", "t2i_gcpo.cli",
+               *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own), named)]  # fmt: skip
+        with starting:  # no child starts once the comparison is stopping
+            if stopping.is_set():
+                return None
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with open(run_dir / "train.log", "a") as log:
+                children.append(proc := subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        return proc.wait()
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    bar = tqdm(
+        total=len(todo), desc=f"runs ({jobs} side by side, {threads} thread(s) each)", dynamic_ncols=True
+    )
     previous = signal.signal(signal.SIGTERM, stop)
+    pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                preset, run_dir, resumable, flags, own = pending.pop(0)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                log = open(run_dir / "train.log", "a")
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "t2i_gcpo.cli",
-                    *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own), named),
-                ]
-                running.append(
-                    (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), run_dir, log)
-                )
-            time.sleep(1.0)
-            for item in [r for r in running if r[0].poll() is not None]:
-                proc, run_dir, log = item
-                log.close()
-                running.remove(item)
-                bar.update(1)
-                if proc.returncode != 0:
-                    failed.append(run_dir)
-                    tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
-                    bar.write(f"{run_dir}: failed (exit {proc.returncode}): " + " | ".join(tail))
+        futures = {pool.submit(train_one, *item): item[1] for item in todo}
+        for future in as_completed(futures):
+            run_dir, code = futures[future], future.result()
+            bar.update(1)
+            if code != 0:
+                failed.append(run_dir)
+                tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
+                bar.write(f"{run_dir}: failed (exit {code}): " + " | ".join(tail))
     except KeyboardInterrupt:
+        running = sum(proc.poll() is None for proc in children)
         bar.write(
-            f"stopping: {len(running)} run(s) save a checkpoint; run the same command again to resume",
+            f"stopping: {running} run(s) save a checkpoint; run the same command again to resume",
             file=sys.stderr,
         )
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for proc, *_ in running:  # interrupted: stop the children (each saves a checkpoint first)
-            proc.terminate()
-        for proc, _run_dir, log in running:
-            proc.wait()
-            log.close()
+        with starting:
+            stopping.set()
+        for proc in children:  # interrupted: stop the children (each saves a checkpoint first)
+            if proc.poll() is None:
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)  # each thread returns once its child has exited
         bar.close()
     if failed:
         raise UserError(f"{len(failed)} run(s) failed: {', '.join(map(str, failed))} (see train.log in each)")
@@ -274,6 +318,21 @@ def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
+def final_scores(run_dir: Path) -> dict:
+    """A finished run's held-out scores (its eval.json); a UserError saying what to do when it has none."""
+    from t2i_gcpo.errors import UserError, read_json
+
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no eval.json (its final held-out scores); remove {run_dir} and run the "
+                        "same command again to train it anew")  # fmt: skip
+    final = read_json(path)
+    if not isinstance(final, dict) or headline_key(final) is None:
+        raise UserError(f"{path} holds no held-out score ({' or '.join(k for k, _ in HEADLINES)}): a run without "
+                        "held-out prompts cannot be compared (give --set eval_prompts=FILE)")  # fmt: skip
+    return final
+
+
 def training_mean(rows: list[dict], key: str) -> float:
     """Mean of a per-step training metric over a run's metric rows (NaN when it never logged it)."""
     vals = [r[key] for r in rows if r.get(key) is not None]
@@ -289,7 +348,7 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     seeds = seed_lists(algos, seeds)
     run_dirs = {a: [out / a / f"seed{s}" for s in seeds[a]] for a in algos}
     metric_rows = {a: [read_metrics(r) for r in run_dirs[a]] for a in algos}
-    finals = {a: [json.loads((r / "eval.json").read_text()) for r in run_dirs[a]] for a in algos}
+    finals = {a: [final_scores(r) for r in run_dirs[a]] for a in algos}
     curves = {a: [eval_curve(r) for r in metric_rows[a]] for a in algos}
     key = headline_key(finals[algos[0]][0]) or M.EVAL_STRICT
     if key == M.EVAL_STRICT:  # GenEval-style: one column per tag, where the credit went, then overall

@@ -401,10 +401,12 @@ def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None) -> None:
+def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None,
+                        complete: bool = False) -> None:  # fmt: skip
     """Refuse (UserError, one line) to generate into `root` unless its grids were made for this run's
-    prompts (item id → same prompt text) with the same `settings` (only the keys given are compared),
-    as recorded in `<root>/generation.json`, and no grid lies outside this run's items."""
+    prompts (item id → same prompt text) with the same `settings` (only the keys given are compared;
+    `complete`: the recorded ones too, `layout.settings_mismatch`), as recorded in
+    `<root>/generation.json`, and no grid lies outside this run's items."""
     hint = "use --overwrite to regenerate, or another --out"
     grids = dpg_image_paths(root) if Path(root).is_dir() else {}
     record_path = Path(root) / SETTINGS_NAME
@@ -420,7 +422,7 @@ def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settin
         recorded, hashes = dict(record["settings"]), dict(record["items"])
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{record_path}: not a generation record; {hint}") from None
-    why = settings_mismatch(recorded, settings or {})
+    why = settings_mismatch(recorded, settings or {}, complete)
     if why and grids:
         raise UserError(f"{root}: grids {why}; {hint}")
     wanted = {str(p["item_id"]): p["prompt"] for p in prompts}
@@ -433,18 +435,6 @@ def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settin
             f"{root} holds {len(extra)} grid(s) not among this run's {len(wanted)} prompt(s) "
             f"(first: {extra[0]}.png), left by another run; {hint}"
         )
-
-
-def recorded_grid_settings(root: Path) -> dict:
-    """The settings in `<root>/generation.json` when grids are there ({} otherwise or unreadable:
-    `check_dpg_resumable` then says why)."""
-    if not (root.is_dir() and dpg_image_paths(root)):
-        return {}
-    try:
-        settings = json.loads((root / SETTINGS_NAME).read_text(encoding="utf-8"))["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
 
 
 def generate_dpg(
@@ -462,8 +452,7 @@ def generate_dpg(
     """Write 4 images per prompt as one 2×2 grid `<root>/<item_id>.png`; returns grids written.
 
     `prompts`: `{"item_id", "prompt"}` dicts (see `load_dpg_prompts`). `sampling`: as
-    `geneval.image_sampling` builds it (None: the settings recorded with the grids under `root`, else
-    the model's). `batch` prompts per
+    `geneval.image_sampling` builds it (None: the model's). `batch` prompts per
     ``policy.rollout`` call. `<root>/generation.json` records the settings (`model` identity, default
     the policy's class name; seed, CFG scale, temperature, top-k, and a masked model's steps / reveal
     order when given) and a hash of each item's prompt.
@@ -481,13 +470,13 @@ def generate_dpg(
     policy.check_prompts([p["prompt"] for p in prompts])
     root = Path(root)
     if sampling is None:
-        sampling = image_sampling(policy, None if overwrite else recorded_grid_settings(root))
+        sampling = image_sampling(policy)
     settings = image_settings(policy, model, seed, sampling, 4)
     if overwrite:
         for path in dpg_image_paths(root).values() if root.is_dir() else ():
             path.unlink()
     else:
-        check_dpg_resumable(root, prompts, settings)
+        check_dpg_resumable(root, prompts, settings, complete=True)
     root.mkdir(parents=True, exist_ok=True)
     # recorded before any grid is written: this run's settings and prompts (a superset of the grids kept)
     atomic_write_json(

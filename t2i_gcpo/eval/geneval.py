@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +37,6 @@ from t2i_gcpo.eval.layout import (
     metadata_mismatch,
     prompt_folders,
     read_metadata,
-    recorded_settings,
     write_prompt_folder,
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
@@ -117,30 +116,8 @@ def masked_sampling(
     return asked
 
 
-def adopt_recorded(policy: Policy, recorded: Mapping, cfg_scale: float | None, steps: int | None,
-                   reveal_order: str | None) -> tuple[float | None, int | None, str | None]:  # fmt: skip
-    """A resumed folder continues with the settings recorded there for the flags left out (--cfg,
-    --steps, --reveal-order), not with the model's defaults: its images are never of two kinds. (Steps
-    and reveal order only for a model that decodes in steps: another model's folder is then refused
-    by `check_resumable` for its model, not for flags this run was not given.)"""
-
-    def pick(given: Any, key: str, masked_only: bool = False) -> Any:
-        if given is not None or key not in recorded:
-            return given
-        if masked_only and policy.default_sampling().steps is None:  # asked only when it matters
-            return given
-        return recorded[key]
-
-    return (
-        pick(cfg_scale, "cfg_scale"),
-        pick(steps, "steps", masked_only=True),
-        pick(reveal_order, "reveal_order", masked_only=True),
-    )
-
-
 def image_sampling(
     policy: Policy,
-    recorded: Mapping | None = None,
     *,
     cfg_scale: float | None = None,
     temperature: float = 1.0,
@@ -149,11 +126,10 @@ def image_sampling(
     reveal_order: str | None = None,
 ) -> SamplingParams:
     """How `generate`, `sample` and the eval commands sample images, built once from the flags: for the
-    ones left out (`cfg_scale`, `steps`, `reveal_order` None), the settings `recorded` with a resumed
-    folder's images (`adopt_recorded`), else the model's (its guidance scale; its own steps and reveal
-    order, left None). UserError for steps or a reveal order asked of a model that does not decode in
-    steps."""
-    cfg_scale, steps, reveal_order = adopt_recorded(policy, recorded or {}, cfg_scale, steps, reveal_order)
+    ones left out (`cfg_scale`, `steps`, `reveal_order` None), the model's (its guidance scale; its own
+    steps and reveal order, left None) — never a resumed folder's: one made otherwise is refused, naming
+    the flag that continues it (`layout.settings_mismatch`). UserError for steps or a reveal order asked
+    of a model that does not decode in steps."""
     return SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=resolve_guidance_scale(policy, cfg_scale),
                           **masked_sampling(policy, steps, reveal_order))  # fmt: skip
 
@@ -187,8 +163,7 @@ def generate_geneval(
 ) -> int:
     """Generate `n` images per prompt into GenEval's layout under `root`; returns images written.
 
-    `sampling`: as `image_sampling` builds it (None: the settings recorded under `root`, else the
-    model's). `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder
+    `sampling`: as `image_sampling` builds it (None: the model's). `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder
     records the settings (`model`, an identity such as `layout.model_identity(--model)`, default the
     policy's class name; seed, CFG scale, temperature, top-k, n, and a masked model's steps / reveal
     order when given) in generation.json. Resumable: prompts that already
@@ -204,12 +179,12 @@ def generate_geneval(
             raise UserError(f"GenEval metadata {i} has no 'prompt'")
     policy.check_prompts([m["prompt"] for m in metadata_list])
     if sampling is None:
-        sampling = image_sampling(policy, None if overwrite else recorded_settings(root))
+        sampling = image_sampling(policy)
     settings = image_settings(policy, model, seed, sampling, n)
     if overwrite:
         clear_layout(root)
     else:
-        check_resumable(root, metadata_list, settings)
+        check_resumable(root, metadata_list, settings, complete=True)
     written = 0
     bar = tqdm(total=len(metadata_list) * n, desc="GenEval generate", unit="img", disable=not progress)
     for start in range(0, len(metadata_list), batch):

@@ -94,14 +94,28 @@ def generation_settings(
     }
 
 
-def settings_mismatch(recorded: Mapping, wanted: Mapping) -> str | None:
-    """For the first key of `wanted` whose value `recorded` holds differently (keys absent from `wanted`
-    are not compared): "made with key=old, this run asks for key=new". None when all agree."""
-    for key, value in wanted.items():
-        old = recorded.get(key, "(not recorded)")
-        if json.loads(json.dumps(old)) != json.loads(json.dumps(value)):
-            return f"made with {key}={old!r}, this run asks for {key}={value!r}"
-    return None
+# the option that sets each recorded setting (named in the message that refuses a folder made otherwise)
+SETTING_FLAGS = {"model": "--model", "seed": "--seed", "cfg_scale": "--cfg", "temperature": "--temperature",
+                 "top_k": "--top-k", "n": "--n", "steps": "--steps", "reveal_order": "--reveal-order"}  # fmt: skip
+
+
+def settings_mismatch(recorded: Mapping, wanted: Mapping, complete: bool = False) -> str | None:
+    """For the first setting `recorded` holds differently from `wanted`: "made with key=old, this run asks
+    for key=new (FLAG old continues them)"; None when all agree. Only the keys of `wanted` are compared
+    (a check before the model is loaded, when some settings are not known yet), or, `complete`, every key
+    of either (a setting recorded but not asked for now, e.g. a masked model's --steps, differs too)."""
+    from t2i_gcpo.outdir import settings_differences
+
+    keys = [k for k in settings_differences(recorded, wanted) if complete or k in wanted]
+    if not keys:
+        return None
+    key = keys[0]
+    old = recorded.get(key, "(not recorded)")
+    new = f"{key}={wanted[key]!r}" if key in wanted else f"the model's own {key}"
+    again = (
+        f" ({SETTING_FLAGS[key]} {old} continues them)" if key in SETTING_FLAGS and key in recorded else ""
+    )
+    return f"made with {key}={old!r}, this run asks for {new}{again}"
 
 
 def read_settings(folder: str | os.PathLike) -> dict | None:
@@ -116,15 +130,6 @@ def read_settings(folder: str | os.PathLike) -> dict | None:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object; use --overwrite to regenerate")
     return data
-
-
-def recorded_settings(root: str | os.PathLike) -> dict:
-    """The settings recorded with the images already under `root`: those of the first prompt folder
-    holding images (`check_resumable` makes sure the others agree); {} when there are none."""
-    for _, folder in sorted(prompt_folders(root).items()):
-        if folder_images(folder):
-            return read_settings(folder) or {}
-    return {}
 
 
 def prompt_folders(root: str | os.PathLike) -> dict[int, Path]:
@@ -169,13 +174,17 @@ def metadata_mismatch(folder: Path, found: dict | None, wanted: dict) -> str | N
 
 
 def check_resumable(
-    root: str | os.PathLike, metadata_list: Sequence[dict], settings: Mapping | None = None
+    root: str | os.PathLike,
+    metadata_list: Sequence[dict],
+    settings: Mapping | None = None,
+    complete: bool = False,
 ) -> None:
     """Refuse (UserError, one line) to generate into `root` unless every existing prompt folder was made
     for this run's prompt at that index (same metadata) with the same `settings` (only the keys given
-    are compared; None compares none), no folder lies beyond this run's prompts, and (when `settings`
-    give the images per prompt "n") no folder holds an image this run would not make: checked before
-    anything is generated, so a refused folder gets no new image."""
+    are compared, None compares none; `complete`: every recorded key too, see `settings_mismatch`), no
+    folder lies beyond this run's prompts, and (when `settings` give the images per prompt "n") no folder
+    holds an image this run would not make: checked before anything is generated, so a refused folder
+    gets no new image."""
     hint = "use --overwrite to regenerate, or another --out"
     folders = prompt_folders(root)
     n = (settings or {}).get("n")
@@ -201,7 +210,7 @@ def check_resumable(
                 f"{folder} holds images but no {SETTINGS_NAME} (written by another tool or an older "
                 f"version), so how they were made is unknown; {hint}"
             )
-        why = settings_mismatch(recorded, settings or {})
+        why = settings_mismatch(recorded, settings or {}, complete)
         if why:
             raise UserError(f"{folder}: images {why}; {hint}")
     extra = sorted(i for i in folders if i >= len(metadata_list))
@@ -275,7 +284,7 @@ def write_prompt_folder(
     (folder / SAMPLES_DIR).mkdir(parents=True, exist_ok=True)
     if settings is not None and read_settings(folder) != json.loads(json.dumps(dict(settings))):
         if folder_images(folder):  # the record describes the images there: never rewritten under them
-            why = settings_mismatch(read_settings(folder) or {}, settings)
+            why = settings_mismatch(read_settings(folder) or {}, settings, complete=True)
             raise UserError(f"{folder}: images {why}; use --overwrite to regenerate, or another --out")
         atomic_write_json(folder / SETTINGS_NAME, dict(settings))  # before any image
     meta_path = folder / METADATA_NAME

@@ -34,6 +34,10 @@ def as_reward_output(value: Any, n: int, name: str) -> RewardOutput:
         scores, details = value.scores, list(value.details)
     else:
         scores, details = value, []
+    if (
+        scores.is_complex() if torch.is_tensor(scores) else np.iscomplexobj(scores)
+    ):  # .float() drops the imaginary part
+        raise RewardError(f"reward '{name}' returned complex scores, expected real numbers")
     try:
         if torch.is_tensor(scores):
             scores = scores.detach().float().cpu()

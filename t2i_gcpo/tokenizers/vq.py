@@ -25,6 +25,9 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError, read_json
 
+MAX_IMAGE_SIZE = 1024  # pixels a side
+MAX_WIDTH = 1 << 16  # codebook entries, code and channel widths
+
 
 @dataclass
 class VQConfig:
@@ -89,6 +92,20 @@ class VQTokenizer(nn.Module):
         ch = list(c.channels)
         if len(ch) != c.num_down:
             raise ValueError(f"channels {c.channels} needs one width per stride-2 stage ({c.num_down})")
+        # a checkpoint's sizes are bounded before anything is allocated (a crafted image_size of 10⁹ would
+        # size the prior's token grid and cache); MAX_IMAGE_SIZE is 16× the largest shipped world's
+        if not (isinstance(c.image_size, int) and 0 < c.image_size <= MAX_IMAGE_SIZE
+                and c.image_size % 2**c.num_down == 0):  # fmt: skip
+            raise ValueError(
+                f"image_size must be a multiple of 2^num_down up to {MAX_IMAGE_SIZE}, got {c.image_size!r}"
+            )
+        for name, value in (
+            ("codebook_size", c.codebook_size),
+            ("code_dim", c.code_dim),
+            *(("channels", w) for w in ch),
+        ):
+            if not (isinstance(value, int) and 0 < value <= MAX_WIDTH):
+                raise ValueError(f"{name} must be an integer from 1 to {MAX_WIDTH}, got {value!r}")
         enc: list[nn.Module] = []
         for i, cout in enumerate(ch):  # each stage: stride-2 conv, residual block
             enc += [nn.Conv2d(3 if i == 0 else ch[i - 1], cout, 4, stride=2, padding=1), ResBlock(cout)]

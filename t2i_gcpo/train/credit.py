@@ -142,11 +142,58 @@ def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | Non
             return credit_weights(name, inp, options, credit_cfg.granularity)
     try:  # a user's function (--credit): what went wrong in one line, naming it
         with torch.no_grad():
-            return credit_weights(name, inp, options, credit_cfg.granularity)
+            w = credit_weights(name, inp, options, credit_cfg.granularity)
     except CreditSchemeError as e:
         raise UserError(str(e)) from None
     except Exception as e:
         raise UserError(f"credit scheme '{name}' failed: {type(e).__name__}: {e}") from e
+    check_user_weights(name, w, inp.mask)
+    return w
+
+
+def check_user_weights(name: str, w: torch.Tensor, mask: torch.Tensor) -> None:
+    """A user scheme's output is real numbers, and credit weights (not token advantages) are ≥ 0 on valid
+    tokens: a weight scales its token's advantage, and a negative one would reverse it (the credit lift
+    and the figures read weights as shares); else a one-line UserError naming the scheme."""
+    if w.is_complex() or not w.is_floating_point():
+        raise UserError(
+            f"credit scheme '{name}' returned {w.dtype} weights, expected real numbers (a float tensor)"
+        )
+    negative = (w < 0) & mask.bool()
+    if not returns_advantages(name) and negative.any():
+        raise UserError(
+            f"credit scheme '{name}' returned negative weights for {int(negative.sum())} valid token(s) "
+            f"(min {float(w[negative].min()):.3g}): weights must be ≥ 0 (a scheme that returns signed token "
+            "advantages says so: returns='advantages')"
+        )
+
+
+def check_user_credit(cfg: Any, policy: Any, reward: Any, prompts: list) -> None:
+    """Before the run directory exists: a user's credit function (``--credit file.py:function``) weighs a
+    dry sample (one group of 2 of the first prompt, scored) as the update would call it — an exception, a
+    wrong shape, NaN, complex or negative weights stop here in one line, not at step 1. (A scheme that
+    needs branched continuations is left to the first step: they cost a rollout per branch point.)"""
+    import dataclasses
+
+    from t2i_gcpo.core.advantages import group_advantages
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+    from t2i_gcpo.train.trainer import sampling_params
+
+    name = cfg.credit.scheme
+    if name in CREDIT_SCHEMES or not prompts or "branches" in get_scheme(name).needs:
+        return
+    sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
+    scored = sample_and_score(
+        policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0])
+    )
+    advantages = group_advantages(scored.reward.scores, 2)
+    context = TRAIN_CONTEXT[cfg.rollout.train_logp]
+    try:
+        compute_weights(
+            cfg.credit, scored.rollout, advantages, policy, policy, context, rewards=scored.reward.scores
+        )
+    except UserError as e:
+        raise UserError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
 
 def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,

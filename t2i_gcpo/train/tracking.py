@@ -40,7 +40,50 @@ def resolve_report_to(spec: str) -> list[str]:
     if missing:
         n = missing[0]
         raise UserError(f"report_to={n} needs the {n} package: pip install 't2i-gcpo[{n}]'")
-    return list(dict.fromkeys(names))
+    trackers = list(dict.fromkeys(names))
+    for name in trackers:
+        check_can_start(name)
+    return trackers
+
+
+def check_can_start(tracker: str) -> None:
+    """A one-line UserError, before any run directory exists, for a tracker that would fail when the run
+    starts it: W&B online without an API key (`wandb login`), MLflow whose tracking store cannot be opened
+    (its default ./mlflow.db without sqlalchemy, a file store without MLFLOW_ALLOW_FILE_STORE, a server
+    that does not answer). Each asks the tracker itself, as starting the run would."""
+    import os
+
+    if tracker == "wandb" and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
+        import wandb
+
+        try:
+            wandb.login(verify=False)  # reads the key (env, netrc, settings), as wandb.init does
+        except Exception as e:  # wandb.errors.UsageError without a key on a non-interactive terminal
+            raise UserError(
+                f"report_to=wandb cannot start: {_first_line(e)} (run `wandb login`, set WANDB_API_KEY, or "
+                "WANDB_MODE=offline to log locally)"
+            ) from None
+    elif tracker == "mlflow":
+        import mlflow
+
+        try:  # what accelerate's MLflow tracker does first
+            mlflow.search_experiments(filter_string=f"name = '{PROJECT}'", max_results=1)
+        except Exception as e:
+            uri = mlflow.get_tracking_uri()
+            hint = ""
+            if uri.startswith("sqlite:") and not installed("sqlalchemy"):
+                hint = " (its database store needs sqlalchemy and alembic: pip install 't2i-gcpo[mlflow]')"
+            elif "MLFLOW_ALLOW_FILE_STORE" in str(e):
+                hint = " (a file store needs MLFLOW_ALLOW_FILE_STORE=true)"
+            raise UserError(
+                f"report_to=mlflow cannot open its tracking store {uri}{hint}: {_first_line(e)}"
+            ) from None
+
+
+def _first_line(error: Exception) -> str:
+    from t2i_gcpo.errors import shorten
+
+    return shorten(" ".join(str(error).split()) or type(error).__name__, 160)
 
 
 def flat_config(data: dict, prefix: str = "") -> dict[str, Any]:
