@@ -29,9 +29,26 @@ def test_matched_size_scales_group_or_prompts_never_below_the_run():
 def test_the_plan_resizes_once_by_what_the_first_size_drew(monkeypatch):
     """vine scores 448 a step; dapo sized to 448 in one round (group 56) draws 1.4 rounds → group 40."""
     drawn = {"vine": 448.0, "dapo": 627.2}
-    monkeypatch.setattr(B, "probe_samples_per_step", lambda algo, flags, overrides: drawn[algo])
+    monkeypatch.setattr(B, "probe_samples_per_step", lambda algo, flags, overrides, **kw: drawn[algo])
     plan = B.plan_match("vine", "dapo", {}, (), "group")
     assert plan["first_size"] == 56 and plan["set"] == "rollout.group_size=40"
+
+
+def test_a_token_plan_scales_the_baselines_group_by_the_tokens_it_spends(monkeypatch):
+    """tree samples 30,000 tokens a step; dapo at its own group of 8 samples 12,000 → first 20; at 20 it
+    samples 40,000 (more rounds) → 20 × 30,000 / 40,000 = 15."""
+    seen = []
+
+    def probe(algo, flags, overrides, metric=B.M.BUDGET_SAMPLES, **kw):
+        seen.append((algo, overrides, metric))
+        return {"tree": 30_000.0, "dapo": 40_000.0 if overrides else 12_000.0}[algo]
+
+    monkeypatch.setattr(B, "probe_samples_per_step", probe)
+    plan = B.plan_match("tree", "dapo", {}, (), "group", unit="tokens")
+    assert (plan["unit"], plan["tokens_per_step"], plan["first_size"]) == ("tokens", 30_000.0, 20)
+    assert plan["set"] == "rollout.group_size=15" and {m for *_, m in seen} == {"budget/tokens"}
+    assert B.matched_name("dapo", "tree", "tokens") == "dapo-at-tree-tokens"
+    assert B.samples_extra("tree") and B.samples_extra("pods") and not B.samples_extra("gcpo")
 
 
 def test_training_clock_and_totals_count_each_step_once():
@@ -99,6 +116,22 @@ def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
     assert "**At equal samples**" in md and "| vine | dapo-at-vine-budget | -0.010 ± " in md
     assert "| 20 / 20 | 1/2 | -0.010 ± " in md and "| 1.03× |" in md
     assert "**At equal training time**" in md and "seed 0: 20 s" in md
+
+
+def test_an_arm_matched_by_tokens_is_read_at_equal_tokens(tmp_path):
+    from t2i_gcpo.eval.compare import summarise
+
+    fake_runs(tmp_path)
+    (tmp_path / "budget.json").write_text(
+        json.dumps({"arms": {"dapo-at-vine-budget": {"of": "vine", "unit": "tokens"}}})
+    )
+    result = summarise(tmp_path, list(RUNS), [0, 1])
+    assert (
+        "equal_samples" not in result and result["equal_tokens"]["vine"]["against"] == "dapo-at-vine-budget"
+    )
+    # tokens are 64 × samples in these runs: the same reading as at equal samples
+    assert result["equal_tokens"]["vine"]["paired"][0] == pytest.approx(-0.01)
+    assert "**At equal tokens**" in (tmp_path / "comparison.md").read_text()
 
 
 def test_equal_samples_reads_the_bigger_spender_where_it_had_spent_the_others_total(tmp_path):

@@ -133,11 +133,12 @@ def default_train_prompts(model: str) -> str:
 )
 @click.option(
     "--match-budget",
-    type=click.Choice(["samples"]),
     default=None,
-    help="Also train the baseline at the sample budget of every algorithm that scores extra samples (vine), "
-    "measured from its first two steps, as arm <baseline>-at-<algo>-budget; the table then reads the "
-    "algorithm against it at equal samples (and every arm at equal training time).",
+    metavar="UNITS",
+    help="Also train the baseline at the budget of every algorithm that scores extra samples (vine, tree, pods, "
+    "knapsack), measured from its first two steps: 'samples' (arm <baseline>-at-<algo>-budget), 'tokens' "
+    "(arm <baseline>-at-<algo>-tokens: a continuation from t counts its L − t tokens) or 'samples,tokens'; "
+    "the table then reads the algorithm against it at equal samples (tokens), and every arm at equal time.",
 )
 @click.option(
     "--match-by",

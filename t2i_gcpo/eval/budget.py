@@ -17,23 +17,32 @@ MATCH_BY = ("group", "prompts")  # what a matched arm scales: rollout.group_size
 SAMPLES_TOLERANCE = 0.05
 
 
+UNITS = {"samples": M.BUDGET_SAMPLES, "tokens": M.BUDGET_TOKENS}  # what --match-budget equalises
+
+
 def samples_extra(preset: str) -> bool:
-    """Whether a preset scores samples beyond its groups (a credit scheme that needs branches)."""
+    """Whether a preset scores samples beyond its groups: a credit scheme that needs branches (continuations
+    scored) or leaves (tree groups), or a budget allocation (more drawn than trained on)."""
     from t2i_gcpo.config import load_config
     from t2i_gcpo.core.schemes import get_scheme
 
-    return "branches" in get_scheme(load_config(preset).credit.scheme).needs
+    cfg = load_config(preset)
+    return (
+        bool(get_scheme(cfg.credit.scheme).needs & {"branches", "leaves"}) or cfg.rollout.allocation != "none"
+    )
 
 
-def matched_name(baseline: str, arm: str) -> str:
-    """The folder and table name of `baseline` trained at `arm`'s sample budget."""
-    return f"{baseline}-at-{arm}-budget"
+def matched_name(baseline: str, arm: str, unit: str = "samples") -> str:
+    """The folder and table name of `baseline` trained at `arm`'s sample (or token) budget."""
+    return f"{baseline}-at-{arm}-budget" if unit == "samples" else f"{baseline}-at-{arm}-{unit}"
 
 
-def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], steps: int = 2) -> float:
+def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], steps: int = 2,
+                           metric: str = M.BUDGET_SAMPLES) -> float:  # fmt: skip
     """Mean samples scored per step (`budget/samples`: every dynamic-sampling round and every
-    continuation) over the first `steps` steps of a run of `algo` with seed flags["seed"], drawn exactly as
-    training draws them, from the base model (no update between the steps; nothing written)."""
+    continuation; or another budget `metric`, e.g. tokens) over the first `steps` steps of a run of `algo`
+    with seed flags["seed"], drawn exactly as training draws them, from the base model (no update between
+    the steps; nothing written)."""
     import torch
 
     from t2i_gcpo.train.collect import BatchCollector
@@ -50,7 +59,7 @@ def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], s
     policy.to(device)
     collector = BatchCollector(cfg, PromptStream(job.prompts, cfg.seed), 0, 1)
     sampling = sampling_params(cfg)
-    counts = [collector.collect(step, policy, job.reward, sampling).metrics()[M.BUDGET_SAMPLES]
+    counts = [collector.collect(step, policy, job.reward, sampling).metrics()[metric]
               for step in range(1, steps + 1)]  # fmt: skip
     return float(np.mean(counts))
 
@@ -63,20 +72,29 @@ def matched_size(samples_per_step: float, group_size: int, prompts_per_step: int
     return "rollout.prompts_per_step", max(prompts_per_step, round(samples_per_step / group_size))
 
 
-def plan_match(arm: str, baseline: str, flags: dict, overrides: tuple[str, ...], by: str) -> dict[str, Any]:
-    """How to train `baseline` at `arm`'s sample budget: `arm`'s samples per step measured
-    (`probe_samples_per_step`), the baseline sized to score as many in one round (`matched_size`), then
-    probed at that size and resized once by the ratio — a baseline whose larger groups still lack signal
-    draws extra dynamic-sampling rounds, which the first size does not count."""
+def plan_match(arm: str, baseline: str, flags: dict, overrides: tuple[str, ...], by: str,
+               unit: str = "samples") -> dict[str, Any]:  # fmt: skip
+    """How to train `baseline` at `arm`'s budget of samples (or tokens, `unit`): `arm`'s samples (tokens)
+    per step measured (`probe_samples_per_step`), the baseline sized to spend as many in one round (samples:
+    `matched_size`; tokens: its own size scaled by the ratio of what the two spend), then probed at that
+    size and resized once by the ratio — a baseline whose larger groups still lack signal draws extra
+    dynamic-sampling rounds, which the first size does not count."""
     from t2i_gcpo.config import load_config
 
+    metric = UNITS[unit]
     base = load_config(baseline, flags=flags, overrides=overrides).rollout
     own = base.group_size if by == "group" else base.prompts_per_step
-    target = probe_samples_per_step(arm, flags, overrides)
-    key, first = matched_size(target, base.group_size, base.prompts_per_step, by)
-    drawn = probe_samples_per_step(baseline, flags, (*overrides, f"{key}={first}"))
+    key = "rollout.group_size" if by == "group" else "rollout.prompts_per_step"
+    target = probe_samples_per_step(arm, flags, overrides, metric=metric)
+    if unit == "samples":
+        key, first = matched_size(target, base.group_size, base.prompts_per_step, by)
+    else:
+        first = max(
+            own, round(own * target / probe_samples_per_step(baseline, flags, overrides, metric=metric))
+        )
+    drawn = probe_samples_per_step(baseline, flags, (*overrides, f"{key}={first}"), metric=metric)
     size = max(own, round(first * target / drawn))
-    return {"of": arm, "samples_per_step": target, "first_size": first, "first_size_drew": drawn,
+    return {"of": arm, "unit": unit, f"{unit}_per_step": target, "first_size": first, "first_size_drew": drawn,
             "set": f"{key}={size}"}  # fmt: skip
 
 
@@ -104,9 +122,10 @@ def training_clock(rows: list[dict]) -> dict[int, float]:
     return clock
 
 
-def samples_clock(rows: list[dict]) -> dict[int, float]:
-    """step → samples scored up to and including that step (`budget/samples_total`; 0 → 0)."""
-    total = M.BUDGET_TOTAL.format(key=M.BUDGET_SAMPLES)
+def samples_clock(rows: list[dict], metric: str = M.BUDGET_SAMPLES) -> dict[int, float]:
+    """step → samples scored (or tokens sampled, `metric`) up to and including that step
+    (`budget/samples_total`; 0 → 0)."""
+    total = M.BUDGET_TOTAL.format(key=metric)
     clock = {0: 0.0}
     for r in rows:
         if total in r:

@@ -57,7 +57,8 @@ def run_comparison(
     many runs side by side, each in its own process with an equal share of the CPU threads. `seeds`:
     one list for every algorithm, or each algorithm's own list. `match_budget="samples"`: the baseline
     is also trained, as arm `<baseline>-at-<algo>-budget` with the same seeds, at the sample budget of
-    every algorithm that scores extra samples (its group size or prompt count scaled, `match_by`)."""
+    every algorithm that scores extra samples (its group size or prompt count scaled, `match_by`);
+    "tokens": as arm `<baseline>-at-<algo>-tokens`, at its budget of tokens sampled; "samples,tokens": both."""
     from t2i_gcpo.train.run import prepare, run
 
     named = named_code(reward, overrides)  # a resumed run runs only the code this command names
@@ -68,7 +69,8 @@ def run_comparison(
     algos, presets, extra = list(algos), {a: a for a in algos}, {a: () for a in algos}
     if match_budget is not None:
         flags = dict(prompts=prompts, model=model, reward=reward, steps=steps)
-        for matched, info in plan_matches(out, algos, seeds, baseline, flags, overrides, match_by).items():
+        plans = plan_matches(out, algos, seeds, baseline, flags, overrides, match_by, match_budget)
+        for matched, info in plans.items():
             algos.insert(algos.index(info["of"]) + 1, matched)
             presets[matched], extra[matched] = baseline, (info["set"],)
             seeds[matched] = seeds[info["of"]]
@@ -141,16 +143,19 @@ def claim_comparison(
 
 
 def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
-                 overrides: tuple[str, ...], match_by: str) -> dict[str, dict]:  # fmt: skip
-    """The matched arms of `--match-budget samples`: for every algorithm that scores extra samples, the
-    baseline sized to its measured samples per step (`budget.plan_match`, its first seed, two steps), as
-    {matched name: {"of", "samples_per_step", "set", …}}; kept in out/budget.json so a resumed comparison
-    trains the same arms without probing again."""
+                 overrides: tuple[str, ...], match_by: str, match: str = "samples") -> dict[str, dict]:  # fmt: skip
+    """The matched arms of `--match-budget samples|tokens|samples,tokens`: for every algorithm that scores
+    extra samples, the baseline sized to its measured samples (tokens) per step (`budget.plan_match`, its
+    first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
+    resumed comparison trains the same arms without probing again."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval import budget as B
 
     if match_by not in B.MATCH_BY:
         raise UserError(f"--match-by must be one of {', '.join(B.MATCH_BY)}, got '{match_by}'")
+    units = [u.strip() for u in match.split(",") if u.strip()]
+    if not units or any(u not in B.UNITS for u in units) or len(set(units)) < len(units):
+        raise UserError(f"--match-budget must be samples, tokens or samples,tokens, got '{match}'")
     arms = [a for a in algos if a != baseline and B.samples_extra(a)]
     if B.samples_extra(baseline):
         raise UserError(
@@ -158,30 +163,33 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
         )
     if not arms:
         raise UserError(
-            "--match-budget samples: no compared algorithm scores extra samples (vine does), nothing to match"
+            f"--match-budget {match}: no compared algorithm scores extra samples (vine, tree, pods and "
+            "knapsack do), nothing to match"
         )
     path = out / "budget.json"
     # the model and the --set values are the comparison's own settings, which `claim_comparison` checked
-    key = {"match": "samples", "by": match_by, "baseline": baseline, "model": flags["model"],
+    key = {"match": ",".join(units), "by": match_by, "baseline": baseline, "model": flags["model"],
            "overrides": list(overrides)}  # fmt: skip
     if path.is_file():
         saved = json.loads(path.read_text())
         if any(saved.get(k) != key[k] for k in ("match", "by", "baseline")):
             raise UserError(
-                f"{path} was written by a comparison with other settings (--match-by {saved.get('by')}, "
-                f"baseline {saved.get('baseline')}): use another --out"
+                f"{path} was written by a comparison with other settings (--match-budget {saved.get('match')}, "
+                f"--match-by {saved.get('by')}, baseline {saved.get('baseline')}): use another --out"
             )
         arms_done = saved["arms"]
     else:
         arms_done = {}
-    for arm in arms:
-        name = B.matched_name(baseline, arm)
+    wanted = [(B.matched_name(baseline, arm, unit), arm, unit) for arm in arms for unit in units]
+    for name, arm, unit in wanted:
         if name in arms_done:
             continue
-        arms_done[name] = B.plan_match(arm, baseline, {**flags, "seed": seeds[arm][0]}, overrides, match_by)
+        arms_done[name] = B.plan_match(
+            arm, baseline, {**flags, "seed": seeds[arm][0]}, overrides, match_by, unit
+        )
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**key, "arms": arms_done}, indent=1))
-    return {name: arms_done[name] for name in (B.matched_name(baseline, a) for a in arms)}
+    return {name: arms_done[name] for name, _, _ in wanted}
 
 
 def named_code(reward: str | None, overrides: tuple[str, ...]) -> Any:
@@ -405,7 +413,8 @@ def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], ba
                     metric_rows: dict[str, list[list[dict]]], by_seed: dict[str, dict[int, list]],
                     headline: dict[str, dict[int, float]]) -> dict[str, Any]:  # fmt: skip
     """What each arm spent (samples, tokens, reward calls, training seconds: means over its seeds), the
-    equal-time reading, and — for a comparison with matched arms (out/budget.json) — the equal-sample one."""
+    equal-time reading, and — for a comparison with matched arms (out/budget.json) — the equal-sample and
+    equal-token ones."""
     from t2i_gcpo.eval import budget as B
 
     spent = {a: [B.totals(rows) for rows in metric_rows[a]] for a in algos}
@@ -417,9 +426,15 @@ def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], ba
         readings["equal_time"] = B.equal_time(by_seed, clocks, baseline)
     path = out / "budget.json"
     if path.is_file():
-        matches = {m: info["of"] for m, info in json.loads(path.read_text())["arms"].items() if m in algos}
-        clocks = {a: {s: B.samples_clock(rows) for s, rows in zip(seeds[a], metric_rows[a])} for a in algos}
-        readings["equal_samples"] = B.equal_samples(by_seed, clocks, matches)
+        plans = json.loads(path.read_text())["arms"]
+        for unit, metric in B.UNITS.items():  # plans of earlier versions have no unit: samples
+            matches = {
+                m: p["of"] for m, p in plans.items() if m in algos and p.get("unit", "samples") == unit
+            }
+            if matches:
+                clocks = {a: {s: B.samples_clock(rows, metric) for s, rows in zip(seeds[a], metric_rows[a])}
+                          for a in algos}  # fmt: skip
+                readings[f"equal_{unit}"] = B.equal_samples(by_seed, clocks, matches)
     return readings
 
 
@@ -434,14 +449,21 @@ def format_budget(result: dict[str, Any]) -> list[str]:
     for algo, b in result["budget"].items():
         cells = [_count(b[M.BUDGET_SAMPLES]), _count(b[M.BUDGET_TOKENS]), _count(b[M.BUDGET_REWARD_CALLS])]
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {b['seconds']:.0f} |")
-    if result.get("equal_samples"):
-        lines += ["", "**At equal samples**: the algorithm minus the baseline trained at its sample budget, "
-                  "paired by seed, both read at their last evaluation by the samples the thriftier run of "
-                  "the seed scored in all, + 5 % (the steps read, mean over seeds), and at their last evaluations "
-                  "with what the matched arm spent there (× the algorithm's samples):", "",
-                  "| algorithm | against | at equal samples | read at steps | seeds ahead | last evaluations "
+    for unit in ("samples", "tokens"):
+        if not result.get(f"equal_{unit}"):
+            continue
+        what = (
+            "samples the thriftier run of the seed scored"
+            if unit == "samples"
+            else "tokens the thriftier run of the seed sampled"
+        )
+        lines += ["", f"**At equal {unit}**: the algorithm minus the baseline trained at its {unit[:-1]} budget, "
+                  f"paired by seed, both read at their last evaluation by the {what} in all, + 5 % (the steps "
+                  f"read, mean over seeds), and at their last evaluations with what the matched arm spent there "
+                  f"(× the algorithm's {unit}):", "",
+                  "| algorithm | against | at equal " + unit + " | read at steps | seeds ahead | last evaluations "
                   "| matched arm spent |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for algo, r in result["equal_samples"].items():
+        for algo, r in result[f"equal_{unit}"].items():
             steps = " / ".join("—" if v is None or not np.isfinite(v) else f"{v:.0f}"
                                for v in r["read_at_step"].values())  # fmt: skip
             spent = "—" if r["spent_ratio"] is None else f"{r['spent_ratio']:.2f}×"
