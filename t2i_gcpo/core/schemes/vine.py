@@ -6,12 +6,12 @@ continuations (train/branches.py); the function itself turns their rewards into 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
-from t2i_gcpo.core.tree_credit import segment_advantages
 
 
 @register_scheme(
@@ -40,6 +40,8 @@ def vine(
         Option("'group': divide by the std of every reward scored for the prompt; 'none': raw values."),
     ] = "group",
 ) -> Tensor:
+    from t2i_gcpo.core.tree_credit import segment_advantages
+
     del rule, k, continuations  # read by the train step, which samples the continuations
     return segment_advantages(
         inp.rewards, inp.group_size, inp.branch_points, inp.branch_rewards, inp.mask,
