@@ -416,9 +416,11 @@ class Trainer:
 
     def _report(self) -> None:
         if self.accelerator.is_main_process:
+            from t2i_gcpo.rewards.combine import reward_bounds
             from t2i_gcpo.viz.report import write_run_report
 
-            write_run_report(self.run_dir)
+            eval_every = self.cfg.eval_every if self.eval_prompts else -1  # -1: the report says there is none
+            write_run_report(self.run_dir, reward_bounds=reward_bounds(self.reward), eval_every=eval_every)
 
     def save(self, step: int) -> None:
         acc = self.accelerator
