@@ -5,6 +5,8 @@ or, with ``--world arithmetic``, the arithmetic world's tiny causal LM
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -195,7 +197,7 @@ def pretrain_cmd(
         if cfg_scale is not None:
             mcfg.model = MaskedConfig(default_cfg_scale=cfg_scale)
         stats = pretrain_masked(out, mcfg, evaluate=None if no_eval else evaluate)
-        click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+        _say_wrote(out, stats)
         return
 
     from t2i_gcpo.pretrain.shapeworld_ar import PretrainConfig, pretrain
@@ -217,7 +219,7 @@ def pretrain_cmd(
         cfg.cfg_scale = cfg_scale
 
     stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
-    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+    _say_wrote(out, stats)
 
 
 def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None, seed: int, threads: int,
@@ -238,4 +240,9 @@ def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None,
             f"each) {ev['sampled']['accuracy']:.3f}, greedy {ev['greedy']['accuracy']:.3f}; format "
             f"{ev['sampled']['format']:.3f} / {ev['greedy']['format']:.3f}"
         )
-    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+    _say_wrote(out, stats)
+
+
+def _say_wrote(out: str, stats: dict) -> None:
+    out = Path(out)  # "model/" prints as model/, not model//
+    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out / 'pretrain.json'})")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from t2i_gcpo.commands.options import cfg_option, masked_sampling_options
@@ -80,5 +78,5 @@ def sample_cmd(
                     top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed, grid_scale=grid_scale,
                     overwrite=overwrite)  # fmt: skip
     click.echo(
-        f"wrote {len(result.prompts)} × {n_images} images to {out}/ (grid: {os.path.join(out, 'grid.png')})"
+        f"wrote {len(result.prompts)} × {n_images} images to {Path(out)}/ (grid: {Path(out) / 'grid.png'})"
     )
