@@ -134,8 +134,8 @@ def shrink(args: list[str], run_dir: Path) -> list[str]:
         return _with(_with(args, "--n", "1"), "--prompts", "prompts/shapeworld_test.jsonl")
     if command == "compare":
         algos = args[args.index("--algos") + 1].split(",")
-        algos = algos[:2] + [a for a in algos[2:] if "@" in a or a == "vine"]
         seeds = "0,1" if "," in args[args.index("--seeds") + 1] else "1"
+        algos = algos[:2] + [re.sub(r"@\d+$", "@1", a) for a in algos[2:] if "@" in a or a == "vine"]
         world = "arithmetic" if "arithmetic" in args else "shapeworld"
         args = _with(_with(_with(args, "--algos", ",".join(algos)), "--seeds", seeds), "--steps", "1")
         held_out = ["eval_every=0", "eval_images_per_prompt=1", f"eval_prompts=prompts/{world}_test.jsonl"]
