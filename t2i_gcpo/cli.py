@@ -71,7 +71,7 @@ def cli() -> None:
     \b
     Examples:
       t2i-gcpo train --prompts prompts/shapeworld_train.txt
-      t2i-gcpo train --prompts my.jsonl --algo dapo --steps 200 --set rollout.group_size=16
+      t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --set rollout.group_size=16
     """
 
 

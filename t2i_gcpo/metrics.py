@@ -43,6 +43,9 @@ BUDGET = (BUDGET_SAMPLES, BUDGET_TOKENS, BUDGET_REWARD_CALLS)
 EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)
 EVAL_STRICT_TAG = "eval/strict/{tag}"
 EVAL_PARTIAL = "eval/partial/mean"
+# standard error of eval/strict/overall over the sampled images: √(Σ_t p_t(1 − p_t)/n_t) / T over its T tags
+# (stats.proportions_se); the report draws eval/strict/overall ± 1.96 of it
+EVAL_STRICT_SE = "eval/strict_se"
 
 # text reasoning (arithmetic task)
 ACCURACY = "accuracy"  # mean correct (0/1) over the step's samples
@@ -51,6 +54,7 @@ LENGTH_MEAN = "length/mean"  # mean completion length (the reward's unit)
 STEP_LIFT = "step_lift"  # mean over failed samples of (first wrong step credit share) / (its token share)
 STEP_LIFT_N = "step_lift/samples"  # failed samples whose step lift is defined
 EVAL_ACCURACY = "eval/accuracy"  # held-out pass@1, averaged over every sample
+EVAL_ACCURACY_SE = "eval/accuracy_se"  # its standard error over the samples, √(p(1 − p)/n)
 EVAL_PASS_K = "eval/pass_at_k"  # held-out share of prompts with ≥ 1 correct sample among their k
 EVAL_FORMAT_RATE = "eval/format_rate"
 EVAL_LENGTH_MEAN = "eval/length/mean"

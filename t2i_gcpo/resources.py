@@ -1,5 +1,6 @@
 """The files the package ships: algorithm presets, recipes and accelerate configs (``t2i_gcpo/configs``)
-and prompt files (``t2i_gcpo/prompts``), found with importlib.resources so a wheel installed anywhere
+prompt files (``t2i_gcpo/prompts``) and the docs' example scripts (``t2i_gcpo/examples``, linked as
+``examples/`` in a clone), found with importlib.resources so a wheel installed anywhere
 finds them. With an editable install (a clone) they are the checkout's own files, edits included.
 
 A path the user gives is used as it is when it exists; only a path that does not exist and names a
@@ -20,6 +21,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(str(files("t2i_gcpo")))  # a wheel unpacks to disk: a plain folder
 CONFIG_DIR = PACKAGE_DIR / "configs"  # presets <algo>.yaml, recipes/, accelerate/
 PROMPTS_DIR = PACKAGE_DIR / "prompts"  # the worlds' prompt files
+EXAMPLES_DIR = PACKAGE_DIR / "examples"  # the runnable scripts of the docs (examples/ in a clone)
 
 
 def _shipped(path: str | Path, folder: Path) -> Path | None:
@@ -53,12 +55,12 @@ def config_file_path(path: str | Path) -> Path:
 
 
 def shipped_files() -> list[str]:
-    """Every shipped config and prompt file, relative to its folder's parent (``configs/gcpo.yaml``)."""
+    """Every shipped config, prompt file and example, relative to its folder's parent (``configs/gcpo.yaml``)."""
     return sorted(
         str(p.relative_to(PACKAGE_DIR))
-        for folder in (CONFIG_DIR, PROMPTS_DIR)
+        for folder in (CONFIG_DIR, PROMPTS_DIR, EXAMPLES_DIR)
         for p in folder.rglob("*")
-        if p.is_file()
+        if p.is_file() and "__pycache__" not in p.parts
     )
 
 
@@ -67,7 +69,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(shipped_files()))
         return 0
     for name in argv:
-        found = _shipped(name, CONFIG_DIR) or _shipped(name, PROMPTS_DIR)
+        found = _shipped(name, CONFIG_DIR) or _shipped(name, PROMPTS_DIR) or _shipped(name, EXAMPLES_DIR)
         if found is None:
             print(
                 f"error: no shipped file '{name}' (python -m t2i_gcpo.resources lists them)", file=sys.stderr

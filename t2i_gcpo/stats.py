@@ -54,3 +54,15 @@ def welch_ci95(a: Iterable[float], b: Iterable[float]) -> tuple[float, float, fl
         warnings.simplefilter("ignore", RuntimeWarning)
         ci = ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
     return (diff, float(ci.low), float(ci.high))
+
+
+def proportions_se(cells: Iterable[tuple[float, int]]) -> float:
+    """Standard error of the unweighted mean of K proportions, the k-th a share p_k of n_k 0/1 outcomes
+    drawn independently: √(Σ_k p_k(1 − p_k)/n_k) / K; one cell gives √(p(1 − p)/n). The sampling error
+    of GenEval's overall (the mean of its tags' scores) or a held-out accuracy, the prompts fixed and
+    their images drawn anew: prompts of unequal difficulty only make the true error smaller than this.
+    nan without cells or with an empty one."""
+    cells = list(cells)
+    if not cells or any(n < 1 for _, n in cells):
+        return math.nan
+    return math.sqrt(sum(p * (1 - p) / n for p, n in cells)) / len(cells)

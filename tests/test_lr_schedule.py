@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from t2i_gcpo.config import OptimConfig, describe, load_config
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.train.checkpoint import latest_checkpoint, load_scheduler
 from t2i_gcpo.train.run import ResumeOptions, prepare, run
-from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
+from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler, step_schedule
 
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
@@ -65,6 +66,27 @@ def test_hand_computed_values():
     )
     assert lrs(OptimConfig(), 3) == [1.0, 1.0, 1.0]  # constant: the default, as before schedules
     assert lrs(OptimConfig(warmup_steps=2), 4) == pytest.approx([0.0, 0.5, 1.0, 1.0])
+
+
+def test_steps_without_an_update_keep_the_schedule_and_warn_nothing():
+    """A step that makes no update (dynamic sampling, equal rewards) still moves the schedule one step:
+    the lrs are those of a run that updated every step, and torch's "lr_scheduler.step() before
+    optimizer.step()" warning, which plain `scheduler.step()` gives there, is not raised."""
+    optim = OptimConfig(lr_scheduler="cosine_with_min_lr", warmup_steps=2, min_lr_rate=0.1)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(optim, opt, 6)
+    got = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(6):
+            got.append(current_lr(sched))
+            if k in (2, 4):  # updates at steps 3 and 5 only; steps 1 and 2 make none
+                opt.step()
+            step_schedule(sched)
+    assert got == lrs(optim, 6)
+    plain = build_scheduler(optim, torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 6)
+    with pytest.warns(UserWarning, match="before `optimizer.step"):
+        plain.step()
 
 
 def test_resume_state_and_older_checkpoints():

@@ -137,6 +137,30 @@ def test_run_report_in_chromium(tmp_path):
     _check_page(write_run_report(run), tmp_path, n_images=7)
 
 
+def test_the_first_screen_of_a_4_step_run_is_its_held_out_score(tmp_path):
+    """A run with the held-out score at steps 0, 2 and 4: its curve's 95 % band (C0 at alpha 0.2 on white)
+    is in the first 600 px, above the training reward's ± std band (alpha 0.15), the page's first
+    picture before."""
+    run = tmp_path / "run4"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": 0.9, "reward/std": 0.25, "strict/overall": 0.8} for s in range(1, 5)]
+    rows += [
+        {"step": s, "eval/strict/overall": v, "eval/strict_se": 0.016}
+        for s, v in ((0, 0.797), (2, 0.801), (4, 0.805))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    px = _check_page(write_run_report(run, reward_bounds=(0.0, 1.0), eval_every=2), tmp_path, n_images=2)
+    c0 = np.array([31, 119, 180])
+
+    def first_row(alpha: float) -> int:
+        """The topmost screen row with a stretch of C0 at `alpha` on white (a band of a curve)."""
+        hits = (np.abs(px - (255 - alpha * (255 - c0))) <= 3).all(axis=-1).sum(axis=1) > 100
+        return int(np.argmax(hits)) if hits.any() else px.shape[0]
+
+    assert first_row(0.2) < 600  # the held-out interval, on the first screen of a laptop
+    assert first_row(0.2) < first_row(0.15) < px.shape[0]  # above the training reward's ± std band
+
+
 def test_credit_and_token_pages_in_chromium(tmp_path):
     rng = np.random.default_rng(1)
     groups = [

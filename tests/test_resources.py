@@ -85,3 +85,17 @@ def test_the_path_printer(capsys):
     assert resources.main([]) == 0
     listed = capsys.readouterr().out.split()
     assert "configs/gcpo.yaml" in listed and "prompts/arithmetic_test.jsonl" in listed
+
+
+def test_the_examples_ship_in_the_package_and_the_clone_links_to_them():
+    """One copy of the docs' example scripts, inside the package (a wheel holds them); `examples/` at
+    the clone's root is a link to it, so `python examples/custom_credit.py` works as the docs say."""
+    assert (REPO / "examples").is_symlink() and (REPO / "examples").resolve() == PACKAGE_DIR / "examples"
+    names = {Path(f).name for f in resources.shipped_files() if f.startswith("examples/")}
+    assert {
+        "custom_credit.py",
+        "train_with_python_reward.py",
+        "sample_and_evaluate.py",
+        "credit_map.py",
+    } <= names
+    assert resources.main(["examples/custom_credit.py"]) == 0

@@ -422,3 +422,89 @@ def test_run_report_draws_only_what_is_present(tmp_path):
     assert len(p.imgs) == 1
     with pytest.raises(UserError):
         write_run_report(tmp_path / "missing")
+
+
+# --- the report's first screen: the held-out score with its interval ----------------------------------
+
+
+def _eval_run(root: Path, eval_rows: bool = True) -> Path:
+    """A 4-step run as a new user's: training rows every step, the held-out score at steps 0, 2 and 4
+    (autoscaled alone, 0.797–0.805 looks like a climb; its interval is ± 0.031)."""
+    run = root / "run4"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": 0.9, "reward/std": 0.25, "strict/overall": 0.8} for s in range(1, 5)]
+    if eval_rows:
+        for s, score in ((0, 0.797), (2, 0.801), (4, 0.805)):
+            rows.append(
+                {"step": s, "eval/strict/overall": score, "eval/strict_se": 0.016, "eval/strict/colors": 0.7}
+            )
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_the_report_opens_on_the_held_out_score_and_its_interval(tmp_path):
+    text = write_run_report(_eval_run(tmp_path), reward_bounds=(0.0, 1.0), eval_every=2).read_text()
+    p = _parse(text)
+    headings = re.findall(r"<h2>(.*?)</h2>", text)
+    assert headings[0] == "Held-out score" and headings[1] == "Reward on the training batches"
+    first = text.split("<h2>")[1]
+    assert "<b>0.805 ± 0.031</b> held-out strict score at step 4; 0.797 at step 0" in first  # 1.96 × 0.016
+    assert "colors</th><td>0.700" in first  # its tags, at the latest step
+    assert 'alt="held-out strict score"' in first.split("<img")[1]  # the first picture is its curve
+    assert len(p.imgs) == 3  # held-out, reward (training batches), other metrics (the held-out tag)
+
+
+def test_the_held_out_curve_carries_its_interval_within_0_and_1():
+    from t2i_gcpo.viz.report import _series, held_out_figure
+
+    s = _series(
+        [{"step": k, "eval/strict/overall": v, "eval/strict_se": 0.016} for k, v in ((0, 0.797), (4, 0.99))]
+    )
+    fig = held_out_figure(s, "eval/strict/overall", "eval/strict_se", "held-out strict score")
+    ax = fig.axes[0]
+    band = np.concatenate([path.vertices for path in ax.collections[0].get_paths()])
+    assert (
+        band[:, 1].min() == pytest.approx(0.797 - 1.96 * 0.016) and band[:, 1].max() == 1.0
+    )  # 0.99 + 0.031 clipped
+    low, high = ax.get_ylim()
+    assert low < 0.797 - 0.031 and high >= 1.0  # the axis shows the whole interval, not a zoom on the points
+
+
+def test_a_run_without_held_out_evaluation_says_so_first(tmp_path):
+    run = _eval_run(tmp_path, eval_rows=False)
+    first = write_run_report(run, eval_every=-1).read_text().split("<h2>")[1]
+    assert (
+        first.startswith("Held-out score") and "This run has no held-out evaluation (eval_every: -1" in first
+    )
+    first = write_run_report(run, eval_every=100).read_text().split("<h2>")[1]
+    assert "No held-out evaluation yet: it runs at step 0, every 100 steps and at the end" in first
+    assert "it runs at the end of the run" in write_run_report(run, eval_every=0).read_text()
+
+
+def test_the_reward_band_stays_within_the_rewards_range():
+    """reward/mean 0.9 ± std 0.25 for a reward in [0, 1]: the band stops at 1 (it ran to 1.15)."""
+    from t2i_gcpo.viz.report import _series, reward_figure
+
+    s = _series([{"step": k, "reward/mean": 0.9, "reward/std": 0.25} for k in range(1, 5)])
+    top = {}
+    for bounds in ((0.0, 1.0), None):
+        ax = reward_figure(s, bounds).axes[0]
+        top[bounds] = max(path.vertices[:, 1].max() for path in ax.collections[0].get_paths())
+    assert top[(0.0, 1.0)] == 1.0 and top[None] == pytest.approx(1.15)
+
+
+def test_step_axes_tick_at_whole_steps():
+    from t2i_gcpo.viz.report import _multiples, _series, held_out_figure, reward_figure
+
+    s = _series(
+        [
+            {"step": k, "reward/mean": 0.1 * k, "clip_frac": 0.1, "eval/strict/overall": 0.5}
+            for k in range(1, 5)
+        ]
+    )
+    figures = [reward_figure(s), held_out_figure(s, "eval/strict/overall", "eval/strict_se", "held-out")]
+    for fig in figures:
+        fig.canvas.draw()
+        ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 4]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert _multiples(s, ["clip_frac"]) is not None

@@ -9,6 +9,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# the checkout's t2i_gcpo, installed or not: `pip install --group docs` installs the tools, not the package
+# (nor torch: the config and the CLI's help import none, tests/test_help_fast.py)
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+
 CONFIG_MARKER = "<!-- config-keys -->"
 CLI_MARKER = "<!-- cli-help -->"
 
@@ -66,6 +73,8 @@ def cli_pages() -> str:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs hook signature)
+    if CHECKOUT not in sys.path:  # here, not at import: mkdocstrings resets sys.path between pages
+        sys.path.insert(0, CHECKOUT)
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_tables())
     if CLI_MARKER in markdown:

@@ -57,11 +57,19 @@ def _overwrite_option(what: str):
     )
 
 
-def _print_summary(out: Path, summary: dict) -> None:
+def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
+    """GenEval's table, (`partial`) the partial credit, where the files are, and last the headline: the
+    strict score with its 95 % interval over the images sampled (stats.proportions_se over the tags)."""
     from t2i_gcpo.scoring.geneval_rules import format_summary
+    from t2i_gcpo.stats import proportions_se
 
     click.echo(format_summary(summary))
+    if partial:
+        _print_partial(out)
     click.echo(f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}")
+    se = proportions_se((t["score"], t["total"]) for t in summary["tags"].values())
+    interval = f" ± {1.96 * se:.3f} (95 % interval over the images sampled)" if se == se else ""
+    click.echo(f"strict score (GenEval's overall): {summary['overall']:.3f}{interval}")
 
 
 @eval_cmd.command("geneval", context_settings=CTX)
@@ -133,12 +141,11 @@ def shapeworld_cmd(
     summary = evaluate_shapeworld(out, model, Path(prompts) if prompts else None, images_per_prompt, batch=batch,
                                   cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
                                   overwrite=overwrite)  # fmt: skip
-    _print_summary(Path(out), summary)
-    _print_partial(Path(out))
+    _print_summary(Path(out), summary, partial=True)
 
 
 def _print_partial(out: Path) -> None:
-    """Mean partial-credit score per tag, next to the strict summary."""
+    """Mean partial-credit score per tag (the reward's score, not GenEval's), under the strict table."""
     import json
 
     by_tag: dict[str, list[float]] = {}
@@ -146,9 +153,10 @@ def _print_partial(out: Path) -> None:
         r = json.loads(line)
         by_tag.setdefault(r["tag"], []).append(float(r["partial"]))
     cells = ", ".join(f"{t} {sum(v) / len(v):.3f}" for t, v in by_tag.items())
-    overall = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)
+    mean = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)
     click.echo(
-        f"partial credit (docs/evaluation/geneval.md#geneval-as-a-reward): {cells}; overall {overall:.3f}"
+        f"partial credit, the reward's score, not GenEval's (docs/evaluation/geneval.md#geneval-as-a-reward): "
+        f"{cells}; mean of the tags {mean:.3f}"
     )
 
 

@@ -206,7 +206,7 @@ def pretrain_cmd(
             mcfg.model = MaskedConfig(default_cfg_scale=cfg_scale)
         claim_out(out, settings)
         stats = pretrain_masked(out, mcfg, evaluate=None if no_eval else evaluate)
-        click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+        _say_wrote(out, stats)
         return
 
     from t2i_gcpo.pretrain.shapeworld_ar import PretrainConfig, pretrain
@@ -229,7 +229,7 @@ def pretrain_cmd(
 
     claim_out(out, settings)
     stats = pretrain(out, cfg, evaluate=None if no_eval else evaluate)
-    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+    _say_wrote(out, stats)
 
 
 def claim_out(out: str, settings: dict) -> None:
@@ -268,4 +268,9 @@ def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None,
             f"each) {ev['sampled']['accuracy']:.3f}, greedy {ev['greedy']['accuracy']:.3f}; format "
             f"{ev['sampled']['format']:.3f} / {ev['greedy']['format']:.3f}"
         )
-    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out}/pretrain.json)")
+    _say_wrote(out, stats)
+
+
+def _say_wrote(out: str, stats: dict) -> None:
+    out = Path(out)  # "model/" prints as model/, not model//
+    click.echo(f"wrote {out}/ in {stats['total_seconds'] / 60:.1f} min (statistics: {out / 'pretrain.json'})")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from t2i_gcpo.commands.options import (
@@ -91,5 +89,5 @@ def sample_cmd(
         f", kept {kept} made earlier with the same settings," if kept else ""
     )
     click.echo(
-        f"{made} to {out}/ ({len(result.prompts)} prompts × {n_images}; grid: {os.path.join(out, 'grid.png')})"
+        f"{made} to {Path(out)}/ ({len(result.prompts)} prompts × {n_images}; grid: {Path(out) / 'grid.png'})"
     )

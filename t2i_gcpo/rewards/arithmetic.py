@@ -119,6 +119,13 @@ class ArithmeticReward:
         max_len, cache_len = kwargs.get("overlong", (None, None))
         return cls(kwargs.get("format", 0.0), max_len, cache_len, tokenizer=ctx.get("tokenizer"))
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The range every r_i lies in (rewards.combine.reward_bounds): correct_i and format_i in {0, 1},
+        overlong_i in [−1, 0] when on."""
+        low = (-1.0 if self.max_len is not None else 0.0) + min(self.format_weight, 0.0)
+        return (low, 1.0 + max(self.format_weight, 0.0))
+
     def length(self, text: str) -> int:
         """The completion's length for the overlong penalty: characters, or the tokenizer's tokens."""
         if self.tokenizer is None:

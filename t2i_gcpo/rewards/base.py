@@ -17,6 +17,10 @@ class RewardOutput:
 
 
 class Reward(Protocol):
+    """Optional beyond this: ``bounds``, the (low, high) every score lies in where it is known
+    (rewards.combine.reward_bounds; the run report clips the reward's ± std band to it), and
+    ``check_prompts(prompts, metadata)`` (rewards.combine.check_prompts)."""
+
     name: str
 
     def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:

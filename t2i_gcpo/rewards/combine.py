@@ -135,6 +135,24 @@ def check_prompts(reward: Any, prompts: list[str], metadata: list[dict]) -> None
         check(prompts, metadata)
 
 
+def reward_bounds(reward: Any) -> tuple[float, float] | None:
+    """The range [low, high] every score of `reward` lies in, where it declares one (its ``bounds``);
+    a weighted sum's from its parts'; None where any part's is unknown (a user function, CLIPScore). The
+    run report clips the reward's ± std band to it."""
+    if isinstance(reward, Checked):
+        return reward_bounds(reward.inner)
+    if isinstance(reward, WeightedSum):
+        parts = [(reward_bounds(r), w) for r, w in reward.parts]
+        if any(b is None for b, _ in parts):
+            return None
+        return (
+            sum(min(w * b[0], w * b[1]) for b, w in parts),
+            sum(max(w * b[0], w * b[1]) for b, w in parts),
+        )
+    bounds = getattr(reward, "bounds", None)
+    return (float(bounds[0]), float(bounds[1])) if bounds is not None else None
+
+
 def runs_user_code(reward: Any) -> bool:
     """Whether `reward` calls a user function (``module:function`` or an API callable), alone or in a sum."""
     if isinstance(reward, Checked):

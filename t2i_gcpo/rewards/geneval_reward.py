@@ -52,6 +52,12 @@ class GenEvalReward:
         self.score = score
         self.variant = variant
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The range every score lies in (rewards.combine.reward_bounds); flow_grpo's partial credit
+        has none (an over-count goes negative)."""
+        return (0.0, 1.0) if self.score == "strict" or self.variant == "spec" else None
+
     @classmethod
     def from_paths(
         cls,

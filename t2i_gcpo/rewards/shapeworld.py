@@ -65,6 +65,12 @@ class ShapeWorldReward:
         self.variant = variant
         self.grid = (int(grid[0]), int(grid[1]))
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The range every score lies in (rewards.combine.reward_bounds); flow_grpo's partial credit
+        has none (an over-count goes negative)."""
+        return (0.0, 1.0) if self.mode == "strict" or self.variant == "spec" else None
+
     def score_image(self, image: np.ndarray, metadata: dict) -> dict:
         """Details of one uint8 [H, W, 3] image against GenEval metadata (see the class doc)."""
         detections = detect(image)

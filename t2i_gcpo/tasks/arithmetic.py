@@ -21,6 +21,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this task)
     ACCURACY,
     EVAL_ACCURACY,
+    EVAL_ACCURACY_SE,
     EVAL_FORMAT_RATE,
     EVAL_LENGTH_MEAN,
     EVAL_PASS_K,
@@ -33,6 +34,7 @@ from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
 from t2i_gcpo.rewards.arithmetic import problem_meta
 from t2i_gcpo.rewards.base import Reward
+from t2i_gcpo.stats import proportions_se
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
@@ -295,7 +297,7 @@ def summarize(rows: list[tuple[int, float, float, float]], k: int) -> dict[str, 
     pass_k = sum(by_prompt.values()) / len(by_prompt)
     fmt = float(np.nanmean(a[:, 2])) if np.isfinite(a[:, 2]).any() else math.nan
     length = float(np.nanmean(a[:, 3])) if np.isfinite(a[:, 3]).any() else math.nan
-    metrics = {EVAL_ACCURACY: acc, EVAL_PASS_K: pass_k}
+    metrics = {EVAL_ACCURACY: acc, EVAL_ACCURACY_SE: proportions_se([(acc, len(rows))]), EVAL_PASS_K: pass_k}
     metrics.update(
         {k_: v for k_, v in ((EVAL_FORMAT_RATE, fmt), (EVAL_LENGTH_MEAN, length)) if math.isfinite(v)}
     )

@@ -21,6 +21,7 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import Reward
+from t2i_gcpo.stats import proportions_se
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import Scored, held_out_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
@@ -147,6 +148,7 @@ def summarize(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
     partial = sum(v["partial"] for v in per_tag.values()) / n
     metrics = {M.EVAL_STRICT_TAG.format(tag=k): v["strict"] for k, v in per_tag.items()}
     metrics.update({M.EVAL_STRICT: strict, M.EVAL_PARTIAL: partial})
+    metrics[M.EVAL_STRICT_SE] = proportions_se((v["strict"], v["images"]) for v in per_tag.values())
     return {"per_tag": per_tag, "strict": strict, "partial": partial, "images": len(rows), "metrics": metrics,
             "headline": f"held-out strict {strict:.3f}"}  # fmt: skip
 

@@ -42,15 +42,23 @@ def restore_scheduler(scheduler: Any, state: dict | None, steps_done: int) -> No
             base * lam(scheduler.last_epoch) for base, lam in zip(scheduler.base_lrs, scheduler.lr_lambdas)
         ]
     else:
-        with (
-            warnings.catch_warnings()
-        ):  # "lr_scheduler.step() before optimizer.step()": no update is replayed
-            warnings.simplefilter("ignore", UserWarning)
-            for _ in range(steps_done):
-                scheduler.step()
+        for _ in range(steps_done):  # no update is replayed
+            step_schedule(scheduler)
         lrs = scheduler.get_last_lr()
     for group, lr in zip(scheduler.optimizer.param_groups, lrs):
         group["lr"] = lr
+
+
+def step_schedule(scheduler: Any) -> None:
+    """Advance the schedule by one training step, with or without an update. torch warns "lr_scheduler.step()
+    before optimizer.step()" when the run's first step made no update (DAPO's dynamic sampling, a group
+    of equal rewards): it fears the schedule's first value was skipped, but here the lr belongs to the
+    step, not to the update (the lr of step k is optim.lr × λ(k − 1)), so that one warning is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+        )
+        scheduler.step()
 
 
 def current_lr(scheduler: Any) -> float:

@@ -56,7 +56,7 @@ from t2i_gcpo.train.distributed import (
     unwrap,
 )
 from t2i_gcpo.train.run_dir import claim_default_run_dir, continue_run_dir, prepare_run_dir
-from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler
+from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler, step_schedule
 from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
 from t2i_gcpo.train.update import NonFiniteError
 from t2i_gcpo.train.update import update as update_policy
@@ -251,7 +251,7 @@ class Trainer:
                 tic = time.perf_counter()
                 lr = current_lr(self.scheduler)  # the lr this step's update used
                 row = self.train_step(step)
-                self.scheduler.step()  # once per training step, with or without an update
+                step_schedule(self.scheduler)  # once per training step, with or without an update
                 row[M.TIME_STEP] = time.perf_counter() - tic
                 row[M.LR] = lr
                 row = average_over_processes(row, acc)
@@ -419,9 +419,11 @@ class Trainer:
 
     def _report(self) -> None:
         if self.accelerator.is_main_process:
+            from t2i_gcpo.rewards.combine import reward_bounds
             from t2i_gcpo.viz.report import write_run_report
 
-            write_run_report(self.run_dir)
+            eval_every = self.cfg.eval_every if self.eval_prompts else -1  # -1: the report says there is none
+            write_run_report(self.run_dir, reward_bounds=reward_bounds(self.reward), eval_every=eval_every)
 
     def save(self, step: int) -> None:
         acc = self.accelerator

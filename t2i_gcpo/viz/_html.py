@@ -26,6 +26,8 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
 h3 { font-size: 1.05em; margin-bottom: 0.3em; }
 .meta { color: #666; font-size: 0.9em; }
+.headline { font-size: 1.35em; margin: 0.4em 0; }
+.note { background: #fff6e0; border: 1px solid #f0d9a0; padding: 8px 12px; }
 img.fig { max-width: 100%; height: auto; border: 1px solid #eee; }
 img.pix { image-rendering: pixelated; max-width: 100%; height: auto; border: 1px solid #eee; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }

@@ -9,9 +9,11 @@
     <run_dir>/value_maps/step_XXXXXX.png  value maps (runs with continuations: the vine scheme)
     <run_dir>/config.yaml                the resolved config
 
-and writes `<run_dir>/report.html`: reward curves (overall and per GenEval tag), optimisation,
-credit and timing diagnostics, the latest sample grid, credit map and value map, and the config. Every metric
-that is present is drawn, none is required. Images are inlined (base64 PNG); the file is written to a
+and writes `<run_dir>/report.html`. First the held-out score with its 95 % interval (over the images
+or texts sampled) and its curve — or a note that the run has no held-out evaluation — then the training
+batches' reward curves (overall and per GenEval tag), optimisation, credit and timing diagnostics,
+the latest sample grid, credit map and value map, and the config. Every metric that is present is
+drawn, none is required. Images are inlined (base64 PNG); the file is written to a
 temp file and renamed, so it can be rewritten while training and a reader never sees half a page.
 """
 
@@ -30,8 +32,10 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
+from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.viz import _html
 
@@ -44,6 +48,14 @@ _CREDIT_KEYS = ("credit/weight_max", "credit/weight_entropy", "credit_lift")
 _MAX_OTHER = 24  # cap on the "other metrics" grid
 
 Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps [n], values [n])
+Bounds = tuple[float, float] | None  # the range a series' values lie in, where known
+
+# the held-out score of each task family: (score, its standard error, what it is); scores are shares in [0, 1]
+HELD_OUT = (
+    (M.EVAL_STRICT, M.EVAL_STRICT_SE, "held-out strict score"),
+    (M.EVAL_ACCURACY, M.EVAL_ACCURACY_SE, "held-out accuracy"),
+)
+Z95 = 1.96  # the interval drawn: ± Z95 standard errors (normal; hundreds of images)
 
 _CAPTIONS = {
     "value_maps": '<p class="meta">Each token coloured by V(prefix), the value of the prefix it was decided '
@@ -131,10 +143,16 @@ def _smooth(y: np.ndarray, k: int) -> np.ndarray:
 
 
 def _plot_line(
-    ax: Any, x: np.ndarray, y: np.ndarray, label: str | None, sd: np.ndarray | None = None
+    ax: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    label: str | None,
+    sd: np.ndarray | None = None,
+    bounds: Bounds = None,
 ) -> None:
     """A metric curve; long curves get a thin raw line plus a bold moving average (named in the
-    legend); `sd` adds a ± band (around the average when smoothed)."""
+    legend); `sd` adds a ± band (around the average when smoothed), clipped to `bounds`: no part of
+    it where no value can be."""
     k = _window(y.size)
     if k:
         (raw,) = ax.plot(x, y, alpha=0.3, lw=1.0)
@@ -145,11 +163,16 @@ def _plot_line(
     else:
         ax.plot(x, y, label=label, marker="o", ms=3, lw=1.6)
     if sd is not None:
-        ax.fill_between(x, y - sd, y + sd, alpha=0.15, color=ax.lines[-1].get_color(), lw=0, label="± std")
+        low, high = (-np.inf, np.inf) if bounds is None else bounds
+        band = np.clip(y - sd, low, high), np.clip(y + sd, low, high)
+        ax.fill_between(x, *band, alpha=0.15, color=ax.lines[-1].get_color(), lw=0, label="± std")
     ax.ticklabel_format(axis="y", useOffset=False)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: never 1.5
 
 
-def _png(fig: Figure) -> bytes:
+def _png(fig: Figure | None) -> bytes | None:
+    if fig is None:
+        return None
     buf = io.BytesIO()
     fig.savefig(buf, format="png", facecolor="white")
     return buf.getvalue()
@@ -161,8 +184,34 @@ def _new_fig(w: float, h: float) -> Figure:
     return fig
 
 
-def _reward_plot(s: Series) -> bytes | None:
-    """Overall reward: reward/mean (± reward/std band), other reward/*mean curves, strict/overall."""
+def held_out_figure(s: Series, key: str, se_key: str, label: str) -> Figure:
+    """The held-out curve `key` with its 95 % interval (± Z95 × `se_key`, within [0, 1]) where logged."""
+    x, y = s[key]
+    fig = _new_fig(8.0, 3.4)
+    ax = fig.add_subplot()
+    ax.plot(x, y, marker="o", ms=4, lw=1.8, label=label)
+    if se_key in s:
+        se = dict(zip(*s[se_key]))
+        half = np.array([Z95 * se.get(step, np.nan) for step in x])
+        ok = np.isfinite(half)
+        ax.fill_between(x[ok], np.clip(y - half, 0, 1)[ok], np.clip(y + half, 0, 1)[ok], alpha=0.2, lw=0,
+                        color=ax.lines[-1].get_color(), label="95 % interval (images sampled)")  # fmt: skip
+    for step, value in zip(x, y):
+        ax.annotate(
+            f"{value:.3f}", (step, value), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8
+        )
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(label)
+    ax.margins(x=0.05, y=0.25)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def reward_figure(s: Series, bounds: Bounds = None) -> Figure | None:
+    """The training batches' reward: reward/mean (± reward/std band, within the reward's `bounds`), other
+    reward/*mean curves, strict/overall."""
     keys = [k for k in s if k.startswith("reward/") and k.endswith("mean")]
     keys += ["strict/overall"] if "strict/overall" in s else []
     if not keys:
@@ -173,12 +222,13 @@ def _reward_plot(s: Series) -> bytes | None:
         x, y = s[k]
         std_key = k[: -len("mean")] + "std"  # reward/mean -> reward/std
         sd = s[std_key][1] if std_key in s and np.array_equal(s[std_key][0], x) else None
-        _plot_line(ax, x, y, k, sd)
+        label = f"{k} (training batch)" if k == "strict/overall" else k
+        _plot_line(ax, x, y, label, sd, bounds if k == M.REWARD_MEAN else None)
     ax.set_xlabel("step")
     ax.set_ylabel("reward / score")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    return fig
 
 
 def _tag_plot(s: Series) -> bytes | None:
@@ -258,11 +308,63 @@ def _latest_table(s: Series) -> str:
     return '<div style="display:flex; gap:24px; flex-wrap:wrap">' + "".join(tables) + "</div>"
 
 
-def write_run_report(run_dir: str | os.PathLike) -> Path:
+def _held_out_section(s: Series, eval_every: int | None) -> str:
+    """The report's first section: the latest held-out score with its 95 % interval, where it started,
+    its curve and, for GenEval-style tasks, its tags; else why there is none."""
+    for key, se_key, label in HELD_OUT:
+        if key not in s:
+            continue
+        x, y = s[key]
+        se = dict(zip(*s[se_key])).get(x[-1], math.nan) if se_key in s else math.nan
+        interval = f" ± {Z95 * se:.3f}" if math.isfinite(se) else ""
+        start = f"; {y[0]:.3f} at step {int(x[0])}" if x.size > 1 else ""
+        note = (
+            "± the 95 % interval of the score over the samples drawn for the held-out prompts."
+            if interval
+            else "No interval was recorded with this score (a run from before intervals were logged)."
+        )
+        parts = [
+            "<h2>Held-out score</h2>",
+            f'<p class="headline"><b>{y[-1]:.3f}{interval}</b> {_html.esc(label)} at step {int(x[-1])}{start}</p>',
+            f'<p class="meta">{note} The curves further down are scored on the training batches.</p>',
+            _html.img_tag(_png(held_out_figure(s, key, se_key, label)), alt=label),
+        ]
+        tags = sorted(k for k in s if k.startswith("eval/strict/") and k != key)
+        if tags:
+            rows = [
+                f"<tr><th class='l'>{_html.esc(k.split('/')[-1])}</th><td>{s[k][1][-1]:.3f}</td></tr>"
+                for k in tags
+            ]
+            parts.append(
+                f"<table><tr><th class='l'>tag</th><th>step {int(x[-1])}</th></tr>{''.join(rows)}</table>"
+            )
+        return "\n".join(parts)
+    if eval_every is not None and eval_every < 0:
+        why = (
+            "This run has no held-out evaluation (eval_every: -1, or no held-out prompts for its task): "
+            "every score below is measured on the training batches, the prompts being trained on."
+        )
+    elif eval_every is not None:
+        when = (
+            "at the end of the run"
+            if eval_every == 0
+            else f"at step 0, every {eval_every} steps and at the end"
+        )
+        why = f"No held-out evaluation yet: it runs {when} (eval_every: {eval_every})."
+    else:
+        why = "No held-out score in metrics.jsonl."
+    return f'<h2>Held-out score</h2>\n<p class="note">{_html.esc(why)}</p>'
+
+
+def write_run_report(
+    run_dir: str | os.PathLike, reward_bounds: Bounds = None, eval_every: int | None = None
+) -> Path:
     """Write `<run_dir>/report.html` from the run directory's metrics, images and config.
 
     Draws whatever is present (see the module docstring); safe to call repeatedly during training.
-    Returns the report's path.
+    `reward_bounds`: the range the reward's values lie in, where known (its ± std band stays inside);
+    `eval_every`: the run's, so that a run without held-out evaluation says so (-1: none). Returns the
+    report's path.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -279,11 +381,18 @@ def write_run_report(run_dir: str | os.PathLike) -> Path:
     meta.append("written " + time.strftime("%Y-%m-%d %H:%M:%S"))
     parts.append(f'<p class="meta">{_html.esc(" · ".join(meta))}</p>')
 
+    # the held-out score first: the number a run is judged by
+    parts.append(_held_out_section(s, eval_every))
+    shown = {k for score in HELD_OUT for k in score[:2]}
+
     # curves
-    shown: set[str] = set()
     panels = [
-        ("Reward", _reward_plot(s), [k for k in s if k.startswith("reward/")] + ["strict/overall"]),
-        ("Strict score per tag", _tag_plot(s), [k for k in s if k.startswith("strict/")]),
+        (
+            "Reward on the training batches",
+            _png(reward_figure(s, reward_bounds)),
+            [k for k in s if k.startswith("reward/")] + ["strict/overall"],
+        ),
+        ("Strict score per tag (training batches)", _tag_plot(s), [k for k in s if k.startswith("strict/")]),
         ("Optimisation", _multiples(s, _OPTIM_KEYS), list(_OPTIM_KEYS)),
         ("Credit", _multiples(s, _CREDIT_KEYS), list(_CREDIT_KEYS)),
         ("Time", _time_plot(s), [k for k in s if k.startswith("time/")]),
@@ -292,6 +401,9 @@ def write_run_report(run_dir: str | os.PathLike) -> Path:
         shown.update(keys)
         if png is not None:
             parts.append(f"<h2>{_html.esc(name)}</h2>\n" + _html.img_tag(png, alt=name))
+            if name.startswith("Reward"):
+                parts.append('<p class="meta">Scored on each step\'s own samples, of the prompts being trained '
+                             "on: not a held-out score.</p>")  # fmt: skip
     others = [k for k in s if k not in shown]
     if others:
         png = _multiples(s, others[:_MAX_OTHER])

@@ -3,12 +3,11 @@ the registration; the maths is t2i_gcpo/core/critical.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from t2i_gcpo.core.credit import chunked_entropy
-from t2i_gcpo.core.critical import critical_weights
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
 
@@ -39,6 +38,9 @@ def critical(
         float, Option("Share credited for the least similarity to the group's other samples.", 0, 1)
     ] = 0.1,
 ) -> Tensor:
+    from t2i_gcpo.core.credit import chunked_entropy
+    from t2i_gcpo.core.critical import critical_weights
+
     entropy = chunked_entropy(inp.dists(), inp.mask.shape, inp.mask.device)  # H [B, T]
     return critical_weights(
         entropy,

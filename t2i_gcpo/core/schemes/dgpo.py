@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from t2i_gcpo.core.credit import dgpo_scores, dgpo_weights_from_scores
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
 TAU = "> 0; smaller overflows the scaled scores"
@@ -27,6 +26,10 @@ def dgpo(
     kappa: Annotated[float, Option("κ: exponent of the entropy gate g_t = (H(π_θ)/ln|V|)^κ.", 0)] = 1.0,
     squared: Annotated[bool, Option("Use the squared Hellinger H² instead of h = sqrt(H²).")] = False,
 ) -> Tensor:
+    import torch
+
+    from t2i_gcpo.core.credit import dgpo_scores, dgpo_weights_from_scores
+
     scores = torch.zeros(inp.mask.shape, dtype=torch.float32, device=inp.mask.device)  # s [B, T]
     for (sl, lp), (sl_ref, lr) in zip(inp.dists(), inp.ref_dists(), strict=True):
         if sl != sl_ref:

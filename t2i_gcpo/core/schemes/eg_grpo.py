@@ -3,12 +3,11 @@ the registration; the maths is core/entropy_gate.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from t2i_gcpo.core.credit import chunked_entropy
-from t2i_gcpo.core.entropy_gate import entropy_gate_weights
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
 
@@ -37,5 +36,8 @@ def eg_grpo(
     ] = "sample",
     preserve_mass: Annotated[bool, Option("Rescale each row so that Σ w = N (its valid tokens).")] = False,
 ) -> Tensor:
+    from t2i_gcpo.core.credit import chunked_entropy
+    from t2i_gcpo.core.entropy_gate import entropy_gate_weights
+
     entropy = chunked_entropy(inp.dists(), inp.mask.shape, inp.mask.device)  # H [B, T]
     return entropy_gate_weights(entropy, inp.mask, low_quantile, high_quantile, bonus, scope, preserve_mass)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
-from t2i_gcpo.core.credit import gcpo_weights
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
 
 HIST = "the hist schedule takes ln(1 − x) and ln(1 − y)"
@@ -47,4 +47,6 @@ def gcpo(
     ] = 0.8,
     tau: Annotated[float, Option("τ for normalization='softmax'.", 1e-6, why=TAU)] = 1.0,
 ) -> Tensor:
+    from t2i_gcpo.core.credit import gcpo_weights
+
     return gcpo_weights(inp.logp_pos, inp.logp_neg, inp.mask, normalization, top_fraction, top_mass, tau)

@@ -5,7 +5,8 @@ A scheme is ``fn(inputs: CreditInputs, **options) -> w [B, T]`` (no gradient, ma
 registered with the inputs it reads, in a module of its own in this package:
 
     @register_scheme("mine", needs=("contrast",), doc="…")
-    def mine(inp: CreditInputs, alpha: Annotated[float, Option("α: …", low=0)] = 1.0) -> Tensor: ...
+    def mine(inp: CreditInputs, alpha: Annotated[float, Option("α: …", low=0)] = 1.0) -> Tensor:
+        import torch  # here, not at the top: listing the registry (`--help`) loads no torch
 
 Needs (the fields of `CreditInputs` they fill):
 - ``contrast``  — logp_pos, logp_neg: the sampled tokens' log-probs under the positive and the
@@ -42,19 +43,20 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # the registry loads without torch (what `--help` lists); the functions import it
+    from torch import Tensor
 
-from t2i_gcpo.core.tree import Leaves, Tree
+    from t2i_gcpo.core.tree import Leaves, Tree
 
 NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches", "leaves")
 RETURNS = ("weights", "advantages")
-Chunks = Iterable[tuple[slice, Tensor]]
+Chunks = Iterable["tuple[slice, Tensor]"]
 
 
 class CreditSchemeError(ValueError):
@@ -157,10 +159,7 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
         raise CreditSchemeError(
             f"credit scheme {name!r} must take the CreditInputs as its first argument: fn(inputs, **options)"
         )
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception:  # an annotation that cannot be resolved: the options stay untyped
-        hints = {}
+    hints = _option_types(fn, [p.name for p in params[1:]])
     options = []
     for p in params[1:]:
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -174,6 +173,23 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
         options.append(SchemeOption(p.name, tp, p.default, info))
     any_options = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     return CreditScheme(name, fn, frozenset(needs), doc, tuple(options), any_options, check, returns)
+
+
+def _option_types(fn: Callable, names: list[str]) -> dict[str, Any]:
+    """The resolved annotations of `fn`'s options `names` (with their ``Annotated`` extras), each on its
+    own: the inputs' and the result's annotations (tensors) may name torch, which a scheme's module
+    imports only when it runs. An annotation that cannot be resolved leaves its option untyped."""
+    annotations = getattr(fn, "__annotations__", {})
+    context = getattr(inspect.unwrap(fn), "__globals__", {})
+    hints = {}
+    for name in names:
+        if name in annotations:
+            holder = types.SimpleNamespace(__annotations__={name: annotations[name]})
+            try:
+                hints[name] = typing.get_type_hints(holder, context, include_extras=True)[name]
+            except Exception:
+                continue
+    return hints
 
 
 def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None,
@@ -242,15 +258,16 @@ def check_options(scheme: CreditScheme, options: dict[str, Any]) -> dict[str, An
     return dict(options)
 
 
-@torch.no_grad()
 def pool_by_step(weights: Tensor, step: Tensor, mask: Tensor) -> Tensor:
     """Step granularity: every valid token gets the mean weight of the valid tokens of its row decided
-    at the same step (mass-preserving; identity when each step decides one token, as in AR)."""
+    at the same step (mass-preserving; identity when each step decides one token, as in AR). No gradient."""
+    import torch
+
     m = mask.bool()
     B, T = weights.shape
     key = step.long().clamp_min(0)  # [B, T]
     n_steps = int(key.max().item()) + 1 if key.numel() else 1
-    w = torch.where(m, weights.float(), torch.zeros_like(weights, dtype=torch.float32))
+    w = torch.where(m, weights.detach().float(), torch.zeros_like(weights, dtype=torch.float32))
     total = w.new_zeros(B, n_steps).scatter_add_(1, key, w)  # [B, S]
     count = w.new_zeros(B, n_steps).scatter_add_(1, key, m.float())
     mean = total / count.clamp_min(1)
@@ -262,12 +279,14 @@ def credit_weights(name: str, inputs: CreditInputs, options: dict[str, Any] | No
     """w [B, T] of scheme `name` (token advantages for a scheme that returns them): checks that its declared inputs are present and that it takes every
     option given, checks what it returns (a [B, T] tensor, finite on valid tokens), and pools by step
     when asked."""
+    import torch
+
     scheme = get_scheme(name)
     missing = [n for n in scheme.needs if _missing(n, inputs)]
     if missing:
         raise CreditSchemeError(f"credit scheme {name!r} needs {missing}, which were not given")
     w = scheme.fn(inputs, **check_options(scheme, options or {}))
-    if not isinstance(w, Tensor):
+    if not isinstance(w, torch.Tensor):
         raise CreditSchemeError(
             f"credit scheme {name!r} returned a {type(w).__name__}, expected a tensor [B, T]"
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
-from t2i_gcpo.core.credit import stage_weights
+if TYPE_CHECKING:
+    from torch import Tensor
+
 from t2i_gcpo.core.schemes.registry import CreditInputs, register_scheme
 
 
@@ -15,4 +17,6 @@ from t2i_gcpo.core.schemes.registry import CreditInputs, register_scheme
     "get more credit (docs/concepts/credit.md#stage).",
 )
 def stage(inp: CreditInputs) -> Tensor:
+    from t2i_gcpo.core.credit import stage_weights
+
     return stage_weights(inp.features, inp.advantages, inp.group_size, inp.mask)

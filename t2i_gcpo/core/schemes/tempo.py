@@ -3,13 +3,12 @@ tree, no extra samples. The registration; the maths is core/tree_credit.py."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
-from t2i_gcpo.core.tree_credit import tempo_advantages
 
 
 @register_scheme(
@@ -26,6 +25,10 @@ def tempo(
     ] = "group",
     sequence_term: Annotated[bool, Option("Add the GRPO advantage A_i to δ (TEMPO's advantage).")] = True,
 ) -> Tensor:
+    import torch
+
+    from t2i_gcpo.core.tree_credit import tempo_advantages
+
     tokens, m, step = inp.tokens, inp.mask.bool(), inp.step
     B, T = m.shape
     pos = torch.arange(T, device=m.device).expand(B, T)

@@ -6,12 +6,12 @@ at the run's `branching.*` points and puts them in the batch (a scheme that need
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
-from t2i_gcpo.core.tree_groups import tree_group_advantages
 
 
 @register_scheme(
@@ -28,4 +28,6 @@ def tree(
         Option("'group': divide by the std of the group's leaf rewards; 'none': raw values."),
     ] = "group",
 ) -> Tensor:
+    from t2i_gcpo.core.tree_groups import tree_group_advantages
+
     return tree_group_advantages(inp.rewards, inp.group_size, inp.leaves, inp.mask, inp.step, normalisation)

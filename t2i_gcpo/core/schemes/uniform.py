@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
 
-from t2i_gcpo.core.credit import uniform_weights
+if TYPE_CHECKING:
+    from torch import Tensor
+
 from t2i_gcpo.core.schemes.registry import CreditInputs, register_scheme
 
 
 @register_scheme("uniform", doc="GRPO / DAPO: every valid token gets w = 1.")
 def uniform(inp: CreditInputs) -> Tensor:
+    from t2i_gcpo.core.credit import uniform_weights
+
     return uniform_weights(inp.mask)

@@ -7,12 +7,12 @@ function turns their rewards into token advantages."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
-from t2i_gcpo.core.tree_credit import segment_advantages
 
 
 @register_scheme(
@@ -36,6 +36,8 @@ def vine(
         ),
     ] = "group",
 ) -> Tensor:
+    from t2i_gcpo.core.tree_credit import segment_advantages
+
     return segment_advantages(
         inp.rewards, inp.group_size, inp.tree, inp.mask, inp.step, include_root, normalisation
     )
