@@ -13,7 +13,9 @@ comparison of runs depend on them (`prompts_for`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +27,11 @@ from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.branches import grow, grow_leaves
-from t2i_gcpo.train.credit import TRAIN_CONTEXT
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, needs_step_rewards, score_step_predictions
 from t2i_gcpo.train.data import PromptStream
 
 
@@ -82,6 +84,13 @@ class Tally:
     seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(M.BUDGET, 0.0))
 
+    def add_step_predictions(self, seconds: float, predictions: int, calls: int) -> None:
+        """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time and
+        calls, nothing sampled."""
+        self.seconds[M.TIME_REWARD] += seconds
+        self.spent[M.BUDGET_STEP_PREDICTIONS] += predictions
+        self.spent[M.BUDGET_REWARD_CALLS] += calls
+
     def add(self, seconds: dict[str, float], samples: int, tokens: float) -> None:
         """Samples sampled and scored in one reward call (none: no call), the tokens they sampled, and the
         seconds it took."""
@@ -125,6 +134,8 @@ class BatchCollector:
             cfg.branching if "leaves" in needs else None
         )  # tree groups: continuations are trained on
         self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
+        # stepwise rewards: the sampler records every reveal step's prediction, scored for the kept groups
+        self.stepwise = needs_step_rewards(cfg.credit.scheme)
         self.spent = dict.fromkeys(M.BUDGET, 0.0)  # the run's budget/* totals (this process)
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
@@ -133,6 +144,8 @@ class BatchCollector:
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
         tally = Tally()
+        if self.stepwise:
+            sampling = dataclasses.replace(sampling, record_predictions=True)
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
         fresh: dict[int, list[int]] = {}  # index in `kept` → the prompt slots of its groups (drawn this step)
@@ -157,6 +170,15 @@ class BatchCollector:
             for i, part in enumerate(kept):
                 if i in fresh:  # carried groups were branched when they were drawn
                     self.branch(part, fresh[i][: groups_in([part])], policy, reward, sampling, tally)
+        if self.stepwise:
+            for i, part in enumerate(kept):
+                if i in fresh:  # carried groups were scored when they were drawn
+                    self.score_steps(part, policy, reward, tally)
+            if (
+                last_round is not None and STEP_REWARDS not in last_round.rollout.state
+            ):  # the stand-in's source
+                unscored = torch.full(last_round.rollout.state[STEP_PREDICTIONS].shape[:2], float("nan"))
+                last_round.rollout.state[STEP_REWARDS] = unscored
         batch = Batch.concat(kept)
         if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
             rows = torch.arange(len(batch.rollout))
@@ -232,6 +254,15 @@ class BatchCollector:
         self.branched_once = True
         part.tree = grown.tree
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
+
+    def score_steps(self, part: Batch, policy: Any, reward: Any, tally: Tally) -> None:
+        """Decode and score the prediction x̂_s every reveal step of `part`'s samples made (recorded by the sampler):
+        r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions; stepwise credit)."""
+        tic = time.perf_counter()
+        ro = part.rollout
+        rewards, calls = score_step_predictions(policy, reward, ro, part.reward.scores)[:2]
+        ro.state[STEP_REWARDS] = rewards
+        tally.add_step_predictions(time.perf_counter() - tic, predictions=len(ro) * calls, calls=calls)
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt
