@@ -78,8 +78,6 @@ def stepwise_advantages(step_rewards: Tensor, group_size: int, step: Tensor, mas
     )  # [B]
     g = step_gains(torch.nan_to_num(step_rewards), group_size).view(-1, group_size, S)  # [P, G, S]
     centred = g - g.mean(dim=1, keepdim=True)
-    flat = g.amax(dim=1, keepdim=True) == g.amin(dim=1, keepdim=True)  # the mean of equal floats may be off
-    centred = torch.where(flat, torch.zeros_like(centred), centred)
     if normalisation == "step":
         centred = centred / (_std(g, dim=1) + eps)
     elif normalisation == "group":
@@ -87,7 +85,8 @@ def stepwise_advantages(step_rewards: Tensor, group_size: int, step: Tensor, mas
         centred = centred / (_std(torch.nan_to_num(final), dim=1) + eps)
     elif normalisation != "none":
         raise ValueError(f"unknown normalisation {normalisation!r}; expected 'step', 'group' or 'none'")
-    adv = centred.view(B, S).float()
+    flat = g.amax(dim=1, keepdim=True) == g.amin(dim=1, keepdim=True)  # the mean of equal floats may be off
+    adv = torch.where(flat, torch.zeros_like(centred), centred).view(B, S).float()
     out = torch.gather(adv.to(mask.device), 1, step.long().clamp(0, S - 1))  # [B, T]
     keep = mask.bool() & scored.to(mask.device)[:, None]
     return torch.where(keep, out, torch.zeros_like(out))
