@@ -265,3 +265,36 @@ def test_an_autoregressive_model_is_refused_before_its_run_directory(tmp_path, c
     code, _, err = _train(capsys, "shapeworld", str(PROMPTS_DIR / "shapeworld_train.txt"), out)
     assert code == 2 and not out.exists()
     assert "credit scheme 'stepwise' needs a full prediction at every reveal step" in error_line(err)
+
+
+# ---------------------------------------------------------------------------- credit maps
+
+
+def test_credit_maps_draw_each_samples_reward_trajectory(tiny, tmp_path, capsys):
+    out = tmp_path / "maps"
+    code, stdout, _ = cli(capsys, "credit-map", "--model", f"masked:{tiny['masked']}", "--schemes", "stepwise,uniform",
+                          "--prompt", PROMPTS[0], "--group", "3", "--out", out, "--reward", "train_fixtures:redness")  # fmt: skip
+    assert code == 0
+    steps = load_policy(f"masked:{tiny['masked']}").default_sampling().steps
+    assert f"stepwise: {3 * (steps - 1)} predictions over the reveal steps scored" in stdout
+    assert (out / "00000.png").is_file() and (out / "00000_steps.png").is_file()
+    page = (out / "credit_maps.html").read_text()
+    assert "r(x̂_s) over the reveal steps" in page and page.count(" → ") >= 3 * (steps - 1)
+    assert "predictions over the reveal steps" in page, "the figure of the predictions is in the page"
+    # an autoregressive model has no reveal steps: refused in one line when the scheme is named
+    code, _, err = cli(capsys, "credit-map", "--model", "shapeworld", "--schemes", "stepwise", "--prompt",
+                       "a photo of a red circle", "--out", tmp_path / "ar")  # fmt: skip
+    assert code == 2 and "needs a full prediction at every reveal step" in error_line(
+        err, ignore="credit maps"
+    )
+
+
+def test_the_trajectory_column_and_table():
+    from t2i_gcpo.viz.credit_map import STEP_REWARD_COLUMN, _columns, _group_table, trajectory_range
+
+    samples = [{"reward": 1.0, "step_rewards": [0.0, 0.5, 1.0]}, {"reward": 0.0}]
+    assert _columns(samples, ["stepwise"]) == ["stepwise", STEP_REWARD_COLUMN]
+    assert trajectory_range(samples) == pytest.approx((-0.05, 1.05))
+    assert trajectory_range([{"step_rewards": [0.25, 0.25]}]) == (-0.25, 0.75)
+    table = _group_table(samples, [])
+    assert "<td>0.000 → 0.500 → 1.000</td>" in table and "<td>–</td>" in table
