@@ -174,9 +174,7 @@ class BatchCollector:
             for i, part in enumerate(kept):
                 if i in fresh:  # carried groups were scored when they were drawn
                     self.score_steps(part, policy, reward, tally)
-            if (
-                last_round is not None and STEP_REWARDS not in last_round.rollout.state
-            ):  # the stand-in's source
+            if last_round is not None:  # the stand-in's rows (`Collected.stand_in`): unscored, no credit
                 unscored = torch.full(last_round.rollout.state[STEP_PREDICTIONS].shape[:2], float("nan"))
                 last_round.rollout.state[STEP_REWARDS] = unscored
         batch = Batch.concat(kept)

@@ -98,9 +98,8 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
             inp.features = unwrap(policy).token_features(ro)
     if "groups" in needs:
         inp.advantages, inp.group_size = advantages, ro.group_size
-    if (
-        "step_rewards" in needs and STEP_REWARDS in ro.state
-    ):  # scored by the collector (`score_step_predictions`)
+    # r(x̂_s), scored by the collector (`score_step_predictions`); missing: the scheme is refused
+    if "step_rewards" in needs and STEP_REWARDS in ro.state:
         inp.step_rewards, inp.group_size = ro.state[STEP_REWARDS].to(ro.mask.device), ro.group_size
     return inp
 
@@ -139,8 +138,8 @@ def step_reward_note(name: str, steps: int) -> str:
     """The line a run prints before it starts when scheme `name` scores every reveal step's prediction."""
     return (
         f"note: credit scheme '{name}' scores the model's prediction after each of the {steps} reveal steps: "
-        f"{steps - 1} more reward calls per round, over every sample it trains on ({steps}× the images scored; "
-        "logged as budget/step_predictions and budget/reward_calls); a slow reward slows the run that much"
+        f"{steps - 1} more reward calls per round, each trained sample scored {steps} times instead of once "
+        "(budget/step_predictions, budget/reward_calls); a slow reward slows the run that much"
     )
 
 
