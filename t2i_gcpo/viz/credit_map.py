@@ -434,6 +434,18 @@ def write_credit_html(
 # ---------------------------------------------------------------------------------------------
 
 
+def _panels(nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[float, float],
+            title: str) -> tuple[Figure, Any]:  # fmt: skip
+    """A constrained-layout figure of nrows × ncols panels, `cell` inches each plus `margin`, with its title."""
+    fig = Figure(
+        figsize=(cell[0] * ncols + margin[0], cell[1] * nrows + margin[1]), dpi=100, layout="constrained"
+    )
+    FigureCanvasAgg(fig)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
 def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, title: str = "",
                  scale: int = 4, alpha: float = 0.6) -> Path:  # fmt: skip
     """Value maps of several groups (docs/concepts/tree_credit.md#value-maps), one row per group: each
@@ -447,11 +459,7 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
     from matplotlib.colors import Normalize
 
     ncols = max(len(g) for g in groups)
-    fig = Figure(figsize=(1.8 * ncols + 1.6, 2.1 * len(groups) + 0.6), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    axes = fig.subplots(len(groups), ncols, squeeze=False)
+    fig, axes = _panels(len(groups), ncols, (1.8, 2.1), (1.6, 0.6), title)
     for i, group in enumerate(groups):
         centre, span = value_scale(group)
         for j, ax in enumerate(axes[i]):
@@ -487,11 +495,7 @@ def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str
     if not shown:
         raise UserError("step_figure needs at least one sample with step_images")
     ncols = max(len(s["step_images"]) for s in shown)
-    fig = Figure(figsize=(1.3 * ncols + 0.6, 1.45 * len(shown) + 0.6), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    axes = fig.subplots(len(shown), ncols, squeeze=False)
+    fig, axes = _panels(len(shown), ncols, (1.3, 1.45), (0.6, 0.6), title)
     for i, sample in enumerate(shown):
         rewards = [float(v) for v in sample.get("step_rewards") or []]
         for j, ax in enumerate(axes[i]):
