@@ -27,7 +27,7 @@ def stepwise(
     normalisation: Annotated[
         Normalisation,
         Option(
-            "σ dividing the centred gains: 'step', their std across the group at each step (Stepwise-Flow-GRPO); "
+            "σ dividing the centred gains: 'step', their std across the group at each step (GRPO at matched steps); "
             "'group', the std of the group's final rewards (a sample's step advantages sum to its GRPO advantage); "
             "'none', no division."
         ),
