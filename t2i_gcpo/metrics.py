@@ -38,8 +38,10 @@ BUDGET_TOKENS = "budget/tokens"  # tokens sampled (valid tokens; a continuation'
 BUDGET_REWARD_CALLS = "budget/reward_calls"  # calls of the reward (each scores one batch of samples)
 # budget allocation (rollout.allocation): samples left in the groups the step may train on, after down-sampling
 BUDGET_KEPT = "budget/samples_kept"
+# intermediate predictions x̂_s decoded and scored (stepwise credit: S − 1 per trained sample; sampled nothing)
+BUDGET_STEP_PREDICTIONS = "budget/step_predictions"
 BUDGET_TOTAL = "{key}_total"  # e.g. budget/samples_total: the sum over the run's steps
-BUDGET = (BUDGET_SAMPLES, BUDGET_TOKENS, BUDGET_REWARD_CALLS)
+BUDGET = (BUDGET_SAMPLES, BUDGET_TOKENS, BUDGET_REWARD_CALLS, BUDGET_STEP_PREDICTIONS)
 EVAL_STRICT = "eval/strict/overall"  # held-out strict score (unweighted mean of the tag scores)
 EVAL_STRICT_TAG = "eval/strict/{tag}"
 EVAL_PARTIAL = "eval/partial/mean"

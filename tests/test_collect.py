@@ -94,7 +94,8 @@ def test_saved_state_comes_back_to_each_process_and_is_dropped_for_another_count
     for k, c in enumerate(ranks):
         c.observe_zero_std(0.25)
         c.carry = batch(1, first=10 * k) if k == 1 else None  # only process 1 carried a group
-        c.spent = {M.BUDGET_SAMPLES: 8.0 + k, M.BUDGET_TOKENS: 100.0 * (k + 1), M.BUDGET_REWARD_CALLS: 2.0}
+        c.spent = {M.BUDGET_SAMPLES: 8.0 + k, M.BUDGET_TOKENS: 100.0 * (k + 1), M.BUDGET_REWARD_CALLS: 2.0,
+                   M.BUDGET_STEP_PREDICTIONS: 24.0 * k}  # fmt: skip
     entries, carry = collector_checkpoint([c.state_dict() for c in ranks])
     ckpt = save_checkpoint(
         tmp_path, 3, _Saved(), _optimizer_state(), {"algo": "dapo", **entries}, carry=carry
@@ -110,7 +111,12 @@ def test_saved_state_comes_back_to_each_process_and_is_dropped_for_another_count
             assert torch.equal(back.carry.rollout.tokens, c.carry.rollout.tokens)
             assert back.carry.reward.details == c.carry.reward.details
     # one process now: it gets the carried groups' drop and the run's budget totals
-    summed = {M.BUDGET_SAMPLES: 17.0, M.BUDGET_TOKENS: 300.0, M.BUDGET_REWARD_CALLS: 4.0}
+    summed = {
+        M.BUDGET_SAMPLES: 17.0,
+        M.BUDGET_TOKENS: 300.0,
+        M.BUDGET_REWARD_CALLS: 4.0,
+        M.BUDGET_STEP_PREDICTIONS: 24.0,
+    }
     assert load_collector_state(ckpt, 0, 1) == {"carry": None, "zero_std_estimate": 0.25, "budget": summed}
     assert "note: 2 processes carried groups into step 4; dropped them" in capsys.readouterr().out
     _, none = collector_checkpoint([collector().state_dict()])

@@ -61,7 +61,8 @@ def test_help_still_lists_every_scheme_and_its_options():
     assert gcpo["tau"].type is float and gcpo["tau"].info.low == 1e-6
     assert str(gcpo["normalization"].type) == "typing.Literal['hist', 'softmax', 'mean', 'none']"
     config_help = CliRunner().invoke(cli, ["train", "--help-config"]).output
-    assert "credit.vine.k" in config_help and "credit.gcpo.top_fraction" in config_help
+    assert "branching.k" in config_help and "credit.vine.include_root" in config_help
+    assert "credit.gcpo.top_fraction" in config_help
 
 
 def test_an_option_whose_neighbour_cannot_be_resolved_keeps_its_type():

@@ -1,7 +1,9 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
 scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
 step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With a scheme that needs
-branches (vine) the samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps)."""
+branches (vine) the samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps);
+with one that needs step rewards (stepwise, masked models) every reveal step's prediction is scored and each sample
+gets its reward trajectory (docs/concepts/tree_credit.md#stepwise-rewards)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ VALUE_POINTS = 4  # image value maps: branch every S / 4 decision steps (3 point
 def branches_needed(schemes: tuple[str, ...]) -> bool:
     """Whether any of `schemes` reads branched continuations (vine, or a user's scheme that needs them)."""
     return any("branches" in get_scheme(s).needs for s in schemes)
+
+
+def step_rewards_needed(schemes: tuple[str, ...]) -> bool:
+    """Whether any of `schemes` reads r(x̂_s), the rewards of the predictions over the reveal steps (stepwise)."""
+    return any("step_rewards" in get_scheme(s).needs for s in schemes)
 
 
 def servable(schemes: tuple[str, ...], policy, given: bool) -> tuple[str, ...]:
@@ -103,7 +110,7 @@ def run_credit_maps(
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import scheme_weights
     from t2i_gcpo.train.visuals import reveal_grids, to_uint8
-    from t2i_gcpo.viz.credit_map import credit_figure, write_credit_html
+    from t2i_gcpo.viz.credit_map import credit_figure, step_figure, write_credit_html
     from t2i_gcpo.viz.lift import credit_lift, lift_table
 
     if limit is not None and limit < 1:
@@ -144,7 +151,10 @@ def run_credit_maps(
     rows, cols = policy.layout.grid
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
     groups = []
-    continuations = 0
+    continuations = predictions = 0
+    stepwise = step_rewards_needed(schemes)
+    if stepwise:  # the same samples, their predictions over the reveal steps kept
+        sampling = dataclasses.replace(sampling, record_predictions=True)
     starts = range(0, len(prompts), batch_prompts)
     for start in tqdm(starts, desc="credit maps", unit="batch"):
         chunk = prompts[start : start + batch_prompts]
@@ -159,6 +169,10 @@ def run_credit_maps(
             continuations += n
             for v in values:
                 v["value_grid"] = v.pop("value_tokens").reshape(rows, cols)
+        steps = [{}] * len(ro)
+        if stepwise:
+            steps, n = step_fields(policy, reward, ro, rew.scores, images)
+            predictions += n
         weights = scheme_weights(
             cfg.credit, ro, adv, policy, ref, "pos", schemes, rewards=rew.scores, tree=tree
         )
@@ -179,23 +193,46 @@ def run_credit_maps(
                     "reveal_step": reveal[i],
                     **({"object_grid": grids[i].reshape(rows, cols).numpy()} if grids is not None else {}),
                     **values[i],
+                    **steps[i],
                 }
                 for i in idx
             ]
             n = start + p
             fig = credit_figure(samples, list(weights), out_dir / f"{n:05d}.png", title=record.text)
-            groups.append(
-                {"prompt": record.text, "samples": samples, "schemes": list(weights), "figure": fig}
-            )
+            group = {"prompt": record.text, "samples": samples, "schemes": list(weights), "figure": fig}
+            if stepwise:
+                group["step_figure"] = step_figure(samples, out_dir / f"{n:05d}_steps.png",
+                                                   title=f"{record.text}: the prediction after each reveal step")  # fmt: skip
+            groups.append(group)
     html = write_credit_html(out_dir, groups, title=f"Credit maps — {model}")
     lifts = {k: v for k, v in lifts.items() if v}
     summary = f"wrote {len(groups)} figures and {html}" + _continuations_note(
         continuations, branches_needed(schemes)
     )
+    if stepwise:
+        summary += (
+            f"\nstepwise: {predictions} predictions over the reveal steps scored for the reward trajectories"
+        )
     if lifts:
         (out_dir / "lift.json").write_text(json.dumps(lifts))
         summary = lift_table(lifts) + "\n" + summary
     return summary + _self_reference_note(ref, reference, model)
+
+
+def step_fields(policy, reward, ro, scores, images) -> tuple[list[dict], int]:
+    """Score the rollout's predictions over the reveal steps (train/credit.score_step_predictions; r(x̂_s) into
+    ``ro.state``) → (each sample's ``step_rewards`` and ``step_images`` for `viz.credit_map`, predictions scored)."""
+    from t2i_gcpo.policies.base import STEP_REWARDS
+    from t2i_gcpo.train.credit import score_step_predictions
+    from t2i_gcpo.train.visuals import to_uint8
+
+    rewards, calls, outputs = score_step_predictions(policy, reward, ro, scores, keep_outputs=True)
+    ro.state[STEP_REWARDS] = rewards
+    pix = [to_uint8(o) for o in outputs] + [to_uint8(images)]  # x̂_0 … x̂_{S−2}, then the sample
+    fields = [
+        {"step_rewards": rewards[i].tolist(), "step_images": [p[i] for p in pix]} for i in range(len(ro))
+    ]
+    return fields, len(ro) * calls
 
 
 def _continuations_note(continuations: int, branched: bool) -> str:
@@ -264,7 +301,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
     )
 
 
-CREDIT_OUTPUTS = re.compile(r"\d{5}\.png|credit_maps\.html|lift\.json")  # what credit-map writes
+CREDIT_OUTPUTS = re.compile(r"\d{5}(_steps)?\.png|credit_maps\.html|lift\.json")  # what credit-map writes
 
 
 def check_credit_out(out_dir: Path) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    STEP_PREDICTIONS,
     Branches,
     Context,
     PolicyCapabilities,
@@ -44,6 +45,7 @@ from t2i_gcpo.policies.maskgen import (
     remask_record,
     remask_scored,
     reveal_counts,
+    step_predictions,
     step_progress,
 )
 from t2i_gcpo.policies.sampling import ChunkedDists, group_uniforms
@@ -81,7 +83,9 @@ class AmusedPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
-    capabilities = PolicyCapabilities(bf16_sampling=False, branching=True, reveal_order=True)
+    capabilities = PolicyCapabilities(
+        bf16_sampling=False, branching=True, reveal_order=True, step_predictions=True
+    )
     default_task = "geneval"
     guidance = "u + s(c − u)"  # AmusedPipeline: uncond_logits + s·(cond_logits − uncond_logits)
     DEFAULT_STEPS = 12  # AmusedPipeline num_inference_steps
@@ -301,12 +305,15 @@ class AmusedPolicy(nn.Module):
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
         hidden_fn = self._hidden_fn(pos_ids, neg_ids)
         scale_fn = self._scale_fn(sampling)
+        predictions = step_predictions(
+            sampling, len(pos_ids), steps, self.num_tokens, self.mask_id, self.device
+        )
         with torch.no_grad():
             tokens, step, logps = maskgit_generate(
                 hidden_fn, self.head, self.num_tokens, self.mask_id,
                 reveal_counts(self.num_tokens, steps, self.mask_schedule), sampling, uniforms,
                 self.choice_temperatures(steps), scale_fn(step_progress(steps)), self.guidance, self.device,
-                order,
+                order, predictions,
             )  # fmt: skip
         logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
         ro = Rollout(
@@ -319,6 +326,8 @@ class AmusedPolicy(nn.Module):
             sampling=sampling,
             state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator},
         )
+        if predictions is not None:
+            ro.state[STEP_PREDICTIONS] = predictions
         if self.estimator == "remask":
             u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
             masks, times = draw_remasks(u, self.mask_schedule)

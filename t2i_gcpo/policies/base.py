@@ -23,6 +23,11 @@ import torch
 
 from t2i_gcpo.core.tree import Tree
 
+# `Rollout.state` keys of stepwise credit (docs/concepts/tree_credit.md#stepwise-rewards): x̂_s [B, S, T] long, the
+# canvas after reveal step s with every still-masked position filled by that step's sampled prediction (recorded
+# by the masked samplers when `SamplingParams.record_predictions`), and r(x̂_s) [B, S] float (the train step)
+STEP_PREDICTIONS = "step_predictions"
+STEP_REWARDS = "step_rewards"
 Context = Literal["pos", "neg", "guided"]
 CONTEXTS: tuple[str, ...] = ("pos", "neg", "guided")
 Output = Literal["image", "text"]
@@ -57,6 +62,9 @@ class SamplingParams:
     # "bf16": sample under torch.autocast in bfloat16 (the matmuls and KV caches; the sample step and the
     # recorded log-probs stay float32). Faster only where the hardware has native bf16
     autocast: str = "none"
+    # masked models: keep each reveal step's full prediction x̂_s in ``Rollout.state[STEP_PREDICTIONS]``
+    # (stepwise credit, docs/concepts/tree_credit.md#stepwise-rewards); changes nothing else of the sample
+    record_predictions: bool = False
 
 
 @dataclass
@@ -214,6 +222,8 @@ class PolicyCapabilities:
     bf16_sampling: bool = False
     branching: bool = False  # `Policy.branch`: continuations from a sample's prefixes (tree credit)
     reveal_order: bool = False  # masked models: sampling takes a reveal order (`keep_reveal_order`)
+    # masked models: `SamplingParams.record_predictions` records x̂_s, the full prediction of every reveal step
+    step_predictions: bool = False
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
+    STEP_PREDICTIONS,
     Branches,
     Context,
     PolicyCapabilities,
@@ -39,6 +40,7 @@ from t2i_gcpo.policies.maskgen import (
     remask_record,
     remask_scored,
     reveal_counts,
+    step_predictions,
     step_progress,
 )
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
@@ -72,7 +74,9 @@ class MaskedPolicy(nn.Module):
 
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native (its own transformer)
-    capabilities = PolicyCapabilities(bf16_sampling=True, branching=True, reveal_order=True)
+    capabilities = PolicyCapabilities(
+        bf16_sampling=True, branching=True, reveal_order=True, step_predictions=True
+    )
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
 
@@ -245,10 +249,11 @@ class MaskedPolicy(nn.Module):
 
     # ---- sampler --------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams,
-                 uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
+                 predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """Sample image tokens for word ids [B, L] with uniforms [B, S, T, 2] → (tokens [B, T], reveal
-        steps [B, T], log-probs [3, B, T] of pos / neg / guided at each token's reveal step)."""
+        steps [B, T], log-probs [3, B, T] of pos / neg / guided at each token's reveal step); `predictions`
+        [B, S, T], when given, receives each step's full prediction x̂_s (maskgen.maskgit_continue)."""
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         steps = uniforms.shape[1]
@@ -257,7 +262,7 @@ class MaskedPolicy(nn.Module):
         return maskgit_generate(
             self._hidden_fn(prompt_ids), self.head, self.num_tokens, self.mask_id, counts, sampling,
             uniforms, self.choice_temperatures(steps), scales, self.guidance, self.device,
-            self.resolve_reveal_order(sampling),
+            self.resolve_reveal_order(sampling), predictions,
         )  # fmt: skip
 
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
@@ -270,7 +275,8 @@ class MaskedPolicy(nn.Module):
         )
         pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B, L]
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
-        tokens, step, logps = self.generate(pid, sampling, uniforms)
+        predictions = step_predictions(sampling, len(pid), steps, self.num_tokens, self.mask_id, self.device)
+        tokens, step, logps = self.generate(pid, sampling, uniforms, predictions)
         logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
         ro = Rollout(
             tokens=tokens,
@@ -282,6 +288,8 @@ class MaskedPolicy(nn.Module):
             sampling=sampling,
             state={"prompt_ids": pid, "estimator": self.estimator},
         )
+        if predictions is not None:
+            ro.state[STEP_PREDICTIONS] = predictions
         if self.estimator == "remask":
             u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
             masks, times = draw_remasks(u, self.config.mask_schedule)

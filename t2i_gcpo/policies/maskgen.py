@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Context, Rollout, SamplingParams
+from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, Context, Rollout, SamplingParams
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, sample_step
 
 MASK_SCHEDULES = ("cosine", "linear")
@@ -76,6 +76,14 @@ def guidance_scales(scale: float, schedule: str, progress: torch.Tensor) -> torc
     )
 
 
+def step_predictions(sampling: SamplingParams, rows: int, steps: int, num_tokens: int, mask_id: int,
+                     device: torch.device) -> torch.Tensor | None:  # fmt: skip
+    """The buffer [B, S, T] long the sampler fills with x̂_s where `sampling.record_predictions`, else None."""
+    if not sampling.record_predictions:
+        return None
+    return torch.full((rows, steps, num_tokens), mask_id, dtype=torch.long, device=device)
+
+
 def gumbel(u: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise from uniforms, clamped as diffusers' ``gumbel_noise``."""
     return -torch.log((-torch.log(u.clamp(1e-20))).clamp(1e-20))
@@ -100,20 +108,21 @@ def check_estimator(estimator: str, remask_count: int) -> None:
 @torch.no_grad()
 def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: int, counts: Sequence[int],
                      sampling: SamplingParams, uniforms: torch.Tensor, choice_temperatures: torch.Tensor,
-                     scales: torch.Tensor, guidance: str, device: torch.device,
-                     reveal_order: str = "confidence") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                     scales: torch.Tensor, guidance: str, device: torch.device, reveal_order: str = "confidence",
+                     predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Parallel decoding with CFG (one doubled batch [cond; null] per step), revealing the most
     confident masked positions or (``reveal_order="random"``) a uniformly random subset of them.
 
     uniforms [B, S, T, 2] (token draw, Gumbel noise); choice_temperatures and scales [S] →
     tokens [B, T] long, step [B, T] long (the step that revealed each token), log-probs [3, B, T]
-    (pos, neg, guided) of each token under the distributions of its reveal step."""
+    (pos, neg, guided) of each token under the distributions of its reveal step. `predictions` [B, S, T]
+    long, when given, receives each step's full prediction x̂_s (`maskgit_continue`)."""
     b = uniforms.shape[0]
     tokens = torch.full((b, num_tokens), mask_id, dtype=torch.long, device=device)  # the canvas
     step = torch.full((b, num_tokens), -1, dtype=torch.long, device=device)
     logps = torch.zeros(3, b, num_tokens, device=device)
     tokens, step, logps = maskgit_continue(hidden_fn, head, tokens, step, logps, 0, counts, sampling, uniforms,
-                                           choice_temperatures, scales, guidance, reveal_order)  # fmt: skip
+                                           choice_temperatures, scales, guidance, reveal_order, predictions)  # fmt: skip
     if bool((step < 0).any()):
         raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
     return tokens, step, logps
@@ -122,11 +131,19 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
 def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step: torch.Tensor,
                      logps: torch.Tensor, start: int, counts: Sequence[int], sampling: SamplingParams,
                      uniforms: torch.Tensor, choice_temperatures: torch.Tensor, scales: torch.Tensor, guidance: str,
-                     reveal_order: str = "confidence") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                     reveal_order: str = "confidence",
+                     predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The decoding loop from reveal step `start` on: tokens [N, T] (mask id where unrevealed), step
     [N, T] (−1 where unrevealed) and logps [3, N, T] hold the canvas after step start − 1 (an empty
     canvas for start = 0: `maskgit_generate`; a root's canvas for a branched rollout, `maskgit_branch`);
-    uniforms [N, S, T, 2]. → (tokens, step, logps) after the last step."""
+    uniforms [N, S, T, 2]. → (tokens, step, logps) after the last step.
+
+    `predictions` [N, S, T] long, when given, is filled with x̂_s for s ≥ `start`: the canvas after step s
+    with every still-masked position holding the token step s sampled there (the step's candidates, of
+    which it revealed the most confident) — the model's full prediction at step s
+    (docs/concepts/tree_credit.md#stepwise-rewards). x̂_s holds every token revealed up to step s, and
+    x̂_{S−1} is the sample itself. A step that reveals nothing repeats x̂_{s−1}. Recording draws nothing
+    and changes nothing else."""
     random_order = check_reveal_order(reveal_order) == "random"
     b, t_len = tokens.shape
     device = tokens.device
@@ -137,6 +154,8 @@ def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step
     for s in range(start, len(counts)):
         n_reveal = counts[s]
         if n_reveal == 0:
+            if predictions is not None and s > start:
+                predictions[:, s] = predictions[:, s - 1]
             continue
         unknown = step < 0  # [N, T]
         h = hidden_fn(torch.cat([tokens, tokens]), torch.cat([rows, rows]), null)  # [2N, T, D]
@@ -151,6 +170,8 @@ def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step
         reveal = torch.zeros_like(unknown).scatter_(1, pick, True) & unknown
         cand = tokens.clone()
         cand[where] = tok
+        if predictions is not None:
+            predictions[:, s] = cand
         tokens = torch.where(reveal, cand, tokens)
         step = torch.where(reveal, torch.full_like(step, s), step)
         for i, c in enumerate(("pos", "neg", "guided")):
@@ -189,7 +210,8 @@ def maskgit_branch(rollout: Rollout, root: torch.Tensor, point: torch.Tensor, un
             scales, guidance, reveal_order,
         )  # fmt: skip
         tokens[rows], step[rows], logps[:, rows] = out
-    state = {k: v for k, v in base.state.items() if k not in ("remask", "remask_t", "sampled_logp")}
+    dropped = ("remask", "remask_t", "sampled_logp", STEP_PREDICTIONS, STEP_REWARDS)  # the root's, not theirs
+    state = {k: v for k, v in base.state.items() if k not in dropped}
     return dataclasses.replace(
         base, tokens=tokens, step=step, mask=torch.ones_like(tokens, dtype=torch.float),
         logp=dict(zip(("pos", "neg", "guided"), logps)), state={**state, "estimator": "trajectory"},

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +28,11 @@ from t2i_gcpo.core.allocation import allocate, max_variance_subset, success_esti
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.tasks.loop import Scored, group_generators, sample_and_score
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.branches import grow, grow_leaves
-from t2i_gcpo.train.credit import TRAIN_CONTEXT
+from t2i_gcpo.train.credit import TRAIN_CONTEXT, needs_step_rewards, score_step_predictions
 from t2i_gcpo.train.data import PromptStream
 
 
@@ -84,6 +85,13 @@ class Tally:
     seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(M.BUDGET, 0.0))
 
+    def add_step_predictions(self, seconds: float, predictions: int, calls: int) -> None:
+        """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time and
+        calls, nothing sampled."""
+        self.seconds[M.TIME_REWARD] += seconds
+        self.spent[M.BUDGET_STEP_PREDICTIONS] += predictions
+        self.spent[M.BUDGET_REWARD_CALLS] += calls
+
     def add(self, seconds: dict[str, float], samples: int, tokens: float) -> None:
         """Samples sampled and scored in one reward call (none: no call), the tokens they sampled, and the
         seconds it took."""
@@ -127,6 +135,8 @@ class BatchCollector:
             cfg.branching if "leaves" in needs else None
         )  # tree groups: continuations are trained on
         self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
+        # stepwise rewards: the sampler records every reveal step's prediction, scored for the kept groups
+        self.stepwise = needs_step_rewards(cfg.credit.scheme)
         self.spent = self.budget_keys()  # the run's budget/* totals (this process)
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
 
@@ -136,6 +146,8 @@ class BatchCollector:
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
         tally = Tally(spent=self.budget_keys())
+        if self.stepwise:
+            sampling = dataclasses.replace(sampling, record_predictions=True)
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
         fresh: dict[int, list[int]] = {}  # index in `kept` → the prompt slots of its groups (drawn this step)
@@ -156,10 +168,7 @@ class BatchCollector:
                 fresh[len(kept)] = [slots[i] for i in (idx[::g] // g).tolist()]
                 kept.append(last_round.select(idx))
         kept = self.within_cap(kept)
-        if self.branching is not None:
-            for i, part in enumerate(kept):
-                if i in fresh:  # carried groups were branched when they were drawn
-                    self.branch(part, fresh[i][: groups_in([part])], policy, reward, sampling, tally)
+        self.complete(kept, fresh, last_round, policy, reward, sampling, tally)
         batch = Batch.concat(kept)
         if batch is not None and groups_in([batch]) > P:  # the surplus of an over-sampled round
             rows = torch.arange(len(batch.rollout))
@@ -171,6 +180,22 @@ class BatchCollector:
         return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
                          groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
                          seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent))  # fmt: skip
+
+    def complete(self, kept: list[Batch], fresh: dict[int, list[int]], last_round: Batch | None, policy: Any,
+                 reward: Any, sampling: SamplingParams, tally: Tally) -> None:  # fmt: skip
+        """What the scheme needs beyond the groups, for the groups drawn this step (carried ones got theirs
+        when they were drawn): continuations from their branch points (`branch`), the scores of every
+        reveal step's prediction (`score_steps`)."""
+        for i, part in enumerate(kept):
+            if i not in fresh:
+                continue
+            if self.branching is not None:
+                self.branch(part, fresh[i][: groups_in([part])], policy, reward, sampling, tally)
+            if self.stepwise:
+                self.score_steps(part, policy, reward, tally)
+        if self.stepwise and last_round is not None:  # the stand-in's rows (`Collected.stand_in`): no credit
+            unscored = torch.full(last_round.rollout.state[STEP_PREDICTIONS].shape[:2], float("nan"))
+            last_round.rollout.state[STEP_REWARDS] = unscored
 
     def draw(self, policy: Any, reward: Any, prompts: list[PromptRecord], slots: list[int],
              sampling: SamplingParams, tally: Tally) -> tuple[Batch, torch.Tensor]:  # fmt: skip
@@ -272,6 +297,15 @@ class BatchCollector:
         """The budget/* counts this run keeps, at 0 (budget allocation also counts what it kept)."""
         keys = (*M.BUDGET, M.BUDGET_KEPT) if self.cfg.rollout.allocation != "none" else M.BUDGET
         return dict.fromkeys(keys, 0.0)
+
+    def score_steps(self, part: Batch, policy: Any, reward: Any, tally: Tally) -> None:
+        """Decode and score the prediction x̂_s every reveal step of `part`'s samples made (recorded by the sampler):
+        r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions; stepwise credit)."""
+        tic = time.perf_counter()
+        ro = part.rollout
+        rewards, calls = score_step_predictions(policy, reward, ro, part.reward.scores)[:2]
+        ro.state[STEP_REWARDS] = rewards
+        tally.add_step_predictions(time.perf_counter() - tic, predictions=len(ro) * calls, calls=calls)
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt

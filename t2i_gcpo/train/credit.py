@@ -7,6 +7,7 @@ Used by the train step, the step's credit-map figure and `t2i-gcpo credit-map`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES, CreditInputs, CreditSchemeError, credit_weights, get_scheme
 from t2i_gcpo.core.tree import Leaves, Tree
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, Rollout
 from t2i_gcpo.train.distributed import unwrap
 
 TRAIN_CONTEXT = {"cond": "pos", "cfg": "guided"}  # rollout.train_logp → the policy's context name
@@ -45,8 +46,13 @@ NEED_CAPABILITY = {
     "ref_dists": "full_dists",
     "branches": "branching",
     "leaves": "branching",
+    "step_rewards": "step_predictions",
 }
-CAPABILITY_WORDS = {"full_dists": "full next-token distributions", "branching": "branched rollouts"}
+CAPABILITY_WORDS = {
+    "full_dists": "full next-token distributions",
+    "branching": "branched rollouts",
+    "step_predictions": "a full prediction at every reveal step (masked models)",
+}
 
 
 def check_capabilities(name: str, policy: Any, needs: Iterable[str] | None = None) -> None:
@@ -94,7 +100,49 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
             inp.features = unwrap(policy).token_features(ro)
     if "groups" in needs:
         inp.advantages, inp.group_size = advantages, ro.group_size
+    # r(x̂_s), scored by the collector (`score_step_predictions`); missing: the scheme is refused
+    if "step_rewards" in needs and STEP_REWARDS in ro.state:
+        inp.step_rewards, inp.group_size = ro.state[STEP_REWARDS].to(ro.mask.device), ro.group_size
     return inp
+
+
+def needs_step_rewards(name: str) -> bool:
+    """Whether scheme `name` reads r(x̂_s): the train step then records and scores every reveal step's prediction."""
+    return "step_rewards" in get_scheme(name).needs
+
+
+@torch.no_grad()
+def score_step_predictions(policy: Any, reward: Any, ro: Rollout, final: torch.Tensor,
+                           keep_outputs: bool = False) -> tuple[torch.Tensor, int, list]:  # fmt: skip
+    """r(x̂_s) [B, S] float (CPU) of the rollout's recorded predictions (``state[STEP_PREDICTIONS]``, [B, S, T]),
+    each decoded and scored with `reward` as the samples were: one reward call of B outputs per step before the
+    last; x̂_{S−1} is the sample itself, whose score `final` [B] is reused (docs/concepts/tree_credit.md#stepwise-rewards).
+    → (step rewards, reward calls made, the decoded outputs of steps 0 … S − 2 when `keep_outputs`, else [])."""
+    from t2i_gcpo.rewards.combine import call_reward
+
+    if STEP_PREDICTIONS not in ro.state:
+        raise ValueError("the rollout has no recorded step predictions (sample with record_predictions=True)")
+    x = ro.state[STEP_PREDICTIONS]  # [B, S, T]
+    S = x.shape[1]
+    out = torch.empty(len(ro), S, dtype=torch.float32)
+    out[:, -1] = final.detach().float().cpu()
+    outputs = []
+    metas = [p.meta for p in ro.prompts]
+    for s in range(S - 1):
+        decoded = unwrap(policy).decode(dataclasses.replace(ro, tokens=x[:, s]))
+        out[:, s] = call_reward(reward, decoded, ro.texts, metas).scores.float().cpu()
+        if keep_outputs:
+            outputs.append(decoded.cpu() if torch.is_tensor(decoded) else decoded)
+    return out, S - 1, outputs
+
+
+def step_reward_note(name: str, steps: int) -> str:
+    """The line a run prints before it starts when scheme `name` scores every reveal step's prediction."""
+    return (
+        f"note: credit scheme '{name}' scores the model's prediction after each of the {steps} reveal steps: "
+        f"{steps - 1} more reward calls per round, each trained sample scored {steps} times instead of once "
+        "(budget/step_predictions, budget/reward_calls); a slow reward slows the run that much"
+    )
 
 
 def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Tensor | None,
@@ -200,13 +248,15 @@ def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, polic
                    context: str, names: tuple[str, ...], rewards: torch.Tensor | None = None,
                    tree: Tree | None = None, leaves: Leaves | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Weights under each named scheme, for figures (a scheme returning token advantages: their
-    `credit_share`); a scheme that needs a reference, rewards or continuations is skipped without them."""
+    `credit_share`); a scheme that needs a reference, rewards, continuations or step rewards is skipped without them."""
     out = {}
     for name in names:
         needs = get_scheme(name).needs
         if ("ref_dists" in needs and reference is None) or ("rewards" in needs and rewards is None):
             continue
         if ("branches" in needs and tree is None) or ("leaves" in needs and leaves is None):
+            continue
+        if "step_rewards" in needs and STEP_REWARDS not in ro.state:
             continue
         w = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name, rewards=rewards,
                             tree=tree, leaves=leaves)  # fmt: skip

@@ -3,6 +3,7 @@ line and nothing is written; then the run itself."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -265,10 +266,10 @@ def check_reward(
 def check_scheme_fits(cfg: TrainConfig, policy: Policy) -> None:
     """Before the run directory exists: the model's family gives what the credit scheme needs
     (train/credit.check_capabilities), and a scheme that branches finds branch points in the model's
-    samples (train/branches.check_spacing)."""
+    samples (train/branches.check_spacing); a scheme that scores every reveal step says what that costs."""
     from t2i_gcpo.core.schemes import get_scheme
     from t2i_gcpo.train.branches import check_spacing
-    from t2i_gcpo.train.credit import check_capabilities
+    from t2i_gcpo.train.credit import check_capabilities, step_reward_note
     from t2i_gcpo.train.trainer import sampling_params
 
     check_capabilities(cfg.credit.scheme, policy)
@@ -277,6 +278,9 @@ def check_scheme_fits(cfg: TrainConfig, policy: Policy) -> None:
         check_spacing(policy, cfg.branching, sampling_params(cfg))
     if "leaves" in needs:
         check_tree_groups(cfg)
+    if "step_rewards" in needs and int(os.environ.get("RANK", 0)) == 0:  # its extra reward calls, said once
+        steps = sampling_params(cfg).steps or policy.default_sampling().steps
+        print(step_reward_note(cfg.credit.scheme, int(steps)), flush=True)
 
 
 def check_tree_groups(cfg: TrainConfig) -> None:

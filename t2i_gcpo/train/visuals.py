@@ -2,7 +2,8 @@
 maps of one group under every credit scheme (the trained one first); for text, one HTML page of the
 group's completions with every token coloured by its weight under each scheme. A run whose batches carry
 continuations (`Batch.tree`, a scheme that needs "branches": vine) also draws value maps: V(prefix) along the decoding order
-(docs/concepts/tree_credit.md#value-maps)."""
+(docs/concepts/tree_credit.md#value-maps); one trained with stepwise rewards adds each sample's reward
+trajectory over the reveal steps (docs/concepts/tree_credit.md#stepwise-rewards)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.core.tree_credit import prefix_values
-from t2i_gcpo.policies.base import Policy, Rollout
+from t2i_gcpo.policies.base import STEP_REWARDS, Policy, Rollout
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, scheme_options, scheme_weights
@@ -176,6 +177,9 @@ def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy
         }
         for i in range(G)
     ]
+    if STEP_REWARDS in ro.state:  # stepwise credit: each sample's reward trajectory over the reveal steps
+        for s, r in zip(samples, ro.state[STEP_REWARDS]):
+            s["step_rewards"] = r.tolist()
     if batch.tree is not None:
         n = min(len(batch.rollout), MAX_VALUE_GROUPS * G)
         idx = torch.arange(n)

@@ -11,6 +11,9 @@ token order). These helpers draw that grid over the decoded image:
 - Value maps (docs/concepts/tree_credit.md#value-maps): a sample carrying ``value_grid`` (V of the prefix
   each token was decided under) gets a "V(prefix)" column in `credit_figure`, on a diverging scale centred
   on its group's mean V_0; `value_figure` draws them over the images of several groups.
+- Reward trajectories (docs/concepts/tree_credit.md#stepwise-rewards): a sample carrying ``step_rewards``
+  (r(x̂_s) of the model's full prediction after each reveal step) gets an "r(x̂_s)" column in `credit_figure`,
+  a line over the steps on one scale per figure; `step_figure` draws the predictions x̂_s themselves.
 
 Inputs are plain arrays (numpy, or torch tensors, converted on the way in); nothing here needs a model.
 """
@@ -37,6 +40,7 @@ from t2i_gcpo.viz.lift import credit_lift
 REVEAL_COLUMN = "reveal step"
 VALUE_COLUMN = "V(prefix)"
 VALUE_CMAP = "RdBu"  # diverging: red below the group mean V_0 (became worse), blue above (became better)
+STEP_REWARD_COLUMN = "r(x̂_s)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,12 +160,16 @@ def _columns(samples: Sequence[dict], schemes: Sequence[str]) -> list[str]:
     cols = list(schemes)
     if any(s.get("value_grid") is not None for s in samples):
         cols.append(VALUE_COLUMN)
+    if any(s.get("step_rewards") is not None for s in samples):
+        cols.append(STEP_REWARD_COLUMN)
     if any(s.get("reveal_step") is not None for s in samples):
         cols.append(REVEAL_COLUMN)
     return cols
 
 
 def _column_grid(sample: dict, column: str) -> np.ndarray | None:
+    if column == STEP_REWARD_COLUMN:  # a line, not a grid (`_draw_trajectory`)
+        return None
     if column == REVEAL_COLUMN:
         grid = sample.get("reveal_step")
     elif column == VALUE_COLUMN:
@@ -188,6 +196,40 @@ def value_scale(samples: Sequence[dict]) -> tuple[float, float]:
     return float(shown[0]["value_centre"]), span if span > 0 else 1.0
 
 
+def trajectory_range(samples: Sequence[dict]) -> tuple[float, float]:
+    """(low, high) of every sample's r(x̂_s), padded by 5 % (0 … 1 when none or all equal)."""
+    vals = [float(v) for s in samples for v in (s.get("step_rewards") or []) if np.isfinite(float(v))]
+    if not vals or max(vals) == min(vals):
+        lo = vals[0] if vals else 0.0
+        return lo - 0.5, lo + 0.5
+    pad = 0.05 * (max(vals) - min(vals))
+    return min(vals) - pad, max(vals) + pad
+
+
+def _draw_trajectory(
+    ax: Any, rewards: Sequence[float] | None, ylim: tuple[float, float], last_row: bool
+) -> None:
+    """r(x̂_s) against the reveal step s: steps that gained drawn blue, steps that lost red."""
+    if rewards is None:
+        ax.text(0.5, 0.5, "n/a", ha="center", va="center", color="#888", transform=ax.transAxes)
+        ax.set_facecolor("#f2f2f2")
+        return
+    r = np.asarray([float(v) for v in rewards], dtype=np.float64)
+    steps = np.arange(len(r))
+    ax.plot(steps, r, color="#888", linewidth=1.0, zorder=1)
+    gain = np.diff(r, prepend=r[0])
+    colours = np.where(gain > 0, "#2166ac", np.where(gain < 0, "#b2182b", "#444"))
+    ax.scatter(steps, r, c=colours, s=14, zorder=2)
+    ax.set_ylim(*ylim)
+    ax.set_xlim(-0.5, len(r) - 0.5)
+    ax.tick_params(labelsize=7)
+    ax.set_xticks(steps if len(r) <= 12 else steps[:: max(1, len(r) // 6)])
+    if not last_row:
+        ax.set_xticklabels([])
+    else:
+        ax.set_xlabel("reveal step s", fontsize=8)
+
+
 def _value_label(samples: Sequence[dict], centre: float) -> str:
     grids = [_as_grid(s["value_grid"]) for s in samples if s.get("value_grid") is not None]
     lo = min(float(np.nanmin(g)) for g in grids if np.isfinite(g).any())
@@ -207,6 +249,7 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
     # Shared colour scale per column: 0 … the column's max weight (reveal steps: 0 … last step); the value
     # column: V − V_0 on a symmetric diverging scale, each sample around its own group mean V_0
     centre, span = value_scale(samples)
+    ylim = trajectory_range(samples)
     vmax = []
     for j in range(len(columns)):
         vals = [float(np.nanmax(g[j])) for g in grids if g[j] is not None and g[j].size]
@@ -230,6 +273,9 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
             grid = grids[i][j]
             if i == 0:
                 ax.set_title(column, fontsize=10)
+            if column == STEP_REWARD_COLUMN:
+                _draw_trajectory(ax, sample.get("step_rewards"), ylim, last_row=i == nrows - 1)
+                continue
             if grid is None:
                 ax.text(0.5, 0.5, "n/a", ha="center", va="center", color="#888", transform=ax.transAxes)
                 ax.set_facecolor("#f2f2f2")
@@ -240,9 +286,10 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
             else:
                 cmap = "viridis" if column == REVEAL_COLUMN else "magma"
                 mappables[j] = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax[j], interpolation="nearest")
-        for ax in axes[i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
+        for j, ax in enumerate(axes[i]):
+            if j == 0 or columns[j - 1] != STEP_REWARD_COLUMN:  # the trajectory keeps its axes
+                ax.set_xticks([])
+                ax.set_yticks([])
     for j, column in enumerate(columns):
         if mappables[j] is not None:
             cb = fig.colorbar(
@@ -267,7 +314,9 @@ def credit_figure(
     under), ``"value_centre"``: its group's mean V_0, ``"value_path"``: [V_0, V_1 … V_K, r] and
     ``"value_points"``: [t_1 … t_K] (shown in the HTML table).
     Layout: one row per sample (reward r and advantage A at its left); columns = image, one weight
-    map per scheme, then "V(prefix)" and "reveal step" if any sample has one. Each column shares one colour
+    map per scheme, then "V(prefix)", "r(x̂_s)" (``"step_rewards"``: [r(x̂_0) … r(x̂_{S−1})], a line over the
+    reveal steps, blue where a step gained, red where it lost) and "reveal step" if any sample has one. Each
+    column shares one colour
     scale (0 … the column's max; the value column: diverging, centred on V_0, symmetric) and one colour
     bar. A scheme missing from a sample is drawn as "n/a".
     """
@@ -309,10 +358,12 @@ def value_path_text(path: Sequence[float], points: Sequence[int]) -> str:
 def _group_table(samples: Sequence[dict], schemes: Sequence[str]) -> str:
     has_lift = any(s.get("object_grid") is not None for s in samples)
     has_values = any(s.get("value_path") is not None for s in samples)
+    has_steps = any(s.get("step_rewards") is not None for s in samples)
     head = ["#", "reward", "advantage"]
     for sc in schemes:
         head += [f"{sc}: max w", f"{sc}: H/ln N"] + ([f"{sc}: lift"] if has_lift else [])
     head += ["V(prefix) along the branch points"] if has_values else []
+    head += ["r(x̂_s) over the reveal steps"] if has_steps else []
     rows = ["<tr>" + "".join(f"<th>{_html.esc(h)}</th>" for h in head) + "</tr>"]
     for i, s in enumerate(samples):
         cells = [str(i), _fmt(s.get("reward")), _fmt(s.get("advantage"), "+.3f")]
@@ -332,6 +383,9 @@ def _group_table(samples: Sequence[dict], schemes: Sequence[str]) -> str:
         if has_values:
             path = s.get("value_path")
             cells.append("–" if path is None else _html.esc(value_path_text(path, s.get("value_points", []))))
+        if has_steps:
+            r = s.get("step_rewards")
+            cells.append("–" if r is None else _html.esc(" → ".join(_fmt(v) for v in r)))
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return "<table>\n" + "\n".join(rows) + "\n</table>"
 
@@ -346,7 +400,8 @@ def write_credit_html(
 
     Each group: ``{"prompt": str, "samples": [sample dicts as in credit_figure],
     "schemes": [...] (optional; default: every scheme found in the samples' weights),
-    "figure": PNG path or bytes (optional; drawn with credit_figure when absent)}``.
+    "figure": PNG path or bytes (optional; drawn with credit_figure when absent),
+    "step_figure": PNG path or bytes (optional: the predictions over the reveal steps, `step_figure`)}``.
     A sample may carry ``"object_grid"``: bool [rows, cols] of tokens covering prompt objects, which
     adds a credit-lift column per scheme (docs/worlds/shapeworld.md#credit-lift). The table shows reward, advantage and, per scheme,
     max w and the normalised weight entropy H/ln N (1 = uniform); samples with a value map add their values
@@ -365,6 +420,10 @@ def write_credit_html(
             fig = _figure_png(samples, schemes, prompt)
         if fig is not None:
             parts.append(_html.img_tag(fig, alt=f"credit maps: {prompt}"))
+        if group.get("step_figure") is not None:
+            parts.append(
+                _html.img_tag(group["step_figure"], alt=f"predictions over the reveal steps: {prompt}")
+            )
         if samples:
             parts.append(_group_table(samples, schemes))
     return _html.atomic_write_text(Path(out_dir) / filename, _html.page(title, "\n".join(parts)))
@@ -373,6 +432,18 @@ def write_credit_html(
 # ---------------------------------------------------------------------------------------------
 # value maps of several groups
 # ---------------------------------------------------------------------------------------------
+
+
+def _panels(nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[float, float],
+            title: str) -> tuple[Figure, Any]:  # fmt: skip
+    """A constrained-layout figure of nrows × ncols panels, `cell` inches each plus `margin`, with its title."""
+    fig = Figure(
+        figsize=(cell[0] * ncols + margin[0], cell[1] * nrows + margin[1]), dpi=100, layout="constrained"
+    )
+    FigureCanvasAgg(fig)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, title: str = "",
@@ -388,11 +459,7 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
     from matplotlib.colors import Normalize
 
     ncols = max(len(g) for g in groups)
-    fig = Figure(figsize=(1.8 * ncols + 1.6, 2.1 * len(groups) + 0.6), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    axes = fig.subplots(len(groups), ncols, squeeze=False)
+    fig, axes = _panels(len(groups), ncols, (1.8, 2.1), (1.6, 0.6), title)
     for i, group in enumerate(groups):
         centre, span = value_scale(group)
         for j, ax in enumerate(axes[i]):
@@ -409,6 +476,39 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
                           shrink=0.85, aspect=12, pad=0.01)  # fmt: skip
         cb.set_label(_value_label(group, centre), fontsize=8)
         cb.ax.tick_params(labelsize=7)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format="png", facecolor="white")
+    return out_path
+
+
+# ---------------------------------------------------------------------------------------------
+# predictions over the reveal steps
+# ---------------------------------------------------------------------------------------------
+
+
+def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str = "") -> Path:
+    """The model's full prediction after every reveal step (docs/concepts/tree_credit.md#stepwise-rewards), one
+    row per sample: ``"step_images"`` [x̂_0 … x̂_{S−1}] (images as in `credit_figure`; x̂_{S−1} is the sample),
+    each titled with its reward from ``"step_rewards"`` and the gain over the step before."""
+    shown = [s for s in samples if s.get("step_images")]
+    if not shown:
+        raise UserError("step_figure needs at least one sample with step_images")
+    ncols = max(len(s["step_images"]) for s in shown)
+    fig, axes = _panels(len(shown), ncols, (1.3, 1.45), (0.6, 0.6), title)
+    for i, sample in enumerate(shown):
+        rewards = [float(v) for v in sample.get("step_rewards") or []]
+        for j, ax in enumerate(axes[i]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j >= len(sample["step_images"]):
+                ax.set_axis_off()
+                continue
+            ax.imshow(to_uint8_image(sample["step_images"][j]), interpolation="nearest")
+            if j < len(rewards):
+                gain = "" if j == 0 else f" ({rewards[j] - rewards[j - 1]:+.2f})"
+                ax.set_title(f"x̂_{j}: {rewards[j]:.2f}{gain}", fontsize=7)
+        axes[i, 0].set_ylabel(f"#{i}", rotation=0, ha="right", va="center", fontsize=9)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, format="png", facecolor="white")

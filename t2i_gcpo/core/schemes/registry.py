@@ -24,6 +24,9 @@ Needs (the fields of `CreditInputs` they fill):
 - ``leaves``    — leaves (`core.tree.Leaves`: root [B], point [B]): the group is a prefix tree whose every leaf
                   is a row of the batch — roots and their continuations, trained on (the train step samples
                   them for a scheme that declares this; docs/concepts/tree_credit.md#tree-groups)
+- ``step_rewards`` — step_rewards [B, S] and group_size: r(x̂_s), the reward of the model's full prediction
+                  after each of the S reveal steps of a masked model (the sampler records x̂_s and the train
+                  step scores them only for a scheme that declares this; docs/concepts/tree_credit.md#stepwise-rewards)
 Always given: mask [B, T], tokens [B, T], step [B, T] (the step at which each token was decided) and
 layout (the (rows, cols) token grid of an image, or None for a sequence).
 
@@ -54,7 +57,17 @@ if TYPE_CHECKING:  # the registry loads without torch (what `--help` lists); the
 
     from t2i_gcpo.core.tree import Leaves, Tree
 
-NEEDS = ("contrast", "dists", "ref_dists", "features", "groups", "rewards", "branches", "leaves")
+NEEDS = (
+    "contrast",
+    "dists",
+    "ref_dists",
+    "features",
+    "groups",
+    "rewards",
+    "branches",
+    "leaves",
+    "step_rewards",
+)
 RETURNS = ("weights", "advantages")
 Chunks = Iterable["tuple[slice, Tensor]"]
 
@@ -81,6 +94,7 @@ class CreditInputs:
     rewards: Tensor | None = None  # [B] (rewards)
     tree: Tree | None = None  # branch points and their continuations' rewards (branches)
     leaves: Leaves | None = None  # each row's root and branch point in its tree group (leaves)
+    step_rewards: Tensor | None = None  # [B, S] — r(x̂_s) of each reveal step's full prediction (step_rewards)
 
 
 @dataclass(frozen=True)
@@ -319,5 +333,6 @@ def _missing(need: str, inp: CreditInputs) -> bool:
         "rewards": (inp.rewards, inp.group_size),
         "branches": (inp.tree,),
         "leaves": (inp.leaves, inp.rewards, inp.group_size),
+        "step_rewards": (inp.step_rewards, inp.group_size, inp.step),
     }[need]
     return any(f is None for f in fields)
