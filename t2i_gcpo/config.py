@@ -137,6 +137,17 @@ class RolloutConfig:
         "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
         "auto",
     )
+    decode: Literal["auto", "eager", "static", "graph", "compile"] = doc(
+        "The decode loop of autoregressive samplers (the ShapeWorld AR priors, Janus, plain-Llama text "
+        "models; masked models ignore it; docs/performance.md#decode-loop): 'eager', one Python step per "
+        "token (the reference); 'graph', the whole token step — both CFG halves, guidance, top-k/top-p, the "
+        "draw, the three log-probs — in static shapes, captured once as CUDA graphs and replayed (CUDA "
+        "only); 'compile', that step through torch.compile (then captured on CUDA); 'static', that step "
+        "uncaptured (a check); 'auto', graph on CUDA and eager elsewhere. The same seeds draw the same "
+        "samples in every mode (up to float rounding); models the static step does not reproduce (LoRA, "
+        "non-Llama text models) sample eagerly.",
+        "auto",
+    )
     old_logprobs: Literal["recorded", "recompute"] = doc(
         "π_old of the ratio ρ = π_θ/π_old: 'recorded', the log-probs the sampler wrote while sampling (free; "
         "under bf16 the KV-cache decode rounds differently from the update's full forward, so ρ ≠ 1 before "

@@ -55,6 +55,9 @@ class SamplingParams:
     # "bf16": sample under torch.autocast in bfloat16 (the matmuls and KV caches; the sample step and the
     # recorded log-probs stay float32). Faster only where the hardware has native bf16
     autocast: str = "none"
+    # the autoregressive decode loop (policies/decode_loop.py): "auto" (CUDA graphs on CUDA where the model
+    # supports them, else the eager loop), "eager", "static", "graph" or "compile"; masked models ignore it
+    decode: str = "auto"
 
 
 @dataclass

@@ -480,5 +480,5 @@ def sampling_params(cfg: TrainConfig) -> SamplingParams:
         guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
         guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
         reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-        autocast=cfg.rollout.autocast,
+        autocast=cfg.rollout.autocast, decode=cfg.rollout.decode,
     )  # fmt: skip
