@@ -201,6 +201,10 @@ class Trainer:
         self.rollout_ref = None
         if compares and cfg.credit.reference == "rollout":
             self.rollout_ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        if cfg.loss.reference_dtype == "bfloat16":  # half the memory (loss.reference_dtype)
+            for frozen in (self.ref, self.rollout_ref):
+                if frozen is not None:
+                    frozen.to(torch.bfloat16)
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
 
     def _setup_optimizer(self, policy: Any, resume: bool) -> None:
