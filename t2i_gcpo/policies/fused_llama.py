@@ -183,8 +183,8 @@ class FusedLlamaDecoder:
             q, k, v = h.view(rows, 1, -1, self.head_dim).split(split, dim=2)
             q = self._rotate(q.transpose(1, 2), cos, sin).to(low)  # [N, heads, 1, head_dim]
             keys, values = self.keys[i], self.values[i]  # [N, kv_heads, max_len, hd]
-            keys[:, :, slot] = self._rotate(k.transpose(1, 2), cos, sin).to(low)
-            values[:, :, slot] = v.transpose(1, 2).to(low)
+            keys.index_copy_(2, slot, self._rotate(k.transpose(1, 2), cos, sin).to(low))  # [N, kv, 1, hd]
+            values.index_copy_(2, slot, v.transpose(1, 2).to(low))
             attn = self._one_query_attention(q, keys[:, :, :span], values[:, :, :span], mask, x.dtype)
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)
