@@ -141,7 +141,7 @@ class RolloutConfig:
     )
     decode: Literal["auto", "eager", "static", "graph", "compile"] = doc(
         "The decode loop of autoregressive samplers (the ShapeWorld AR priors, Janus, plain-Llama text "
-        "models; masked models ignore it; docs/performance.md#decode-loop): 'eager', one Python step per "
+        "models; masked models ignore it; docs/fast-sampling.md#decode-loop): 'eager', one Python step per "
         "token (the reference); 'graph', the whole token step — both CFG halves, guidance, top-k/top-p, the "
         "draw, the three log-probs — in static shapes, captured once as CUDA graphs and replayed (CUDA "
         "only); 'compile', that step through torch.compile (then captured on CUDA); 'static', that step "

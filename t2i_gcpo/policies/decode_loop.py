@@ -1,5 +1,5 @@
 """The autoregressive sampler's decode loop in static shapes, captured once and replayed on CUDA
-(docs/performance.md#decode-loop).
+(docs/fast-sampling.md#decode-loop).
 
 A token step of the eager loops (one Python step per token, a KV slice that grows by one slot each step)
 launches a few hundred small kernels; at the batches RL samples, a GPU waits on those launches rather
