@@ -300,8 +300,10 @@ def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandw
     if ctx.device != "cuda":
         parts.append(
             "On the CPU this section runs a tiny Janus only to keep its code alive (`graph` runs the static "
-            "step uncaptured: CUDA graphs need a GPU); its seconds say nothing about a GPU. The Janus-Pro-1B "
-            "figures of issue 46 come from `python -m benchmarks --only janus_scale --device cuda` "
+            "step uncaptured: CUDA graphs need a GPU); its seconds say nothing about a GPU. Built for CUDA and "
+            "not yet measured there: the decode loop captured as CUDA graphs (rollout.decode), bf16 sampling "
+            "with float32 master weights for Janus, and the memory options (docs/fast-sampling.md). The "
+            "Janus-Pro-1B figures come from `python -m benchmarks --only janus_scale --device cuda` "
             "(benchmarks/gpu_check.py runs it with the correctness checks): pending a GPU run."
         )
     for images, r in sorted(graph.items()):

@@ -175,7 +175,7 @@ class StaticDecodeLoop:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 step(span)
         except RuntimeError as e:  # nothing ran during the capture: the buffers are as the warm-up left them
             self.stats["fallback"] = f"{type(e).__name__}: {e}"[:300]
