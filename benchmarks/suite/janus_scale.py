@@ -42,7 +42,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.suite.common import REPO, Context, PeakMemory, linear_params, plural
+from benchmarks.suite.common import (
+    REPO,
+    Context,
+    PeakMemory,
+    linear_params,
+    load_average,
+    plural,
+    shared_cpu_note,
+)
 
 TITLE = "Janus at Janus-Pro's shape: decode loops and the recipe step (`janus_scale`)"
 GROUP = 4
@@ -272,6 +280,7 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
 
 
 def run(ctx: Context) -> dict:
+    load = load_average()
     cuda = ctx.device == "cuda"
     bandwidth = copy_bandwidth(ctx.device)
     if cuda:
@@ -290,7 +299,9 @@ def run(ctx: Context) -> dict:
         variants.append(("recipe + gradient checkpointing", ["model_options.gradient_checkpointing=true"]))
     with tempfile.TemporaryDirectory() as tmp:
         steps = [recipe_steps(ctx, name, sets, shape, tmp) for name, sets in variants]
-    return section(ctx, rows, steps, shape, bandwidth, repeats)
+    out = section(ctx, rows, steps, shape, bandwidth, repeats)
+    out["reading"] += "" if cuda else shared_cpu_note(load)
+    return out
 
 
 def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandwidth: float,
