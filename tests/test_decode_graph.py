@@ -20,7 +20,7 @@ from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
 from t2i_gcpo.policies.registry import load_policy
 from t2i_gcpo.tasks.loop import group_generators
 
-from tiny_models import build_tiny_janus, tiny_policy_dir
+from tiny_models import build_tiny_janus, build_tiny_janus_tokenizer, make_janus, tiny_policy_dir
 
 SHAPES = ["a photo of a red circle", "a photo of two blue squares"]
 JANUS = ["a red circle", "two blue squares left of a green cat"]  # different lengths: left padding
@@ -110,6 +110,26 @@ def test_text_static_equals_eager(text, sampling):
     static = roll(text, SUMS, 4, sampling, "static")
     assert_same(eager, static)
     assert (eager.mask == 0).any(), "some completions should end before the longest"
+
+
+def test_static_step_never_reads_what_the_cache_memory_held_before(text):
+    """The static step attends over unfilled cache slots with weight 0: the cache must start as zeros, not
+    as recycled memory (0 × NaN = NaN). Found by benchmarks/gpu_check.py's dry run: a Janus built right after
+    the text model had sampled drew other tokens in the static loop than in the eager loop. Whether the
+    allocator hands that memory back is luck; a cache allocated where a NaN-filled one was freed is not."""
+    from t2i_gcpo.policies.janus import JanusPolicy
+
+    roll(text, SUMS, 4, SamplingParams(), "static")  # leaves its buffers to the allocator
+    tok = build_tiny_janus_tokenizer()
+    policy = JanusPolicy(make_janus(tok, grid=8), tok, chat_template=tok.chat_template).eval()
+    assert_same(
+        roll(policy, JANUS, 4, SAMPLINGS["cfg"], "eager"), roll(policy, JANUS, 4, SAMPLINGS["cfg"], "static")
+    )
+    decoder = policy.new_cache(2, 8)
+    decoder.keys.fill_(float("nan"))  # what recycled memory may hold
+    del decoder
+    fresh = policy.new_cache(2, 8)
+    assert not fresh.keys.any() and not fresh.values.any()
 
 
 def test_static_sample_depends_on_its_own_prompt_only(prior, janus):

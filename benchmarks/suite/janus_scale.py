@@ -33,6 +33,7 @@ On the CPU: the same recipe at the tiny shape, 2 prompts × 2.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import tempfile
@@ -205,6 +206,7 @@ def race(ctx: Context, shape: str, batches: list[int], slow: list[int], loops: t
               + ", ".join(f"{k} {v:.2f} s" if v else f"{k} failed" for k, v in seconds.items()), flush=True)  # fmt: skip
     policy.fused_sampler = True
     del policy, model
+    gc.collect()
     if ctx.device == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -224,6 +226,10 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
     from t2i_gcpo.train.run import PYTHON_OBJECT, prepare
     from t2i_gcpo.train.trainer import Trainer
 
+    gc.collect()  # an earlier variant's trainer (cycles through accelerate) must not count here
+    if ctx.device == "cuda":
+        torch.cuda.empty_cache()
+    base_gib = torch.cuda.memory_allocated() / 2**30 if ctx.device == "cuda" else None
     model, tok = build(shape, ctx.device, torch.float32)  # the recipe's model_options.dtype
     policy = janus_policy(model, tok, trainable=True)
     if "model_options.gradient_checkpointing=true" in overrides:  # a loader option: applied here
@@ -264,13 +270,15 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
            "rollout_autocast": cfg.rollout.autocast, "optim_autocast": cfg.optim.autocast,
            "step_s": last["wall_s"], "rollout_s": last["time/rollout"], "reward_s": last["time/reward"],
            "update_s": last["time/update"], "first_step_s": rows[0]["wall_s"],
-           "decode": dict(getattr(policy, "last_decode", {}) or {}) or None}  # fmt: skip
+           "decode": dict(getattr(policy, "last_decode", {}) or {}) or None,
+           "allocated_before_gib": base_gib}  # fmt: skip
     for phase in ("rollout", "reward", "update"):
         mbs = [r["phase_mb"].get(phase) for r in rows if r["phase_mb"].get(phase) is not None]
         out[f"{phase}_peak_gib"] = max(mbs) / 1024 if mbs else None
     out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if ctx.device == "cuda" else None
     out.update({k: v for k, v in last.items() if k.startswith("mismatch/")})
     del trainer, job, policy, model
+    gc.collect()
     if ctx.device == "cuda":
         torch.cuda.empty_cache()
     print(

@@ -80,8 +80,10 @@ class FusedLlamaDecoder:
         self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
         shape = (len(self.layers), rows, self.kv_heads, max_len, self.head_dim)
         self.max_len = max_len
-        self.keys = torch.empty(shape, device=device, dtype=low)
-        self.values = torch.empty(shape, device=device, dtype=low)
+        # zeros, not empty: `step` attends over unfilled slots too (masked, weight 0), and 0 × a NaN left in
+        # recycled memory would be NaN
+        self.keys = torch.zeros(shape, device=device, dtype=low)
+        self.values = torch.zeros(shape, device=device, dtype=low)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
