@@ -135,11 +135,24 @@ class RolloutConfig:
         "Sample (training rollouts and held-out evaluation) under torch.autocast in bfloat16: the "
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
-        "checked for it (the ShapeWorld priors, the fused Llama text decoder; not Janus, aMUSEd or "
-        "transformers' cache), else none; the run's config.yaml records what it resolved to. The update "
+        "checked for it (the ShapeWorld priors, Janus and plain-Llama text models through the fused decoder; "
+        "not aMUSEd, LoRA or transformers' cache), else none; the run's config.yaml records what it resolved "
+        "to. The fused decoder's bf16 weight copies are taken at each rollout, after the last optimizer step "
+        "(the fp32 weights stay the master copy). The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
         "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
         "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
+        "auto",
+    )
+    decode: Literal["auto", "eager", "static", "graph", "compile"] = doc(
+        "The decode loop of autoregressive samplers (the ShapeWorld AR priors, Janus, plain-Llama text "
+        "models; masked models ignore it; docs/fast-sampling.md#decode-loop): 'eager', one Python step per "
+        "token (the reference); 'graph', the whole token step — both CFG halves, guidance, top-k/top-p, the "
+        "draw, the three log-probs — in static shapes, captured once as CUDA graphs and replayed (CUDA "
+        "only); 'compile', that step through torch.compile (then captured on CUDA); 'static', that step "
+        "uncaptured (a check); 'auto', graph on CUDA and eager elsewhere. The same seeds draw the same "
+        "samples in every mode (up to float rounding); models the static step does not reproduce (LoRA, "
+        "non-Llama text models) sample eagerly.",
         "auto",
     )
     old_logprobs: Literal["recorded", "recompute"] = doc(
@@ -229,6 +242,13 @@ class LossConfig:
     )
     kl_reweight: bool = doc(
         "Official GCPO T2I: scale each token's KL by 0.5 + 0.5·clamp(2 − 2w, 0, 1).", False
+    )
+    reference_dtype: Literal["same", "bfloat16"] = doc(
+        "Weights of the frozen reference policy that the KL term (loss.beta) and reference-comparing credit "
+        "schemes (credit.reference) read: 'same' dtype as the policy, or 'bfloat16' — half its memory (an "
+        "fp32 Janus-Pro-1B: 6 GB → 3 GB; 7B: 30 GB → 15 GB); under optim.autocast=bf16 its matmuls run in "
+        "bf16 either way, so only its norms and embeddings round differently.",
+        "same",
     )
     tis_cap: float | None = doc(
         "C: truncated importance sampling of the rollout/update mismatch (needs rollout.old_logprobs="
@@ -422,6 +442,13 @@ class ModelOptions:
     gradient_checkpointing: bool = doc("Trade compute for memory (real checkpoints).", False)
     lora_rank: int = doc(
         "LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0, bounds=Bounds(0)
+    )
+    max_rollout_batch: int | None = doc(
+        "Janus and text models: samples per sampling pass (the KV cache holds 2 rows per sample with CFG); "
+        "null = a step's whole batch at once. Lower it when the rollout's KV cache does not fit; the "
+        "samples do not change (each is drawn from its own prompt's generator).",
+        None,
+        bounds=Bounds(1, why="or null"),
     )
     estimator: Literal["trajectory", "remask"] = doc(
         "Masked models: how a sample's log-prob (and the ratio) is estimated. 'trajectory' replays the "

@@ -276,3 +276,30 @@ def test_branch_cost_and_tree_step_quick_paths_write_what_the_page_reads(tmp_pat
     assert by["vine"]["vs_equal"] == pytest.approx(tree["summary"]["check"]["ratio"])
     text = page.read_text()
     assert "(`branch_cost`)" in text and "(`tree_step`)" in text
+
+
+def test_janus_scale_section_runs_tiny_on_the_cpu():
+    """Section janus_scale on the CPU: a tiny Janus through every loop and two steps of the 1B recipe
+    (what CI keeps alive; its GPU figures come from benchmarks/gpu_check.py)."""
+    from benchmarks.suite import janus_scale
+    from benchmarks.suite.common import Context
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model's many small ops: a second thread only waits
+    try:
+        sec = janus_scale.run(Context(quick=True, threads=1, device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert {(r["images"], r["loop"]) for r in sec["rows"]} == {
+        (b, x) for b in (4, 8) for x in janus_scale.LOOPS
+    }
+    for r in sec["rows"]:
+        assert r["seconds"] > 0 and r["ms_per_step"] == pytest.approx(1e3 * r["seconds"] / 64)
+        assert 0 < r["roofline_pct"] < 100
+        if r["loop"] == "graph":  # no CUDA: the static step, uncaptured
+            assert r["mode"] == "static" and r["captures"] == 0
+    (step,) = sec["summary"]["steps"]
+    assert step["images"] == 4 and step["rollout_autocast"] == "none"
+    assert step["step_s"] >= step["rollout_s"] + step["reward_s"] + step["update_s"] - 1e-3
+    assert step["mismatch/k3_pos"] < 1e-9  # float32 sampling: the update's log-probs are the rollout's
+    assert "pending a GPU run" in sec["reading"]

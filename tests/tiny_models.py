@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -195,12 +196,32 @@ def build_tiny_janus_tokenizer():
     )
 
 
-def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, upsample: int = 1):
-    """JanusConfig: Llama d=64 L=2; a grid×grid image-token grid (vision image 8·grid px / patch 8, which
-    sets the VQ grid); VQ K=64 with 32/64 channels and `upsample` ×2 stages → images of grid·2^upsample px."""
+@dataclass(frozen=True)
+class JanusShape:
+    """The language model and codebook of a Janus config (the vision tower and VQ decoder stay tiny)."""
+
+    hidden: int = 64  # d
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128  # MLP width
+    vocab: int | None = None  # text vocabulary; None: the tokenizer's
+    codebook: int = JANUS_CODEBOOK  # K
+
+
+# Janus-Pro-1B and -7B (Janus-Pro paper Table 1; DeepSeek-LLM 1.5B / 7B: MLP 5632 / 11008, vocab 102,400)
+JANUS_PRO_1B = JanusShape(2048, 24, 16, 16, 5632, 102400, 16384)
+JANUS_PRO_7B = JanusShape(4096, 30, 32, 32, 11008, 102400, 16384)
+
+
+def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, upsample: int = 1,
+                      shape: JanusShape = JanusShape()):  # fmt: skip
+    """JanusConfig: Llama d=64 L=2 (or `shape`'s); a grid×grid image-token grid (vision image 8·grid px /
+    patch 8, which sets the VQ grid); VQ K=64 with 32/64 channels and `upsample` ×2 stages → images of
+    grid·2^upsample px."""
     from transformers import JanusConfig, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig
 
-    d = 64
+    d = shape.hidden
     ids = (
         {}
         if tokenizer is None
@@ -211,13 +232,13 @@ def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, u
         }
     )
     text = LlamaConfig(
-        vocab_size=vocab_size,
+        vocab_size=shape.vocab or vocab_size,
         hidden_size=d,
-        intermediate_size=2 * d,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=max(128, 2 * grid * grid),
         **ids,
     )
     vision = JanusVisionConfig(
@@ -231,7 +252,7 @@ def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, u
     )
     vq = JanusVQVAEConfig(
         embed_dim=8,
-        num_embeddings=JANUS_CODEBOOK,
+        num_embeddings=shape.codebook,
         latent_channels=32,
         base_channels=32,  # GroupNorm(32 groups) needs channel counts divisible by 32
         channel_multiplier=[1] * upsample + [2],  # `upsample` ×2 stages: grid → grid·2^upsample px
@@ -249,6 +270,55 @@ def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, u
     )
 
 
+def make_janus(tokenizer, seed: int = 0, grid: int = JANUS_GRID, upsample: int = 1, shape: JanusShape = JanusShape(),
+               std: float = 0.1, device: str = "cpu"):  # fmt: skip
+    """A random `JanusForConditionalGeneration` in memory (eval mode, on `device`, in torch's default dtype):
+    the language model and generation modules' matrices drawn N(0, std²) (0.1: sharper than the usual
+    0.02, so cond/null logits differ visibly at tiny sizes), the generation config Janus-Pro's."""
+    import torch
+    from transformers import JanusForConditionalGeneration
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = JanusForConditionalGeneration(
+            tiny_janus_config(len(tokenizer), tokenizer, grid, upsample, shape)
+        )
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and not name.startswith(("model.vqmodel", "model.vision_model")):
+                p.normal_(0.0, std)
+    gc = model.generation_config
+    gc._from_model_config = False  # keep the Janus-specific fields below when reloading
+    gc.bos_token_id = tokenizer.bos_token_id
+    gc.eos_token_id = tokenizer.eos_token_id
+    gc.pad_token_id = tokenizer.pad_token_id
+    gc.guidance_scale = 5
+    gc.generation_kwargs = {"boi_token_id": tokenizer.convert_tokens_to_ids("<begin_of_image>")}
+    return model
+
+
+def save_janus(model, tokenizer, directory: str | Path, with_processor: bool = True) -> Path:
+    """Write `model` (from `make_janus`) and its processor (or only the tokenizer) to `directory`."""
+    from transformers import JanusImageProcessor, JanusProcessor
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    if with_processor:
+        side = model.config.vq_config.num_patches
+        processor = JanusProcessor(
+            image_processor=JanusImageProcessor(size={"height": 8 * side, "width": 8 * side}),
+            tokenizer=tokenizer,
+            chat_template=JANUS_CHAT_TEMPLATE,
+            num_image_tokens=side * side,
+        )
+        processor.save_pretrained(directory)
+    else:
+        tokenizer.save_pretrained(directory)
+    return directory
+
+
 def build_tiny_janus(
     directory: str | Path,
     seed: int = 0,
@@ -261,37 +331,9 @@ def build_tiny_janus(
     Defaults: 4×4 image tokens decoded to 8×8 px. ``grid=4, upsample=3`` gives 32 px images (the
     ShapeWorld canvas). ``with_processor=False`` saves only the tokenizer (no processor files).
     """
-    import torch
-    from transformers import JanusForConditionalGeneration, JanusImageProcessor, JanusProcessor
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_janus_tokenizer()
-    torch.manual_seed(seed)
-    model = JanusForConditionalGeneration(tiny_janus_config(len(tokenizer), tokenizer, grid, upsample)).eval()
-    with torch.no_grad():  # sharper than the 0.02-std init, so cond/null logits differ visibly
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and not name.startswith(("model.vqmodel", "model.vision_model")):
-                p.normal_(0.0, 0.1)
-    gc = model.generation_config
-    gc._from_model_config = False  # keep the Janus-specific fields below when reloading
-    gc.bos_token_id = tokenizer.bos_token_id
-    gc.eos_token_id = tokenizer.eos_token_id
-    gc.pad_token_id = tokenizer.pad_token_id
-    gc.guidance_scale = 5
-    gc.generation_kwargs = {"boi_token_id": tokenizer.convert_tokens_to_ids("<begin_of_image>")}
-    model.save_pretrained(directory)
-    if with_processor:
-        processor = JanusProcessor(
-            image_processor=JanusImageProcessor(size={"height": 8 * grid, "width": 8 * grid}),
-            tokenizer=tokenizer,
-            chat_template=JANUS_CHAT_TEMPLATE,
-            num_image_tokens=grid * grid,
-        )
-        processor.save_pretrained(directory)
-    else:
-        tokenizer.save_pretrained(directory)
-    return directory
+    model = make_janus(tokenizer, seed, grid, upsample)
+    return save_janus(model, tokenizer, directory, with_processor)
 
 
 # ----------------------------------------------------------------------------- causal LMs (text)

@@ -7,6 +7,7 @@ SECTIONS = [
     "samplers",
     "text_vs_generate",
     "janus_vs_generate",
+    "janus_scale",
     "rl_step",
     "scaling",
     "branch_cost",

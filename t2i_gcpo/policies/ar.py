@@ -28,6 +28,7 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms
+from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -198,10 +199,14 @@ class ARPolicy(nn.Module):
             return self.head(cache.forward(prefix, 0))
         return self._logits(prefix, cache)[:, -1]
 
+    def _feed_ids(self, token: torch.Tensor) -> torch.Tensor:
+        """Sampled image tokens [B] → the embedding ids both CFG halves are fed [2B]."""
+        return (token + self.image_offset).repeat(2)
+
     def decode_one_token(self, token: torch.Tensor, cache, position: int) -> torch.Tensor:
         """Feed the sampled token [B] at sequence `position` to both halves; logits [2B, K] for the
         next position."""
-        x = (token + self.image_offset).repeat(2)[:, None]  # [2B, 1]
+        x = self._feed_ids(token)[:, None]  # [2B, 1]
         if isinstance(cache, FusedLlamaDecoder):
             return self.head(cache.forward(x, position))
         return self._logits(x, cache)[:, -1]
@@ -216,13 +221,27 @@ class ARPolicy(nn.Module):
             if t + 1 < tokens.shape[1]:
                 logits = self.decode_one_token(tokens[:, t], cache, self.prefix_len + t)
 
+    def decode_static(self, logits: torch.Tensor, decoder: FusedLlamaDecoder, sampling: SamplingParams,
+                      uniforms: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`decode_n_tokens` in static shapes from the prefilled `decoder` (policies/decode_loop.py; mode
+        static, graph or compile) → tokens [B, T], log-probs [3, B, T]."""
+        rows, dev = logits.shape[0], logits.device
+        key_mask = torch.zeros(rows, decoder.max_len, dtype=torch.bool, device=dev)
+        key_mask[:, : self.prefix_len] = True
+        positions = torch.full((rows,), self.prefix_len, dtype=torch.long, device=dev)
+        loop = StaticDecodeLoop(decoder, self._feed_ids, self.head, sampling, self.guidance, uniforms,
+                                positions, key_mask, self.prefix_len, cfg=True)  # fmt: skip
+        tokens, _, logps = loop.run(logits, mode)
+        self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
+        return tokens, logps
+
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
                  cache: CacheKind = "fused") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Sample image tokens for word ids [B, L] with uniforms [B, T] → (tokens [B, T], log-probs
-        [3, B, T] of pos / neg / guided). ``cache`` picks the loop: "fused" (ours, the default),
-        "static" / "dynamic" (transformers' layers and caches), "none" (the whole prefix recomputed
-        each step; benchmarks)."""
+        [3, B, T] of pos / neg / guided). ``cache`` picks the loop: "fused" (ours, the default; its decode
+        loop eager or static as ``sampling.decode`` says), "static" / "dynamic" (transformers' layers and
+        caches), "none" (the whole prefix recomputed each step; benchmarks)."""
         if not sampling.temperature > 0:
             raise UserError(f"temperature must be > 0, got {sampling.temperature}")
         b, t_len = prompt_ids.shape[0], self.num_tokens
@@ -248,7 +267,10 @@ class ARPolicy(nn.Module):
             kv = StaticCache(config=self.llama.config, max_cache_len=max_len)
         else:
             kv = DynamicCache(config=self.llama.config)
+        mode = resolve_mode(sampling.decode, prompt_ids.device, cache == "fused", f"the {cache} cache")
         logits = self.prefill(prefix, kv)
+        if mode != "eager":
+            return self.decode_static(logits, kv, sampling, uniforms, mode)
         self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
         return tokens, logps
 

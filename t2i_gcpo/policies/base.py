@@ -65,6 +65,9 @@ class SamplingParams:
     # masked models: keep each reveal step's full prediction x̂_s in ``Rollout.state[STEP_PREDICTIONS]``
     # (stepwise credit, docs/concepts/tree_credit.md#stepwise-rewards); changes nothing else of the sample
     record_predictions: bool = False
+    # the autoregressive decode loop (policies/decode_loop.py): "auto" (CUDA graphs on CUDA where the model
+    # supports them, else the eager loop), "eager", "static", "graph" or "compile"; masked models ignore it
+    decode: str = "auto"
 
 
 @dataclass

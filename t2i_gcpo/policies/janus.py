@@ -30,6 +30,8 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
+from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
+from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -80,9 +82,6 @@ class JanusPolicy(nn.Module):
     """
 
     output = "image"
-    # rollout.autocast='auto' leaves sampling in the weights' dtype: transformers' StaticCache under CPU
-    # autocast fails on torch 2.15 (cache float32, keys bf16); rollout.autocast=bf16 asks for it anyway
-    capabilities = PolicyCapabilities(bf16_sampling=False, branching=True)
     default_task = "geneval"
     guidance = "u + s(c − u)"  # transformers' Janus CFG: uncond + s·(cond − uncond)
     DEFAULT_GUIDANCE_SCALE = 5.0  # Janus-Pro paper and the GCPO recipe
@@ -95,6 +94,7 @@ class JanusPolicy(nn.Module):
         processor: Any = None,
         max_rollout_batch: int | None = None,
         decode_batch: int = 16,
+        fused_sampler: bool = True,
     ):
         super().__init__()
         self.model = model  # JanusForConditionalGeneration
@@ -103,6 +103,8 @@ class JanusPolicy(nn.Module):
         self.chat_template = chat_template
         self.max_rollout_batch = max_rollout_batch  # rows (incl. group copies) per sampling pass; None = all
         self.decode_batch = decode_batch
+        # False: sample through transformers' layers and StaticCache even for a plain Llama language model
+        self.fused_sampler = fused_sampler
         self.lora_adapter: str | None = None
 
         gc = model.generation_config
@@ -329,39 +331,78 @@ class JanusPolicy(nn.Module):
             self.train(was)
 
     # ------------------------------------------------------------------ sampling (gpt-fast style)
+    @property
+    def samples_fused(self) -> bool:
+        """Whether rollouts run through our fused Llama decoder (policies/fused_llama.py; its static step
+        can be captured in CUDA graphs): asked for, a plain Llama language model, and no LoRA (the fused
+        copies would miss the adapters' deltas); else transformers' layers and StaticCache."""
+        lm_config = self.model.model.language_model.config
+        return self.fused_sampler and self.lora_adapter is None and supports(lm_config)
+
+    @property
+    def capabilities(self) -> PolicyCapabilities:
+        """bf16 sampling (rollout.autocast='auto' where native) through the fused decoder only:
+        transformers' StaticCache under autocast fails (cache float32, keys bf16)."""
+        return PolicyCapabilities(bf16_sampling=self.samples_fused, branching=True)
+
+    def new_cache(self, rows: int, max_len: int) -> Any:
+        """The sampler's KV cache: our fused decoder (`samples_fused`), else transformers' StaticCache."""
+        if self.samples_fused:
+            return FusedLlamaDecoder(self.model.model.language_model, rows, max_len)
+        from transformers import StaticCache
+
+        return StaticCache(config=self.model.config.text_config, max_cache_len=max_len)
+
     def _prefill(self, ids2: torch.Tensor, mask2: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the doubled prompt batch [cond; null] through the LM; logits of the first image token. [2N, K]"""
         pos = (mask2.cumsum(-1) - 1).clamp(min=0)  # [2N, L]
         embeds = self.model.get_input_embeddings()(ids2)  # [2N, L, D]
+        if isinstance(cache, FusedLlamaDecoder):
+            return self._head(cache.forward(embeds, 0, positions=pos, key_mask=mask2.bool()))
         return self._head(self._lm(embeds, mask2, pos, cache)[:, -1])
+
+    def _feed_embeds(self, tok: torch.Tensor) -> torch.Tensor:
+        """Sampled image tokens [N] → the LM input both CFG halves are fed [2N, D]."""
+        return self._image_embeds(tok.repeat(2)[:, None])[:, 0]
 
     def _decode_one_token(
         self, tok2: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """Feed one image token per row (doubled batch); logits of the next token. [2N] → [2N, K]"""
+        """Feed one image token per row (doubled batch) at positions `pos` [2N] (mask: every key so far);
+        logits of the next token. [2N] → [2N, K]"""
         embeds = self._image_embeds(tok2[:, None])  # [2N, 1, D]
+        if isinstance(cache, FusedLlamaDecoder):
+            slot = mask.shape[1] - 1
+            return self._head(cache.forward(embeds, slot, positions=pos[:, None], key_mask=mask.bool()))
         return self._head(self._lm(embeds, mask, pos[:, None], cache)[:, -1])
 
     def _decode_n_tokens(
         self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        """Sample T image tokens for N prompt rows (uniforms [N, T] drive the draws).
+        """Sample T image tokens for N prompt rows (uniforms [N, T] drive the draws), through the decode
+        loop `sampling.decode` resolves to (policies/decode_loop.py).
 
         Returns tokens, logp_cond, logp_uncond, logp_cfg, each [N, T].
         """
-        from transformers import StaticCache
-
         n, length = ids.shape
         steps = self.num_image_tokens
+        mode = resolve_mode(sampling.decode, ids.device, self.samples_fused,
+                            "a LoRA or non-Llama language model")  # fmt: skip
         ids2 = torch.cat([ids, self.null_ids(ids)])  # [2N, L] — rows N.. are the null branch
         mask2 = mask.repeat(2, 1)  # mask copied unchanged (pads stay visible)
         # KV cache allocated once at full size; attention mask preallocated and sliced per step
-        cache = StaticCache(config=self.model.config.text_config, max_cache_len=length + steps)
+        cache = self.new_cache(2 * n, length + steps)
         full_mask = torch.cat([mask2, mask2.new_ones(2 * n, steps)], dim=1)  # [2N, L + T]
         next_pos = mask2.sum(-1)  # [2N] position of the first image token
-        out = torch.empty((4, n, steps), dtype=torch.float32, device=ids.device)  # tokens, cond, uncond, cfg
-
         logits2 = self._prefill(ids2, mask2, cache)
+        if mode != "eager":
+            key_mask = torch.cat([mask2.bool(), mask2.new_zeros(2 * n, steps, dtype=torch.bool)], dim=1)
+            loop = StaticDecodeLoop(cache, self._feed_embeds, self._head, sampling, self.guidance, uniforms,
+                                    next_pos, key_mask, length, cfg=True)  # fmt: skip
+            tokens, _, logps = loop.run(logits2, mode)
+            self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
+            return tokens, logps[0], logps[1], logps[2]
+        out = torch.empty((4, n, steps), dtype=torch.float32, device=ids.device)  # tokens, cond, uncond, cfg
         for t in range(steps):
             cond, uncond = logits2.chunk(2)
             tok, lp = sample_step(cond, uncond, sampling, uniforms[:, t], self.guidance)

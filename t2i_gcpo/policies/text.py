@@ -30,6 +30,7 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
+from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
@@ -357,11 +358,14 @@ class TextPolicy(nn.Module):
         pos, neg (zeros without guidance), guided, each [N, n] (0 at padding)."""
         n_rows, steps = uniforms.shape
         guided = neg_rows is not None
+        mode = resolve_mode(sampling.decode, self.device, self.samples_fused, "not a plain Llama model")
         ids, mask = self.pad_left(list(rows) + list(neg_rows) if guided else rows)  # [N or 2N, L]
         width = ids.shape[1]
         cache = self.new_cache(ids.shape[0], width + steps)
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps)], dim=1)  # [N', L + n]
         next_pos = mask.sum(-1)  # [N'] position of the first sampled token
+        if mode != "eager":
+            return self._decode_static(ids, mask, cache, sampling, uniforms, guided, mode)
         tokens = torch.full((n_rows, steps), self.pad_id, dtype=torch.long, device=ids.device)
         valid = torch.zeros((n_rows, steps), device=ids.device)
         logps = torch.zeros((3, n_rows, steps), device=ids.device)  # pos, neg, guided
@@ -383,6 +387,27 @@ class TextPolicy(nn.Module):
                 break
             feed = tokens[:, t].repeat(2) if guided else tokens[:, t]
             logits = self.decode_one_token(feed, full_mask[:, : width + t + 1], next_pos + t, cache)
+        return tokens, valid, logps[0], logps[1], logps[2]
+
+    def _feed_guided(self, tok: torch.Tensor) -> torch.Tensor:
+        """Sampled tokens [N] → what both contexts [c⁺; c⁻] are fed [2N]."""
+        return tok.repeat(2)
+
+    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, decoder: FusedLlamaDecoder,
+                       sampling: SamplingParams, uniforms: torch.Tensor, guided: bool,
+                       mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """`decode_n_tokens` in static shapes through the fused decoder (policies/decode_loop.py; mode static,
+        graph or compile), from the left-padded contexts `ids` / `mask` [N', L]."""
+        width = ids.shape[1]
+        logits = self.prefill(ids, mask, decoder)
+        key_mask = torch.zeros(ids.shape[0], decoder.max_len, dtype=torch.bool, device=ids.device)
+        key_mask[:, :width] = mask.bool()
+        eos = torch.as_tensor(self.eos_ids, dtype=torch.long, device=ids.device)
+        feed = self._feed_guided if guided else torch.Tensor.clone
+        loop = StaticDecodeLoop(decoder, feed, self._head, sampling, self.guidance, uniforms, mask.sum(-1),
+                                key_mask, width, cfg=guided, eos=eos, pad_id=self.pad_id)  # fmt: skip
+        tokens, valid, logps = loop.run(logits, mode)
+        self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
         return tokens, valid, logps[0], logps[1], logps[2]
 
     @torch.no_grad()

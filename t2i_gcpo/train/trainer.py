@@ -204,6 +204,10 @@ class Trainer:
         self.rollout_ref = None
         if compares and cfg.credit.reference == "rollout":
             self.rollout_ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        if cfg.loss.reference_dtype == "bfloat16":  # half the memory (loss.reference_dtype)
+            for frozen in (self.ref, self.rollout_ref):
+                if frozen is not None:
+                    frozen.to(torch.bfloat16)
         self.credit_ref = self.rollout_ref if self.rollout_ref is not None else self.ref
 
     def _setup_optimizer(self, policy: Any, resume: bool) -> None:
@@ -496,5 +500,5 @@ def sampling_params(cfg: TrainConfig) -> SamplingParams:
         guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
         guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
         reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-        autocast=cfg.rollout.autocast,
+        autocast=cfg.rollout.autocast, decode=cfg.rollout.decode,
     )  # fmt: skip

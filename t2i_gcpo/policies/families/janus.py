@@ -12,8 +12,9 @@ def load(target: str, options: Any) -> Any:
 
     lora = {"r": options.lora_rank} if options.lora_rank else None
     return JanusPolicy.from_pretrained(
-        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora
-    )
+        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
+        max_rollout_batch=options.max_rollout_batch,
+    )  # fmt: skip
 
 
 register_family(
@@ -21,6 +22,6 @@ register_family(
         name="janus",
         load=load,
         detect=lambda path: read_json(path / "config.json").get("model_type") == "janus",
-        options=frozenset({"dtype", "gradient_checkpointing", "lora_rank"}),
+        options=frozenset({"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch"}),
     )
 )

@@ -37,6 +37,7 @@ def load(target: str, options: Any) -> Any:
         dtype=options.dtype,
         gradient_checkpointing=options.gradient_checkpointing,
         negative=options.negative,
+        max_rollout_batch=options.max_rollout_batch,
     )
 
 
@@ -46,7 +47,7 @@ register_family(
         load=load,
         detect=detect,
         shipped=SHIPPED,
-        options=frozenset({"dtype", "gradient_checkpointing", "negative"}),
+        options=frozenset({"dtype", "gradient_checkpointing", "negative", "max_rollout_batch"}),
         shipped_task="arithmetic",
     )
 )
