@@ -544,7 +544,6 @@ class TrainConfig:
         check_fields(self)
         check_report_to(self.report_to)
         check_credit(self.credit)
-        check_prompt_files(self)
 
         P, G = self.rollout.prompts_per_step, self.rollout.group_size
         presets = preset_names()
@@ -591,6 +590,7 @@ class TrainConfig:
         for key, ok, message in checks:
             if not ok:
                 raise UserError(f"config key '{key}': {message}")
+        check_prompt_files(self)  # last: a value the config refuses is named before a missing file
 
 
 def check_prompt_files(cfg: TrainConfig) -> None:

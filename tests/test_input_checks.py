@@ -64,22 +64,21 @@ def test_mlflow_whose_store_cannot_open_is_one_line_before_the_run_folder(tmp_pa
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ("k=0", "config key 'credit.options.k': must be ≥ 1, got 0"),
-        ("k=.nan", "config key 'credit.options.k': expected int, got nan"),
-        ("continuations=0", "config key 'credit.options.continuations': must be in [1, 64]"),
-        ("continuations=100000", "config key 'credit.options.continuations': must be in [1, 64]"),
+        ("top_fraction=0", "config key 'credit.options.top_fraction': must be in [1e-06, 0.999999]"),
+        ("top_fraction=2", "config key 'credit.options.top_fraction': must be in [1e-06, 0.999999]"),
+        ("tau=0", "config key 'credit.options.tau': must be ≥ 1e-06"),
     ],
 )
 def test_credit_options_by_name_meet_the_bounds_of_the_schemes_section(option, message):
-    """`credit.options.k=0` passed where `credit.vine.k=0` was refused (issue 45)."""
+    """`credit.options.k=0` passed where the section's `credit.vine.k=0` was refused (issue 45): options
+    given by name meet the bounds of the scheme's own section."""
     from t2i_gcpo.config import load_config
 
     with pytest.raises(UserError, match="^" + message.replace("[", r"\[").replace("]", r"\]")):
-        load_config("vine", overrides=[f"credit.options.{option}"])
-    section = option.replace("k=.nan", "k=0")
-    with pytest.raises(UserError, match=r"config key 'credit\.vine\."):
-        load_config("vine", overrides=[f"credit.vine.{section}"])
-    assert load_config("vine", overrides=["credit.options.k=3"]).credit.options == {"k": 3}
+        load_config("gcpo", overrides=[f"credit.options.{option}"])
+    with pytest.raises(UserError, match=r"config key 'credit\.gcpo\."):
+        load_config("gcpo", overrides=[f"credit.gcpo.{option}"])
+    assert load_config("gcpo", overrides=["credit.options.tau=3"]).credit.options == {"tau": 3.0}
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
