@@ -335,3 +335,43 @@ def test_unsupported_policy_is_refused(ar):
             branch_rollout(ar, ro, torch.tensor([[3]]), 1, seeded([0]))
     finally:
         del ar.capabilities  # the class's declaration again
+
+
+def test_ar_continuations_start_from_the_rollouts_kept_cache(ar, monkeypatch):
+    """With `keep_cache` the continuations fork the rollout's own KV cache (no prefill) and draw what a
+    prefilled cache draws; after the weights change the cache is stale and a prefill is made again."""
+    import dataclasses
+
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+    kept = dataclasses.replace(ar.default_sampling(), keep_cache=True)
+    ro = ar.rollout(records(SHAPES), 2, kept, seeded(SEEDS))
+    plain = ar.rollout(records(SHAPES), 2, ar.default_sampling(), seeded(SEEDS))
+    assert (
+        torch.equal(ro.tokens, plain.tokens) and "cache_key" not in plain.state
+    )  # keeping changes no sample
+    points = torch.tensor([[12, 40], [32, -1], [0, 63], [20, -1]])
+    keys = continuation_keys([0, 1], 2, points, 2)
+    prefills = []
+    real = FusedLlamaDecoder.forward
+
+    def spy(self, ids, start, *args, **kwargs):
+        if ids.shape[1] > 1:
+            prefills.append(ids.shape)
+        return real(self, ids, start, *args, **kwargs)
+
+    monkeypatch.setattr(FusedLlamaDecoder, "forward", spy)
+    from_cache = branch_rollout(ar, ro, points, 2, group_generators(5, "b", keys))
+    assert prefills == []
+    from_prefill = branch_rollout(ar, plain, points, 2, group_generators(5, "b", keys))
+    assert len(prefills) == 1
+    assert torch.equal(from_cache.rollout.tokens, from_prefill.rollout.tokens)
+    for c in CONTEXTS:
+        torch.testing.assert_close(
+            from_cache.rollout.logp[c], from_prefill.rollout.logp[c], atol=1e-5, rtol=0
+        )
+    with torch.no_grad():  # an optimizer step changes the weights in place: the kept cache no longer serves
+        ar.head.weight.mul_(1.0)
+    first = continuation_keys([0], 2, points[:2], 2)
+    branch_rollout(ar, ro.select(torch.tensor([0, 1])), points[:2], 2, group_generators(5, "b", first))
+    assert len(prefills) == 2

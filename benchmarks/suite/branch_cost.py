@@ -7,14 +7,15 @@ fresh ``policy.rollout`` of B samples (B/8 prompts × 8) is the root batch; then
 one continuation per root (n = 1, the same B rows) from the point t = T/4, T/2, 3T/4 (masked: s = S/4,
 S/2, 3S/4 in reveal steps; text: a quarter, a half, three quarters of each root's own length L). A
 continuation's cost is its branch call's seconds over the fresh rollout's, set beside the share of the
-decisions it re-makes: (T − t)/T, (S − s)/S, or the roots' mean (L − t)/L. The AR and text continuations
-start with one prefill of [context; root tokens] shared by a root's continuations (policies/branching.py):
-its seconds (the decoder's multi-token forwards inside the branch call) are given as a share of the
-branch call. The masked prior caches nothing (every step re-reads the canvas): no prefill.
+decisions it re-makes: (T − t)/T, (S − s)/S, or the roots' mean (L − t)/L. The AR prior's continuations
+fork the rollout's own KV cache (the trainer asks to keep it, `SamplingParams.keep_cache`): no prefill. Text
+continuations start with one prefill of [context; root tokens] shared by a root's continuations: its seconds
+(the decoder's multi-token forwards inside the branch call) are given as a share of the branch call. The
+masked prior caches nothing (every step re-reads the canvas): no prefill.
 
-Sampling as the trainer does it: bf16 autocast where the device multiplies bf16 natively and the sampler
-declares it (rollout.autocast = auto), the negative context not scored (``score_negative=False``: what a
-tree-credit scheme asks for). One warm-up of every call, then the median of the repeats, the fresh
+Sampling as the trainer does it for a scheme that branches: bf16 autocast where the device multiplies bf16
+natively and the sampler declares it (rollout.autocast = auto), the negative context not scored
+(``score_negative=False``), the rollout's cache kept (``keep_cache=True``). One warm-up of every call, then the median of the repeats, the fresh
 rollout and the three points interleaved in each repeat, each repeat with new roots.
 """
 
@@ -72,7 +73,10 @@ def models(ctx: Context) -> list[tuple[str, object, object, list]]:
         policy = load_policy(name).eval().to(ctx.device)
         bf16 = native_bf16(ctx.device) and policy.capabilities.bf16_sampling
         sampling = dataclasses.replace(
-            policy.default_sampling(), autocast="bf16" if bf16 else "none", score_negative=False
+            policy.default_sampling(),
+            autocast="bf16" if bf16 else "none",
+            score_negative=False,
+            keep_cache=True,
         )
         out.append((label, policy, sampling, name))
     return out
@@ -195,11 +199,11 @@ def run(ctx: Context) -> dict:
         f"One continuation per root (B = {batch}) from a quarter, a half and three quarters of the decisions, "
         f"its cost as a fraction of a fresh batch of B samples next to the share of decisions it re-makes: "
         + "; ".join(parts)
-        + ". What a continuation pays beyond its share is fixed per branch call: the prefill of [context; root "
-        "prefix] (AR and text: one forward over the roots' prefixes, which the rollout computed already and "
-        "does not hand on), re-feeding the prefix's last token, copying the cached rows, drawing the uniforms "
-        "and assembling the rows. The masked prior caches nothing: each remaining reveal step is one "
-        "forward of the doubled batch, as in the fresh rollout." + text_note
+        + ". What a continuation pays beyond its share is fixed per branch call: re-feeding the prefix's last "
+        "token, copying the cached rows, drawing the uniforms and assembling the rows; the AR prior forks the "
+        "rollout's own KV cache, text still prefills [context; root prefix] (one forward over the roots' "
+        "prefixes, which its rollout computed already and does not hand on). The masked prior caches nothing: "
+        "each remaining reveal step is one forward of the doubled batch, as in the fresh rollout." + text_note
     )
     if ctx.device == "cpu":
         reading += shared_cpu_note(load)

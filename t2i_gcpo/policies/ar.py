@@ -98,6 +98,7 @@ class ARPolicy(nn.Module):
         self.llama = LlamaModel(llama_cfg)
         self.head = nn.Linear(config.hidden_size, config.codebook_size, bias=False)  # → K image logits
         self.vq = vq.eval().requires_grad_(False)
+        self.kept_caches = KeptCaches()  # rollouts' KV caches, for their continuations (`branch`)
 
     # ---- sequences ------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
@@ -270,8 +271,11 @@ class ARPolicy(nn.Module):
         mode = resolve_mode(sampling.decode, prompt_ids.device, cache == "fused", f"the {cache} cache")
         logits = self.prefill(prefix, kv)
         if mode != "eager":
-            return self.decode_static(logits, kv, sampling, uniforms, mode)
-        self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
+            tokens, logps = self.decode_static(logits, kv, sampling, uniforms, mode)
+        else:
+            self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
+        if sampling.keep_cache and cache == "fused":
+            self.kept_caches.keep(kv, self._weights_stamp())
         return tokens, logps
 
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
@@ -282,6 +286,10 @@ class ARPolicy(nn.Module):
         uniforms = group_uniforms(generators, group_size, (self.num_tokens,), self.device)  # [B·G, T]
         tokens, logps = self.generate(pid, sampling, uniforms)
         b = tokens.shape[0]
+        state = {"prompt_ids": pid}
+        if sampling.keep_cache:  # each row's place in the kept cache (`_continue`)
+            state.update(cache_key=torch.full((b,), self.kept_caches.latest, dtype=torch.long),
+                         cache_row=torch.arange(b))  # fmt: skip
         return Rollout(
             tokens=tokens,
             mask=torch.ones_like(tokens, dtype=torch.float),
@@ -290,8 +298,13 @@ class ARPolicy(nn.Module):
             prompts=[p for p in prompts for _ in range(group_size)],
             group_size=group_size,
             sampling=sampling,
-            state={"prompt_ids": pid},
+            state=state,
         )
+
+    def _weights_stamp(self) -> tuple[int, ...]:
+        """Changes whenever the weights are changed in place (an optimizer step, a load): a kept cache is
+        only valid for the weights that filled it."""
+        return tuple(p._version for p in (self.head.weight, self.llama.embed_tokens.weight))
 
     # ---- branched rollouts (docs/concepts/tree_credit.md#branched-rollouts) -----------------------
     def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
@@ -301,40 +314,44 @@ class ARPolicy(nn.Module):
 
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
-        """One teacher-forced prefill of [prefix; root tokens] per root (both CFG halves, all roots in one
-        batch) fills a fused KV cache; the continuations from t copy its first P + t slots and decode T − t
-        tokens, batched over every (root, c) that branches at the same t."""
+        """The continuations from t copy the first P + t slots of their root's KV cache (both CFG halves)
+        and decode T − t tokens, batched over every (root, c) that branches at the same t. The cache is the
+        rollout's own where it was kept (`SamplingParams.keep_cache`, these weights), else one teacher-forced
+        prefill of [prefix; root tokens] for all the roots."""
         dev, T, P, sampling = self.device, self.num_tokens, self.prefix_len, rollout.sampling
         roots = root.unique()  # sorted
-        R = len(roots)
-        pid = rollout.state["prompt_ids"].to(dev)[roots]
         tok = rollout.tokens.to(dev)[roots]
-        t_max = int(point.max())
-        null = torch.arange(2 * R, device=dev) >= R
-        # [2R, P + t_max]: cond rows then null rows, each its prefix and the root's first t_max tokens
-        seq = torch.cat(
-            [self.prefix(torch.cat([pid, pid]), null), (tok[:, :t_max] + self.image_offset).repeat(2, 1)], 1
-        )
-        decoder = FusedLlamaDecoder(self.llama, 2 * R, P + T - 1)
-        decoder.forward(seq, 0)
+        cache, rows = self.kept_caches.find(rollout, roots, self._weights_stamp())
+        if cache is None:
+            R = len(roots)
+            pid = rollout.state["prompt_ids"].to(dev)[roots]
+            null = torch.arange(2 * R, device=dev) >= R
+            # [2R, P + t_max]: cond rows then null rows, each its prefix and the root's first t_max tokens
+            seq = torch.cat([self.prefix(torch.cat([pid, pid]), null),
+                             (tok[:, : int(point.max())] + self.image_offset).repeat(2, 1)], 1)  # fmt: skip
+            cache, rows = FusedLlamaDecoder(self.llama, 2 * R, P + T - 1), torch.arange(R, device=dev)
+            cache.forward(seq, 0)
+        half = cache.keys.shape[1] // 2  # a cache's rows: cond rows, then null rows
         which = torch.searchsorted(roots, root).to(dev)  # continuation → root index in `roots`
         uniforms = continuation_uniforms(generators, (T,), dev)
         N = len(root)
         tokens = torch.zeros(N, T, dtype=torch.long, device=dev)
         logps = torch.zeros(3, N, T, device=dev)
+        boi = torch.full((N,), self.tokenizer.boi_id, dtype=torch.long, device=dev)
         for t in point.unique().tolist():
-            rows = (point == t).nonzero(as_tuple=True)[0].to(dev)
-            r = which[rows]
-            cache = decoder.fork(torch.cat([r, r + R]))
+            pick = (point == t).nonzero(as_tuple=True)[0].to(dev)
+            r = which[pick]
+            fork = cache.fork(torch.cat([rows[r], rows[r] + half]))
             # logits of position t: re-feed the prefix's last input (token t − 1, or <boi>) at its own slot
-            logits = self.head(cache.forward(seq[torch.cat([r, r + R]), P + t - 1 : P + t], P + t - 1))
+            last = tok[r, t - 1] + self.image_offset if t else boi[: len(pick)]
+            logits = self.head(fork.forward(last.repeat(2)[:, None], P + t - 1))
             for j in range(t, T):
                 lc, lu = logits.chunk(2)
-                tj, lp = sample_step(lc, lu, sampling, uniforms[rows, j], self.guidance)
-                tokens[rows, j] = tj
-                logps[:, rows, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
+                tj, lp = sample_step(lc, lu, sampling, uniforms[pick, j], self.guidance)
+                tokens[pick, j] = tj
+                logps[:, pick, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
                 if j + 1 < T:
-                    logits = self.decode_one_token(tj, cache, P + j)
+                    logits = self.decode_one_token(tj, fork, P + j)
         new = dict(zip(CONTEXTS, logps))
         return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
 
@@ -384,3 +401,37 @@ def load_policy(path: str, name: str | None = None) -> ARPolicy:
     if not os.path.isfile(os.path.join(path, "model_index.json")):
         raise UserError(f"{path} is not a t2i-gcpo checkpoint (no model_index.json)")
     return ARPolicy.from_pretrained(path)
+
+
+class KeptCaches:
+    """The KV caches of the last few rollouts that asked to keep theirs (`SamplingParams.keep_cache`), so
+    continuations of their samples skip the prefill (docs/concepts/tree_credit.md#branched-rollouts). A cache
+    serves only the weights that filled it; the oldest goes when `KEEP` are held."""
+
+    KEEP = 4  # a step's dynamic-sampling rounds
+
+    def __init__(self) -> None:
+        self.caches: dict[int, tuple[FusedLlamaDecoder, tuple]] = {}
+        self.latest = -1
+
+    def keep(self, decoder: FusedLlamaDecoder, stamp: tuple) -> int:
+        self.caches = {k: v for k, v in self.caches.items() if v[1] == stamp}  # older weights: stale
+        self.latest += 1
+        self.caches[self.latest] = (decoder, stamp)
+        while len(self.caches) > self.KEEP:
+            del self.caches[min(self.caches)]
+        return self.latest
+
+    def find(
+        self, rollout: Rollout, roots: torch.Tensor, stamp: tuple
+    ) -> tuple[FusedLlamaDecoder | None, torch.Tensor]:
+        """(the kept cache holding every one of `roots`, their rows in it), or (None, None)."""
+        keys = rollout.state.get("cache_key")
+        if keys is None:
+            return None, None
+        keys = keys[roots.to(keys.device)]
+        entry = self.caches.get(int(keys[0]))
+        if entry is None or entry[1] != stamp or not bool((keys == keys[0]).all()):
+            return None, None
+        decoder = entry[0]
+        return decoder, rollout.state["cache_row"][roots.to(keys.device)].to(decoder.keys.device)

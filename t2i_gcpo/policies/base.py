@@ -68,6 +68,9 @@ class SamplingParams:
     # the autoregressive decode loop (policies/decode_loop.py): "auto" (CUDA graphs on CUDA where the model
     # supports them, else the eager loop), "eager", "static", "graph" or "compile"; masked models ignore it
     decode: str = "auto"
+    # keep the sampler's KV cache after the rollout, so continuations of its samples (`Policy.branch`) start
+    # from it instead of a second prefill (families that cache; the train step asks when its scheme branches)
+    keep_cache: bool = False
 
 
 @dataclass

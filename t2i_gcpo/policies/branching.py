@@ -19,15 +19,12 @@ continuations, nor on how they are batched. With t = 0 and the generator of a gr
 is that rollout's sample.
 
 What is shared from the root's sampling, per family:
-- ShapeWorld AR prior (`ARPolicy`): one teacher-forced prefill of [prompt; root tokens] per ROOT (both
-  CFG halves, all roots in one batch) fills a fused KV cache; the continuations from t copy its first
-  P + t slots (index copies, no recompute) and decode T − t tokens, batched over every (root, c) that
-  branches at the same t. Cost: one prefill (≈ one forward over the roots' sequences, cheap next to
-  the T sequential steps of their sampling) plus T − t single-token steps per continuation (the first
-  re-feeds the prefix's last token to get position t's logits; a fresh sample takes a prefill and
-  T − 1). The rollout's own cache is not
-  kept: adapters do not return it (a hook returning the final `FusedLlamaDecoder` would save the
-  prefill).
+- ShapeWorld AR prior (`ARPolicy`): the rollout's own fused KV cache where it was kept
+  (`SamplingParams.keep_cache`, the same weights): the continuations from t copy their root's rows of it
+  (index copies, no recompute) and decode T − t tokens, batched over every (root, c) that branches at the
+  same t (the first step re-feeds the prefix's last token to get position t's logits). Otherwise one
+  teacher-forced prefill of [prompt; root tokens] per ROOT (both CFG halves, all roots in one batch) fills
+  such a cache first.
 - Text (`TextPolicy`) on a plain Llama (the fused sampler): the same, with left-padded contexts (per-row
   positions, padding masked); guided sampling prefills both contexts. Other architectures (transformers'
   StaticCache) re-run the prefix for every continuation, one batched prefill per point.

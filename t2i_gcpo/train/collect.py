@@ -148,6 +148,10 @@ class BatchCollector:
         tally = Tally(spent=self.budget_keys())
         if self.stepwise:
             sampling = dataclasses.replace(sampling, record_predictions=True)
+        if (
+            self.branching is not None or self.leaves is not None
+        ):  # continuations start from the rollout's cache
+            sampling = dataclasses.replace(sampling, keep_cache=True)
         kept: list[Batch] = [self.carry] if self.carry is not None else []
         carried, self.carry = groups_in(kept), None
         fresh: dict[int, list[int]] = {}  # index in `kept` → the prompt slots of its groups (drawn this step)

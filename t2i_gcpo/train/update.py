@@ -207,7 +207,9 @@ def optimizer_step(
     grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip or float("inf")))
     refuse_non_finite({"loss": not finite_loss, "gradient norm": not math.isfinite(grad_norm)}, accelerator)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free until the next backward (the rollout)
+    optimizer.zero_grad(
+        set_to_none=True
+    )  # the gradients' memory is free until the next backward (the rollout)
     gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
     refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
     return grad_norm
