@@ -359,7 +359,8 @@ def test_evaluate_on_a_tiny_random_lm(tiny_policy, monkeypatch):
         "metrics",
         "headline",
     } <= set(res)
-    assert set(res["metrics"]) == {A.EVAL_ACCURACY, A.EVAL_PASS_K, A.EVAL_FORMAT_RATE, A.EVAL_LENGTH_MEAN}
+    assert set(res["metrics"]) == {A.EVAL_ACCURACY, A.EVAL_PASS_K, A.EVAL_FORMAT_RATE, A.EVAL_LENGTH_MEAN,
+                                   "eval/accuracy_se"}  # fmt: skip
     assert (res["samples"], res["prompts"], res["k"]) == (15, 5, 3)
     assert 0.0 <= res["accuracy"] <= res["pass_at_k"] <= 1.0
     assert res["headline"].startswith("held-out accuracy")

@@ -72,5 +72,5 @@ def test_custom_credit(tmp_path):
     assert f"step 1: reward {rows[0]['reward/mean']:.4f}, mean largest token weight " in printed
     assert rows[0]["credit/weight_max"] > 1  # not uniform: the scheme's own weights were used
     credit = yaml.safe_load((out / "config.yaml").read_text())["credit"]
-    assert credit["scheme"] == f"{EXAMPLES / 'custom_credit.py'}:prompt_sensitivity"
+    assert credit["scheme"] == f"{(EXAMPLES / 'custom_credit.py').resolve()}:prompt_sensitivity"
     assert credit["options"] == {"power": 2.0}

@@ -83,4 +83,4 @@ def test_sample_prints_its_folder_once_slashed(tmp_path, monkeypatch):
     (tmp_path / "p.txt").write_text("a photo of a red circle\n")
     result = CliRunner().invoke(cli, ["sample", "--prompts", "p.txt", "--n", "1", "--out", "samples/"])
     assert result.exit_code == 0, result.output
-    assert "wrote 1 × 1 images to samples/ (grid: samples/grid.png)" in result.output
+    assert "wrote 1 image(s) to samples/ (1 prompts × 1; grid: samples/grid.png)" in result.output

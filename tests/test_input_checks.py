@@ -5,6 +5,10 @@ and sampling checks, complex rewards."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from t2i_gcpo.errors import UserError
@@ -28,9 +32,16 @@ def test_wandb_without_a_key_is_one_line_before_the_run_folder(tmp_path, monkeyp
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb settings
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "train", "--prompts", TRAIN_PROMPTS, "--report-to", "wandb", "--out", out)
-    line = error_line(err)
-    assert code == 2 and line.startswith("error: report_to=wandb cannot start: ") and "wandb login" in line
+    # a process of its own: a W&B session started in this one (another test's offline run) would be reused
+    done = subprocess.run([sys.executable, "-m", "t2i_gcpo.cli", "train", "--prompts", str(TRAIN_PROMPTS),
+                           "--report-to", "wandb", "--out", str(out), "--steps", "1"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    line = error_line(done.stderr)
+    assert (
+        done.returncode == 2
+        and line.startswith("error: report_to=wandb cannot start: ")
+        and "wandb login" in line
+    )
     assert not out.exists()
     monkeypatch.setenv("WANDB_MODE", "offline")  # logs locally: needs no key
     tracking.check_can_start("wandb")

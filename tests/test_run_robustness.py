@@ -379,6 +379,9 @@ def slow_redness(images, prompts, metadata):
 def test_sigterm_finishes_the_step_saves_and_resumes_bit_identically(tiny, tmp_path, monkeypatch):
     (tmp_path / "slowfix.py").write_text(SLOW_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(
+        sys.modules, "slowfix", raising=False
+    )  # another test's module of that name is not ours
     common = (*FAST, "optim.lr=3e-3")
     full = tmp_path / "full"
     previous = signal.getsignal(signal.SIGTERM)

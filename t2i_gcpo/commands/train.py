@@ -23,7 +23,7 @@ Examples:
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --report-to wandb --set optim.lr_scheduler=cosine
-  t2i-gcpo train --prompts prompts/shapeworld_train.txt --algo dapo \\
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --algo dapo --out runs/mine \\
       --credit examples/custom_credit.py:prompt_sensitivity --set credit.options.power=2   # your own scheme (docs/guides/custom-credit.md)
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
