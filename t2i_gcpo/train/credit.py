@@ -216,21 +216,22 @@ def check_user_weights(name: str, w: torch.Tensor, mask: torch.Tensor) -> None:
         )
 
 
-def check_user_credit(cfg: Any, policy: Any, reward: Any, prompts: list) -> None:
+def check_user_credit(cfg: Any, policy: Any, reward: Any, prompts: list, sampling: Any) -> None:
     """Before the run directory exists: a user's credit function (``--credit file.py:function``) weighs a
-    dry sample (one group of 2 of the first prompt, scored) as the update would call it — an exception, a
-    wrong shape, NaN, complex or negative weights stop here in one line, not at step 1. (A scheme that
-    needs branched continuations is left to the first step: they cost a rollout per branch point.)"""
-    import dataclasses
-
+    dry sample (one group of 2 of the first prompt, scored, drawn with `sampling`) as the update would call
+    it — an exception, a wrong shape, NaN, complex or negative weights stop here in one line, not at step 1.
+    (A scheme that needs continuations, tree groups or step rewards is left to the first step: they cost
+    extra rollouts and reward calls.)"""
     from t2i_gcpo.core.advantages import group_advantages
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
-    from t2i_gcpo.train.trainer import sampling_params
 
     name = cfg.credit.scheme
-    if name in CREDIT_SCHEMES or not prompts or "branches" in get_scheme(name).needs:
+    if (
+        name in CREDIT_SCHEMES
+        or not prompts
+        or get_scheme(name).needs & {"branches", "leaves", "step_rewards"}
+    ):
         return
-    sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
     scored = sample_and_score(
         policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0])
     )

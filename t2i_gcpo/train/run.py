@@ -3,6 +3,7 @@ line and nothing is written; then the run itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
+    from t2i_gcpo.train.trainer import sampling_params
 
     if policy is None:
         policy = load_policy(cfg.model, cfg.model_options)
@@ -232,7 +234,8 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
             cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
         )
     check_reward(cfg, policy, reward, prompts, eval_prompts)
-    check_user_credit(cfg, policy, reward, prompts)  # a user's credit function on the same dry sample
+    dry = dataclasses.replace(sampling_params(cfg), autocast="none")
+    check_user_credit(cfg, policy, reward, prompts, dry)  # a user's credit function on the same dry sample
     check_scheme_fits(cfg, policy)
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
 
