@@ -3,6 +3,7 @@ through a checkpoint, and the zero-loss stand-in of a process whose groups all l
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
+from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, Rollout
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.train.batch import Batch
@@ -117,10 +119,36 @@ def test_saved_state_comes_back_to_each_process_and_is_dropped_for_another_count
         M.BUDGET_REWARD_CALLS: 4.0,
         M.BUDGET_STEP_PREDICTIONS: 24.0,
     }
-    assert load_collector_state(ckpt, 0, 1) == {"carry": None, "zero_std_estimate": 0.25, "budget": summed}
+    assert load_collector_state(ckpt, 0, 1) == {"carry": None, "zero_std_estimate": 0.25, "budget": summed,
+                                                "history": {}}  # fmt: skip
     assert "note: 2 processes carried groups into step 4; dropped them" in capsys.readouterr().out
     _, none = collector_checkpoint([collector().state_dict()])
     assert none is None, "no process carried groups: no carry file"
+
+
+def test_allocation_history_comes_back_to_each_process_and_is_pooled_for_another_count(tmp_path):
+    """Budget allocation's per-prompt reward history ([sum, count]) is saved per process; a run resumed
+    on another number of processes gives every process the pooled history; a damaged one is refused."""
+    states = [
+        {"carry": None, "zero_std_estimate": None, "budget": {}, "history": {"a": [1.0, 2.0]}},
+        {
+            "carry": None,
+            "zero_std_estimate": None,
+            "budget": {},
+            "history": {"a": [0.5, 1.0], "b": [1.0, 4.0]},
+        },
+    ]
+    entries, carry = collector_checkpoint(states)
+    ckpt = save_checkpoint(
+        tmp_path, 3, _Saved(), _optimizer_state(), {"algo": "knapsack", **entries}, carry=carry
+    )
+    assert [load_collector_state(ckpt, k, 2)["history"] for k in range(2)] == [s["history"] for s in states]
+    pooled = {"a": [1.5, 3.0], "b": [1.0, 4.0]}
+    assert [load_collector_state(ckpt, k, 3)["history"] for k in range(3)] == [pooled] * 3
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    (ckpt / "trainer_state.json").write_text(json.dumps({**state, "history": [{"a": [1.0, "x"]}]}))
+    with pytest.raises(UserError, match="history entry"):
+        load_collector_state(ckpt, 0, 1)
 
 
 def test_the_stand_in_is_one_group_of_the_last_round_with_zero_advantages():

@@ -532,3 +532,18 @@ def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
     assert (part / "checkpoints" / f"step_{resume_at:06d}" / "carry.safetensors").is_file()
     run(prepare(resume_options=TRUST, resume_dir=part, steps=6))
     assert_same_run(full, part, 6)
+
+
+def test_resume_keeps_the_allocation_history(tiny, tmp_path):
+    """Knapsack allocation sizes each prompt's draws from the prompt's reward history: a resumed run
+    reads the history its checkpoint saved and continues exactly as the uninterrupted run."""
+    # 4 prompts a step of the 8: steps 3 and 4 draw prompts steps 1 and 2 scored, whose history sizes their draws
+    common = (*FAST, "rollout.prompts_per_step=4", "rollout.allocation=knapsack", "rollout.draw_factor=2")
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(prepare(algo="dapo", flags=flags(tiny, full, 4), overrides=common))
+    run(prepare(algo="dapo", flags=flags(tiny, part, 2), overrides=common))
+    state = json.loads((part / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    (history,) = state["history"]  # one process
+    assert history and all(count > 0 for _, count in history.values())
+    run(prepare(resume_options=TRUST, resume_dir=part, steps=4))
+    assert_same_run(full, part, 4)

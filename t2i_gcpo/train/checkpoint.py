@@ -134,7 +134,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 # trainer_state.json: each entry a resume reads, with the types it takes (budget: per process, or null)
 TRAINER_STATE = {"step": (int,), "finished": (bool,), "algo": (str,), "zero_std_estimate": (float, int, type(None)),
-                 "budget": (list, type(None))}  # fmt: skip
+                 "budget": (list, type(None)), "history": (list, type(None))}  # fmt: skip
 
 
 def load_trainer_state(ckpt: Path) -> dict:
@@ -163,6 +163,14 @@ def load_trainer_state(ckpt: Path) -> dict:
                 spent is None or (isinstance(spent, dict) and all(_finite_number(v) for v in spent.values()))
             ):
                 problem = "a budget entry is not numbers"
+        for seen in state.get("history") or []:
+            if problem is None and not (
+                isinstance(seen, dict)
+                and all(
+                    isinstance(v, list) and len(v) == 2 and all(map(_finite_number, v)) for v in seen.values()
+                )
+            ):
+                problem = "a history entry is not [reward sum, count] per prompt"
     if problem is not None:
         raise UserError(f"{path}: not a trainer state t2i-gcpo wrote ({problem}; damaged or edited?)")
     return state
@@ -289,9 +297,12 @@ def collector_checkpoint(states: list[dict]) -> tuple[dict, list | None]:
     as a checkpoint stores them: (trainer-state entries, carry). The running zero-std estimate goes to
     trainer_state.json (every process holds the same); the carried groups to carry.safetensors + .json,
     one entry per process (None: no process carried any, and no carry file is written); the budget
-    spent so far, one entry per process, to trainer_state.json."""
+    spent so far and (budget allocation) the prompts' reward history, one entry per process, to
+    trainer_state.json."""
     carry = [s["carry"] for s in states]
     state = {"zero_std_estimate": states[0]["zero_std_estimate"], "budget": [s.get("budget") for s in states]}
+    if any("history" in s for s in states):  # budget allocation: each process's prompt → [reward sum, count]
+        state["history"] = [s.get("history") or {} for s in states]
     return state, (carry if any(c is not None for c in carry) else None)
 
 
@@ -313,4 +324,18 @@ def load_collector_state(ckpt: Path, process_index: int, num_processes: int, dev
             k: sum((b or {}).get(k, 0.0) for b in budget) for k in set().union(*(b or {} for b in budget))
         }
         spent = spent if process_index == 0 else None
-    return {"carry": own, "zero_std_estimate": state.get("zero_std_estimate"), "budget": spent}
+    histories = state.get("history") or []  # per process; another number of processes: every process
+    if len(histories) == num_processes:  # gets the pooled history (a prompt's sums and counts added)
+        history = histories[process_index]
+    else:
+        history = {}
+        for seen in histories:
+            for text, (total, count) in seen.items():
+                pooled = history.setdefault(text, [0.0, 0.0])
+                pooled[0], pooled[1] = pooled[0] + total, pooled[1] + count
+    return {
+        "carry": own,
+        "zero_std_estimate": state.get("zero_std_estimate"),
+        "budget": spent,
+        "history": history,
+    }
