@@ -8,7 +8,7 @@ Used by the train step, the step's credit-map figure and `t2i-gcpo credit-map`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -216,14 +216,13 @@ def check_user_weights(name: str, w: torch.Tensor, mask: torch.Tensor) -> None:
         )
 
 
-def check_user_credit(cfg: Any, policy: Any, reward: Any, prompts: list, sampling: Any) -> None:
-    """Before the run directory exists: a user's credit function (``--credit file.py:function``) weighs a
-    dry sample (one group of 2 of the first prompt, scored, drawn with `sampling`) as the update would call
-    it — an exception, a wrong shape, NaN, complex or negative weights stop here in one line, not at step 1.
-    (A scheme that needs continuations, tree groups or step rewards is left to the first step: they cost
-    extra rollouts and reward calls.)"""
+def check_user_credit(cfg: Any, policy: Any, prompts: list, dry: Callable[[], Any]) -> None:
+    """Before the run directory exists: a user's credit function (``--credit file.py:function``) weighs
+    the `dry` sample (train/run.dry_sample: one group of 2 of the first prompt, scored) as the update would
+    call it — an exception, a wrong shape, NaN, complex or negative weights stop here in one line, not at
+    step 1. (A scheme that needs continuations, tree groups or step rewards is left to the first step: they
+    cost extra rollouts and reward calls.)"""
     from t2i_gcpo.core.advantages import group_advantages
-    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
 
     name = cfg.credit.scheme
     if (
@@ -232,9 +231,7 @@ def check_user_credit(cfg: Any, policy: Any, reward: Any, prompts: list, samplin
         or get_scheme(name).needs & {"branches", "leaves", "step_rewards"}
     ):
         return
-    scored = sample_and_score(
-        policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0])
-    )
+    scored = dry()
     advantages = group_advantages(scored.reward.scores, 2)
     context = TRAIN_CONTEXT[cfg.rollout.train_logp]
     try:

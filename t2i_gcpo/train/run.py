@@ -4,7 +4,9 @@ line and nothing is written; then the run itself."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -207,7 +209,6 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     from t2i_gcpo.rewards.registry import build_reward
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
-    from t2i_gcpo.train.trainer import sampling_params
 
     if policy is None:
         policy = load_policy(cfg.model, cfg.model_options)
@@ -233,25 +234,35 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
         reward = build_reward(
             cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
         )
-    check_reward(cfg, policy, reward, prompts, eval_prompts)
-    dry = dataclasses.replace(sampling_params(cfg), autocast="none")
-    check_user_credit(cfg, policy, reward, prompts, dry)  # a user's credit function on the same dry sample
+    dry = dry_sample(cfg, policy, reward, prompts)
+    check_reward(cfg, reward, prompts, eval_prompts, dry)
+    check_user_credit(cfg, policy, prompts, dry)  # a user's credit function on the same dry sample
     check_scheme_fits(cfg, policy)
     return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
 
 
+def dry_sample(cfg: TrainConfig, policy: Policy, reward: Reward, prompts: list) -> Callable[[], Any]:
+    """The checks' dry sample — one group of 2 of the first prompt, sampled as the run will (float32) and
+    scored (tasks/loop.Scored) — drawn the first time a check asks for it, then the same for the next."""
+    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
+    from t2i_gcpo.train.trainer import sampling_params
+
+    sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
+    return functools.cache(
+        lambda: sample_and_score(
+            policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0])
+        )
+    )
+
+
 def check_reward(
-    cfg: TrainConfig, policy: Policy, reward: Reward, prompts: list, eval_prompts: list | None
+    cfg: TrainConfig, reward: Reward, prompts: list, eval_prompts: list | None, dry: Callable[[], Any]
 ) -> None:
     """Before the run directory exists: the reward takes every training and held-out prompt (the
     arithmetic reward needs answers), and a reward that runs user code (a ``module:function`` or the
-    API's Python callable) scores a dry sample (one group of 2 of the first prompt) without failing —
-    an exception, NaN or a wrong count stops here."""
-    import dataclasses
-
+    API's Python callable) scores the `dry` sample without failing — an exception, NaN or a wrong count
+    stops here."""
     from t2i_gcpo.rewards.combine import RewardError, check_prompts, runs_user_code
-    from t2i_gcpo.tasks.loop import group_generators, sample_and_score
-    from t2i_gcpo.train.trainer import sampling_params
 
     for key, records in (("prompts", prompts), ("eval_prompts", eval_prompts or [])):
         try:
@@ -259,9 +270,8 @@ def check_reward(
         except UserError as e:
             raise UserError(f"{getattr(cfg, key)}: {e}") from None
     if runs_user_code(reward) and prompts:
-        sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
         try:
-            sample_and_score(policy, reward, prompts[:1], 2, sampling, group_generators(cfg.seed, "dry", [0]))
+            dry()
         except RewardError as e:  # still a RewardError (a UserError): the API's callers catch it as such
             raise RewardError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
