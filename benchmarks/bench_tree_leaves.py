@@ -95,9 +95,9 @@ def main() -> None:
             centre = scores[p].mean().item()  # the prompt's mean removed: ρ is about roots, not prompts
             for r in range(G0):
                 fam = scores[p][root_of[p] == r]
-                root = scores[p][(root_of[p] == r) & is_root[p]]
-                same_root += ((fam[1:] - root).abs() < 1e-6).tolist() if len(fam) == m else []
                 if len(fam) == m:
+                    root = scores[p][(root_of[p] == r) & is_root[p]]
+                    same_root += ((fam[1:] - root).abs() < 1e-6).tolist()
                     families.append([x - centre for x in fam.tolist()])
             f = fresh_scores[p]
             same_indep += [abs(f[i] - f[j]).item() < 1e-6 for i in range(G) for j in range(i + 1, G)]
