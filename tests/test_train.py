@@ -14,6 +14,7 @@ from t2i_gcpo.cli import cli
 from t2i_gcpo.config import ALGORITHMS, TrainConfig, load_config
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.train.credit import needs_step_rewards
 from t2i_gcpo.train.run import ResumeOptions, prepare, run
 
 from tiny_models import build_tiny_masked, tiny_policy_dir
@@ -58,7 +59,7 @@ def branches(algo: str) -> bool:
 
 def masked_only(algo: str) -> bool:
     """Whether preset `algo`'s scheme needs what only masked models give (a prediction at every reveal step)."""
-    return "step_rewards" in get_scheme(load_config(algo).credit.scheme).needs
+    return needs_step_rewards(load_config(algo).credit.scheme)
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
