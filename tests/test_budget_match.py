@@ -154,6 +154,68 @@ def test_equal_samples_reads_the_bigger_spender_where_it_had_spent_the_others_to
     assert eq["spent_ratio"] == pytest.approx(2 * 461 / 448) and eq["final"][0] == pytest.approx(-0.01)
 
 
+def write_runs(out: Path, algo: str, curve: tuple[float, float, float], samples: int) -> None:
+    """Finished runs of `algo`, seeds 0 and 1 (20 steps, evaluations at 0, 10, 20), as fake_runs."""
+    for seed in (0, 1):
+        run = out / algo / f"seed{seed}"
+        run.mkdir(parents=True)
+        rows = [{"step": 0, "eval/strict/overall": curve[0]}]
+        for step in range(1, 21):
+            rows.append({"step": step, "time/step": 1.0, "budget/samples_total": samples * step})
+            if step % 10 == 0:
+                rows.append({"step": step, "eval/strict/overall": curve[step // 10] + 0.01 * seed})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "eval.json").write_text(json.dumps({"eval/strict/overall": curve[2] + 0.01 * seed}))
+
+
+SAME_PLAN = {"unit": "samples", "samples_per_step": 144.0, "set": "rollout.group_size=16"}
+
+
+def test_matched_arms_with_the_same_setting_are_one_set_of_runs(tmp_path, monkeypatch):
+    """pods and knapsack both matched by groups of 16: compare trains those runs once (only the first arm's
+    folder exists here) and reads them under both names; a matched arm of another size is its own runs."""
+    from t2i_gcpo.eval import compare as C
+    from t2i_gcpo.train import run as R
+
+    write_runs(tmp_path, "dapo", (0.3, 0.4, 0.5), 64)
+    write_runs(tmp_path, "pods", (0.3, 0.45, 0.52), 144)
+    write_runs(tmp_path, "knapsack", (0.3, 0.5, 0.6), 144)
+    write_runs(tmp_path, "dapo-at-pods-budget", (0.3, 0.45, 0.55), 144)
+    arms = {
+        "dapo-at-pods-budget": {"of": "pods", **SAME_PLAN},
+        "dapo-at-knapsack-budget": {"of": "knapsack", **SAME_PLAN},
+    }
+    key = {"match": "samples", "by": "group", "baseline": "dapo", "model": "arithmetic", "overrides": []}
+    (tmp_path / "budget.json").write_text(json.dumps({**key, "arms": arms}))
+    seeds = {a: [0, 1] for a in [*arms, "dapo", "pods", "knapsack"]}
+    assert C.shared_runs(tmp_path, ["dapo", "pods", *arms, "knapsack"], seeds) == {
+        "dapo-at-knapsack-budget": "dapo-at-pods-budget"
+    }
+    assert C.shared_runs(tmp_path, ["dapo", *arms], {**seeds, "dapo-at-knapsack-budget": [0, 2]}) == {}
+
+    trained = []
+    monkeypatch.setattr(R, "prepare", lambda **kw: trained.append(kw))
+    monkeypatch.setattr(R, "run", lambda prepared: None)
+    result = C.run_comparison(["dapo", "pods", "knapsack"], [0, 1], 20, tmp_path, "arithmetic_train.jsonl",
+                              model="arithmetic", eval_every=10, match_budget="samples")  # fmt: skip
+    assert trained == [] and not (tmp_path / "dapo-at-knapsack-budget").exists()
+    assert list(result["table"]) == [
+        "dapo",
+        "pods",
+        "dapo-at-pods-budget",
+        "knapsack",
+        "dapo-at-knapsack-budget",
+    ]
+    assert result["same_runs"] == {"dapo-at-knapsack-budget": "dapo-at-pods-budget"}
+    both = result["paired"]
+    assert both["dapo-at-knapsack-budget"]["paired"][0] == pytest.approx(0.05)  # the pods-matched runs
+    assert result["equal_samples"]["knapsack"]["against"] == "dapo-at-knapsack-budget"
+    assert result["equal_samples"]["knapsack"]["paired"][0] == pytest.approx(0.05)  # 0.6 − 0.55
+    assert result["equal_samples"]["pods"]["paired"][0] == pytest.approx(-0.03)  # 0.52 − 0.55
+    md = (tmp_path / "comparison.md").read_text()
+    assert "dapo-at-knapsack-budget: the runs of dapo-at-pods-budget (the same settings and seeds" in md
+
+
 def test_match_budget_without_an_arm_that_samples_extra_is_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["compare", "--algos", "dapo,gcpo", "--match-budget", "samples", "--seeds", "1",
                                  "--steps", "1", "--out", str(tmp_path / "o")])  # fmt: skip

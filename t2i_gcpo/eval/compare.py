@@ -74,8 +74,11 @@ def run_comparison(
             algos.insert(algos.index(info["of"]) + 1, matched)
             presets[matched], extra[matched] = baseline, (info["set"],)
             seeds[matched] = seeds[info["of"]]
+    same = shared_runs(out, algos, seeds)
     todo = []
     for algo in algos:
+        if algo in same:
+            continue  # the same runs as an earlier matched arm: trained once, read under both names
         for seed in seeds[algo]:
             run_dir = out / algo / f"seed{seed}"
             if (run_dir / "eval.json").is_file():
@@ -190,6 +193,28 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**key, "arms": arms_done}, indent=1))
     return {name: arms_done[name] for name, _, _ in wanted}
+
+
+def shared_runs(out: Path, algos: list[str], seeds: dict[str, list[int]]) -> dict[str, str]:
+    """Matched arms that would be the same runs as an earlier one — the baseline with the same setting and
+    seeds (`pods` and `knapsack` both matched by groups of 16) — as {arm: the earlier arm whose runs it
+    reads}. Such runs are trained once and read under both names."""
+    path = out / "budget.json"
+    if not path.is_file():
+        return {}
+    plans = json.loads(path.read_text()).get("arms", {})
+    first: dict[tuple, str] = {}
+    same = {}
+    for algo in algos:
+        plan = plans.get(algo)
+        if not isinstance(plan, dict) or "set" not in plan:
+            continue
+        key = (plan["set"], tuple(seeds.get(algo, ())))
+        if key in first:
+            same[algo] = first[key]
+        else:
+            first[key] = algo
+    return same
 
 
 def named_code(reward: str | None, overrides: tuple[str, ...]) -> Any:
@@ -354,7 +379,8 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     algorithm, or each algorithm's own list (the paired differences use the seeds both runs have)."""
     baseline = check_baseline(algos, baseline)
     seeds = seed_lists(algos, seeds)
-    run_dirs = {a: [out / a / f"seed{s}" for s in seeds[a]] for a in algos}
+    same = shared_runs(out, algos, seeds)  # a matched arm that is an earlier one's runs reads those
+    run_dirs = {a: [out / same.get(a, a) / f"seed{s}" for s in seeds[a]] for a in algos}
     metric_rows = {a: [read_metrics(r) for r in run_dirs[a]] for a in algos}
     finals = {a: [final_scores(r) for r in run_dirs[a]] for a in algos}
     curves = {a: [eval_curve(r) for r in metric_rows[a]] for a in algos}
@@ -401,7 +427,8 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
               "paired": paired_differences(headline, baseline),
               "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
               "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
-              "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds}  # fmt: skip
+              "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds,
+              "same_runs": same}  # fmt: skip
     result.update(budget_readings(out, algos, seeds, baseline, metric_rows, by_seed, headline))
     (out / "comparison.json").write_text(json.dumps(strict_json(result), indent=1, allow_nan=False))
     (out / "comparison.md").write_text(format_table(result))
@@ -602,6 +629,8 @@ def format_table(result: dict[str, Any]) -> str:
         f". Steps to {baseline}'s final: the first evaluation step at or above {baseline}'s mean final score, "
         "averaged over the seeds that reach it (how many do, in brackets)."
     )
+    for algo, source in result.get("same_runs", {}).items():
+        lines[-1] += f" {algo}: the runs of {source} (the same settings and seeds, trained once)."
     if result["paired"]:
         lines += [
             "",
