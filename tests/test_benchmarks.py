@@ -305,3 +305,15 @@ def test_janus_scale_section_runs_tiny_on_the_cpu():
     assert step["step_s"] >= step["rollout_s"] + step["reward_s"] + step["update_s"] - 1e-3
     assert step["mismatch/k3_pos"] < 1e-9  # float32 sampling: the update's log-probs are the rollout's
     assert "pending a GPU run" in sec["reading"]
+
+
+def test_stepwise_gains_step_statistics_by_hand():
+    """One group of 2, three reveal steps: r(x̂_s) = (0, 0, 1) and (0, 1, 1) → gains (0, 0, 1), (0, 1, 0)."""
+    import torch
+
+    from benchmarks.bench_stepwise_gains import step_statistics
+
+    stats = step_statistics(torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]]), 2)
+    assert stats["changes"] == [0.0, 0.5, 0.5]
+    assert stats["groups_differ"] == [0.0, 1.0, 1.0]
+    assert stats["abs_centred_gain"] == [0.0, 0.5, 0.5]
