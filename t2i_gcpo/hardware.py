@@ -1,9 +1,18 @@
 """What the hardware here does natively: whether bf16 matmuls are worth using (training's autocast
-defaults, pretraining, the benchmarks)."""
+defaults, pretraining, the benchmarks).
+
+``T2I_GCPO_NATIVE_BF16=1`` (or ``0``) overrides the CPU's answer: the test suite sets it so that what
+``auto`` resolves to does not depend on the machine the tests run on (tests/conftest.py), and the
+precision-dependent tests run both ways. It forces only the decision; a CPU without native bf16 then
+emulates it (correct, much slower). CUDA devices are asked directly and never overridden.
+"""
 
 from __future__ import annotations
 
+import os
+
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPU features that multiply bf16 natively
+FORCE_ENV = "T2I_GCPO_NATIVE_BF16"  # "1" / "0": what `native_bf16("cpu")` answers, whatever the CPU
 
 
 def cpu_flags() -> set[str]:
@@ -18,12 +27,26 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def forced_native_bf16() -> bool | None:
+    """The override `FORCE_ENV` sets for CPUs (True / False), or None where it is unset."""
+    value = os.environ.get(FORCE_ENV, "").strip()
+    if value in ("", "auto"):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"{FORCE_ENV} must be 0, 1 or auto, got {value!r}")
+    return value == "1"
+
+
 def native_bf16(device_type: str) -> bool:
     """Whether bf16 matmuls run natively on this device: a CUDA GPU that supports them (Ampere on), a CPU
-    with avx512_bf16 or AMX. Elsewhere torch emulates them, ~40–100× slower than fp32 (measured: a
-    1216×256×704 matmul takes 6 ms in fp32 and 230 ms in bf16 on an EPYC without avx512)."""
+    with avx512_bf16 or AMX (or what `FORCE_ENV` says). Elsewhere torch emulates them, ~40–100× slower
+    than fp32 (measured: a 1216×256×704 matmul takes 6 ms in fp32 and 230 ms in bf16 on an EPYC without
+    avx512)."""
     if device_type == "cuda":
         import torch
 
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    forced = forced_native_bf16()
+    if forced is not None:
+        return forced
     return bool(BF16_CPU_FLAGS & cpu_flags())

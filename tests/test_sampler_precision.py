@@ -172,14 +172,12 @@ def test_trainer_samples_with_rollout_autocast(tmp_path, monkeypatch):
     assert job.eval_prompts and (tmp_path / "run" / "eval.json").is_file()  # held-out evaluation ran
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_path, monkeypatch, native):
+def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_path, native_bf16):
     """The default 'auto' resolves per machine (bf16 where the device multiplies bf16 natively, else
     none) before config.yaml is written, so the run directory says what ran and a resume keeps it;
     explicit values are left alone."""
     import yaml
 
-    import t2i_gcpo.hardware as hardware
     from t2i_gcpo.config import TrainConfig
     from t2i_gcpo.policies.base import PolicyCapabilities
     from t2i_gcpo.train.trainer import resolve_autocast
@@ -190,11 +188,10 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
     class Unchecked:  # a sampler not checked under bf16 (Janus, aMUSEd): 'auto' leaves it alone
         capabilities = PolicyCapabilities(bf16_sampling=False)
 
-    monkeypatch.setattr(hardware, "native_bf16", lambda device_type: native)
     cfg = TrainConfig()
     assert cfg.rollout.autocast == cfg.optim.autocast == "auto"
     resolve_autocast(cfg, "cpu", Checked())
-    want = "bf16" if native else "none"
+    want = "bf16" if native_bf16 else "none"
     assert cfg.rollout.autocast == cfg.optim.autocast == want
     cfg = TrainConfig()
     cfg.rollout.autocast, cfg.optim.autocast = "none", "bf16"
