@@ -65,8 +65,9 @@ def masked_only(algo: str) -> bool:
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
     model = {**tiny, "model": tiny["masked"]} if masked_only(algo) else tiny
-    rows = train(model, tmp_path / algo, algo=algo, extra=TREE if branches(algo) else ())
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    extra = (*(TREE if branches(algo) else ()), "save_every=1")  # step 2 draws, reports and ends the run
+    rows = train(model, tmp_path / algo, algo=algo, steps=2, extra=extra)
+    assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         for key in (
             "reward/mean",
@@ -95,7 +96,7 @@ def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
         assert all(r["credit/weight_max"] > 1.5 for r in trained)
     if algo == "grpo":
         assert all("kl_k3" in r for r in trained)
-    before, after = params(tmp_path / algo, 2), params(tmp_path / algo, 3)
+    before, after = params(tmp_path / algo, 1), params(tmp_path / algo, 2)
     assert any(not torch.equal(before[k], after[k]) for k in before), "parameters changed"
     run_dir = tmp_path / algo
     assert (run_dir / "config.yaml").is_file() and (run_dir / "report.html").is_file()
@@ -345,8 +346,17 @@ def test_vine_spacing_wider_than_the_samples_is_an_error_not_plain_group_credit(
     assert not (tmp_path / "wide").exists()  # refused before the run directory was made
 
 
-def test_budget_counts_samples_tokens_and_reward_calls(tiny, tmp_path):
-    rows = train(tiny, tmp_path / "dapo", algo="dapo", steps=3)
+def test_budget_counts_samples_tokens_and_reward_calls_and_the_report_is_drawn_once_per_new_rows(
+    tiny, tmp_path, monkeypatch
+):
+    import t2i_gcpo.viz.report as report
+
+    drawn, write = [], report.write_run_report
+    monkeypatch.setattr(report, "write_run_report", lambda run_dir, **kw: drawn.append(1) or write(run_dir, **kw))
+    rows = train(tiny, tmp_path / "dapo", algo="dapo", steps=3, extra=("sample_every=3",))
+    assert len(drawn) == 1, "step 3 drew its samples and the report; the run's end had nothing new to add"
+    rows = train(tiny, tmp_path / "again", algo="dapo", steps=3)  # sample_every 2: step 2's, then the end's
+    assert len(drawn) == 3 and (tmp_path / "again" / "report.html").is_file()
     T = 16  # the tiny prior's 4 × 4 token grid
     totals = {"samples": 0.0, "tokens": 0.0, "reward_calls": 0.0}
     for r in rows:

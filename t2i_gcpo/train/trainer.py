@@ -116,6 +116,8 @@ class Trainer:
         self.last_batch: Batch | None = None
         self.stop_requested = 0  # the stop signal received (0: none)
         self.final_phase = False  # in the final evaluation: a stop signal ends it at once
+        self.logged_rows = 0  # metrics rows written; the report is redrawn only when there are new ones
+        self.reported_rows = -1
         start_trackers(acc, trackers, self.run_dir, to_dict(cfg), self.start_step, resume=resume)
 
     # ======================================================================== algorithm logic
@@ -400,6 +402,7 @@ class Trainer:
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
         with open_append(self.run_dir / "metrics.jsonl") as f:
             f.write(json.dumps(row) + "\n")
+        self.logged_rows += 1
         log_metrics(self.accelerator, row, step)
         if (
             not append_only
@@ -422,12 +425,15 @@ class Trainer:
                          self.credit_ref, self.cfg, step)  # fmt: skip
 
     def _report(self) -> None:
-        if self.accelerator.is_main_process:
+        """Write report.html, unless it already shows every logged row (a run whose last step drew its
+        samples ends with the report that step wrote)."""
+        if self.accelerator.is_main_process and self.reported_rows != self.logged_rows:
             from t2i_gcpo.rewards.combine import reward_bounds
             from t2i_gcpo.viz.report import write_run_report
 
             eval_every = self.cfg.eval_every if self.eval_prompts else -1  # -1: the report says there is none
             write_run_report(self.run_dir, reward_bounds=reward_bounds(self.reward), eval_every=eval_every)
+            self.reported_rows = self.logged_rows
 
     def save(self, step: int) -> None:
         acc = self.accelerator
