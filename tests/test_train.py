@@ -352,7 +352,9 @@ def test_budget_counts_samples_tokens_and_reward_calls_and_the_report_is_drawn_o
     import t2i_gcpo.viz.report as report
 
     drawn, write = [], report.write_run_report
-    monkeypatch.setattr(report, "write_run_report", lambda run_dir, **kw: drawn.append(1) or write(run_dir, **kw))
+    monkeypatch.setattr(
+        report, "write_run_report", lambda run_dir, **kw: drawn.append(1) or write(run_dir, **kw)
+    )
     rows = train(tiny, tmp_path / "dapo", algo="dapo", steps=3, extra=("sample_every=3",))
     assert len(drawn) == 1, "step 3 drew its samples and the report; the run's end had nothing new to add"
     rows = train(tiny, tmp_path / "again", algo="dapo", steps=3)  # sample_every 2: step 2's, then the end's
