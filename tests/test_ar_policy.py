@@ -21,8 +21,6 @@ from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunk_size, filte
 from t2i_gcpo.tasks.loop import group_generators
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
-torch.set_num_threads(2)
-
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares", "a photo of a cross above a circle"]
 CONTEXTS = ("pos", "neg", "guided")
 

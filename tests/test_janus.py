@@ -22,7 +22,6 @@ from tiny_models import JANUS_CODEBOOK as CODEBOOK
 from tiny_models import JANUS_GRID as GRID
 from tiny_models import build_tiny_janus
 
-torch.set_num_threads(2)
 PROMPTS = ["a red circle", "two blue squares left of a green cat"]  # different lengths → left padding
 TOL = 1e-4
 CONTEXTS = ("pos", "neg", "guided")

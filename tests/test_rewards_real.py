@@ -15,7 +15,6 @@ from t2i_gcpo.rewards.combine import CallableReward, RewardError, WeightedSum, c
 from t2i_gcpo.rewards.registry import build_reward
 from t2i_gcpo.scoring.detections import Detection
 
-torch.set_num_threads(2)
 TINY_CLIP = "t2i-gcpo-tiny-clip"
 TINY_CFG = {
     "embed_dim": 32,

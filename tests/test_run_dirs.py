@@ -221,6 +221,7 @@ def test_a_crafted_pickle_in_a_run_directory_never_runs(tiny, tmp_path, capsys):
 # ----------------------------------------------------------------------------- item 4: one at a time
 
 
+@pytest.mark.slow  # a real second process, training until it is stopped
 def test_a_second_train_on_the_same_out_is_refused_naming_the_first(tiny, tmp_path, capsys):
     out = tmp_path / "run"
     first = start_train(tiny, out, 40, ("save_every=1",), T2I_TEST_SLOW_REWARD="0.3")
@@ -293,15 +294,30 @@ def test_a_refused_lock_leaves_no_folder_behind(tmp_path):
 EVALS = ("eval_every=2", "eval_images_per_prompt=2")
 
 
-def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp_path, monkeypatch, capsys):
-    """A crash, a NaN reward, or a double Ctrl-C in step 1: no checkpoint yet (save_every 50). A fresh
-    start points at --resume, and --resume starts over from the saved config: the same run as one
-    never interrupted (base evaluation at step 0 included, once)."""
-    extra = ("save_every=50", *EVALS, f"eval_prompts={tiny['eval']}")
-    full = tmp_path / "full"
-    train(tiny, full, 3, extra)
-    assert [r["step"] for r in rows(full)] == [0, 1, 2, 3, 3]  # base, steps, final evaluation
+def stopped_early_extra(tiny) -> tuple[str, ...]:
+    return ("save_every=50", *EVALS, f"eval_prompts={tiny['eval']}")
 
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny, tmp_path_factory) -> Path:
+    """The 3-step run that runs stopped in step 1 or 2 must become once resumed (no checkpoint before the
+    end: save_every 50): base evaluation, steps, final evaluation."""
+    full = tmp_path_factory.mktemp("uninterrupted") / "full"
+    with pytest.MonkeyPatch.context() as m:
+        m.syspath_prepend(str(tiny["root"]))
+        m.setattr(trainer_mod.Trainer, "_report", lambda self: None)
+        train(tiny, full, 3, stopped_early_extra(tiny))
+    assert [r["step"] for r in rows(full)] == [0, 1, 2, 3, 3]
+    return full
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(
+    tiny, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """A crash or a NaN reward in step 1 or 2: no checkpoint yet (save_every 50). A fresh start points at
+    --resume, and --resume starts over from the saved config: the same run as one never interrupted (base
+    evaluation at step 0 included, once). A double Ctrl-C: the slow test below."""
+    extra = stopped_early_extra(tiny)
     crashed = tmp_path / "crashed"
     real_step = trainer_mod.Trainer.train_step
 
@@ -318,7 +334,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     code, _, err = cli(capsys, *cli_args(tiny, crashed, 3, extra))
     assert code == 2 and f"continue it with --resume {crashed}" in error_line(err)
     run(prepare(resume_options=TRUST, resume_dir=crashed))
-    assert_same_run(full, crashed, 3)
+    assert_same_run(uninterrupted, crashed, 3)
 
     nan = tmp_path / "nan"  # NaN from the first training step on: the dry sample before the run passes
     monkeypatch.setenv("T2I_TEST_NAN_REWARD", "1")
@@ -326,10 +342,15 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     assert code == 2 and "error:" in err and latest_checkpoint(nan) is None
     monkeypatch.delenv("T2I_TEST_NAN_REWARD")
     run(prepare(resume_options=TRUST, resume_dir=nan))
-    assert_same_run(full, nan, 3)
+    assert_same_run(uninterrupted, nan, 3)
 
-    stopped = tmp_path / "stopped"  # Ctrl-C twice in step 1: stop at once, before any checkpoint
-    p = start_train(tiny, stopped, 3, extra, T2I_TEST_SLOW_REWARD="3")
+
+@pytest.mark.slow
+def test_a_double_ctrl_c_in_step_1_stops_at_once_and_resumes_from_step_0(tiny, uninterrupted, tmp_path):
+    """Ctrl-C twice in step 1 of a real process (its reward takes 3 s a call): it stops at once, before any
+    checkpoint, says how to start again, and --resume gives the uninterrupted run."""
+    stopped = tmp_path / "stopped"
+    p = start_train(tiny, stopped, 3, stopped_early_extra(tiny), T2I_TEST_SLOW_REWARD="3")
     wait_for(lambda: (stopped / "metrics.jsonl").is_file(), p)  # the base evaluation's row: step 1 next
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
@@ -343,7 +364,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(tiny, tmp
     )
     assert latest_checkpoint(stopped) is None
     run(prepare(resume_options=TRUST, resume_dir=stopped))
-    assert_same_run(full, stopped, 3)
+    assert_same_run(uninterrupted, stopped, 3)
 
 
 def test_a_ctrl_c_before_the_loop_says_how_to_continue(tiny, tmp_path, monkeypatch, capsys):
@@ -387,6 +408,7 @@ def test_out_at_a_folder_that_is_not_a_run_is_refused_and_left_alone(tiny, tmp_p
 # ---------------------------------------------------------------- item 11: a stop in the final evaluation
 
 
+@pytest.mark.slow  # a real process stopped by signals in its final evaluation (its reward takes 2 s a call)
 def test_a_stop_signal_in_the_final_evaluation_prints_the_resume_line_and_writes_the_report(tiny, tmp_path):
     out = tmp_path / "run"
     extra = ("eval_every=0", "eval_images_per_prompt=2", f"eval_prompts={tiny['eval']}", "save_every=1")

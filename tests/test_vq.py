@@ -11,8 +11,6 @@ import torch
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
-torch.set_num_threads(2)
-
 SHIPPED_VQ = os.path.join(os.path.dirname(__file__), "..", "t2i_gcpo", "assets", "shapeworld", "vq")
 
 
