@@ -174,6 +174,7 @@ def test_fsdp2_two_processes_train_resume_and_match_one_process(tmp_path):
     assert_same_training(tmp_path / "one", run, initial)
 
 
+@pytest.mark.slow  # a process of its own each (accelerate reads the launch's variables once per process)
 @pytest.mark.parametrize("asked", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
 def test_a_strategy_accelerate_did_not_give_is_refused_in_one_line(tmp_path, asked):
     """What `accelerate launch --config_file fsdp.yaml|deepspeed.yaml` tells each process, in one plain

@@ -110,9 +110,12 @@ def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
     assert curve[10] >= curve[0] + 0.15, curve
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["vine", "tempo", "eg-grpo", "balanced"])
 def test_tree_credit_presets_run_two_steps_on_the_shipped_prior(tmp_path, algo):
-    """Each preset of docs/concepts/tree_credit.md#running-tree-credit, 2 steps from the command line."""
+    """Each preset of docs/concepts/tree_credit.md#running-tree-credit, 2 steps from the command line with
+    the shipped model's own grid and the presets' own branching settings (the default tier trains every
+    preset on the tiny prior: tests/test_train.py::test_every_algorithm_trains_and_logs)."""
     out = tmp_path / algo
     p = t2i("train", "--algo", algo, "--prompts", str(PROMPTS_DIR / "shapeworld_train.txt"), "--steps", "2",
             "--seed", "3", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",

@@ -152,6 +152,7 @@ def rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a real process killed with SIGKILL mid-run
 def test_cosine_with_floor_resumes_bit_identically_after_kill_9(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
     (tmp_path / "slowfix.py").write_text(SLOW_REWARD)

@@ -376,6 +376,7 @@ def slow_redness(images, prompts, metadata):
 """
 
 
+@pytest.mark.slow  # a real process, stopped by SIGTERM in a step whose reward sleeps
 def test_sigterm_finishes_the_step_saves_and_resumes_bit_identically(tiny, tmp_path, monkeypatch):
     (tmp_path / "slowfix.py").write_text(SLOW_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -21,8 +21,11 @@ from tiny_models import build_tiny_masked, tiny_policy_dir
 from train_fixtures import write_prompt_file
 
 # float32 whatever the machine ('auto' picks bf16 where native): the pinned metrics are float32 numbers
+# no sample grids, credit maps or report (matplotlib: ~1.4 s a run) where a test does not read them: the
+# every-algorithm test draws each scheme's, the plain resume test checks that drawing leaves the run unchanged
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=2", "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+        "sample_every=0", "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+DRAW = "sample_every=2"
 
 TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
@@ -65,7 +68,7 @@ def masked_only(algo: str) -> bool:
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_every_algorithm_trains_and_logs(tiny, tmp_path, algo):
     model = {**tiny, "model": tiny["masked"]} if masked_only(algo) else tiny
-    extra = (*(TREE if branches(algo) else ()), "save_every=1")  # step 2 draws, reports and ends the run
+    extra = (*(TREE if branches(algo) else ()), "save_every=1", DRAW)  # step 2 draws, reports, ends the run
     rows = train(model, tmp_path / algo, algo=algo, steps=2, extra=extra)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -124,7 +127,7 @@ def resume_matches_uninterrupted(tiny, tmp_path, **kwargs) -> tuple[list[dict], 
 
 
 def test_resumed_run_matches_uninterrupted(tiny, tmp_path):
-    resume_matches_uninterrupted(tiny, tmp_path)
+    resume_matches_uninterrupted(tiny, tmp_path, extra=(DRAW,))  # drawing does not move the run's streams
 
 
 def test_nan_reward_stops_and_keeps_last_checkpoint(tiny, tmp_path):
@@ -357,7 +360,7 @@ def test_budget_counts_samples_tokens_and_reward_calls_and_the_report_is_drawn_o
     )
     rows = train(tiny, tmp_path / "dapo", algo="dapo", steps=3, extra=("sample_every=3",))
     assert len(drawn) == 1, "step 3 drew its samples and the report; the run's end had nothing new to add"
-    rows = train(tiny, tmp_path / "again", algo="dapo", steps=3)  # sample_every 2: step 2's, then the end's
+    rows = train(tiny, tmp_path / "again", algo="dapo", steps=3, extra=(DRAW,))  # step 2's, then the end's
     assert len(drawn) == 3 and (tmp_path / "again" / "report.html").is_file()
     T = 16  # the tiny prior's 4 × 4 token grid
     totals = {"samples": 0.0, "tokens": 0.0, "reward_calls": 0.0}
