@@ -37,6 +37,7 @@ registry without importing torch (tests/test_help_fast.py).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import pkgutil
@@ -53,7 +54,7 @@ from t2i_gcpo.core.schemes.registry import Option
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
-KINDS = ("dir", "file", "path", "text")
+KINDS = ("dir", "file", "local", "path", "text")
 # keyword parameters a loader takes from the run, never from the spec: the policy's device (`reward.device`
 # and a per-term device are issue 54's), its token grid, a text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
@@ -68,9 +69,9 @@ class Arg:
     """A positional field of a reward spec, attached to its parameter with ``Annotated``.
 
     kind: ``dir`` (a folder that must exist, holding each of `needs`: a file name, or a tuple of names
-    one of which must be there), ``file`` (a file that must exist), ``path`` (a file or folder its
-    loader checks), ``text`` (taken as written: a model name, a URL). Paths are recorded absolute in a
-    run's config (`canonical_reward`)."""
+    one of which must be there), ``file`` (a file that must exist), ``local`` (a file or a folder that
+    must exist), ``path`` (a file or folder its loader checks), ``text`` (taken as written: a model name,
+    a URL). Paths are recorded absolute in a run's config (`canonical_reward`)."""
 
     doc: str
     kind: str = "text"
@@ -143,6 +144,8 @@ class RewardForm:
     # FIELD strings of what follows ``NAME:``, and the inverse (canonical_reward); None: comma-separated
     split: Callable[[str], list[str]] | None = None
     join: Callable[[list[str]], str] | None = None
+    requires: tuple[str, ...] = ()  # modules it imports that are not dependencies of the package
+    install: str = ""  # how to get them (an optional extra)
 
     @property
     def usage(self) -> str:
@@ -173,9 +176,11 @@ _discovered = {"builtins": False}
 # ----------------------------------------------------------------------------- registering
 def register_reward(name: str, *, scores: str, doc: str, weights: str = "", source: str = "", licence: str = "",
                     usage: str | None = None, example: str | None = None, split: Callable | None = None,
-                    join: Callable | None = None, replace: bool = False) -> Callable:  # fmt: skip
+                    join: Callable | None = None, requires: tuple[str, ...] = (), install: str = "",
+                    replace: bool = False) -> Callable:  # fmt: skip
     """Decorator: add the loader `fn` to `REWARDS` as the form `name` (module docstring: the signature
-    declares its arguments and options; `scores` is "image" or "text")."""
+    declares its arguments and options; `scores` is "image" or "text"; `requires`: modules beyond the
+    package's dependencies, checked before anything loads, with `install` saying how to get them)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"reward name {name!r}: lower-case letters, digits and underscores")
     if scores not in SCORES:
@@ -186,7 +191,7 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
             raise ValueError(f"reward {name!r} is already registered (by {REWARDS[name].load.__module__})")
         args, options, context = _read_signature(name, fn)
         REWARDS[name] = RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence,
-                                   usage, example, split, join)  # fmt: skip
+                                   usage, example, split, join, tuple(requires), install)  # fmt: skip
         return fn
 
     return add
@@ -387,7 +392,9 @@ def read_term(term: str) -> Term:
     if form is None:
         raise UserError(f"unknown reward '{shorten(text)}': use {forms_text()}")
     _, _, rest = text.partition(":")
-    write = f"write {form.usage}" + (f", e.g. {form.example}" if form.example else "")
+    write = f"write {form.usage}" + (
+        f", e.g. {form.example}" if form.example and form.example != form.usage else ""
+    )
     write += f"; its options: {form.describe_options()}"
 
     def bad(what: str) -> UserError:
@@ -416,7 +423,7 @@ def read_term(term: str) -> Term:
     if len(positional) > len(form.args):
         extra = positional[len(form.args)]
         hint = (
-            f" (a user module named {form.name}: give its file, ./{form.name}.py:function)"
+            f"; a user module named {form.name}: give its file, ./{form.name}.py:function"
             if not form.args
             else ""
         )
@@ -457,7 +464,7 @@ def coerce(raw: str, tp: Any) -> Any:
                 return coerce(raw, arg)
             except ValueError as e:
                 wanted.append(str(e))
-        raise ValueError(" or ".join(wanted))
+        raise ValueError(" or ".join(wanted + (["null"] if type(None) in args else [])))
     if origin is Literal:
         for value in typing.get_args(tp):
             if raw == str(value):
@@ -510,11 +517,20 @@ def check_paths(term: Term) -> None:
                 names = (need,) if isinstance(need, str) else tuple(need)
                 if not any((path / n).is_file() for n in names):
                     raise UserError(f"{label} holds no {' or '.join(names)}{want}")
+        elif kind == "local" and not path.exists():
+            raise UserError(f"{label} does not exist{want}")
         elif kind == "file":
             if path.is_dir():
                 raise UserError(f"{label} is a folder, expected a file{want}")
             if not path.is_file():
                 raise UserError(f"{label} does not exist{want}")
+
+
+def check_requirements(form: RewardForm) -> None:
+    """The modules `form` needs beyond the package's dependencies are installed; else one line saying how."""
+    for module in form.requires:
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"reward '{form.name}' needs the package {module}, not installed: {form.install}")
 
 
 def check_reward_spec(spec: str | None, output: str | None = None) -> None:
@@ -528,6 +544,7 @@ def check_reward_spec(spec: str | None, output: str | None = None) -> None:
             continue
         read = read_term(term)
         _check_output(read, output)
+        check_requirements(read.form)
         check_paths(read)
 
 
@@ -571,6 +588,7 @@ def _build_one(term: str, ctx: dict) -> Any:
         return CallableReward(unquote(term))
     read = read_term(term)
     _check_output(read, ctx.get("output"))
+    check_requirements(read.form)
     check_paths(read)
     form = read.form
     context = {k: v for k, v in ctx.items() if k in form.context}
@@ -629,7 +647,7 @@ def _canonical_term(form: RewardForm, term: str) -> str:
     for i, field in enumerate(fields):
         if field[0] not in _QUOTES and (_OPTION.match(field) or field in form.flags):
             continue
-        if index < len(form.args) and form.args[index].info.kind in ("dir", "file", "path"):
+        if index < len(form.args) and form.args[index].info.kind in ("dir", "file", "local", "path"):
             p = Path(unquote(field)).expanduser()
             if p.exists():
                 fields[i] = _quote(str(p.resolve()))
