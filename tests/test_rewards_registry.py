@@ -228,6 +228,16 @@ def test_adding_a_reward_is_one_file(capsys, tmp_path, tiny, toy_reward_file):
         [3 * float(x.mean()) for x in images])  # fmt: skip
 
 
+def test_the_recipe_with_a_reward_sum_reads():
+    from t2i_gcpo.config import load_config
+    from t2i_gcpo.resources import config_file_path
+
+    cfg = load_config("gcpo-official", config_file=config_file_path("recipes/janus_pro_1b_pickscore_geneval.yaml"))
+    parts = [(w, read_term(t)) for w, t in terms(cfg.reward)]
+    assert [(w, r.form.name) for w, r in parts] == [(1.0, "geneval"), (0.04, "pickscore")]
+    assert parts[1][1].args == ("/path/to/PickScore_v1",)
+
+
 # ----------------------------------------------------------------------------- the prompts task
 def test_the_prompts_task_reads_free_text_and_jsonl(tmp_path):
     from t2i_gcpo.tasks.prompts import summarize
