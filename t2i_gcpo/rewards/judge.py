@@ -62,7 +62,7 @@ PATTERN = r"Final Score:\s*([1-5](?:\.\d+)?)"
     scores="image",
     doc="a VLM judge behind an OpenAI-compatible chat API (UnifiedReward, Qwen-VL on vLLM/SGLang): "
     "the score its answer states",
-    weights="none here: the judge runs in its own server (e.g. vllm serve CodeGoat24/UnifiedReward-qwen-7b)",
+    weights="none here: the judge runs in its own server (e.g. vllm serve /models/UnifiedReward-qwen-7b)",
     source=SOURCE,
     licence="the judge model's",
     example="judge:http://127.0.0.1:8000/v1,model=UnifiedReward-qwen-7b,concurrency=16",
