@@ -49,10 +49,11 @@ def tiny_models() -> Any:
     return tiny_models
 
 
-def rendered(n: int, size: int = SIZE) -> tuple[torch.Tensor, list[str]]:
-    """n images of a phrase in black on white, and prompts quoting the phrase."""
+def rendered(n: int, size: int | None = None) -> tuple[torch.Tensor, list[str]]:
+    """n images of a phrase in black on white (`size` px, default SIZE), and prompts quoting the phrase."""
     from PIL import Image, ImageDraw, ImageFont
 
+    size = size or SIZE
     images, prompts = [], []
     for i in range(n):
         word = WORDS[i % len(WORDS)]
@@ -78,32 +79,42 @@ class _Judge(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-def specs(root: Path, judge_url: str, threads: int) -> list[tuple[str, str, str, str]]:
-    """(form, shape, spec, what) of each timed reward."""
+FORMS = ("shapeworld", "ocr", "judge", "pickscore", "hps", "aesthetic", "vqa")  # the forms timed, in order
+
+
+def specs(root: Path, judge_url: str, threads: int) -> Iterator[tuple[str, str, str, str]]:
+    """(form, shape, spec, what) of each timed reward of FORMS, its tiny weights written under `root` when
+    its turn comes (ocr only where the extra is installed)."""
+    import importlib.util
+
     tm = tiny_models()
-    pick = tm.build_tiny_pickscore(root / "PickScore_v1")
-    hps = tm.build_tiny_hps(root / "HPS_v2.1_compressed.pt")
-    clip, head = tm.build_tiny_aesthetic(root / "aesthetic")
-    blip = tm.build_tiny_blip_vqa(root / "blip-vqa")
-    out = [
-        ("shapeworld", "real", "shapeworld", "the embedded detector, 32 × 32 images"),
-        ("ocr", "real", f"ocr:threads={threads}", "RapidOCR PP-OCRv4 (ONNX), rendered text"),
-        ("judge", "client", f"judge:{judge_url}", "loopback server answering at once"),
-        ("pickscore", "tiny", f"pickscore:{pick}", "CLIPModel d 32, 32 px input"),
-        ("hps", "tiny", f"hps:{hps},arch={tm.TINY_HPS}", "open_clip ViT-H-14 layout, d 32, 28 px"),
-        (
-            "aesthetic",
-            "tiny",
-            f"aesthetic:{clip},'{head}',clip_model={tm.TINY_AESTHETIC_CLIP}",
-            "CLIP d 32 + MLP",
-        ),
-        ("vqa", "tiny", f"vqa:{blip}", "BLIP VQA d 32, 32 px input"),
-    ]
-    try:
-        import rapidocr_onnxruntime  # noqa: F401
-    except ImportError:
-        out = [row for row in out if row[0] != "ocr"]
-    return out
+    for form in FORMS:
+        if form == "shapeworld":
+            yield form, "real", "shapeworld", "the embedded detector, 32 × 32 images"
+        elif form == "ocr" and importlib.util.find_spec("rapidocr_onnxruntime") is not None:
+            yield form, "real", f"ocr:threads={threads}", "RapidOCR PP-OCRv4 (ONNX), rendered text"
+        elif form == "judge":
+            yield form, "client", f"judge:{judge_url}", "loopback server answering at once"
+        elif form == "pickscore":
+            yield (
+                form,
+                "tiny",
+                f"pickscore:{tm.build_tiny_pickscore(root / 'PickScore_v1')}",
+                "CLIPModel d 32, 32 px",
+            )
+        elif form == "hps":
+            path = tm.build_tiny_hps(root / "HPS_v2.1_compressed.pt")
+            yield form, "tiny", f"hps:{path},arch={tm.TINY_HPS}", "open_clip ViT-H-14 layout, d 32, 28 px"
+        elif form == "aesthetic":
+            clip, head = tm.build_tiny_aesthetic(root / "aesthetic")
+            yield (
+                form,
+                "tiny",
+                f"aesthetic:{clip},'{head}',clip_model={tm.TINY_AESTHETIC_CLIP}",
+                "CLIP d 32 + MLP",
+            )
+        elif form == "vqa":
+            yield form, "tiny", f"vqa:{tm.build_tiny_blip_vqa(root / 'blip-vqa')}", "BLIP VQA d 32, 32 px"
 
 
 def real_shape(tm: Any, device: str) -> Iterator[tuple[str, str, Any]]:
