@@ -228,11 +228,39 @@ def test_adding_a_reward_is_one_file(capsys, tmp_path, tiny, toy_reward_file):
         [3 * float(x.mean()) for x in images])  # fmt: skip
 
 
+def test_geneval_metadata_reaches_the_parts_of_a_sum_that_need_it(tiny, monkeypatch):
+    from t2i_gcpo.errors import RewardError
+    from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+    from t2i_gcpo.scoring.detections import Detection
+
+    dog = Detection(cls="dog", box=(0, 0, 4, 4), score=0.9, color="red")
+
+    class Colors:
+        def color_of(self, image):
+            return lambda det: det.color
+
+    fake = staticmethod(lambda *args, **kwargs: GenEvalReward(lambda image: [dog], Colors()))
+    monkeypatch.setattr(GenEvalReward, "from_paths", fake)
+    reward = build_reward(f"0.5*geneval:det,clip.pt+0.5*pickscore:{tiny['pickscore']}")
+    one_dog = {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}
+    two_cats = {"tag": "counting", "include": [{"class": "cat", "count": 2}]}
+    out = reward(torch.rand(2, 3, 40, 40), ["a photo of a dog", "a photo of two cats"], [one_dog, two_cats])
+    assert [d["geneval"] for d in out.details] == [1.0, 0.0]  # each sample scored against its own metadata
+    assert [d["geneval/tag"] for d in out.details] == ["single_object", "counting"]
+    assert torch.allclose(
+        out.scores, 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * torch.tensor([d["pickscore"] for d in out.details])
+    )
+    with pytest.raises(RewardError, match="needs GenEval metadata"):
+        reward(torch.rand(1, 3, 40, 40), ["a photo of a dog"], [{}])
+
+
 def test_the_recipe_with_a_reward_sum_reads():
     from t2i_gcpo.config import load_config
     from t2i_gcpo.resources import config_file_path
 
-    cfg = load_config("gcpo-official", config_file=config_file_path("recipes/janus_pro_1b_pickscore_geneval.yaml"))
+    cfg = load_config(
+        "gcpo-official", config_file=config_file_path("recipes/janus_pro_1b_pickscore_geneval.yaml")
+    )
     parts = [(w, read_term(t)) for w, t in terms(cfg.reward)]
     assert [(w, r.form.name) for w, r in parts] == [(1.0, "geneval"), (0.04, "pickscore")]
     assert parts[1][1].args == ("/path/to/PickScore_v1",)
