@@ -47,33 +47,29 @@ class FakeJudge:
                     judge.bodies.append((self.path, body))
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
+                time.sleep(0.05)  # long enough for requests to overlap
+                if judge.mode == "stall":
+                    time.sleep(2.0)
+                status, payload = 200, b"<html>not json</html>"
+                if judge.mode == "http500":
+                    status, payload = 500, b""
+                elif judge.mode != "garbage":
+                    text = body["messages"][0]["content"][1]["text"]
+                    score = 1 + len(text) % 5
+                    answer = "I like it." if judge.mode == "noscore" else f"Good. Final Score: {score}"
+                    payload = json.dumps(
+                        {"choices": [{"message": {"role": "assistant", "content": answer}}]}
+                    ).encode()
+                with judge.lock:  # done before the answer leaves: the client can send its next one only after
+                    judge.in_flight -= 1
                 try:
-                    time.sleep(0.05)  # long enough for requests to overlap
-                    if judge.mode == "stall":
-                        time.sleep(2.0)
-                    if judge.mode == "http500":
-                        self.send_response(500)
-                        self.end_headers()
-                        return
-                    if judge.mode == "garbage":
-                        payload = b"<html>not json</html>"
-                    else:
-                        text = body["messages"][0]["content"][1]["text"]
-                        score = 1 + len(text) % 5
-                        answer = "I like it." if judge.mode == "noscore" else f"Good. Final Score: {score}"
-                        payload = json.dumps(
-                            {"choices": [{"message": {"role": "assistant", "content": answer}}]}
-                        ).encode()
-                    self.send_response(200)
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
-                finally:
-                    with judge.lock:
-                        judge.in_flight -= 1
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -132,10 +128,8 @@ def test_template_and_pattern_options(judge_server):
     server = judge_server("ok")
     spec = f"judge:{server.url},template='Rate {{prompt}}, 1 to 5.',pattern='Score: (\\d)',max_score=10,image_size=null"
     out = build_reward(spec)(images(2), ["x", "yy"], [{}] * 2)
-    assert [b["messages"][0]["content"][1]["text"] for _, b in server.bodies] == [
-        "Rate x, 1 to 5.",
-        "Rate yy, 1 to 5.",
-    ]
+    asked = sorted(b["messages"][0]["content"][1]["text"] for _, b in server.bodies)  # concurrent: any order
+    assert asked == ["Rate x, 1 to 5.", "Rate yy, 1 to 5."]
     assert out.scores.tolist() == pytest.approx([(1 + 15 % 5) / 10, (1 + 16 % 5) / 10])
     for bad, match in [
         (f"judge:{server.url},pattern='('", "not a regular expression"),
