@@ -68,7 +68,7 @@ PATTERN = r"Final Score:\s*([1-5](?:\.\d+)?)"
     example="judge:http://127.0.0.1:8000/v1,model=UnifiedReward-qwen-7b,concurrency=16",
 )
 def load(
-    url: Annotated[str, Arg("the server's OpenAI base URL (…/v1) or chat endpoint", metavar="URL")],
+    url: Annotated[str, Arg("the server's OpenAI base URL (…/v1) or chat endpoint", kind="url", metavar="URL")],
     *,
     model: Annotated[str | None, Option("the model name the server serves (null: its only one)")] = None,
     template: Annotated[str, Option("the question, {prompt} the sample's prompt (quote it in a spec)")] = UNIFIEDREWARD,

@@ -54,7 +54,7 @@ from t2i_gcpo.core.schemes.registry import Option
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
-KINDS = ("dir", "file", "local", "path", "text")
+KINDS = ("dir", "file", "local", "path", "url", "text")
 # keyword parameters a loader takes from the run, never from the spec: the policy's device (`reward.device`
 # and a per-term device are issue 54's), its token grid, a text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
@@ -70,8 +70,8 @@ class Arg:
 
     kind: ``dir`` (a folder that must exist, holding each of `needs`: a file name, or a tuple of names
     one of which must be there), ``file`` (a file that must exist), ``local`` (a file or a folder that
-    must exist), ``path`` (a file or folder its loader checks), ``text`` (taken as written: a model name,
-    a URL). Paths are recorded absolute in a run's config (`canonical_reward`)."""
+    must exist), ``path`` (a file or folder its loader checks), ``url`` (an http(s) URL), ``text`` (taken
+    as written: a model name). Paths are recorded absolute in a run's config (`canonical_reward`)."""
 
     doc: str
     kind: str = "text"
@@ -503,7 +503,8 @@ def coerce(raw: str, tp: Any) -> Any:
 # ----------------------------------------------------------------------------- checking and building
 def check_paths(term: Term) -> None:
     """The weights a term names are there: each ``dir`` argument a folder holding what it `needs`, each
-    ``file`` argument a file; a one-line UserError naming the reward otherwise."""
+    ``file`` argument a file, each ``local`` one either, each ``url`` an http(s) URL; a one-line UserError
+    naming the reward otherwise."""
     for arg, value in zip(term.form.args, term.args):
         kind, path = arg.info.kind, Path(value).expanduser()
         label = f"reward '{term.form.name}': {arg.metavar} {value}"
@@ -517,6 +518,8 @@ def check_paths(term: Term) -> None:
                 names = (need,) if isinstance(need, str) else tuple(need)
                 if not any((path / n).is_file() for n in names):
                     raise UserError(f"{label} holds no {' or '.join(names)}{want}")
+        elif kind == "url" and not re.match(r"^https?://[^/\s]+", value):
+            raise UserError(f"{label} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
         elif kind == "local" and not path.exists():
             raise UserError(f"{label} does not exist{want}")
         elif kind == "file":
