@@ -481,12 +481,15 @@ class TrainConfig:
     )
     task: str | None = doc(
         "What the prompts are and how samples are scored and evaluated: 'shapeworld' (GenEval rules on "
-        "ShapeWorld's shapes) or 'geneval' (GenEval's 80 COCO classes); null = the model's own task.",
+        "ShapeWorld's shapes), 'geneval' (GenEval's 80 COCO classes), 'arithmetic', or 'prompts' (free text "
+        "scored by the reward alone: PickScore, OCR, a judge, …); null = the model's own task.",
         None,
     )
     reward: str | None = doc(
-        "'shapeworld', 'clip:CKPT', 'geneval:DETECTOR,CLIP', 'module:function', or a weighted sum; "
-        "null = the task's default reward.",
+        "The reward spec: a registered form (shapeworld, clip:CKPT, geneval:DETECTOR,CLIP, pickscore:DIR, hps:FILE, "
+        "aesthetic:CLIP,HEAD, ocr, vqa:DIR, judge:URL, …: `t2i-gcpo train --help` lists them, with options as "
+        "NAME:ARGS,key=value), a user function 'module:function', or a weighted sum '0.7*a+0.3*b' "
+        "(docs/guides/rewards.md); null = the task's default reward.",
         None,
     )
     prompts: str | None = doc(

@@ -48,6 +48,9 @@ EVAL_PARTIAL = "eval/partial/mean"
 # standard error of eval/strict/overall over the sampled images: √(Σ_t p_t(1 − p_t)/n_t) / T over its T tags
 # (stats.proportions_se); the report draws eval/strict/overall ± 1.96 of it
 EVAL_STRICT_SE = "eval/strict_se"
+# free-text prompts scored by the reward alone (task prompts)
+EVAL_REWARD = "eval/reward/mean"  # held-out mean reward over every sample
+EVAL_REWARD_SE = "eval/reward_se"  # its standard error over the prompts' mean rewards
 
 # text reasoning (arithmetic task)
 ACCURACY = "accuracy"  # mean correct (0/1) over the step's samples

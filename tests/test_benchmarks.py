@@ -317,3 +317,20 @@ def test_stepwise_gains_step_statistics_by_hand():
     assert stats["changes"] == [0.0, 0.5, 0.5]
     assert stats["groups_differ"] == [0.0, 1.0, 1.0]
     assert stats["abs_centred_gain"] == [0.0, 0.5, 0.5]
+
+
+def test_rewards_section_runs_quick_on_the_cpu(monkeypatch):
+    """Section rewards on the CPU, quick, on 64 px images, for ShapeWorld, the judge and one model reward (the
+    others build the same way, and each is tested against its reference in tests/test_rewards_*.py): a row
+    each, with every column the page shows."""
+    from benchmarks.suite import rewards
+    from benchmarks.suite.common import Context
+
+    assert set(rewards.FORMS) == {"shapeworld", "ocr", "judge", "pickscore", "hps", "aesthetic", "vqa"}
+    monkeypatch.setattr(rewards, "SIZE", 64)
+    monkeypatch.setattr(rewards, "FORMS", ("shapeworld", "judge", "pickscore"))
+    sec = rewards.run(Context(quick=True, threads=1, device="cpu"))
+    assert [r["reward"] for r in sec["rows"]] == ["shapeworld", "judge", "pickscore"]
+    for r in sec["rows"]:
+        assert all(key in r for key, _ in sec["columns"]) and r["images_per_s"] > 0 and r["batch"] == 4
+    assert "real, random weights" not in {r["shape"] for r in sec["rows"]}  # the real shapes: full runs only

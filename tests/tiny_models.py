@@ -7,6 +7,14 @@ downloaded). Each writes a checkpoint folder that ``load_policy`` reads:
 - `build_tiny_janus(path)`      a Janus checkpoint in Janus-Pro's on-disk format (Llama + vision + VQ)
 - `build_tiny_text_lm(path)`    a causal LM (Llama / Qwen2 / GPT-2) with a word-level tokenizer
 
+and the reward models (docs/guides/rewards.md), each at its real architecture with tiny widths:
+
+- `build_tiny_pickscore(path)`  a transformers CLIPModel folder with its processor (PickScore_v1's layout)
+- `tiny_open_clip(name, …)`     an open_clip config registered under `name` (ViT-H-14's structure, tiny)
+- `build_tiny_hps(path)`        an HPS checkpoint file ({"state_dict": …}) of a tiny open_clip model
+- `build_tiny_aesthetic(root)`  a tiny OpenAI-style open_clip weights file and an aesthetic MLP head file
+- `build_tiny_blip_vqa(path)`   a transformers BlipForQuestionAnswering folder with a word-level BERT vocab
+
 `TINY_MODELS` maps each built-in family to a builder returning its ``--model`` spec and prompts its
 vocabulary takes (tests/test_policy_contract.py builds one per registered family).
 """
@@ -456,3 +464,128 @@ TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
     "janus": (_tiny_janus, ["a red circle", "two blue squares left of a green cat"]),
     "text": (_tiny_text, ["What is 12+7*3 ?", "Solve 4*5"]),
 }
+
+
+# ----------------------------------------------------------------------------- reward models
+PICK_SIZE = 32  # the tiny CLIP's input side (PickScore: 224)
+
+
+def build_tiny_pickscore(path, seed: int = 0) -> Path:
+    """A random CLIPModel (1 layer, d 32, 32 px, patch 8) with CLIPImageProcessor settings and the tiny BPE
+    tokenizer, saved as yuvalkirstain/PickScore_v1 is laid out (config, weights, processor, tokenizer)."""
+    from transformers import CLIPConfig, CLIPModel
+    from transformers.models.clip import CLIPImageProcessorPil
+
+    path = Path(path)
+    write_clip_tokenizer(path)
+    text = dict(vocab_size=56, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=PICK_SIZE, patch_size=8)  # fmt: skip
+    torch.manual_seed(seed)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+    model.save_pretrained(path)
+    CLIPImageProcessorPil(size={"shortest_edge": PICK_SIZE},
+                          crop_size={"height": PICK_SIZE, "width": PICK_SIZE}).save_pretrained(path)  # fmt: skip
+    return path
+
+
+def tiny_open_clip(name: str, folder, quick_gelu: bool = False, image_size: int = 28) -> str:
+    """Register an open_clip config `name`: ViT-H-14's structure (patch 14, head width 16 as ViT-H's 80 is
+    to its 1280, a text tower over the full CLIP vocabulary) at tiny widths, one layer each."""
+    import open_clip
+
+    cfg = {
+        "embed_dim": 16,
+        "quick_gelu": quick_gelu,
+        "vision_cfg": {
+            "image_size": image_size,
+            "layers": 1,
+            "width": 32,
+            "head_width": 16,
+            "patch_size": 14,
+        },
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(folder)
+    return name
+
+
+TINY_HPS = "t2i-gcpo-tiny-hps"
+
+
+def build_tiny_hps(path, seed: int = 0) -> Path:
+    """An HPS-style checkpoint file (``{"state_dict": …}``, as HPS_v2.1_compressed.pt) of a random tiny
+    open_clip model registered as TINY_HPS."""
+    import open_clip
+
+    path = Path(path)
+    tiny_open_clip(TINY_HPS, path.parent / "open_clip_configs")
+    torch.manual_seed(seed)
+    model = open_clip.create_model(TINY_HPS, pretrained=None)
+    torch.save({"state_dict": model.state_dict()}, path)
+    return path
+
+
+TINY_AESTHETIC_CLIP = "t2i-gcpo-tiny-aesthetic-clip"
+
+
+def build_tiny_aesthetic(root, seed: int = 0) -> tuple[Path, Path]:
+    """(CLIP weights file, head file): a random tiny open_clip model with QuickGELU registered as
+    TINY_AESTHETIC_CLIP (embedding 16) and a random MLP head of the predictor's layout
+    (layers.0/2/4/6/7: Linear 16→24→12→8→4→1 with dropouts between)."""
+    import open_clip
+
+    root = Path(root)
+    tiny_open_clip(TINY_AESTHETIC_CLIP, root / "open_clip_configs", quick_gelu=True, image_size=28)
+    torch.manual_seed(seed)
+    model = open_clip.create_model(TINY_AESTHETIC_CLIP, pretrained=None)
+    clip_path = root / "tiny_clip.bin"
+    torch.save(model.state_dict(), clip_path)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(
+                torch.nn.Linear(16, 24), torch.nn.Dropout(0.2), torch.nn.Linear(24, 12), torch.nn.Dropout(0.2),
+                torch.nn.Linear(12, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 4), torch.nn.Linear(4, 1),
+            )  # fmt: skip
+
+    head_path = root / "sac+logos+ava1-tiny.pth"
+    torch.save(Head().state_dict(), head_path)
+    return clip_path, head_path
+
+
+BLIP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "does", "this", "figure", "show", '"',
+              "?", "please", "answer", "or", ".", "a", "red", "blue", "circle", "photo", "of", "[DEC]"]  # fmt: skip
+BLIP_SIZE = 32
+
+
+def build_tiny_blip_vqa(path, seed: int = 0) -> Path:
+    """A random BlipForQuestionAnswering (1 layer each, d 32, 32 px, patch 8) with a word-level BERT vocab
+    whose last token is the decoder's BOS ([DEC], as BLIP's 30522), weights drawn wide (std 0.5) so the
+    answer's probability varies with the image and the question, and BlipImageProcessor settings."""
+    from transformers import BertTokenizer, BlipConfig, BlipForQuestionAnswering
+    from transformers.models.blip import BlipImageProcessorPil
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(BLIP_WORDS) + "\n")
+    BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
+    text = dict(vocab_size=len(BLIP_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, encoder_hidden_size=32, bos_token_id=len(BLIP_WORDS) - 1, sep_token_id=3,
+                pad_token_id=0, max_position_embeddings=64)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=BLIP_SIZE, patch_size=8)  # fmt: skip
+    torch.manual_seed(seed)
+    model = BlipForQuestionAnswering(BlipConfig(text_config=text, vision_config=vision))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5)
+    model.save_pretrained(path)
+    BlipImageProcessorPil(size={"height": BLIP_SIZE, "width": BLIP_SIZE}).save_pretrained(path)
+    return path

@@ -14,4 +14,5 @@ SECTIONS = [
     "tree_step",
     "progress",
     "compare_cost",
+    "rewards",
 ]

@@ -11,6 +11,7 @@ import click
 from t2i_gcpo.config import TrainConfig, preset_names
 from t2i_gcpo.core.schemes import CREDIT_SCHEMES
 from t2i_gcpo.policies.registry import models_help
+from t2i_gcpo.rewards.registry import forms_text as reward_forms
 
 EXAMPLES = """
 \b
@@ -76,7 +77,8 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     "--reward",
     type=str,
     default=None,
-    help="'shapeworld' (default), 'clip:CKPT', 'geneval:DET,CLIP', 'module:function', sums.",
+    metavar="SPEC",
+    help=f"{reward_forms()} [default: the task's own] (docs/guides/rewards.md).",
 )
 @click.option("--out", type=str, default=None, help="Run directory  [default: runs/<algo>-<time>]")
 @click.option(

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
-
-import torch
+from typing import Annotated, Any
 
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.rewards.registry import Option, register_reward
 from t2i_gcpo.worlds.arithmetic import (
     Problem,
     extract_answer,
@@ -43,6 +42,34 @@ from t2i_gcpo.worlds.arithmetic import (
 )
 
 SPEC_FORM = "arithmetic[:format=W][,overlong=L_MAX/L_CACHE]"
+EXAMPLE = "arithmetic:format=0.1,overlong=256/64"
+
+
+@register_reward(
+    "arithmetic",
+    scores="text",
+    doc="the arithmetic world's answer correctness (1/0), plus W × format reward, plus DAPO's overlong penalty",
+    weights="none",
+    source="DAPO's soft overlong punishment, arXiv 2503.14476 §3.4; docs/worlds/arithmetic.md",
+    licence="Apache-2.0 (this package)",
+    usage=SPEC_FORM,
+    example=EXAMPLE,
+)
+def load(*, format: Annotated[float, Option("λ_fmt: the weight of the format reward")] = 0.0,
+         overlong: Annotated[str | None, Option("L_MAX/L_CACHE: DAPO's soft overlong penalty (off when not given)")] = None,
+         tokenizer: Any = None) -> ArithmeticReward:  # fmt: skip
+    max_len = cache_len = None
+    if overlong is not None:
+        lmax, slash, lcache = overlong.partition("/")
+        try:
+            if not slash:
+                raise ValueError
+            max_len, cache_len = int(lmax), int(lcache)
+        except ValueError:
+            raise UserError(
+                f"reward option 'overlong={overlong}': write {SPEC_FORM}, e.g. {EXAMPLE}"
+            ) from None
+    return ArithmeticReward(format, max_len, cache_len, tokenizer=tokenizer)
 
 
 def problem_meta(problem: Problem) -> dict[str, Any]:
@@ -94,30 +121,6 @@ class ArithmeticReward:
         self.max_len = None if max_len is None else int(max_len)  # L_max (DAPO)
         self.cache_len = None if cache_len is None else int(cache_len)  # L_cache (DAPO)
         self.tokenizer = tokenizer  # counts lengths in its tokens when given; else characters
-
-    @classmethod
-    def from_spec(cls, options: str, **ctx: Any) -> ArithmeticReward:
-        """Options of ``arithmetic:OPTIONS``: comma-separated ``format=W`` and ``overlong=L_MAX/L_CACHE``
-        (e.g. ``format=0.1,overlong=256/64``); empty means plain correctness."""
-        kwargs: dict[str, Any] = {}
-        for field in filter(None, (f.strip() for f in options.split(","))):
-            key, sep, value = (x.strip() for x in field.partition("="))
-            try:
-                if not sep or key not in ("format", "overlong") or key in kwargs:
-                    raise ValueError
-                if key == "format":
-                    kwargs["format"] = float(value)
-                else:
-                    lmax, slash, lcache = value.partition("/")
-                    if not slash:
-                        raise ValueError
-                    kwargs["overlong"] = (int(lmax), int(lcache))
-            except ValueError:
-                raise UserError(
-                    f"reward option '{field}': write {SPEC_FORM}, e.g. arithmetic:format=0.1,overlong=256/64"
-                ) from None
-        max_len, cache_len = kwargs.get("overlong", (None, None))
-        return cls(kwargs.get("format", 0.0), max_len, cache_len, tokenizer=ctx.get("tokenizer"))
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -180,5 +183,7 @@ class ArithmeticReward:
         for i, text in enumerate(texts):
             problem = problem_from(metadata[i] if metadata else None, prompts[i])
             details.append(self.score_text(problem, text))
+        import torch
+
         scores = torch.tensor([d.pop("reward") for d in details], dtype=torch.float32)  # [B]
         return RewardOutput(scores=scores, details=details)

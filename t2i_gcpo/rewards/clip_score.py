@@ -12,11 +12,15 @@ open_clip ``local-dir`` folder (open_clip_config.json + weights); nothing is dow
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Annotated
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.rewards._common import images_to_pil
 from t2i_gcpo.rewards.base import RewardOutput
+from t2i_gcpo.rewards.registry import Arg, Option, register_reward, split_outside_quotes
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHT_FILES = (
     "open_clip_model.safetensors",
@@ -26,14 +30,49 @@ WEIGHT_FILES = (
 )
 
 
-def images_to_pil(images: torch.Tensor) -> list:
-    """[B, 3, H, W] floats in [0, 1] → B RGB PIL images (8-bit, as an image saved to disk)."""
-    from PIL import Image
+DEFAULT_CLIP_MODEL = "ViT-L-14"
 
-    arr = (
-        (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    )
-    return [Image.fromarray(a) for a in arr]
+
+def _split(rest: str) -> list[str]:
+    """'CKPT[:MODEL][,option=…]' → [CKPT, MODEL?, options…]; a path that exists as written wins over a ':' split."""
+    first, *others = split_outside_quotes(rest, ",")
+    ckpt = first.strip()
+    if Path(ckpt).expanduser().exists() or ":" not in ckpt:
+        return [ckpt, *others]
+    ckpt, model = ckpt.rsplit(":", 1)
+    return [ckpt, *([model] if model else []), *others]
+
+
+def _join(fields: list[str]) -> str:
+    head = fields[0] + (f":{fields[1]}" if len(fields) > 1 and "=" not in fields[1] else "")
+    rest = fields[2:] if head != fields[0] else fields[1:]
+    return ",".join([head, *rest])
+
+
+@register_reward(
+    "clip",
+    scores="image",
+    doc="CLIPScore: max(cos(CLIP image, CLIP text), 0) of each image and its prompt",
+    weights="an open_clip checkpoint file or local-dir folder, e.g. OpenAI ViT-L-14 "
+    "(hf: timm/vit_large_patch14_clip_224.openai, open_clip_pytorch_model.bin)",
+    source="Hessel et al. 2021, CLIPScore (w = 1: torchmetrics' CLIPScore / 100)",
+    licence="MIT (OpenAI CLIP weights)",
+    usage="clip:CKPT_PATH[:MODEL_NAME]",
+    example="clip:/models/ViT-L-14/open_clip_pytorch_model.bin:ViT-L-14",
+    split=_split,
+    join=_join,
+)
+def load(
+    ckpt_path: Annotated[str, Arg("open_clip weights: a file or a local-dir folder", kind="path")],
+    model_name: Annotated[str, Arg("the open_clip architecture")] = DEFAULT_CLIP_MODEL,
+    *,
+    quick_gelu: Annotated[
+        bool, Option("QuickGELU, as OpenAI's weights were trained; false for LAION's")
+    ] = True,
+    batch_size: Annotated[int, Option("images per forward pass", low=1)] = 32,
+    device: str = "cpu",
+) -> ClipScoreReward:
+    return ClipScoreReward(ckpt_path, model_name or DEFAULT_CLIP_MODEL, quick_gelu, device, batch_size)
 
 
 def load_open_clip(
@@ -97,16 +136,18 @@ class ClipScoreReward:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    @torch.no_grad()
     def cosine(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """cos(E_I, E_T) per (image, prompt) pair. [B]"""
+        import torch
+
         pil = images_to_pil(images)
         out = []
         for s in range(0, len(pil), self.batch_size):
             pix = torch.stack([self.preprocess(im) for im in pil[s : s + self.batch_size]]).to(self.device)
             txt = self.tokenizer(prompts[s : s + self.batch_size]).to(self.device)
-            e_i = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)  # [b, D]
-            e_t = torch.nn.functional.normalize(self.model.encode_text(txt).float(), dim=-1)  # [b, D]
+            with torch.no_grad():
+                e_i = torch.nn.functional.normalize(self.model.encode_image(pix).float(), dim=-1)  # [b, D]
+                e_t = torch.nn.functional.normalize(self.model.encode_text(txt).float(), dim=-1)  # [b, D]
             out.append((e_i * e_t).sum(-1).cpu())
         return torch.cat(out)
 

@@ -153,6 +153,16 @@ def reward_bounds(reward: Any) -> tuple[float, float] | None:
     return (float(bounds[0]), float(bounds[1])) if bounds is not None else None
 
 
+def probes(reward: Any) -> bool:
+    """Whether `reward` (alone or a part of a sum) asks to score a dry sample before a run starts
+    (its ``probe``: a judge behind a server that may be down, stalled or answering garbage)."""
+    if isinstance(reward, Checked):
+        return probes(reward.inner)
+    if isinstance(reward, WeightedSum):
+        return any(probes(r) for r, _ in reward.parts)
+    return bool(getattr(reward, "probe", False))
+
+
 def runs_user_code(reward: Any) -> bool:
     """Whether `reward` calls a user function (``module:function`` or an API callable), alone or in a sum."""
     if isinstance(reward, Checked):
@@ -208,4 +218,4 @@ class CallableReward(FunctionReward):
 
 
 __all__ = ["RewardError", "Checked", "WeightedSum", "FunctionReward", "CallableReward", "call_reward",
-           "as_reward_output", "check_prompts", "runs_user_code"]  # fmt: skip
+           "as_reward_output", "check_prompts", "probes", "runs_user_code"]  # fmt: skip

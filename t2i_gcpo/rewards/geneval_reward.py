@@ -18,15 +18,39 @@ The detector is any callable PIL image → list[Detection]; the colour classifie
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.rewards._common import images_to_pil
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.rewards.clip_score import images_to_pil
-from t2i_gcpo.scoring.detections import Detection
-from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
+from t2i_gcpo.rewards.registry import Arg, Option, register_reward
+
+if TYPE_CHECKING:
+    import torch
+
+    from t2i_gcpo.scoring.detections import Detection
+
+
+@register_reward(
+    "geneval",
+    scores="image",
+    doc="GenEval's partial credit against each prompt's GenEval metadata: Mask2Former detections, CLIP colours",
+    weights="a transformers Mask2Former folder (facebook/mask2former-swin-small-coco-instance) and an "
+    "open_clip checkpoint (OpenAI ViT-L-14)",
+    source="GenEval's rules and flow_grpo's partial credit: docs/evaluation/geneval.md#geneval-as-a-reward",
+    licence="CC BY-NC 4.0 (Mask2Former COCO weights); MIT (OpenAI CLIP)",
+    example="geneval:/models/mask2former-swin-small-coco-instance,/models/ViT-L-14.bin,flow_grpo",
+)
+def load(
+    detector_dir: Annotated[str, Arg("a transformers Mask2Former folder", kind="path")],
+    clip_ckpt: Annotated[str, Arg("open_clip weights for the colour classifier", kind="path")],
+    model_name: Annotated[str, Arg("the open_clip architecture")] = "ViT-L-14",
+    *,
+    variant: Annotated[Literal["spec", "flow_grpo"], Option(
+        "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write the flag flow_grpo)")] = "spec",
+    device: str = "cpu",
+) -> GenEvalReward:  # fmt: skip
+    return GenEvalReward.from_paths(detector_dir, clip_ckpt, model_name, device=device, variant=variant)
 
 
 class GenEvalReward:
@@ -41,6 +65,8 @@ class GenEvalReward:
         score: Literal["partial", "strict"] = "partial",
         variant: Literal["spec", "flow_grpo"] = "spec",
     ):
+        from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
+
         if score not in ("partial", "strict"):
             raise UserError(f"GenEval reward score must be 'partial' or 'strict', got '{score}'")
         if variant not in PARTIAL_VARIANTS:
@@ -77,6 +103,8 @@ class GenEvalReward:
         return cls(detector, colors, score=score, variant=variant)
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        import torch
+
         from t2i_gcpo.scoring.geneval_rules import reward_detections  # looked up per call (tests patch it)
 
         missing = [i for i, m in enumerate(metadata) if not m or "include" not in m]

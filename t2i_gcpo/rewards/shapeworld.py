@@ -7,30 +7,43 @@ scalar reward is the partial credit by default, or the strict verdict as 0/1 wit
 The partial credit follows docs/evaluation/geneval.md#geneval-as-a-reward in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
 exactly (`variant="flow_grpo"`: over-counts go negative, a failed position scores 0 then 1); the
 reward spec `shapeworld:flow_grpo` picks the latter (t2i_gcpo/rewards/registry.py).
+
+The module imports numpy, torch and the world's detector where they are used: the registration below is
+read by ``--help`` without them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.base import RewardOutput
-from t2i_gcpo.scoring.geneval_rules import (
-    PARTIAL_VARIANTS,
-    default_threshold,
-    evaluate_detections,
-    reward_detections,
+from t2i_gcpo.rewards.registry import Option, register_reward
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+@register_reward(
+    "shapeworld",
+    scores="image",
+    doc="GenEval's rules on the ShapeWorld detector's output: partial credit in [0, 1], or flow_grpo's",
+    weights="none: the embedded world's exact detector",
+    source="GenEval's rules and flow_grpo's partial credit: docs/evaluation/geneval.md#geneval-as-a-reward",
+    licence="Apache-2.0 (this package)",
+    example="shapeworld:flow_grpo",
 )
-from t2i_gcpo.worlds.shapeworld.detect import detect
-from t2i_gcpo.worlds.shapeworld.parse import parse_prompt
-from t2i_gcpo.worlds.shapeworld.render import token_grid_mask
+def load(*, variant: Annotated[Literal["spec", "flow_grpo"], Option(
+             "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write the flag flow_grpo)")] = "spec",
+         grid: tuple[int, int] = (8, 8)) -> ShapeWorldReward:  # fmt: skip
+    return ShapeWorldReward(grid=grid, variant=variant)
 
 
 def to_uint8_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
     """float [B, 3, H, W] in [0, 1] (NaN → background gray) → uint8 [B, H, W, 3]."""
+    import torch
+
     x = torch.as_tensor(images).detach().float().cpu()
     if x.ndim != 4 or x.shape[1] != 3:
         raise ValueError(f"expected images [B, 3, H, W], got shape {tuple(x.shape)}")
@@ -55,6 +68,8 @@ class ShapeWorldReward:
         grid: tuple[int, int] = (8, 8),
         variant: Literal["spec", "flow_grpo"] = "spec",
     ) -> None:
+        from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
+
         if mode not in ("partial", "strict"):
             raise UserError(f"ShapeWorld reward mode must be 'partial' or 'strict', got {mode!r}")
         if variant not in PARTIAL_VARIANTS:
@@ -73,6 +88,10 @@ class ShapeWorldReward:
 
     def score_image(self, image: np.ndarray, metadata: dict) -> dict:
         """Details of one uint8 [H, W, 3] image against GenEval metadata (see the class doc)."""
+        from t2i_gcpo.scoring.geneval_rules import default_threshold, evaluate_detections, reward_detections
+        from t2i_gcpo.worlds.shapeworld.detect import detect
+        from t2i_gcpo.worlds.shapeworld.render import token_grid_mask
+
         detections = detect(image)
         strict = evaluate_detections(metadata, detections)
         flow = reward_detections(metadata, detections, variant=self.variant)
@@ -98,6 +117,10 @@ class ShapeWorldReward:
         }
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        import torch
+
+        from t2i_gcpo.worlds.shapeworld.parse import parse_prompt
+
         pixels = to_uint8_images(images)  # [B, H, W, 3]
         if len(prompts) != len(pixels) or (metadata and len(metadata) != len(pixels)):
             raise ValueError(f"{len(pixels)} images but {len(prompts)} prompts and {len(metadata)} metadata")

@@ -9,6 +9,7 @@ from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.tasks.arithmetic import TEST_FILE, TRAIN_FILE, ArithmeticTask
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.tasks.geneval import GenEvalTask
+from t2i_gcpo.tasks.prompts import PromptsTask
 
 TASKS = {
     "shapeworld": lambda: GenEvalTask(
@@ -21,6 +22,11 @@ TASKS = {
     "geneval": lambda: GenEvalTask("geneval", "coco", default_reward=None),
     "arithmetic": lambda: ArithmeticTask(
         eval_file=str(PROMPTS_DIR / TEST_FILE), train_file=str(PROMPTS_DIR / TRAIN_FILE)
+    ),
+    # free text scored by the reward alone; the shipped held-out prompts are the text-rendering ones
+    "prompts": lambda: PromptsTask(
+        eval_file=str(PROMPTS_DIR / "text_rendering_test.txt"),
+        train_file=str(PROMPTS_DIR / "text_rendering_train.txt"),
     ),
 }
 

@@ -206,10 +206,12 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     a `policy` or `reward` object given is used as it is."""
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.policies.sampling import resolve_guidance_scale
-    from t2i_gcpo.rewards.registry import build_reward
+    from t2i_gcpo.rewards.registry import build_reward, check_reward_spec
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
 
+    if reward is None:  # a spec's typo or a missing weights folder: one line before the model loads
+        check_reward_spec(cfg.reward)
     if policy is None:
         policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
@@ -259,17 +261,18 @@ def check_reward(
     cfg: TrainConfig, reward: Reward, prompts: list, eval_prompts: list | None, dry: Callable[[], Any]
 ) -> None:
     """Before the run directory exists: the reward takes every training and held-out prompt (the
-    arithmetic reward needs answers), and a reward that runs user code (a ``module:function`` or the
-    API's Python callable) scores the `dry` sample without failing — an exception, NaN or a wrong count
+    arithmetic reward needs answers, the OCR reward a quoted phrase), and a reward that runs user code (a
+    ``module:function`` or the API's Python callable) or asks for a probe (a VLM judge behind a server)
+    scores the `dry` sample without failing — an exception, NaN, a wrong count or a server that is down
     stops here."""
-    from t2i_gcpo.rewards.combine import RewardError, check_prompts, runs_user_code
+    from t2i_gcpo.rewards.combine import RewardError, check_prompts, probes, runs_user_code
 
     for key, records in (("prompts", prompts), ("eval_prompts", eval_prompts or [])):
         try:
             check_prompts(reward, [p.text for p in records], [p.meta for p in records])
         except UserError as e:
             raise UserError(f"{getattr(cfg, key)}: {e}") from None
-    if runs_user_code(reward) and prompts:
+    if (runs_user_code(reward) or probes(reward)) and prompts:
         try:
             dry()
         except RewardError as e:  # still a RewardError (a UserError): the API's callers catch it as such
