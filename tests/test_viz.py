@@ -385,8 +385,11 @@ def test_run_report_from_synthetic_run_dir(tmp_path):
     assert path == run / "report.html"
     text = path.read_text()
     p = _parse(text)
-    # 6 plots (reward, per tag, optimisation, credit, time, other) + samples + credit map
-    assert len(p.imgs) == 8
+    # 3 plots (reward, per tag, time) + samples + credit map; optimisation, credit and other metrics as
+    # small multiples (inline SVG panels)
+    assert len(p.imgs) == 5
+    for section in ("Optimisation", "Credit", "Other metrics"):
+        assert '<svg class="spark"' in text.split(f"<h2>{section}</h2>")[1].split("<h2>")[0], section
     ims = [_decode_png(src) for src in p.imgs]
     assert ims[-2].convert("RGB").getpixel((0, 0)) == (255, 0, 0)  # newest sample grid (step 100)
     assert ims[-1].convert("RGB").getpixel((0, 0)) == (128, 0, 128)  # newest credit map (step 95)
@@ -409,7 +412,7 @@ def test_run_report_skips_a_png_being_written(tmp_path):
     (run / "samples" / "step_000200.png").write_bytes(good[: len(good) // 2])  # truncated newest
     text = write_run_report(run).read_text()
     assert "Latest samples (step 100)" in text and "step_000200" not in text
-    assert len(_parse(text).imgs) == 8
+    assert len(_parse(text).imgs) == 5
 
 
 def test_run_report_draws_only_what_is_present(tmp_path):
@@ -451,7 +454,8 @@ def test_the_report_opens_on_the_held_out_score_and_its_interval(tmp_path):
     assert "<b>0.805 ± 0.031</b> held-out strict score at step 4; 0.797 at step 0" in first  # 1.96 × 0.016
     assert "colors</th><td>0.700" in first  # its tags, at the latest step
     assert 'alt="held-out strict score"' in first.split("<img")[1]  # the first picture is its curve
-    assert len(p.imgs) == 3  # held-out, reward (training batches), other metrics (the held-out tag)
+    assert len(p.imgs) == 2  # held-out, reward (training batches); other metrics (the held-out tag): a panel
+    assert 'aria-label="eval/strict/colors"' in text.split("<h2>Other metrics</h2>")[1]
 
 
 def test_the_held_out_curve_carries_its_interval_within_0_and_1():
@@ -508,3 +512,25 @@ def test_step_axes_tick_at_whole_steps():
         ticks = [t for t in fig.axes[0].get_xticks() if 1 <= t <= 4]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
     assert _multiples(s, ["clip_frac"]) is not None
+
+
+def test_a_metric_panel_draws_its_points_between_its_lowest_and_highest_values():
+    """Small multiples are inline SVG: each panel's polyline runs from the first logged step to the last
+    and from the frame's bottom (the lowest value) to its top (the highest), labelled with both; a flat
+    metric is one label beside a line across the middle; long curves add a bold moving average."""
+    from t2i_gcpo.viz.report import _PAD, _PANEL, _multiples, _series
+
+    (w, h), (left, right, top, bottom) = _PANEL, _PAD
+    s = _series([{"step": k, "clip_frac": v, "lr": 3e-3} for k, v in ((2, 0.1), (3, 0.3), (5, 0.2))])
+    html = _multiples(s, ["clip_frac", "lr", "absent"])
+    clip, lr = re.findall(r"<svg .*?</svg>", html)
+    points = [tuple(map(float, p.split(","))) for p in re.search(r'points="([^"]+)"', clip).group(1).split()]
+    want = [(left, h - bottom), (left + (w - left - right) / 3, top), (w - right, (top + h - bottom) / 2)]
+    assert [c for p in points for c in p] == pytest.approx([c for p in want for c in p], abs=0.05)
+    assert ">0.3</text>" in clip and ">0.1</text>" in clip and ">2</text>" in clip and ">5</text>" in clip
+    assert clip.count("<circle") == 3 and "<title>clip_frac: 0.2 at step 5</title>" in clip
+    flat = [tuple(map(float, p.split(",")))[1] for p in re.search(r'points="([^"]+)"', lr).group(1).split()]
+    assert flat == [(top + h - bottom) / 2] * 3 and lr.count("</text>") == 4  # title, 0.003, steps 2 and 5
+    long = _multiples(_series([{"step": k, "entropy": float(k % 7)} for k in range(1, 101)]), ["entropy"])
+    assert long.count("<polyline") == 2 and "(bold: the average of 5)" in long and "<circle" not in long
+    assert _multiples(s, ["absent"]) is None

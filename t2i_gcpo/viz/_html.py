@@ -30,6 +30,10 @@ h3 { font-size: 1.05em; margin-bottom: 0.3em; }
 .note { background: #fff6e0; border: 1px solid #f0d9a0; padding: 8px 12px; }
 img.fig { max-width: 100%; height: auto; border: 1px solid #eee; }
 img.pix { image-rendering: pixelated; max-width: 100%; height: auto; border: 1px solid #eee; }
+.multiples { display: grid; grid-template-columns: repeat(auto-fill, minmax(300px, 1fr)); gap: 6px; }
+svg.spark { width: 100%; height: auto; border: 1px solid #eee; }
+svg.spark text { font-size: 11px; fill: #444; }
+svg.spark text.t { font-size: 12px; fill: #222; }
 table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0 16px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; }
