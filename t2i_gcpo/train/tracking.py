@@ -11,8 +11,11 @@ all but TensorBoard also get the resolved config (dotted keys)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
+
+from accelerate.tracking import GeneralTracker
 
 from t2i_gcpo.config import TRACKERS, check_report_to
 from t2i_gcpo.errors import UserError
@@ -25,9 +28,9 @@ def installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def resolve_report_to(spec: str) -> list[str]:
-    """The trackers `spec` asks for ('all': every installed one; 'none': none); a UserError naming the
-    pip extra for one that is not installed."""
+def tracker_names(spec: str, installed_only: bool = False) -> list[str]:
+    """The trackers `spec` names ('all': every installed one; 'none': none), in order, once each.
+    `installed_only`: a named tracker that is not installed is a UserError naming its pip extra."""
     check_report_to(spec)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if "none" in names:
@@ -36,11 +39,18 @@ def resolve_report_to(spec: str) -> list[str]:
         return []
     if "all" in names:
         return [t for t in TRACKERS if installed(t)]
-    missing = [n for n in dict.fromkeys(names) if not installed(n)]
+    missing = [n for n in dict.fromkeys(names) if not installed(n)] if installed_only else []
     if missing:
         n = missing[0]
         raise UserError(f"report_to={n} needs the {n} package: pip install 't2i-gcpo[{n}]'")
-    trackers = list(dict.fromkeys(names))
+    return list(dict.fromkeys(names))
+
+
+def resolve_report_to(spec: str) -> list[str]:
+    """The trackers `spec` asks for (`tracker_names`), each checked to start as the run would start it
+    (`check_can_start`: 'all' included): a UserError naming the pip extra for one that is not installed, or
+    what stops one from starting."""
+    trackers = tracker_names(spec, installed_only=True)
     for name in trackers:
         check_can_start(name)
     return trackers
@@ -102,14 +112,21 @@ def start_trackers(
 ) -> None:
     """init_trackers for a run in `run_dir` that resumes after `start_step`. TensorBoard drops events
     past start_step (a killed run's steps after its checkpoint are trained again), and all of them when
-    a resumed run starts over from step 0 (it had no checkpoint)."""
+    a resumed run starts over from step 0 (it had no checkpoint). TensorBoard's event file is written by
+    `EventFile` (never through a link); W&B's folder is checked to be a folder of the run, not a link."""
     if not trackers:
         return
-    # the run directory is known only now (the Accelerator was made first): TensorBoard writes under it
-    accelerator.project_configuration.logging_dir = str(run_dir / "tb")  # <run>/tb/t2i-gcpo
+    from t2i_gcpo.outdir import real_dir
+
+    if "wandb" in trackers:
+        real_dir(run_dir / "wandb", within=run_dir)
+    purge = (start_step + 1 if start_step else 0) if resume else None
+    accelerator.log_with = [
+        EventFile(run_dir, purge) if getattr(t, "value", t) == "tensorboard" else t
+        for t in accelerator.log_with
+    ]
     name = run_dir.resolve().name
     kwargs = {
-        "tensorboard": {"purge_step": start_step + 1 if start_step else 0} if resume else {},
         "wandb": {"dir": str(run_dir), "name": name},
         "mlflow": {"run_name": name},
         "trackio": {"name": name},
@@ -119,6 +136,76 @@ def start_trackers(
     for tracker in accelerator.trackers:
         if tracker.name != "tensorboard":  # TensorBoard's hparams would add a sub-run; config.yaml holds it
             tracker.store_init_configuration(flat)
+
+
+class EventFile(GeneralTracker):
+    """TensorBoard's event file of a run, <run>/tb/t2i-gcpo/events.out.tfevents.…: one scalar event per logged
+    row, in TensorBoard's record format (its own `RecordWriter` and protocol buffers). The file is opened once,
+    through `outdir.open_append` (its folders checked, never through a link, kept open: a link planted at
+    its name later changes nothing), and flushed after each row; a failed write is one line (WriteError).
+    `purge_step`: a resumed run's first step (0: it starts over) — TensorBoard then drops the events a killed
+    run logged from there on, as torch's SummaryWriter(purge_step=…) does."""
+
+    name = "tensorboard"
+    requires_logging_directory = False
+    main_process_only = True
+
+    def __init__(self, run_dir: Path, purge_step: int | None = None) -> None:
+        super().__init__()
+        self.run_dir, self.purge_step, self.file = Path(run_dir), purge_step, None
+
+    @property
+    def tracker(self) -> Any:
+        return self.file
+
+    def start(self) -> None:
+        import secrets
+        import socket
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        from t2i_gcpo.outdir import open_append
+
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
+        self.file = open_append(self.run_dir / "tb" / PROJECT / name, within=self.run_dir, binary=True)
+        self.records = RecordWriter(self.file)
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if self.purge_step is not None:
+            self._write(Event(wall_time=time.time(), step=self.purge_step, file_version="brain.Event:2"))
+            self._write(Event(wall_time=time.time(), step=self.purge_step,
+                              session_log=SessionLog(status=SessionLog.START)))  # fmt: skip
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        import time
+
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        scalars = [Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items() if _number(v)]
+        if scalars and self.file is not None:
+            self._write(Event(wall_time=time.time(), step=step or 0, summary=Summary(value=scalars)))
+
+    def _write(self, event: Any) -> None:
+        from t2i_gcpo.outdir import WriteError
+
+        try:
+            self.records.write(event.SerializeToString())
+            self.file.flush()
+        except OSError as e:
+            raise WriteError(
+                f"cannot write TensorBoard's event file in {self.run_dir / 'tb'}: {e.strerror or e}"
+            ) from None
+
+    def finish(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def log_metrics(accelerator: Any, row: dict, step: int) -> None:
