@@ -169,6 +169,5 @@ def _say_how_to_continue(run_dir: Path | None, interrupt: KeyboardInterrupt) -> 
     if isinstance(interrupt, Interrupted) or run_dir is None or int(os.environ.get("RANK", 0)) != 0:
         return
     if is_run_dir(run_dir):
-        print(
-            f"interrupted before training began; continue with: t2i-gcpo train --resume {run_dir}", flush=True
-        )
+        command = getattr(interrupt, "resume", None) or f"t2i-gcpo train --resume {run_dir}"
+        print(f"interrupted before training began; continue with: {command}", flush=True)
