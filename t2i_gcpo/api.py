@@ -139,11 +139,11 @@ def _overrides(
 
 def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
     """(the policy object or None, the string config.yaml records for `model`)."""
+    if model is None or isinstance(model, (str, os.PathLike)):  # before importing torch: refusals stay fast
+        return None, None if model is None else os.fspath(model)
     from t2i_gcpo.policies.base import Policy, policy_members
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
-    if model is None or isinstance(model, (str, os.PathLike)):
-        return None, None if model is None else os.fspath(model)
     if not isinstance(model, Policy):  # the protocol's members, checked by name
         missing = [m for m in policy_members() if not hasattr(model, m)]
         raise UserError(
@@ -176,11 +176,11 @@ def _model_identity(model: ModelArg, policy: Policy) -> str:
 def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
     """(a reward object or None, the string config.yaml records for `reward`): a function importable
     as ``module:function`` is recorded so, which the command line can resume."""
+    if reward is None or isinstance(reward, str):
+        return None, reward
     from t2i_gcpo.rewards.combine import Checked, FunctionReward
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
-    if reward is None or isinstance(reward, str):
-        return None, reward
     wrapped = FunctionReward(reward)
     module, qualname = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
     spec = f"{PYTHON_OBJECT}:{wrapped.name}"

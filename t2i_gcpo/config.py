@@ -899,10 +899,13 @@ def load_yaml(text: str) -> Any:
 
     try:
         value = yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 — a SafeLoader subclass
+        deep = _too_deep(value)
     except RecursionError:
-        value = [[]] * (MAX_DEPTH + 1)  # refused below, as any value nested too deeply
-    if _too_deep(value):
-        raise UserError(f"--set value {text[:40]!r}… is nested too deeply to be a config value")
+        deep = True
+    if deep:
+        raise UserError(
+            f"--set value {text[:40]!r}… is nested too deeply (over {MAX_DEPTH} levels) to be a config value"
+        )
     return value
 
 

@@ -159,6 +159,7 @@ def claim_comparison(out: Path, algos: list[str], flags: dict, eval_every: int, 
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.train.plan import plan_config
     from t2i_gcpo.train.run import check_resumable, plan_job
     from t2i_gcpo.train.tracking import resolve_report_to
 
@@ -166,11 +167,15 @@ def claim_comparison(out: Path, algos: list[str], flags: dict, eval_every: int, 
     configs = {algo: load_config(algo, flags={**flags, "out": None}, overrides=sets) for algo in algos}
     settings = comparison_settings(flags, eval_every, overrides)
     check_settings_record(out, COMMAND, settings)
-    for run_dir in sorted(out.glob("*/seed*")):  # the runs this command continues, before any model loads
+    budget = out / "budget.json"  # the matched arms of an earlier run of this comparison, continued too
+    arms = [*algos, *(read_json(budget, BudgetPlans)["arms"] if budget.is_file() else ())]
+    for run_dir in sorted(p for arm in arms for p in (out / arm).glob("seed*")):  # before any model loads
         if (run_dir / "checkpoints" / "latest").is_file() and not (run_dir / "eval.json").is_file():
             check_resumable(run_dir, flags["steps"], named)
     first = configs[algos[0]]
     trackers = resolve_report_to(first.report_to)  # 'all' included: each one checked to start, once
+    for cfg in configs.values():  # what the configs alone decide, before the model loads
+        plan_config(cfg, trackers)
     policy = load_policy(first.model, first.model_options)
     for cfg in configs.values():
         job = plan_job(cfg, policy, trackers)

@@ -85,7 +85,8 @@ def decision_steps_of(policy: Any, sampling: SamplingParams) -> int | None:
     elif policy.capabilities.reveal_order:  # masked: decision steps are reveal steps
         steps = sampling.steps if sampling.steps is not None else policy.default_sampling().steps
     else:
-        steps = policy.layout.grid[0] * policy.layout.grid[1]
+        grid = policy.layout.grid
+        steps = grid[0] * grid[1] if grid else None
     return int(steps) if steps else None
 
 

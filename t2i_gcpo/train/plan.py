@@ -49,25 +49,38 @@ class StepCost:
     groups: int
     per_group: int
     formula: str  # e.g. "P·G₀·(1 + k·n) = 8·4·(1 + 2·2)"
-    tokens: int  # tokens each sample decides (its decision steps; text: its longest completion)
+    tokens: int | None  # tokens each sample decides (its decision steps; text: its longest); None: unknown
 
     @property
     def samples(self) -> int:
         return self.groups * self.per_group
 
     @property
-    def memory_gb(self) -> float:
-        """An estimate of the memory the step's samples take (`BYTES_PER_TOKEN` per sampled token)."""
-        return self.samples * self.tokens * BYTES_PER_TOKEN / 1e9
+    def memory_gb(self) -> float | None:
+        """An estimate of the memory the step's samples take (`BYTES_PER_TOKEN` per sampled token); None
+        before the model says how many tokens a sample decides."""
+        return None if self.tokens is None else self.samples * self.tokens * BYTES_PER_TOKEN / 1e9
 
 
-def plan_run(cfg: TrainConfig, policy: Policy, trackers: list[str] | None = None) -> Plan:
-    """The whole plan of a run of `cfg` on `policy` checked (see the module docstring); a one-line UserError
-    for the first problem. `trackers`: already resolved and checked (compare's arms share them)."""
+def plan_config(cfg: TrainConfig, trackers: list[str] | None = None) -> list[str]:
+    """What the plan decides before any model is loaded (a refusal then takes a fraction of a second): the
+    trackers `report_to` resolves to, each checked to start ('all' included), and a step's cost where the
+    config alone fixes it (everything but the decision steps of branching and stepwise schemes). Returns the
+    trackers; `trackers` given: already checked (compare's arms share them)."""
     from t2i_gcpo.train.tracking import resolve_report_to
 
     if trackers is None:
-        trackers = resolve_report_to(cfg.report_to)  # every resolved tracker's start check, 'all' included
+        trackers = resolve_report_to(cfg.report_to)
+    cost = step_cost(cfg, None)
+    if cost is not None:
+        check_cost(cfg, cost)
+    return trackers
+
+
+def plan_run(cfg: TrainConfig, policy: Policy, trackers: list[str] | None = None) -> Plan:
+    """The whole plan of a run of `cfg` on `policy` checked (see the module docstring; `plan_config`, then
+    what needs the model); a one-line UserError for the first problem."""
+    trackers = plan_config(cfg, trackers)
     cost = step_cost(cfg, policy)
     check_model(cfg, policy, cost)
     return Plan(trackers, cost)
@@ -80,17 +93,16 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost) -> None:
 
     from t2i_gcpo.core.schemes import get_scheme
     from t2i_gcpo.policies.decode_loop import resolve_mode
-    from t2i_gcpo.train.branches import check_spacing, decision_steps_of
+    from t2i_gcpo.train.branches import check_spacing
     from t2i_gcpo.train.credit import check_capabilities
     from t2i_gcpo.train.run import local_device
-    from t2i_gcpo.train.trainer import sampling_params
 
     if not policy.capabilities.reveal_order:  # the autoregressive samplers run the decode loop
         resolve_mode(cfg.rollout.decode, torch.device(local_device()), True)
     scheme = cfg.credit.scheme
     check_capabilities(scheme, policy)
     needs = get_scheme(scheme).needs
-    sampling = sampling_params(cfg)
+    sampling = decisions(cfg)
     if "branches" in needs and cfg.branching.rule == "boundary" and policy.capabilities.reveal_order:
         raise UserError(
             f"config key 'branching.rule': boundary branches where a task's line or row starts, which needs a "
@@ -109,18 +121,19 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost) -> None:
         )
 
 
-def step_cost(cfg: TrainConfig, policy: Policy) -> StepCost:
+def step_cost(cfg: TrainConfig, policy: Policy | None) -> StepCost | None:
     """The samples one process decodes and scores in one step, at most (every sampled group, its
-    allocation's extra draws, its continuations and the scored predictions of every reveal step)."""
+    allocation's extra draws, its continuations and the scored predictions of every reveal step); None
+    without a `policy` where the count depends on its samples' decision steps."""
     from t2i_gcpo.core.schemes import get_scheme
-    from t2i_gcpo.train.branches import decision_steps_of
-    from t2i_gcpo.train.trainer import sampling_params
 
     r, adv, br = cfg.rollout, cfg.advantage, cfg.branching
     P = r.prompts_per_step // max(1, int(os.environ.get("WORLD_SIZE", 1)))
     groups = int(adv.draw_budget * P) if adv.dynamic_sampling else P
-    steps = decision_steps_of(policy, sampling_params(cfg)) or 1
+    steps = decision_steps_of(policy, decisions(cfg)) if policy is not None else None  # torch: with a model
     needs = get_scheme(cfg.credit.scheme).needs
+    if steps is None and needs & {"branches", "step_rewards"}:
+        return None
     G, n = r.group_size, br.continuations
     g_name = "⌊draw_budget·P⌋" if adv.dynamic_sampling else "P"
     shown = f"{groups}" if groups == P or not adv.dynamic_sampling else f"⌊{adv.draw_budget:g}·{P}⌋"
@@ -143,6 +156,20 @@ def step_cost(cfg: TrainConfig, policy: Policy) -> StepCost:
     return StepCost(groups, G, f"{g_name}·G = {shown}·{G}", steps)
 
 
+def decision_steps_of(policy: Policy, sampling: Any) -> int | None:
+    """train/branches.decision_steps_of (imported with its torch only once there is a model)."""
+    from t2i_gcpo.train.branches import decision_steps_of as steps_of
+
+    return steps_of(policy, sampling)
+
+
+def decisions(cfg: TrainConfig) -> Any:
+    """The sampling settings that decide how many steps a sample takes (masked steps, text length)."""
+    from t2i_gcpo.policies.base import SamplingParams
+
+    return SamplingParams(steps=cfg.rollout.steps, max_new_tokens=cfg.rollout.max_new_tokens)
+
+
 def branch_points(policy: Policy, branching: Any, steps: int) -> int:
     """The most branch points a sample of `steps` decision steps gets under `branching.rule`."""
     if branching.rule == "every_k":
@@ -159,8 +186,9 @@ def check_cost(cfg: TrainConfig, cost: StepCost) -> None:
     if cost.samples <= cap:
         return
     what = "a step of each process" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "a step"
+    memory = "" if cost.memory_gb is None else f" (≈ {cost.memory_gb:.1f} GB)"
     raise UserError(
-        f"{what} would decode and score {cost.formula} = {cost.samples:,} samples (≈ {cost.memory_gb:.1f} GB), "
+        f"{what} would decode and score {cost.formula} = {cost.samples:,} samples{memory}, "
         f"more than config key 'rollout.max_step_samples' = {cap:,}: lower those counts, or raise "
         f"rollout.max_step_samples if the machine holds it"
     )

@@ -93,9 +93,9 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             raise UserError(f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python")
     if not cfg.prompts:  # null in a --config file or --set prompts=null
         raise UserError("config key 'prompts': a training run needs a prompt file, got none")
-    from t2i_gcpo.train.tracking import tracker_names
+    from t2i_gcpo.train.plan import plan_config
 
-    tracker_names(cfg.report_to, installed_only=True)  # one not installed: fail before loading anything
+    trackers = plan_config(cfg)  # trackers, a step's cost: before a folder or a model (train/plan.py)
     run_dir = Path(cfg.out) if cfg.out else None
     # before any work: an --out that is a file or cannot be written fails now, not at the first save
     check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
@@ -108,7 +108,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             _release(lock)
             raise
     try:
-        return _load(cfg, run_dir, False, lock, policy, reward)
+        return _load(cfg, run_dir, False, lock, policy, reward, trackers)
     except BaseException:
         _release(lock)
         raise
@@ -135,7 +135,9 @@ def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, re
                 f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
             )
         check_unchanged(cfg, recorded, options.allow_changed_inputs)
-        return _load(cfg, run_dir, True, lock, None, reward)
+        from t2i_gcpo.train.plan import plan_config
+
+        return _load(cfg, run_dir, True, lock, None, reward, plan_config(cfg))
 
 
 def check_resumable(run_dir: Path, steps: int | None, options: ResumeOptions) -> None:
@@ -235,7 +237,7 @@ def check_new_run_dir(run_dir: Path) -> None:
 
     if is_run_dir(run_dir):
         raise UserError(
-            f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
+            f"{run_dir} already holds a run; continue it with {_continue(run_dir)} or pick another --out"
         )
     entries = foreign_entries(run_dir)
     if entries:
@@ -250,6 +252,22 @@ def plan_job(cfg: TrainConfig, policy: Policy | None = None, trackers: list[str]
     checks of each arm before it trains any (`policy`: the model loaded once for them all; `trackers`:
     already checked to start)."""
     return _load(cfg, None, False, None, policy, None, trackers)
+
+
+def _continue(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir`, its own code named (train/run_dir.resume_command);
+    from its config.yaml as saved, which is not checked here: a config that cannot be read gives the bare
+    command, whose own checks then say what is wrong."""
+    from t2i_gcpo.outdir import read_yaml
+    from t2i_gcpo.train.run_dir import resume_command
+
+    try:
+        data = read_yaml(run_dir / "config.yaml")
+        credit = data.get("credit") if isinstance(data, dict) else None
+        code = (credit.get("scheme") if isinstance(credit, dict) else None, data.get("reward"))
+    except (UserError, AttributeError):
+        code = (None, None)
+    return resume_command(run_dir, *(c if isinstance(c, str) else None for c in code))
 
 
 def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Policy | None,
