@@ -320,11 +320,13 @@ def load_collector_state(ckpt: Path, process_index: int, num_processes: int, dev
             for text, (total, count) in seen.items():
                 pooled = history.setdefault(text, [0.0, 0.0])
                 pooled[0], pooled[1] = pooled[0] + total, pooled[1] + count
-    owed = state.get("owed") or []  # another number of processes: none carried
-    return {
+    loaded = {
         "carry": own,
         "zero_std_estimate": state.get("zero_std_estimate"),
         "budget": spent,
         "history": history,
-        "owed": owed[process_index] if len(owed) == num_processes else 0.0,
     }
+    if state.get("owed") is not None:  # knapsack's fraction of a group; another number of processes: none
+        owed = state["owed"]
+        loaded["owed"] = owed[process_index] if len(owed) == num_processes else 0.0
+    return loaded

@@ -38,7 +38,7 @@ class Plan:
     """What a checked run will do: its trackers (each checked to start) and the cost of a step."""
 
     trackers: list[str]
-    cost: StepCost
+    cost: StepCost | None  # None: a count the model's samples do not fix (a text model of no set length)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def plan_run(cfg: TrainConfig, policy: Policy, trackers: list[str] | None = None
     return Plan(trackers, cost)
 
 
-def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost) -> None:
+def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost | None) -> None:
     """The config against the loaded model and this machine: the decode loop, what the credit scheme
     needs, the step's `cost` against its cap, and where the scheme branches."""
     import torch
@@ -109,15 +109,18 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost) -> None:
             f"model that decides its tokens in order (AR images, text); this {type(policy).__name__} reveals "
             "them in steps: use every_k or entropy"
         )
-    check_cost(cfg, cost)  # before the branch points: a typo's 64 × 64 is named by what it costs
+    if cost is not None:  # before the branch points: a typo's 64 × 64 is named by what it costs
+        check_cost(cfg, cost)
     if "branches" in needs:
         check_spacing(policy, cfg.branching, sampling)
     steps = decision_steps_of(policy, sampling)
     if "leaves" in needs and steps is not None and cfg.branching.k >= steps:
+        hint = (
+            f": e.g. --set branching.k={min(2, steps - 1)}" if steps > 1 else " (this model's cannot branch)"
+        )
         raise UserError(
             f"config key 'branching.k': tree groups branch each sample at k distinct points of its {steps} "
-            f"decision steps (the first is the prompt's), so k must be below {steps}, got {cfg.branching.k}: "
-            f"e.g. --set branching.k={max(1, min(2, steps - 1))}"
+            f"decision steps (the first is the prompt's), so k must be below {steps}, got {cfg.branching.k}{hint}"
         )
 
 

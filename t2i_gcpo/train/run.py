@@ -142,17 +142,21 @@ def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, re
 
 def check_resumable(run_dir: Path, steps: int | None, options: ResumeOptions) -> None:
     """What `--resume` checks of a run before it loads a model — its saved config with `steps` applied,
-    the code its config names imported only as `options` allow — for `compare`, which checks every run it
-    will continue before it trains any."""
+    the code its config names imported only as `options` allow, its checkpoint's carried groups (never a
+    pickle) — for `compare`, which checks every run it will continue before it trains any."""
     from t2i_gcpo.rewards.registry import user_code_specs
+    from t2i_gcpo.train.checkpoint import latest_checkpoint, load_carry
     from t2i_gcpo.train.input_files import read_record
     from t2i_gcpo.usercode import import_function, run_code_guard
 
-    data, _ = _read_resumable(run_dir, steps)
+    data, _ = _read_resumable(run_dir, steps)  # its trainer state read and checked
     with run_code_guard(_resume_guard(run_dir, data, options, read_record(run_dir))):
         cfg = _resumed_config(run_dir, data, steps)
         for spec in user_code_specs(cfg.reward):
             import_function(spec, "reward")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        load_carry(ckpt)  # a pickle an earlier version wrote is refused unread, before any run trains
 
 
 def _resume_guard(run_dir: Path, data: dict, options: ResumeOptions, recorded: dict | None) -> Any:

@@ -227,7 +227,7 @@ def credit_scheme(needs: tuple[str, ...] = (), doc: str = "") -> Callable:
     the function is added under its spec when a run names it. Same as setting ``fn.needs = (…)``."""
 
     def mark(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        name = getattr(fn, "__name__", None) or type(fn).__name__
         scheme_from_function(name, lambda inp: inp, needs)  # unknown needs: an error at import, naming fn
         fn.needs = tuple(needs)  # type: ignore[attr-defined]
         if doc:
