@@ -212,7 +212,7 @@ def _not_plain(path: Path) -> str:
     if stat.S_ISLNK(mode):
         return f"a symbolic link (to {os.readlink(path)})"
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):  # fmt: skip
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISREG, "a file")):  # fmt: skip
         if test(mode):
             return name
     return "not a plain file"
