@@ -36,7 +36,7 @@ def no_report(monkeypatch):
 def tiny(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("writes")
     return {"root": root, "model": str(tiny_policy_dir(root)), "prompts": str(write_prompt_file(root / "p.jsonl")),
-            "eval": str(write_prompt_file(root / "eval.jsonl", n=2))}  # fmt: skip
+            "eval": str(write_prompt_file(root / "eval.jsonl", n=1))}  # fmt: skip
 
 
 def run_args(tiny: dict, out: Path, steps: int = 1, *extra: str, sample_every: int = 0) -> list:
