@@ -135,7 +135,7 @@ def test_a_deep_settings_record_is_one_line_from_the_command_line(finished, tmp_
     assert tree(tmp_path) == before
 
 
-def test_a_deep_or_aliased_yaml_config_is_one_line(tmp_path, capsys):
+def test_a_deep_yaml_config_or_set_value_is_one_line(tmp_path, capsys):
     config = tmp_path / "deep.yaml"
     config.write_text("optim: " + "[" * 100_000 + "]" * 100_000 + "\n")
     code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--config", config,
