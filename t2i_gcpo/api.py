@@ -139,11 +139,11 @@ def _overrides(
 
 def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
     """(the policy object or None, the string config.yaml records for `model`)."""
+    if model is None or isinstance(model, (str, os.PathLike)):  # before importing torch: refusals stay fast
+        return None, None if model is None else os.fspath(model)
     from t2i_gcpo.policies.base import Policy, policy_members
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
-    if model is None or isinstance(model, (str, os.PathLike)):
-        return None, None if model is None else os.fspath(model)
     if not isinstance(model, Policy):  # the protocol's members, checked by name
         missing = [m for m in policy_members() if not hasattr(model, m)]
         raise UserError(
@@ -176,11 +176,11 @@ def _model_identity(model: ModelArg, policy: Policy) -> str:
 def _reward_and_name(reward: str | RewardFn | None) -> tuple[Any, str | None]:
     """(a reward object or None, the string config.yaml records for `reward`): a function importable
     as ``module:function`` is recorded so, which the command line can resume."""
+    if reward is None or isinstance(reward, str):
+        return None, reward
     from t2i_gcpo.rewards.combine import Checked, FunctionReward
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
-    if reward is None or isinstance(reward, str):
-        return None, reward
     wrapped = FunctionReward(reward)
     module, qualname = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
     spec = f"{PYTHON_OBJECT}:{wrapped.name}"
@@ -509,7 +509,7 @@ def _keep_prompt_list(job: Any, temporary: Path) -> None:
 
     path = job.run_dir / temporary.name
     if _main_process():
-        atomic_write_text(path, temporary.read_text(encoding="utf-8"))
+        atomic_write_text(path, temporary.read_text(encoding="utf-8"), within=job.run_dir)
     job.cfg.prompts = str(path)
 
 
@@ -546,8 +546,12 @@ def _run(job: Any) -> dict:
 
     try:
         return run(job)  # releases the run directory's lock
-    except KeyboardInterrupt as interrupt:  # the command line names the folder to continue
+    except KeyboardInterrupt as interrupt:  # the command line names the folder to continue, and how
+        from t2i_gcpo.train.run_dir import resume_command
+
         interrupt.run_dir = job.run_dir
+        if job.run_dir is not None:
+            interrupt.resume = resume_command(job.run_dir, job.cfg.credit.scheme, job.cfg.reward)
         raise
     except UserError as e:  # the message says what went wrong: the traceback starts here, the cause is kept
         raise e.with_traceback(None) from e.__cause__
@@ -555,10 +559,13 @@ def _run(job: Any) -> dict:
 
 def _finish(job: Any, final: dict) -> TrainResult:
     run_dir = Path(job.run_dir) if job.run_dir is not None else Path(job.cfg.out)
+    from t2i_gcpo.metrics import MetricsRow
+    from t2i_gcpo.outdir import read_jsonl
+
     rows = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = read_jsonl(metrics, MetricsRow)
     return TrainResult(run_dir=run_dir, metrics=rows, eval=final, policy=None if job.finished else job.policy)
 
 
@@ -717,6 +724,7 @@ def sample(
 
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
     from t2i_gcpo.eval.layout import sample_path
+    from t2i_gcpo.outdir import write_file
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.visuals import image_grid
     from t2i_gcpo.worlds.shapeworld import read_prompt_file
@@ -749,7 +757,8 @@ def sample(
             raise UserError(f"grid.png would hold {pixels / 1e6:.0f} M pixels at grid_scale {grid_scale} (at most "
                             f"{MAX_GRID_PIXELS / 1e6:.0f} M): give a smaller one (the images are written)")  # fmt: skip
         grid = out_dir / "grid.png"
-        Image.fromarray(image_grid(images, cols=cols, scale=grid_scale)).save(grid)
+        picture = Image.fromarray(image_grid(images, cols=cols, scale=grid_scale))
+        write_file(grid, lambda f: picture.save(f, format="PNG"), within=out_dir)
     return SampleResult(out_dir, grid, [m["prompt"] for m in metadata], n, written)
 
 

@@ -7,6 +7,7 @@ becomes a one-line ``error: …`` and exit code 2.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except OSError as e:  # a full disk or a read-only folder under a library's own write: one line
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = f"cannot write {e.filename}" if e.filename else "cannot write"
+        click.echo(f"error: {one_line(f'{where}: {e.strerror or e}')}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -178,9 +178,20 @@ class RolloutConfig:
         "none",
     )
     draw_factor: float = doc(
-        "Budget allocation: the samples a step draws, as a multiple of the P·G it trains on.",
+        "Budget allocation: the samples a step draws, as a multiple of the P·G it trains on (pods: "
+        "draw_factor·G per prompt, a whole number above G; knapsack: (draw_factor − 1)·G per prompt more on "
+        "average, the fraction of a group a round cannot draw carried to the next round).",
         2.0,
         bounds=Bounds(1, 64, why="a multiple of the trained samples"),
+    )
+    max_step_samples: int = doc(
+        "The most samples one process may decode and score in one step — every group drawn (dynamic "
+        "sampling's draw budget included), the allocation's extra draws, every continuation (tree groups: "
+        "P·G₀·(1 + k·n); vine: P·G·(1 + points·n)) and every scored reveal-step prediction (stepwise: P·G·S). "
+        "A run above it is refused before it starts, naming the product (docs/errors.md#the-plan); raise it "
+        "where the machine holds more.",
+        16384,
+        bounds=Bounds(1, why="samples a step decodes and scores"),
     )
 
 
@@ -348,6 +359,10 @@ def _credit_config() -> type:
 
 
 CreditConfig = _credit_config()
+
+
+BRANCH_RULES = ("every_k", "entropy", "boundary")  # where a scheme that needs "branches" branches (vine)
+LEAF_RULES = ("spread", "entropy")  # tree groups: k points in every sample
 
 
 @dataclass
@@ -550,6 +565,8 @@ class TrainConfig:
 
         P, G = self.rollout.prompts_per_step, self.rollout.group_size
         presets = preset_names()
+        scheme = resolve_scheme(self.credit.scheme)
+        pods_draws = self.rollout.draw_factor * G
         checks = [  # (key, accepted, what the key must be)
             ("algo", self.algo in presets, f"must be one of {', '.join(presets)}"),
             (
@@ -581,8 +598,38 @@ class TrainConfig:
             ),
             (
                 "rollout.allocation",
-                self.rollout.allocation == "none" or "leaves" not in resolve_scheme(self.credit.scheme).needs,
+                self.rollout.allocation == "none" or "leaves" not in scheme.needs,
                 "down-samples groups, which tree groups (a scheme that needs leaves) cannot be: set it to none",
+            ),
+            (
+                "rollout.draw_factor",
+                self.rollout.allocation != "pods" or (math.isclose(pods_draws, round(pods_draws)) and pods_draws > G),
+                f"pods draws draw_factor × G samples per prompt, a whole number above G: {self.rollout.draw_factor:g} "
+                f"× {G} = {pods_draws:g} (e.g. --set rollout.draw_factor={max(G + 1, round(pods_draws)) / G!r})",
+            ),
+            (
+                "loss.aggregation",
+                scheme.returns != "advantages" or self.loss.aggregation != "weighted-token-mean",
+                f"credit scheme '{self.credit.scheme}' gives token advantages, which 'weighted-token-mean' cannot "
+                "weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm",
+            ),
+            (
+                "branching.rule",
+                "branches" not in scheme.needs or self.branching.rule in BRANCH_RULES,
+                f"credit scheme '{self.credit.scheme}' branches each sample at points of {', '.join(BRANCH_RULES)} "
+                f"(spread is for tree groups), got {self.branching.rule}",
+            ),
+            (
+                "branching.rule",
+                "leaves" not in scheme.needs or self.branching.rule in LEAF_RULES,
+                f"credit scheme '{self.credit.scheme}' grows tree groups, which branch with branching.rule=spread or "
+                f"entropy (k points in every sample), got {self.branching.rule}",
+            ),
+            (
+                "model_options.estimator",
+                "leaves" not in scheme.needs or self.model_options.estimator == "trajectory",
+                f"credit scheme '{self.credit.scheme}' trains on continuations, which are trajectory samples: "
+                "set model_options.estimator=trajectory",
             ),
             (
                 "model_options.negative",
@@ -847,36 +894,37 @@ def check_finite(name: str, value: float, allow_inf: bool = False) -> float:
     return value
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML's safe loader without aliases (``*name``): a config has no use for them, and a few hundred bytes
-    of nested aliases expand to gigabytes ("billion laughs") when the config is walked or saved."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a config: "
-                                              "write the value out", mark)  # fmt: skip
-        return super().compose_node(parent, index)
-
-
 def load_yaml(text: str) -> Any:
-    """`text` parsed as YAML the safe way, aliases refused (`_NoAliasLoader`): every YAML a user gives."""
-    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 — a SafeLoader subclass
+    """`text` parsed as YAML the safe way, aliases refused and nesting bounded (outdir.yaml_value): a
+    ``--set`` value. yaml.YAMLError for text that is not YAML (an alias included), UserError for a value
+    nested too deeply."""
+    from t2i_gcpo.outdir import MAX_DEPTH, _no_alias_loader, _too_deep
 
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if path.is_dir():
-        raise UserError(f"config file {path} is a directory, expected a YAML file")
-    if not path.is_file():
-        raise UserError(f"config file not found: {path}")
     try:
-        data = load_yaml(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError:
-        raise UserError(f"config file {path} is not a YAML file (not UTF-8 text: a binary file?)") from None
-    except OSError as e:
-        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"config file {path} is not valid YAML: {' '.join(str(e).split())}") from None
+        value = yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 — a SafeLoader subclass
+        deep = _too_deep(value)
+    except RecursionError:
+        deep = True
+    if deep:
+        raise UserError(
+            f"--set value {text[:40]!r}… is nested too deeply (over {MAX_DEPTH} levels) to be a config value"
+        )
+    return value
+
+
+def _read_yaml(path: Path, follow: bool = True) -> dict[str, Any]:
+    """A YAML config file (outdir.read_yaml): a mapping of keys, else a one-line UserError naming it.
+    `follow`: a link at `path` is read through (a file the user names); a run folder's is not."""
+    from t2i_gcpo.outdir import read_yaml
+
+    try:
+        data = read_yaml(path, follow=follow) or {}
+    except UserError as e:
+        if "is not UTF-8 text" in str(e):
+            raise UserError(
+                f"config file {path} is not a YAML file (not UTF-8 text: a binary file?)"
+            ) from None
+        raise
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of keys, got {type(data).__name__}")
     return data

@@ -7,17 +7,16 @@ This module is the floor of the package (it imports nothing from t2i_gcpo), so e
 
 - `check_writable_dir(path, what)`: refuse an output folder that is a file or cannot be written,
   before any work is done;
-- `check_file(path, what)`: an expected file that is a directory ("is a directory") or missing;
-- `read_json(path)`: a JSON file, or a `UserError` naming the file.
+- `check_file(path, what)`: an expected file that is a directory ("is a directory") or missing.
+
+Reading and writing the files themselves: `t2i_gcpo.outdir` (one reader, one writer).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 
 class UserError(Exception):
@@ -59,20 +58,6 @@ def check_file(path: str | os.PathLike, what: str = "") -> Path:
     if not p.is_file():
         raise UserError(f"{label} not found")
     return p
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """The parsed content of a JSON file; a `UserError` naming the file if it is missing, a
-    directory, unreadable or not valid JSON."""
-    p = check_file(path)
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{p} is not valid JSON (not UTF-8 text: a corrupt file?)") from None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{p} is not valid JSON (line {e.lineno} column {e.colno}: {e.msg})") from None
-    except OSError as e:
-        raise UserError(f"cannot read {p}: {e.strerror or e}") from None
 
 
 TOKEN_CHARS = 200  # an error line shows at most this many characters of one word (a path fits)

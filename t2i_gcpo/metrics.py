@@ -1,6 +1,19 @@
 """Names of every logged metric, each with its formula. metrics.jsonl, TensorBoard and the run
 report all use these keys (one place, so the docs and the code cannot drift)."""
 
+from __future__ import annotations
+
+from typing_extensions import TypedDict
+
+
+class MetricsRow(TypedDict):
+    """One line of metrics.jsonl as its readers check it (outdir.read_jsonl): the step, then metric name →
+    number (null where it was NaN)."""
+
+    __pydantic_config__ = {"extra": "allow"}  # type: ignore[misc]
+    step: int
+
+
 STEP = "step"  # optimizer steps completed
 REWARD_MEAN = "reward/mean"  # mean r_i over the samples of the step (before dynamic sampling)
 REWARD_STD = "reward/std"  # std r_i over the same samples

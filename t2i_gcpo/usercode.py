@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class RunCodeGuard:
     # absolute path → sha256 of each file the run read at its start (None: a run from before records)
     recorded: Mapping[str, str] | None = None
     allow_changed: bool = False  # --allow-changed-inputs: a recorded file's new content is accepted
+    specs: Mapping[str, str] = field(default_factory=dict)  # kind → the whole spec the run records (a sum)
+    folder: Path | None = None  # the run folder: code inside it is named as such
+    remedy: str | None = None  # what to do instead of naming the code ({folder}: the run folder; compare)
 
 
 _GUARD: ContextVar[RunCodeGuard | None] = ContextVar("t2i_gcpo_run_code_guard", default=None)
@@ -78,18 +82,44 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _module_file(module: str) -> Path | None:
-    """The file a dotted module name imports from (its package's ``__init__.py``), without running the
-    module itself (parent packages of a dotted name are imported to find it); None if there is none."""
-    loaded = sys.modules.get(module)
-    origin = getattr(loaded, "__file__", None)
-    if origin is None:
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            found = None
-        origin = found.origin if found is not None and found.has_location else None
-    return Path(origin).resolve() if origin else None
+def module_files(module: str) -> list[Path] | None:
+    """The source files importing the dotted `module` runs — each package's ``__init__.py`` on the way,
+    then the module's own file (resolved) — found without importing anything: from the modules already
+    imported, else by walking sys.path as Python's path finder does for source files (a regular package
+    before a module file before a namespace folder). None where it is not found that way (a compiled
+    module, a zip, a namespace package spread over several entries)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    loaded = [sys.modules.get(".".join(parts[: i + 1])) for i in range(len(parts))]
+    if all(m is not None for m in loaded):
+        files = [getattr(m, "__file__", None) for m in loaded]
+        return [Path(f).resolve() for f in files if f] or None
+    for entry in sys.path:
+        found = _walk(Path(entry or "."), parts)
+        if found is not None:
+            return found
+    return None
+
+
+def _walk(folder: Path, parts: list[str]) -> list[Path] | None:
+    """`module_files` within one sys.path entry `folder`."""
+    files: list[Path] = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        package, source = folder / part, folder / f"{part}.py"
+        if (package / "__init__.py").is_file():
+            files.append((package / "__init__.py").resolve())
+            if last:
+                return files
+            folder = package
+        elif source.is_file():
+            return [*files, source.resolve()] if last else None
+        elif package.is_dir() and not last:  # a namespace package: no file of its own runs
+            folder = package
+        else:
+            return None
+    return None
 
 
 def _read(path: Path | None) -> bytes | None:
@@ -99,36 +129,64 @@ def _read(path: Path | None) -> bytes | None:
         return None
 
 
-def code_file(spec: str) -> Path | None:
-    """The file holding the code of a ``file.py:function`` or ``module:function`` spec (resolved);
-    None for anything else."""
+def code_files(spec: str) -> list[Path]:
+    """The files holding the code of a ``file.py:function`` or ``module:function`` spec (resolved; for a
+    module, every package ``__init__.py`` on the way too: importing it runs them); [] for anything else."""
     module, sep, func = spec.rpartition(":")
     if not (sep and module and func):
-        return None
+        return []
     if module.endswith(".py"):
         path = Path(module).expanduser()
-        return path.resolve() if path.is_file() else None
-    return _module_file(module)
+        return [path.resolve()] if path.is_file() else []
+    return module_files(module) or []
+
+
+def code_file(spec: str) -> Path | None:
+    """The file holding the function of a spec (`code_files`' last), None when there is none."""
+    files = code_files(spec)
+    return files[-1] if files else None
+
+
+def _inside(path: Path | None, folder: Path | None) -> bool:
+    return path is not None and folder is not None and path.is_relative_to(folder.resolve())
+
+
+def _refusal(
+    guard: RunCodeGuard, spec: str, what: str, path: Path | None, why: str, option: str
+) -> UserError:
+    """The line that refuses to run `spec`: what names it, where its file lies (inside the run folder: said
+    so, it may come from whoever made the folder) and the one step that runs it (`guard.remedy` for a
+    command that cannot name code)."""
+    where = code_file(spec) if path is None else path
+    inside = (
+        f" (a file inside the run folder {guard.folder}, which may come from someone else: read it before you "
+        "run it)"
+        if _inside(where, guard.folder)
+        else ""
+    )
+    if guard.remedy is not None:  # a command that cannot name code (compare) says what it can do instead
+        remedy = guard.remedy.format(folder=guard.folder)
+        return UserError(
+            f"{guard.source} names the {what} '{spec}'{inside}, code this command does not run: {remedy}"
+        )
+    return UserError(f"{guard.source} names the {what} '{spec}'{inside}, {why}: {option}")
 
 
 def _admit(guard: RunCodeGuard | None, spec: str, what: str, path: Path | None, data: bytes | None) -> None:
     """Raise a one-line UserError unless `guard` lets the `what` `spec` (from `path`, holding `data`) run."""
     if guard is None or what in guard.named:
         return
-    option = f"{OPTIONS.get(what, '--' + what.replace(' ', '-'))} {spec}"
+    flag = OPTIONS.get(what, "--" + what.replace(" ", "-"))
+    option = f"{flag} {shlex.quote(guard.specs.get(what) or spec)}"
     if not guard.trust:
-        raise UserError(
-            f"{guard.source} names the {what} '{spec}', code that a resumed run does not run unless you "
-            f"name it: add {option} (or --trust-run-code to run the code the run started with)"
-        )
+        raise _refusal(guard, spec, what, path, "code that a resumed run does not run unless you name it",
+                       f"add {option} (or --trust-run-code to run the code the run started with)")  # fmt: skip
     if guard.recorded is None:  # a run from before runs recorded their files: trusted as it is
         return
     sha = guard.recorded.get(str(path)) if path is not None else None
     if sha is None:
-        raise UserError(
-            f"{guard.source} names the {what} '{spec}', which is not code the run started with "
-            f"(--trust-run-code runs only that); name it to run it: add {option}"
-        )
+        raise _refusal(guard, spec, what, path, "which is not code the run started with (--trust-run-code "
+                       "runs only that)", f"name it to run it: add {option}")  # fmt: skip
     if data is None or sha != sha256_bytes(data):
         if not guard.allow_changed:
             raise UserError(
@@ -160,9 +218,9 @@ def import_module(module: str, what: str, spec: str | None = None) -> Any:
         except Exception as e:
             raise UserError(f"cannot import {what} file '{module}': {type(e).__name__}: {e}") from None
         return mod
-    if guard is not None and guard.trust and what not in guard.named:
-        path = _module_file(module)
-        _admit(guard, spec, what, path, _read(path))
+    if guard is not None and guard.trust and what not in guard.named:  # every file importing it runs
+        for path in module_files(module) or [None]:
+            _admit(guard, spec, what, path, _read(path))
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

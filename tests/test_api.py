@@ -216,7 +216,7 @@ def test_train_takes_report_to_and_locks_its_run_directory(tiny, tmp_path):
     api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out, report_to="none")
     assert yaml.safe_load((out / "config.yaml").read_text())["report_to"] == "none"
     assert not (out / ".t2i-gcpo.lock").exists()  # released when the run ended
-    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+    with pytest.raises(UserError, match="already holds a run; continue it with t2i-gcpo train --resume"):
         api.train(tiny["model"], PROMPTS, redness, overrides=FAST, steps=1, out=out)
 
 

@@ -183,8 +183,13 @@ def test_a_scheme_that_returns_unusable_weights_stops_before_the_run_in_one_line
 def test_needs_are_declared_and_checked(tiny):
     from t2i_gcpo import credit_scheme
 
-    with pytest.raises(ValueError, match=r"unknown needs \['contrats'\]; known: contrast, dists"):
-        credit_scheme(needs=("contrats",))
+    def late_tokens(inputs):
+        return inputs.mask.float()
+
+    with pytest.raises(
+        ValueError, match=r"credit scheme 'late_tokens': unknown needs \['contrats'\]; known: contrast"
+    ):
+        credit_scheme(needs=("contrats",))(late_tokens)  # named: the function it marks, not the decorator
     cfg = load_config("dapo", overrides={"credit.scheme": f"{tiny['scheme']}:undeclared"})
     scheme = USER_SCHEMES[cfg.credit.scheme]
     assert scheme.needs == frozenset() and scheme.options == ()

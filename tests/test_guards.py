@@ -152,7 +152,8 @@ def test_a_nan_loss_stops_the_run_keeping_the_last_good_checkpoint(tiny, tmp_pat
     out = tmp_path / "run"
     code, err = cli(*train_args(tiny, out, steps=4, reward="train_fixtures:huge_from_call"))
     one_line_error(code, err, "step 3: the loss became NaN or inf", status=1)
-    assert "last good checkpoint (step 2)" in err and f"--resume {out} --steps N" in err
+    assert "last good checkpoint (step 2)" in err
+    assert f"t2i-gcpo train --resume {out} --steps 2 --reward train_fixtures:huge_from_call" in err
     assert latest_checkpoint(out).name == "step_000002"
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]

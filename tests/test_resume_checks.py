@@ -107,10 +107,10 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_says_how_to
     before = {p.name: p.read_bytes() for p in ckpt(run).iterdir() if p.is_file()}
     write = checkpoint_mod.save_tree
 
-    def disk_full(folder, name, value):
+    def disk_full(folder, name, value, **kwargs):
         if name == "optimizer":
             raise OSError(errno.ENOSPC, "No space left on device", str(folder / f"{name}.safetensors"))
-        return write(folder, name, value)
+        return write(folder, name, value, **kwargs)
 
     monkeypatch.setattr(checkpoint_mod, "save_tree", disk_full)
     code, err = resume(capsys, run, steps=3)
@@ -159,12 +159,15 @@ def test_keep_checkpoints_sets_how_many_are_kept(trained, tmp_path, capsys):
 @pytest.mark.parametrize(
     "content, needle",
     [
-        ("[1, 2]", "not a mapping with a step"),
-        ('{"step": "1"}', "'step' is str"),
-        ('{"step": 1, "zero_std_estimate": "x"}', "'zero_std_estimate' is str"),
-        ('{"step": 1, "zero_std_estimate": 7}', "zero_std_estimate 7"),
-        ('{"step": 1, "budget": [{"budget/samples": "many"}]}', "a budget entry is not numbers"),
-        ('{"step": -4}', "step -4"),
+        ("[1, 2]", "its content: input should be a valid dictionary"),
+        ('{"step": "1"}', "'step': input should be a valid integer, got '1'"),
+        ('{"step": 1, "zero_std_estimate": "x"}', "'zero_std_estimate': input should be a valid number"),
+        (
+            '{"step": 1, "zero_std_estimate": 7}',
+            "'zero_std_estimate': input should be less than or equal to 1",
+        ),
+        ('{"step": 1, "budget": [{"budget/samples": "many"}]}', "'budget.0.budget/samples': input should be"),
+        ('{"step": -4}', "'step': input should be greater than or equal to 0, got -4"),
         ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
         ("{step: 1", "is not valid JSON"),
     ],

@@ -332,7 +332,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(
     monkeypatch.setattr(trainer_mod.Trainer, "train_step", real_step)
     assert latest_checkpoint(crashed) is None
     code, _, err = cli(capsys, *cli_args(tiny, crashed, 3, extra))
-    assert code == 2 and f"continue it with --resume {crashed}" in error_line(err)
+    assert code == 2 and f"continue it with t2i-gcpo train --resume {crashed} --reward" in error_line(err)
     run(prepare(resume_options=TRUST, resume_dir=crashed))
     assert_same_run(uninterrupted, crashed, 3)
 

@@ -190,7 +190,8 @@ def test_compare_resumes_its_runs_without_their_folders_code(trained, tmp_path, 
     code, _, err = cli(capsys, "compare", "--algos", "gcpo", "--seeds", 1, "--steps", 2, "--model", trained["model"],
                        "--prompts", trained["prompts"], "--out", comparison)  # fmt: skip
     line = error_line(err, ignore="%|")
-    assert code == 2 and "names the credit scheme" in line and "--trust-run-code" in line, line
+    assert code == 2 and "names the credit scheme" in line and "a file inside the run folder" in line, line
+    assert "--trust-run-code" not in line and f"remove {run} and run the same command again" in line, line
     assert not marker.exists()
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import write_file
 
 
 def base_model(policy) -> str:
@@ -214,7 +215,7 @@ def run_credit_maps(
             f"\nstepwise: {predictions} predictions over the reveal steps scored for the reward trajectories"
         )
     if lifts:
-        (out_dir / "lift.json").write_text(json.dumps(lifts))
+        write_file(out_dir / "lift.json", json.dumps(lifts))
         summary = lift_table(lifts) + "\n" + summary
     return summary + _self_reference_note(ref, reference, model)
 
@@ -292,7 +293,7 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
                                 title=record.text)  # fmt: skip
         samples += group
     page = write_text_heatmap(out_dir / "credit_maps.html", samples, title=f"Token credit — {model}")
-    (out_dir / "lift.json").write_text(json.dumps(lifts))
+    write_file(out_dir / "lift.json", json.dumps(lifts))
     return (
         "step lift (credit share on the first wrong step over its token share; failed samples):\n"
         + lift_table(lifts)

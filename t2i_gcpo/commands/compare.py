@@ -160,7 +160,7 @@ def compare_cmd(
     with the scores read at equal training time, and curves with bands."""
     from t2i_gcpo.commands.options import lock_out
     from t2i_gcpo.errors import UserError, check_writable_dir
-    from t2i_gcpo.eval.compare import check_baseline, format_table, run_comparison
+    from t2i_gcpo.eval.compare import check_baseline, format_table, match_units, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
     seed_list = parse_seeds(seeds)
@@ -168,6 +168,8 @@ def compare_cmd(
     baseline = check_baseline(names, baseline)
     if steps < 1 or eval_every < 1 or jobs < 1:
         raise UserError("--steps, --eval-every and --jobs must be ≥ 1")
+    if match_budget is not None:  # before the folder: an unknown unit or nothing to match is one line
+        match_units(match_budget, match_by, names, baseline)
     if prompts is None:
         prompts = default_train_prompts(model)
     if report_to is not None:

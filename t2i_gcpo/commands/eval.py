@@ -146,11 +146,10 @@ def shapeworld_cmd(
 
 def _print_partial(out: Path) -> None:
     """Mean partial-credit score per tag (the reward's score, not GenEval's), under the strict table."""
-    import json
+    from t2i_gcpo.outdir import read_jsonl
 
     by_tag: dict[str, list[float]] = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_jsonl(out / "results.jsonl", dict[str, str | float | bool | None]):
         by_tag.setdefault(r["tag"], []).append(float(r["partial"]))
     cells = ", ".join(f"{t} {sum(v) / len(v):.3f}" for t, v in by_tag.items())
     mean = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)

@@ -133,7 +133,6 @@ def train_cmd(
     """
     from t2i_gcpo.api import train
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.train.distributed import leave_process_group
 
     if resume:
         if any(v is not None for v in (prompts, algo, config_file, model, out, report_to, seed)) or overrides:
@@ -152,11 +151,15 @@ def train_cmd(
               out=out, report_to=report_to, steps=steps, seed=seed, resume=resume, credit=credit,
               trust_run_code=trust_run_code, allow_changed_inputs=allow_changed_inputs)  # fmt: skip
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
+        from t2i_gcpo.train.distributed import leave_process_group
+
         for sig in (signal.SIGINT, signal.SIGTERM):  # stopping: a late Ctrl-C prints no traceback
             signal.signal(sig, signal.SIG_IGN)
         _say_how_to_continue(getattr(interrupt, "run_dir", None), interrupt)  # api.train names it
         leave_process_group()
         sys.exit(128 + getattr(interrupt, "signum", signal.SIGINT))  # 130 (SIGINT) or 143 (SIGTERM)
+    from t2i_gcpo.train.distributed import leave_process_group  # torch: imported once a run has trained
+
     leave_process_group()
 
 
@@ -171,6 +174,5 @@ def _say_how_to_continue(run_dir: Path | None, interrupt: KeyboardInterrupt) -> 
     if isinstance(interrupt, Interrupted) or run_dir is None or int(os.environ.get("RANK", 0)) != 0:
         return
     if is_run_dir(run_dir):
-        print(
-            f"interrupted before training began; continue with: t2i-gcpo train --resume {run_dir}", flush=True
-        )
+        command = getattr(interrupt, "resume", None) or f"t2i-gcpo train --resume {run_dir}"
+        print(f"interrupted before training began; continue with: {command}", flush=True)

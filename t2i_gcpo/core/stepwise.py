@@ -63,7 +63,8 @@ def stepwise_advantages(step_rewards: Tensor, group_size: int, step: Tensor, mas
     group of a process without signal; every token of a group holding a NaN gets 0); step [B, T] long (the reveal step of each token, 0 … S − 1); mask [B, T].
     normalisation: σ is ``"step"`` the unbiased std of the group's gains at step s (each step standardised
     across the group), ``"group"`` the unbiased std of the group's final rewards r_{j,S−1} (the step advantages
-    of a sample then sum to its GRPO advantage), ``"none"`` no division (centred gains). A step whose gains are
+    of a sample then sum to its GRPO advantage; a group whose final rewards are all equal gets 0 everywhere,
+    as GRPO gives it, not gains divided by ε), ``"none"`` no division (centred gains). A step whose gains are
     all equal across the group gets 0."""
     if mask.shape != step.shape or mask.dim() != 2 or mask.shape[0] != step_rewards.shape[0]:
         raise ValueError(
@@ -81,8 +82,9 @@ def stepwise_advantages(step_rewards: Tensor, group_size: int, step: Tensor, mas
     if normalisation == "step":
         centred = centred / (_std(g, dim=1) + eps)
     elif normalisation == "group":
-        final = step_rewards.double().view(-1, group_size, S)[:, :, -1:]  # [P, G, 1]
-        centred = centred / (_std(torch.nan_to_num(final), dim=1) + eps)
+        final = torch.nan_to_num(step_rewards.double()).view(-1, group_size, S)[:, :, -1:]  # [P, G, 1]
+        same = final.amax(dim=1, keepdim=True) == final.amin(dim=1, keepdim=True)  # σ = 0: no signal, as GRPO
+        centred = torch.where(same, torch.zeros_like(centred), centred / (_std(final, dim=1) + eps))
     elif normalisation != "none":
         raise ValueError(f"unknown normalisation {normalisation!r}; expected 'step', 'group' or 'none'")
     flat = g.amax(dim=1, keepdim=True) == g.amin(dim=1, keepdim=True)  # the mean of equal floats may be off

@@ -14,10 +14,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from typing_extensions import Required, TypedDict
 
 from t2i_gcpo import metrics as M
+from t2i_gcpo.metrics import MetricsRow
+from t2i_gcpo.outdir import open_append, read_json, read_jsonl, write_file
 from t2i_gcpo.stats import mean_ci95, welch_ci95
 from t2i_gcpo.tasks.geneval import TAG_ORDER
+
+
+class MatchedArm(TypedDict, total=False):
+    """One matched arm of budget.json: the arm it matches, the unit, the --set that sizes it, what was
+    measured."""
+
+    __pydantic_config__ = {"extra": "allow"}  # type: ignore[misc]
+    of: Required[str]
+    set: str
+    unit: str
+
+
+class BudgetPlans(TypedDict, total=False):
+    """budget.json: the settings the matched arms were planned under, and the arms."""
+
+    __pydantic_config__ = {"extra": "allow"}  # type: ignore[misc]
+    match: str
+    by: str
+    baseline: str
+    arms: Required[dict[str, MatchedArm]]
 
 
 def check_baseline(algos: list[str], baseline: str | None) -> str:
@@ -64,12 +87,12 @@ def run_comparison(
     named = named_code(reward, overrides)  # a resumed run runs only the code this command names
     seeds = seed_lists(algos, seeds)
     baseline = check_baseline(algos, baseline)
-    claim_comparison(out, algos, dict(prompts=prompts, model=model, reward=reward, steps=steps), eval_every,
-                     overrides)  # fmt: skip
+    flags = dict(prompts=prompts, model=model, reward=reward, steps=steps)
+    units = match_units(match_budget, match_by, algos, baseline) if match_budget is not None else None
+    claim_comparison(out, algos, flags, eval_every, overrides, named)  # every arm planned, then the record
     algos, presets, extra = list(algos), {a: a for a in algos}, {a: () for a in algos}
-    if match_budget is not None:
-        flags = dict(prompts=prompts, model=model, reward=reward, steps=steps)
-        plans = plan_matches(out, algos, seeds, baseline, flags, overrides, match_by, match_budget)
+    if units is not None:
+        plans = plan_matches(out, algos, seeds, baseline, flags, overrides, match_by, units)
         for matched, info in plans.items():
             algos.insert(algos.index(info["of"]) + 1, matched)
             presets[matched], extra[matched] = baseline, (info["set"],)
@@ -123,34 +146,53 @@ def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]
             "--set": sets}  # fmt: skip
 
 
-def claim_comparison(
-    out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...]
-) -> None:
-    """Before any run: every algorithm's config builds and its trackers can start, and `out` holds no runs
-    of a comparison with other settings (`comparison_settings`, recorded in `out` by
-    `outdir.write_settings_record`); then this comparison's settings are recorded there. A comparison with
-    other settings is a one-line UserError naming them. (A folder of an earlier version holds no record:
-    its runs are taken as they are.)"""
+def claim_comparison(out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...],
+                     named: Any = None) -> None:  # fmt: skip
+    """Before any run and before anything is written in `out`: `out` holds no runs of a comparison with
+    other settings (`comparison_settings`, recorded by `outdir.write_settings_record`; a comparison with other
+    settings is one line naming them), every arm's run is planned as `train` plans it (its config, the
+    trackers starting, the model loaded once and each arm's scheme, decode loop, cost, prompts and reward
+    checked against it, train/run.plan_job) and reads a held-out score, and every run to be continued names
+    only the code this comparison names (`named`); then the settings are recorded. (A folder of an earlier
+    version holds no record: its runs are taken as they are.)"""
     from t2i_gcpo.config import load_config
+    from t2i_gcpo.errors import UserError
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.train.plan import plan_config
+    from t2i_gcpo.train.run import check_resumable, plan_job
     from t2i_gcpo.train.tracking import resolve_report_to
 
-    for algo in algos:  # a bad key or value, a tracker that cannot start: one line now, before any run
-        cfg = load_config(
-            algo, flags={**flags, "out": None}, overrides=(f"eval_every={eval_every}", *overrides)
-        )
-    resolve_report_to(cfg.report_to)
+    sets = (f"eval_every={eval_every}", *overrides)
+    configs = {algo: load_config(algo, flags={**flags, "out": None}, overrides=sets) for algo in algos}
     settings = comparison_settings(flags, eval_every, overrides)
     check_settings_record(out, COMMAND, settings)
+    budget = out / "budget.json"  # the matched arms of an earlier run of this comparison, continued too
+    arms = [*algos, *(read_json(budget, BudgetPlans)["arms"] if budget.is_file() else ())]
+    for run_dir in sorted(p for arm in arms for p in (out / arm).glob("seed*")):  # before any model loads
+        if (run_dir / "checkpoints" / "latest").is_file() and not (run_dir / "eval.json").is_file():
+            check_resumable(run_dir, flags["steps"], named)
+    first = configs[algos[0]]
+    trackers = resolve_report_to(first.report_to)  # 'all' included: each one checked to start, once
+    for cfg in configs.values():  # what the configs alone decide, before the model loads
+        plan_config(cfg, trackers)
+    policy = load_policy(first.model, first.model_options)
+    for cfg in configs.values():
+        job = plan_job(cfg, policy, trackers)
+        if job.eval_prompts is None:
+            held_out = job.task.default_eval_prompts() or "FILE"
+            raise UserError(
+                f"compare reads each run's held-out score, and a run with --reward {flags['reward']} (not the "
+                f"task's own reward, {job.task.default_reward}) has no held-out prompts: give them with "
+                f"--set eval_prompts={held_out} (scored with your reward)"
+            )
     write_settings_record(out, COMMAND, settings)
 
 
-def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
-                 overrides: tuple[str, ...], match_by: str, match: str = "samples") -> dict[str, dict]:  # fmt: skip
-    """The matched arms of `--match-budget samples|tokens|samples,tokens`: for every algorithm that scores
-    extra samples, the baseline sized to its measured samples (tokens) per step (`budget.plan_match`, its
-    first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
-    resumed comparison trains the same arms without probing again."""
+def match_units(match: str, match_by: str, algos: list[str], baseline: str) -> list[str]:
+    """The units of `--match-budget` (samples, tokens or both), checked with `--match-by` and the compared
+    algorithms before anything is written: a one-line UserError for an unknown unit, a baseline that scores
+    extra samples itself, or no algorithm to match."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval import budget as B
 
@@ -159,22 +201,36 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
     units = [u.strip() for u in match.split(",") if u.strip()]
     if not units or any(u not in B.UNITS for u in units) or len(set(units)) < len(units):
         raise UserError(f"--match-budget must be samples, tokens or samples,tokens, got '{match}'")
-    arms = [a for a in algos if a != baseline and B.samples_extra(a)]
     if B.samples_extra(baseline):
         raise UserError(
             f"--match-budget: the baseline {baseline} scores extra samples itself; use --baseline dapo"
         )
-    if not arms:
+    if not [a for a in algos if a != baseline and B.samples_extra(a)]:
         raise UserError(
             f"--match-budget {match}: no compared algorithm scores extra samples (vine, tree, pods and "
-            "knapsack do), nothing to match"
+            "knapsack do), nothing to match: add one to --algos (e.g. --algos "
+            f"{','.join(dict.fromkeys([*algos, 'tree']))}) or leave out --match-budget"
         )
+    return units
+
+
+def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
+                 overrides: tuple[str, ...], match_by: str, units: list[str] | str = "samples") -> dict[str, dict]:  # fmt: skip
+    """The matched arms of `--match-budget` (`units`, checked by `match_units`): for every algorithm that scores
+    extra samples, the baseline sized to its measured samples (tokens) per step (`budget.plan_match`, its
+    first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
+    resumed comparison trains the same arms without probing again."""
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.eval import budget as B
+
+    units = [u.strip() for u in units.split(",")] if isinstance(units, str) else units
+    arms = [a for a in algos if a != baseline and B.samples_extra(a)]
     path = out / "budget.json"
     # the model and the --set values are the comparison's own settings, which `claim_comparison` checked
     key = {"match": ",".join(units), "by": match_by, "baseline": baseline, "model": flags["model"],
            "overrides": list(overrides)}  # fmt: skip
-    if path.is_file():
-        saved = json.loads(path.read_text())
+    if path.exists() or path.is_symlink():
+        saved = read_json(path, BudgetPlans)
         if any(saved.get(k) != key[k] for k in ("match", "by", "baseline")):
             raise UserError(
                 f"{path} was written by a comparison with other settings (--match-budget {saved.get('match')}, "
@@ -190,8 +246,7 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
         arms_done[name] = B.plan_match(
             arm, baseline, {**flags, "seed": seeds[arm][0]}, overrides, match_by, unit
         )
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**key, "arms": arms_done}, indent=1))
+        write_file(path, json.dumps({**key, "arms": arms_done}, indent=1), within=out)
     return {name: arms_done[name] for name, _, _ in wanted}
 
 
@@ -200,9 +255,9 @@ def shared_runs(out: Path, algos: list[str], seeds: dict[str, list[int]]) -> dic
     seeds (`pods` and `knapsack` both matched by groups of 16) — as {arm: the earlier arm whose runs it
     reads}. Such runs are trained once and read under both names."""
     path = out / "budget.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return {}
-    plans = json.loads(path.read_text()).get("arms", {})
+    plans = read_json(path, BudgetPlans)["arms"]
     first: dict[tuple, str] = {}
     same = {}
     for algo in algos:
@@ -219,15 +274,18 @@ def shared_runs(out: Path, algos: list[str], seeds: dict[str, list[int]]) -> dic
 
 def named_code(reward: str | None, overrides: tuple[str, ...]) -> Any:
     """The code this comparison names (its --reward, a --set credit.scheme=…): the only code a run of
-    it that is resumed may run (train/run.py ResumeOptions; a run folder's own config names any)."""
+    it that is resumed may run (train/run.py ResumeOptions; a run folder's own config names any). A run
+    naming other code is refused with what compare can do: train it anew."""
     from t2i_gcpo.config import parse_set
     from t2i_gcpo.train.run import ResumeOptions
 
     sets = dict(parse_set(item) for item in overrides)
     reward = reward if reward is not None else sets.get("reward")
     credit = sets.get("credit.scheme")
+    remedy = ("compare runs only the code its own --reward and --set credit.scheme=… name; remove {folder} and "
+              "run the same command again to train that run anew")  # fmt: skip
     return ResumeOptions(credit=credit if isinstance(credit, str) else None,
-                         reward=reward if isinstance(reward, str) else None)  # fmt: skip
+                         reward=reward if isinstance(reward, str) else None, remedy=remedy)  # fmt: skip
 
 
 def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
@@ -283,8 +341,7 @@ def run_side_by_side(
         with starting:  # no child starts once the comparison is stopping
             if stopping.is_set():
                 return None
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with open(run_dir / "train.log", "a") as log:
+            with open_append(run_dir / "train.log", within=run_dir.parent.parent) as log:
                 children.append(proc := subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         return proc.wait()
 
@@ -337,7 +394,7 @@ def headline_key(row: dict) -> str | None:
 def read_metrics(run_dir: Path) -> list[dict]:
     """The rows of a run's metrics.jsonl (none when it has not logged yet)."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return read_jsonl(path, MetricsRow) if path.exists() or path.is_symlink() else []
 
 
 def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
@@ -353,14 +410,14 @@ def eval_curve(rows: list[dict]) -> list[tuple[int, float]]:
 
 def final_scores(run_dir: Path) -> dict:
     """A finished run's held-out scores (its eval.json); a UserError saying what to do when it has none."""
-    from t2i_gcpo.errors import UserError, read_json
+    from t2i_gcpo.errors import UserError
 
     path = run_dir / "eval.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UserError(f"{run_dir} has no eval.json (its final held-out scores); remove {run_dir} and run the "
                         "same command again to train it anew")  # fmt: skip
-    final = read_json(path)
-    if not isinstance(final, dict) or headline_key(final) is None:
+    final = read_json(path, dict[str, float | None])
+    if headline_key(final) is None:
         raise UserError(f"{path} holds no held-out score ({' or '.join(k for k, _ in HEADLINES)}): a run without "
                         "held-out prompts cannot be compared (give --set eval_prompts=FILE)")  # fmt: skip
     return final
@@ -430,8 +487,10 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
               "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds,
               "same_runs": same}  # fmt: skip
     result.update(budget_readings(out, algos, seeds, baseline, metric_rows, by_seed, headline))
-    (out / "comparison.json").write_text(json.dumps(strict_json(result), indent=1, allow_nan=False))
-    (out / "comparison.md").write_text(format_table(result))
+    write_file(
+        out / "comparison.json", json.dumps(strict_json(result), indent=1, allow_nan=False), within=out
+    )
+    write_file(out / "comparison.md", format_table(result), within=out)
     plot_curves(curves, out / "curves.png", label)
     return result
 
@@ -452,8 +511,8 @@ def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], ba
         clocks = {a: {s: B.training_clock(rows) for s, rows in zip(seeds[a], metric_rows[a])} for a in algos}
         readings["equal_time"] = B.equal_time(by_seed, clocks, baseline)
     path = out / "budget.json"
-    if path.is_file():
-        plans = json.loads(path.read_text())["arms"]
+    if path.exists() or path.is_symlink():
+        plans = read_json(path, BudgetPlans)["arms"]
         for unit, metric in B.UNITS.items():  # plans of earlier versions have no unit: samples
             matches = {
                 m: p["of"] for m, p in plans.items() if m in algos and p.get("unit", "samples") == unit
@@ -690,4 +749,4 @@ def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    write_file(path, lambda f: fig.savefig(f, format="png"), within=path.parent)

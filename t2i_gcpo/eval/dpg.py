@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from PIL import Image
 from tqdm.auto import tqdm
+from typing_extensions import TypedDict
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval.geneval import generate_images, image_sampling, image_settings
@@ -38,6 +39,7 @@ from t2i_gcpo.eval.layout import (
     atomic_write_json,
     settings_mismatch,
 )
+from t2i_gcpo.outdir import parse_json, read_json, write_file
 from t2i_gcpo.policies.base import Policy, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators
 
@@ -78,7 +80,7 @@ def load_dpg_prompts() -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"package data is missing: {path} (reinstall t2i-gcpo)") from None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [parse_json(line, f"{path}:{i + 1}") for i, line in enumerate(text.splitlines()) if line.strip()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,10 +213,7 @@ class VQAModel:
         config_path = path / "config.json"
         if not config_path.is_file():
             raise UserError(f"{path}: not a model directory (no config.json)")
-        try:
-            config = json.loads(config_path.read_text())
-        except json.JSONDecodeError:
-            raise UserError(f"{config_path}: not valid JSON") from None
+        config = read_json(config_path, dict[str, Any], follow=True)
         archs = config.get("architectures") or []
         if config.get("model_type") != "blip" or (archs and "BlipForQuestionAnswering" not in archs):
             raise UserError(
@@ -382,13 +381,11 @@ def score_dpg_folder(
         paths = {i: paths[i] for i in items}
     result = score_dpg(paths, questions, vqa, progress=progress)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "results.jsonl", "w", encoding="utf-8") as f:
-        for item, r in result["per_item"].items():
-            f.write(json.dumps({"item_id": item, **r}) + "\n")
+    rows = "".join(json.dumps({"item_id": item, **r}) + "\n" for item, r in result["per_item"].items())
+    write_file(out_dir / "results.jsonl", rows)
     summary = {k: v for k, v in result.items() if k != "per_item"}
-    (out_dir / "summary.txt").write_text(format_dpg_summary(result) + "\n", encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_file(out_dir / "summary.txt", format_dpg_summary(result) + "\n")
+    write_file(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return result
 
 
@@ -399,6 +396,13 @@ def score_dpg_folder(
 
 def _prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+class DpgRecord(TypedDict):
+    """<root>/generation.json of DPG-Bench grids: the settings they were made with, each item's prompt hash."""
+
+    settings: dict[str, str | int | float | bool | None]
+    items: dict[str, str]
 
 
 def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None,
@@ -418,10 +422,10 @@ def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settin
             )
         return
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        recorded, hashes = dict(record["settings"]), dict(record["items"])
-    except (ValueError, KeyError, TypeError):
-        raise UserError(f"{record_path}: not a generation record; {hint}") from None
+        record = read_json(record_path, DpgRecord)
+    except UserError as e:
+        raise UserError(f"{e}: not a generation record; {hint}") from None
+    recorded, hashes = record["settings"], record["items"]
     why = settings_mismatch(recorded, settings or {}, complete)
     if why and grids:
         raise UserError(f"{root}: grids {why}; {hint}")
@@ -477,7 +481,6 @@ def generate_dpg(
             path.unlink()
     else:
         check_dpg_resumable(root, prompts, settings, complete=True)
-    root.mkdir(parents=True, exist_ok=True)
     # recorded before any grid is written: this run's settings and prompts (a superset of the grids kept)
     atomic_write_json(
         root / SETTINGS_NAME,
@@ -496,7 +499,7 @@ def generate_dpg(
                                      group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
         for path, images, needed in zip(paths, per_prompt, todo):
             if needed:
-                atomic_save_image(tile_2x2(images), path)
+                atomic_save_image(tile_2x2(images), path, within=root)
                 written += 1
                 bar.update(1)
     bar.close()

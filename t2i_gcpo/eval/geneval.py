@@ -39,6 +39,7 @@ from t2i_gcpo.eval.layout import (
     read_metadata,
     write_prompt_folder,
 )
+from t2i_gcpo.outdir import parse_json, write_file
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.policies.maskgen import check_reveal_order
 from t2i_gcpo.policies.sampling import resolve_guidance_scale
@@ -60,7 +61,7 @@ def load_geneval_prompts() -> list[dict]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"package data is missing: {path} (reinstall t2i-gcpo)") from None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [parse_json(line, f"{path}:{i + 1}") for i, line in enumerate(text.splitlines()) if line.strip()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,14 +299,10 @@ def score_geneval_folder(
             f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation"
         )
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     by_tag: dict[str, list[bool]] = {}
-    tmp = out_dir / ".results.jsonl.tmp"
+    rows: list[str] = []
     n_images = sum(len(paths) for _, _, paths in entries)
-    with (
-        open(tmp, "w", encoding="utf-8") as f,
-        tqdm(total=n_images, desc="GenEval score", unit="img", disable=not progress) as bar,
-    ):
+    with tqdm(total=n_images, desc="GenEval score", unit="img", disable=not progress) as bar:
         for _, metadata, paths in entries:
             for path in paths:
                 with Image.open(path) as im:
@@ -322,10 +319,10 @@ def score_geneval_folder(
                     "metadata": json.dumps(metadata),
                     "details": json.dumps(details),
                 }
-                f.write(json.dumps(record) + "\n")
+                rows.append(json.dumps(record) + "\n")
                 bar.update(1)
-    os.replace(tmp, out_dir / "results.jsonl")
+    write_file(out_dir / "results.jsonl", "".join(rows))  # whole, never through a link
     summary = geneval_rules.summarize(by_tag)
-    (out_dir / "summary.txt").write_text(geneval_rules.format_summary(summary) + "\n", encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_file(out_dir / "summary.txt", geneval_rules.format_summary(summary) + "\n")
+    write_file(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary

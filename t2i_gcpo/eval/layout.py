@@ -42,23 +42,21 @@ def sample_path(root: str | os.PathLike, index: int, sample: int) -> Path:
     return prompt_dir(root, index) / SAMPLES_DIR / f"{sample:04d}.png"
 
 
-def atomic_save_image(image: Image.Image, path: str | os.PathLike) -> None:
-    """Save `image` as PNG at `path` through a temporary file and a rename (no half-written PNGs)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    image.save(tmp, format="PNG")
-    os.replace(tmp, path)
+def atomic_save_image(
+    image: Image.Image, path: str | os.PathLike, within: str | os.PathLike | None = None
+) -> None:
+    """Save `image` as PNG at `path` whole, never through a link (outdir.write_file; `within`: the output
+    folder, whose subfolders down to `path` are checked)."""
+    from t2i_gcpo.outdir import write_file
+
+    write_file(path, lambda f: image.save(f, format="PNG"), within)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def atomic_write_json(path: str | os.PathLike, obj, within: str | os.PathLike | None = None) -> None:
+    """Write `obj` as JSON at `path` the way `atomic_save_image` writes."""
+    from t2i_gcpo.outdir import write_file
 
-
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-    """Write `obj` as JSON at `path` through a temporary file and a rename."""
-    _atomic_write_text(Path(path), json.dumps(obj, indent=1) + "\n")
+    write_file(path, json.dumps(obj, indent=1) + "\n", within)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,24 +110,48 @@ def settings_mismatch(recorded: Mapping, wanted: Mapping, complete: bool = False
     key = keys[0]
     old = recorded.get(key, "(not recorded)")
     new = f"{key}={wanted[key]!r}" if key in wanted else f"the model's own {key}"
-    again = (
-        f" ({SETTING_FLAGS[key]} {old} continues them)" if key in SETTING_FLAGS and key in recorded else ""
-    )
+    again = f" ({SETTING_FLAGS[key]} {old} continues them)" if key in recorded and _accepted(key, old) else ""
     return f"made with {key}={old!r}, this run asks for {new}{again}"
+
+
+# the config key each recorded setting's option is checked as (commands/options.py), for `_accepted`
+SETTING_KEYS = {"cfg_scale": "rollout.cfg_scale", "temperature": "rollout.temperature", "top_k": "rollout.top_k",
+                "n": "eval_images_per_prompt", "seed": "seed", "steps": "rollout.steps"}  # fmt: skip
+
+
+def _accepted(key: str, value: object) -> bool:
+    """Whether the option that sets `key` takes `value` (a record edited to NaN, or to a value of another
+    type, is never suggested back: the option would refuse it)."""
+    from t2i_gcpo.config import check_value
+    from t2i_gcpo.policies.maskgen import REVEAL_ORDERS
+
+    if key not in SETTING_FLAGS:
+        return False
+    if key == "reveal_order":
+        return value in REVEAL_ORDERS
+    if key == "model":
+        return isinstance(value, str) and bool(value.strip())
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not numeric or (key != "cfg_scale" and key != "temperature" and not isinstance(value, int)):
+        return False
+    try:
+        check_value(SETTING_KEYS[key], value)
+    except UserError:
+        return False
+    return True
 
 
 def read_settings(folder: str | os.PathLike) -> dict | None:
     """The recorded generation settings of a prompt folder, or None when there are none."""
+    from t2i_gcpo.outdir import read_json
+
     path = Path(folder) / SETTINGS_NAME
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{path}: not valid JSON; use --overwrite to regenerate") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object; use --overwrite to regenerate")
-    return data
+        return read_json(path, dict[str, str | int | float | bool | None])
+    except UserError as e:
+        raise UserError(f"{e}; use --overwrite to regenerate") from None
 
 
 def prompt_folders(root: str | os.PathLike) -> dict[int, Path]:
@@ -151,14 +173,16 @@ def folder_images(folder: str | os.PathLike) -> list[Path]:
 
 
 def _folder_metadata(folder: Path) -> dict | None:
+    from t2i_gcpo.outdir import read_jsonl
+
     path = folder / METADATA_NAME
     if not path.is_file():
         return None
     try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return json.loads(lines[0]) if lines else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        rows = read_jsonl(path)
+    except UserError:
         return None
+    return rows[0] if rows else None
 
 
 def metadata_mismatch(folder: Path, found: dict | None, wanted: dict) -> str | None:
@@ -280,21 +304,23 @@ def write_prompt_folder(
     """
     if index < 0:
         raise ValueError(f"prompt index must be >= 0, got {index}")
+    from t2i_gcpo.outdir import real_dir, write_file
+
     folder = prompt_dir(root, index)
-    (folder / SAMPLES_DIR).mkdir(parents=True, exist_ok=True)
+    real_dir(folder / SAMPLES_DIR, within=root)  # a folder of ours, not a link: checked again at each write
     if settings is not None and read_settings(folder) != json.loads(json.dumps(dict(settings))):
         if folder_images(folder):  # the record describes the images there: never rewritten under them
             why = settings_mismatch(read_settings(folder) or {}, settings, complete=True)
             raise UserError(f"{folder}: images {why}; use --overwrite to regenerate, or another --out")
-        atomic_write_json(folder / SETTINGS_NAME, dict(settings))  # before any image
+        atomic_write_json(folder / SETTINGS_NAME, dict(settings), within=root)  # before any image
     meta_path = folder / METADATA_NAME
     if not meta_path.exists():
-        _atomic_write_text(meta_path, json.dumps(metadata) + "\n")
+        write_file(meta_path, json.dumps(metadata) + "\n", within=root)
     paths = []
     for offset, image in enumerate(images):
         path = sample_path(root, index, start + offset)
         if not path.exists():
-            atomic_save_image(image.convert("RGB"), path)
+            atomic_save_image(image.convert("RGB"), path, within=root)
         paths.append(path)
     return paths
 
@@ -313,14 +339,13 @@ def existing_samples(root: str | os.PathLike, index: int) -> int:
 
 def read_metadata(folder: Path) -> dict:
     """The metadata dict of one prompt folder (first non-empty line of metadata.jsonl)."""
+    from t2i_gcpo.outdir import read_jsonl
+
     path = folder / METADATA_NAME
     if not path.is_file():
         raise UserError(f"{folder} is not a GenEval prompt folder: {METADATA_NAME} is missing")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    try:
-        metadata = json.loads(lines[0]) if lines else None
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON ({e.msg})") from None
+    rows = read_jsonl(path)
+    metadata = rows[0] if rows else None
     if not isinstance(metadata, dict) or not {"tag", "prompt", "include"} <= metadata.keys():
         raise UserError(f"{path}: expected a GenEval metadata object with 'tag', 'prompt' and 'include'")
     return metadata

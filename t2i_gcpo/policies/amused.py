@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import TypedDict
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import read_json, write_file
 from t2i_gcpo.policies.base import (
     STEP_PREDICTIONS,
     Branches,
@@ -55,6 +56,14 @@ SUBFOLDERS = ("transformer", "vqvae", "text_encoder", "tokenizer", "scheduler")
 # our sampling defaults beside the pipeline's files (AmusedPipeline ignores it): the reveal order a
 # checkpoint was trained under, so that `eval`, `sample` and `credit-map` sample it the same way
 SAMPLING_FILE = "t2i_gcpo_sampling.json"
+
+
+class SamplingRecord(TypedDict):
+    """SAMPLING_FILE: the reveal order a checkpoint samples with."""
+
+    reveal_order: str | None
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -155,10 +164,7 @@ class AmusedPolicy(nn.Module):
         from transformers import CLIPTextModelWithProjection, CLIPTokenizer
 
         sched_file = path / "scheduler" / "scheduler_config.json"
-        try:
-            scheduler_config = json.loads(sched_file.read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"{sched_file}: cannot read the scheduler config ({e})") from None
+        scheduler_config = read_json(sched_file, dict[str, Any], follow=True)
         try:
             transformer = uvit_cls.from_pretrained(
                 path / "transformer", torch_dtype=DTYPES[dtype], use_safetensors=True
@@ -174,10 +180,10 @@ class AmusedPolicy(nn.Module):
             ) from None
         policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count)
         if (path / SAMPLING_FILE).is_file():
+            order = read_json(path / SAMPLING_FILE, SamplingRecord, follow=True)["reveal_order"]
             try:
-                order = json.loads((path / SAMPLING_FILE).read_text())["reveal_order"]
                 policy.keep_reveal_order(order)
-            except (OSError, ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 raise UserError(f"{path / SAMPLING_FILE}: cannot read the reveal order ({e})") from None
         return policy
 
@@ -396,9 +402,8 @@ class AmusedPolicy(nn.Module):
         self.vqvae.save_pretrained(path / "vqvae")
         self.text_encoder.save_pretrained(path / "text_encoder")
         self.tokenizer.save_pretrained(path / "tokenizer")
-        (path / "scheduler").mkdir(exist_ok=True)
         sched = {"_class_name": "AmusedScheduler", **self.scheduler_config}
-        (path / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched, indent=2))
+        write_file(path / "scheduler" / "scheduler_config.json", json.dumps(sched, indent=2), within=path)
         try:
             from importlib.metadata import version
 
@@ -414,6 +419,5 @@ class AmusedPolicy(nn.Module):
             "transformer": ["diffusers", "UVit2DModel"],
             "vqvae": ["diffusers", "VQModel"],
         }
-        (path / "model_index.json").write_text(json.dumps(index, indent=2))
-        (path / SAMPLING_FILE).write_text(json.dumps({"reveal_order": self.reveal_order}, indent=2))
-        os.chmod(path / "model_index.json", 0o644)
+        write_file(path / "model_index.json", json.dumps(index, indent=2))
+        write_file(path / SAMPLING_FILE, json.dumps({"reveal_order": self.reveal_order}, indent=2))

@@ -10,7 +10,6 @@ Details: docs/concepts/adapters.md#janus.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,9 +53,11 @@ def _read_config(path: Path) -> dict:
     cfg_file = path / "config.json"
     if not path.is_dir() or not cfg_file.is_file():
         raise UserError(f"'{path}' is not a Janus checkpoint: no config.json found")
+    from t2i_gcpo.outdir import read_json
+
     try:
-        cfg = json.loads(cfg_file.read_text())
-    except (OSError, ValueError, RecursionError) as e:
+        cfg = read_json(cfg_file, follow=True)  # a model cache links its files
+    except UserError as e:
         raise UserError(f"'{path}' is not a Janus checkpoint: config.json unreadable ({e})") from None
     if not isinstance(cfg, dict):
         raise UserError(f"'{path}' is not a Janus checkpoint: config.json holds a {type(cfg).__name__}")

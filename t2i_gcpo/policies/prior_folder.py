@@ -24,25 +24,27 @@ from t2i_gcpo.tokenizers.vq import VQTokenizer, load_weights, read_config
 def save_prior_folder(policy: Any, path: str, model_type: str, family: str) -> None:
     """Write `policy` (with ``config``, ``tokenizer``, ``vq``) to `path`; the prior's weights are
     stored in ``config.storage_dtype``, the VQ's by the VQ itself."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from t2i_gcpo.outdir import write_file
 
     prior = os.path.join(path, "prior")
-    os.makedirs(prior, exist_ok=True)
     dtype = getattr(torch, policy.config.storage_dtype)
     state = {
         k: v.detach().to(dtype).contiguous()
         for k, v in policy.state_dict().items()
         if not k.startswith("vq.")
     }
-    save_file(state, os.path.join(prior, "model.safetensors"))
-    # safetensors writes 0600; shipped files must be world-readable
-    os.chmod(os.path.join(prior, "model.safetensors"), 0o644)
-    with open(os.path.join(prior, "config.json"), "w") as f:
-        json.dump({"model_type": model_type, **asdict(policy.config)}, f, indent=2)
+    # every file whole, world-readable (shipped files are) and never through a link (outdir.write_file)
+    write_file(os.path.join(prior, "model.safetensors"), save(state), within=path)
+    config = {"model_type": model_type, **asdict(policy.config)}
+    write_file(os.path.join(prior, "config.json"), json.dumps(config, indent=2), within=path)
     policy.tokenizer.save(prior)
     policy.vq.save_pretrained(os.path.join(path, "vq"))
-    with open(os.path.join(path, "model_index.json"), "w") as f:
-        json.dump({"policy": family, "prior": "prior", "vq": "vq"}, f, indent=2)
+    write_file(
+        os.path.join(path, "model_index.json"),
+        json.dumps({"policy": family, "prior": "prior", "vq": "vq"}, indent=2),
+    )
 
 
 def load_prior_folder(path: str, model_type: str, config_cls: type, what: str,

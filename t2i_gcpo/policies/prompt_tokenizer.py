@@ -71,13 +71,18 @@ class PromptTokenizer:
         return [" ".join(self.vocab[i] for i in row.tolist() if i >= len(SPECIALS)) for row in ids]
 
     def save(self, path: str) -> None:
-        with open(os.path.join(path, "vocab.json"), "w") as f:
-            json.dump({"max_len": self.max_len, "vocab": self.vocab}, f, indent=1)
+        from t2i_gcpo.outdir import write_file
+
+        write_file(
+            os.path.join(path, "vocab.json"),
+            json.dumps({"max_len": self.max_len, "vocab": self.vocab}, indent=1),
+        )
 
     @classmethod
     def load(cls, path: str) -> PromptTokenizer:
-        with open(os.path.join(path, "vocab.json")) as f:
-            raw = json.load(f)
+        from t2i_gcpo.outdir import read_json
+
+        raw = read_json(os.path.join(path, "vocab.json"), follow=True)
         if raw["vocab"][: len(SPECIALS)] != list(SPECIALS):
             raise UserError(f"{path}/vocab.json: the first entries must be {list(SPECIALS)}")
         return cls(raw["vocab"][len(SPECIALS) :], raw["max_len"])

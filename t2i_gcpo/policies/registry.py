@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -131,9 +130,11 @@ def models_help(plugins: bool = False) -> str:
 
 def read_json(path: Path) -> dict:
     """A JSON object file's content; {} when it is missing or not a JSON object (for `detect`)."""
+    from t2i_gcpo.outdir import read_json as read_checked
+
     try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
+        data = read_checked(path, follow=True) if path.is_file() else {}
+    except UserError:  # unreadable, malformed, nested too deeply: not this family's file
         return {}
     return data if isinstance(data, dict) else {}
 

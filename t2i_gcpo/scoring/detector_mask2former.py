@@ -12,7 +12,6 @@ preprocessor_config.json). Nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -101,10 +100,9 @@ class Mask2FormerDetector:
         config_path = path / "config.json"
         if not config_path.is_file():
             raise UserError(f"{path}: not a Mask2Former checkpoint directory (no config.json)")
-        try:
-            model_type = json.loads(config_path.read_text()).get("model_type")
-        except json.JSONDecodeError:
-            raise UserError(f"{config_path}: not valid JSON") from None
+        from t2i_gcpo.outdir import read_json
+
+        model_type = read_json(config_path, dict[str, object], follow=True).get("model_type")
         if model_type != "mask2former":
             raise UserError(f"{path}: model_type is {model_type!r}, expected 'mask2former'")
         if not (path / "preprocessor_config.json").is_file():

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from t2i_gcpo.errors import UserError, read_json
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import read_json, write_file
 
 MAX_IMAGE_SIZE = 1024  # pixels a side
 MAX_WIDTH = 1 << 16  # codebook entries, code and channel widths
@@ -218,17 +219,15 @@ class VQTokenizer(nn.Module):
     # ---- persistence ----------------------------------------------------------------------------
     def save_pretrained(self, path: str) -> None:
         """Write ``config.json`` + ``model.safetensors`` (weights in ``config.storage_dtype``)."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        os.makedirs(path, exist_ok=True)
         dtype = getattr(torch, self.config.storage_dtype)
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(path, "model.safetensors"))
-        os.chmod(
-            os.path.join(path, "model.safetensors"), 0o644
-        )  # safetensors writes 0600; shipped files must be world-readable
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump({"model_type": "t2i_gcpo_vq", **asdict(self.config)}, f, indent=2)
+        write_file(
+            os.path.join(path, "model.safetensors"), save(state)
+        )  # world-readable, never through a link
+        config = {"model_type": "t2i_gcpo_vq", **asdict(self.config)}
+        write_file(os.path.join(path, "config.json"), json.dumps(config, indent=2))
 
     @classmethod
     def from_pretrained(cls, path: str) -> VQTokenizer:
@@ -268,7 +267,7 @@ def read_config(path: str, type_key: str | None = None, expected: str | None = N
     a JSON object."""
     from t2i_gcpo.weights import check_config_types
 
-    raw = read_json(path)
+    raw = read_json(path, follow=True)  # a model cache links its files
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a JSON object of config keys, got {type(raw).__name__}")
     found = raw.pop(type_key, None) if type_key else None

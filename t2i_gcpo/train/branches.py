@@ -77,17 +77,27 @@ def no_point(k: int, steps: int) -> UserError:
     )
 
 
+def decision_steps_of(policy: Any, sampling: SamplingParams) -> int | None:
+    """The most decision steps a sample of `policy` makes under `sampling`: AR images every token, masked
+    models their reveal steps, text its longest completion (max_new_tokens); None where unknown."""
+    if policy.output == "text":
+        steps = sampling.max_new_tokens or policy.default_sampling().max_new_tokens
+    elif policy.capabilities.reveal_order:  # masked: decision steps are reveal steps
+        steps = sampling.steps if sampling.steps is not None else policy.default_sampling().steps
+    else:
+        grid = policy.layout.grid
+        steps = grid[0] * grid[1] if grid else None
+    return int(steps) if steps else None
+
+
 def check_spacing(policy: Any, branching: BranchingConfig, sampling: SamplingParams) -> None:
     """Before a run: images decide a fixed number of steps (AR: every token; masked: the reveal steps), so
     every_k's spacing can be checked without sampling (text is checked on its first samples, `pick_points`)."""
     if branching.rule != "every_k" or policy.output == "text":
         return
-    if policy.capabilities.reveal_order:  # masked: decision steps are reveal steps
-        steps = sampling.steps if sampling.steps is not None else policy.default_sampling().steps
-    else:
-        steps = policy.layout.grid[0] * policy.layout.grid[1]
-    if steps is not None and int(steps) <= branching.k:
-        raise no_point(branching.k, int(steps))
+    steps = decision_steps_of(policy, sampling)
+    if steps is not None and steps <= branching.k:
+        raise no_point(branching.k, steps)
 
 
 def pick_points(
@@ -106,11 +116,8 @@ def pick_points(
         entropy, exists = step_entropy(policy, ro, context)
         return top_entropy(entropy, exists, k)
     if rule == "boundary":
-        if not sequential(ro):
-            raise UserError(
-                "branching.rule=boundary needs a model that decides its tokens in order (AR images, text); "
-                "use every_k or entropy for masked models"
-            )
+        if not sequential(ro):  # refused before the run (train/plan.check_model)
+            raise ValueError("branching.rule=boundary needs tokens decided in order (AR images, text)")
         layout = policy.layout
         if layout.kind == "grid":
             boundary = row_starts(ro.mask, layout.grid[1])
@@ -157,7 +164,7 @@ def leaf_points(policy: Any, ro: Rollout, branching: BranchingConfig, context: s
         if top.shape[1] < branching.k:
             top = torch.nn.functional.pad(top, (0, branching.k - top.shape[1]), value=-1)
         return torch.where(top >= 0, top, spread_points).sort(dim=1).values
-    raise UserError(f"tree groups branch with branching.rule=spread or entropy, got {branching.rule!r}")
+    raise ValueError(f"tree groups branch with branching.rule=spread or entropy, got {branching.rule!r}")
 
 
 def leaf_keys(slots: list[int], group_size: int, points: torch.Tensor, n: int) -> list[tuple[int, ...]]:
@@ -191,11 +198,8 @@ def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_rew
     continuations — a tree group of G₀·(1 + k·n) leaves, all trained on."""
     from t2i_gcpo.rewards.base import RewardOutput
 
-    if roots.state.get("estimator") == "remask":
-        raise UserError(
-            "tree groups train on continuations, which are trajectory samples: set "
-            "model_options.estimator=trajectory"
-        )
+    if roots.state.get("estimator") == "remask":  # refused when the config is built
+        raise ValueError("tree groups train on continuations, which are trajectory samples")
     G0, n = roots.group_size, branching.continuations
     tic = time.perf_counter()
     points = leaf_points(policy, roots, branching, context)  # [B₀, k]

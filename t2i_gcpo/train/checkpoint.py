@@ -17,12 +17,14 @@ import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import ConfigDict, Field
+from typing_extensions import Required, TypedDict
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.outdir import atomic_write_text, read_side_json, read_side_text, real_dir
+from t2i_gcpo.outdir import WriteError, read_json, read_side_text, real_dir, write_file
 from t2i_gcpo.train.tensor_tree import load_tree, save_tree, tree_files
 
 STEP_DIR = re.compile(r"step_(\d+)")
@@ -57,22 +59,22 @@ def save_checkpoint(
     from safetensors import SafetensorError
 
     final = checkpoint_dir(run_dir, step)
-    root = real_dir(final.parent)
+    root = real_dir(final.parent, within=run_dir)
     tmp = final.with_name(final.name + ".tmp")
     try:
         _remove(tmp)
         tmp.mkdir()
         policy.save_pretrained(str(tmp / "model"))
-        save_tree(tmp, "optimizer", optimizer_state)
+        save_tree(tmp, "optimizer", optimizer_state, within=root)
         if carry is not None:
-            save_tree(tmp, "carry", carry)
+            save_tree(tmp, "carry", carry, within=root)
         if scheduler_state is not None:
-            save_tree(tmp, "scheduler", scheduler_state)
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+            save_tree(tmp, "scheduler", scheduler_state, within=root)
+        write_file(tmp / "trainer_state.json", json.dumps({"step": step, **state}, indent=1), within=root)
         _remove(final)
         tmp.rename(final)
-        atomic_write_text(root / "latest", final.name + "\n")
-    except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error
+        write_file(root / "latest", final.name + "\n", within=root)
+    except (OSError, SafetensorError, WriteError) as e:  # safetensors reports a full disk as its own error
         shutil.rmtree(tmp, ignore_errors=True)
         reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
         raise CheckpointError(f"cannot write the checkpoint of step {step} in {root}: {reason}") from None
@@ -132,48 +134,28 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-# trainer_state.json: each entry a resume reads, with the types it takes (budget: per process, or null)
-TRAINER_STATE = {"step": (int,), "finished": (bool,), "algo": (str,), "zero_std_estimate": (float, int, type(None)),
-                 "budget": (list, type(None)), "history": (list, type(None))}  # fmt: skip
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class TrainerState(TypedDict, total=False):
+    """trainer_state.json: each entry a resume reads, with the types and ranges it takes (the budget spent
+    and, with budget allocation, the prompts' reward history and the extra draws owed: one entry per
+    process). Other entries are kept as they are."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    step: Required[Annotated[int, Field(ge=0)]]
+    finished: bool
+    algo: str
+    zero_std_estimate: Annotated[float, Field(ge=0, le=1)] | None
+    budget: list[dict[str, Finite] | None] | None
+    history: list[dict[str, Annotated[list[Finite], Field(min_length=2, max_length=2)]]] | None
+    owed: list[Annotated[float, Field(ge=0, lt=1)]] | None
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    """A checkpoint's trainer_state.json, checked: a mapping whose entries have the types a resume
-    reads (a step ≥ 0, finite numbers, the budget spent as numbers per process); else a one-line
-    UserError naming the file."""
-    path = ckpt / "trainer_state.json"
-    state = read_side_json(path)
-    problem = None
-    if not isinstance(state, dict) or "step" not in state:
-        problem = "not a mapping with a step"
-    else:
-        for key, types in TRAINER_STATE.items():
-            value = state.get(key)
-            if key in state and (
-                not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
-            ):
-                problem = f"'{key}' is {type(value).__name__}"
-        if problem is None and state["step"] < 0:
-            problem = f"step {state['step']}"
-        z = state.get("zero_std_estimate")
-        if problem is None and z is not None and not (math.isfinite(z) and 0 <= z <= 1):
-            problem = f"zero_std_estimate {z}"
-        for spent in state.get("budget") or []:
-            if problem is None and not (
-                spent is None or (isinstance(spent, dict) and all(_finite_number(v) for v in spent.values()))
-            ):
-                problem = "a budget entry is not numbers"
-        for seen in state.get("history") or []:
-            if problem is None and not (
-                isinstance(seen, dict)
-                and all(
-                    isinstance(v, list) and len(v) == 2 and all(map(_finite_number, v)) for v in seen.values()
-                )
-            ):
-                problem = "a history entry is not [reward sum, count] per prompt"
-    if problem is not None:
-        raise UserError(f"{path}: not a trainer state t2i-gcpo wrote ({problem}; damaged or edited?)")
-    return state
+    """A checkpoint's trainer_state.json, checked (`TrainerState`: a step ≥ 0, finite numbers, the budget
+    spent as numbers per process …); else a one-line UserError naming the file and the entry."""
+    return read_json(ckpt / "trainer_state.json", TrainerState)
 
 
 def _finite_number(value: Any) -> bool:
@@ -184,7 +166,11 @@ def mark_finished(ckpt: Path) -> None:
     """Record in a checkpoint's trainer state that the run ended there: trained, evaluated, reported."""
     state = load_trainer_state(ckpt)
     if not state.get("finished"):
-        atomic_write_text(ckpt / "trainer_state.json", json.dumps({**state, "finished": True}, indent=1))
+        write_file(
+            ckpt / "trainer_state.json",
+            json.dumps({**state, "finished": True}, indent=1),
+            within=ckpt.parent.parent,
+        )
 
 
 LEGACY_OPTIMIZER, LEGACY_CARRY = "optimizer.pt", "carry.pt"  # torch.save files of earlier versions
@@ -303,6 +289,7 @@ def collector_checkpoint(states: list[dict]) -> tuple[dict, list | None]:
     state = {"zero_std_estimate": states[0]["zero_std_estimate"], "budget": [s.get("budget") for s in states]}
     if any("history" in s for s in states):  # budget allocation: each process's prompt → [reward sum, count]
         state["history"] = [s.get("history") or {} for s in states]
+        state["owed"] = [float(s.get("owed") or 0.0) for s in states]  # knapsack's fraction of a group
     return state, (carry if any(c is not None for c in carry) else None)
 
 
@@ -333,9 +320,13 @@ def load_collector_state(ckpt: Path, process_index: int, num_processes: int, dev
             for text, (total, count) in seen.items():
                 pooled = history.setdefault(text, [0.0, 0.0])
                 pooled[0], pooled[1] = pooled[0] + total, pooled[1] + count
-    return {
+    loaded = {
         "carry": own,
         "zero_std_estimate": state.get("zero_std_estimate"),
         "budget": spent,
         "history": history,
     }
+    if state.get("owed") is not None:  # knapsack's fraction of a group; another number of processes: none
+        owed = state["owed"]
+        loaded["owed"] = owed[process_index] if len(owed) == num_processes else 0.0
+    return loaded

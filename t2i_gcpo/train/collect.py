@@ -139,6 +139,7 @@ class BatchCollector:
         self.stepwise = needs_step_rewards(cfg.credit.scheme)
         self.spent = self.budget_keys()  # the run's budget/* totals (this process)
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
+        self.owed = 0.0  # knapsack: the fraction of a group of extra draws carried to the next round
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -236,7 +237,7 @@ class BatchCollector:
             r = parts[0].reward.scores.view(len(prompts), G)
             past = torch.tensor([self.history.get(p.text, [0.0, 0.0]) for p in prompts], dtype=torch.float64)
             p_hat = success_estimate(past[:, 0], past[:, 1], r.sum(1), torch.full((len(prompts),), G))
-            extra = allocate(p_hat, G, units=round((rollout_cfg.draw_factor - 1) * len(prompts)), unit=G)
+            extra = allocate(p_hat, G, units=self.extra_groups(len(prompts)), unit=G)
             for units in sorted(set(extra.tolist()) - {0}):
                 which = (extra == units).nonzero().flatten().tolist()
                 offset = sum(len(part.rollout) for part in parts)
@@ -257,6 +258,15 @@ class BatchCollector:
         order = torch.cat([torch.tensor(own)[max_variance_subset(scores[own], G)] for own in rows])
         tally.spent[M.BUDGET_KEPT] += len(order)
         return select_scored(parts, order, G)
+
+    def extra_groups(self, prompts: int) -> int:
+        """Knapsack's extra groups for a round of `prompts` prompts: (draw_factor − 1) groups per prompt on
+        average, the fraction a round cannot draw carried to the next (a step of one prompt at draw_factor 1.5
+        draws an extra group every other step, never none)."""
+        budget = (self.cfg.rollout.draw_factor - 1) * prompts + self.owed
+        units = math.floor(budget + 1e-9)
+        self.owed = min(max(budget - units, 0.0), 1.0 - 1e-12)
+        return units
 
     def tree_groups(self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
                     tally: Tally) -> Batch:  # fmt: skip
@@ -344,12 +354,14 @@ class BatchCollector:
         state = {"carry": self.carry, "zero_std_estimate": self.zero_std_estimate, "budget": dict(self.spent)}
         if self.cfg.rollout.allocation != "none":
             state["history"] = {text: list(v) for text, v in self.history.items()}
+            state["owed"] = self.owed
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.carry, self.zero_std_estimate = state["carry"], state["zero_std_estimate"]
         self.spent = {**self.budget_keys(), **(state.get("budget") or {})}  # older runs: none
         self.history = {text: list(v) for text, v in (state.get("history") or {}).items()}
+        self.owed = float(state.get("owed") or 0.0)
 
 
 def groups_in(batches: list[Batch]) -> int:

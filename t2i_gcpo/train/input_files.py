@@ -14,10 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import TypedDict
+
 from t2i_gcpo.config import TrainConfig
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.outdir import atomic_write_text, read_side_json
-from t2i_gcpo.usercode import code_file, sha256_bytes
+from t2i_gcpo.outdir import read_json, write_file
+from t2i_gcpo.usercode import code_files, sha256_bytes
 
 RECORD = "input_files.json"
 CODE_ROLES = ("credit", "reward")  # checked where imported (usercode), not here
@@ -26,7 +28,8 @@ CODE_ROLES = ("credit", "reward")  # checked where imported (usercode), not here
 def user_files(cfg: TrainConfig) -> dict[str, str]:
     """{absolute path: role} of the user-supplied files `cfg` makes a run read: ``prompts``,
     ``eval_prompts`` (a shipped prompt file included: an upgrade that edits it is a change too),
-    ``credit`` and ``reward`` (the file of each user function)."""
+    ``credit`` and ``reward`` (the file of each user function, and for a ``module:function`` every package
+    ``__init__.py`` importing it runs)."""
     from t2i_gcpo.resources import prompt_file
     from t2i_gcpo.rewards.registry import user_code_specs
 
@@ -38,9 +41,9 @@ def user_files(cfg: TrainConfig) -> dict[str, str]:
                 files.setdefault(str(path.resolve()), role)
     for role, specs in (("credit", [cfg.credit.scheme]), ("reward", user_code_specs(cfg.reward))):
         for spec in specs:
-            path = code_file(spec)
-            if path is not None and path.is_file():
-                files.setdefault(str(path), role)
+            for path in code_files(spec):  # a module's package __init__.py files too: importing runs them
+                if path.is_file():
+                    files.setdefault(str(path), role)
     return files
 
 
@@ -55,8 +58,20 @@ def fingerprints(cfg: TrainConfig) -> dict[str, Any]:
     return {"files": files}
 
 
+class InputFile(TypedDict):
+    role: str
+    path: str
+    sha256: str
+
+
+class InputRecord(TypedDict):
+    """input_files.json: each file the run read, with its role and sha256."""
+
+    files: list[InputFile]
+
+
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
-    atomic_write_text(run_dir / RECORD, json.dumps(record, indent=1) + "\n")
+    write_file(run_dir / RECORD, json.dumps(record, indent=1) + "\n", within=run_dir)
 
 
 def read_record(run_dir: Path) -> dict[str, dict] | None:
@@ -65,20 +80,11 @@ def read_record(run_dir: Path) -> dict[str, dict] | None:
     path = run_dir / RECORD
     if not path.exists() and not path.is_symlink():
         return None
-    data = read_side_json(path)
     try:
-        entries = {
-            e["path"]: {"role": e["role"], "sha256": e["sha256"]}
-            for e in data["files"]
-            if all(isinstance(e[k], str) for k in ("path", "role", "sha256"))
-        }
-        if len(entries) != len(data["files"]):
-            raise TypeError
-    except (KeyError, TypeError, AttributeError):
-        raise UserError(
-            f"{path} is not a record of input files (damaged file?); delete it to resume unchecked"
-        ) from None
-    return entries
+        data = read_json(path, InputRecord)
+    except UserError as e:
+        raise UserError(f"{e}; delete {path} to resume unchecked") from None
+    return {e["path"]: {"role": e["role"], "sha256": e["sha256"]} for e in data["files"]}
 
 
 def check_unchanged(cfg: TrainConfig, recorded: dict[str, dict] | None, allow_changed: bool) -> None:

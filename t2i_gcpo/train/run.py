@@ -33,6 +33,7 @@ class Job:
     resume: bool
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
     lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
+    plan: Any = None  # train/plan.Plan: the trackers (each checked to start) and a step's cost
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class ResumeOptions:
     reward: str | None = None
     trust_run_code: bool = False
     allow_changed_inputs: bool = False
+    # a command that resumes runs it cannot name code for (`compare`): what its refusal says to do instead
+    remedy: str | None = None
 
 
 # `model` / `reward` for a policy or reward given as a Python object that no string can load again:
@@ -90,9 +93,9 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             raise UserError(f"config {key} '{getattr(cfg, key)}' names a Python object: pass it from Python")
     if not cfg.prompts:  # null in a --config file or --set prompts=null
         raise UserError("config key 'prompts': a training run needs a prompt file, got none")
-    from t2i_gcpo.train.tracking import resolve_report_to
+    from t2i_gcpo.train.plan import plan_config
 
-    resolve_report_to(cfg.report_to)  # a tracker that is not installed: fail before loading anything
+    trackers = plan_config(cfg)  # trackers, a step's cost: before a folder or a model (train/plan.py)
     run_dir = Path(cfg.out) if cfg.out else None
     # before any work: an --out that is a file or cannot be written fails now, not at the first save
     check_writable_dir(run_dir if run_dir is not None else Path("runs"), "run directory")
@@ -105,7 +108,7 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
             _release(lock)
             raise
     try:
-        return _load(cfg, run_dir, False, lock, policy, reward)
+        return _load(cfg, run_dir, False, lock, policy, reward, trackers)
     except BaseException:
         _release(lock)
         raise
@@ -113,24 +116,16 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
 
 def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, reward: Reward | None,
                     lock: Any) -> Job:  # fmt: skip
-    """`prepare` for ``--resume``: the saved config read, the code it names imported only as `options`
-    allow (usercode.run_code_guard), the prompt files checked against their fingerprints."""
+    """`prepare` for ``--resume``: the saved config read with `steps` applied and checked, the code it names
+    imported only as `options` allow (usercode.run_code_guard), the prompt files checked against their
+    fingerprints, then the plan of the run as it will continue."""
     from t2i_gcpo.train.input_files import check_unchanged, read_record
-    from t2i_gcpo.usercode import RunCodeGuard, run_code_guard
+    from t2i_gcpo.usercode import run_code_guard
 
     data, finished = _read_resumable(run_dir, steps)
     recorded = read_record(run_dir)
-    guard = RunCodeGuard(
-        source=str(run_dir / "config.yaml"),
-        named=_named_again(run_dir, data, options),
-        trust=options.trust_run_code,
-        recorded=None if recorded is None else {p: e["sha256"] for p, e in recorded.items()},
-        allow_changed=options.allow_changed_inputs,
-    )
-    with run_code_guard(guard):
-        cfg = from_dict(data)  # imports the code it names, as the guard allows (also for a finished run)
-        if steps is not None:
-            cfg.steps = steps
+    with run_code_guard(_resume_guard(run_dir, data, options, recorded)):
+        cfg = _resumed_config(run_dir, data, steps)  # imports the code it names (also for a finished run)
         if finished:
             return Job(cfg, run_dir, [], None, None, None, None, resume=True, finished=finished, lock=lock)
         check_writable_dir(run_dir, "run directory")
@@ -140,7 +135,63 @@ def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, re
                 f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
             )
         check_unchanged(cfg, recorded, options.allow_changed_inputs)
-        return _load(cfg, run_dir, True, lock, None, reward)
+        from t2i_gcpo.train.plan import plan_config
+
+        return _load(cfg, run_dir, True, lock, None, reward, plan_config(cfg))
+
+
+def check_resumable(run_dir: Path, steps: int | None, options: ResumeOptions) -> None:
+    """What `--resume` checks of a run before it loads a model — its saved config with `steps` applied,
+    the code its config names imported only as `options` allow, its checkpoint's carried groups (never a
+    pickle) — for `compare`, which checks every run it will continue before it trains any."""
+    from t2i_gcpo.rewards.registry import user_code_specs
+    from t2i_gcpo.train.checkpoint import latest_checkpoint, load_carry
+    from t2i_gcpo.train.input_files import read_record
+    from t2i_gcpo.usercode import import_function, run_code_guard
+
+    data, _ = _read_resumable(run_dir, steps)  # its trainer state read and checked
+    with run_code_guard(_resume_guard(run_dir, data, options, read_record(run_dir))):
+        cfg = _resumed_config(run_dir, data, steps)
+        for spec in user_code_specs(cfg.reward):
+            import_function(spec, "reward")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        load_carry(ckpt)  # a pickle an earlier version wrote is refused unread, before any run trains
+
+
+def _resume_guard(run_dir: Path, data: dict, options: ResumeOptions, recorded: dict | None) -> Any:
+    """The guard of what a resumed run may import of the code its config (`data`) names."""
+    from t2i_gcpo.usercode import RunCodeGuard
+
+    credit = data.get("credit")
+    specs = {
+        "credit scheme": credit.get("scheme") if isinstance(credit, dict) else None,
+        "reward": data.get("reward"),
+    }
+    return RunCodeGuard(
+        source=str(run_dir / "config.yaml"),
+        named=_named_again(run_dir, data, options),
+        trust=options.trust_run_code,
+        recorded=None if recorded is None else {p: e["sha256"] for p, e in recorded.items()},
+        allow_changed=options.allow_changed_inputs,
+        specs={what: spec for what, spec in specs.items() if isinstance(spec, str)},
+        folder=run_dir,
+        remedy=options.remedy,
+    )
+
+
+def _resumed_config(run_dir: Path, data: dict, steps: int | None) -> TrainConfig:
+    """The run's config as it will continue: the saved one with `steps` applied, validated as a new run's
+    is (a warmup longer than the run, …); a refusal names the run and the --steps given."""
+    if steps is not None:
+        data = {**data, "steps": steps}
+    try:
+        return from_dict(data)
+    except UserError as e:
+        if not str(e).startswith("config key"):  # code the guard refused, a file that does not exist …
+            raise
+        given = f" with --steps {steps}" if steps is not None else ""
+        raise UserError(f"cannot resume {run_dir}{given}: {e}") from e.__cause__
 
 
 def _named_again(run_dir: Path, data: dict, options: ResumeOptions) -> frozenset[str]:
@@ -190,7 +241,7 @@ def check_new_run_dir(run_dir: Path) -> None:
 
     if is_run_dir(run_dir):
         raise UserError(
-            f"{run_dir} already holds a run; continue it with --resume {run_dir} or pick another --out"
+            f"{run_dir} already holds a run; continue it with {_continue(run_dir)} or pick another --out"
         )
     entries = foreign_entries(run_dir)
     if entries:
@@ -200,15 +251,40 @@ def check_new_run_dir(run_dir: Path) -> None:
         )
 
 
+def plan_job(cfg: TrainConfig, policy: Policy | None = None, trackers: list[str] | None = None) -> Job:
+    """A run of `cfg` loaded and checked as `prepare` checks it, without a run directory: what `compare`
+    checks of each arm before it trains any (`policy`: the model loaded once for them all; `trackers`:
+    already checked to start)."""
+    return _load(cfg, None, False, None, policy, None, trackers)
+
+
+def _continue(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir`, its own code named (train/run_dir.resume_command);
+    from its config.yaml as saved, which is not checked here: a config that cannot be read gives the bare
+    command, whose own checks then say what is wrong."""
+    from t2i_gcpo.outdir import read_yaml
+    from t2i_gcpo.train.run_dir import resume_command
+
+    try:
+        data = read_yaml(run_dir / "config.yaml")
+        credit = data.get("credit") if isinstance(data, dict) else None
+        code = (credit.get("scheme") if isinstance(credit, dict) else None, data.get("reward"))
+    except (UserError, AttributeError):
+        code = (None, None)
+    return resume_command(run_dir, *(c if isinstance(c, str) else None for c in code))
+
+
 def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Policy | None,
-          reward: Reward | None) -> Job:  # fmt: skip
-    """Load the model, task, prompts and reward of a run (everything checked before the first step);
-    a `policy` or `reward` object given is used as it is."""
+          reward: Reward | None, trackers: list[str] | None = None) -> Job:  # fmt: skip
+    """Load the model, task, prompts and reward of a run and check its plan (everything checked before the
+    first step and before the run directory is written); a `policy` or `reward` object given is used as it
+    is."""
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.policies.sampling import resolve_guidance_scale
     from t2i_gcpo.rewards.registry import build_reward, check_reward_spec
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
+    from t2i_gcpo.train.plan import plan_run
 
     if reward is None:  # a spec's typo or a missing weights folder: one line before the model loads
         check_reward_spec(cfg.reward)
@@ -216,22 +292,13 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
         policy = load_policy(cfg.model, cfg.model_options)
     cfg.task = cfg.task or policy.default_task
     task = get_task(cfg.task, policy)
-    prompts = task.load_prompts(cfg.prompts)
-    if cfg.reward is None:
-        if task.default_reward is None:
-            raise UserError(
-                f"task '{task.name}' has no default reward: give --reward (e.g. geneval:DETECTOR,CLIP)"
-            )
-        cfg.reward = task.default_reward
-    # the held-out score needs the task's own scorer; its variants (e.g. shapeworld:flow_grpo) keep it
-    default = task.default_reward
-    same_scorer = default is not None and cfg.reward.split(":")[0] == default.split(":")[0]
-    if cfg.eval_prompts is None and same_scorer:
-        cfg.eval_prompts = task.default_eval_prompts()
-    eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
-    policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
+    resolve_reward_and_held_out(cfg, task)
     if cfg.rollout.cfg_scale is None:  # the checkpoint's recommendation (ShapeWorld stores one)
         cfg.rollout.cfg_scale = resolve_guidance_scale(policy, None)
+    plan = plan_run(cfg, policy, trackers)  # trackers, decode loop, scheme × model, a step's cost
+    prompts = task.load_prompts(cfg.prompts)
+    eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
+    policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if reward is None:
         reward = build_reward(
             cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
@@ -239,8 +306,24 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     dry = dry_sample(cfg, policy, reward, prompts)
     check_reward(cfg, reward, prompts, eval_prompts, dry)
     check_user_credit(cfg, policy, prompts, dry)  # a user's credit function on the same dry sample
-    check_scheme_fits(cfg, policy)
-    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock)
+    note_step_rewards(cfg, policy)
+    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock, plan=plan)
+
+
+def resolve_reward_and_held_out(cfg: TrainConfig, task: Task) -> None:
+    """The task's default reward where the config names none, and its held-out prompts where the reward is
+    the task's own scorer (its variants, e.g. shapeworld:flow_grpo, keep it): another reward scores only
+    the held-out prompts given (eval_prompts)."""
+    if cfg.reward is None:
+        if task.default_reward is None:
+            raise UserError(
+                f"task '{task.name}' has no default reward: give --reward (e.g. geneval:DETECTOR,CLIP)"
+            )
+        cfg.reward = task.default_reward
+    default = task.default_reward
+    same_scorer = default is not None and cfg.reward.split(":")[0] == default.split(":")[0]
+    if cfg.eval_prompts is None and same_scorer:
+        cfg.eval_prompts = task.default_eval_prompts()
 
 
 def dry_sample(cfg: TrainConfig, policy: Policy, reward: Reward, prompts: list) -> Callable[[], Any]:
@@ -279,39 +362,14 @@ def check_reward(
             raise RewardError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
 
-def check_scheme_fits(cfg: TrainConfig, policy: Policy) -> None:
-    """Before the run directory exists: the model's family gives what the credit scheme needs
-    (train/credit.check_capabilities), and a scheme that branches finds branch points in the model's
-    samples (train/branches.check_spacing); a scheme that scores every reveal step says what that costs."""
-    from t2i_gcpo.core.schemes import get_scheme
-    from t2i_gcpo.train.branches import check_spacing
-    from t2i_gcpo.train.credit import check_capabilities, step_reward_note
+def note_step_rewards(cfg: TrainConfig, policy: Policy) -> None:
+    """A scheme that scores every reveal step's prediction says what that costs, once, before the run."""
+    from t2i_gcpo.train.credit import needs_step_rewards, step_reward_note
     from t2i_gcpo.train.trainer import sampling_params
 
-    check_capabilities(cfg.credit.scheme, policy)
-    needs = get_scheme(cfg.credit.scheme).needs
-    if "branches" in needs:
-        check_spacing(policy, cfg.branching, sampling_params(cfg))
-    if "leaves" in needs:
-        check_tree_groups(cfg)
-    if "step_rewards" in needs and int(os.environ.get("RANK", 0)) == 0:  # its extra reward calls, said once
+    if needs_step_rewards(cfg.credit.scheme) and int(os.environ.get("RANK", 0)) == 0:
         steps = sampling_params(cfg).steps or policy.default_sampling().steps
         print(step_reward_note(cfg.credit.scheme, int(steps)), flush=True)
-
-
-def check_tree_groups(cfg: TrainConfig) -> None:
-    """Tree groups need the same number of leaves in every group (branching.rule spread or entropy) and
-    continuations that train as the roots do (masked models: the trajectory estimator)."""
-    if cfg.branching.rule not in ("spread", "entropy"):
-        raise UserError(
-            f"credit scheme '{cfg.credit.scheme}' grows tree groups, which branch with branching.rule=spread or "
-            f"entropy (k points in every sample), got branching.rule={cfg.branching.rule}"
-        )
-    if cfg.model_options.estimator != "trajectory":
-        raise UserError(
-            f"credit scheme '{cfg.credit.scheme}' trains on continuations, which are trajectory samples: "
-            "set model_options.estimator=trajectory"
-        )
 
 
 def _read_resumable(run_dir: Path, steps: int | None) -> tuple[dict, str | None]:
@@ -319,13 +377,14 @@ def _read_resumable(run_dir: Path, steps: int | None) -> tuple[dict, str | None]
     imports the code it names, under the caller's guard) and, when the run has already finished its steps
     (`steps` when given), the one line that says so. Reads only."""
     from t2i_gcpo.train.checkpoint import latest_checkpoint, load_trainer_state
+    from t2i_gcpo.train.run_dir import resume_command
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"cannot resume: {run_dir} is a file, not a run directory")
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise UserError(f"cannot resume: {saved} not found (is {run_dir} a run directory?)")
-    data = _read_yaml(saved)
+    data = _read_yaml(saved, follow=False)  # a run folder's own file: never read through a link
     if steps is not None and steps < 0:
         raise UserError(f"--steps must be ≥ 0, got {steps}")
     total = steps if steps is not None else data.get("steps", TrainConfig.steps)
@@ -334,16 +393,19 @@ def _read_resumable(run_dir: Path, steps: int | None) -> tuple[dict, str | None]
     ckpt = latest_checkpoint(run_dir)
     state = load_trainer_state(ckpt) if ckpt is not None else {"step": 0}  # none: start from the beginning
     done = state["step"]
+    credit = data.get("credit")
+    code = (credit.get("scheme") if isinstance(credit, dict) else None, data.get("reward"))
     if done > total:
         given = "--steps" if steps is not None else "its saved config's steps"
         raise UserError(
-            f"cannot resume: {run_dir} has trained {done} steps, more than {given} ({total}); "
-            f"give --steps N with N ≥ {done}"
+            f"cannot resume: {run_dir} has trained {done} steps, more than {given} ({total}); give --steps N "
+            f"with N ≥ {done} (to end it there: {resume_command(run_dir, *code, steps=done)})"
         )
     if done == total and state.get("finished"):
-        return data, (
-            f"{run_dir} already finished its {total} steps; nothing to do "
-            f"(train longer with: t2i-gcpo train --resume {run_dir} --steps N)"
+        longer = resume_command(run_dir, *code, steps=max(2 * total, total + 1))
+        return (
+            data,
+            f"{run_dir} already finished its {total} steps; nothing to do (train longer with: {longer})",
         )
     return data, None
 

@@ -3,7 +3,6 @@ with its config, and set up to continue (saved steps, metric rows a resumed run 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,8 @@ from typing import Any
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, save_config
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.outdir import atomic_write_text
+from t2i_gcpo.metrics import MetricsRow
+from t2i_gcpo.outdir import atomic_write_text, parse_json, read_side_text, read_yaml
 
 
 def claim_default_run_dir(algo: str) -> tuple[Path, Any]:
@@ -54,7 +54,7 @@ def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
     import yaml
 
     saved = run_dir / "config.yaml"
-    data = yaml.safe_load(saved.read_text())
+    data = read_yaml(saved)
     if data.get("steps") != steps:
         data["steps"] = steps
         atomic_write_text(saved, yaml.safe_dump(data, sort_keys=False))
@@ -75,22 +75,49 @@ def truncate_metrics(path: Path, step: int, redo_final: bool = False) -> None:
     """Drop metric rows written after the checkpoint being resumed (they will be recomputed), and with
     `redo_final` the final evaluation row at `step` too (the run is about to write it again). A
     half-written last line (a crash mid-write) is dropped; damage anywhere else is a `UserError`."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return
-    lines = path.read_text().splitlines()
+    lines = read_side_text(path).splitlines()
     kept = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line, f"{path}:{i + 1}", MetricsRow)
             row_step = row[M.STEP]
-            if not isinstance(row_step, int):
-                raise TypeError(row_step)
-        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: absurdly nested
+        except UserError:  # malformed, nested too deeply, not a row
             if i == len(lines) - 1:
                 continue  # cut short by a crash while it was written: it will be written again
             raise UserError(f"{path}:{i + 1}: not a metrics row (damaged file?)") from None
         if row_step < step or (row_step == step and not (redo_final and _is_eval_only(row))):
             kept.append(line)
     atomic_write_text(path, "".join(ln + "\n" for ln in kept))
+
+
+def resume_command(run_dir: Path, credit: str | None, reward: str | None, steps: int | None = None) -> str:
+    """The command that continues the run in `run_dir` (to `steps` in all), one that works as printed: the
+    run's own credit and reward code named again (a resumed run runs only code that is named:
+    docs/errors.md#run-code), quoted for the shell; code in a file inside the run folder said to be there (the
+    folder may come from someone else). A run trained with a Python function resumes from Python."""
+    import shlex
+
+    from t2i_gcpo.core.schemes import CREDIT_SCHEMES
+    from t2i_gcpo.rewards.registry import user_code_specs
+    from t2i_gcpo.usercode import PYTHON_OBJECT, code_files, is_function_spec
+
+    if any(isinstance(spec, str) and spec.split(":", 1)[0] == PYTHON_OBJECT for spec in (credit, reward)):
+        return f"t2i_gcpo.train(resume={str(run_dir)!r}, …) with the same Python function"
+    parts, code = ["t2i-gcpo", "train", "--resume", str(run_dir)], []
+    if steps is not None:
+        parts += ["--steps", str(steps)]
+    if credit and credit not in CREDIT_SCHEMES and is_function_spec(credit):
+        parts += ["--credit", credit]
+        code.append(credit)
+    if reward and user_code_specs(reward):
+        parts += ["--reward", reward]
+        code += user_code_specs(reward)
+    command = " ".join(shlex.quote(p) for p in parts)
+    inside = [spec for spec in code for f in code_files(spec) if f.is_relative_to(Path(run_dir).resolve())]
+    if inside:
+        command += f" (it runs {inside[0]}, a file inside the run folder: read it first)"
+    return command

@@ -91,14 +91,17 @@ def decode(node: Any, tensors: Mapping[str, torch.Tensor], classes: Mapping[str,
     return {k: decode(v, tensors, classes, device) for k, v in node.items()}
 
 
-def save_tree(folder: Path, name: str, value: Any) -> None:
-    """Write `value` to folder/NAME.safetensors and folder/NAME.json."""
+def save_tree(folder: Path, name: str, value: Any, within: Path | None = None) -> None:
+    """Write `value` to folder/NAME.safetensors and folder/NAME.json (outdir.write_file: never through a
+    link; `within`: the folder whose subfolders down to `folder` are checked)."""
     from safetensors.torch import save_file
+
+    from t2i_gcpo.outdir import write_file
 
     tensors: dict[str, torch.Tensor] = {}
     tree = encode(value, tensors)
-    save_file(tensors, str(folder / f"{name}.safetensors"))
-    (folder / f"{name}.json").write_text(json.dumps(tree), encoding="utf-8")
+    write_file(folder / f"{name}.safetensors", b"", within, by_name=lambda tmp: save_file(tensors, tmp))
+    write_file(folder / f"{name}.json", json.dumps(tree), within)
 
 
 def tree_files(folder: Path, name: str) -> tuple[Path, Path]:
@@ -110,10 +113,12 @@ def load_tree(folder: Path, name: str, what: str, classes: Mapping[str, type] | 
     """The value `save_tree` wrote; a damaged or foreign file is a UserError naming `what` it held."""
     from safetensors.torch import load_file
 
+    from t2i_gcpo.outdir import read_json
+
     weights, tree = tree_files(folder, name)
+    node = read_json(tree)  # malformed or nested too deeply: one line naming the file
     try:
         tensors = load_file(str(weights))
-        node = json.loads(tree.read_text(encoding="utf-8"))
         return decode(node, tensors, classes or {}, device)
     except Exception as e:  # safetensors, JSON, a missing tensor key, a constructor refusing its fields
         message = " ".join(str(e).split())[:200]

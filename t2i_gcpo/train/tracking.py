@@ -25,9 +25,9 @@ def installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def resolve_report_to(spec: str) -> list[str]:
-    """The trackers `spec` asks for ('all': every installed one; 'none': none); a UserError naming the
-    pip extra for one that is not installed."""
+def tracker_names(spec: str, installed_only: bool = False) -> list[str]:
+    """The trackers `spec` names ('all': every installed one; 'none': none), in order, once each.
+    `installed_only`: a named tracker that is not installed is a UserError naming its pip extra."""
     check_report_to(spec)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if "none" in names:
@@ -36,11 +36,18 @@ def resolve_report_to(spec: str) -> list[str]:
         return []
     if "all" in names:
         return [t for t in TRACKERS if installed(t)]
-    missing = [n for n in dict.fromkeys(names) if not installed(n)]
+    missing = [n for n in dict.fromkeys(names) if not installed(n)] if installed_only else []
     if missing:
         n = missing[0]
         raise UserError(f"report_to={n} needs the {n} package: pip install 't2i-gcpo[{n}]'")
-    trackers = list(dict.fromkeys(names))
+    return list(dict.fromkeys(names))
+
+
+def resolve_report_to(spec: str) -> list[str]:
+    """The trackers `spec` asks for (`tracker_names`), each checked to start as the run would start it
+    (`check_can_start`: 'all' included): a UserError naming the pip extra for one that is not installed, or
+    what stops one from starting."""
+    trackers = tracker_names(spec, installed_only=True)
     for name in trackers:
         check_can_start(name)
     return trackers
@@ -102,14 +109,23 @@ def start_trackers(
 ) -> None:
     """init_trackers for a run in `run_dir` that resumes after `start_step`. TensorBoard drops events
     past start_step (a killed run's steps after its checkpoint are trained again), and all of them when
-    a resumed run starts over from step 0 (it had no checkpoint)."""
+    a resumed run starts over from step 0 (it had no checkpoint). TensorBoard's event file is written by
+    `EventFile` (never through a link); W&B's folder is checked to be a folder of the run, not a link."""
     if not trackers:
         return
-    # the run directory is known only now (the Accelerator was made first): TensorBoard writes under it
-    accelerator.project_configuration.logging_dir = str(run_dir / "tb")  # <run>/tb/t2i-gcpo
+    from t2i_gcpo.outdir import real_dir
+
+    if "wandb" in trackers:
+        real_dir(run_dir / "wandb", within=run_dir)
+    from t2i_gcpo.train.event_file import EventFile
+
+    purge = (start_step + 1 if start_step else 0) if resume else None
+    accelerator.log_with = [
+        EventFile(run_dir, purge) if getattr(t, "value", t) == "tensorboard" else t
+        for t in accelerator.log_with
+    ]
     name = run_dir.resolve().name
     kwargs = {
-        "tensorboard": {"purge_step": start_step + 1 if start_step else 0} if resume else {},
         "wandb": {"dir": str(run_dir), "name": name},
         "mlflow": {"run_name": name},
         "trackio": {"name": name},

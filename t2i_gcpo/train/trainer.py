@@ -22,7 +22,7 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, to_dict
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.outdir import open_append
+from t2i_gcpo.outdir import append_text, write_file
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import Task
@@ -55,9 +55,9 @@ from t2i_gcpo.train.distributed import (
     param_checksum,
     unwrap,
 )
-from t2i_gcpo.train.run_dir import claim_default_run_dir, continue_run_dir, prepare_run_dir
+from t2i_gcpo.train.run_dir import claim_default_run_dir, continue_run_dir, prepare_run_dir, resume_command
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler, step_schedule
-from t2i_gcpo.train.tracking import finish_trackers, log_metrics, resolve_report_to, start_trackers
+from t2i_gcpo.train.tracking import finish_trackers, log_metrics, start_trackers, tracker_names
 from t2i_gcpo.train.update import NonFiniteError
 from t2i_gcpo.train.update import update as update_policy
 
@@ -81,8 +81,10 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None, prompts: list[PromptRecord], policy: Policy,
                  reward: Reward, task: Task, eval_prompts: list[PromptRecord] | None = None,
                  resume: bool = False):  # fmt: skip
+        """A run of `cfg` whose plan was checked (train/run.prepare → train/plan.plan_run: the trackers
+        start, the scheme fits the model, a step's cost is bounded) before anything is written."""
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
-        trackers = resolve_report_to(cfg.report_to)  # a missing tracker package fails before any work
+        trackers = tracker_names(cfg.report_to)  # each checked to start by the plan
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
         self.sampling = sampling_params(cfg)
         if cfg.rollout.reveal_order and policy.capabilities.reveal_order:
@@ -292,7 +294,7 @@ class Trainer:
                 self._log(cfg.steps, final, append_only=True)
                 self._announce(cfg.steps, headline, bar)
                 if acc.is_main_process:
-                    (self.run_dir / "eval.json").write_text(json.dumps(final, indent=1))
+                    write_file(self.run_dir / "eval.json", json.dumps(final, indent=1), within=self.run_dir)
             self._report()
             if acc.is_main_process:
                 ckpt = checkpoint_dir(self.run_dir, cfg.steps)
@@ -301,17 +303,8 @@ class Trainer:
                 bar.write(f"run directory: {self.run_dir} (open report.html)")
         except NonFiniteError as e:
             bar.close()
-            kept = "no checkpoint was written before it"
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is not None:
-                saved = load_trainer_state(ckpt)["step"]
-                kept = (
-                    f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the "
-                    f"same steps: end the run there with --resume {self.run_dir} --steps N ({saved} ≤ N < {step})"
-                )
             raise NonFiniteError(
-                f"step {step}: {e}, stopped before the update was applied or saved; {kept}; or start over "
-                "with other settings (e.g. a lower optim.lr)"
+                f"step {step}: {e}, stopped before the update was applied or saved; {self._after_nan()}"
             ) from None
         except KeyboardInterrupt as interrupt:
             for sig in STOP_SIGNALS:  # stopping: a late Ctrl-C must not cut the line or the report short
@@ -331,9 +324,26 @@ class Trainer:
         self._shutdown()
         return final
 
+    def _after_nan(self) -> str:
+        """What a run stopped by the NaN guard can do: end at its last good checkpoint (a command that works:
+        the steps it names pass the config's checks), or start over with other settings."""
+        over = "start over with other settings (e.g. a lower optim.lr)"
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return f"no checkpoint was written before it: {over}"
+        saved = load_trainer_state(ckpt)["step"]
+        kept = f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the same steps"
+        warmup = self.cfg.optim.warmup_steps
+        if warmup and warmup >= saved:  # --steps {saved} would end the run in its warmup: refused
+            return f"{kept}: {over}"
+        return f"{kept}: end the run there with {self._resume_command(saved)}, or {over}"
+
+    def _resume_command(self, steps: int | None = None) -> str:
+        return resume_command(self.run_dir, self.cfg.credit.scheme, self.cfg.reward, steps)
+
     def _interrupted_line(self) -> str:
         """What a stopped run says: where it stopped and the command that continues it."""
-        resume = f"t2i-gcpo train --resume {self.run_dir}"
+        resume = self._resume_command()
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return f"interrupted before the first checkpoint; start it again from step 0 with: {resume}"
@@ -380,7 +390,7 @@ class Trainer:
                 "param_checksums": sums,
                 "replicas_equal": len(set(sums)) == 1,
             }
-            (self.run_dir / "processes.json").write_text(json.dumps(info, indent=1))
+            write_file(self.run_dir / "processes.json", json.dumps(info, indent=1), within=self.run_dir)
             if not info["replicas_equal"]:
                 raise RuntimeError(f"parameters differ across processes: {sums}")
 
@@ -400,8 +410,7 @@ class Trainer:
         if not self.accelerator.is_main_process:
             return
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
-        with open_append(self.run_dir / "metrics.jsonl") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", within=self.run_dir)
         self.logged_rows += 1
         log_metrics(self.accelerator, row, step)
         if (
@@ -418,11 +427,12 @@ class Trainer:
 
         if not torch.is_tensor(batch.outputs):  # text: a token heatmap page instead of image grids
             save_text_heatmap(self.run_dir / "credit_maps" / f"step_{step:06d}.html", batch, unwrap(self.policy),
-                              self.credit_ref, self.cfg, step, self.task)  # fmt: skip
+                              self.credit_ref, self.cfg, step, self.task, within=self.run_dir)  # fmt: skip
             return
-        save_sample_grid(self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size)
+        save_sample_grid(self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size,
+                         within=self.run_dir)  # fmt: skip
         save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, unwrap(self.policy),
-                         self.credit_ref, self.cfg, step)  # fmt: skip
+                         self.credit_ref, self.cfg, step, within=self.run_dir)  # fmt: skip
 
     def _report(self) -> None:
         """Write report.html, unless it already shows every logged row (a run whose last step drew its
@@ -461,7 +471,7 @@ class Trainer:
             kept = f"the checkpoint of step {int(ckpt.name[5:])} is kept" if ckpt else "no checkpoint yet"
             raise CheckpointError(
                 f"{failed or 'the main process could not write the checkpoint'}; {kept}; free space, then continue "
-                f"with: t2i-gcpo train --resume {self.run_dir}"
+                f"with: {self._resume_command()}"
             )
 
     def _load_resume(self, policy: Any) -> Any:

@@ -82,12 +82,9 @@ class UpdateJob:
         self.cfg, self.batch, self.policy, self.ref, self.credit_ref = cfg, batch, policy, ref, credit_ref
         self.accelerator, self.loss_scale = accelerator, loss_scale
         self.ctx = TRAIN_CONTEXT[cfg.rollout.train_logp]
-        self.token_adv = returns_advantages(cfg.credit.scheme)
-        if self.token_adv and cfg.loss.aggregation == "weighted-token-mean":
-            raise UserError(
-                f"credit scheme {cfg.credit.scheme!r} gives token advantages, which loss.aggregation="
-                "'weighted-token-mean' cannot weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"
-            )
+        self.token_adv = returns_advantages(
+            cfg.credit.scheme
+        )  # never with weighted-token-mean (config check)
         ro = batch.rollout
         self.advantages = batch.advantages.to(
             ro.mask.device

@@ -80,8 +80,13 @@ def tree_include_root(cfg: TrainConfig) -> bool:
     return bool(scheme_options(cfg.credit, cfg.credit.scheme).get("include_root", True))
 
 
-def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int = 4) -> Path:
+def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int = 4,
+                     within: Path | None = None) -> Path:  # fmt: skip
+    """The step's first groups side by side, each row captioned with its prompt, written as a PNG at `path`
+    (outdir.write_file: never through a link; `within`: the run directory)."""
     from PIL import Image, ImageDraw, ImageFont
+
+    from t2i_gcpo.outdir import write_file
 
     G = group_size
     n = min(len(batch.rollout), max_groups * G)
@@ -96,9 +101,7 @@ def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int 
         y = r * (row_h + caption_h)
         draw.text((4, y + 1), batch.rollout.prompts[r * G].text[:90], fill="black", font=font)
         canvas.paste(Image.fromarray(grid[r * row_h : r * row_h + row_h + 2]), (0, y + caption_h))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
-    return path
+    return write_file(path, lambda f: canvas.save(f, format="PNG"), within)
 
 
 def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
@@ -119,7 +122,7 @@ def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
 
 
 def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
-                      step: int, task: Task) -> Path | None:  # fmt: skip
+                      step: int, task: Task, within: Path | None = None) -> Path | None:  # fmt: skip
     """The first group's completions as a token heatmap page (`viz.text_heatmap`), with the task's
     marks (the first wrong step for arithmetic); None when the task cannot lay out text samples."""
     from t2i_gcpo.viz.text_heatmap import write_text_heatmap
@@ -135,8 +138,7 @@ def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Polic
         attach_text_values(
             samples, ro, sample_values(ro, batch.reward.scores[:G], tree, tree_include_root(cfg))
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_heatmap(path, samples, title=f"step {step}: {ro.prompts[0].text}")
+    return write_text_heatmap(path, samples, title=f"step {step}: {ro.prompts[0].text}", within=within)
 
 
 def attach_text_values(samples: list, ro: Rollout, values: list[dict]) -> None:
@@ -155,7 +157,7 @@ def image_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, rows: int, cols
 
 
 def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
-                     step: int) -> Path:  # fmt: skip
+                     step: int, within: Path | None = None) -> Path:  # fmt: skip
     """The first group's samples with their weights under every registered scheme (the trained one
     first); schemes that compare with a reference are drawn when the run has one. A batch with
     continuations (`Batch.tree`) adds each sample's value map as a column, and writes the value maps of the
@@ -189,6 +191,7 @@ def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy
             s.update(v)
         drawn = [{"image": images[i], "reward": float(batch.reward.scores[i]), **values[i]} for i in range(n)]
         value_figure([drawn[g : g + G] for g in range(0, n, G)], path.parent.parent / "value_maps" / path.name,
-                     title=f"step {step}: V(prefix) of the first groups")  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return credit_figure(samples, list(weights), path, title=f"step {step}: {ro.prompts[0].text}")
+                     title=f"step {step}: V(prefix) of the first groups", within=within)  # fmt: skip
+    return credit_figure(
+        samples, list(weights), path, title=f"step {step}: {ro.prompts[0].text}", within=within
+    )

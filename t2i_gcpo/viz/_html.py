@@ -11,7 +11,6 @@ import base64
 import html
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +69,9 @@ def png_bytes(obj: object) -> bytes:
             raise ValueError("bytes are not a PNG")
         return data
     if isinstance(obj, (str, os.PathLike)):
-        data = Path(obj).read_bytes()
+        from t2i_gcpo.outdir import read_bytes
+
+        data = read_bytes(Path(obj))  # a plain file, not through a link
         if data.startswith(_PNG_MAGIC):
             return data
         obj = Image.open(io.BytesIO(data))  # another format: re-encode below
@@ -105,18 +106,17 @@ def page(title: str, body: str) -> str:
     )
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to a temp file in the same folder, then rename over `path` (readers never see
-    a half-written page)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def atomic_write_text(path: str | os.PathLike, text: str, within: str | os.PathLike | None = None) -> Path:
+    """Write `text` whole, never through a link (outdir.write_file: a temporary file in the same folder,
+    renamed over `path`; readers never see a half-written page). `within`: the folder the command writes,
+    whose subfolders down to `path` are checked."""
+    from t2i_gcpo.outdir import write_file
+
+    return write_file(path, text, within)
+
+
+def save_png(fig: object, path: str | os.PathLike, within: str | os.PathLike | None = None) -> Path:
+    """A matplotlib figure saved as PNG at `path` the way `atomic_write_text` writes."""
+    from t2i_gcpo.outdir import write_file
+
+    return write_file(path, lambda f: fig.savefig(f, format="png", facecolor="white"), within)

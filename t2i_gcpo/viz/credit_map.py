@@ -303,9 +303,8 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
     return buf.getvalue()
 
 
-def credit_figure(
-    samples: list[dict], schemes: list[str], out_path: str | os.PathLike, title: str = ""
-) -> Path:
+def credit_figure(samples: list[dict], schemes: list[str], out_path: str | os.PathLike, title: str = "",
+                  within: str | os.PathLike | None = None) -> Path:  # fmt: skip
     """Draw credit maps of several samples under several schemes; save a PNG (Agg, no display).
 
     Each sample: ``{"image": uint8 [H, W, 3], "reward": float, "advantage": float,
@@ -318,12 +317,11 @@ def credit_figure(
     reveal steps, blue where a step gained, red where it lost) and "reveal step" if any sample has one. Each
     column shares one colour
     scale (0 … the column's max; the value column: diverging, centred on V_0, symmetric) and one colour
-    bar. A scheme missing from a sample is drawn as "n/a".
+    bar. A scheme missing from a sample is drawn as "n/a". Written as `save_png` writes (`within`).
     """
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_bytes(_figure_png(samples, schemes, title))
-    return out_path
+    from t2i_gcpo.outdir import write_file
+
+    return write_file(out_path, _figure_png(samples, schemes, title), within)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +393,7 @@ def write_credit_html(
     prompt_groups: list[dict],
     title: str = "Credit maps",
     filename: str = "credit_maps.html",
+    within: str | os.PathLike | None = None,
 ) -> Path:
     """Write ONE self-contained HTML page (figures inlined as base64 PNG) of credit maps per prompt.
 
@@ -426,7 +425,7 @@ def write_credit_html(
             )
         if samples:
             parts.append(_group_table(samples, schemes))
-    return _html.atomic_write_text(Path(out_dir) / filename, _html.page(title, "\n".join(parts)))
+    return _html.atomic_write_text(Path(out_dir) / filename, _html.page(title, "\n".join(parts)), within)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,7 +446,7 @@ def _panels(nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[flo
 
 
 def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, title: str = "",
-                 scale: int = 4, alpha: float = 0.6) -> Path:  # fmt: skip
+                 scale: int = 4, alpha: float = 0.6, within: str | os.PathLike | None = None) -> Path:  # fmt: skip
     """Value maps of several groups (docs/concepts/tree_credit.md#value-maps), one row per group: each
     sample's image with its ``value_grid`` as a translucent diverging layer centred on the group's V_0
     (``value_centre``; red: the prefix a token was decided under is worth less than V_0, blue: more), its
@@ -476,10 +475,7 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
                           shrink=0.85, aspect=12, pad=0.01)  # fmt: skip
         cb.set_label(_value_label(group, centre), fontsize=8)
         cb.ax.tick_params(labelsize=7)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, format="png", facecolor="white")
-    return out_path
+    return _html.save_png(fig, out_path, within)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +483,8 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
 # ---------------------------------------------------------------------------------------------
 
 
-def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str = "") -> Path:
+def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str = "",
+                within: str | os.PathLike | None = None) -> Path:  # fmt: skip
     """The model's full prediction after every reveal step (docs/concepts/tree_credit.md#stepwise-rewards), one
     row per sample: ``"step_images"`` [x̂_0 … x̂_{S−1}] (images as in `credit_figure`; x̂_{S−1} is the sample),
     each titled with its reward from ``"step_rewards"`` and the gain over the step before."""
@@ -509,7 +506,4 @@ def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str
                 gain = "" if j == 0 else f" ({rewards[j] - rewards[j - 1]:+.2f})"
                 ax.set_title(f"x̂_{j}: {rewards[j]:.2f}{gain}", fontsize=7)
         axes[i, 0].set_ylabel(f"#{i}", rotation=0, ha="right", va="center", fontsize=9)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, format="png", facecolor="white")
-    return out_path
+    return _html.save_png(fig, out_path, within)

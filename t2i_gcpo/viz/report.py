@@ -21,7 +21,6 @@ rewritten while training and a reader never sees half a page.
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import re
@@ -38,6 +37,7 @@ from PIL import Image
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import parse_json, read_bytes
 from t2i_gcpo.viz import _html
 
 REPORT_NAME = "report.html"
@@ -84,21 +84,20 @@ def read_metrics(path: str | os.PathLike) -> tuple[list[dict], int]:
     path = Path(path)
     if not path.exists():
         return [], 0
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for idx, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if not isinstance(rec, dict):
-                bad += 1
-                continue
-            step = rec.get("step", idx)
-            step = int(step) if _is_number(step) else idx
-            by_step.setdefault(step, {"step": step}).update(rec, step=step)
+    for idx, line in enumerate(_text(path).splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rec = parse_json(line, f"{path}:{idx + 1}")
+        except UserError:  # malformed, nested too deeply, or being written right now
+            bad += 1
+            continue
+        if not isinstance(rec, dict):
+            bad += 1
+            continue
+        step = rec.get("step", idx)
+        step = int(step) if _is_number(step) else idx
+        by_step.setdefault(step, {"step": step}).update(rec, step=step)
     return [by_step[s] for s in sorted(by_step)], bad
 
 
@@ -331,7 +330,7 @@ def _time_plot(s: Series) -> bytes | None:
 
 def _pixel_img(path: Path, alt: str) -> str:
     """Inline a PNG; small pixel-art grids are shown enlarged (integer factor, crisp pixels)."""
-    data = path.read_bytes()
+    data = read_bytes(path)  # a plain file in the run folder, never through a link
     with Image.open(io.BytesIO(data)) as im:
         im.load()  # raises OSError on a truncated file
         w = im.width
@@ -468,7 +467,7 @@ def write_run_report(
         for step, path in step_pngs(run_dir / folder)[:3]:
             try:
                 img = _pixel_img(path, f"{name}, step {step}")
-            except (OSError, ValueError):
+            except (OSError, ValueError, UserError):
                 continue
             parts.append(f"<h2>{name} (step {step})</h2>\n" + _CAPTIONS.get(folder, "") + img)
             break
@@ -479,7 +478,7 @@ def write_run_report(
     )
     if pages:
         page = pages[-1]
-        text = page.read_text(encoding="utf-8", errors="replace")
+        text = _text(page)
         parts.append(f"<h2>Latest token credit ({_html.esc(page.name)})</h2>\n"
                      f'<iframe title="token credit" srcdoc="{_html.esc(text)}" '
                      'style="width:100%;height:70vh;border:1px solid #ccc"></iframe>')  # fmt: skip
@@ -487,8 +486,17 @@ def write_run_report(
     # config
     cfg = run_dir / "config.yaml"
     if cfg.is_file():
-        text = cfg.read_text(encoding="utf-8", errors="replace")
+        text = _text(cfg)
         parts.append("<h2>Config</h2>\n<pre>" + _html.esc(text) + "</pre>")
 
     title = f"report: {run_dir.resolve().name}" + (f" (step {records[-1]['step']})" if records else "")
-    return _html.atomic_write_text(run_dir / REPORT_NAME, _html.page(title, "\n".join(parts)))
+    return _html.atomic_write_text(run_dir / REPORT_NAME, _html.page(title, "\n".join(parts)), run_dir)
+
+
+def _text(path: Path) -> str:
+    """A file of the run folder as text (outdir.read_bytes: a plain file, never through a link), undecodable
+    bytes replaced; empty when it cannot be read."""
+    try:
+        return read_bytes(path).decode("utf-8", errors="replace")
+    except UserError:
+        return ""

@@ -189,15 +189,16 @@ def text_heatmap_html(
     return _html.page(title, "\n".join(body))
 
 
-def write_text_heatmap(
-    path: str | os.PathLike, samples: Sequence[TextSample], title: str = "Token credit", **kwargs: Any
-) -> Path:
-    """Write `text_heatmap_html(samples, title, **kwargs)` to `path` atomically."""
-    return _html.atomic_write_text(path, text_heatmap_html(samples, title, **kwargs))
+def write_text_heatmap(path: str | os.PathLike, samples: Sequence[TextSample], title: str = "Token credit",
+                       within: str | os.PathLike | None = None, **kwargs: Any) -> Path:  # fmt: skip
+    """Write `text_heatmap_html(samples, title, **kwargs)` to `path` whole, never through a link
+    (`_html.atomic_write_text`, `within`)."""
+    return _html.atomic_write_text(path, text_heatmap_html(samples, title, **kwargs), within)
 
 
 def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, title: str = "",
-                        vmax: float | None = None, cmap: str = DEFAULT_CMAP) -> Path:  # fmt: skip
+                        vmax: float | None = None, cmap: str = DEFAULT_CMAP,
+                        within: str | os.PathLike | None = None) -> Path:  # fmt: skip
     """A PNG of the samples (one column each) × schemes (one row each): every token a box coloured by
     its weight on the scheme's own scale (0 … max(2, its largest weight), or `vmax`), laid out as the text is
     (a newline token ends a line), the first wrong step's tokens outlined — the picture of a token heatmap for places that show no HTML (a README)."""
@@ -270,6 +271,4 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
                 if tok.endswith("\n"):
                     x, y = x_col, y + lh
             x_col += col_w[c]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, facecolor="white")
-    return Path(path)
+    return _html.save_png(fig, path, within)

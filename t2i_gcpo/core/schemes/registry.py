@@ -225,9 +225,10 @@ def credit_scheme(needs: tuple[str, ...] = (), doc: str = "") -> Callable:
     """Decorator for a user's own credit scheme (``t2i-gcpo train --credit file.py:function``,
     docs/guides/custom-credit.md): declares the inputs it needs (any of `NEEDS`). It registers nothing;
     the function is added under its spec when a run names it. Same as setting ``fn.needs = (…)``."""
-    scheme_from_function("credit_scheme", lambda inp: inp, needs)  # unknown needs: an error at import
 
     def mark(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        scheme_from_function(name, lambda inp: inp, needs)  # unknown needs: an error at import, naming fn
         fn.needs = tuple(needs)  # type: ignore[attr-defined]
         if doc:
             fn.credit_doc = doc  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from t2i_gcpo.errors import UserError, check_file, shorten
+from t2i_gcpo.outdir import parse_json
 from t2i_gcpo.worlds.arithmetic.problems import INTEGER, Problem, parse_question
 from t2i_gcpo.worlds.arithmetic.solutions import solution_text
 
@@ -85,10 +86,7 @@ def read_problem_file(path: str | Path) -> list[Problem]:
             if path.suffix == ".txt":
                 out.append(_problem(line, None))
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"malformed JSON ({e.msg})") from None
+            record = parse_json(line, "")  # malformed or nested too deeply: one line
             out.append(_row(record))
         except UserError as e:
             raise UserError(f"{path}:{lineno}: {e}") from None

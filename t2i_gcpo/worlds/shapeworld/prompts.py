@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.outdir import parse_json
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 from t2i_gcpo.worlds.shapeworld.parse import (
     ALL_TAGS,
@@ -271,10 +272,7 @@ def read_prompt_file(
                         raise
                     out.append({"prompt": line.strip()})
             else:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"malformed JSON ({e.msg})") from None
+                record = parse_json(line, "")  # malformed or nested too deeply: one line
                 record = validate_metadata(record, classes, max_objects)
                 conflict = metadata_conflict(record, classes)
                 if conflict is not None:
