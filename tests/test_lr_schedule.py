@@ -157,6 +157,9 @@ def test_cosine_with_floor_resumes_bit_identically_after_kill_9(tmp_path, monkey
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
     (tmp_path / "slowfix.py").write_text(SLOW_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(
+        sys.modules, "slowfix", raising=False
+    )  # another test's module of that name is not ours
     model, prompts = str(tiny_policy_dir(tmp_path)), str(write_prompt_file(tmp_path / "p.jsonl"))
     steps = 6
     flags = dict(prompts=prompts, model=model, reward="slowfix:slow_redness", steps=steps, seed=0)
