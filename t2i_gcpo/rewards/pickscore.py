@@ -76,10 +76,10 @@ class PickScoreReward:
         from transformers import AutoTokenizer, CLIPModel
         from transformers.models.clip import CLIPImageProcessorPil
 
-        from t2i_gcpo.errors import read_json
+        from t2i_gcpo.outdir import read_json
 
         path = Path(folder).expanduser()
-        config = read_json(path / "config.json")
+        config = read_json(path / "config.json", follow=True)  # a model cache links its files
         if not isinstance(config, dict) or config.get("model_type") != "clip":
             raise UserError(f"reward 'pickscore': {path} is not a CLIP model (config.json model_type "
                             f"{config.get('model_type') if isinstance(config, dict) else None!r}, expected 'clip')")  # fmt: skip

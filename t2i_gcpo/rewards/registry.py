@@ -564,7 +564,9 @@ def _spec_terms(spec: str) -> list[tuple[float | None, str]]:
 
 def _check_output(term: Term, output: str | None) -> None:
     if output is not None and term.form.scores != output:
-        fits = " or ".join(f"'{f.usage}'" for f in forms().values() if f.scores == output)
+        fits = " or ".join(
+            f"'{f.name}'" for f in forms().values() if f.scores == output
+        )  # `--help` has their usage
         raise UserError(
             f"reward '{shorten(term.text)}' scores {PLURAL[term.form.scores]}, but the model writes {PLURAL[output]}: "
             f"use {fits} (or a module:function of your own)"

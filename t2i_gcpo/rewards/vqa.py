@@ -70,10 +70,10 @@ def load_blip_vqa(folder: str, device: str | torch.device = "cpu") -> tuple:
     from transformers import AutoTokenizer, BlipForQuestionAnswering
     from transformers.models.blip import BlipImageProcessorPil
 
-    from t2i_gcpo.errors import read_json
+    from t2i_gcpo.outdir import read_json
 
     path = Path(folder).expanduser()
-    config = read_json(path / "config.json")
+    config = read_json(path / "config.json", follow=True)  # a model cache links its files
     archs = (config.get("architectures") or []) if isinstance(config, dict) else []
     if (
         not isinstance(config, dict)
