@@ -503,15 +503,19 @@ class RewardOptions:
         "reward in this process (best on a device of its own), requests in flight for a remote: reward. The "
         "same seeds give the same samples, rewards and update (each group is drawn from its own generator; "
         "the rollout's batch is split into chunks of reward_options.chunk — on a GPU a kernel chosen by batch "
-        "size may round the recorded log-probs differently in the last bit). Off by default: the reward then "
-        "runs beside the sampler (memory, a user function called from another thread). Tree groups and "
-        "branch continuations are scored as before.",
+        "size may round the recorded log-probs differently in the last bit; at a given reward_options.chunk, "
+        "overlap on or off runs the same computation). Off by default: the reward then runs beside the sampler "
+        "(memory, a user function called from another thread). Tree groups and branch continuations are "
+        "scored as before.",
         False,
     )
     chunk: int | None = doc(
-        "With overlap: samples per chunk handed to the scorer, in whole groups (rounded down to a multiple of "
-        "the group's size, at least one group). null: model_options.max_rollout_batch where it is set, else a "
-        "quarter of the round's groups.",
+        "Samples per rollout call, in whole groups (rounded down to a multiple of the group's size, at least "
+        "one group): a round is sampled chunk after chunk, each chunk scored when it is sampled — or, with "
+        "overlap, while the next one samples. Like model_options.max_rollout_batch it bounds a rollout's "
+        "memory, for any model; on a CPU each call of the sampler has a fixed cost (docs/performance.md, "
+        "reward_overlap). null: with overlap, model_options.max_rollout_batch where it is set, else a quarter "
+        "of the round's groups; without, the round at once.",
         None,
         bounds=Bounds(1, why="or null"),
     )

@@ -13,7 +13,7 @@ import torch
 
 from t2i_gcpo.errors import RewardError
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score
-from t2i_gcpo.train.scoring import chunk_groups, sample_and_score_overlapped
+from t2i_gcpo.train.scoring import chunk_groups, sample_and_score_chunked
 
 from reward_fixtures import TINY_GRID, assert_same_run, serving, train
 from tiny_models import tiny_policy_dir
@@ -28,16 +28,19 @@ def tiny(tmp_path_factory):
     return {"root": root, "model": model, "prompts": prompts, "base": root / "plain"}
 
 
-@pytest.mark.parametrize("where", ["in process", "remote"])
+@pytest.mark.parametrize("where", ["in process", "remote", "chunks without overlap"])
 def test_an_overlapped_run_is_the_plain_run(tiny, tmp_path, where):
-    overlap = ["--set", "reward_options.overlap=true", "--set", "reward_options.chunk=4"]  # one group a chunk
+    chunks = ["--set", "reward_options.chunk=4"]  # one group a chunk
+    overlap = [*chunks, "--set", "reward_options.overlap=true"]
     if where == "remote":
         with serving("shapeworld") as url:
             code = train(
                 tmp_path / "run", tiny["model"], tiny["prompts"], "--reward", f"remote:{url}", *overlap
             )
     else:
-        code = train(tmp_path / "run", tiny["model"], tiny["prompts"], *overlap)
+        code = train(
+            tmp_path / "run", tiny["model"], tiny["prompts"], *(overlap if where == "in process" else chunks)
+        )
     assert code == 0
     assert_same_run(tiny["base"], tmp_path / "run")
 
@@ -60,7 +63,12 @@ def test_chunks_are_put_back_in_order(policy):
     policy, prompts, sampling = policy
     reward = ShapeWorldReward(grid=TINY_GRID)
     whole = sample_and_score(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)))
-    parts = sample_and_score_overlapped(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)),
+    inline = sample_and_score_chunked(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)),
+                                      chunk=6, overlap=False)  # fmt: skip
+    assert torch.equal(whole.reward.scores, inline.reward.scores) and torch.equal(
+        whole.outputs, inline.outputs
+    )
+    parts = sample_and_score_chunked(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)),
                                         chunk=6)  # fmt: skip  # 2 groups a chunk: 2 + 2 + 1
     assert torch.equal(whole.rollout.tokens, parts.rollout.tokens) and torch.equal(
         whole.outputs, parts.outputs
@@ -116,7 +124,7 @@ def test_a_chunk_is_scored_while_the_next_one_samples(policy):
 
     policy, prompts, sampling = policy
     events = Events(policy)
-    scored = sample_and_score_overlapped(events, FunctionReward(events.reward, name="waits"), prompts[:3], 2,
+    scored = sample_and_score_chunked(events, FunctionReward(events.reward, name="waits"), prompts[:3], 2,
                                          sampling, group_generators(0, "train", range(3)), chunk=2)  # fmt: skip
     assert (
         len(scored.reward.scores) == 6
@@ -149,5 +157,5 @@ def test_a_failing_chunk_raises_its_reward_error(policy):
         return torch.zeros(len(prompts))
 
     with pytest.raises(RewardError, match="reward 'fails_second' failed: ValueError: the detector crashed"):
-        sample_and_score_overlapped(policy, FunctionReward(fails_second), prompts[:3], 2, sampling,
+        sample_and_score_chunked(policy, FunctionReward(fails_second), prompts[:3], 2, sampling,
                                     group_generators(0, "train", range(3)), chunk=2)  # fmt: skip

@@ -2,13 +2,15 @@
 advantages of a round (GRPO's normalisation of the summed reward, or GDPO's per reward), and the per-term
 metrics of a weighted sum.
 
-Overlap (reward_options.overlap): a round's prompts are split into chunks of whole groups; the rollout
-samples and decodes chunk after chunk, and each finished chunk is handed to the scorer — a thread for a
-reward in this process, several for a remote: reward's requests in flight (`requests_in_flight`) — while
-the next one samples. The chunks' rollouts, images and rewards are put back together in order. A group's
-samples come from its own generator, so a chunk samples what the whole batch would have; the reward of a
-sample depends on the sample alone: the same seeds give the same rewards in the same order, hence the same
-update.
+Chunks (reward_options.chunk): a round's prompts are split into chunks of whole groups, sampled and decoded
+one after the other (as model_options.max_rollout_batch splits a Janus or text rollout). Without overlap each
+chunk is scored when it is sampled; with overlap (reward_options.overlap) it is handed to the scorer — a
+thread for a reward in this process, several for a remote: reward's requests in flight
+(`requests_in_flight`) — while the next one samples. Either way the chunks' rollouts, images and rewards are
+put back together in order, and the same rollout calls run: overlap changes when a chunk is scored, never
+what is computed. A group's samples come from its own generator, so a chunk samples what the whole batch
+would have (its recorded log-probs may round differently where a kernel is chosen by batch size); the reward
+of a sample depends on the sample alone.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -32,12 +34,15 @@ from t2i_gcpo.tasks.loop import Scored, sample_and_score, sampler_precision
 
 
 def round_scorer(cfg: TrainConfig) -> Callable[..., Scored]:
-    """`tasks.loop.sample_and_score`, or its overlapped form with the run's chunk size (module docstring)."""
+    """`tasks.loop.sample_and_score`, or its chunked form at the run's chunk size, overlapped or not
+    (module docstring)."""
     options = cfg.reward_options
-    if not options.overlap:
-        return sample_and_score
-    chunk = options.chunk or cfg.model_options.max_rollout_batch
-    return functools.partial(sample_and_score_overlapped, chunk=chunk)
+    if options.overlap:
+        chunk = options.chunk or cfg.model_options.max_rollout_batch
+        return functools.partial(sample_and_score_chunked, chunk=chunk, overlap=True)
+    if options.chunk:
+        return functools.partial(sample_and_score_chunked, chunk=options.chunk, overlap=False)
+    return sample_and_score
 
 
 def chunk_groups(chunk: int | None, group_size: int, groups: int) -> int:
@@ -54,21 +59,33 @@ def _score(reward: Any, outputs: Any, texts: list[str], metadata: list[dict]) ->
     return call_reward(reward, outputs, texts, metadata)
 
 
-@torch.no_grad()
-def sample_and_score_overlapped(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], group_size: int,
-                                sampling: SamplingParams, generators: Sequence[torch.Generator],
-                                chunk: int | None = None) -> Scored:  # fmt: skip
-    """`sample_and_score`, the rollout in chunks of whole groups, each scored while the next samples.
+class _Inline:
+    """The scorer without overlap: each chunk scored at once, in this thread (a future already done)."""
 
-    Seconds: "rollout" the sampling of every chunk; "reward" their decoding and the wait for the scorer
-    after the last chunk (the scoring that sampling did not hide)."""
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+@torch.no_grad()
+def sample_and_score_chunked(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], group_size: int,
+                             sampling: SamplingParams, generators: Sequence[torch.Generator],
+                             chunk: int | None = None, overlap: bool = True) -> Scored:  # fmt: skip
+    """`sample_and_score`, the rollout in chunks of whole groups, each scored while the next samples
+    (`overlap`) or when it is sampled.
+
+    Seconds: "rollout" the sampling of every chunk; "reward" their decoding and scoring — with overlap, the
+    wait for the scorer after the last chunk (the scoring that sampling did not hide)."""
     per = chunk_groups(chunk, group_size, len(prompts))
     starts = list(range(0, len(prompts), per))
-    pool = ThreadPoolExecutor(
-        max_workers=min(requests_in_flight(reward), len(starts)), thread_name_prefix="scorer"
-    )
+    workers = min(requests_in_flight(reward), len(starts))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scorer") if overlap else _Inline()
     rollouts, outputs, futures = [], [], []
-    sampled = decoded = 0.0
+    sampled = scoring = 0.0
     try:
         for s in starts:
             tic = time.perf_counter()
@@ -78,21 +95,18 @@ def sample_and_score_overlapped(policy: Policy, reward: Any, prompts: Sequence[P
                 )
             mid = time.perf_counter()
             out = policy.decode(ro)
-            decoded += time.perf_counter() - mid
-            sampled += mid - tic
             futures.append(pool.submit(_score, reward, out, ro.texts, [p.meta for p in ro.prompts]))
+            sampled, scoring = sampled + mid - tic, scoring + time.perf_counter() - mid
             rollouts.append(ro)
             outputs.append(out)
         tic = time.perf_counter()
         scored = [f.result() for f in futures]  # in order; the first failure raises
-        waited = time.perf_counter() - tic
+        scoring += time.perf_counter() - tic
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     joined = torch.cat(outputs) if torch.is_tensor(outputs[0]) else [o for part in outputs for o in part]
     reward_out = RewardOutput(torch.cat([r.scores for r in scored]), [d for r in scored for d in r.details])
-    return Scored(
-        Rollout.concat(rollouts), joined, reward_out, {"rollout": sampled, "reward": decoded + waited}
-    )
+    return Scored(Rollout.concat(rollouts), joined, reward_out, {"rollout": sampled, "reward": scoring})
 
 
 # ----------------------------------------------------------------------------- advantages of a round
