@@ -488,7 +488,7 @@ class RewardOptions:
         "Where the reward's models run and its images go: 'auto' (the policy's device), cpu, cuda or cuda:N "
         "(a reward model on a GPU of its own, or on the CPU to leave the GPU to the policy). A term may say "
         "its own: '0.7*pickscore:DIR,device=cuda:1+0.3*shapeworld'. A remote: reward runs where its server "
-        "put it.",
+        "put it; a reward given to the Python API as a function is called as given.",
         "auto",
     )
     batch_size: int | None = doc(

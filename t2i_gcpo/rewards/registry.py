@@ -17,7 +17,7 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 wrapped so that an exception or a NaN score raises `RewardError` naming it (rewards/combine.py).
 
 A registration (one per reward file; this package imports every module of its own except base,
-combine, registry and private ``_…`` ones, so a new reward is a new file and nothing else):
+combine, registry, server and private ``_…`` ones, so a new reward is a new file and nothing else):
 
     @register_reward("pickscore", scores="image", doc="…", weights="…", source="…", licence="…")
     def load(folder: Annotated[str, Arg("a PickScore_v1 folder", kind="dir", needs=("config.json",))], *,
