@@ -215,6 +215,27 @@ def test_health_names_the_terms_of_a_served_sum_and_the_client_takes_them():
         assert {"shapeworld", "shapeworld#2", "shapeworld/partial"} <= set(out.details[0])
 
 
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--reward", "nonsense"], "unknown reward 'nonsense'"),
+        (["--reward", "shapeworld:speed=3"], "no option 'speed'"),
+        (["--reward", "shapeworld", "--device", "cuda:7"], "--device cuda:7: this machine has"),
+        (["--reward", "shapeworld", "--device", "tpu"], "'tpu' is not a device"),
+    ],
+)
+def test_reward_server_refuses_bad_input_with_one_line(capsys, args, needle):
+    code, _, err = cli(capsys, "reward-server", *args, "--check")
+    assert code == 2 and needle in error_line(err)
+
+
+def test_a_port_in_use_is_one_line(capsys):
+    port = free_port()
+    with serving("shapeworld", port=port):
+        code, _, err = cli(capsys, "reward-server", "--reward", "shapeworld", "--port", port)
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in error_line(err)
+
+
 def test_reward_server_check_prints_what_it_would_serve(capsys):
     code, out, err = cli(capsys, "reward-server", "--reward", "shapeworld", "--check")
     info = json.loads(out)

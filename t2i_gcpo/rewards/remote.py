@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 PROTOCOL = 1  # the version of the protocol above; a server of another answers with another
 SERVICE = "t2i-gcpo reward server"
 RETRY_STATUS = (502, 503, 504)  # a proxy or a server that is restarting: the request is sent again
+# requests go straight to the server, never through an HTTP proxy of the environment (it would see the images;
+# the server belongs on loopback or a private network)
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @register_reward(
@@ -157,7 +160,7 @@ class RemoteReward:
         """One request's answer body; HTTPError for a status ≥ 400, other exceptions for no answer."""
         request = urllib.request.Request(self.url + path, data=body, method="POST" if body is not None else "GET",
                                          headers={"Content-Type": "application/json"})  # fmt: skip
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             return response.read()
 
     def tries(self, path: str, body: bytes | None, timeout: float) -> tuple[bytes | None, str, int]:
@@ -171,7 +174,10 @@ class RemoteReward:
             try:
                 return self.request(path, body, timeout), "", 0
             except urllib.error.HTTPError as e:
-                reason = error_of(e.read())
+                try:
+                    reason = error_of(e.read())
+                except (OSError, http.client.HTTPException):
+                    reason = str(e.reason)
                 if e.code not in RETRY_STATUS:
                     return None, reason, e.code
                 last = f"HTTP {e.code}: {reason}"
