@@ -8,7 +8,7 @@ images, 400 for a body that is not JSON, fields of the wrong kind, prompts or me
 not the images', an image that is not a readable PNG (truncated, corrupt, larger than `MAX_SIDE`) or
 images of different sizes — and the server goes on serving. A reward that fails on a valid request
 (`RewardError`, an exception) is answered 500 with its line. Batches are decoded in the request threads
-and scored one at a time, in the order they arrive (a reward model is not asked to run two batches at
+(`PENDING` requests at most at once: memory) and scored one at a time, in the order they arrive (a reward model is not asked to run two batches at
 once; a user function need not be thread-safe).
 
 The rewards that read the run's token grid (`shapeworld`) are built once per grid a client sends (the
@@ -36,6 +36,7 @@ from t2i_gcpo.errors import UserError, one_line, shorten
 from t2i_gcpo.rewards.remote import PROTOCOL, SERVICE, jsonable
 
 MAX_SIDE = 4096  # pixels: a larger image is refused before it is decoded (a PNG bomb)
+PENDING = 4  # requests decoded and held in memory at once
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -70,6 +71,8 @@ class RewardService:
         self.max_images, self.max_bytes = int(max_images), int(max_bytes)
         self.rewards: dict[Any, Any] = {None: build_reward(self.spec, device=device, output="image")}
         self.build_lock, self.score_lock = threading.Lock(), threading.Lock()
+        # requests decoded and held at once (each up to max_bytes): the others wait their turn
+        self.slots = threading.BoundedSemaphore(PENDING)
         self.scored = 0  # batches scored (the log line counts them)
 
     def health(self) -> dict[str, Any]:
@@ -217,7 +220,8 @@ def make_handler(service: RewardService, quiet: bool = False) -> type:
                 if n > service.max_bytes or n < 0:
                     raise Refused(413, f"a request of {n} bytes, more than this server takes ({service.max_bytes}): "
                                        "send fewer images at a time")  # fmt: skip
-                payload = service.score(self.rfile.read(n))
+                with service.slots:  # the body is read, decoded and scored holding one of PENDING slots
+                    payload = service.score(self.rfile.read(n))
             except Refused as e:
                 self.close_connection = True  # an unread body must not be taken for the next request
                 self.answer(e.status, {"error": one_line(str(e))})
