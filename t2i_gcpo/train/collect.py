@@ -52,9 +52,8 @@ class Collected:
     seconds: dict[str, float] = field(default_factory=dict)  # time/rollout, time/reward
     budget: dict[str, float] = field(default_factory=dict)  # this step's budget/* counts
     budget_total: dict[str, float] = field(default_factory=dict)  # the same, summed over the run so far
-    terms: dict[str, float] = field(
-        default_factory=dict
-    )  # a weighted sum's per-term metrics (train/scoring.py)
+    # a weighted sum's per-term metrics (train/scoring.py term_metrics)
+    terms: dict[str, float] = field(default_factory=dict)
 
     def stand_in(self) -> Batch:
         """One group of the last round with zero advantages: a process whose groups all lacked signal
@@ -90,9 +89,7 @@ class Tally:
     without_signal: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(M.BUDGET, 0.0))
-    term_advantages: dict[str, list[torch.Tensor]] = field(
-        default_factory=dict
-    )  # GDPO: w_k A_k of each round
+    term_advantages: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # GDPO: each round's w_k A_k
 
     def add_step_predictions(self, seconds: float, predictions: int, calls: int) -> None:
         """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time and
@@ -148,7 +145,7 @@ class BatchCollector:
         self.stepwise = needs_step_rewards(cfg.credit.scheme)
         self.spent = self.budget_keys()  # the run's budget/* totals (this process)
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
-        self.sample_and_score = round_scorer(cfg)  # tasks/loop.sample_and_score, or overlapped with sampling
+        self.sample_and_score = round_scorer(cfg)  # tasks/loop.sample_and_score, or in chunks (overlapped)
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -241,7 +238,7 @@ class BatchCollector:
         rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
         parts = [self.sample_and_score(policy, reward, prompts, first, sampling,
-                                  group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
+                                       group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
         rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
         if rollout_cfg.allocation == "knapsack":
             r = parts[0].reward.scores.view(len(prompts), G)
@@ -252,7 +249,7 @@ class BatchCollector:
                 which = (extra == units).nonzero().flatten().tolist()
                 offset = sum(len(part.rollout) for part in parts)
                 parts.append(self.sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
-                                              group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
+                                                   group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
                 for j, i in enumerate(which):
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
@@ -274,8 +271,8 @@ class BatchCollector:
         GDPO each term's w_k A_k is kept in `tally` for its metric (None: the roots of tree groups, whose
         advantages are those of the grown groups)."""
         adv, per_term = sequence_advantages(self.cfg.advantage, out, group_size, reward_terms(reward))
-        for name, values in per_term.items():
-            if tally is not None:
+        if tally is not None:
+            for name, values in per_term.items():
                 tally.term_advantages.setdefault(name, []).append(values)
         return adv
 
