@@ -173,7 +173,15 @@ def test_a_reward_that_fails_on_the_server_is_a_500_with_its_line_and_the_client
 
 
 # ----------------------------------------------------------------------------------------- start-up
-def test_a_server_that_is_not_there_is_one_line_before_the_run_folder_exists(tiny, tmp_path, capsys):
+def test_a_server_that_is_not_there_is_one_line_before_the_run_folder_exists(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    import t2i_gcpo.policies.registry as policies
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the server is asked before the model loads")
+
+    monkeypatch.setattr(policies, "load_policy", no_loading)
     out = tmp_path / "run"
     port = free_port()
     code, _, err = cli(capsys, "train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--out", out,

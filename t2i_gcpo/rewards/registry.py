@@ -156,6 +156,7 @@ class RewardForm:
     join: Callable[[list[str]], str] | None = None
     requires: tuple[str, ...] = ()  # modules it imports that are not dependencies of the package
     install: str = ""  # how to get them (an optional extra)
+    check: Callable[[Any], None] | None = None  # check(term): more to check before the model loads (a server)
 
     @property
     def usage(self) -> str:
@@ -193,10 +194,11 @@ _discovered = {"builtins": False}
 def register_reward(name: str, *, scores: str, doc: str, weights: str = "", source: str = "", licence: str = "",
                     usage: str | None = None, example: str | None = None, split: Callable | None = None,
                     join: Callable | None = None, requires: tuple[str, ...] = (), install: str = "",
-                    replace: bool = False) -> Callable:  # fmt: skip
+                    check: Callable | None = None, replace: bool = False) -> Callable:  # fmt: skip
     """Decorator: add the loader `fn` to `REWARDS` as the form `name` (module docstring: the signature
     declares its arguments and options; `scores` is "image" or "text"; `requires`: modules beyond the
-    package's dependencies, checked before anything loads, with `install` saying how to get them)."""
+    package's dependencies, checked before anything loads, with `install` saying how to get them; `check`, a
+    function of the read `Term` that raises a UserError, runs with the other checks before the model loads)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"reward name {name!r}: lower-case letters, digits and underscores")
     if scores not in SCORES:
@@ -207,7 +209,7 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
             raise ValueError(f"reward {name!r} is already registered (by {REWARDS[name].load.__module__})")
         args, options, context = _read_signature(name, fn)
         REWARDS[name] = RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence,
-                                   usage, example, split, join, tuple(requires), install)  # fmt: skip
+                                   usage, example, split, join, tuple(requires), install, check)  # fmt: skip
         return fn
 
     return add
@@ -567,6 +569,8 @@ def check_reward_spec(spec: str | None, output: str | None = None) -> None:
         check_paths(read)
         if read.options.get("device") is not None:
             check_device(read.options["device"], f"reward '{shorten(read.text)}': device")
+        if read.form.check is not None:
+            read.form.check(read)
 
 
 def check_device(device: str, what: str) -> None:

@@ -61,6 +61,7 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     source="this package's reward server (t2i_gcpo/rewards/server.py)",
     licence="the served reward's",
     example="remote:http://127.0.0.1:8100",
+    check=lambda term: check_server(term),  # defined below
 )
 def load(
     url: Annotated[str, Arg("the reward server's address, http://HOST:PORT", kind="url", metavar="URL")],
@@ -119,43 +120,13 @@ def error_of(raw: bytes) -> str:
         return shorten(raw.decode("utf-8", "replace").strip() or "(no reason given)", 120)
 
 
-class RemoteReward:
-    """The reward a reward server serves (module docstring), under its name, with its terms and bounds."""
+class Client:
+    """Requests to a reward server with bounded tries (module docstring), and its checked ``/health``."""
 
-    probe = True  # a dry sample is scored before a run starts (rewards.combine.probes)
-
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
-                 batch_size: int | None = None, concurrency: int = 2, serves: str | None = None,
-                 version: str | None = None, grid: tuple[int, int] | None = None):  # fmt: skip
+    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0):
         self.url, self.timeout = base_url(url), float(timeout)
         self.retries, self.backoff = int(retries), float(backoff)
-        self.in_flight = int(concurrency)  # the overlapped scorer may have this many calls running
-        info = self.health()
-        self.served, self.server_version = info["spec"], info["version"]
-        if serves is not None and serves != self.served:
-            raise UserError(
-                f"reward 'remote': the server at {self.url} serves '{shorten(self.served, 120)}', but this run was "
-                f"trained with '{shorten(serves, 120)}': serve that spec there (t2i-gcpo reward-server --reward …)"
-            )
-        if version is not None and version != self.server_version:
-            print(f"note: the reward server at {self.url} runs t2i-gcpo {self.server_version}; this run started "
-                  f"with {version}", file=sys.stderr, flush=True)  # fmt: skip
-        self.name = str(info["name"])
-        self.terms = [(str(n), float(w)) for n, w in info["terms"]] if info.get("terms") else None
-        self.bounds = tuple(info["bounds"]) if info.get("bounds") else None
-        self.limit = int(info["max_images"])
-        self.batch_size = min(int(batch_size or self.limit), self.limit)
-        self.grid = (
-            [int(grid[0]), int(grid[1])] if grid is not None and "grid" in info.get("context", []) else None
-        )
 
-    def recorded(self) -> dict[str, str]:
-        """What a run records in its spec (rewards.registry.record_reward): the served spec and version."""
-        if "'" in self.served and '"' in self.served:  # no quoting holds it: the version alone
-            return {"version": self.server_version}
-        return {"serves": self.served, "version": self.server_version}
-
-    # ------------------------------------------------------------------------------------------ HTTP
     def request(self, path: str, body: bytes | None, timeout: float) -> bytes:
         """One request's answer body; HTTPError for a status ≥ 400, other exceptions for no answer."""
         request = urllib.request.Request(self.url + path, data=body, method="POST" if body is not None else "GET",
@@ -186,8 +157,9 @@ class RemoteReward:
                 last = f"{type(reason or e).__name__}: {reason or e}"
         return None, last, 0
 
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer, checked; a one-line UserError when there is none."""
+    def health(self, serves: str | None = None) -> dict[str, Any]:
+        """The server's ``/health`` answer, checked (and that it serves `serves`, where given); a one-line
+        UserError when there is none."""
         raw, last, status = self.tries("/health", None, min(self.timeout, 10.0))
         if raw is None:
             port = self.url.rsplit(":", 1)[-1] if re.search(r":\d+$", self.url) else "N"
@@ -209,7 +181,54 @@ class RemoteReward:
         if info.get("protocol") != PROTOCOL:
             raise UserError(f"reward 'remote': the server at {self.url} speaks protocol {info.get('protocol')} "
                             f"(t2i-gcpo {info['version']}), this client {PROTOCOL} (t2i-gcpo {__version__})")  # fmt: skip
+        if serves is not None and serves != info["spec"]:
+            raise UserError(
+                f"reward 'remote': the server at {self.url} serves '{shorten(info['spec'], 120)}', but this run was "
+                f"trained with '{shorten(serves, 120)}': serve that spec there (t2i-gcpo reward-server --reward …)"
+            )
         return info
+
+
+def check_server(term: Any) -> None:
+    """Before the policy loads (rewards.registry.check_reward_spec): a server answers at the term's URL and
+    serves what a resumed run recorded."""
+
+    def option(name: str) -> Any:
+        return term.options.get(name, term.form.all_options[name].default)
+
+    Client(term.args[0], option("timeout"), option("retries"), option("backoff")).health(option("serves"))
+
+
+class RemoteReward:
+    """The reward a reward server serves (module docstring), under its name, with its terms and bounds."""
+
+    probe = True  # a dry sample is scored before a run starts (rewards.combine.probes)
+
+    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
+                 batch_size: int | None = None, concurrency: int = 2, serves: str | None = None,
+                 version: str | None = None, grid: tuple[int, int] | None = None):  # fmt: skip
+        self.client = Client(url, timeout, retries, backoff)
+        self.url = self.client.url
+        self.in_flight = int(concurrency)  # the overlapped scorer may have this many calls running
+        info = self.client.health(serves)
+        self.served, self.server_version = info["spec"], info["version"]
+        if version is not None and version != self.server_version:
+            print(f"note: the reward server at {self.url} runs t2i-gcpo {self.server_version}; this run started "
+                  f"with {version}", file=sys.stderr, flush=True)  # fmt: skip
+        self.name = str(info["name"])
+        self.terms = [(str(n), float(w)) for n, w in info["terms"]] if info.get("terms") else None
+        self.bounds = tuple(info["bounds"]) if info.get("bounds") else None
+        self.limit = int(info["max_images"])
+        self.batch_size = min(int(batch_size or self.limit), self.limit)
+        self.grid = (
+            [int(grid[0]), int(grid[1])] if grid is not None and "grid" in info.get("context", []) else None
+        )
+
+    def recorded(self) -> dict[str, str]:
+        """What a run records in its spec (rewards.registry.record_reward): the served spec and version."""
+        if "'" in self.served and '"' in self.served:  # no quoting holds it: the version alone
+            return {"version": self.server_version}
+        return {"serves": self.served, "version": self.server_version}
 
     def score_part(self, first: int, images: list[str], prompts: list[str], metadata: list[dict]) -> dict:
         """The server's answer for one request (samples `first` …); a RewardError naming them otherwise."""
@@ -217,13 +236,13 @@ class RemoteReward:
         if self.grid is not None:
             body["context"] = {"grid": self.grid}
         tic = time.perf_counter()
-        raw, last, status = self.tries("/score", json.dumps(body).encode(), self.timeout)
+        raw, last, status = self.client.tries("/score", json.dumps(body).encode(), self.client.timeout)
         where = f"reward '{self.name}' (remote {self.url}), samples {first}–{first + len(images) - 1}"
         if raw is None and status:
             what = "refused the request" if status < 500 else "failed"
             raise RewardError(f"{where}: the server {what} (HTTP {status}): {shorten(last, 200)}")
         if raw is None:
-            raise RewardError(f"{where}: no answer after {self.retries + 1} tries in "
+            raise RewardError(f"{where}: no answer after {self.client.retries + 1} tries in "
                               f"{time.perf_counter() - tic:.1f} s: {shorten(last, 160)}")  # fmt: skip
         try:
             answer = json.loads(raw)
