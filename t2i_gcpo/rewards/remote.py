@@ -14,9 +14,9 @@ Images travel as 8-bit PNG, made as `rewards._common.images_to_pil` makes them (
 ShapeWorld detector read 8-bit images anyway: their scores do not change; a user function reading the
 floats sees them rounded to 1/255).
 
-At start-up (when the reward is built: before a run folder exists) the client asks ``/health``, with the
-same bounded tries; a server that is not there, or that serves another spec than the one a resumed run
-recorded (`serves`), is one line. A call splits its images into requests of at most `batch_size` (the
+At start-up (the registry's check, before the model loads, and again when the reward is built) the client
+asks ``/health``, with the same bounded tries; a server that is not there, or that serves another spec than
+the one a resumed run recorded (`serves`), is one line, before a run folder exists. A call splits its images into requests of at most `batch_size` (the
 server's limit by default), at most `concurrency` in flight, each with `timeout` seconds; a request that
 gets no answer (no connection, a reset, a timeout, HTTP 502/503/504) is sent again up to `retries` times,
 `backoff` seconds apart, doubling; one the server refuses (4xx) or fails (500) is not. Then a
