@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "t2i_gcpo.commands.pretrain:pretrain_cmd",
         "Rebuild a shipped model from scratch (ShapeWorld AR or masked prior, arithmetic LM).",
     ),
+    "reward-server": (
+        "t2i_gcpo.commands.reward_server:reward_server_cmd",
+        "Serve a reward over HTTP for runs that name it remote:http://HOST:PORT.",
+    ),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,8 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
+
+DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")  # a device a config key may name
 
 # a ceiling on every count of samples (prompts per step, group size, held-out images per prompt): a typo's
 # 100000 is one line at once, not an allocation error or a week of sampling
@@ -224,6 +227,14 @@ class AdvantageConfig:
         "sampled one update earlier: the clipped ratio to their recorded log-probs corrects for it) "
         "instead of being dropped.",
         True,
+    )
+    reward_norm: Literal["sum", "per_reward"] = doc(
+        "A weighted sum of rewards r = Σ_k w_k r_k: 'sum' normalises r within its group (GRPO); 'per_reward' "
+        "normalises each term r_k within its group, takes the weighted sum of those advantages and normalises "
+        "it over the batch (GDPO, arXiv 2601.05242; docs/concepts/algorithms.md#gdpo), so that one term's scale "
+        "does not drown the others'; needs advantage.scale=group. Dynamic sampling still drops the groups "
+        "whose total r is flat.",
+        "sum",
     )
 
 
@@ -484,6 +495,48 @@ class ModelOptions:
 
 
 @dataclass
+class RewardOptions:
+    """Where and how the reward runs (docs/guides/rewards.md#at-scale); a term of a sum may say its own
+    device= and batch_size= in the spec."""
+
+    device: str = doc(
+        "Where the reward's models run and its images go: 'auto' (the policy's device), cpu, cuda or cuda:N "
+        "(a reward model on a GPU of its own, or on the CPU to leave the GPU to the policy). A term may say "
+        "its own: '0.7*pickscore:DIR,device=cuda:1+0.3*shapeworld'. A remote: reward runs where its server "
+        "put it; a reward given to the Python API as a function is called as given.",
+        "auto",
+    )
+    batch_size: int | None = doc(
+        "Images per call of each term (a form with its own batch_size option, images per forward pass, gets "
+        "this one); the results come back in order. null: a rollout's whole batch at once (model rewards: "
+        "their own default).",
+        None,
+        bounds=Bounds(1, MAX_SAMPLES, why="or null"),
+    )
+    overlap: bool = doc(
+        "Score a rollout's finished chunks while the next chunk samples (train/scoring.py): a thread for a "
+        "reward in this process (best on a device of its own), requests in flight for a remote: reward. The "
+        "same seeds give the same samples, rewards and update (each group is drawn from its own generator; "
+        "the rollout's batch is split into chunks of reward_options.chunk — on a GPU a kernel chosen by batch "
+        "size may round the recorded log-probs differently in the last bit; at a given reward_options.chunk, "
+        "overlap on or off runs the same computation). Off by default: the reward then runs beside the sampler "
+        "(memory, a user function called from another thread). Tree groups and branch continuations are "
+        "scored as before.",
+        False,
+    )
+    chunk: int | None = doc(
+        "Samples per rollout call, in whole groups (rounded down to a multiple of the group's size, at least "
+        "one group): a round is sampled chunk after chunk, each chunk scored when it is sampled — or, with "
+        "overlap, while the next one samples. Like model_options.max_rollout_batch it bounds a rollout's "
+        "memory, for any model; on a CPU each call of the sampler has a fixed cost (docs/performance.md, "
+        "reward_overlap). null: with overlap, model_options.max_rollout_batch where it is set, else a quarter "
+        "of the round's groups; without, the round at once.",
+        None,
+        bounds=Bounds(1, why="or null"),
+    )
+
+
+@dataclass
 class TrainConfig:
     algo: str = doc(
         "Algorithm preset the run started from: one of the files t2i_gcpo/configs/*.yaml (`--algo` lists them).",
@@ -554,6 +607,10 @@ class TrainConfig:
     model_options: ModelOptions = doc(
         "Loading options: real checkpoints' dtype, LoRA, checkpointing; masked models' estimator.",
         factory=ModelOptions,
+    )
+    reward_options: RewardOptions = doc(
+        "Where the reward runs (device, batch size) and whether scoring overlaps sampling.",
+        factory=RewardOptions,
     )
 
     def validate(self) -> None:
@@ -630,6 +687,16 @@ class TrainConfig:
                 "leaves" not in scheme.needs or self.model_options.estimator == "trajectory",
                 f"credit scheme '{self.credit.scheme}' trains on continuations, which are trajectory samples: "
                 "set model_options.estimator=trajectory",
+            ),
+            (
+                "advantage.reward_norm",
+                self.advantage.reward_norm == "sum" or self.advantage.scale == "group",
+                "per_reward standardises each reward within its group (GDPO): it needs advantage.scale=group",
+            ),
+            (
+                "reward_options.device",
+                self.reward_options.device == "auto" or DEVICE.match(self.reward_options.device) is not None,
+                f"must be auto, cpu, cuda, cuda:N or mps, got {self.reward_options.device!r}",
             ),
             (
                 "model_options.negative",

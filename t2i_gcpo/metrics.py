@@ -17,6 +17,12 @@ class MetricsRow(TypedDict):
 STEP = "step"  # optimizer steps completed
 REWARD_MEAN = "reward/mean"  # mean r_i over the samples of the step (before dynamic sampling)
 REWARD_STD = "reward/std"  # std r_i over the same samples
+# a weighted sum r = Σ_k w_k r_k: each term's mean r_k over the step's samples (its name in the sum, e.g.
+# reward/pickscore/mean), and under advantage.reward_norm=per_reward (GDPO) the mean over the same samples of
+# |w_k A_k|, A_k the term's own group-normalised advantage (its share of the advantage before the batch
+# normalisation; core/advantages.decoupled_advantages)
+REWARD_TERM = "reward/{name}/mean"
+ADVANTAGE_TERM = "advantage/{name}/mean_abs"
 STRICT = "strict/overall"  # mean strict GenEval correctness of the step's samples (reward details)
 STRICT_TAG = "strict/{tag}"  # same, per GenEval tag
 PARTIAL = "partial/mean"  # mean partial-credit score (docs/evaluation/geneval.md#geneval-as-a-reward), where the reward reports it

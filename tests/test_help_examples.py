@@ -53,6 +53,7 @@ EXTERNAL = {
     "/models/": "an aMUSEd checkpoint and a CLIP model on disk",
     "/ckpt/": "a Janus-Pro checkpoint and the GenEval / DPG-Bench scorers on disk",
     "--multi_gpu": "two GPUs",
+    "--port 8100": "a reward server, which serves until it is stopped (tests/test_reward_server.py runs one)",
 }
 
 

@@ -15,4 +15,5 @@ SECTIONS = [
     "progress",
     "compare_cost",
     "rewards",
+    "reward_overlap",
 ]

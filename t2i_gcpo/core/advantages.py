@@ -62,6 +62,35 @@ def group_advantages(rewards: Tensor, group_size: int, scale: Scale = "group", e
     return (centred / (sigma + eps)).reshape(-1)
 
 
+def decoupled_advantages(
+    parts: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4
+) -> tuple[Tensor, Tensor]:
+    """GDPO's advantages of K rewards (Liu et al., "GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization", arXiv 2601.05242, §3; docs/concepts/algorithms.md#gdpo):
+
+        A_k,i = (r_k,i − mean_g r_k) / (std_g r_k + ε)     each reward k within sample i's group g
+        A_i   = Σ_k w_k A_k,i                               the weighted sum of the per-reward advantages
+        Â_i   = (A_i − mean_B A) / (std_B A + ε)            normalised over the batch of B samples
+
+    (the paper's sum has w_k = 1; its weighted form weights the A_k). Against GRPO's normalisation of
+    Σ_k w_k r_k, no reward's scale drowns the others' and distinct combinations of rewards keep distinct
+    advantages. A group in which reward k is flat has A_k = 0 there (`group_advantages`); std is unbiased.
+
+    parts: [B, K] (r_k,i), weights: [K]; returns (Â [B], the weighted per-reward terms w_k A_k,i [B, K]).
+    """
+    if parts.dim() != 2 or weights.dim() != 1 or parts.shape[1] != weights.numel():
+        raise ValueError(
+            f"parts must be [B, K] and weights [K], got {tuple(parts.shape)} and {tuple(weights.shape)}"
+        )
+    per_reward = torch.stack([group_advantages(parts[:, k], group_size, "group", eps)
+                              for k in range(parts.shape[1])], dim=1)  # fmt: skip  # [B, K]
+    terms = per_reward * weights.to(per_reward)  # [B, K]
+    total = terms.sum(dim=1)  # [B]
+    if (total == total[0]).all():  # flat: no spread to normalise (and no NaN from a 1-sample batch)
+        return torch.zeros_like(total), terms
+    return (total - total.mean()) / (_unbiased_std(total) + eps), terms
+
+
 def zero_std_groups(rewards: Tensor, group_size: int, tol: float = 0.0) -> Tensor:
     """True for each group whose rewards are all equal (max − min ≤ tol): no learning signal.
 

@@ -7,6 +7,11 @@
 - `FunctionReward(fn)`: a Python callable (the API's ``reward=``), checked the same way.
 - `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
   ``list[float] | Tensor | RewardOutput`` (``path/to/file.py:function`` works too).
+- `Placed(reward, device, batch_size)`: a reward called `batch_size` images at a time, each batch moved to
+  `device` first, the results put back in order (``reward_options.device`` / ``batch_size``, or a term's
+  ``device=`` / ``batch_size=``: docs/guides/rewards.md#at-scale).
+- `reward_terms(reward)`: the (name, weight) of each term of a weighted sum, wherever it is scored (a sum
+  served by a reward server included): the per-reward advantages of GDPO read them.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ def call_reward(reward: Any, images: Any, prompts: list[str], metadata: list[dic
 class Checked:
     """Wraps a reward so every call goes through `call_reward` (same name)."""
 
+    wraps_reward = True
+
     def __init__(self, reward: Reward):
         self.inner = reward
         self.name = reward_name(reward)
@@ -126,6 +133,69 @@ class WeightedSum:
             check_prompts(reward, prompts, metadata)
 
 
+class Placed:
+    """A reward called on `device`, `batch_size` images at a time (None: where they are / all at once):
+    each batch is moved there, scored through `call_reward`, and the scores and details are put back in
+    the order of the samples. Its name, bounds and probe are the inner reward's."""
+
+    wraps_reward = True
+
+    def __init__(self, reward: Any, device: str | None = None, batch_size: int | None = None):
+        self.inner, self.device, self.batch_size = reward, device, batch_size
+        self.name = reward_name(reward)
+        for attr in ("bounds", "probe"):
+            if hasattr(reward, attr):
+                setattr(self, attr, getattr(reward, attr))
+
+    def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        n = len(prompts)
+        size = self.batch_size or max(n, 1)
+        scores, details = [], []
+        for start in range(0, n, size):
+            part = slice(start, min(start + size, n))
+            batch = images[part]
+            if self.device is not None and torch.is_tensor(batch):
+                batch = batch.to(self.device, non_blocking=True)
+            out = call_reward(self.inner, batch, prompts[part], metadata[part] if metadata else [])
+            scores.append(out.scores)
+            details += out.details
+        if not scores:
+            return call_reward(self.inner, images, prompts, metadata)
+        return RewardOutput(scores=torch.cat(scores), details=details)
+
+    def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
+        check_prompts(self.inner, prompts, metadata)
+
+
+def _inner(reward: Any) -> Any:
+    """The reward a wrapper (`Checked`, `Placed`, the registry's `Named`: ``wraps_reward``) holds; None for
+    any other."""
+    return reward.inner if getattr(type(reward), "wraps_reward", False) else None
+
+
+def reward_terms(reward: Any) -> list[tuple[str, float]] | None:
+    """(name, weight) of each term of `reward` when it is a weighted sum — built here or served by a
+    reward server (its ``terms``) — in the order of its details' keys; None for a single reward."""
+    inner = _inner(reward)
+    if inner is not None:
+        return reward_terms(inner)
+    if isinstance(reward, WeightedSum):
+        return [(name, w) for name, (_, w) in zip(reward.names, reward.parts)]
+    terms = getattr(reward, "terms", None)
+    return [(str(n), float(w)) for n, w in terms] if terms else None
+
+
+def requests_in_flight(reward: Any) -> int:
+    """How many calls of `reward` may run at once (its ``in_flight``: a reward server's client takes several;
+    1 for any other, and a sum's least): the overlapped scorer's threads (train/scoring.py)."""
+    inner = _inner(reward)
+    if inner is not None:
+        return requests_in_flight(inner)
+    if isinstance(reward, WeightedSum):
+        return min(requests_in_flight(r) for r, _ in reward.parts)
+    return max(1, int(getattr(reward, "in_flight", 1)))
+
+
 def check_prompts(reward: Any, prompts: list[str], metadata: list[dict]) -> None:
     """A `UserError` if `reward` cannot score these prompts whatever the samples (e.g. the arithmetic
     reward needs each question's answer), through the reward's optional ``check_prompts`` method:
@@ -139,8 +209,8 @@ def reward_bounds(reward: Any) -> tuple[float, float] | None:
     """The range [low, high] every score of `reward` lies in, where it declares one (its ``bounds``);
     a weighted sum's from its parts'; None where any part's is unknown (a user function, CLIPScore). The
     run report clips the reward's ± std band to it."""
-    if isinstance(reward, Checked):
-        return reward_bounds(reward.inner)
+    if _inner(reward) is not None:
+        return reward_bounds(_inner(reward))
     if isinstance(reward, WeightedSum):
         parts = [(reward_bounds(r), w) for r, w in reward.parts]
         if any(b is None for b, _ in parts):
@@ -156,8 +226,8 @@ def reward_bounds(reward: Any) -> tuple[float, float] | None:
 def probes(reward: Any) -> bool:
     """Whether `reward` (alone or a part of a sum) asks to score a dry sample before a run starts
     (its ``probe``: a judge behind a server that may be down, stalled or answering garbage)."""
-    if isinstance(reward, Checked):
-        return probes(reward.inner)
+    if _inner(reward) is not None:
+        return probes(_inner(reward))
     if isinstance(reward, WeightedSum):
         return any(probes(r) for r, _ in reward.parts)
     return bool(getattr(reward, "probe", False))
@@ -165,8 +235,8 @@ def probes(reward: Any) -> bool:
 
 def runs_user_code(reward: Any) -> bool:
     """Whether `reward` calls a user function (``module:function`` or an API callable), alone or in a sum."""
-    if isinstance(reward, Checked):
-        return runs_user_code(reward.inner)
+    if _inner(reward) is not None:
+        return runs_user_code(_inner(reward))
     if isinstance(reward, WeightedSum):
         return any(runs_user_code(r) for r, _ in reward.parts)
     return isinstance(reward, FunctionReward)  # CallableReward is one
@@ -217,5 +287,6 @@ class CallableReward(FunctionReward):
         self.spec = spec
 
 
-__all__ = ["RewardError", "Checked", "WeightedSum", "FunctionReward", "CallableReward", "call_reward",
-           "as_reward_output", "check_prompts", "probes", "runs_user_code"]  # fmt: skip
+__all__ = ["RewardError", "Checked", "WeightedSum", "Placed", "FunctionReward", "CallableReward", "call_reward",
+           "as_reward_output", "check_prompts", "probes", "runs_user_code", "reward_terms",
+           "requests_in_flight"]  # fmt: skip

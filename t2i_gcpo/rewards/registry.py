@@ -6,7 +6,8 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 
 - ``NAME[:FIELD,FIELD,…]`` — a registered reward. Its FIELDs are, in any order: its positional arguments
   in order (weights folders and files, a URL), bare flags (a value of one of its choice options, e.g.
-  ``flow_grpo``) and ``key=value`` options. A field may be quoted ('…' or "…") to hold a comma, a plus
+  ``flow_grpo``) and ``key=value`` options — its own, and the two every form takes (`PLACEMENT`):
+  ``device=`` (where its model runs and its images go) and ``batch_size=`` (images per call). A field may be quoted ('…' or "…") to hold a comma, a plus
   or a colon (``aesthetic:CLIP,'/models/sac+logos+ava1-l14-linearMSE.pth'``; a '+' that does not start
   another term needs no quotes either);
 - ``module:function`` / ``file.py:function`` — a user function f(images, prompts, metadata): user code,
@@ -16,7 +17,7 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 wrapped so that an exception or a NaN score raises `RewardError` naming it (rewards/combine.py).
 
 A registration (one per reward file; this package imports every module of its own except base,
-combine, registry and private ``_…`` ones, so a new reward is a new file and nothing else):
+combine, registry, server and private ``_…`` ones, so a new reward is a new file and nothing else):
 
     @register_reward("pickscore", scores="image", doc="…", weights="…", source="…", licence="…")
     def load(folder: Annotated[str, Arg("a PickScore_v1 folder", kind="dir", needs=("config.json",))], *,
@@ -49,16 +50,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from t2i_gcpo.config import Bounds
+from t2i_gcpo.config import DEVICE, Bounds
 from t2i_gcpo.core.schemes.registry import Option
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
 KINDS = ("dir", "file", "local", "path", "url", "text")
-# keyword parameters a loader takes from the run, never from the spec: the policy's device (`reward.device`
-# and a per-term device are issue 54's), its token grid, a text policy's tokenizer
+# keyword parameters a loader takes from the run, never from the spec: the device its model goes to (the
+# policy's, or reward_options.device, or the term's device=), the policy's token grid, a text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
-INFRASTRUCTURE = ("base", "combine", "registry")  # the package's modules that are not rewards
+INFRASTRUCTURE = ("base", "combine", "registry", "server")  # the package's modules that are not rewards
 SCORES = ("image", "text")
 PLURAL = {"image": "images", "text": "text"}
 SUM_EXAMPLE = "0.7*clip:CKPT+0.3*shapeworld"
@@ -125,6 +126,15 @@ class RewardOption:
         return Bounds(info.low, info.high, info.low_open, info.high_open, info.why)
 
 
+# the options every form takes, besides its own (docs/guides/rewards.md#at-scale); a form that declares its own
+# batch_size (images per forward pass) gets that one, and its loader the value
+PLACEMENT = (
+    RewardOption("device", str, None, Option("where this term's model runs and its images go: cpu, cuda, cuda:N")),
+    RewardOption("batch_size", int, None, Option("images per call of this term (all at once by default)", low=1,
+                                                 high=4096)),
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RewardForm:
     """A registered reward form: what a spec ``NAME:…`` builds and everything its help and checks need."""
@@ -146,6 +156,7 @@ class RewardForm:
     join: Callable[[list[str]], str] | None = None
     requires: tuple[str, ...] = ()  # modules it imports that are not dependencies of the package
     install: str = ""  # how to get them (an optional extra)
+    check: Callable[[Any], None] | None = None  # check(term): more to check before the model loads (a server)
 
     @property
     def usage(self) -> str:
@@ -161,7 +172,13 @@ class RewardForm:
         return out
 
     def describe_options(self) -> str:
-        return ", ".join(o.name for o in self.options) or "none"
+        own = [o.name for o in self.options]
+        return ", ".join(own + [o.name for o in PLACEMENT if o.name not in own])
+
+    @property
+    def all_options(self) -> dict[str, RewardOption]:
+        """Its own options and the `PLACEMENT` ones it does not declare itself, by name."""
+        return {**{o.name: o for o in PLACEMENT}, **{o.name: o for o in self.options}}
 
     @property
     def flags(self) -> dict[str, str]:
@@ -177,10 +194,11 @@ _discovered = {"builtins": False}
 def register_reward(name: str, *, scores: str, doc: str, weights: str = "", source: str = "", licence: str = "",
                     usage: str | None = None, example: str | None = None, split: Callable | None = None,
                     join: Callable | None = None, requires: tuple[str, ...] = (), install: str = "",
-                    replace: bool = False) -> Callable:  # fmt: skip
+                    check: Callable | None = None, replace: bool = False) -> Callable:  # fmt: skip
     """Decorator: add the loader `fn` to `REWARDS` as the form `name` (module docstring: the signature
     declares its arguments and options; `scores` is "image" or "text"; `requires`: modules beyond the
-    package's dependencies, checked before anything loads, with `install` saying how to get them)."""
+    package's dependencies, checked before anything loads, with `install` saying how to get them; `check`, a
+    function of the read `Term` that raises a UserError, runs with the other checks before the model loads)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"reward name {name!r}: lower-case letters, digits and underscores")
     if scores not in SCORES:
@@ -191,7 +209,7 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
             raise ValueError(f"reward {name!r} is already registered (by {REWARDS[name].load.__module__})")
         args, options, context = _read_signature(name, fn)
         REWARDS[name] = RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence,
-                                   usage, example, split, join, tuple(requires), install)  # fmt: skip
+                                   usage, example, split, join, tuple(requires), install, check)  # fmt: skip
         return fn
 
     return add
@@ -402,7 +420,7 @@ def read_term(term: str) -> Term:
 
     positional: list[str] = []
     raw: dict[str, str] = {}
-    by_name = {o.name: o for o in form.options}
+    by_name = form.all_options
     for field in _fields(form, rest):
         quoted = field[0] in _QUOTES
         m = None if quoted else _OPTION.match(field)
@@ -549,6 +567,29 @@ def check_reward_spec(spec: str | None, output: str | None = None) -> None:
         _check_output(read, output)
         check_requirements(read.form)
         check_paths(read)
+        if read.options.get("device") is not None:
+            check_device(read.options["device"], f"reward '{shorten(read.text)}': device")
+        if read.form.check is not None:
+            read.form.check(read)
+
+
+def check_device(device: str, what: str) -> None:
+    """`device` names a device this machine has (cpu, cuda, cuda:N, mps); else a one-line UserError naming
+    `what` (the option or config key that set it)."""
+    if not DEVICE.match(device):
+        raise UserError(f"{what} {device!r} is not a device: write cpu, cuda, cuda:N or mps")
+    if device == "cpu":
+        return
+    import torch
+
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if index >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device"
+            raise UserError(f"{what} {device}: this machine has {have}")
+    elif not torch.backends.mps.is_available():
+        raise UserError(f"{what} mps: this machine has no MPS device")
 
 
 def _spec_terms(spec: str) -> list[tuple[float | None, str]]:
@@ -559,6 +600,12 @@ def _spec_terms(spec: str) -> list[tuple[float | None, str]]:
         raise UserError(f"empty term in reward sum '{shorten(spec)}'")
     if not found[0][1]:
         raise UserError(f"empty reward: use {forms_text()}")
+    for _, term in found:
+        if re.match(r"^https?://", unquote(term)):
+            raise UserError(
+                f"reward '{shorten(unquote(term))}' is an address: write remote:URL for a t2i-gcpo reward-server, "
+                "or judge:URL for a chat VLM behind an OpenAI-compatible server"
+            )
     return found
 
 
@@ -576,6 +623,8 @@ def _check_output(term: Term, output: str | None) -> None:
 class Named:
     """A loaded reward that has no name of its own, under its form's name (for messages and logs)."""
 
+    wraps_reward = True  # rewards.combine: its inner reward is what the sum, bounds and probes look at
+
     def __init__(self, reward: Any, name: str):
         self.inner, self.name = reward, name
         for attr in ("bounds", "check_prompts", "probe"):
@@ -587,18 +636,34 @@ class Named:
 
 
 def _build_one(term: str, ctx: dict) -> Any:
-    from t2i_gcpo.rewards.combine import CallableReward
+    """One term's reward, placed (`rewards.combine.Placed`) where its device or batch size asks for it: the
+    term's ``device=`` / ``batch_size=``, else the run's ``reward_device`` / ``batch_size``."""
+    from t2i_gcpo.rewards.combine import CallableReward, Placed
 
+    device, batch_size = ctx.get("reward_device"), ctx.get("batch_size")
     if is_user_function(term):
-        return CallableReward(unquote(term))
-    read = read_term(term)
-    _check_output(read, ctx.get("output"))
-    check_requirements(read.form)
-    check_paths(read)
-    form = read.form
-    context = {k: v for k, v in ctx.items() if k in form.context}
-    reward = form.load(*read.args, **read.options, **context)
-    return reward if getattr(reward, "name", None) else Named(reward, form.name)
+        reward = CallableReward(unquote(term))
+    else:
+        read = read_term(term)
+        _check_output(read, ctx.get("output"))
+        check_requirements(read.form)
+        check_paths(read)
+        form, options = read.form, dict(read.options)
+        device = options.pop("device", None) or device
+        if device is not None:
+            check_device(device, f"reward '{shorten(read.text)}': device")
+        if any(o.name == "batch_size" for o in form.options):  # its own: images per forward pass
+            if "batch_size" not in options and batch_size is not None:
+                options["batch_size"] = batch_size
+            batch_size = None  # the loader batches
+        else:
+            batch_size = options.pop("batch_size", None) or batch_size
+        context = {k: v for k, v in ctx.items() if k in form.context}
+        if device is not None and "device" in form.context:
+            context["device"] = device
+        reward = form.load(*read.args, **options, **context)
+        reward = reward if getattr(reward, "name", None) else Named(reward, form.name)
+    return reward if device is None and batch_size is None else Placed(reward, device, batch_size)
 
 
 def build_reward(spec: str, **ctx: Any) -> Any:
@@ -606,13 +671,32 @@ def build_reward(spec: str, **ctx: Any) -> Any:
 
     `ctx` holds what the run supplies (`CONTEXT`: ``device``, ``grid``, ``tokenizer``); each form takes
     those its loader declares. ``output`` ("image" or "text", the policy's) refuses a form of the other kind.
+    ``reward_device`` (reward_options.device; None: the run's ``device``, images where they are) and
+    ``batch_size`` (reward_options.batch_size) place every term that does not say its own.
     """
     from t2i_gcpo.rewards.combine import Checked, WeightedSum
 
     found = _spec_terms(spec)
+    if ctx.get("reward_device") is not None:
+        check_device(ctx["reward_device"], "config key 'reward_options.device':")
     if len(found) == 1 and found[0][0] is None:
         return Checked(_build_one(found[0][1], ctx))
     return WeightedSum([(_build_one(term, ctx), 1.0 if w is None else w) for w, term in found])
+
+
+def spec_context(spec: str) -> set[str]:
+    """The `CONTEXT` names the registered forms of `spec` take (a reward server asks its clients for them)."""
+    return {
+        name
+        for _, term in _spec_terms(spec)
+        if not is_user_function(term)
+        for name in read_term(term).form.context
+    }
+
+
+def spec_outputs(spec: str) -> set[str]:
+    """What the registered forms of `spec` score ("image", "text"); a user function's is not known."""
+    return {read_term(term).form.scores for _, term in _spec_terms(spec) if not is_user_function(term)}
 
 
 # ----------------------------------------------------------------------------- recording a spec
@@ -621,6 +705,39 @@ def user_code_specs(spec: str | None) -> list[str]:
     if not spec or spec.split(":", 1)[0] == PYTHON_OBJECT:
         return []
     return [unquote(term) for _, term in terms(spec) if is_user_function(term)]
+
+
+def record_reward(spec: str | None, reward: Any) -> str | None:
+    """`spec` with what each built term asks to record added to it (its ``recorded()`` fields, e.g. the
+    spec and version a reward server serves), so that the run's config.yaml says what scored it and a resume
+    checks it is the same; `reward` is `build_reward(spec)`."""
+    from t2i_gcpo.rewards.combine import WeightedSum, _inner
+
+    if not spec or spec.split(":", 1)[0] == PYTHON_OBJECT:
+        return spec
+    parts = [r for r, _ in reward.parts] if isinstance(reward, WeightedSum) else [_inner(reward)]
+    pieces = _pieces(spec)
+    if len(parts) != len(pieces):
+        return spec
+    out = []
+    for (written, term), part in zip(pieces, parts):
+        while _inner(part) is not None and not hasattr(part, "recorded"):
+            part = _inner(part)
+        fields = part.recorded() if hasattr(part, "recorded") else {}
+        if fields and form_of(term) is not None:
+            term = _with_fields(read_term(term), fields)
+        out.append(f"{written}*{term}" if written is not None else term)
+    return "+".join(out)
+
+
+def _with_fields(term: Term, fields: dict[str, str]) -> str:
+    """`term`'s text with the options `fields` set (replacing those of the same names)."""
+    name, _, rest = term.text.partition(":")
+    kept = [
+        f for f in _fields(term.form, rest) if not (_OPTION.match(f) and _OPTION.match(f).group(1) in fields)
+    ]
+    kept += [f"{key}={_quote(value)}" for key, value in fields.items()]
+    return f"{name}:{term.form.join(kept) if term.form.join else ','.join(kept)}"
 
 
 def _quote(field: str) -> str:
@@ -661,4 +778,5 @@ def _canonical_term(form: RewardForm, term: str) -> str:
 
 
 __all__ = ["Arg", "Option", "RewardForm", "REWARDS", "register_reward", "unregister_reward", "forms", "forms_text",
-           "build_reward", "check_reward_spec", "canonical_reward", "user_code_specs", "terms", "read_term"]  # fmt: skip
+           "build_reward", "check_reward_spec", "canonical_reward", "user_code_specs", "terms", "read_term",
+           "record_reward", "check_device", "spec_context", "spec_outputs", "PLACEMENT"]  # fmt: skip

@@ -23,17 +23,19 @@ import torch
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
-from t2i_gcpo.core.advantages import dynamic_sampling_filter, group_advantages
+from t2i_gcpo.core.advantages import dynamic_sampling_filter
 from t2i_gcpo.core.allocation import allocate, max_variance_subset, success_estimate
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, PromptRecord, Rollout, SamplingParams
-from t2i_gcpo.tasks.loop import Scored, group_generators, sample_and_score
+from t2i_gcpo.rewards.combine import reward_terms
+from t2i_gcpo.tasks.loop import Scored, group_generators
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.branches import grow, grow_leaves
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, needs_step_rewards, score_step_predictions
 from t2i_gcpo.train.data import PromptStream
+from t2i_gcpo.train.scoring import round_scorer, sequence_advantages, term_metrics
 
 
 @dataclass
@@ -50,6 +52,8 @@ class Collected:
     seconds: dict[str, float] = field(default_factory=dict)  # time/rollout, time/reward
     budget: dict[str, float] = field(default_factory=dict)  # this step's budget/* counts
     budget_total: dict[str, float] = field(default_factory=dict)  # the same, summed over the run so far
+    # a weighted sum's per-term metrics (train/scoring.py term_metrics)
+    terms: dict[str, float] = field(default_factory=dict)
 
     def stand_in(self) -> Batch:
         """One group of the last round with zero advantages: a process whose groups all lacked signal
@@ -71,6 +75,7 @@ class Collected:
             M.GROUPS_CARRIED: self.carried,
             **self.budget,
             **{M.BUDGET_TOTAL.format(key=k): v for k, v in self.budget_total.items()},
+            **self.terms,
         }
 
 
@@ -84,6 +89,7 @@ class Tally:
     without_signal: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(M.BUDGET, 0.0))
+    term_advantages: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # GDPO: each round's w_k A_k
 
     def add_step_predictions(self, seconds: float, predictions: int, calls: int) -> None:
         """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time and
@@ -140,6 +146,7 @@ class BatchCollector:
         self.spent = self.budget_keys()  # the run's budget/* totals (this process)
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
         self.owed = 0.0  # knapsack: the fraction of a group of extra draws carried to the next round
+        self.sample_and_score = round_scorer(cfg)  # tasks/loop.sample_and_score, or in chunks (overlapped)
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -182,9 +189,10 @@ class BatchCollector:
             batch = batch.select(rows[:cut])
         for key, value in tally.spent.items():
             self.spent[key] += value
+        terms = term_metrics(reward_terms(reward), tally.details, tally.term_advantages)
         return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
                          groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
-                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent))  # fmt: skip
+                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent), terms=terms)  # fmt: skip
 
     def complete(self, kept: list[Batch], fresh: dict[int, list[int]], last_round: Batch | None, policy: Any,
                  reward: Any, sampling: SamplingParams, tally: Tally) -> None:  # fmt: skip
@@ -209,7 +217,7 @@ class BatchCollector:
         adv_cfg, G = self.cfg.advantage, self.cfg.rollout.group_size
         scored = self.sample(policy, reward, prompts, slots, sampling, tally)
         r = scored.reward.scores  # NaN/raise → RewardError
-        adv = group_advantages(r, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
+        adv = self.advantages(scored.reward, G, reward, tally if self.leaves is None else None)
         tally.drawn += len(prompts)
         batch = Batch(scored.rollout, adv, scored.reward, scored.outputs)
         if self.leaves is not None:  # tree groups: every group grows into its prefix tree, every leaf kept
@@ -230,8 +238,8 @@ class BatchCollector:
         A prompt's first G draws are the same samples with and without allocation (its own generator)."""
         rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
-        parts = [sample_and_score(policy, reward, prompts, first, sampling,
-                                  group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
+        parts = [self.sample_and_score(policy, reward, prompts, first, sampling,
+                                       group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
         rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
         if rollout_cfg.allocation == "knapsack":
             r = parts[0].reward.scores.view(len(prompts), G)
@@ -241,8 +249,8 @@ class BatchCollector:
             for units in sorted(set(extra.tolist()) - {0}):
                 which = (extra == units).nonzero().flatten().tolist()
                 offset = sum(len(part.rollout) for part in parts)
-                parts.append(sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
-                                              group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
+                parts.append(self.sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
+                                                   group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
                 for j, i in enumerate(which):
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
@@ -268,11 +276,20 @@ class BatchCollector:
         self.owed = min(max(budget - units, 0.0), 1.0 - 1e-12)
         return units
 
+    def advantages(self, out: Any, group_size: int, reward: Any, tally: Tally | None) -> torch.Tensor:
+        """A round's sequence advantages [B] (advantage.scale, advantage.reward_norm: train/scoring.py); under
+        GDPO each term's w_k A_k is kept in `tally` for its metric (None: the roots of tree groups, whose
+        advantages are those of the grown groups)."""
+        adv, per_term = sequence_advantages(self.cfg.advantage, out, group_size, reward_terms(reward))
+        if tally is not None:
+            for name, values in per_term.items():
+                tally.term_advantages.setdefault(name, []).append(values)
+        return adv
+
     def tree_groups(self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
                     tally: Tally) -> Batch:  # fmt: skip
         """The round's groups grown into tree groups (train/branches.grow_leaves): roots then continuations,
         the group advantages over every leaf."""
-        adv_cfg = self.cfg.advantage
         grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward, slots, self.leaves,
                             self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
@@ -281,7 +298,7 @@ class BatchCollector:
         if grown.reward.details:
             tally.details += [d for d, keep in zip(grown.reward.details, new.tolist()) if keep]
         G = grown.rollout.group_size
-        adv = group_advantages(grown.reward.scores, G, scale=adv_cfg.scale, eps=adv_cfg.eps)
+        adv = self.advantages(grown.reward, G, reward, tally)
         return Batch(grown.rollout, adv, grown.reward, grown.outputs, leaves=grown.leaves)
 
     def within_cap(self, kept: list[Batch]) -> list[Batch]:

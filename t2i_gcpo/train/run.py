@@ -281,7 +281,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     is."""
     from t2i_gcpo.policies.registry import load_policy
     from t2i_gcpo.policies.sampling import resolve_guidance_scale
-    from t2i_gcpo.rewards.registry import build_reward, check_reward_spec
+    from t2i_gcpo.rewards.registry import build_reward, check_reward_spec, record_reward
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
     from t2i_gcpo.train.plan import plan_run
@@ -300,9 +300,11 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if reward is None:
-        reward = build_reward(
-            cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output
-        )
+        placed = cfg.reward_options.device
+        reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output,
+                              reward_device=None if placed == "auto" else placed,
+                              batch_size=cfg.reward_options.batch_size)  # fmt: skip
+        cfg.reward = record_reward(cfg.reward, reward)  # a reward server's spec and version, in config.yaml
     dry = dry_sample(cfg, policy, reward, prompts)
     check_reward(cfg, reward, prompts, eval_prompts, dry)
     check_user_credit(cfg, policy, prompts, dry)  # a user's credit function on the same dry sample

@@ -21,7 +21,7 @@ import torch
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, to_dict
 from t2i_gcpo.core.schemes import get_scheme
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import RewardError, UserError
 from t2i_gcpo.outdir import append_text, write_file
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.rewards.base import Reward
@@ -305,6 +305,17 @@ class Trainer:
             bar.close()
             raise NonFiniteError(
                 f"step {step}: {e}, stopped before the update was applied or saved; {self._after_nan()}"
+            ) from None
+        except RewardError as e:  # e.g. a reward server that stopped answering: resume once it is back
+            bar.close()
+            ckpt = latest_checkpoint(self.run_dir)
+            kept = (
+                f"the checkpoint of step {load_trainer_state(ckpt)['step']} is kept"
+                if ckpt
+                else "no checkpoint yet"
+            )
+            raise RewardError(
+                f"step {step}: {e}; {kept}; continue with: t2i-gcpo train --resume {self.run_dir}"
             ) from None
         except KeyboardInterrupt as interrupt:
             for sig in STOP_SIGNALS:  # stopping: a late Ctrl-C must not cut the line or the report short
