@@ -1,0 +1,247 @@
+"""Section `decode_loops`: the autoregressive decode loops (rollout.decode: eager, static, compile) per token step,
+with the kernels one step launches and what compiling costs — on this device (policies/decode_loop.py).
+
+Models: the shipped ShapeWorld AR prior (``load_policy("shapeworld")``: 4 layers, d 256, 64 tokens) at 64
+images (8 prompts × 8), and a Janus at a mid shape built in memory (tests/tiny_models.py `make_janus`: Llama d
+1024, 4 layers, 8 heads, MLP 2816, 16 × 16 = 256 image tokens, codebook 16,384; random N(0, 0.02) weights) at 8
+images (2 prompts × 4), both with CFG, float32 (and, where the device multiplies bf16 natively, the AR prior
+under bf16 autocast). Each loop: one first pass (compile: the compilation included), then the best of the
+repeats; ms per token step = a rollout's seconds / T (prefill included). CPU seconds (this process, so without
+inductor's compile workers) beside the wall seconds: on a machine shared with other jobs they vary less.
+
+Kernels per token step: one rollout under torch.profiler, the kernels counted inside each step (eager: the
+adapter's one-token forward and its sample step; static: `StaticDecodeLoop.step`; compile: each compiled
+region, inductor's generated kernels profiled). A kernel: an aten op that computes (views, allocations and
+metadata ops excluded), counted at its innermost computing op, or one inductor kernel. On the CPU an RMS norm is
+7 ops, which `F.rms_norm` makes one kernel on CUDA (the decoder uses it there): the column "CUDA est." counts
+each norm as one kernel.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.suite.common import Context, load_average, shared_cpu_note
+from t2i_gcpo.hardware import native_bf16
+
+TITLE = "Decode loops: eager, static and compiled token steps, kernels per step (`decode_loops`)"
+LOOPS = ("eager", "static", "compile")
+META = {
+    "aten::as_strided", "aten::view", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
+    "aten::empty_strided", "aten::_unsafe_view", "aten::result_type", "aten::alias", "aten::resize_",
+    "aten::expand", "aten::transpose", "aten::t", "aten::numpy_T", "aten::permute", "aten::reshape",
+    "aten::select", "aten::slice", "aten::unsqueeze", "aten::squeeze", "aten::split", "aten::chunk",
+    "aten::detach", "aten::lift_fresh", "aten::contiguous", "aten::split_with_sizes", "aten::narrow",
+    "aten::unbind", "aten::expand_as", "aten::view_as", "aten::_reshape_alias", "aten::empty_like",
+    "aten::unflatten", "aten::flatten", "aten::to", "aten::unfold", "aten::type_as", "aten::_to_copy",
+}  # fmt: skip
+NORM_OPS = 6  # a CPU RMS norm's extra ops beyond one kernel (pow, mean's fill/copies, rsqrt, 2 muls: 7)
+
+
+def kernels(event: Any) -> int:
+    """Kernels under a profiler event: its innermost computing ops (module docstring)."""
+    if "cpp_fused" in event.name or "triton_" in event.name:
+        return 1
+    inner = sum(kernels(c) for c in event.cpu_children)
+    if inner:
+        return inner
+    return int(event.name.startswith("aten::") and event.name not in META)
+
+
+def kernels_per_step(fn: Callable[[], Any], regions: list[tuple[Any, str]], compiled: bool) -> float:
+    """Run `fn` (one rollout) under the profiler and count the kernels per call of the `regions` ((owner, name)
+    of each callable a token step is made of; each wrapped in a profiler range) or, `compiled`, per compiled
+    region. → kernels per token step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    originals = [(owner, name, getattr(owner, name)) for owner, name in regions]
+    for owner, name, real in originals:
+        label = f"step:{name}"
+
+        def wrapped(*args, _real=real, _label=label, **kwargs):
+            with record_function(_label):
+                return _real(*args, **kwargs)
+
+        setattr(owner, name, wrapped)
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, *cuda_activity()]) as prof:
+            fn()
+    finally:
+        for owner, name, real in originals:
+            setattr(owner, name, real)
+    counts, calls = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        key = "compiled" if compiled and e.name.startswith("Torch-Compiled Region") else None
+        key = key or (e.name if e.name.startswith("step:") else None)
+        if key and not (e.cpu_parent and e.cpu_parent.name == e.name):
+            counts[key] += kernels(e)
+            calls[key] += 1
+    return sum(counts[k] / max(calls[k], 1) for k in counts)
+
+
+def cuda_activity() -> list:
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+
+
+def janus_mid(device: str) -> Any:
+    from benchmarks.suite.janus_scale import janus_policy, tiny_models
+
+    tm = tiny_models()
+    tok = tm.build_tiny_janus_tokenizer()
+    shape = tm.JanusShape(hidden=1024, layers=4, heads=8, kv_heads=8, intermediate=2816, codebook=16384)
+    return janus_policy(tm.make_janus(tok, grid=16, upsample=1, shape=shape, std=0.02, device=device), tok)
+
+
+@dataclasses.dataclass
+class Case:
+    label: str
+    policy: Any
+    prompts: list[str]
+    group: int
+    sampling: Any
+    steps: int  # T
+    eager_regions: list[tuple[Any, str]]
+    autocast: bool = False
+
+
+def cases(ctx: Context) -> list[Case]:
+    from t2i_gcpo.policies import ar as ar_adapter
+    from t2i_gcpo.policies import janus as janus_adapter
+    from t2i_gcpo.policies.registry import load_policy
+
+    ar = load_policy("shapeworld").eval().to(ctx.device)
+    shapes = ["a photo of a red circle", "a photo of two blue squares", "a photo of a green triangle",
+              "a photo of three bars"] * 2  # fmt: skip
+    ar_regions = [(type(ar), "decode_one_token"), (ar_adapter, "sample_step")]
+    out = [Case("ShapeWorld AR prior, 64 images, fp32", ar, shapes, 8, ar.default_sampling(), ar.num_tokens,
+                ar_regions)]  # fmt: skip
+    if native_bf16(ctx.device):
+        out.append(dataclasses.replace(out[0], label="ShapeWorld AR prior, 64 images, bf16", autocast=True))
+    if not ctx.quick:
+        janus = janus_mid(ctx.device)
+        j_regions = [(type(janus), "_decode_one_token"), (janus_adapter, "sample_step")]
+        out.append(Case("Janus mid shape (d 1024, 4 layers, 256 tokens), 8 images, fp32", janus,
+                        ["a photo of a red cat", "a photo of two blue dogs left of a green cat"], 4,
+                        dataclasses.replace(janus.default_sampling()), janus.num_image_tokens, j_regions))  # fmt: skip
+    return out
+
+
+def timed(ctx: Context, fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall, this process's CPU) seconds of one call."""
+    ctx.sync()
+    wall, cpu = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        fn()
+    ctx.sync()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure(ctx: Context, case: Case, repeats: int) -> list[dict]:
+    from t2i_gcpo.policies.base import PromptRecord
+    from t2i_gcpo.policies.decode_loop import DecodeSession, StaticDecodeLoop
+    from t2i_gcpo.tasks.loop import group_generators
+
+    records = [PromptRecord(p) for p in case.prompts]
+    images = len(records) * case.group
+    rows = []
+    for loop in LOOPS:
+        mode = "graph" if loop == "static" and ctx.device == "cuda" else loop
+        sampling = dataclasses.replace(case.sampling, decode=mode)
+        case.policy.decode_session = DecodeSession()  # its own loop, graphs and compilation
+        torch._dynamo.reset()
+
+        def rollout(seed: int = 0, sampling=sampling) -> Any:
+            with torch.autocast(ctx.device, dtype=torch.bfloat16, enabled=case.autocast):
+                return case.policy.rollout(records, case.group, sampling,
+                                           group_generators(seed, "bench", range(len(records))))  # fmt: skip
+
+        row: dict[str, Any] = {"case": case.label, "loop": mode, "images": images}
+        try:
+            first = timed(ctx, rollout)
+            times = [timed(ctx, lambda i=i: rollout(i + 1)) for i in range(repeats)]
+            wall, cpu = min(t[0] for t in times), min(t[1] for t in times)
+            regions = case.eager_regions if loop == "eager" else [(StaticDecodeLoop, "step")]
+            # a captured step's kernels are counted uncaptured (a replay shows as one launch)
+            counted = functools.partial(rollout, sampling=dataclasses.replace(sampling, decode="static"))
+            count = kernels_per_step(counted if mode == "graph" else rollout, [] if loop == "compile" else regions,
+                                     compiled=loop == "compile")  # fmt: skip
+        except Exception as e:  # a loop that fails records why; the others go on
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
+            continue
+        layers = len(case.policy.llama.layers) if hasattr(case.policy, "llama") else len(
+            case.policy.model.model.language_model.layers)  # fmt: skip
+        row.update(first_s=first[0], seconds=wall, cpu_s=cpu, ms_per_step=1e3 * wall / case.steps,
+                   cpu_ms_per_step=1e3 * cpu / case.steps, kernels=count,
+                   kernels_cuda=count - NORM_OPS * (2 * layers + 1) if loop != "compile" else None,
+                   compiles=case.policy.decode_session.stats["compiles"] or None)  # fmt: skip
+        rows.append(row)
+        print(f"  decode_loops {case.label} {mode}: first {first[0]:.2f} s, best {wall:.2f} s "
+              f"({row['ms_per_step']:.1f} ms / step), {count:.0f} kernels / step", flush=True)  # fmt: skip
+    case.policy.decode_session = DecodeSession()
+    gc.collect()
+    return rows
+
+
+def run(ctx: Context) -> dict:
+    import torch._inductor.config as inductor_config
+
+    load = load_average()
+    inductor_config.cpp.enable_kernel_profile = True  # inductor's CPU kernels as profiler events
+    repeats = ctx.pick(1, 2)
+    rows = []
+    for case in cases(ctx):
+        rows += measure(ctx, case, repeats)
+    return section(ctx, rows, repeats, load)
+
+
+def section(ctx: Context, rows: list[dict], repeats: int, load: Any) -> dict:
+    by = {(r["case"], r["loop"]): r for r in rows if "error" not in r}
+    parts = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        eager, static = by.get((case, "eager")), by.get((case, "static")) or by.get((case, "graph"))
+        comp = by.get((case, "compile"))
+        bits = []
+        if eager and static:
+            bits.append(f"eager {eager['ms_per_step']:.1f} ms per token step ({eager['kernels']:.0f} kernels), "
+                        f"static {static['ms_per_step']:.1f} ({static['kernels']:.0f})")  # fmt: skip
+        if comp and static:
+            cost = comp["first_s"] - static["seconds"]
+            bits.append(f"compiled {comp['ms_per_step']:.1f} ({comp['kernels']:.0f} kernels), "
+                        f"{comp['cpu_ms_per_step'] / static['cpu_ms_per_step']:.2f}× static's CPU time after its "
+                        f"first pass, which took {comp['first_s']:.0f} s ({cost:.0f} s of compiling)")  # fmt: skip
+        parts.append(f"{case}: " + "; ".join(bits) + ".")
+    failed = [f"{r['case']} {r['loop']}: {r['error']}" for r in rows if "error" in r]
+    if failed:
+        parts.append("Failed: " + "; ".join(failed) + ".")
+    reading = " ".join(parts)
+    if ctx.device != "cuda":
+        reading += (" On the CPU the static step attends over spans of 128 cache slots where the eager loop reads "
+                    "the filled slots only, so it is the slower of the two here; it exists to be captured on CUDA, "
+                    "where `rollout.decode: auto` runs it (on the CPU auto is eager)." + shared_cpu_note(load))  # fmt: skip
+    return {
+        "title": TITLE,
+        "timing": f"one first pass, then the best of {repeats}; kernels: one profiled rollout",
+        "columns": [
+            ("case", "model, images, precision"),
+            ("loop", "loop"),
+            ("ms_per_step", "ms / token step"),
+            ("cpu_ms_per_step", "CPU ms / token step"),
+            ("first_s", "first pass s"),
+            ("kernels", "kernels / step"),
+            ("kernels_cuda", "CUDA est."),
+        ],
+        "rows": rows,
+        "summary": {f"{r['case']} | {r['loop']}": r.get("ms_per_step") for r in rows},
+        "reading": reading,
+    }
