@@ -11,7 +11,7 @@ inductor's compile workers) beside the wall seconds: on a machine shared with ot
 
 Kernels per token step: one rollout under torch.profiler, the kernels counted inside each step (eager: the
 adapter's one-token forward and its sample step; static: `StaticDecodeLoop.step`; compile: each compiled
-region, inductor's generated kernels profiled). A kernel: an aten op that computes (views, allocations and
+region, inductor's generated kernels profiled; inductor's caches fresh, so the first pass compiles). A kernel: an aten op that computes (views, allocations and
 metadata ops excluded), counted at its innermost computing op, or one inductor kernel. On the CPU an RMS norm is
 7 ops, which `F.rms_norm` makes one kernel on CUDA (the decoder uses it there): the column "CUDA est." counts
 each norm as one kernel.
@@ -23,6 +23,8 @@ import collections
 import dataclasses
 import functools
 import gc
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -198,6 +200,9 @@ def run(ctx: Context) -> dict:
 
     load = load_average()
     inductor_config.cpp.enable_kernel_profile = True  # inductor's CPU kernels as profiler events
+    # compile's first pass compiles: no graph nor C++ kernel cached by an earlier run
+    inductor_config.fx_graph_cache = False
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="decode_loops_inductor_")
     repeats = ctx.pick(1, 2)
     rows = []
     for case in cases(ctx):

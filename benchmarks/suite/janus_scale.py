@@ -193,7 +193,8 @@ def race(ctx: Context, shape: str, batches: list[int], slow: list[int], loops: t
             try:
                 if loop == "graph":  # one warm-up, then the best of the repeats
                     seconds[loop] = min(timed_calls(ctx, fn, repeats + 1)[1:])
-                    stats = dict(policy.last_decode)
+                    # the captures of the run's loop (the timed passes replay what the warm-up captured)
+                    stats = {**policy.last_decode, "captures": policy.decode_session.stats["captures"]}
                 else:
                     seconds[loop] = timed_calls(ctx, fn, 1)[0]
             except torch.OutOfMemoryError as e:

@@ -25,9 +25,10 @@ Modes (`SamplingParams.decode`, config ``rollout.decode``):
 - ``static``: this loop's step run as plain PyTorch, uncaptured (what `graph` replays; any device);
 - ``graph``: the step captured in CUDA graphs (one per span, on its first use, after one real step that
   warms it up) and replayed: CUDA only;
-- ``compile``: the step through ``torch.compile`` (inductor's fused kernels) over the whole cache, then
-  captured as ``graph`` on CUDA; on the CPU compiled only. One compilation serves a run; a recompilation is
-  counted and warned about;
+- ``compile``: the step through ``torch.compile`` (inductor's fused kernels) over the same spans, then
+  captured as ``graph`` on CUDA; on the CPU compiled only. It compiles in the run's first pass only (the
+  first span, the spans after it as one graph of symbolic length, the last); a later compilation is counted
+  and warned about;
 - ``auto``: ``graph`` on CUDA where the adapter's model is one `FusedLlamaDecoder` reproduces, else
   ``eager``.
 
@@ -145,11 +146,12 @@ class StaticDecodeLoop:
         self.tokens = torch.full((n, steps), pad_id, dtype=torch.long, device=dev)
         self.valid = torch.zeros(n, steps, device=dev)
         self.logps = torch.zeros(3, n, steps, device=dev)  # pos, neg, guided
-        self.graphs: dict[tuple, Callable[[], None]] = {}  # (span, top_k, nucleus) → a graph's replay
+        self.graphs: dict[tuple, Callable[[], None]] = {}  # (mode, span, top_k, nucleus) → a graph's replay
         self.compiled: Callable[[int], None] | None = None
         self.fallback = ""  # why a capture failed: this loop then runs uncaptured
         self._pool = None
         self.rows, self.first_slot, self.start = n, 0, 0
+        self.passes = 0  # passes run (compilations after the first are recompilations)
         self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0, "fallback": ""}
 
     # ---- a pass -----------------------------------------------------------------------------------
@@ -228,8 +230,7 @@ class StaticDecodeLoop:
         device = self.uniforms.device.type
         capture = device in CAPTURE_DEVICES and mode in ("graph", "compile")
         step = self._compiled() if mode == "compile" else self.step
-        # compile: one shape, one compilation; eager (continuations): exactly the filled slots
-        span_size = {"compile": self.decoder.max_len, "eager": 1}.get(mode, SPAN)
+        span_size = 1 if mode == "eager" else SPAN  # eager (continuations): exactly the filled slots
         check = STOP_CHECK if capture else 1  # a check syncs: captured steps would wait on it
         self.stats["mode"] = mode
         frames = compiled_frames()
@@ -240,7 +241,7 @@ class StaticDecodeLoop:
                 if self.eos is not None and t % check == 0 and bool(self.done.all()):
                     break
                 span = min(self.decoder.max_len, -(-(slot + 1) // span_size) * span_size)
-                key = (span, self.top_k, self.nucleus)
+                key = (mode, span, self.top_k, self.nucleus)
                 if capture and key in self.graphs:
                     self.graphs[key]()
                     self.stats["replays"] += 1
@@ -254,29 +255,32 @@ class StaticDecodeLoop:
                 self.stats["steps"] = t - self.start
         if mode == "compile":
             self._count_compiles(compiled_frames() - frames)
+        self.passes += 1
         n = self.rows
         return self.tokens[:n].clone(), self.valid[:n].clone(), self.logps[:, :n].clone()
 
     def _compiled(self) -> Callable[[int], None]:
+        """The step through torch.compile, dynamo's automatic dynamic shapes on: the first span compiles
+        static, the spans after it as one graph with the span's length symbolic (and the last, the whole
+        cache, as its own): at most three compilations, all in the loop's first pass."""
         if self.compiled is None:
-            self.compiled = torch.compile(self.step, dynamic=False)
+            self.compiled = torch.compile(self.step, dynamic=None)
         return self.compiled
 
     def _count_compiles(self, new: int) -> None:
-        """Count dynamo's compilations of this pass; past the run's first, warn (each costs the first pass's
-        compile time again, and past dynamo's recompile limit it would sample eagerly without a word)."""
+        """Count dynamo's compilations of this pass; after the loop's first pass, warn (each costs compile time
+        again, and past dynamo's recompile limit it would sample eagerly without a word)."""
         if not new:
             return
         self.stats["compiles"] = new
-        total = new
         if self.session is not None:
             self.session.stats["compiles"] += new
-            total = self.session.stats["compiles"]
-        if total > new:
+        if self.passes:
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            warnings.warn(f"rollout.decode=compile: the decode step compiled again ({total} compilations this run; "
-                          f"top_k {self.top_k}, top_p {'on' if self.nucleus else 'off'}, {self.n} rows, cache "
-                          f"{self.decoder.max_len}); dynamo's recompile limit is {limit}", stacklevel=3)  # fmt: skip
+            warnings.warn(f"rollout.decode=compile: the decode step compiled again in pass {self.passes + 1} of its "
+                          f"loop ({new} graphs; top_k {self.top_k}, top_p {'on' if self.nucleus else 'off'}, "
+                          f"{self.n} rows, cache {self.decoder.max_len}); dynamo's recompile limit is {limit}",
+                          stacklevel=3)  # fmt: skip
 
     def capture(self, step: Callable[[int], None], span: int) -> Callable[[], None] | None:
         """Run `step(span)` once for real on a side stream (the warm-up a capture needs: lazy
