@@ -212,7 +212,7 @@ def run(ctx: Context) -> dict:
 
 def section(ctx: Context, rows: list[dict], repeats: int, load: Any) -> dict:
     by = {(r["case"], r["loop"]): r for r in rows if "error" not in r}
-    parts = []
+    parts, static_vs_eager = [], []
     for case in dict.fromkeys(r["case"] for r in rows):
         eager, static = by.get((case, "eager")), by.get((case, "static")) or by.get((case, "graph"))
         comp = by.get((case, "compile"))
@@ -220,20 +220,24 @@ def section(ctx: Context, rows: list[dict], repeats: int, load: Any) -> dict:
         if eager and static:
             bits.append(f"eager {eager['ms_per_step']:.1f} ms per token step ({eager['kernels']:.0f} kernels), "
                         f"static {static['ms_per_step']:.1f} ({static['kernels']:.0f})")  # fmt: skip
+            static_vs_eager.append(f"{static['cpu_ms_per_step'] / eager['cpu_ms_per_step']:.2f}× ({case})")
         if comp and static:
             cost = comp["first_s"] - static["seconds"]
-            bits.append(f"compiled {comp['ms_per_step']:.1f} ({comp['kernels']:.0f} kernels), "
-                        f"{comp['cpu_ms_per_step'] / static['cpu_ms_per_step']:.2f}× static's CPU time after its "
-                        f"first pass, which took {comp['first_s']:.0f} s ({cost:.0f} s of compiling)")  # fmt: skip
+            bits.append(f"compiled {comp['ms_per_step']:.1f} ({comp['kernels']:.0f} kernels, "
+                        f"{comp['compiles']} graph{'s' if (comp['compiles'] or 0) > 1 else ''}): after a first pass "
+                        f"of {comp['first_s']:.0f} s ({cost:.0f} s of compiling) "
+                        f"{comp['cpu_ms_per_step'] / static['cpu_ms_per_step']:.2f}× the static step's CPU time")  # fmt: skip
         parts.append(f"{case}: " + "; ".join(bits) + ".")
     failed = [f"{r['case']} {r['loop']}: {r['error']}" for r in rows if "error" in r]
     if failed:
         parts.append("Failed: " + "; ".join(failed) + ".")
     reading = " ".join(parts)
-    if ctx.device != "cuda":
-        reading += (" On the CPU the static step attends over spans of 128 cache slots where the eager loop reads "
-                    "the filled slots only, so it is the slower of the two here; it exists to be captured on CUDA, "
-                    "where `rollout.decode: auto` runs it (on the CPU auto is eager)." + shared_cpu_note(load))  # fmt: skip
+    if ctx.device != "cuda" and static_vs_eager:
+        reading += (" The static step exists to be captured on CUDA, where `rollout.decode: auto` runs it (on the "
+                    "CPU auto is eager); it attends over spans of 128 cache slots where the eager loop reads the "
+                    "filled slots only, and its CPU time is " + ", ".join(static_vs_eager) + " the eager loop's. "
+                    "Kernels per step: computing ops counted with the profiler; the CUDA estimate counts each RMS "
+                    "norm as one kernel." + shared_cpu_note(load))  # fmt: skip
     return {
         "title": TITLE,
         "timing": f"one first pass, then the best of {repeats}; kernels: one profiled rollout",
