@@ -186,13 +186,14 @@ def test_compile_serves_a_run_with_one_compilation(janus, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
     first = roll(janus, JANUS, 2, CFG, "compile")
     frames = counters["stats"]["unique_graphs"]
-    assert frames >= 1
+    assert frames > before
     roll(janus, JANUS[:1], 2, CFG, "compile")  # another prompt width, half the rows
     roll(janus, JANUS[1:], 1, dataclasses.replace(CFG, guidance_scale=5.0, temperature=0.8), "compile")
     assert counters["stats"]["unique_graphs"] == frames, "no recompilation within the run"
-    assert janus.last_decode["compiles"] == 0 and janus.decode_session.stats["compiles"] == frames
+    assert janus.last_decode["compiles"] == 0 and janus.decode_session.stats["compiles"] == frames - before
     assert_same(roll(janus, JANUS, 2, CFG, "eager"), first)
 
 

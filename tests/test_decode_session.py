@@ -138,7 +138,9 @@ def test_one_query_attention_forms_its_scores_in_float32():
         torch.randn(2, 4, 2, 160, 64, generator=g) * torch.tensor([3.0, 1.0]).view(2, 1, 1, 1, 1)
     ).bfloat16()
     mask = torch.rand(4, 1, 1, 160, generator=g) > 0.3
-    got = dec._attend(q, kv, mask).float()
+    got = dec._attend(q, kv, mask).float()  # the CPU's path: plain matmuls
+    dec.fused_kernels = True  # CUDA's: scaled_dot_product_attention (its CPU kernel here)
+    fused = dec._attend(q, kv, mask).float()
     keys, values = (x.float().repeat_interleave(2, dim=1) for x in kv)
     scores = (q.float() @ keys.transpose(-1, -2)) / 8
     assert scores.abs().max() > 20
@@ -148,7 +150,8 @@ def test_one_query_attention_forms_its_scores_in_float32():
         .reshape(4, 1, -1)
     )
     rounding = (want.bfloat16().float() - want).abs().max()  # the output's own bf16 rounding
-    assert (got - want).abs().max() < 2 * rounding  # (the kernel rounds its probabilities to bf16 for p·v)
+    for x in (got, fused):  # (both round the probabilities to bf16 for p·v)
+        assert (x - want).abs().max() < 2 * rounding
     rounded = (
         scores.bfloat16().float().masked_fill(~mask, float("-inf")).softmax(-1).bfloat16().float() @ values
     )

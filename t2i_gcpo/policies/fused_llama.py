@@ -20,9 +20,10 @@ is what a captured CUDA graph needs.
 
 Built under ``torch.autocast`` (``SamplingParams.autocast="bf16"``), the copies and the KV cache are
 taken in the autocast dtype: the matmuls and the cache reads run in bf16, while the residual stream, the
-norms, the rotary embedding and the softmax stay float32. The attention runs through
-``scaled_dot_product_attention``, whose kernels form the scores q·kᵀ in float32 from bf16 inputs (as the
-update's attention does), on the CPU's flash kernel as on CUDA's.
+norms, the rotary embedding and the softmax stay float32. The attention's scores q·kᵀ are float32 also from
+bf16 inputs, as the update's attention forms them: on CUDA through ``scaled_dot_product_attention`` (one
+kernel), on the CPU, one query a row, through plain matmuls of the keys in float32 (the CPU's SDPA kernel is
+2–5× slower there).
 
 `step` is the same single-token forward in static shapes, what a CUDA graph can capture once and replay
 (policies/decode_loop.py): the cache slot, the rotary positions and the additive mask of filled slots are
@@ -112,7 +113,9 @@ class FusedLlamaDecoder:
         # the matmuls' dtype: the weights', or the autocast dtype when built under torch.autocast
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
         self.compute_dtype = low
-        self.fused_norm = device.type == "cuda"  # one kernel there; on the CPU a composite of more ops
+        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each; on the CPU F.rms_norm is a composite
+        # of more ops, and SDPA's kernel is slower than plain matmuls for one query (2–5× at 20–80 slots)
+        self.fused_kernels = device.type == "cuda"
         with torch.no_grad():
             self.layers = [self._copies(layer) for layer in llama.layers]
         self.stamp = weights_stamp(llama)
@@ -183,7 +186,7 @@ class FusedLlamaDecoder:
 
     # ---- pieces -----------------------------------------------------------------------------------
     def _rms(self, x: Tensor, weight: Tensor) -> Tensor:
-        if self.fused_norm:
+        if self.fused_kernels:
             return F.rms_norm(x, weight.shape, weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
 
@@ -207,9 +210,18 @@ class FusedLlamaDecoder:
         return q, torch.stack([k, h[:, self.heads + self.kv_heads :]])
 
     def _attend(self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-        """q [N, heads, n, hd] over keys / values kv [2, N, kv_heads, S, hd] → [N, n, heads·hd]. The scores
-        are formed in float32 by the kernel also from bf16 inputs."""
+        """q [N, heads, n, hd] over keys / values kv [2, N, kv_heads, S, hd] (mask: boolean, True: attend, or
+        additive) → [N, n, heads·hd]. The scores q·kᵀ are float32 also from bf16 inputs: SDPA's kernels
+        accumulate them so; one query on the CPU, plain matmuls of the float32 keys."""
         rows, n = q.shape[0], q.shape[2]
+        if n == 1 and not self.fused_kernels:
+            grouped = q.reshape(rows, self.kv_heads, -1, self.head_dim).float()  # [N, kv_heads, g, hd]
+            scores = (grouped @ kv[0].float().transpose(-1, -2)) * self.head_dim**-0.5  # [N, kv_heads, g, S]
+            if mask is not None:
+                scores = (
+                    scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
+                )
+            return (scores.softmax(-1).to(kv.dtype) @ kv[1]).reshape(rows, 1, -1)
         out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=causal,
                                              enable_gqa=self.kv_heads != self.heads)  # fmt: skip
         return out.transpose(1, 2).reshape(rows, n, -1)
