@@ -138,9 +138,8 @@ def test_one_query_attention_forms_its_scores_in_float32():
         torch.randn(2, 4, 2, 160, 64, generator=g) * torch.tensor([3.0, 1.0]).view(2, 1, 1, 1, 1)
     ).bfloat16()
     mask = torch.rand(4, 1, 1, 160, generator=g) > 0.3
-    got = dec._attend(q, kv, mask).float()  # the CPU's path: plain matmuls
-    dec.fused_kernels = True  # CUDA's: scaled_dot_product_attention (its CPU kernel here)
-    fused = dec._attend(q, kv, mask).float()
+    got = dec._attend(q, kv, mask, plain=True).float()  # the CPU eager loop's: plain matmuls
+    fused = dec._attend(q, kv, mask).float()  # scaled_dot_product_attention (its CPU kernel here)
     keys, values = (x.float().repeat_interleave(2, dim=1) for x in kv)
     scores = (q.float() @ keys.transpose(-1, -2)) / 8
     assert scores.abs().max() > 20

@@ -6,20 +6,21 @@ images (8 prompts × 8), and a Janus at a mid shape built in memory (tests/tiny_
 1024, 4 layers, 8 heads, MLP 2816, 16 × 16 = 256 image tokens, codebook 16,384; random N(0, 0.02) weights) at 8
 images (2 prompts × 4), both with CFG, float32 (and, where the device multiplies bf16 natively, the AR prior
 under bf16 autocast). Each loop: one first pass (compile: the compilation included), then the best of the
-repeats; ms per token step = a rollout's seconds / T (prefill included). CPU seconds (this process, so without
+repeats, the loops interleaved (eager, static, compile, eager, …: they share the machine's busy moments alike); ms per token step = a rollout's seconds / T (prefill included). CPU seconds (this process, so without
 inductor's compile workers) beside the wall seconds: on a machine shared with other jobs they vary less.
 
 Kernels per token step: one rollout under torch.profiler, the kernels counted inside each step (eager: the
 adapter's one-token forward and its sample step; static: `StaticDecodeLoop.step`; compile: each compiled
 region, inductor's generated kernels profiled; inductor's caches fresh, so the first pass compiles). A kernel: an aten op that computes (views, allocations and
-metadata ops excluded), counted at its innermost computing op, or one inductor kernel. On the CPU an RMS norm is
-7 ops, which `F.rms_norm` makes one kernel on CUDA (the decoder uses it there): the column "CUDA est." counts
-each norm as one kernel.
+metadata ops excluded), counted at its innermost computing op, or one inductor kernel. The column "CUDA est."
+counts the same step as the decoder runs it on CUDA (`F.rms_norm` and `scaled_dot_product_attention`, one
+kernel each; on the CPU the decoder computes both with plain ops), profiled on the CPU with that path forced.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -45,12 +46,12 @@ META = {
     "aten::unbind", "aten::expand_as", "aten::view_as", "aten::_reshape_alias", "aten::empty_like",
     "aten::unflatten", "aten::flatten", "aten::to", "aten::unfold", "aten::type_as", "aten::_to_copy",
 }  # fmt: skip
-NORM_OPS = 6  # a CPU RMS norm's extra ops beyond one kernel (pow, mean's fill/copies, rsqrt, 2 muls: 7)
+FUSED_ON_CUDA = {"aten::rms_norm", "aten::_fused_rms_norm"}  # one kernel on CUDA, a composite on the CPU
 
 
 def kernels(event: Any) -> int:
     """Kernels under a profiler event: its innermost computing ops (module docstring)."""
-    if "cpp_fused" in event.name or "triton_" in event.name:
+    if "cpp_fused" in event.name or "triton_" in event.name or event.name in FUSED_ON_CUDA:
         return 1
     inner = sum(kernels(c) for c in event.cpu_children)
     if inner:
@@ -87,6 +88,24 @@ def kernels_per_step(fn: Callable[[], Any], regions: list[tuple[Any, str]], comp
             counts[key] += kernels(e)
             calls[key] += 1
     return sum(counts[k] / max(calls[k], 1) for k in counts)
+
+
+@contextlib.contextmanager
+def cuda_kernels() -> Any:
+    """Fused decoders built meanwhile take CUDA's path on the CPU (`FusedLlamaDecoder.fused_kernels`)."""
+    from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+    real = FusedLlamaDecoder.__init__
+
+    def init(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.fused_kernels = True
+
+    FusedLlamaDecoder.__init__ = init
+    try:
+        yield
+    finally:
+        FusedLlamaDecoder.__init__ = real
 
 
 def cuda_activity() -> list:
@@ -155,41 +174,51 @@ def measure(ctx: Context, case: Case, repeats: int) -> list[dict]:
 
     records = [PromptRecord(p) for p in case.prompts]
     images = len(records) * case.group
-    rows = []
-    for loop in LOOPS:
-        mode = "graph" if loop == "static" and ctx.device == "cuda" else loop
+    modes = {loop: "graph" if loop == "static" and ctx.device == "cuda" else loop for loop in LOOPS}
+    case.policy.decode_session = DecodeSession()  # one loop, its graphs and its compilation, for every mode
+    torch._dynamo.reset()
+
+    def rollout(mode: str, seed: int = 0) -> Any:
         sampling = dataclasses.replace(case.sampling, decode=mode)
-        case.policy.decode_session = DecodeSession()  # its own loop, graphs and compilation
-        torch._dynamo.reset()
+        with torch.autocast(ctx.device, dtype=torch.bfloat16, enabled=case.autocast):
+            return case.policy.rollout(records, case.group, sampling,
+                                       group_generators(seed, "bench", range(len(records))))  # fmt: skip
 
-        def rollout(seed: int = 0, sampling=sampling) -> Any:
-            with torch.autocast(ctx.device, dtype=torch.bfloat16, enabled=case.autocast):
-                return case.policy.rollout(records, case.group, sampling,
-                                           group_generators(seed, "bench", range(len(records))))  # fmt: skip
-
-        row: dict[str, Any] = {"case": case.label, "loop": mode, "images": images}
+    first, times, errors = {}, collections.defaultdict(list), {}
+    for loop, mode in modes.items():  # first passes (compile: its compilation)
         try:
-            first = timed(ctx, rollout)
-            times = [timed(ctx, lambda i=i: rollout(i + 1)) for i in range(repeats)]
-            wall, cpu = min(t[0] for t in times), min(t[1] for t in times)
-            regions = case.eager_regions if loop == "eager" else [(StaticDecodeLoop, "step")]
-            # a captured step's kernels are counted uncaptured (a replay shows as one launch)
-            counted = functools.partial(rollout, sampling=dataclasses.replace(sampling, decode="static"))
-            count = kernels_per_step(counted if mode == "graph" else rollout, [] if loop == "compile" else regions,
-                                     compiled=loop == "compile")  # fmt: skip
+            first[loop] = timed(ctx, functools.partial(rollout, mode))
         except Exception as e:  # a loop that fails records why; the others go on
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
-            rows.append(row)
+            errors[loop] = f"{type(e).__name__}: {e}"[:300]
+    compiles = case.policy.decode_session.stats["compiles"]
+    for r in range(repeats):  # then the loops interleaved, so that they share the machine's moments alike
+        for loop, mode in modes.items():
+            if loop not in errors:
+                times[loop].append(timed(ctx, functools.partial(rollout, mode, r + 1)))
+    rows = []
+    for loop, mode in modes.items():
+        row: dict[str, Any] = {"case": case.label, "loop": mode, "images": images}
+        if loop in errors:
+            rows.append({**row, "error": errors[loop]})
             continue
-        layers = len(case.policy.llama.layers) if hasattr(case.policy, "llama") else len(
-            case.policy.model.model.language_model.layers)  # fmt: skip
-        row.update(first_s=first[0], seconds=wall, cpu_s=cpu, ms_per_step=1e3 * wall / case.steps,
-                   cpu_ms_per_step=1e3 * cpu / case.steps, kernels=count,
-                   kernels_cuda=count - NORM_OPS * (2 * layers + 1) if loop != "compile" else None,
-                   compiles=case.policy.decode_session.stats["compiles"] or None)  # fmt: skip
+        wall, cpu = min(t[0] for t in times[loop]), min(t[1] for t in times[loop])
+        regions = case.eager_regions if loop == "eager" else [(StaticDecodeLoop, "step")]
+        # a captured step's kernels are counted uncaptured (a replay shows as one launch)
+        counted = functools.partial(rollout, "static" if mode == "graph" else mode)
+        count = kernels_per_step(counted, [] if loop == "compile" else regions, compiled=loop == "compile")
+        cuda = None
+        if loop != "compile":  # the same step as CUDA runs it: F.rms_norm and SDPA, one kernel each
+            with cuda_kernels():
+                session, case.policy.decode_session = case.policy.decode_session, DecodeSession()
+                cuda = kernels_per_step(counted, regions, compiled=False)
+                case.policy.decode_session = session
+        row.update(first_s=first[loop][0], seconds=wall, cpu_s=cpu, ms_per_step=1e3 * wall / case.steps,
+                   cpu_ms_per_step=1e3 * cpu / case.steps, kernels=count, kernels_cuda=cuda,
+                   compiles=compiles if loop == "compile" else None)  # fmt: skip
         rows.append(row)
-        print(f"  decode_loops {case.label} {mode}: first {first[0]:.2f} s, best {wall:.2f} s "
-              f"({row['ms_per_step']:.1f} ms / step), {count:.0f} kernels / step", flush=True)  # fmt: skip
+        print(f"  decode_loops {case.label} {mode}: first {first[loop][0]:.2f} s, best {wall:.2f} s "
+              f"({row['ms_per_step']:.1f} ms / step, CPU {row['cpu_ms_per_step']:.1f}), {count:.0f} kernels / step",
+              flush=True)  # fmt: skip
     case.policy.decode_session = DecodeSession()
     gc.collect()
     return rows
@@ -203,7 +232,7 @@ def run(ctx: Context) -> dict:
     # compile's first pass compiles: no graph nor C++ kernel cached by an earlier run
     inductor_config.fx_graph_cache = False
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="decode_loops_inductor_")
-    repeats = ctx.pick(1, 2)
+    repeats = ctx.pick(1, 3)
     rows = []
     for case in cases(ctx):
         rows += measure(ctx, case, repeats)
@@ -236,11 +265,12 @@ def section(ctx: Context, rows: list[dict], repeats: int, load: Any) -> dict:
         reading += (" The static step exists to be captured on CUDA, where `rollout.decode: auto` runs it (on the "
                     "CPU auto is eager); it attends over spans of 128 cache slots where the eager loop reads the "
                     "filled slots only, and its CPU time is " + ", ".join(static_vs_eager) + " the eager loop's. "
-                    "Kernels per step: computing ops counted with the profiler; the CUDA estimate counts each RMS "
-                    "norm as one kernel." + shared_cpu_note(load))  # fmt: skip
+                    "Kernels per step: computing ops counted with the profiler; the CUDA estimate counts the step "
+                    "as CUDA runs it (RMS norm and attention one kernel each)." + shared_cpu_note(load))  # fmt: skip
     return {
         "title": TITLE,
-        "timing": f"one first pass, then the best of {repeats}; kernels: one profiled rollout",
+        "timing": f"one first pass each, then the best of {repeats}, the loops interleaved; kernels: one profiled "
+        "rollout",
         "columns": [
             ("case", "model, images, precision"),
             ("loop", "loop"),

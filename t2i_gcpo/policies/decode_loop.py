@@ -152,6 +152,7 @@ class StaticDecodeLoop:
         self._pool = None
         self.rows, self.first_slot, self.start = n, 0, 0
         self.passes = 0  # passes run (compilations after the first are recompilations)
+        self.plain = False  # attention through plain matmuls (`FusedLlamaDecoder._attend`)
         self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0, "fallback": ""}
 
     # ---- a pass -----------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ class StaticDecodeLoop:
     def step(self, span: int) -> None:
         """Feed the last token at the next slot, attending over the first `span` slots; sample the next."""
         self.bias.index_fill_(1, self.slot, 0.0)
-        h = self.decoder.step(self.embed(self.tok), self.slot, self.positions, self.bias, span)
+        h = self.decoder.step(self.embed(self.tok), self.slot, self.positions, self.bias, span, self.plain)
         self.slot.add_(1)
         self.positions.add_(1)
         self._sample(self.head(h))
@@ -231,6 +232,7 @@ class StaticDecodeLoop:
         capture = device in CAPTURE_DEVICES and mode in ("graph", "compile")
         step = self._compiled() if mode == "compile" else self.step
         span_size = 1 if mode == "eager" else SPAN  # eager (continuations): exactly the filled slots
+        self.plain = mode == "eager" and not self.decoder.fused_kernels  # … and the eager loop's attention
         check = STOP_CHECK if capture else 1  # a check syncs: captured steps would wait on it
         self.stats["mode"] = mode
         frames = compiled_frames()

@@ -21,9 +21,9 @@ is what a captured CUDA graph needs.
 Built under ``torch.autocast`` (``SamplingParams.autocast="bf16"``), the copies and the KV cache are
 taken in the autocast dtype: the matmuls and the cache reads run in bf16, while the residual stream, the
 norms, the rotary embedding and the softmax stay float32. The attention's scores q·kᵀ are float32 also from
-bf16 inputs, as the update's attention forms them: on CUDA through ``scaled_dot_product_attention`` (one
-kernel), on the CPU, one query a row, through plain matmuls of the keys in float32 (the CPU's SDPA kernel is
-2–5× slower there).
+bf16 inputs, as the update's attention forms them: through ``scaled_dot_product_attention`` (one kernel on
+CUDA), or in the eager loop on the CPU, one query a row, through plain matmuls of the keys in float32 (the
+CPU's SDPA kernel is 1.5–5× slower there).
 
 `step` is the same single-token forward in static shapes, what a CUDA graph can capture once and replay
 (policies/decode_loop.py): the cache slot, the rotary positions and the additive mask of filled slots are
@@ -113,8 +113,10 @@ class FusedLlamaDecoder:
         # the matmuls' dtype: the weights', or the autocast dtype when built under torch.autocast
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
         self.compute_dtype = low
-        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each; on the CPU F.rms_norm is a composite
-        # of more ops, and SDPA's kernel is slower than plain matmuls for one query (2–5× at 20–80 slots)
+        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each. On the CPU F.rms_norm is a composite
+        # of more ops, and for one query SDPA's kernel is slower than plain matmuls (1.5–5× at 20–80 slots): the
+        # eager loop's one-token forward uses them there (`step` keeps SDPA: what CUDA runs, and what inductor
+        # compiles best)
         self.fused_kernels = device.type == "cuda"
         with torch.no_grad():
             self.layers = [self._copies(layer) for layer in llama.layers]
@@ -209,12 +211,13 @@ class FusedLlamaDecoder:
         q, k = qk.split((self.heads, self.kv_heads), dim=1)
         return q, torch.stack([k, h[:, self.heads + self.kv_heads :]])
 
-    def _attend(self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    def _attend(self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False,
+                plain: bool = False) -> Tensor:  # fmt: skip
         """q [N, heads, n, hd] over keys / values kv [2, N, kv_heads, S, hd] (mask: boolean, True: attend, or
-        additive) → [N, n, heads·hd]. The scores q·kᵀ are float32 also from bf16 inputs: SDPA's kernels
-        accumulate them so; one query on the CPU, plain matmuls of the float32 keys."""
+        additive) → [N, n, heads·hd], through SDPA or (`plain`, one query) plain matmuls of the keys in float32.
+        The scores q·kᵀ are float32 either way, also from bf16 inputs (SDPA's kernels accumulate them so)."""
         rows, n = q.shape[0], q.shape[2]
-        if n == 1 and not self.fused_kernels:
+        if plain and n == 1:
             grouped = q.reshape(rows, self.kv_heads, -1, self.head_dim).float()  # [N, kv_heads, g, hd]
             scores = (grouped @ kv[0].float().transpose(-1, -2)) * self.head_dim**-0.5  # [N, kv_heads, g, S]
             if mask is not None:
@@ -257,19 +260,20 @@ class FusedLlamaDecoder:
         for i, (norm1, qkv, out, norm2, gate_up, down) in enumerate(self.layers):
             q, new = self._qkv(x, norm1, qkv, cos, sin)
             self.kv[i][:, :, :, start:end] = new
-            attn = self._attend(q, self.kv[i][:, :, :, :end], mask, causal=n > 1 and mask is None)
+            attn = self._attend(q, self.kv[i][:, :, :, :end], mask, causal=n > 1 and mask is None,
+                                plain=not self.fused_kernels)  # fmt: skip
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)
 
-    def step(
-        self, x: Tensor, slot: Tensor, positions: Tensor, bias: Tensor, span: int | None = None
-    ) -> Tensor:
+    def step(self, x: Tensor, slot: Tensor, positions: Tensor, bias: Tensor, span: int | None = None,
+             plain: bool = False) -> Tensor:  # fmt: skip
         """`forward` of one token per row in static shapes: ids [N] (or embeddings [N, D]) written to cache
         slot `slot` ([1] long tensor), at rotary `positions` [N] (long tensor), attending over the first
         `span` slots (default: all) with the additive mask `bias` [N, max_len] (0 at filled slots, this one
         included, −inf elsewhere; the compute dtype) → final-norm hidden state [N, D]. Nothing in it depends
         on a Python value that changes between steps, so one capture of it serves every step whose filled
-        slots lie within `span`."""
+        slots lie within `span`. `plain`: the attention through plain matmuls (`_attend`), where a CPU runs the
+        step uncaptured over exactly the filled slots (continuations of an eager rollout)."""
         span = span or self.max_len
         x = self._input(x)[:, None]  # [N, 1, D]
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [N, 1, 1, hd]
@@ -278,6 +282,6 @@ class FusedLlamaDecoder:
             q, new = self._qkv(x, norm1, qkv, cos, sin)
             kv = self.kv[i]
             kv.index_copy_(3, slot, new)  # one in-place write of the layer's keys and values
-            attn = self._attend(q, kv[:, :, :, :span], mask)
+            attn = self._attend(q, kv[:, :, :, :span], mask, plain=plain)
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)
