@@ -22,7 +22,23 @@ leaves it no room in --budget:
 3. `branch_cost` (benchmarks/suite/branch_cost.py, quick): continuations against fresh samples for the
    ShapeWorld AR prior, the masked prior and the arithmetic model on this device.
 4. `janus_scale` at Janus-Pro-7B shape: the graph loop at 16 images (bf16 weights).
-5. `compile`: rollout.decode=compile on the AR prior (seconds to compile; tokens against static).
+5. `compile`: rollout.decode=compile on the AR prior (seconds to compile; tokens against static; one
+   compilation for the run).
+6. `failure_paths`: each way this check's machinery can fail, made to fail on purpose, and that it recorded
+   the failure and went on: a decode-step capture that fails (on CUDA inside the real capture; --tiny: the
+   test suite's stand-in, tests/capture_standin.py) samples what the uncaptured step samples and puts the
+   stream back; a Janus `generate` that raises TypeError (as transformers 5.17's does) costs the
+   `janus_scale` rows of that loop only, skipped with the reason after its first failure; a recipe step that
+   raises is a row with its error; a part that raises is recorded and the next part runs.
+7. `study` (only with --study): the pre-registered study's left-out cells (docs/study.md#prereg-left-out:
+   `tree`, `pods` and `knapsack` against DAPO on ShapeWorld-32 AR and masked), `t2i-gcpo compare` runs side
+   by side (--study-jobs), in a scratch folder (--study-dir, resumable: a later call goes on where the budget
+   stopped this one); their comparison.md / .json and each run's metrics.jsonl are copied under OUT/study.
+
+The correctness part also checks the decode loop kept for a run (one capture per span a run: a second pass
+after an optimizer step captures nothing and draws what a fresh eager pass draws), Janus continuations under
+bf16 (the branched rollouts every branching scheme makes) and LoRA through the fused decoder (tokens of
+peft's own layers).
 
 Also written: OUT/suite.json and OUT/performance.md, the suite's JSON and page for the janus_scale and
 branch_cost sections measured here (merge them into benchmarks/results/suite.json with
@@ -248,15 +264,9 @@ def janus_1b(report: Report, tiny: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, sets in (("recipe", []),
                            ("recipe + gradient checkpointing", ["model_options.gradient_checkpointing=true"])):  # fmt: skip
-            try:
-                steps.append(js.recipe_steps(ctx, name, sets, shape, tmp))
-            except Exception as e:  # an out-of-memory step is a result too
-                steps.append({"variant": name, "error": f"{type(e).__name__}: {e}"[:500]})
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+            steps.append(js.recipe_step_or_error(ctx, name, sets, shape, tmp))
             report.put("janus_scale_steps", steps)
-    ok_steps = [s for s in steps if "error" not in s]
-    section = js.section(ctx, rows, ok_steps, shape, bandwidth, 2)
+    section = js.section(ctx, rows, steps, shape, bandwidth, 2)
     write_suite(report, "janus_scale", section, ctx)
     return {"rows": rows, "steps": steps, "reading": section["reading"]}
 
@@ -280,14 +290,24 @@ def branch_cost(report: Report) -> dict[str, Any]:
 
 
 def compile_mode() -> dict[str, Any]:
-    from t2i_gcpo.policies.base import SamplingParams
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.tasks.loop import group_generators
 
     prior = load_policy("shapeworld").eval().to(DEV)
     shapes = ["a photo of a red circle", "a photo of two blue squares"]
     tic = time.perf_counter()
     out = loops_agree(prior, shapes, 8, SamplingParams(guidance_scale=3.0), "fp32", ("compile",))
     out["seconds_with_compilation"] = time.perf_counter() - tic
+    # another pass of the run (fewer rows, another guidance scale): the same compilation and graphs
+    tic = time.perf_counter()
+    with torch.no_grad():
+        prior.rollout([PromptRecord(shapes[0])], 4, SamplingParams(guidance_scale=5.0, decode="compile"),
+                      group_generators(1, "gpu_check", [0]))  # fmt: skip
+    out["second_pass_s"] = time.perf_counter() - tic
+    out["second_pass"] = dict(prior.last_decode)
+    out["run"] = dict(prior.decode_session.stats)
+    out["one_compilation"] = out["run"]["compiles"] == out["decode_stats"]["compile"]["compiles"]
     return out
 
 
@@ -309,6 +329,261 @@ def write_suite(report: Report, name: str, section: dict, ctx: Any) -> None:
     (report.out / "performance.md").write_text(suite_report.render(data))
 
 
+# ---------------------------------------------------------------------------- 1b. the run's loop, bf16 branching, LoRA
+
+
+def run_loop_checks(tiny: bool) -> dict[str, Any]:
+    """One capture a run (two graph passes with an optimizer step between them: the second captures nothing
+    and draws the eager loop's tokens), Janus continuations under bf16 autocast (they ran transformers'
+    StaticCache, which raised), and Janus with LoRA through the fused decoder against peft's own layers."""
+    from benchmarks.suite.janus_scale import janus_policy, tiny_models
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.policies.branching import continuation_keys
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.tasks.loop import group_generators
+
+    out: dict[str, Any] = {}
+    shapes = ["a photo of a red circle", "a photo of two blue squares"]
+    records = [PromptRecord(p) for p in shapes]
+    prior = load_policy("shapeworld").eval().to(DEV)
+    sampling = SamplingParams(guidance_scale=3.0, top_k=50, decode=BASE)
+    gens = lambda seed: group_generators(seed, "gpu_check", range(len(records)))  # noqa: E731
+    with torch.no_grad():
+        prior.rollout(records, 8, sampling, gens(0))
+    first = dict(prior.decode_session.stats)
+    ro = prior.rollout(records, 8, sampling, gens(0))
+    opt = torch.optim.AdamW([p for p in prior.parameters() if p.requires_grad], lr=1e-3)
+    (-prior.logprobs(ro, "guided").mean()).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        again = prior.rollout(records, 8, sampling, gens(1))
+        fresh = prior.rollout(records, 8, dataclasses.replace(sampling, decode="eager"), gens(1))
+    stats = dict(prior.decode_session.stats)
+    out["one_capture_a_run"] = {"first_pass": first, "after": stats, "second_pass": dict(prior.last_decode),
+                                **compare(again, fresh)}  # fmt: skip
+    del prior, opt
+    tm = tiny_models()
+    tok = tm.build_tiny_janus_tokenizer()
+    if tiny:
+        model = tm.make_janus(tok, grid=8, device=DEV)
+    else:
+        model = tm.make_janus(tok, grid=24, upsample=4, shape=dataclasses.replace(tm.JANUS_PRO_1B, layers=2),
+                              std=0.02, device=DEV)  # fmt: skip
+    janus = janus_policy(model, tok)
+    prompts = [
+        PromptRecord(p) for p in ["a photo of a red cat", "a photo of two blue dogs left of a green cat"]
+    ]
+    js = SamplingParams(guidance_scale=5.0, autocast="bf16", decode=BASE)
+    points = torch.tensor([[0], [7]])
+    with torch.no_grad(), torch.autocast(DEV, dtype=torch.bfloat16):
+        ro = janus.rollout(prompts, 1, js, group_generators(0, "gpu_check", range(2)))
+        br = janus.branch(ro, points, 1, group_generators(0, "gpu_check", range(2)))
+    assert [k[0] for k in continuation_keys([0, 1], 1, points, 1)] == [0, 1]
+    out["janus_bf16_branching"] = {"ran": True, "from_point_0_equals_rollout": bool(torch.equal(br.rollout.tokens[0], ro.tokens[0])),
+                                   "prefix_kept": bool(torch.equal(br.rollout.tokens[1, :7], ro.tokens[1, :7]))}  # fmt: skip
+    janus._add_lora({"r": 8})
+    with torch.no_grad():
+        for name, p in janus.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    fp32 = SamplingParams(guidance_scale=5.0, decode=BASE)
+    with torch.no_grad():
+        fused = janus.rollout(prompts, 2, fp32, group_generators(0, "gpu_check", range(2)))
+        janus.fused_sampler = False
+        theirs = janus.rollout(prompts, 2, dataclasses.replace(fp32, decode="eager"),
+                               group_generators(0, "gpu_check", range(2)))  # fmt: skip
+        janus.fused_sampler = True
+    out["janus_lora"] = {"samples_fused": janus.samples_fused, "decode": dict(janus.last_decode),
+                         **compare(fused, theirs)}  # fmt: skip
+    one = out["one_capture_a_run"]
+    out["checks"] = {
+        "second pass captured nothing": one["after"]["captures"] == one["first_pass"]["captures"],
+        "second pass = fresh eager tokens": one["tokens_equal"],
+        "weights refreshed in place": one["after"]["refreshes"] >= 1 and one["after"]["allocations"] == 1,
+        "janus bf16 branching ran": out["janus_bf16_branching"]["prefix_kept"],
+        "lora fused = peft tokens": out["janus_lora"]["tokens_equal"],
+    }
+    out["checks"]["all"] = all(out["checks"].values())
+    return out
+
+
+# ---------------------------------------------------------------------------- 6. failure paths
+
+
+def failure_paths(report: Report, tiny: bool) -> dict[str, Any]:
+    """Each way this check's machinery can fail, made to fail on purpose (module docstring, part 6)."""
+    out = {"capture": failing_capture(), "janus_scale_rows": broken_generate(), "recipe_step": failing_step()}
+    sub = Report(report.out / "failure_paths", budget=60)
+    sub.part("raises", 0, lambda: 1 / 0)
+    sub.part("after", 0, lambda: {"ran": True})
+    out["part"] = {"recorded": sub.data["raises"].get("error"), "next_part_ran": sub.data["after"].get("ran")}
+    rows = out["janus_scale_rows"]["rows"]
+    by = {(r["images"], r["loop"]): r for r in rows}
+    out["checks"] = {
+        "capture failure: same tokens": out["capture"]["tokens_equal"],
+        "capture failure: recorded": bool(out["capture"]["fallback"]),
+        "capture failure: stream put back": out["capture"]["stream_restored"],
+        "generate raising: its row has the error": "TypeError" in (by[(4, "generate")].get("error") or ""),
+        "generate raising: later rows skipped with the reason": "TypeError" in (by[(8, "generate")].get("skipped") or ""),
+        "generate raising: the other loops measured": all(by[(b, "graph")]["seconds"] for b in (4, 8)),
+        "recipe step raising: recorded": "injected" in (out["recipe_step"].get("error") or ""),
+        "part raising: recorded, next part ran": bool(out["part"]["recorded"]) and out["part"]["next_part_ran"],
+    }  # fmt: skip
+    out["checks"]["all"] = all(out["checks"].values())
+    return out
+
+
+def failing_capture() -> dict[str, Any]:
+    """The AR prior sampled with its first span's capture failing: on CUDA an error raised inside the real
+    `torch.cuda.graph` capture, on the CPU the stand-in's; against the uncaptured step's tokens."""
+    import contextlib
+
+    from t2i_gcpo.policies import ar as ar_adapter
+    from t2i_gcpo.policies.base import PromptRecord, SamplingParams
+    from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.tasks.loop import group_generators
+
+    prior = load_policy("shapeworld").eval().to(DEV)
+    records = [PromptRecord("a photo of a red circle"), PromptRecord("a photo of two blue squares")]
+    sampling = SamplingParams(guidance_scale=3.0, top_k=50)
+    gens = lambda: group_generators(0, "gpu_check", range(2))  # noqa: E731
+    with torch.no_grad():
+        want = prior.rollout(records, 4, dataclasses.replace(sampling, decode="static"), gens())
+    with contextlib.ExitStack() as stack:
+        if CUDA:
+            real = torch.cuda.graph
+
+            @contextlib.contextmanager
+            def failing(*args, **kwargs):
+                with real(*args, **kwargs):
+                    raise RuntimeError("injected: operation not permitted when stream is capturing")
+                yield
+
+            stack.enter_context(patched(torch.cuda, "graph", failing))
+            before = torch.cuda.current_stream()
+            restored = lambda: torch.cuda.current_stream() == before  # noqa: E731
+        else:
+            sys.path.insert(0, str(REPO / "tests"))
+            from capture_standin import StandInCuda
+
+            fake = stack.enter_context(StandInCuda(fail_at=0).installed(span=16))
+            stack.enter_context(patched(ar_adapter, "resolve_mode", lambda *args: "graph"))
+            restored = lambda: fake.current is fake.default  # noqa: E731
+        with torch.no_grad():
+            got = prior.rollout(records, 4, dataclasses.replace(sampling, decode="graph"), gens())
+        ok = restored()
+    return {"fallback": prior.last_decode["fallback"], "stream_restored": ok,
+            "fallbacks_counted": prior.decode_session.stats["fallbacks"], **compare(got, want)}  # fmt: skip
+
+
+def broken_generate() -> dict[str, Any]:
+    """`janus_scale`'s race at the tiny shape with Janus `generate` raising TypeError."""
+    from transformers import JanusForConditionalGeneration
+
+    from benchmarks.suite import janus_scale as js
+
+    def broken(self, *args, **kwargs):
+        raise TypeError(
+            "injected: JanusForConditionalGeneration.generate() got an unexpected keyword argument"
+        )
+
+    with patched(JanusForConditionalGeneration, "generate", broken):
+        rows = js.race(suite_ctx(quick=True), "tiny", [4, 8], [4, 8], js.LOOPS, 1, 1e10)
+    return {"rows": rows}
+
+
+def failing_step() -> dict[str, Any]:
+    """A recipe step that raises, through the row-or-error wrapper `janus_scale_1b` uses."""
+    from benchmarks.suite import janus_scale as js
+    from t2i_gcpo.train.trainer import Trainer
+
+    def boom(self, step):
+        raise RuntimeError("injected: CUDA out of memory (stand-in)")
+
+    with tempfile.TemporaryDirectory() as tmp, patched(Trainer, "train_step", boom):
+        return js.recipe_step_or_error(suite_ctx(quick=True), "recipe (failure injected)", [], "tiny", tmp)
+
+
+def patched(owner: Any, name: str, value: Any) -> Any:
+    """`owner.name = value` for a `with` block."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        old = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            yield
+        finally:
+            setattr(owner, name, old)
+
+    return scope()
+
+
+# ---------------------------------------------------------------------------- 7. the study's left-out cells
+
+STUDY_CELLS = {  # docs/study.md#prereg-left-out: the commands of the arithmetic regime on ShapeWorld
+    "sw32-ar-tree": ["--model", "shapeworld", "--algos", "dapo,tree", "--match-budget", "samples,tokens",
+                     "--steps", "150", "--eval-every", "25"],
+    "sw32-ar-alloc": ["--model", "shapeworld", "--algos", "dapo,pods,knapsack", "--match-budget", "samples",
+                      "--steps", "150", "--eval-every", "25"],
+    "sw32-masked-tree": ["--model", "shapeworld-masked", "--algos", "dapo,tree", "--match-budget", "samples,tokens",
+                         "--steps", "60", "--eval-every", "20", "--set", "rollout.reveal_order=random",
+                         "--set", "optim.lr=3e-5"],
+    "sw32-masked-alloc": ["--model", "shapeworld-masked", "--algos", "dapo,pods,knapsack", "--match-budget",
+                          "samples", "--steps", "60", "--eval-every", "20", "--set", "rollout.reveal_order=random",
+                          "--set", "optim.lr=3e-5"],
+}  # fmt: skip
+
+
+def study_command(cell: str, seeds: str, jobs: int, out: Path, tiny: bool) -> list[str]:
+    """The `t2i-gcpo compare` command of a left-out cell (--tiny: 1 step, 1 seed, no matched arms)."""
+    args = list(STUDY_CELLS[cell])
+    if tiny:
+        keep = {"--model": args[args.index("--model") + 1]}
+        args = ["--model", keep["--model"], "--algos", "dapo,tree", "--steps", "1", "--eval-every", "1",
+                "--set", "eval_images_per_prompt=1"]  # fmt: skip
+        seeds = "1"
+    return [sys.executable, "-m", "t2i_gcpo.cli", "compare", *args, "--seeds", seeds, "--jobs", str(jobs),
+            "--set", "sample_every=0", "--report-to", "none", "--out", str(out)]  # fmt: skip
+
+
+def study(
+    report: Report, cells: list[str], seeds: str, jobs: int, scratch: Path, tiny: bool
+) -> dict[str, Any]:
+    """Run the left-out cells one after the other within the budget left (module docstring, part 7)."""
+    import shutil
+    import subprocess
+
+    out: dict[str, Any] = {}
+    for cell in cells:
+        left = report.budget - report.elapsed() - 30  # room to copy and write the results
+        if left < 60:
+            out[cell] = {"skipped": f"{left:.0f} s of the budget left"}
+            continue
+        runs = scratch / cell
+        cmd = study_command(cell, seeds, jobs, runs, tiny)
+        tic = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, timeout=left, capture_output=True, text=True)
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+        except subprocess.TimeoutExpired as e:
+            rc, tail = "timeout", (str(e.stdout or "") + str(e.stderr or ""))[-3000:]
+        dest = report.out / "study" / cell
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in list(runs.glob("comparison.*")) + list(runs.glob("*/seed*/metrics.jsonl")):
+            target = dest / f.relative_to(runs)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+        finished = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/seed*/metrics.jsonl"))
+        out[cell] = {"command": " ".join(cmd), "returncode": rc, "seconds": time.perf_counter() - tic,
+                     "runs_with_metrics": finished, "compared": (runs / "comparison.json").exists(),
+                     "tail": tail}  # fmt: skip
+        report.put("study_progress", out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -318,6 +593,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later parts are skipped past it")
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a dry run of the script")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip")
+    ap.add_argument("--study", action="store_true", help="also run the study's left-out cells (part 7)")
+    ap.add_argument("--study-cells", default=",".join(STUDY_CELLS), help=f"of {', '.join(STUDY_CELLS)}")
+    ap.add_argument("--study-seeds", default="5", help="compare --seeds (a count or a list)")
+    ap.add_argument("--study-jobs", type=int, default=16, help="compare --jobs: runs side by side")
+    ap.add_argument(
+        "--study-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gpu_check_study",
+        help="the runs' folder (resumable: a later call goes on where this one stopped)",
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     report = Report(args.out, args.budget)
@@ -339,7 +624,16 @@ def main(argv: list[str] | None = None) -> None:
         ("branch_cost", 40, branch_cost, report),
         ("janus_scale_7b", 60, janus_7b, args.tiny),
         ("compile", 90, compile_mode),
+        ("failure_paths", 20, failure_paths, report, args.tiny),
     ]
+    parts.insert(1, ("decode_session", 20, run_loop_checks, args.tiny))
+    if args.study:
+        cells = [c for c in args.study_cells.split(",") if c]
+        unknown = [c for c in cells if c not in STUDY_CELLS]
+        if unknown:
+            raise SystemExit(f"unknown study cell(s) {unknown}: choose from {', '.join(STUDY_CELLS)}")
+        parts.append(("study", 120, study, report, cells, args.study_seeds, args.study_jobs, args.study_dir,
+                      args.tiny))  # fmt: skip
     for name, needs, fn, *fargs in parts:
         if name in skip:
             report.put(name, {"skipped": "asked"})

@@ -138,10 +138,10 @@ class RolloutConfig:
         "Sample (training rollouts and held-out evaluation) under torch.autocast in bfloat16: the "
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
-        "checked for it (the ShapeWorld priors, Janus and plain-Llama text models through the fused decoder; "
-        "not aMUSEd, LoRA or transformers' cache), else none; the run's config.yaml records what it resolved "
-        "to. The fused decoder's bf16 weight copies are taken at each rollout, after the last optimizer step "
-        "(the fp32 weights stay the master copy). The update "
+        "checked for it (the ShapeWorld priors, Janus — LoRA included — and plain-Llama text models through the "
+        "fused decoder; not aMUSEd or transformers' cache), else none; the run's config.yaml records what it "
+        "resolved to. The fused decoder's bf16 weight copies are refreshed after each optimizer step (the fp32 "
+        "weights stay the master copy). The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
         "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
         "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
@@ -151,11 +151,12 @@ class RolloutConfig:
         "The decode loop of autoregressive samplers (the ShapeWorld AR priors, Janus, plain-Llama text "
         "models; masked models ignore it; docs/fast-sampling.md#decode-loop): 'eager', one Python step per "
         "token (the reference); 'graph', the whole token step — both CFG halves, guidance, top-k/top-p, the "
-        "draw, the three log-probs — in static shapes, captured once as CUDA graphs and replayed (CUDA "
-        "only); 'compile', that step through torch.compile (then captured on CUDA); 'static', that step "
-        "uncaptured (a check); 'auto', graph on CUDA and eager elsewhere. The same seeds draw the same "
-        "samples in every mode (up to float rounding); models the static step does not reproduce (LoRA, "
-        "non-Llama text models) sample eagerly.",
+        "draw, the three log-probs — in static shapes, captured once a run as CUDA graphs and replayed (CUDA "
+        "only; its cache and weight copies stay allocated between rollouts); 'compile', that step through "
+        "torch.compile once a run (then captured on CUDA); 'static', that step uncaptured (a check); 'auto', "
+        "graph on CUDA and eager elsewhere. The same seeds draw the same samples in every mode (up to float "
+        "rounding); models the static step does not reproduce (non-Llama language models, DoRA) sample "
+        "eagerly.",
         "auto",
     )
     old_logprobs: Literal["recorded", "recompute"] = doc(

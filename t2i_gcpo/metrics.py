@@ -48,6 +48,9 @@ CREDIT_WEIGHT_MAX = "credit/weight_max"  # mean over sequences of max_t w_t
 CREDIT_WEIGHT_ENTROPY = "credit/weight_entropy"  # mean over sequences of H(w/N) / ln N (1 = uniform)
 CREDIT_LIFT = "credit_lift"  # (share of credit on object tokens) / (share of object tokens); 1 = uniform
 TIME_ROLLOUT = "time/rollout"  # seconds spent sampling (all dynamic-sampling rounds)
+# CUDA-graph captures of the decode step that failed during the step's rollouts (each then sampled uncaptured,
+# the same samples; policies/decode_loop.py); logged where the rollouts capture (rollout.decode graph/compile)
+DECODE_FALLBACK = "rollout/decode_fallback"
 TIME_REWARD = "time/reward"  # seconds spent decoding and scoring
 TIME_UPDATE = "time/update"  # seconds spent in credit, loss, backward and optimizer
 TIME_STEP = "time/step"  # wall time of the whole step

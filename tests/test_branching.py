@@ -10,10 +10,9 @@ import torch
 
 from t2i_gcpo.core.branch_points import every_k
 from t2i_gcpo.core.tree_credit import segment_advantages
-from t2i_gcpo.policies import janus as janus_adapter
-from t2i_gcpo.policies import text as text_adapter
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.branching import branch_rollout, continuation_keys, decision_steps
+from t2i_gcpo.policies.decode_loop import StaticDecodeLoop
 from t2i_gcpo.tasks.loop import group_generators
 
 from tiny_models import build_tiny_amused, build_tiny_janus
@@ -91,15 +90,16 @@ def check_independent(policy, ro, points, n, slots) -> None:
 
 def check_max_rollout_batch(policy, ro, points, n, limit, spied, monkeypatch) -> None:
     """With `max_rollout_batch` set, the continuations are sampled in passes of at most that many rows
-    (`spied`: (owner, name) of what sees each pass's rows first) and are the same continuations."""
+    (`spied`: (owner, name[, i]) of what sees each pass's rows first, in its i-th argument) and are the same
+    continuations."""
     keys = continuation_keys(list(range(len(ro) // ro.group_size)), ro.group_size, points, n)
     whole = branch_rollout(policy, ro, points, n, group_generators(3, "b", keys))
-    owner, name = spied
+    owner, name, i = (*spied, 0)[:3]
     seen, inner = [], getattr(owner, name)
 
-    def spy(x, *args, **kwargs):
-        seen.append(len(x))
-        return inner(x, *args, **kwargs)
+    def spy(*args, **kwargs):
+        seen.append(len(args[i]))
+        return inner(*args, **kwargs)
 
     with monkeypatch.context() as m:
         m.setattr(policy, "max_rollout_batch", limit)
@@ -250,7 +250,8 @@ def test_text_continuations(lm, fused, scale, monkeypatch):
         check_reproduces_root(lm, records(SUMS), sampling, [[0, 4, 9], [2, -1, -1]])
         if fused:
             check_independent(lm, ro, points[:, 1:], 2, [0, 1])
-        spied = (text_adapter, "sample_step") if fused else (lm, "decode_n_tokens")
+        # fused: the static loop's pass (self, sampling, uniforms [rows, T], …)
+        spied = (StaticDecodeLoop, "begin", 2) if fused else (lm, "decode_n_tokens")
         check_max_rollout_batch(lm, ro, points, 2, 3, spied, monkeypatch)
     finally:
         lm.fused_sampler = True
@@ -295,7 +296,7 @@ def test_janus_continuations(janus, monkeypatch):
     check_reproduces_root(janus, records(texts), sampling, [[0, 9], [15, -1]])
     check_independent(janus, ro, points, 2, [0, 1])
     shared = torch.tensor([[0, 7], [0, 7], [3, -1], [3, -1]])  # two roots per point: 6 rows, passes of 3
-    check_max_rollout_batch(janus, ro, shared, 3, 4, (janus_adapter, "sample_step"), monkeypatch)
+    check_max_rollout_batch(janus, ro, shared, 3, 4, (StaticDecodeLoop, "begin", 2), monkeypatch)
 
 
 @pytest.fixture(scope="module")

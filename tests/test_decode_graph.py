@@ -126,10 +126,11 @@ def test_static_step_never_reads_what_the_cache_memory_held_before(text):
         roll(policy, JANUS, 4, SAMPLINGS["cfg"], "eager"), roll(policy, JANUS, 4, SAMPLINGS["cfg"], "static")
     )
     decoder = policy.new_cache(2, 8)
-    decoder.keys.fill_(float("nan"))  # what recycled memory may hold
+    for kv in decoder.kv:
+        kv.fill_(float("nan"))  # what recycled memory may hold
     del decoder
     fresh = policy.new_cache(2, 8)
-    assert not fresh.keys.any() and not fresh.values.any()
+    assert not any(kv.any() for kv in fresh.kv)
 
 
 def test_static_sample_depends_on_its_own_prompt_only(prior, janus):
@@ -164,15 +165,13 @@ def test_graph_captures_each_span_once_then_replays(prior, monkeypatch):
     uniforms = torch.rand(4, prior.num_tokens, generator=torch.Generator().manual_seed(3))
     want = prior.generate(pid, dataclasses.replace(sampling, decode="static"), uniforms)
     # `graph` on the CPU is refused by the rollout: drive the adapter's static loop directly
-    b, P, T = 4, prior.prefix_len, prior.num_tokens
-    null = torch.arange(2 * b) >= b
-    decoder = decode_loop.FusedLlamaDecoder(prior.llama, 2 * b, P + T - 1)
-    logits = prior.prefill(prior.prefix(torch.cat([pid, pid]), null), decoder)
-    got = prior.decode_static(logits, decoder, sampling, uniforms, "graph")
-    # the token fed at step t (t = 1 … T − 1) sits at slot P + t − 1: spans are multiples of 4, the last
-    # clipped to the cache (P = 14, T = 16: 16, 20, 24, 28, 29)
+    prior.decode_session = decode_loop.DecodeSession()
+    got = prior.decode_static(pid, sampling, uniforms, "graph")
+    # the token fed at step t (t = 1 … T − 1) sits at slot P + t − 1: spans are multiples of 4 (P = 14,
+    # T = 16: 16, 20, 24, 28, 32 — the cache is the span's multiple above P + T − 1 = 29)
+    P, T = prior.prefix_len, prior.num_tokens
     assert (P, T) == (14, 16)
-    assert captured == [16, 20, 24, 28, 29]
+    assert captured == [16, 20, 24, 28, 32]
     stats = prior.last_decode
     assert stats["captures"] == 0  # the stand-in counts nothing as a CUDA capture
     assert stats["replays"] == T - 1 - len(captured)

@@ -55,8 +55,11 @@ def test_max_rollout_batch_reaches_janus_and_text_only(tmp_path):
 
 def test_janus_declares_bf16_sampling_where_its_fused_decoder_samples(tmp_path):
     """rollout.autocast=auto samples Janus in bf16 on hardware with native bf16 (the fused decoder takes bf16
-    copies of its weights per rollout; transformers' StaticCache cannot), not with LoRA."""
+    copies of its weights; transformers' StaticCache cannot), with LoRA too (the adapters' deltas merged into
+    the copies), not through transformers' layers."""
     ckpt = build_tiny_janus(tmp_path / "janus")
     assert load_policy(str(ckpt)).capabilities.bf16_sampling
     lora = load_policy(str(ckpt), load_config(overrides=["model_options.lora_rank=2"]).model_options)
-    assert not lora.samples_fused and not lora.capabilities.bf16_sampling
+    assert lora.samples_fused and lora.capabilities.bf16_sampling
+    lora.fused_sampler = False
+    assert not lora.capabilities.bf16_sampling

@@ -49,13 +49,13 @@ def test_fused_decoder_under_autocast_runs_in_bf16_and_stays_close():
 
     with torch.no_grad():
         full = FusedLlamaDecoder(llama, rows=4, max_len=16)
-        assert full.compute_dtype == torch.float32 and full.keys.dtype == torch.float32
+        assert full.compute_dtype == torch.float32 and all(kv.dtype == torch.float32 for kv in full.kv)
         want = decode(full)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             low = FusedLlamaDecoder(llama, rows=4, max_len=16)
             got = decode(low)
     assert low.compute_dtype == torch.bfloat16
-    assert low.keys.dtype == low.values.dtype == torch.bfloat16
+    assert all(kv.dtype == torch.bfloat16 for kv in low.kv)  # keys and values, one tensor a layer
     assert all(
         w.dtype == torch.bfloat16 for layer in low.layers for w in (layer[1], layer[2], layer[4], layer[5])
     )

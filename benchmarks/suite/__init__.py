@@ -5,6 +5,7 @@ flops.py the FLOP counts, report.py the JSON and markdown writers, runner.py the
 SECTIONS = [
     "peak",
     "samplers",
+    "decode_loops",
     "text_vs_generate",
     "janus_vs_generate",
     "janus_scale",

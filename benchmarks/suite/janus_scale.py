@@ -169,31 +169,48 @@ def timed_calls(ctx: Context, fn: Any, calls: int) -> list[float]:
 
 def race(ctx: Context, shape: str, batches: list[int], slow: list[int], loops: tuple[str, ...], repeats: int,
          bandwidth: float) -> list[dict]:  # fmt: skip
-    """One row per (batch, loop) at `shape`: seconds, ms per token step, images/s, share of the roofline."""
+    """One row per (batch, loop) at `shape`: seconds, ms per token step, images/s, share of the roofline. A loop
+    that fails records its error in its row and the others go on; transformers' loops (the adapter's loop
+    through transformers' layers, `generate`) that raise anything but out-of-memory are broken in this
+    transformers version (5.17's Janus `generate` raises TypeError): their later rows are skipped with that
+    reason."""
+    import transformers
+
     model, tok = build(shape, ctx.device, torch.bfloat16 if ctx.device == "cuda" else torch.float32)
     policy = janus_policy(model, tok)
     T = policy.num_image_tokens
     prompt_len = len(policy.prompt_ids([PROMPT])[0])
-    rows = []
+    rows, broken = [], {}
     for images in batches:
-        seconds, stats = {}, {}
+        seconds, stats, why = {}, {}, {}
         for loop in loops:
             if loop != "graph" and images not in slow:
+                continue
+            if loop in broken:
+                seconds[loop], why[loop] = None, {"skipped": broken[loop]}
                 continue
             fn = rollout_fn(policy, loop, images, ctx.device)
             try:
                 if loop == "graph":  # one warm-up, then the best of the repeats
                     seconds[loop] = min(timed_calls(ctx, fn, repeats + 1)[1:])
-                    stats = dict(policy.last_decode)
+                    # the captures of the run's loop (the timed passes replay what the warm-up captured)
+                    stats = {**policy.last_decode, "captures": policy.decode_session.stats["captures"]}
                 else:
                     seconds[loop] = timed_calls(ctx, fn, 1)[0]
-            except torch.OutOfMemoryError:
-                seconds[loop] = None
+            except torch.OutOfMemoryError as e:
+                seconds[loop], why[loop] = None, {"error": f"out of memory: {e}"[:300]}
+            except Exception as e:  # a row records its own failure; the race goes on
+                error = f"{type(e).__name__}: {e}"[:300]
+                seconds[loop], why[loop] = None, {"error": error}
+                if loop in ("transformers loop", "generate"):
+                    broken[loop] = f"transformers {transformers.__version__}: {loop} raised {error}"
+            finally:
+                policy.fused_sampler = True
                 if ctx.device == "cuda":
                     torch.cuda.empty_cache()
         roof = roofline_ms(policy, images, prompt_len, bandwidth)
         for loop, s in seconds.items():
-            row = {"shape": shape, "images": images, "loop": loop, "seconds": s}
+            row = {"shape": shape, "images": images, "loop": loop, "seconds": s, **why.get(loop, {})}
             if s is not None:
                 ms = 1e3 * s / T
                 row.update(ms_per_step=ms, images_per_s=images / s, roofline_pct=100 * roof / ms)
@@ -287,6 +304,17 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
     return out
 
 
+def recipe_step_or_error(ctx: Context, variant: str, overrides: list[str], shape: str, tmp: str) -> dict:
+    """`recipe_steps`, or the row of its failure (an out-of-memory step is a result too)."""
+    try:
+        return recipe_steps(ctx, variant, overrides, shape, tmp)
+    except Exception as e:
+        gc.collect()
+        if ctx.device == "cuda":
+            torch.cuda.empty_cache()
+        return {"variant": variant, "error": f"{type(e).__name__}: {e}"[:500]}
+
+
 def run(ctx: Context) -> dict:
     load = load_average()
     cuda = ctx.device == "cuda"
@@ -306,7 +334,7 @@ def run(ctx: Context) -> dict:
     if cuda and not ctx.quick:
         variants.append(("recipe + gradient checkpointing", ["model_options.gradient_checkpointing=true"]))
     with tempfile.TemporaryDirectory() as tmp:
-        steps = [recipe_steps(ctx, name, sets, shape, tmp) for name, sets in variants]
+        steps = [recipe_step_or_error(ctx, name, sets, shape, tmp) for name, sets in variants]
     out = section(ctx, rows, steps, shape, bandwidth, repeats)
     out["reading"] += "" if cuda else shared_cpu_note(load)
     return out
@@ -334,7 +362,14 @@ def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandw
         if target:
             bits.append(f"target ≤ {target:g} ms: {'met' if r['ms_per_step'] <= target else 'NOT met'}")
         parts.append(f"The {r['mode']} loop at {shape} shape, " + ", ".join(bits) + ".")
+    failed = [f"{r['loop']} at {r['images']} images ({r.get('error') or r.get('skipped')})"
+              for r in rows if r["seconds"] is None]  # fmt: skip
+    if failed:
+        parts.append("Not measured: " + "; ".join(failed) + ".")
     for s in steps:
+        if "error" in s:
+            parts.append(f"Recipe step ({s['variant']}) failed: {s['error']}.")
+            continue
         peak = f", peak {s['peak_gib']:.1f} GiB" if s.get("peak_gib") else ""
         parts.append(
             f"Recipe step ({s['variant']}, {s['images']} images, rollout {s['rollout_autocast']}, update "

@@ -28,7 +28,14 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms
-from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
+from t2i_gcpo.policies.decode_loop import (
+    DecodeSession,
+    StaticDecodeLoop,
+    bucket,
+    continuation_mode,
+    pad_rows,
+    resolve_mode,
+)
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.prior_folder import load_prior_folder, save_prior_folder
 from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
@@ -99,6 +106,7 @@ class ARPolicy(nn.Module):
         self.head = nn.Linear(config.hidden_size, config.codebook_size, bias=False)  # → K image logits
         self.vq = vq.eval().requires_grad_(False)
         self.kept_caches = KeptCaches()  # rollouts' KV caches, for their continuations (`branch`)
+        self.decode_session = DecodeSession()  # the static decode loop, kept between passes
 
     # ---- sequences ------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
@@ -222,18 +230,26 @@ class ARPolicy(nn.Module):
             if t + 1 < tokens.shape[1]:
                 logits = self.decode_one_token(tokens[:, t], cache, self.prefix_len + t)
 
-    def decode_static(self, logits: torch.Tensor, decoder: FusedLlamaDecoder, sampling: SamplingParams,
-                      uniforms: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """`decode_n_tokens` in static shapes from the prefilled `decoder` (policies/decode_loop.py; mode
-        static, graph or compile) → tokens [B, T], log-probs [3, B, T]."""
-        rows, dev = logits.shape[0], logits.device
-        key_mask = torch.zeros(rows, decoder.max_len, dtype=torch.bool, device=dev)
-        key_mask[:, : self.prefix_len] = True
-        positions = torch.full((rows,), self.prefix_len, dtype=torch.long, device=dev)
-        loop = StaticDecodeLoop(decoder, self._feed_ids, self.head, sampling, self.guidance, uniforms,
-                                positions, key_mask, self.prefix_len, cfg=True)  # fmt: skip
+    def decode_static(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
+                      mode: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`generate` through the run's static decode loop (policies/decode_loop.py; mode static, graph or
+        compile): its decoder prefilled with the B prompts padded to the loop's rows → tokens [B, T],
+        log-probs [3, B, T]. With `sampling.keep_cache` a copy of the prompts' cache rows is kept."""
+        b, P, T = prompt_ids.shape[0], self.prefix_len, self.num_tokens
+        loop = self.decode_session.loop(self.llama, self._feed_ids, self.head, self.guidance, rows=b,
+                                        length=P + T - 1, steps=T, cfg=True)  # fmt: skip
+        n, dev = loop.n, prompt_ids.device
+        pid = pad_rows(prompt_ids, n)
+        null = torch.arange(2 * n, device=dev) >= n
+        logits = self.prefill(self.prefix(torch.cat([pid, pid]), null), loop.decoder)
+        positions = torch.full((2 * n,), P, dtype=torch.long, device=dev)
+        loop.begin(sampling, pad_rows(uniforms, n), positions, torch.ones(2 * n, P, dtype=torch.bool, device=dev),
+                   P, rows=b)  # fmt: skip
         tokens, _, logps = loop.run(logits, mode)
         self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
+        if sampling.keep_cache:  # the next pass overwrites the loop's cache: keep the rows as [cond; null]
+            mine = torch.arange(b, device=dev)
+            self.kept_caches.keep(loop.decoder.fork(torch.cat([mine, mine + n])), self._weights_stamp())
         return tokens, logps
 
     @torch.no_grad()
@@ -259,6 +275,9 @@ class ARPolicy(nn.Module):
                 logps[:, :, t] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
                 seq = torch.cat([seq, (tokens[:, t] + self.image_offset).repeat(2)[:, None]], dim=1)
             return tokens, logps
+        mode = resolve_mode(sampling.decode, prompt_ids.device, cache == "fused", f"the {cache} cache")
+        if mode != "eager":
+            return self.decode_static(prompt_ids, sampling, uniforms, mode)
         from transformers import DynamicCache, StaticCache
 
         max_len = self.prefix_len + t_len - 1
@@ -268,12 +287,8 @@ class ARPolicy(nn.Module):
             kv = StaticCache(config=self.llama.config, max_cache_len=max_len)
         else:
             kv = DynamicCache(config=self.llama.config)
-        mode = resolve_mode(sampling.decode, prompt_ids.device, cache == "fused", f"the {cache} cache")
         logits = self.prefill(prefix, kv)
-        if mode != "eager":
-            tokens, logps = self.decode_static(logits, kv, sampling, uniforms, mode)
-        else:
-            self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
+        self.decode_n_tokens(logits, kv, tokens, logps, sampling, uniforms)
         if sampling.keep_cache and cache == "fused":
             self.kept_caches.keep(kv, self._weights_stamp())
         return tokens, logps
@@ -315,8 +330,8 @@ class ARPolicy(nn.Module):
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
         """The continuations from t copy the first P + t slots of their root's KV cache (both CFG halves)
-        and decode T − t tokens, batched over every (root, c) that branches at the same t. The cache is the
-        rollout's own where it was kept (`SamplingParams.keep_cache`, these weights), else one teacher-forced
+        and decode T − t tokens through the rollout's static loop (policies/decode_loop.py), in the rollout's
+        precision, batched over every (root, c) that branches at the same t. The cache is the rollout's own where it was kept (`SamplingParams.keep_cache`, these weights), else one teacher-forced
         prefill of [prefix; root tokens] for all the roots."""
         dev, T, P, sampling = self.device, self.num_tokens, self.prefix_len, rollout.sampling
         roots = root.unique()  # sorted
@@ -329,29 +344,31 @@ class ARPolicy(nn.Module):
             # [2R, P + t_max]: cond rows then null rows, each its prefix and the root's first t_max tokens
             seq = torch.cat([self.prefix(torch.cat([pid, pid]), null),
                              (tok[:, : int(point.max())] + self.image_offset).repeat(2, 1)], 1)  # fmt: skip
-            cache, rows = FusedLlamaDecoder(self.llama, 2 * R, P + T - 1), torch.arange(R, device=dev)
+            cache, rows = FusedLlamaDecoder(self.llama, 2 * R, bucket(P + T - 1)), torch.arange(R, device=dev)
             cache.forward(seq, 0)
-        half = cache.keys.shape[1] // 2  # a cache's rows: cond rows, then null rows
+        half = cache.rows // 2  # a cache's rows: cond rows, then null rows
         which = torch.searchsorted(roots, root).to(dev)  # continuation → root index in `roots`
         uniforms = continuation_uniforms(generators, (T,), dev)
+        mode = continuation_mode(resolve_mode(sampling.decode, dev, True))
         N = len(root)
         tokens = torch.zeros(N, T, dtype=torch.long, device=dev)
         logps = torch.zeros(3, N, T, device=dev)
         boi = torch.full((N,), self.tokenizer.boi_id, dtype=torch.long, device=dev)
         for t in point.unique().tolist():
             pick = (point == t).nonzero(as_tuple=True)[0].to(dev)
-            r = which[pick]
+            r, m = which[pick], len(pick)
             fork = cache.fork(torch.cat([rows[r], rows[r] + half]))
             # logits of position t: re-feed the prefix's last input (token t − 1, or <boi>) at its own slot
-            last = tok[r, t - 1] + self.image_offset if t else boi[: len(pick)]
+            last = tok[r, t - 1] + self.image_offset if t else boi[:m]
             logits = self.head(fork.forward(last.repeat(2)[:, None], P + t - 1))
-            for j in range(t, T):
-                lc, lu = logits.chunk(2)
-                tj, lp = sample_step(lc, lu, sampling, uniforms[pick, j], self.guidance)
-                tokens[pick, j] = tj
-                logps[:, pick, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
-                if j + 1 < T:
-                    logits = self.decode_one_token(tj, fork, P + j)
+            # then the rollout's static loop from token t (slots ≥ P + t masked: the root's later tokens)
+            loop = StaticDecodeLoop(fork, self._feed_ids, self.head, self.guidance, T, cfg=True)
+            filled = torch.ones(2 * m, P + t, dtype=torch.bool, device=dev)
+            loop.begin(
+                sampling, uniforms[pick], torch.full((2 * m,), P + t, device=dev), filled, P + t, start=t
+            )
+            got, _, lp = loop.run(logits, mode)
+            tokens[pick, t:], logps[:, pick, t:] = got[:, t:], lp[:, :, t:]
         new = dict(zip(CONTEXTS, logps))
         return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
 
@@ -434,4 +451,4 @@ class KeptCaches:
         if entry is None or entry[1] != stamp or not bool((keys == keys[0]).all()):
             return None, None
         decoder = entry[0]
-        return decoder, rollout.state["cache_row"][roots.to(keys.device)].to(decoder.keys.device)
+        return decoder, rollout.state["cache_row"][roots.to(keys.device)].to(decoder.kv[0].device)

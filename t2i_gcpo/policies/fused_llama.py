@@ -3,34 +3,43 @@
 The ShapeWorld AR prior is small (3.3 M matmul weights), so its sampler is bound by per-step
 overhead, not FLOPs: each of the 64 steps calls transformers' layers (mask construction, cache
 update, three q/k/v and two gate/up projections per layer). This decoder runs the same maths on the
-same weights with one fused q|k|v and one fused gate|up matmul per layer, rotary tables computed once
-and a preallocated KV tensor sliced to the filled length (so single-token steps need no mask): 1.3–1.4×
-the rollout rate of transformers' StaticCache loop on 2 CPU threads (benchmarks `samplers`).
+same weights with one fused q|k|v and one fused gate|up matmul per layer, rotary tables computed once,
+q and k rotated together, and one preallocated KV tensor per layer ([2, rows, kv_heads, max_len, head_dim]:
+keys, values) written by one in-place copy per step: 1.3–1.4× the rollout rate of transformers'
+StaticCache loop on 2 CPU threads (benchmarks `samplers`). One tensor per layer, not one for the whole
+cache, so that `torch.compile` writes each step's slot in place (a write into a view of one big cache tensor
+made inductor copy and write back the whole cache every step).
 
 Only plain Llama configurations are supported (`supports`: model_type llama, no attention / MLP bias,
-default rotary embedding, SiLU; grouped-query attention is): the AR prior's, and the
-arithmetic world's causal LM, which the text adapter then samples through it too. The fused weights are copies taken at
-construction: build one decoder per rollout (one concatenation of 3.3 M weights) so that it samples
-from the current weights.
+default rotary embedding, SiLU; grouped-query attention is), with or without peft LoRA adapters on its
+linear layers (`supports_model`): the AR prior's, Janus-Pro's language model, and the arithmetic world's
+causal LM. The fused weights are copies (LoRA deltas merged into them, W + s·B·A) taken at construction and
+refreshed in place by `refresh` when the weights have changed (an optimizer step): a decoder kept for a
+whole run (policies/decode_loop.DecodeSession) samples from the current weights at the same addresses, which
+is what a captured CUDA graph needs.
 
 Built under ``torch.autocast`` (``SamplingParams.autocast="bf16"``), the copies and the KV cache are
-taken in the autocast dtype: the matmuls and the cache reads (the one-query attention is bound by
-them) run in bf16, while the residual stream, the norms and the softmax stay float32. On a CPU with
-native bf16 this samples the ShapeWorld prior ≈ 1.5× faster at one thread (benchmarks `samplers`).
+taken in the autocast dtype: the matmuls and the cache reads run in bf16, while the residual stream, the
+norms, the rotary embedding and the softmax stay float32. The attention's scores q·kᵀ are float32 also from
+bf16 inputs, as the update's attention forms them: through ``scaled_dot_product_attention`` (one kernel on
+CUDA), or in the eager loop on the CPU, one query a row, through plain matmuls of the keys in float32 (the
+CPU's SDPA kernel is 1.5–5× slower there).
 
 `step` is the same single-token forward in static shapes, what a CUDA graph can capture once and replay
-(policies/decode_loop.py): the cache slot, the rotary positions and the mask of filled slots are tensors,
-not Python ints, and the query attends over a fixed span of the cache (the filled slots unmasked) rather
-than over a slice that grows by one each step. `forward` takes token ids or, for Janus's image tokens,
-input embeddings.
+(policies/decode_loop.py): the cache slot, the rotary positions and the additive mask of filled slots are
+tensors, not Python ints, and the query attends over a fixed span of the cache (the filled slots unmasked)
+rather than over a slice that grows by one each step. `forward` takes token ids or, for Janus's image
+tokens, input embeddings.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
 
 def supports(config) -> bool:
@@ -45,6 +54,43 @@ def supports(config) -> bool:
     )
 
 
+def lora_layers(module: nn.Module) -> list[nn.Module]:
+    """The peft LoRA layers inside `module` (a layer with a `base_layer` and `lora_A` / `lora_B`)."""
+    return [m for m in module.modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
+
+
+def supports_model(llama: nn.Module) -> bool:
+    """`supports` for the config, and any peft adapters on the model plain LoRA on linear layers (no DoRA,
+    no other tuner), which the decoder merges into its weight copies."""
+    if not supports(llama.config):
+        return False
+    for m in lora_layers(llama):
+        dora = any(getattr(m, "use_dora", {}).get(a, False) for a in getattr(m, "active_adapters", []))
+        if dora or not isinstance(m.base_layer, nn.Linear):
+            return False
+    return True
+
+
+def effective_weight(linear: nn.Module) -> Tensor:
+    """The weight a linear layer multiplies by: its own, or with peft LoRA, the base weight plus the active
+    adapters' deltas s·B·A (float32 maths, as merging does; dropout is off when sampling)."""
+    if not hasattr(linear, "base_layer"):
+        return linear.weight
+    weight = linear.base_layer.weight
+    if getattr(linear, "merged", False) or getattr(linear, "disable_adapters", False):
+        return weight
+    with torch.autocast(weight.device.type, enabled=False):
+        for name in linear.active_adapters:
+            if name in linear.lora_A:
+                weight = weight + linear.get_delta_weight(name).to(weight.dtype)
+    return weight
+
+
+def weights_stamp(llama: nn.Module) -> tuple[int, ...]:
+    """Changes whenever a weight of `llama` changes in place (an optimizer step, a load)."""
+    return tuple(p._version for p in llama.parameters())
+
+
 class FusedLlamaDecoder:
     """forward(ids [N, n], start) → final-norm hidden state of the last position [N, D], continuing the
     KV cache of the N rows from cache slot `start` (prefill: start 0, n = context width; then n = 1).
@@ -55,8 +101,9 @@ class FusedLlamaDecoder:
 
     def __init__(self, llama, rows: int, max_len: int) -> None:
         c = llama.config
-        if not supports(c):
+        if not supports_model(llama):
             raise ValueError(f"FusedLlamaDecoder: unsupported configuration ({c.model_type})")
+        self.llama = llama  # the source of the weight copies (`refresh`)
         self.heads, self.eps = c.num_attention_heads, c.rms_norm_eps
         self.kv_heads = c.num_key_value_heads or self.heads  # grouped-query attention when fewer
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
@@ -66,43 +113,127 @@ class FusedLlamaDecoder:
         # the matmuls' dtype: the weights', or the autocast dtype when built under torch.autocast
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
         self.compute_dtype = low
-        self.layers = [
-            (
-                layer.input_layernorm.weight,
-                torch.cat([getattr(layer.self_attn, f"{x}_proj").weight for x in "qkv"]).to(low),
-                layer.self_attn.o_proj.weight.to(low),
-                layer.post_attention_layernorm.weight,
-                torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).to(low),
-                layer.mlp.down_proj.weight.to(low),
-            )
-            for layer in llama.layers
-        ]
+        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each. On the CPU F.rms_norm is a composite
+        # of more ops, and for one query SDPA's kernel is slower than plain matmuls (1.5–5× at 20–80 slots): the
+        # eager loop's one-token forward uses them there (`step` keeps SDPA: what CUDA runs, and what inductor
+        # compiles best)
+        self.fused_kernels = device.type == "cuda"
+        with torch.no_grad():
+            self.layers = [self._copies(layer) for layer in llama.layers]
+        self.stamp = weights_stamp(llama)
         positions = torch.arange(max_len, device=device)[None]
         cos, sin = llama.rotary_emb(torch.zeros((), device=device, dtype=dtype), positions)
-        self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
-        shape = (len(self.layers), rows, self.kv_heads, max_len, self.head_dim)
-        self.max_len = max_len
-        # zeros, not empty: `step` attends over unfilled slots too (masked, weight 0), and 0 × a NaN left in
-        # recycled memory would be NaN
-        self.keys = torch.zeros(shape, device=device, dtype=low)
-        self.values = torch.zeros(shape, device=device, dtype=low)
+        half = self.head_dim // 2
+        self.cos = cos[0]  # [max_len, head_dim]
+        # rotate_half(x)·sin = roll(x, half)·(−sin | sin): the sign folded into the table
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        self.rows, self.max_len = rows, max_len
+        # one tensor per layer, keys and values: [2, N, kv_heads, max_len, head_dim]. Zeros, not empty:
+        # `step` attends over unfilled slots too (masked, weight 0), and 0 × a NaN left in recycled memory
+        # would be NaN
+        self.kv = [
+            torch.zeros(2, rows, self.kv_heads, max_len, self.head_dim, device=device, dtype=low)
+            for _ in self.layers
+        ]
 
-    def fork(self, rows: torch.Tensor) -> FusedLlamaDecoder:
+    # ---- weights ----------------------------------------------------------------------------------
+    def _fused(self, linears: Sequence[nn.Module]) -> Tensor:
+        """The linears' effective weights stacked along the output dimension, in the compute dtype (the
+        weight itself where that is one plain weight already in it: no copy)."""
+        weights = [effective_weight(m) for m in linears]
+        w = weights[0] if len(weights) == 1 else torch.cat(weights)
+        return w.to(self.compute_dtype)
+
+    def _copies(self, layer) -> tuple[Tensor, ...]:
+        attn, mlp = layer.self_attn, layer.mlp
+        return (
+            layer.input_layernorm.weight,
+            self._fused([attn.q_proj, attn.k_proj, attn.v_proj]),
+            self._fused([attn.o_proj]),
+            layer.post_attention_layernorm.weight,
+            self._fused([mlp.gate_proj, mlp.up_proj]),
+            self._fused([mlp.down_proj]),
+        )
+
+    @torch.no_grad()
+    def refresh(self) -> bool | None:
+        """Copy the current weights into the fused copies in place (same tensors, so a captured graph or a
+        compiled step reads the new values) if they changed since the last copy → whether they had; None where
+        they cannot be refreshed in place (a weight that was used as it is now needs a copy: LoRA adapters
+        added since) — then build a new decoder."""
+        stamp = weights_stamp(self.llama)
+        if stamp == self.stamp:
+            return False
+        params = {id(p) for p in self.llama.parameters()}
+        for held, layer in zip(self.layers, self.llama.layers):  # a layer at a time: one layer's temporaries
+            new = self._copies(layer)
+            if any(
+                m is not w and (id(m) in params or id(w) in params or m.shape != w.shape)
+                for m, w in zip(held, new)
+            ):
+                return None  # an alias of a weight became a copy (or the reverse): the decoder is dropped
+            for mine, w in zip(held, new):
+                if mine is not w:
+                    mine.copy_(w)
+        self.stamp = stamp
+        return True
+
+    def fork(self, rows: Tensor) -> FusedLlamaDecoder:
         """A decoder sharing these weights whose cache rows are copies of `rows` of this cache (branched
-        rollouts: continuations start from a root's filled prefix)."""
+        rollouts: continuations start from a root's filled prefix; a kept cache outlives the next pass)."""
         fork = copy.copy(self)
-        fork.keys, fork.values = self.keys[:, rows], self.values[:, rows]  # advanced indexing copies
+        fork.kv = [kv[:, rows] for kv in self.kv]  # advanced indexing copies
+        fork.rows = len(rows)
         return fork
 
-    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # ---- pieces -----------------------------------------------------------------------------------
+    def _rms(self, x: Tensor, weight: Tensor) -> Tensor:
+        if self.fused_kernels:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x·cos + rotate_half(x)·sin, with `sin` signed (`__init__`): rotate_half(x) = roll(x, half)·(−1 | 1)."""
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
-    def _attention_mask(self, n: int, end: int, key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    def _input(self, x: Tensor) -> Tensor:
+        """Token ids (long) → embeddings; input embeddings (float) pass in the residual stream's dtype."""
+        return x.to(self.embed.dtype) if x.is_floating_point() else F.embedding(x, self.embed)
+
+    def _qkv(self, x: Tensor, norm: Tensor, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x [N, n, D] → q [N, heads, n, hd] (compute dtype) and the new keys | values [2, N, kv, n, hd]; q and k
+        rotated together, in float32."""
+        rows, n = x.shape[:2]
+        h = self._rms(x, norm).to(self.compute_dtype) @ qkv.T
+        h = h.view(rows, n, -1, self.head_dim).transpose(1, 2)  # [N, heads + 2 kv, n, hd]
+        qk = self._rotate(h[:, : self.heads + self.kv_heads], cos, sin).to(self.compute_dtype)
+        q, k = qk.split((self.heads, self.kv_heads), dim=1)
+        return q, torch.stack([k, h[:, self.heads + self.kv_heads :]])
+
+    def _attend(self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False,
+                plain: bool = False) -> Tensor:  # fmt: skip
+        """q [N, heads, n, hd] over keys / values kv [2, N, kv_heads, S, hd] (mask: boolean, True: attend, or
+        additive) → [N, n, heads·hd], through SDPA or (`plain`, one query) plain matmuls of the keys in float32.
+        The scores q·kᵀ are float32 either way, also from bf16 inputs (SDPA's kernels accumulate them so)."""
+        rows, n = q.shape[0], q.shape[2]
+        if plain and n == 1:
+            grouped = q.reshape(rows, self.kv_heads, -1, self.head_dim).float()  # [N, kv_heads, g, hd]
+            scores = (grouped @ kv[0].float().transpose(-1, -2)) * self.head_dim**-0.5  # [N, kv_heads, g, S]
+            if mask is not None:
+                scores = (
+                    scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
+                )
+            return (scores.softmax(-1).to(kv.dtype) @ kv[1]).reshape(rows, 1, -1)
+        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.kv_heads != self.heads)  # fmt: skip
+        return out.transpose(1, 2).reshape(rows, n, -1)
+
+    def _mlp(self, x: Tensor, norm2: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+        gate, up = (self._rms(x, norm2).to(self.compute_dtype) @ gate_up.T).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ down.T
+
+    def _attention_mask(self, n: int, end: int, key_mask: Tensor | None) -> Tensor | None:
         """Boolean [N, 1, n, end] (True: attend) or None when every key is visible to every query."""
         if key_mask is None:
             return None  # n = 1: no mask; prefill: sdpa's is_causal
@@ -113,41 +244,9 @@ class FusedLlamaDecoder:
         eye = torch.eye(n, dtype=torch.bool, device=key_mask.device)
         return (causal & key_mask[:, None, None, :end]) | eye
 
-    def _input(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (long) → embeddings; input embeddings (float) pass in the residual stream's dtype."""
-        return x.to(self.embed.dtype) if x.is_floating_point() else F.embedding(x, self.embed)
-
-    def _one_query_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                             mask: torch.Tensor | None, residual: torch.dtype) -> torch.Tensor:  # fmt: skip
-        """One query per row: q [N, heads, 1, hd] over keys / values [N, kv_heads, S, hd] (mask [N, 1, 1, S],
-        True: attend) → [N, 1, heads·hd]. Plain matmuls, the query heads grouped by key-value head."""
-        rows, low = q.shape[0], self.compute_dtype
-        grouped = q.reshape(rows, self.kv_heads, -1, self.head_dim)
-        if low == residual:
-            scores = (grouped @ keys.transpose(-1, -2)) * self.head_dim**-0.5  # [N, kv_heads, g, S]
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            return (scores.softmax(-1) @ values).reshape(rows, 1, -1)
-        # the same in bf16 as k·qᵀ: a bf16 q·kᵀ first copies the transposed key slice
-        scores = (keys @ grouped.transpose(-1, -2)) * self.head_dim**-0.5  # [N, kv_heads, S, g]
-        if mask is not None:
-            scores = scores.masked_fill(~mask.transpose(-1, -2), float("-inf"))
-        weights = scores.softmax(-2, dtype=torch.float32).to(low).transpose(-1, -2)
-        return (weights @ values).reshape(rows, 1, -1)
-
-    def _mlp(
-        self, x: torch.Tensor, norm2: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
-    ) -> torch.Tensor:
-        gate, up = (self._rms(x, norm2).to(self.compute_dtype) @ gate_up.T).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ down.T
-
-    def forward(
-        self,
-        ids: torch.Tensor,
-        start: int,
-        positions: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    # ---- the forwards -----------------------------------------------------------------------------
+    def forward(self, ids: Tensor, start: int, positions: Tensor | None = None,
+                key_mask: Tensor | None = None) -> Tensor:  # fmt: skip
         rows, n = ids.shape[:2]
         if n > 1 and start != 0:
             raise ValueError("a multi-token forward (prefill) must start at position 0")
@@ -158,44 +257,31 @@ class FusedLlamaDecoder:
         else:
             cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [N, 1, n, head_dim]
         mask = self._attention_mask(n, end, key_mask)
-        split, low = (self.heads, self.kv_heads, self.kv_heads), self.compute_dtype
         for i, (norm1, qkv, out, norm2, gate_up, down) in enumerate(self.layers):
-            h = self._rms(x, norm1).to(low) @ qkv.T
-            q, k, v = h.view(rows, n, -1, self.head_dim).split(split, dim=2)
-            q = self._rotate(q.transpose(1, 2), cos, sin).to(low)  # [N, heads, n, head_dim]
-            self.keys[i, :, :, start:end] = self._rotate(k.transpose(1, 2), cos, sin)
-            self.values[i, :, :, start:end] = v.transpose(1, 2)
-            keys, values = self.keys[i, :, :, :end], self.values[i, :, :, :end]  # [N, kv_heads, end, hd]
-            if n == 1:
-                attn = self._one_query_attention(q, keys, values, mask, x.dtype)
-            else:
-                gqa = self.kv_heads != self.heads
-                attn = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
-                )
-                attn = attn.transpose(1, 2).reshape(rows, n, -1)
+            q, new = self._qkv(x, norm1, qkv, cos, sin)
+            self.kv[i][:, :, :, start:end] = new
+            attn = self._attend(q, self.kv[i][:, :, :, :end], mask, causal=n > 1 and mask is None,
+                                plain=not self.fused_kernels)  # fmt: skip
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)
 
-    def step(self, x: torch.Tensor, slot: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
-             span: int | None = None) -> torch.Tensor:  # fmt: skip
+    def step(self, x: Tensor, slot: Tensor, positions: Tensor, bias: Tensor, span: int | None = None,
+             plain: bool = False) -> Tensor:  # fmt: skip
         """`forward` of one token per row in static shapes: ids [N] (or embeddings [N, D]) written to cache
         slot `slot` ([1] long tensor), at rotary `positions` [N] (long tensor), attending over the first
-        `span` slots (default: all) where `key_mask` [N, max_len] (bool, this slot included) is True →
-        final-norm hidden state [N, D]. Nothing in it depends on a Python value that changes between
-        steps, so one capture of it serves every step whose filled slots lie within `span`."""
-        rows, span = x.shape[0], span or self.max_len
+        `span` slots (default: all) with the additive mask `bias` [N, max_len] (0 at filled slots, this one
+        included, −inf elsewhere; the compute dtype) → final-norm hidden state [N, D]. Nothing in it depends
+        on a Python value that changes between steps, so one capture of it serves every step whose filled
+        slots lie within `span`. `plain`: the attention through plain matmuls (`_attend`), where a CPU runs the
+        step uncaptured over exactly the filled slots (continuations of an eager rollout)."""
+        span = span or self.max_len
         x = self._input(x)[:, None]  # [N, 1, D]
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [N, 1, 1, hd]
-        mask = key_mask[:, None, None, :span]
-        split, low = (self.heads, self.kv_heads, self.kv_heads), self.compute_dtype
+        mask = bias[:, None, None, :span]
         for i, (norm1, qkv, out, norm2, gate_up, down) in enumerate(self.layers):
-            h = self._rms(x, norm1).to(low) @ qkv.T
-            q, k, v = h.view(rows, 1, -1, self.head_dim).split(split, dim=2)
-            q = self._rotate(q.transpose(1, 2), cos, sin).to(low)  # [N, heads, 1, head_dim]
-            keys, values = self.keys[i], self.values[i]  # [N, kv_heads, max_len, hd]
-            keys.index_copy_(2, slot, self._rotate(k.transpose(1, 2), cos, sin).to(low))  # [N, kv, 1, hd]
-            values.index_copy_(2, slot, v.transpose(1, 2).to(low))
-            attn = self._one_query_attention(q, keys[:, :, :span], values[:, :, :span], mask, x.dtype)
+            q, new = self._qkv(x, norm1, qkv, cos, sin)
+            kv = self.kv[i]
+            kv.index_copy_(3, slot, new)  # one in-place write of the layer's keys and values
+            attn = self._attend(q, kv[:, :, :, :span], mask, plain=plain)
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)

@@ -29,8 +29,15 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
-from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
-from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
+from t2i_gcpo.policies.decode_loop import (
+    DecodeSession,
+    StaticDecodeLoop,
+    bucket,
+    continuation_mode,
+    pad_rows,
+    resolve_mode,
+)
+from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports_model
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -107,6 +114,7 @@ class JanusPolicy(nn.Module):
         # False: sample through transformers' layers and StaticCache even for a plain Llama language model
         self.fused_sampler = fused_sampler
         self.lora_adapter: str | None = None
+        self.decode_session = DecodeSession()  # the static decode loop, kept between passes
 
         gc = model.generation_config
         self.bos_id = gc.bos_token_id if gc.bos_token_id is not None else tokenizer.bos_token_id
@@ -335,10 +343,9 @@ class JanusPolicy(nn.Module):
     @property
     def samples_fused(self) -> bool:
         """Whether rollouts run through our fused Llama decoder (policies/fused_llama.py; its static step
-        can be captured in CUDA graphs): asked for, a plain Llama language model, and no LoRA (the fused
-        copies would miss the adapters' deltas); else transformers' layers and StaticCache."""
-        lm_config = self.model.model.language_model.config
-        return self.fused_sampler and self.lora_adapter is None and supports(lm_config)
+        can be captured in CUDA graphs): asked for, and a plain Llama language model, LoRA adapters included
+        (merged into the decoder's weight copies); else transformers' layers and StaticCache."""
+        return self.fused_sampler and supports_model(self.model.model.language_model)
 
     @property
     def capabilities(self) -> PolicyCapabilities:
@@ -388,7 +395,9 @@ class JanusPolicy(nn.Module):
         n, length = ids.shape
         steps = self.num_image_tokens
         mode = resolve_mode(sampling.decode, ids.device, self.samples_fused,
-                            "a LoRA or non-Llama language model")  # fmt: skip
+                            "not a plain Llama language model")  # fmt: skip
+        if mode != "eager":
+            return self._decode_static(ids, mask, sampling, uniforms, mode)
         ids2 = torch.cat([ids, self.null_ids(ids)])  # [2N, L] — rows N.. are the null branch
         mask2 = mask.repeat(2, 1)  # mask copied unchanged (pads stay visible)
         # KV cache allocated once at full size; attention mask preallocated and sliced per step
@@ -396,13 +405,6 @@ class JanusPolicy(nn.Module):
         full_mask = torch.cat([mask2, mask2.new_ones(2 * n, steps)], dim=1)  # [2N, L + T]
         next_pos = mask2.sum(-1)  # [2N] position of the first image token
         logits2 = self._prefill(ids2, mask2, cache)
-        if mode != "eager":
-            key_mask = torch.cat([mask2.bool(), mask2.new_zeros(2 * n, steps, dtype=torch.bool)], dim=1)
-            loop = StaticDecodeLoop(cache, self._feed_embeds, self._head, sampling, self.guidance, uniforms,
-                                    next_pos, key_mask, length, cfg=True)  # fmt: skip
-            tokens, _, logps = loop.run(logits2, mode)
-            self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
-            return tokens, logps[0], logps[1], logps[2]
         out = torch.empty((4, n, steps), dtype=torch.float32, device=ids.device)  # tokens, cond, uncond, cfg
         for t in range(steps):
             cond, uncond = logits2.chunk(2)
@@ -418,6 +420,22 @@ class JanusPolicy(nn.Module):
                     torch.cat([tok, tok]), full_mask[:, : length + t + 1], next_pos + t, cache
                 )
         return out[0].long(), out[1], out[2], out[3]
+
+    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams,
+                       uniforms: torch.Tensor, mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """`_decode_n_tokens` through the run's static decode loop (policies/decode_loop.py; mode static, graph
+        or compile): the N prompt rows padded to the loop's rows, prefilled into its decoder."""
+        n, length = ids.shape
+        loop = self.decode_session.loop(self.model.model.language_model, self._feed_embeds, self._head,
+                                        self.guidance, rows=n, length=length + self.num_image_tokens,
+                                        steps=self.num_image_tokens, cfg=True)  # fmt: skip
+        ids, mask = pad_rows(ids, loop.n), pad_rows(mask, loop.n)
+        ids2, mask2 = torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1)  # rows loop.n.. the null branch
+        logits2 = self._prefill(ids2, mask2, loop.decoder)
+        loop.begin(sampling, pad_rows(uniforms, loop.n), mask2.sum(-1), mask2.bool(), length, rows=n)
+        tokens, _, logps = loop.run(logits2, mode)
+        self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
+        return tokens, logps[0], logps[1], logps[2]
 
     @torch.no_grad()
     def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
@@ -463,44 +481,81 @@ class JanusPolicy(nn.Module):
 
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
-        """One StaticCache prefill of [prompt; root tokens < t] per (root, point), repeated across its n
-        continuations, in passes of at most `max_rollout_batch` rows."""
-        from transformers import StaticCache
-
+        """One prefill of [prompt; root tokens < t] per (root, point), its cache rows repeated across the n
+        continuations, then the rollout's static loop from token t (policies/decode_loop.py), in the
+        rollout's precision; in passes of at most `max_rollout_batch` rows. A language model the fused
+        decoder does not reproduce continues through transformers' layers (`_continue_transformers`)."""
         sampling, dev, T = rollout.sampling, self.device, self.num_image_tokens
         uniforms = continuation_uniforms(generators, (T,), dev)
         N = len(root)
         tokens = torch.zeros(N, T, dtype=torch.long, device=dev)
         logps = torch.zeros(3, N, T, device=dev)
-        root_tok = rollout.tokens.to(dev)
+        lm = self.model.model.language_model
+        fused = supports_model(lm)
+        mode = continuation_mode(resolve_mode(sampling.decode, dev, fused))
         with self._eval_mode():
             for t, rows in passes(point, self.max_rollout_batch, n):
                 heads = rows[::n]  # one per (root, point): rows come in runs of n
                 ids, mask = self.pad_left([rollout.state["prompt_ids"][b] for b in root[heads].tolist()])
+                if not fused:
+                    self._continue_transformers(rollout, root, ids, mask, t, rows, n, uniforms, tokens, logps)
+                    continue
                 m, L = ids.shape
                 ids2, mask2 = torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1)
-                prefix_tok = root_tok[root[heads].to(dev), :t].repeat(2, 1)
                 embeds = self.model.get_input_embeddings()(ids2)
                 if t:
+                    prefix_tok = rollout.tokens.to(dev)[root[heads].to(dev), :t].repeat(2, 1)
                     embeds = torch.cat([embeds, self._image_embeds(prefix_tok)], dim=1)
-                full_mask = torch.cat([mask2, mask2.new_ones(2 * m, T)], dim=1)
-                pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
-                cache = StaticCache(config=self.model.config.text_config, max_cache_len=L + T)
-                hidden = self._lm(embeds, full_mask[:, : L + t], pos[:, : L + t], cache)[:, -1]
-                repeat_cache_rows(cache, n)  # [cond roots; null roots] → each root's row n times
-                logits = self._head(hidden).repeat_interleave(n, dim=0)
-                full_mask, pos = full_mask.repeat_interleave(n, dim=0), pos.repeat_interleave(n, dim=0)
+                filled = torch.cat([mask2, mask2.new_ones(2 * m, t)], dim=1).bool()  # [2m, L + t]
+                pos = (filled.long().cumsum(-1) - 1).clamp(min=0)
+                decoder = FusedLlamaDecoder(lm, 2 * m, bucket(L + T))  # the rollout's spans
+                logits = self._head(decoder.forward(embeds, 0, positions=pos, key_mask=filled))
+                # [cond; null] rows, each head's n times in a row
+                each = torch.arange(m, device=dev).repeat_interleave(n)
+                idx = torch.cat([each, each + m])
+                loop = StaticDecodeLoop(
+                    decoder.fork(idx), self._feed_embeds, self._head, self.guidance, T, cfg=True
+                )
                 rd = rows.to(dev)
-                for j in range(t, T):
-                    cond, uncond = logits.chunk(2)
-                    tj, lp = sample_step(cond, uncond, sampling, uniforms[rd, j], self.guidance)
-                    tokens[rd, j] = tj
-                    logps[:, rd, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
-                    if j + 1 < T:
-                        logits = self._decode_one_token(torch.cat([tj, tj]), full_mask[:, : L + j + 1],
-                                                          pos[:, L + j], cache)  # fmt: skip
+                loop.begin(sampling, uniforms[rd], filled.sum(-1)[idx], filled[idx], L + t, start=t)
+                got, _, lp = loop.run(logits[idx], mode)
+                tokens[rd, t:], logps[:, rd, t:] = got[:, t:], lp[:, :, t:]
         new = dict(zip(CONTEXTS, logps))
         return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
+
+    def _continue_transformers(self, rollout: Rollout, root: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                               t: int, rows: torch.Tensor, n: int, uniforms: torch.Tensor, tokens: torch.Tensor,
+                               logps: torch.Tensor) -> None:  # fmt: skip
+        """`_continue`'s pass for a language model the fused decoder does not reproduce: a StaticCache prefill
+        of [prompt; root tokens < t] per head, repeated n times, then transformers' layers token by token (the
+        rollout's loop; such a model samples in float32, as its rollouts do)."""
+        from transformers import StaticCache
+
+        sampling, dev, T = rollout.sampling, self.device, self.num_image_tokens
+        heads = rows[::n]
+        m, L = ids.shape
+        ids2, mask2 = torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1)
+        prefix_tok = rollout.tokens.to(dev)[root[heads].to(dev), :t].repeat(2, 1)
+        embeds = self.model.get_input_embeddings()(ids2)
+        if t:
+            embeds = torch.cat([embeds, self._image_embeds(prefix_tok)], dim=1)
+        full_mask = torch.cat([mask2, mask2.new_ones(2 * m, T)], dim=1)
+        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = StaticCache(config=self.model.config.text_config, max_cache_len=L + T)
+        hidden = self._lm(embeds, full_mask[:, : L + t], pos[:, : L + t], cache)[:, -1]
+        repeat_cache_rows(cache, n)  # [cond roots; null roots] → each root's row n times
+        logits = self._head(hidden).repeat_interleave(n, dim=0)
+        full_mask, pos = full_mask.repeat_interleave(n, dim=0), pos.repeat_interleave(n, dim=0)
+        rd = rows.to(dev)
+        for j in range(t, T):
+            cond, uncond = logits.chunk(2)
+            tj, lp = sample_step(cond, uncond, sampling, uniforms[rd, j], self.guidance)
+            tokens[rd, j] = tj
+            logps[:, rd, j] = torch.stack([lp["pos"], lp["neg"], lp["guided"]])
+            if j + 1 < T:
+                logits = self._decode_one_token(
+                    torch.cat([tj, tj]), full_mask[:, : L + j + 1], pos[:, L + j], cache
+                )
 
     # ------------------------------------------------------------------ teacher forcing
     def _context_hidden(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -61,12 +61,14 @@ def group_uniforms(generators: Sequence[torch.Generator], group_size: int, shape
     return torch.cat(parts).to(device) if parts else torch.empty((0, *shape), device=device)
 
 
-def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Top-k then top-p (nucleus) truncation of logits [N, V]: the rest set to −inf."""
+def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float | torch.Tensor = 1.0,
+                  nucleus: bool | None = None) -> torch.Tensor:  # fmt: skip
+    """Top-k then top-p (nucleus) truncation of logits [N, V]: the rest set to −inf. `top_p` may be a
+    tensor (the static decode loop's), with `nucleus` saying whether it truncates (no host sync)."""
     if top_k and top_k < z.shape[-1]:
         kth = z.topk(top_k, dim=-1).values[:, -1:]
         z = z.masked_fill(z < kth, float("-inf"))
-    if top_p < 1.0:
+    if (top_p < 1.0) if nucleus is None else nucleus:
         sorted_z, order = z.sort(dim=-1, descending=True)
         probs = sorted_z.softmax(-1)
         drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p

@@ -29,9 +29,16 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import CONTEXTS, assemble, branched, continuation_uniforms, passes
-from t2i_gcpo.policies.decode_loop import StaticDecodeLoop, resolve_mode
-from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports
+from t2i_gcpo.policies.branching import assemble, branched, continuation_uniforms, passes
+from t2i_gcpo.policies.decode_loop import (
+    DecodeSession,
+    StaticDecodeLoop,
+    bucket,
+    continuation_mode,
+    pad_rows,
+    resolve_mode,
+)
+from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports_model
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
 NEGATIVE_MODES = ("empty", "wrong_answer")
@@ -117,6 +124,7 @@ class TextPolicy(nn.Module):
         self.default_task = default_task
         self.max_rollout_batch = max_rollout_batch  # rows per sampling pass (None: all at once)
         self.chat_template = getattr(tokenizer, "chat_template", None)
+        self.decode_session = DecodeSession()  # the static decode loop, kept between passes
 
         gc = getattr(model, "generation_config", None)
         eos = eos_token_ids if eos_token_ids is not None else getattr(gc, "eos_token_id", None)
@@ -205,7 +213,7 @@ class TextPolicy(nn.Module):
     @property
     def samples_fused(self) -> bool:
         """Whether rollouts run through our fused Llama loop (asked for, and a plain Llama model)."""
-        return self.fused_sampler and supports(self.model.config)
+        return self.fused_sampler and supports_model(self.model.base_model)
 
     @property
     def capabilities(self) -> PolicyCapabilities:
@@ -360,12 +368,12 @@ class TextPolicy(nn.Module):
         guided = neg_rows is not None
         mode = resolve_mode(sampling.decode, self.device, self.samples_fused, "not a plain Llama model")
         ids, mask = self.pad_left(list(rows) + list(neg_rows) if guided else rows)  # [N or 2N, L]
+        if mode != "eager":
+            return self._decode_static(ids, mask, sampling, uniforms, guided, mode)
         width = ids.shape[1]
         cache = self.new_cache(ids.shape[0], width + steps)
         full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], steps)], dim=1)  # [N', L + n]
         next_pos = mask.sum(-1)  # [N'] position of the first sampled token
-        if mode != "eager":
-            return self._decode_static(ids, mask, cache, sampling, uniforms, guided, mode)
         tokens = torch.full((n_rows, steps), self.pad_id, dtype=torch.long, device=ids.device)
         valid = torch.zeros((n_rows, steps), device=ids.device)
         logps = torch.zeros((3, n_rows, steps), device=ids.device)  # pos, neg, guided
@@ -393,19 +401,21 @@ class TextPolicy(nn.Module):
         """Sampled tokens [N] → what both contexts [c⁺; c⁻] are fed [2N]."""
         return tok.repeat(2)
 
-    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, decoder: FusedLlamaDecoder,
-                       sampling: SamplingParams, uniforms: torch.Tensor, guided: bool,
-                       mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
-        """`decode_n_tokens` in static shapes through the fused decoder (policies/decode_loop.py; mode static,
-        graph or compile), from the left-padded contexts `ids` / `mask` [N', L]."""
-        width = ids.shape[1]
-        logits = self.prefill(ids, mask, decoder)
-        key_mask = torch.zeros(ids.shape[0], decoder.max_len, dtype=torch.bool, device=ids.device)
-        key_mask[:, :width] = mask.bool()
+    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
+                       guided: bool, mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
+        """`decode_n_tokens` through the run's static decode loop (policies/decode_loop.py; mode static, graph
+        or compile), from the left-padded contexts `ids` / `mask` [N', L] (N' = 2N guided: c⁺ rows, c⁻ rows),
+        padded to the loop's rows."""
+        (n, steps), width = uniforms.shape, ids.shape[1]
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long, device=ids.device)
         feed = self._feed_guided if guided else torch.Tensor.clone
-        loop = StaticDecodeLoop(decoder, feed, self._head, sampling, self.guidance, uniforms, mask.sum(-1),
-                                key_mask, width, cfg=guided, eos=eos, pad_id=self.pad_id)  # fmt: skip
+        loop = self.decode_session.loop(self.model.base_model, feed, self._head, self.guidance, rows=n,
+                                        length=width + steps, steps=steps, cfg=guided, eos=eos,
+                                        pad_id=self.pad_id)  # fmt: skip
+        halves = (ids.chunk(2), mask.chunk(2)) if guided else ((ids,), (mask,))
+        ids, mask = (torch.cat([pad_rows(h, loop.n) for h in x]) for x in halves)
+        logits = self.prefill(ids, mask, loop.decoder)
+        loop.begin(sampling, pad_rows(uniforms, loop.n), mask.sum(-1), mask.bool(), width, rows=n)
         tokens, valid, logps = loop.run(logits, mode)
         self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
         return tokens, valid, logps[0], logps[1], logps[2]
@@ -526,10 +536,12 @@ class TextPolicy(nn.Module):
         seq = torch.cat([ids, root_tok], dim=1)  # [R', W + t_max]
         full_mask = torch.cat([ctx_mask, ctx_mask.new_ones(len(ctx), steps)], dim=1).bool()  # [R', W + steps]
         positions = (full_mask.long().cumsum(-1) - 1).clamp(min=0)
-        decoder = FusedLlamaDecoder(self.model.base_model, len(ctx), W + steps)
+        decoder = FusedLlamaDecoder(self.model.base_model, len(ctx), bucket(W + steps))  # the rollout's spans
         decoder.forward(seq, 0, positions=positions[:, : seq.shape[1]], key_mask=full_mask[:, : seq.shape[1]])
         which = torch.searchsorted(roots, root).to(dev)
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long, device=dev)
+        feed = self._feed_guided if guided else torch.Tensor.clone
+        mode = continuation_mode(resolve_mode(sampling.decode, dev, True))
         for t, rows in passes(point, self.max_rollout_batch):
             rows = rows.to(dev)
             r = which[rows]
@@ -539,23 +551,12 @@ class TextPolicy(nn.Module):
             slot = W + t - 1  # re-feed the prefix's last input to get position t's logits
             logits = self._head(cache.forward(seq[src, slot : slot + 1], slot, positions=pos[:, slot : slot + 1],
                                               key_mask=mask[:, : slot + 1]))  # fmt: skip
-            done = torch.zeros(len(rows), dtype=torch.bool, device=dev)
-            for j in range(t, steps):
-                pl, nl = logits.chunk(2) if guided else (logits, None)
-                tj, lp = sample_step(pl, nl, sampling, uniforms[rows, j], self.guidance)
-                live = ~done
-                tokens[rows, j] = torch.where(live, tj, self.pad_id)
-                valid[rows, j] = live.float()
-                for k, c in enumerate(CONTEXTS):
-                    if c in lp:
-                        logps[k, rows, j] = torch.where(live, lp[c], 0.0)
-                done = done | torch.isin(tj, eos)
-                if bool(done.all()) or j + 1 == steps:
-                    break
-                feed = tokens[rows, j].repeat(2) if guided else tokens[rows, j]
-                s = W + j
-                logits = self._head(cache.forward(feed[:, None], s, positions=pos[:, s : s + 1],
-                                                  key_mask=mask[:, : s + 1]))  # fmt: skip
+            # then the rollout's static loop from token t (slots ≥ W + t masked: the root's later tokens)
+            loop = StaticDecodeLoop(cache, feed, self._head, self.guidance, steps, cfg=guided, eos=eos,
+                                    pad_id=self.pad_id)  # fmt: skip
+            loop.begin(sampling, uniforms[rows], pos[:, W + t], mask[:, : W + t], W + t, start=t)
+            got, ok, lp = loop.run(logits, mode)
+            tokens[rows, t:], valid[rows, t:], logps[:, rows, t:] = got[:, t:], ok[:, t:], lp[:, :, t:]
 
     # ------------------------------------------------------------------ teacher forcing
     def _hidden(

@@ -54,6 +54,7 @@ class Collected:
     budget_total: dict[str, float] = field(default_factory=dict)  # the same, summed over the run so far
     # a weighted sum's per-term metrics (train/scoring.py term_metrics)
     terms: dict[str, float] = field(default_factory=dict)
+    decode_fallbacks: int | None = None  # failed decode-step captures this step; None where nothing captures
 
     def stand_in(self) -> Batch:
         """One group of the last round with zero advantages: a process whose groups all lacked signal
@@ -76,6 +77,7 @@ class Collected:
             **self.budget,
             **{M.BUDGET_TOTAL.format(key=k): v for k, v in self.budget_total.items()},
             **self.terms,
+            **({M.DECODE_FALLBACK: self.decode_fallbacks} if self.decode_fallbacks is not None else {}),
         }
 
 
@@ -154,6 +156,7 @@ class BatchCollector:
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
         tally = Tally(spent=self.budget_keys())
+        fallbacks = decode_fallbacks(policy)
         if self.stepwise:
             sampling = dataclasses.replace(sampling, record_predictions=True)
         if (
@@ -190,9 +193,11 @@ class BatchCollector:
         for key, value in tally.spent.items():
             self.spent[key] += value
         terms = term_metrics(reward_terms(reward), tally.details, tally.term_advantages)
+        after = decode_fallbacks(policy)
         return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
                          groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
-                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent), terms=terms)  # fmt: skip
+                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent), terms=terms,
+                         decode_fallbacks=None if after is None else after - (fallbacks or 0))  # fmt: skip
 
     def complete(self, kept: list[Batch], fresh: dict[int, list[int]], last_round: Batch | None, policy: Any,
                  reward: Any, sampling: SamplingParams, tally: Tally) -> None:  # fmt: skip
@@ -401,3 +406,12 @@ def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> 
     seconds = {k: sum(part.seconds.get(k, 0.0) for part in parts) for k in parts[0].seconds}
     return Scored(dataclasses.replace(rollout, group_size=group_size), out,
                   RewardOutput(scores[order], [details[i] for i in order.tolist()] if details else []), seconds)  # fmt: skip
+
+
+def decode_fallbacks(policy: Any) -> int | None:
+    """The failed decode-step captures of the policy's run so far (policies/decode_loop.DecodeSession), or None
+    where its rollouts have captured nothing (eager or uncaptured loops, masked families)."""
+    session = getattr(policy, "decode_session", None)
+    if session is None or not (session.stats["captures"] or session.stats["fallbacks"]):
+        return None
+    return session.stats["fallbacks"]
