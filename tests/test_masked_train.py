@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-import t2i_gcpo.train.collect as collect_module
+import t2i_gcpo.train.scoring as scoring_module  # round_scorer picks sample_and_score up from here
 from t2i_gcpo.cli import main
 from t2i_gcpo.config import from_dict
 from t2i_gcpo.core.advantages import group_advantages
@@ -46,14 +46,14 @@ def models(tmp_path_factory):
 def cli_train(models, family, out, algo, extra=(), steps=1, capture=None, monkeypatch=None, lr=3e-3):
     prompts = models["geneval_prompts"] if family == "amused" else models["prompts"]
     if capture is not None:  # keep each step's scored rollout
-        real = collect_module.sample_and_score
+        real = scoring_module.sample_and_score
 
         def keep(*args, **kwargs):
             scored = real(*args, **kwargs)
             capture.append(scored)
             return scored
 
-        monkeypatch.setattr(collect_module, "sample_and_score", keep)
+        monkeypatch.setattr(scoring_module, "sample_and_score", keep)
     args = ["train", "--prompts", prompts, "--model", f"{family}:{models[family]}",
             "--reward", "train_fixtures:redness", "--out", str(out), "--steps", str(steps), "--algo", algo,
             "--seed", "0", "--set", f"optim.lr={lr}"]  # fmt: skip

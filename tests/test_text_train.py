@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-import t2i_gcpo.train.collect as collect_module
+import t2i_gcpo.train.scoring as scoring_module  # round_scorer picks sample_and_score up from here
 from t2i_gcpo.cli import main
 from t2i_gcpo.config import from_dict
 from t2i_gcpo.core.advantages import group_advantages
@@ -61,14 +61,14 @@ ROWS = [{"question": "12+7*3=?", "answer": "7*3=21\n12+21=33\n#### 33"},
 
 def cli_train(model, prompts, out, algo, lr, extra=(), capture=None, monkeypatch=None) -> list[dict]:
     if capture is not None:  # keep each step's scored rollout
-        real = collect_module.sample_and_score
+        real = scoring_module.sample_and_score
 
         def keep(*args, **kwargs):
             scored = real(*args, **kwargs)
             capture.append(scored)
             return scored
 
-        monkeypatch.setattr(collect_module, "sample_and_score", keep)
+        monkeypatch.setattr(scoring_module, "sample_and_score", keep)
     args = ["train", "--prompts", prompts, "--model", f"text:{model}", "--reward", REWARD, "--out", str(out),
             "--steps", "1", "--algo", algo, "--seed", "0", "--set", f"optim.lr={lr}"]  # fmt: skip
     for kv in (*FAST, *extra):
