@@ -28,3 +28,12 @@ def native_bf16(request, monkeypatch) -> bool:
 
     monkeypatch.setenv(FORCE_ENV, "1" if request.param else "0")
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Give the next test one torch thread again where this one set more (the benchmark runner and pretrain
+    set their own): with two, a later test in the same process ran 28× slower beside another worker."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)

@@ -252,7 +252,8 @@ def test_branch_cost_and_tree_step_quick_paths_write_what_the_page_reads(tmp_pat
     from benchmarks.suite.runner import main
 
     out, page = tmp_path / "suite.json", tmp_path / "performance.md"
-    main(["--quick", "--only", "branch_cost,tree_step", "--device", "cpu", "--json", str(out), "--md", str(page)])  # fmt: skip
+    main(["--quick", "--only", "branch_cost,tree_step", "--device", "cpu", "--threads", "1",
+          "--json", str(out), "--md", str(page)])  # fmt: skip
     sections = json.loads(out.read_text())["sections"]
     assert list(sections) == ["branch_cost", "tree_step"]
     for sec in sections.values():  # every column the table shows is in every row

@@ -190,7 +190,13 @@ def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int
         ok = [d for d in diffs if np.isfinite(d)]
         out[arm] = {
             "against": matched, "paired": mean_ci95(ok), "ahead": int(sum(d > 0 for d in ok)),
-            "read_at_step": {x: float(np.nanmean(v)) if v else np.nan for x, v in at.items()},
+            "read_at_step": {x: _nanmean(v) for x, v in at.items()},
             "final": mean_ci95(finals), "spent_ratio": float(np.mean(ratio)) if ratio else np.nan,
         }  # fmt: skip
     return out
+
+
+def _nanmean(values: list[float]) -> float:
+    """The mean of the finite values, NaN where there are none (no budget point read at any seed)."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else np.nan
