@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,23 @@ def test_compile_serves_a_run_with_one_compilation(janus, monkeypatch):
     assert counters["stats"]["unique_graphs"] == frames, "no recompilation within the run"
     assert janus.last_decode["compiles"] == 0 and janus.decode_session.stats["compiles"] == frames - before
     assert_same(roll(janus, JANUS, 2, CFG, "eager"), first)
+
+
+def test_a_recompilation_warns_but_a_first_compilation_after_static_passes_does_not(janus, monkeypatch):
+    """A loop that ran static passes before its first compiled one (the benchmarks and gpu_check do) compiles
+    for the first time: no warning (it said "compiled again in pass 2" before). A pass whose sampling changes
+    the step's code (top-k on) compiles again: one warning says so."""
+    from t2i_gcpo.policies.decode_loop import DecodeSession
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(janus, "decode_session", DecodeSession())
+    torch._dynamo.reset()
+    roll(janus, JANUS, 2, CFG, "static")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        roll(janus, JANUS, 2, CFG, "compile")
+    with pytest.warns(UserWarning, match="compiled again in compiled pass 2"):
+        roll(janus, JANUS, 2, dataclasses.replace(CFG, top_k=5), "compile")
 
 
 # ---------------------------------------------------------------------------- 4. the GPU check survives

@@ -151,7 +151,8 @@ class StaticDecodeLoop:
         self.fallback = ""  # why a capture failed: this loop then runs uncaptured
         self._pool = None
         self.rows, self.first_slot, self.start = n, 0, 0
-        self.passes = 0  # passes run (compilations after the first are recompilations)
+        self.passes = 0  # passes run
+        self.compiled_passes = 0  # passes run compiled (compilations after the first are recompilations)
         self.plain = False  # attention through plain matmuls (`FusedLlamaDecoder._attend`)
         self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0, "fallback": ""}
 
@@ -257,6 +258,7 @@ class StaticDecodeLoop:
                 self.stats["steps"] = t - self.start
         if mode == "compile":
             self._count_compiles(compiled_frames() - frames)
+            self.compiled_passes += 1
         self.passes += 1
         n = self.rows
         return self.tokens[:n].clone(), self.valid[:n].clone(), self.logps[:, :n].clone()
@@ -270,17 +272,18 @@ class StaticDecodeLoop:
         return self.compiled
 
     def _count_compiles(self, new: int) -> None:
-        """Count dynamo's compilations of this pass; after the loop's first pass, warn (each costs compile time
-        again, and past dynamo's recompile limit it would sample eagerly without a word)."""
+        """Count dynamo's compilations of this pass; after the loop's first compiled pass (a loop may run static
+        passes before, as the benchmarks do), warn: each costs compile time again, and past dynamo's recompile
+        limit it would sample eagerly without a word."""
         if not new:
             return
         self.stats["compiles"] = new
         if self.session is not None:
             self.session.stats["compiles"] += new
-        if self.passes:
+        if self.compiled_passes:
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            warnings.warn(f"rollout.decode=compile: the decode step compiled again in pass {self.passes + 1} of its "
-                          f"loop ({new} graphs; top_k {self.top_k}, top_p {'on' if self.nucleus else 'off'}, "
+            warnings.warn(f"rollout.decode=compile: the decode step compiled again in compiled pass "
+                          f"{self.compiled_passes + 1} of its loop ({new} graphs; top_k {self.top_k}, top_p {'on' if self.nucleus else 'off'}, "
                           f"{self.n} rows, cache {self.decoder.max_len}); dynamo's recompile limit is {limit}",
                           stacklevel=3)  # fmt: skip
 
