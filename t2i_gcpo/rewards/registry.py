@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from t2i_gcpo.config import DEVICE, Bounds
-from t2i_gcpo.core.schemes.registry import Option
+from t2i_gcpo.core.schemes.registry import Option, option_types
 from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
@@ -226,7 +226,7 @@ def _read_signature(name: str, fn: Callable) -> tuple[tuple[RewardArg, ...], tup
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         raise ValueError(f"reward {name!r}: its loader's signature cannot be read") from None
-    hints = _hints(fn, [p.name for p in params])
+    hints = option_types(fn, [p.name for p in params])
     args, options, context = [], [], []
     for p in params:
         tp, extras = hints.get(p.name, Any), ()
@@ -246,22 +246,6 @@ def _read_signature(name: str, fn: Callable) -> tuple[tuple[RewardArg, ...], tup
             raise ValueError(f"reward {name!r}: a required argument follows an optional one")
         args.append(RewardArg(p.name, info, p.default))
     return tuple(args), tuple(options), tuple(context)
-
-
-def _hints(fn: Callable, names: list[str]) -> dict[str, Any]:
-    """The resolved annotations of `fn`'s parameters `names`, each on its own (an annotation naming what
-    the module imports only under TYPE_CHECKING, a tensor, leaves its parameter untyped)."""
-    annotations = getattr(fn, "__annotations__", {})
-    context = getattr(inspect.unwrap(fn), "__globals__", {})
-    hints = {}
-    for name in names:
-        if name in annotations:
-            holder = types.SimpleNamespace(__annotations__={name: annotations[name]})
-            try:
-                hints[name] = typing.get_type_hints(holder, context, include_extras=True)[name]
-            except Exception:
-                continue
-    return hints
 
 
 def _discover() -> None:

@@ -173,7 +173,7 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
         raise CreditSchemeError(
             f"credit scheme {name!r} must take the CreditInputs as its first argument: fn(inputs, **options)"
         )
-    hints = _option_types(fn, [p.name for p in params[1:]])
+    hints = option_types(fn, [p.name for p in params[1:]])
     options = []
     for p in params[1:]:
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -189,10 +189,11 @@ def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[s
     return CreditScheme(name, fn, frozenset(needs), doc, tuple(options), any_options, check, returns)
 
 
-def _option_types(fn: Callable, names: list[str]) -> dict[str, Any]:
+def option_types(fn: Callable, names: list[str]) -> dict[str, Any]:
     """The resolved annotations of `fn`'s options `names` (with their ``Annotated`` extras), each on its
     own: the inputs' and the result's annotations (tensors) may name torch, which a scheme's module
-    imports only when it runs. An annotation that cannot be resolved leaves its option untyped."""
+    imports only when it runs. An annotation that cannot be resolved leaves its option untyped. (The
+    reward registry reads its rewards' options the same way.)"""
     annotations = getattr(fn, "__annotations__", {})
     context = getattr(inspect.unwrap(fn), "__globals__", {})
     hints = {}
