@@ -154,7 +154,7 @@ def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
 
 
 def _load(model: ModelArg) -> Policy:
-    from t2i_gcpo.train.run import local_device
+    from t2i_gcpo.hardware import local_device
 
     policy, name = _policy_and_name(model)  # a policy object stays where its owner put it
     return policy if policy is not None else load_policy(name).to(local_device())  # a GPU when there is one

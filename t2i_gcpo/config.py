@@ -797,6 +797,7 @@ def _checkable(tp: Any) -> bool:
     return typing.get_origin(tp) is Literal or tp in (int, float, bool, str, type(None))
 
 
+PROJECT = "t2i-gcpo"  # the trackers' project name, and the TensorBoard events' folder under <run>/tb/
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # report_to's trackers (train/tracking.py)
 
 

@@ -15,6 +15,13 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPU features that mul
 FORCE_ENV = "T2I_GCPO_NATIVE_BF16"  # "1" / "0": what `native_bf16("cpu")` answers, whatever the CPU
 
 
+def local_device() -> str:
+    """This process's device (accelerate sets LOCAL_RANK per process on multi-GPU launches)."""
+    import torch
+
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
     try:

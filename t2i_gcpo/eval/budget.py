@@ -45,9 +45,10 @@ def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], s
     the steps; nothing written)."""
     import torch
 
+    from t2i_gcpo.hardware import local_device
     from t2i_gcpo.train.collect import BatchCollector
     from t2i_gcpo.train.data import PromptStream
-    from t2i_gcpo.train.run import local_device, prepare
+    from t2i_gcpo.train.run import prepare
     from t2i_gcpo.train.trainer import resolve_autocast, sampling_params
 
     job = prepare(algo=algo, flags={**flags, "out": None}, overrides=overrides)

@@ -9,7 +9,7 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
-from t2i_gcpo.train.tracking import PROJECT
+from t2i_gcpo.config import PROJECT
 
 
 class EventFile(GeneralTracker):

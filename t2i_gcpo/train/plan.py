@@ -92,10 +92,10 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepCost | None) -> None
     import torch
 
     from t2i_gcpo.core.schemes import get_scheme
+    from t2i_gcpo.hardware import local_device
     from t2i_gcpo.policies.decode_loop import resolve_mode
     from t2i_gcpo.train.branches import check_spacing
     from t2i_gcpo.train.credit import check_capabilities
-    from t2i_gcpo.train.run import local_device
 
     if not policy.capabilities.reveal_order:  # the autoregressive samplers run the decode loop
         resolve_mode(cfg.rollout.decode, torch.device(local_device()), True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from t2i_gcpo.config import TrainConfig, _read_yaml, from_dict, load_config
 from t2i_gcpo.errors import UserError, check_writable_dir
+from t2i_gcpo.hardware import local_device
 from t2i_gcpo.outdir import check_plain_tree
 
 if TYPE_CHECKING:
@@ -58,15 +59,6 @@ PYTHON_OBJECT = "<python>"
 
 def is_python_object(spec: str | None) -> bool:
     return bool(spec) and spec.split(":", 1)[0] == PYTHON_OBJECT
-
-
-def local_device() -> str:
-    """This process's device (accelerate sets LOCAL_RANK per process on multi-GPU launches)."""
-    import os
-
-    import torch
-
-    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
 
 
 def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,

@@ -14,10 +14,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.config import TRACKERS, check_report_to
+from t2i_gcpo.config import PROJECT, TRACKERS, check_report_to
 from t2i_gcpo.errors import UserError
-
-PROJECT = "t2i-gcpo"
 
 
 def installed(name: str) -> bool:
