@@ -151,7 +151,6 @@ class StaticDecodeLoop:
         self.fallback = ""  # why a capture failed: this loop then runs uncaptured
         self._pool = None
         self.rows, self.first_slot, self.start = n, 0, 0
-        self.passes = 0  # passes run
         self.compiled_passes = 0  # passes run compiled (compilations after the first are recompilations)
         self.plain = False  # attention through plain matmuls (`FusedLlamaDecoder._attend`)
         self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0, "fallback": ""}
@@ -259,7 +258,6 @@ class StaticDecodeLoop:
         if mode == "compile":
             self._count_compiles(compiled_frames() - frames)
             self.compiled_passes += 1
-        self.passes += 1
         n = self.rows
         return self.tokens[:n].clone(), self.valid[:n].clone(), self.logps[:, :n].clone()
 
@@ -283,9 +281,9 @@ class StaticDecodeLoop:
         if self.compiled_passes:
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
             warnings.warn(f"rollout.decode=compile: the decode step compiled again in compiled pass "
-                          f"{self.compiled_passes + 1} of its loop ({new} graphs; top_k {self.top_k}, top_p {'on' if self.nucleus else 'off'}, "
-                          f"{self.n} rows, cache {self.decoder.max_len}); dynamo's recompile limit is {limit}",
-                          stacklevel=3)  # fmt: skip
+                          f"{self.compiled_passes + 1} of its loop ({new} graphs; top_k {self.top_k}, "
+                          f"top_p {'on' if self.nucleus else 'off'}, {self.n} rows, cache {self.decoder.max_len}); "
+                          f"dynamo's recompile limit is {limit}", stacklevel=3)  # fmt: skip
 
     def capture(self, step: Callable[[int], None], span: int) -> Callable[[], None] | None:
         """Run `step(span)` once for real on a side stream (the warm-up a capture needs: lazy
