@@ -6,7 +6,9 @@ stays fast (torch is imported when an API function first runs)."""
 
 from typing import Any
 
-__version__ = "0.1.0"
+from t2i_gcpo.version import __version__
+
+__all__ = ["__version__"]
 
 
 def __getattr__(name: str) -> Any:

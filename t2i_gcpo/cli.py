@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from t2i_gcpo import __version__
+from t2i_gcpo.version import __version__
 from t2i_gcpo.errors import UserError, one_line
 
 # name -> ("module:attribute", one-line summary shown by --help without importing the module)

@@ -31,7 +31,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from t2i_gcpo import __version__
+from t2i_gcpo.version import __version__
 from t2i_gcpo.errors import UserError, one_line, shorten
 from t2i_gcpo.rewards.remote import PROTOCOL, SERVICE, jsonable
 
