@@ -14,8 +14,8 @@ import sys
 
 import click
 
-from t2i_gcpo.version import __version__
 from t2i_gcpo.errors import UserError, one_line
+from t2i_gcpo.version import __version__
 
 # name -> ("module:attribute", one-line summary shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -37,10 +37,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Annotated, Any
 
-from t2i_gcpo.version import __version__
 from t2i_gcpo.errors import RewardError, UserError, shorten
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Arg, Option, register_reward
+from t2i_gcpo.version import __version__
 
 if TYPE_CHECKING:
     import torch

@@ -31,9 +31,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from t2i_gcpo.version import __version__
 from t2i_gcpo.errors import UserError, one_line, shorten
 from t2i_gcpo.rewards.remote import PROTOCOL, SERVICE, jsonable
+from t2i_gcpo.version import __version__
 
 MAX_SIDE = 4096  # pixels: a larger image is refused before it is decoded (a PNG bomb)
 PENDING = 4  # requests decoded and held in memory at once
