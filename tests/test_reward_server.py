@@ -220,7 +220,9 @@ def test_health_names_the_terms_of_a_served_sum_and_the_client_takes_them():
         assert reward_terms(reward) == [("shapeworld", 0.5), ("shapeworld#2", 2.0)]
         assert reward_bounds(reward) is None  # flow_grpo's partial credit has none
         out = reward(torch.rand(3, 3, 8, 8), ["a photo of a circle"] * 3, [{}] * 3)
-        assert {"shapeworld", "shapeworld#2", "shapeworld/partial"} <= set(out.details[0])
+        assert out.term_names == ("shapeworld", "shapeworld#2") and out.terms.shape == (3, 2)
+        assert torch.allclose(out.scores, out.terms @ torch.tensor([0.5, 2.0]))
+        assert "shapeworld/partial" in out.details[0] and "shapeworld" not in out.details[0]
 
 
 @pytest.mark.parametrize(

@@ -117,12 +117,14 @@ def test_weighted_sum_arithmetic_and_details():
     a, b = Const("a", [1.0, 2.0, 3.0]), Const("b", [0.5, 0.0, -1.0])
     out = WeightedSum([(a, 0.7), (b, 0.3)])(None, ["p"] * 3, [{}] * 3)
     assert torch.allclose(out.scores, torch.tensor([0.85, 1.4, 1.8]))
-    assert out.details[1] == {"a": 2.0, "a/x": 1, "b": 0.0, "b/x": 1}
+    assert out.term_names == ("a", "b") and out.terms.tolist() == [[1.0, 0.5], [2.0, 0.0], [3.0, -1.0]]
+    assert out.details[1] == {"a/x": 1, "b/x": 1}  # what is not a score, under each term's name
     twice = WeightedSum([(a, 1.0), (Const("a", [1.0, 1.0, 1.0]), -2.0)])
     assert twice.name == "1*a+-2*a#2"
     out2 = twice(None, ["p"] * 3, [{}] * 3)
     assert torch.allclose(out2.scores, torch.tensor([-1.0, 0.0, 1.0]))
-    assert set(out2.details[0]) == {"a", "a/x", "a#2", "a#2/x"}
+    assert out2.term_names == ("a", "a#2") and out2.terms[:, 1].tolist() == [1.0, 1.0, 1.0]
+    assert set(out2.details[0]) == {"a/x", "a#2/x"}
 
 
 def test_nan_exception_and_length_raise_reward_error():

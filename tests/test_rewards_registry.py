@@ -244,10 +244,11 @@ def test_geneval_metadata_reaches_the_parts_of_a_sum_that_need_it(tiny, monkeypa
     one_dog = {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}
     two_cats = {"tag": "counting", "include": [{"class": "cat", "count": 2}]}
     out = reward(torch.rand(2, 3, 40, 40), ["a photo of a dog", "a photo of two cats"], [one_dog, two_cats])
-    assert [d["geneval"] for d in out.details] == [1.0, 0.0]  # each sample scored against its own metadata
+    assert out.term_names == ("geneval", "pickscore")
+    assert out.terms[:, 0].tolist() == [1.0, 0.0]  # each sample scored against its own metadata
     assert [d["geneval/tag"] for d in out.details] == ["single_object", "counting"]
     assert torch.allclose(
-        out.scores, 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * torch.tensor([d["pickscore"] for d in out.details])
+        out.scores, 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * out.terms[:, 1]
     )
     with pytest.raises(RewardError, match="needs GenEval metadata"):
         reward(torch.rand(1, 3, 40, 40), ["a photo of a dog"], [{}])

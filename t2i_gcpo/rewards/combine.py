@@ -34,22 +34,15 @@ def reward_name(reward: Any) -> str:
 
 
 def as_reward_output(value: Any, n: int, name: str) -> RewardOutput:
-    """RewardOutput from a RewardOutput, tensor, array or sequence of numbers; checks length and finiteness."""
+    """RewardOutput from a RewardOutput, tensor, array or sequence of numbers; checks length and finiteness
+    (of the terms too, where a sum gives them)."""
+    terms, term_names = None, ()
     if isinstance(value, RewardOutput):
         scores, details = value.scores, list(value.details)
+        terms, term_names = value.terms, value.term_names
     else:
         scores, details = value, []
-    if (
-        scores.is_complex() if torch.is_tensor(scores) else np.iscomplexobj(scores)
-    ):  # .float() drops the imaginary part
-        raise RewardError(f"reward '{name}' returned complex scores, expected real numbers")
-    try:
-        if torch.is_tensor(scores):
-            scores = scores.detach().float().cpu()
-        else:
-            scores = torch.as_tensor(np.asarray(scores, dtype=np.float64)).float()
-    except (TypeError, ValueError) as e:
-        raise RewardError(f"reward '{name}' returned {type(value).__name__}, not numbers ({e})") from None
+    scores = _as_scores(scores, name, type(value).__name__)
     if scores.numel() == n:
         scores = scores.reshape(-1)  # accept [B, 1]
     if scores.dim() != 1 or scores.numel() != n:
@@ -59,11 +52,30 @@ def as_reward_output(value: Any, n: int, name: str) -> RewardOutput:
         raise RewardError(
             f"reward '{name}' returned NaN/inf for sample(s) {bad[:8]} (scores {scores[bad[:4]].tolist()})"
         )
+    if terms is not None:
+        terms = _as_scores(terms, name, "terms")
+        if terms.shape != (n, len(term_names)) or not bool(torch.isfinite(terms).all()):
+            raise RewardError(
+                f"reward '{name}' returned terms {tuple(terms.shape)} for {n} samples and "
+                f"{len(term_names)} term names, or NaN/inf among them"
+            )
     if not details:
         details = [{} for _ in range(n)]
     if len(details) != n:
         raise RewardError(f"reward '{name}' returned {len(details)} detail entries for {n} samples")
-    return RewardOutput(scores=scores, details=details)
+    return RewardOutput(scores=scores, details=details, terms=terms, term_names=term_names)
+
+
+def _as_scores(scores: Any, name: str, what: str) -> torch.Tensor:
+    """`scores` (a tensor, array or sequence of numbers) as a float32 CPU tensor; RewardError otherwise."""
+    if scores.is_complex() if torch.is_tensor(scores) else np.iscomplexobj(scores):  # .float() drops it
+        raise RewardError(f"reward '{name}' returned complex scores, expected real numbers")
+    try:
+        if torch.is_tensor(scores):
+            return scores.detach().float().cpu()
+        return torch.as_tensor(np.asarray(scores, dtype=np.float64)).float()
+    except (TypeError, ValueError) as e:
+        raise RewardError(f"reward '{name}' returned {what}, not numbers ({e})") from None
 
 
 def call_reward(reward: Any, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
@@ -95,10 +107,8 @@ class Checked:
 
 
 class WeightedSum:
-    """r_i = Σ_k w_k · r_k,i.
-
-    details[i] merges the parts per reward name: ``{name: r_k,i, "name/key": value, …}`` for each
-    part (a repeated name gets a ``#2`` suffix), so every component can be logged on its own.
+    """r_i = Σ_k w_k · r_k,i, with each part's own score r_k,i in the output's ``terms`` [B, K] under the
+    part's name (a repeated name gets a ``#2`` suffix), and its details as ``{"name/key": value, …}``.
     """
 
     def __init__(self, parts: Sequence[tuple[Reward, float]]):
@@ -120,13 +130,14 @@ class WeightedSum:
     def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         total = torch.zeros(len(prompts))
         details: list[dict] = [{} for _ in prompts]
+        columns = []
         for (reward, weight), name in zip(self.parts, self.names):
             out = call_reward(reward, images, prompts, metadata)
             total += weight * out.scores
-            for d, s, extra in zip(details, out.scores.tolist(), out.details):
-                d[name] = s
+            columns.append(out.scores)
+            for d, extra in zip(details, out.details):
                 d.update({f"{name}/{k}": v for k, v in extra.items()})
-        return RewardOutput(scores=total, details=details)
+        return RewardOutput(total, details, torch.stack(columns, dim=1), tuple(self.names))
 
     def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
         for reward, _ in self.parts:
@@ -150,18 +161,16 @@ class Placed:
     def __call__(self, images: Any, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         n = len(prompts)
         size = self.batch_size or max(n, 1)
-        scores, details = [], []
+        outputs = []
         for start in range(0, n, size):
             part = slice(start, min(start + size, n))
             batch = images[part]
             if self.device is not None and torch.is_tensor(batch):
                 batch = batch.to(self.device, non_blocking=True)
-            out = call_reward(self.inner, batch, prompts[part], metadata[part] if metadata else [])
-            scores.append(out.scores)
-            details += out.details
-        if not scores:
+            outputs.append(call_reward(self.inner, batch, prompts[part], metadata[part] if metadata else []))
+        if not outputs:
             return call_reward(self.inner, images, prompts, metadata)
-        return RewardOutput(scores=torch.cat(scores), details=details)
+        return RewardOutput.concat(outputs)
 
     def check_prompts(self, prompts: list[str], metadata: list[dict]) -> None:
         check_prompts(self.inner, prompts, metadata)
@@ -175,7 +184,8 @@ def _inner(reward: Any) -> Any:
 
 def reward_terms(reward: Any) -> list[tuple[str, float]] | None:
     """(name, weight) of each term of `reward` when it is a weighted sum — built here or served by a
-    reward server (its ``terms``) — in the order of its details' keys; None for a single reward."""
+    reward server (its ``terms``) — in the order of its outputs' ``terms`` columns; None for a single
+    reward."""
     inner = _inner(reward)
     if inner is not None:
         return reward_terms(inner)

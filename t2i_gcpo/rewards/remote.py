@@ -7,7 +7,8 @@ The protocol is JSON over HTTP/1.x, from the standard library on both sides:
   each term of a sum (`terms`), its score bounds, the run context it reads (``grid``) and its limits
   (images and bytes per request);
 - ``POST /score`` with ``{"images": [PNG, base64], "prompts": [...], "metadata": [{...}], "context":
-  {"grid": [rows, cols]}}`` → ``{"scores": [...], "details": [{...}]}`` in the order sent; a request the
+  {"grid": [rows, cols]}}`` → ``{"scores": [...], "details": [{...}], "terms": [[...], ...]}`` in the order
+  sent (``terms``, for a sum only: each sample's score under each term of /health's ``terms``); a request the
   server refuses answers 4xx, a reward that fails on the server 500, each with ``{"error": "one line"}``.
 
 Images travel as 8-bit PNG, made as `rewards._common.images_to_pil` makes them (the model rewards and the
@@ -247,6 +248,9 @@ class RemoteReward:
         try:
             answer = json.loads(raw)
             ok = len(answer["scores"]) == len(images) and len(answer["details"]) == len(images)
+            if self.terms:  # a sum: one score per term for each sample
+                ok = ok and len(answer["terms"]) == len(images)
+                ok = ok and all(len(row) == len(self.terms) for row in answer["terms"])
         except (ValueError, KeyError, TypeError):
             ok = False
         if not ok:
@@ -269,4 +273,7 @@ class RemoteReward:
             pool.shutdown(wait=False, cancel_futures=True)
         scores = [float(x) for a in answers for x in a["scores"]]
         details = [d for a in answers for d in a["details"]]
-        return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), details=details)
+        if not self.terms:
+            return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), details=details)
+        terms = torch.tensor([[float(x) for x in row] for a in answers for row in a["terms"]], dtype=torch.float32)
+        return RewardOutput(torch.tensor(scores, dtype=torch.float32), details, terms, tuple(n for n, _ in self.terms))

@@ -108,7 +108,10 @@ class RewardService:
         with self.score_lock, torch.no_grad():
             out = call_reward(reward, images, prompts, metadata)
             self.scored += 1
-        return {"scores": out.scores.tolist(), "details": jsonable(out.details)}
+        answer = {"scores": out.scores.tolist(), "details": jsonable(out.details)}
+        if out.terms is not None:  # a sum: each sample's score under each term, in the order /health lists them
+            answer["terms"] = out.terms.tolist()
+        return answer
 
     def read(self, body: bytes) -> tuple[Any, list[str], list[dict], dict]:
         """(images [B, 3, H, W] in [0, 1], prompts, metadata, context) of a request body, checked."""

@@ -34,11 +34,10 @@ class Batch:
     def select(self, index: torch.Tensor) -> Batch:
         ids = index.tolist()
         outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
-        details = [self.reward.details[i] for i in ids] if self.reward.details else []
         tree = None if self.tree is None else self.tree.select(index)
         leaves = None if self.leaves is None else self.leaves.select(index)
         return Batch(self.rollout.select(index), self.advantages[index],
-                     RewardOutput(self.reward.scores[index], details), outputs, tree, leaves)  # fmt: skip
+                     self.reward.select(index), outputs, tree, leaves)  # fmt: skip
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch | None:
@@ -52,7 +51,7 @@ class Batch:
         return Batch(
             Rollout.concat([b.rollout for b in batches]),
             torch.cat([b.advantages for b in batches]),
-            RewardOutput(torch.cat([b.reward.scores for b in batches]), [d for b in batches for d in b.reward.details]),
+            RewardOutput.concat([b.reward for b in batches]),
             torch.cat(outs) if torch.is_tensor(outs[0]) else [o for x in outs for o in x],
             None if trees[0] is None else Tree.concat(trees),
             None if leaves[0] is None else Leaves.concat(leaves),

@@ -226,10 +226,9 @@ def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_rew
         outs = torch.cat([outputs, cont_out.to(outputs.device)])[order.to(outputs.device)]
     else:
         outs = [(list(outputs) + list(cont_out))[i] for i in order.tolist()]
-    details = list(root_reward.details) + list(cont_reward.details)
-    scores = torch.cat([root_reward.scores, cont_reward.scores.to(root_reward.scores.device)])
+    reward = RewardOutput.concat([root_reward, cont_reward]).select(order)
     return LeafGroups(
-        both, outs, RewardOutput(scores[order.to(scores.device)], [details[i] for i in order.tolist()] if details else []),
+        both, outs, reward,
         Leaves(root_index[order], point[order]), len(cont), int(own.sum()),
         {"rollout": mid - tic, "reward": end - mid},
     )  # fmt: skip

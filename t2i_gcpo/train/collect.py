@@ -29,6 +29,7 @@ from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, PromptRecord, Rollout, SamplingParams
+from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.combine import reward_terms
 from t2i_gcpo.tasks.loop import Scored, group_generators
 from t2i_gcpo.train.batch import Batch
@@ -83,10 +84,9 @@ class Collected:
 
 @dataclass
 class Tally:
-    """What one step has drawn so far: scores, reward details, groups, seconds and budget/* counts."""
+    """What one step has drawn so far: the rewards of its samples, groups, seconds and budget/* counts."""
 
-    scores: list[torch.Tensor] = field(default_factory=list)
-    details: list[dict] = field(default_factory=list)
+    rewards: list[RewardOutput] = field(default_factory=list)  # every sample's scores, terms and details
     drawn: int = 0
     without_signal: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {M.TIME_ROLLOUT: 0.0, M.TIME_REWARD: 0.0})
@@ -192,9 +192,10 @@ class BatchCollector:
             batch = batch.select(rows[:cut])
         for key, value in tally.spent.items():
             self.spent[key] += value
-        terms = term_metrics(reward_terms(reward), tally.details, tally.term_advantages)
+        drawn = RewardOutput.concat(tally.rewards) if tally.rewards else RewardOutput(torch.zeros(0))
+        terms = term_metrics(reward_terms(reward), drawn.terms, tally.term_advantages)
         after = decode_fallbacks(policy)
-        return Collected(batch, carried, last_round, torch.cat(tally.scores), tally.details,
+        return Collected(batch, carried, last_round, drawn.scores, drawn.details,
                          groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
                          seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent), terms=terms,
                          decode_fallbacks=None if after is None else after - (fallbacks or 0))  # fmt: skip
@@ -260,8 +261,7 @@ class BatchCollector:
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
             tally.add(part.seconds, samples=len(part.rollout), tokens=float(part.rollout.mask.sum()))
-            tally.scores.append(part.reward.scores)
-            tally.details += part.reward.details
+            tally.rewards.append(part.reward)
         if rollout_cfg.allocation == "none":
             return parts[0]
         scores = torch.cat([part.reward.scores for part in parts])
@@ -299,9 +299,7 @@ class BatchCollector:
                             self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
         new = ~grown.leaves.is_root
-        tally.scores.append(grown.reward.scores[new])
-        if grown.reward.details:
-            tally.details += [d for d, keep in zip(grown.reward.details, new.tolist()) if keep]
+        tally.rewards.append(grown.reward.select(new.nonzero().flatten()))
         G = grown.rollout.group_size
         adv = self.advantages(grown.reward, G, reward, tally)
         return Batch(grown.rollout, adv, grown.reward, grown.outputs, leaves=grown.leaves)
@@ -392,8 +390,6 @@ def groups_in(batches: list[Batch]) -> int:
 
 def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> Scored:
     """Rows `order` of the scored parts laid end to end, as groups of `group_size`."""
-    from t2i_gcpo.rewards.base import RewardOutput
-
     rollout = Rollout.concat([part.rollout for part in parts]).select(order)
     outputs = [part.outputs for part in parts]
     if torch.is_tensor(outputs[0]):
@@ -401,11 +397,9 @@ def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> 
     else:
         flat = [o for x in outputs for o in x]
         out = [flat[i] for i in order.tolist()]
-    details = [d for part in parts for d in part.reward.details]
-    scores = torch.cat([part.reward.scores for part in parts])
+    reward = RewardOutput.concat([part.reward for part in parts]).select(order)
     seconds = {k: sum(part.seconds.get(k, 0.0) for part in parts) for k in parts[0].seconds}
-    return Scored(dataclasses.replace(rollout, group_size=group_size), out,
-                  RewardOutput(scores[order], [details[i] for i in order.tolist()] if details else []), seconds)  # fmt: skip
+    return Scored(dataclasses.replace(rollout, group_size=group_size), out, reward, seconds)
 
 
 def decode_fallbacks(policy: Any) -> int | None:

@@ -105,20 +105,20 @@ def sample_and_score_chunked(policy: Policy, reward: Any, prompts: Sequence[Prom
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     joined = torch.cat(outputs) if torch.is_tensor(outputs[0]) else [o for part in outputs for o in part]
-    reward_out = RewardOutput(torch.cat([r.scores for r in scored]), [d for r in scored for d in r.details])
+    reward_out = RewardOutput.concat(scored)
     return Scored(Rollout.concat(rollouts), joined, reward_out, {"rollout": sampled, "reward": scoring})
 
 
 # ----------------------------------------------------------------------------- advantages of a round
 def term_scores(terms: list[tuple[str, float]] | None, out: RewardOutput) -> torch.Tensor | None:
-    """[B, K]: each sample's score under each term of a weighted sum (read from its details), None for a
-    single reward."""
+    """[B, K]: each sample's score under each term of a weighted sum (``out.terms``, its columns in the order
+    of `terms`), None for a single reward."""
     if not terms or len(terms) < 2:
         return None
-    missing = [name for name, _ in terms if not all(name in d for d in out.details)]
-    if missing or not out.details:
-        raise ValueError(f"the reward's details lack the scores of its terms {missing}")
-    return torch.tensor([[float(d[name]) for name, _ in terms] for d in out.details], dtype=torch.float32)
+    names = [name for name, _ in terms]
+    if out.terms is None or list(out.term_names) != names:
+        raise ValueError(f"the reward gave the scores of terms {list(out.term_names)}, expected {names}")
+    return out.terms.float()
 
 
 def sequence_advantages(cfg: AdvantageConfig, out: RewardOutput, group_size: int,
@@ -136,17 +136,17 @@ def sequence_advantages(cfg: AdvantageConfig, out: RewardOutput, group_size: int
     return adv, {name: per_term[:, k] for k, (name, _) in enumerate(terms)}
 
 
-def term_metrics(terms: list[tuple[str, float]] | None, details: list[dict],
+def term_metrics(terms: list[tuple[str, float]] | None, scores: torch.Tensor | None,
                  advantages: dict[str, list[torch.Tensor]]) -> dict[str, float]:  # fmt: skip
-    """``reward/<term>/mean`` of each term of a weighted sum over the step's samples, and under GDPO
-    ``advantage/<term>/mean_abs`` (metrics.py)."""
+    """``reward/<term>/mean`` of each term of a weighted sum over the step's samples (`scores` [N, K], the
+    columns in the order of `terms`; None when none was drawn), and under GDPO ``advantage/<term>/mean_abs``
+    (metrics.py)."""
     out: dict[str, float] = {}
     if not terms or len(terms) < 2:
         return out
-    for name, _ in terms:
-        values = [float(d[name]) for d in details if name in d]
-        if values:
-            out[M.REWARD_TERM.format(name=name)] = sum(values) / len(values)
+    for k, (name, _) in enumerate(terms):
+        if scores is not None and len(scores):
+            out[M.REWARD_TERM.format(name=name)] = scores[:, k].double().mean().item()
         if advantages.get(name):
             out[M.ADVANTAGE_TERM.format(name=name)] = torch.cat(advantages[name]).abs().mean().item()
     return out
