@@ -141,16 +141,16 @@ def _policy_and_name(model: ModelArg | None) -> tuple[Any, str | None]:
     """(the policy object or None, the string config.yaml records for `model`)."""
     if model is None or isinstance(model, (str, os.PathLike)):  # before importing torch: refusals stay fast
         return None, None if model is None else os.fspath(model)
-    from t2i_gcpo.policies.base import Policy, policy_members
+    from t2i_gcpo.policies.base import missing_members, with_member_defaults
     from t2i_gcpo.train.run import PYTHON_OBJECT
 
-    if not isinstance(model, Policy):  # the protocol's members, checked by name
-        missing = [m for m in policy_members() if not hasattr(model, m)]
+    missing = missing_members(model)  # the protocol's members, checked by name
+    if missing:
         raise UserError(
             f"model must be a name, a path or a Policy (t2i_gcpo.policies.base.Policy), got "
             f"{type(model).__name__}, which lacks {', '.join(missing)}"
         )
-    return model, f"{PYTHON_OBJECT}:{type(model).__name__}"
+    return with_member_defaults(model), f"{PYTHON_OBJECT}:{type(model).__name__}"
 
 
 def _load(model: ModelArg) -> Policy:

@@ -90,6 +90,7 @@ def import_amused() -> tuple[Any, Any, Any]:
 class AmusedPolicy(nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
 
+    decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
     output = "image"
     # rollout.autocast='auto' leaves diffusers' transformer in its dtype (bf16 sampling not checked)
     capabilities = PolicyCapabilities(

@@ -247,6 +247,10 @@ class Policy(Protocol):
     # the family's own tokenizer (a `PromptTokenizer`, a transformers tokenizer): tasks that map
     # reward spans of text to tokens read it (arithmetic's step lift)
     tokenizer: Any
+    # the decode loop kept for the run (policies/decode_loop.DecodeSession) of a family that samples through
+    # one: the trainer reads its captures and fallbacks. None for the others (masked families); a family that
+    # does not declare it gets None (`MEMBER_DEFAULTS`)
+    decode_session: Any
 
     @property
     def capabilities(self) -> PolicyCapabilities: ...
@@ -301,6 +305,10 @@ class Policy(Protocol):
     def save_pretrained(self, path: str) -> None: ...
 
 
+# the members a family may leave out, and the value the trainer reads for them then (`with_member_defaults`)
+MEMBER_DEFAULTS: dict[str, Any] = {"decode_session": None}
+
+
 def policy_members() -> list[str]:
     """The members every `Policy` declares (attributes and methods), in declaration order."""
     names = list(getattr(Policy, "__annotations__", {}))
@@ -310,3 +318,17 @@ def policy_members() -> list[str]:
         if not n.startswith("_") and (callable(v) or isinstance(v, property))
     ]
     return list(dict.fromkeys(names))
+
+
+def missing_members(obj: Any) -> list[str]:
+    """The members of `Policy` that `obj` lacks and that have no default (`MEMBER_DEFAULTS`)."""
+    return [m for m in policy_members() if m not in MEMBER_DEFAULTS and not hasattr(obj, m)]
+
+
+def with_member_defaults(policy: Any) -> Any:
+    """`policy` with each member it does not declare set to its default (`MEMBER_DEFAULTS`), so that callers
+    read every member of the protocol directly."""
+    for name, default in MEMBER_DEFAULTS.items():
+        if not hasattr(policy, name):
+            setattr(policy, name, default)
+    return policy

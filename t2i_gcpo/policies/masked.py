@@ -72,6 +72,7 @@ class MaskedConfig:
 class MaskedPolicy(nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
 
+    decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
     output = "image"
     # rollout.autocast='auto' samples in bf16 where native (its own transformer)
     capabilities = PolicyCapabilities(

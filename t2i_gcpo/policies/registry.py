@@ -210,4 +210,6 @@ def load_policy(spec: str, options: Any = None) -> Any:
     check_options(fam, spec, options)
     if family_prefix(spec) is None and not is_shipped(spec) and not os.path.exists(os.path.expanduser(spec)):
         raise UserError(f"model '{spec}' not found: expected {models_help(plugins=True)}")
-    return fam.load(target, options if options is not None else ModelOptions())
+    from t2i_gcpo.policies.base import with_member_defaults
+
+    return with_member_defaults(fam.load(target, options if options is not None else ModelOptions()))

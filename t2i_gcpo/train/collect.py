@@ -405,7 +405,7 @@ def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> 
 def decode_fallbacks(policy: Any) -> int | None:
     """The failed decode-step captures of the policy's run so far (policies/decode_loop.DecodeSession), or None
     where its rollouts have captured nothing (eager or uncaptured loops, masked families)."""
-    session = getattr(policy, "decode_session", None)
+    session = policy.decode_session
     if session is None or not (session.stats["captures"] or session.stats["fallbacks"]):
         return None
     return session.stats["fallbacks"]
