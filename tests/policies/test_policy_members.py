@@ -1,10 +1,10 @@
 """The members the trainer reads of a policy are declared by the protocol; the ones with a default
 (`MEMBER_DEFAULTS`) may be left out by a family and are then set when it is loaded."""
 
-import toy_family
-
 from t2i_gcpo.policies.base import MEMBER_DEFAULTS, missing_members, policy_members, with_member_defaults
 from t2i_gcpo.train.collect import decode_fallbacks
+
+import toy_family
 
 
 def test_decode_session_is_declared_with_a_default():
