@@ -144,7 +144,7 @@ def test_a_scheme_registered_elsewhere_is_trainable_by_name(tmp_path):
                             _Acc())  # fmt: skip
         assert torch.equal(weights[:, -1], torch.full((len(ro),), 16.0)) and weights[:, :-1].sum() == 0
     finally:
-        registry.pop("last_token_test")
+        registry.remove("last_token_test")
 
 
 # ---------------------------------------------------------------------------- update invariances

@@ -217,7 +217,7 @@ def test_an_installed_package_registers_a_family_through_its_entry_point(monkeyp
     monkeypatch.setattr(
         importlib.metadata, "entry_points", lambda group: [point] if group == point.group else []
     )
-    monkeypatch.setitem(registry._loaded, "plugins", False)
+    monkeypatch.setitem(registry.FAMILIES._loaded, "plugins", False)
     try:
         path = toy_family.build_tiny_toy(tmp_path).partition(":")[2]
         assert split_spec(f"plugged:{path}") == ("plugged", path)

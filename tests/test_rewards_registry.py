@@ -207,7 +207,7 @@ def toy_reward_file(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / "toy_reward.py").write_text(textwrap.dedent(TOY))
     monkeypatch.setattr(rewards_package, "__path__", [*rewards_package.__path__, str(folder)])
-    monkeypatch.setitem(registry._discovered, "builtins", False)
+    monkeypatch.setitem(registry.REWARDS._loaded, "builtins", False)  # the package is read again
     yield folder
     registry.unregister_reward("toy_brightness")
     sys.modules.pop("t2i_gcpo.rewards.toy_reward", None)

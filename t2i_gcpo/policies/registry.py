@@ -15,21 +15,19 @@ Nothing here imports torch, transformers or diffusers: the help texts are derive
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.extensions import Registry
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets")
 # a directory no family recognises is tried as an AR checkpoint (its loader says what is missing)
 FALLBACK = "ar"
 ENTRY_POINT_GROUP = "t2i_gcpo.families"  # installed packages may register families here
-BUILTIN_MODULES = "t2i_gcpo.policies.families."
 
 
 @dataclass(frozen=True)
@@ -38,6 +36,7 @@ class Family:
 
     name: str  # the prefix of ``NAME:PATH``
     load: Callable[[str, Any], Any]  # (shipped name or path, ModelOptions) → the policy
+    doc: str = ""  # one line: what it loads (`--help`, docs/guides/new_family.md)
     detect: Callable[[Path], bool] | None = None  # whether a directory's own files are this family's
     shipped: Mapping[str, str] = field(default_factory=dict)  # shipped name → its folder
     options: frozenset[str] = frozenset()  # the ModelOptions keys it reads; others must keep their defaults
@@ -45,71 +44,53 @@ class Family:
     shipped_task: str | None = None  # the task of its shipped models, when `task` is None
 
 
-_FAMILIES: dict[str, Family] = {}
-_loaded = {"builtins": False, "plugins": False}
+# every family, the built-in ones one module each in policies/families/ (t2i_gcpo/extensions.py)
+FAMILIES: Registry[Family] = Registry("model family", builtins="t2i_gcpo.policies.families", plugins=ENTRY_POINT_GROUP)
 
 
-def register_family(family: Family, *, replace: bool = False) -> Family:
-    """Add `family` to the registry (``replace=True`` overwrites one of the same name)."""
-    _load_builtins()
+def register_family(family: Family | str, *, replace: bool = False, **fields: Any) -> Any:
+    """Add a family. As a decorator over its loader, the way built-in families register::
+
+        @register_family("mine", detect=lambda path: (path / "mine.json").is_file(), options={"dtype"})
+        def load(target: str, options: ModelOptions) -> Policy: ...
+
+    or with its record, ``register_family(Family(name="mine", load=load, …))`` (``replace=True`` overwrites
+    one of the same name). A name that is not an identifier, a second family of the same name, or a shipped
+    name another family ships is a one-line UserError."""
+    if isinstance(family, str):
+        name = family
+
+        def add(load: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+            register_family(Family(name=name, load=load, **fields), replace=replace)
+            return load
+
+        return add
     if not family.name.isidentifier():
         raise UserError(f"family name {family.name!r}: use letters, digits and underscores")
-    if family.name in _FAMILIES and not replace:
+    if family.name in FAMILIES and not replace:
         raise UserError(f"model family {family.name!r} is already registered")
-    for other in _FAMILIES.values():
+    for other in FAMILIES.values():
         taken = set(family.shipped) & set(other.shipped) if other.name != family.name else set()
         if taken:
             raise UserError(
                 f"model family {family.name!r}: {', '.join(sorted(taken))} ships with {other.name!r}"
             )
-    _FAMILIES[family.name] = dataclasses.replace(family, options=frozenset(family.options))
-    return _FAMILIES[family.name]
+    return FAMILIES.add(dataclasses.replace(family, options=frozenset(family.options)), replace=True)
 
 
 def unregister_family(name: str) -> None:
     """Remove a registered family (tests register toy ones)."""
-    _FAMILIES.pop(name, None)
-
-
-def _load_builtins() -> None:
-    if _loaded["builtins"]:
-        return
-    _loaded["builtins"] = True
-    from t2i_gcpo.policies import families as package
-
-    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        importlib.import_module(f"{package.__name__}.{module}")
-
-
-def _load_plugins() -> None:
-    """Families that installed packages declare under the ``t2i_gcpo.families`` entry point: the entry
-    point names a module that registers on import, or a `Family`."""
-    if _loaded["plugins"]:
-        return
-    _loaded["plugins"] = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        if isinstance(obj, Family) and obj.name not in _FAMILIES:
-            register_family(obj)
+    FAMILIES.remove(name)
 
 
 def families(plugins: bool = True) -> dict[str, Family]:
     """Every registered family by name: the built-in ones in name order, then the others in the order
     they were registered (``plugins=False``: without scanning installed packages, for help texts)."""
-    _load_builtins()
-    if plugins:
-        _load_plugins()
-    builtin = sorted(n for n, f in _FAMILIES.items() if f.load.__module__.startswith(BUILTIN_MODULES))
-    return {n: _FAMILIES[n] for n in builtin + [n for n in _FAMILIES if n not in builtin]}
+    return {name: FAMILIES[name] for name in FAMILIES.names(plugins)}
 
 
 def get_family(name: str) -> Family:
-    found = families().get(name)
-    if found is None:
-        raise UserError(f"unknown model family {name!r}: choose from {', '.join(families())}")
-    return found
+    return FAMILIES.lookup(name)
 
 
 def shipped_folder(name: str) -> str | None:

@@ -41,7 +41,6 @@ import importlib
 import importlib.util
 import inspect
 import math
-import pkgutil
 import re
 import types
 import typing
@@ -53,6 +52,7 @@ from typing import Any, Literal, Union
 from t2i_gcpo.config import DEVICE, Bounds
 from t2i_gcpo.core.schemes.registry import Option, option_types
 from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.extensions import Registry
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
 KINDS = ("dir", "file", "local", "path", "url", "text")
@@ -186,8 +186,8 @@ class RewardForm:
         return {c: o.name for o in self.options for c in o.choices}
 
 
-REWARDS: dict[str, RewardForm] = {}
-_discovered = {"builtins": False}
+# every form, one module each in this package (but its machinery, `INFRASTRUCTURE`): t2i_gcpo/extensions.py
+REWARDS: Registry[RewardForm] = Registry("reward form", builtins="t2i_gcpo.rewards", skip=INFRASTRUCTURE)
 
 
 # ----------------------------------------------------------------------------- registering
@@ -205,11 +205,9 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
         raise ValueError(f"reward {name!r}: scores must be one of {SCORES}, got {scores!r}")
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in REWARDS and not replace and REWARDS[name].load.__module__ != fn.__module__:
-            raise ValueError(f"reward {name!r} is already registered (by {REWARDS[name].load.__module__})")
         args, options, context = _read_signature(name, fn)
-        REWARDS[name] = RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence,
-                                   usage, example, split, join, tuple(requires), install, check)  # fmt: skip
+        REWARDS.add(RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence, usage,
+                               example, split, join, tuple(requires), install, check), replace=replace)  # fmt: skip
         return fn
 
     return add
@@ -217,7 +215,7 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
 
 def unregister_reward(name: str) -> None:
     """Remove a registered form (tests register toy ones)."""
-    REWARDS.pop(name, None)
+    REWARDS.remove(name)
 
 
 def _read_signature(name: str, fn: Callable) -> tuple[tuple[RewardArg, ...], tuple[RewardOption, ...], tuple[str, ...]]:  # fmt: skip
@@ -248,22 +246,9 @@ def _read_signature(name: str, fn: Callable) -> tuple[tuple[RewardArg, ...], tup
     return tuple(args), tuple(options), tuple(context)
 
 
-def _discover() -> None:
-    """Import every reward module of this package once (each registers its form)."""
-    if _discovered["builtins"]:
-        return
-    _discovered["builtins"] = True
-    from t2i_gcpo import rewards as package
-
-    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
-        if module not in INFRASTRUCTURE and not module.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{module}")
-
-
 def forms() -> dict[str, RewardForm]:
     """Every registered form by name (the built-in ones in name order, then any registered later)."""
-    _discover()
-    return dict(REWARDS)
+    return {name: REWARDS[name] for name in REWARDS.names()}
 
 
 def forms_text(output: str | None = None) -> str:

@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from t2i_gcpo.extensions import Registry
+
 if TYPE_CHECKING:  # the registry loads without torch (what `--help` lists); the functions import it
     from torch import Tensor
 
@@ -148,7 +150,8 @@ class CreditScheme:
         return ", ".join(self.options) or "none"
 
 
-CREDIT_SCHEMES: dict[str, CreditScheme] = {}  # the built-in schemes (and any registered in code)
+# the built-in schemes, one module each in this package (t2i_gcpo/extensions.py), and any registered in code
+CREDIT_SCHEMES: Registry[CreditScheme] = Registry("credit scheme", builtins="t2i_gcpo.core.schemes", skip=("registry",))
 USER_SCHEMES: dict[str, CreditScheme] = {}  # user functions, keyed by their spec ("file.py:function")
 
 
@@ -215,7 +218,7 @@ def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check
 
     def add(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         scheme = scheme_from_function(name, fn, needs, doc, check, returns)
-        CREDIT_SCHEMES[name] = dataclasses.replace(scheme, mass_preserving=mass_preserving)
+        CREDIT_SCHEMES.add(dataclasses.replace(scheme, mass_preserving=mass_preserving), replace=True)
         return fn
 
     scheme_from_function(name, lambda inp: inp, needs, returns=returns)  # unknown needs fail here

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from t2i_gcpo.policies.registry import ASSETS, Family, read_json, register_family
+from t2i_gcpo.policies.registry import ASSETS, read_json, register_family
 
 SHIPPED = {  # names resolved to shipped checkpoints
     "shapeworld": os.path.join(ASSETS, "shapeworld"),  # 32 px, 8×8 tokens
@@ -14,18 +14,14 @@ SHIPPED = {  # names resolved to shipped checkpoints
 }
 
 
+@register_family(
+    "ar",
+    doc="the ShapeWorld autoregressive prior: shipped shapeworld, shapeworld-64, or a folder it saved",
+    detect=lambda path: read_json(path / "model_index.json").get("policy") == "ar",
+    shipped=SHIPPED,
+    task="shapeworld",
+)
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.ar import load_policy
 
     return load_policy(SHIPPED.get(target, target), name=target)
-
-
-register_family(
-    Family(
-        name="ar",
-        load=load,
-        detect=lambda path: read_json(path / "model_index.json").get("policy") == "ar",
-        shipped=SHIPPED,
-        task="shapeworld",
-    )
-)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from t2i_gcpo.policies.registry import Family, read_json, register_family
+from t2i_gcpo.policies.registry import read_json, register_family
 
 
+@register_family(
+    "janus",
+    doc="Janus / Janus-Pro in transformers format (a local folder)",
+    detect=lambda path: read_json(path / "config.json").get("model_type") == "janus",
+    options=frozenset({"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch"}),
+)
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.janus import JanusPolicy
 
@@ -15,13 +21,3 @@ def load(target: str, options: Any) -> Any:
         target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
         max_rollout_batch=options.max_rollout_batch,
     )  # fmt: skip
-
-
-register_family(
-    Family(
-        name="janus",
-        load=load,
-        detect=lambda path: read_json(path / "config.json").get("model_type") == "janus",
-        options=frozenset({"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch"}),
-    )
-)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.policies.registry import ASSETS, Family, read_json, register_family
+from t2i_gcpo.policies.registry import ASSETS, read_json, register_family
 
 SHIPPED = {"arithmetic": os.path.join(ASSETS, "arithmetic")}  # built by `pretrain --world arithmetic`
 
@@ -29,6 +29,14 @@ def detect(path: Path) -> bool:
     )
 
 
+@register_family(
+    "text",
+    doc="a causal language model (shipped arithmetic, or a transformers folder)",
+    detect=detect,
+    shipped=SHIPPED,
+    options=frozenset({"dtype", "gradient_checkpointing", "negative", "max_rollout_batch"}),
+    shipped_task="arithmetic",
+)
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.text import TextPolicy
 
@@ -39,15 +47,3 @@ def load(target: str, options: Any) -> Any:
         negative=options.negative,
         max_rollout_batch=options.max_rollout_batch,
     )
-
-
-register_family(
-    Family(
-        name="text",
-        load=load,
-        detect=detect,
-        shipped=SHIPPED,
-        options=frozenset({"dtype", "gradient_checkpointing", "negative", "max_rollout_batch"}),
-        shipped_task="arithmetic",
-    )
-)
