@@ -1,74 +1,24 @@
 """The console script ``t2i-gcpo``.
 
-Subcommands live in ``t2i_gcpo/commands/*.py`` and are imported only when invoked, so ``--help``
-stays fast (torch, transformers and diffusers take seconds to import). A `UserError` anywhere
+Subcommands live in ``t2i_gcpo/commands/*.py``, listed in the table of commands/registry.py and imported
+only when invoked, so ``--help`` stays fast (torch, transformers and diffusers take seconds to import). A `UserError` anywhere
 becomes a one-line ``error: …`` and exit code 2.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import sys
 
 import click
 
+from t2i_gcpo.commands.registry import COMMANDS, lazy_group
 from t2i_gcpo.errors import UserError, one_line
 from t2i_gcpo.version import __version__
 
-# name -> ("module:attribute", one-line summary shown by --help without importing the module)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "train": (
-        "t2i_gcpo.commands.train:train_cmd",
-        "Train a policy: an algorithm preset, any credit scheme (the main job).",
-    ),
-    "sample": (
-        "t2i_gcpo.commands.sample:sample_cmd",
-        "Write images for a prompt file in GenEval's folder layout.",
-    ),
-    "credit-map": (
-        "t2i_gcpo.commands.credit_map:credit_map_cmd",
-        "Draw where each credit scheme puts a sample's credit.",
-    ),
-    "eval": (
-        "t2i_gcpo.commands.eval:eval_cmd",
-        "Evaluate on GenEval, DPG-Bench or ShapeWorld (PyPI-only scorers).",
-    ),
-    "compare": (
-        "t2i_gcpo.commands.compare:compare_cmd",
-        "Train several algorithms × seeds; table and curves.",
-    ),
-    "pretrain": (
-        "t2i_gcpo.commands.pretrain:pretrain_cmd",
-        "Rebuild a shipped model from scratch (ShapeWorld AR or masked prior, arithmetic LM).",
-    ),
-    "reward-server": (
-        "t2i_gcpo.commands.reward_server:reward_server_cmd",
-        "Serve a reward over HTTP for runs that name it remote:http://HOST:PORT.",
-    ),
-}
 
-
-class LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
-            return None
-        target, _ = COMMANDS[name]
-        module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, summary) for name, (_, summary) in COMMANDS.items()]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=lazy_group(COMMANDS), context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="t2i-gcpo")
 def cli() -> None:
     """RL for discrete-token text-to-image generators with token-level credit assignment.

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent / "t2i_gcpo"
 
 # package -> layer, top to bottom
 LAYERS = {
-    "t2i_gcpo.examples": 14,  # the runnable scripts the docs name (examples/ links here): users of the API
-    "t2i_gcpo.cli": 13,
+    "t2i_gcpo.examples": 15,  # the runnable scripts the docs name (examples/ links here): users of the API
+    "t2i_gcpo.cli": 14,  # the console script: the table of commands (commands/registry.py) and its errors
     "t2i_gcpo.commands": 13,
     "t2i_gcpo.api": 12,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
     "t2i_gcpo.analysis": 11,  # credit maps and credit lift outside training (the credit-map command's logic)
