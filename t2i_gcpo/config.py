@@ -30,9 +30,39 @@ from t2i_gcpo.core.schemes import (
     check_options,
 )
 from t2i_gcpo.errors import UserError
+from t2i_gcpo.extensions import Registry
 from t2i_gcpo.resources import CONFIG_DIR, PROMPTS_DIR, config_file_path
 
 REPO_PROMPTS = PROMPTS_DIR  # the name branches older than t2i_gcpo/resources.py import
+
+
+@dataclass(frozen=True)
+class DecodeMode:
+    """One decode loop of the autoregressive samplers (policies/decode_loop.py, docs/fast-sampling.md)."""
+
+    name: str
+    doc: str
+
+
+# the decode loops `rollout.decode` takes, declared here once (policies/decode_loop.py reads them)
+DECODE_MODES: Registry[DecodeMode] = Registry("decode mode")
+for _mode in (
+    DecodeMode("auto", "graph on CUDA where the model's step is one the static loop reproduces, else eager"),
+    DecodeMode("eager", "the adapter's own loop, one Python step per token: the reference and the fallback"),
+    DecodeMode(
+        "static",
+        "the whole token step — both CFG halves, guidance, top-k/top-p, the draw, the three log-probs — in "
+        "static shapes over preallocated buffers, uncaptured (what graph replays; any device; a check)",
+    ),
+    DecodeMode(
+        "graph",
+        "that step captured once a run as CUDA graphs and replayed (CUDA only; its cache and weight copies "
+        "stay allocated between rollouts)",
+    ),
+    DecodeMode("compile", "that step through torch.compile once a run (then captured on CUDA)"),
+):
+    DECODE_MODES.add(_mode)
+DecodeModeName = Literal[tuple(DECODE_MODES)]  # type: ignore[valid-type]
 
 
 @dataclass(frozen=True)
@@ -147,16 +177,12 @@ class RolloutConfig:
         "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
         "auto",
     )
-    decode: Literal["auto", "eager", "static", "graph", "compile"] = doc(
+    decode: DecodeModeName = doc(
         "The decode loop of autoregressive samplers (the ShapeWorld AR priors, Janus, plain-Llama text "
-        "models; masked models ignore it; docs/fast-sampling.md#decode-loop): 'eager', one Python step per "
-        "token (the reference); 'graph', the whole token step — both CFG halves, guidance, top-k/top-p, the "
-        "draw, the three log-probs — in static shapes, captured once a run as CUDA graphs and replayed (CUDA "
-        "only; its cache and weight copies stay allocated between rollouts); 'compile', that step through "
-        "torch.compile once a run (then captured on CUDA); 'static', that step uncaptured (a check); 'auto', "
-        "graph on CUDA and eager elsewhere. The same seeds draw the same samples in every mode (up to float "
-        "rounding); models the static step does not reproduce (non-Llama language models, DoRA) sample "
-        "eagerly.",
+        "models; masked models ignore it; docs/fast-sampling.md#decode-loop): "
+        + "; ".join(f"'{name}', {text}" for name, text in DECODE_MODES.rows())
+        + ". The same seeds draw the same samples in every mode (up to float rounding); models the static "
+        "step does not reproduce (non-Llama language models, DoRA) sample eagerly.",
         "auto",
     )
     old_logprobs: Literal["recorded", "recompute"] = doc(

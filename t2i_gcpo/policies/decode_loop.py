@@ -45,18 +45,17 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
+from t2i_gcpo.config import DECODE_MODES
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import SamplingParams
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.sampling import GUIDANCE, filter_logits
 
-DecodeMode = Literal["auto", "eager", "static", "graph", "compile"]
-MODES: tuple[str, ...] = get_args(DecodeMode)
+MODES: tuple[str, ...] = tuple(DECODE_MODES)  # declared once, in config.py
 SPAN = 128  # cache slots per captured span: one graph per 128 slots of context
 STOP_CHECK = 8  # text, captured: steps between checks that every row has ended (each check syncs)
 CAPTURE_DEVICES = (
