@@ -7,7 +7,8 @@ This module is the floor of the package (it imports nothing from t2i_gcpo), so e
 
 - `check_writable_dir(path, what)`: refuse an output folder that is a file or cannot be written,
   before any work is done;
-- `check_file(path, what)`: an expected file that is a directory ("is a directory") or missing.
+- `check_file(path, what)`: an expected file that is a directory ("is a directory"), not a regular
+  file, or missing.
 
 Reading and writing the files themselves: `t2i_gcpo.outdir` (one reader, one writer).
 """
@@ -50,11 +51,14 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def check_file(path: str | os.PathLike, what: str = "") -> Path:
-    """`path` as a Path if it is a file; else a `UserError` saying it is a directory or not found."""
+    """`path` as a Path if it is a file; else a `UserError` saying it is a directory, something other than
+    a regular file (a FIFO, a device: reading it could block) or not found."""
     p = Path(path)
     label = f"{what} {p}" if what else str(p)
     if p.is_dir():
         raise UserError(f"{label} is a directory, expected a file")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{label} is not a regular file")
     if not p.is_file():
         raise UserError(f"{label} not found")
     return p

@@ -499,6 +499,38 @@ def read_jsonl(path: str | os.PathLike, schema: Any = None, limit: int = SIDE_FI
     return rows
 
 
+def read_lines(path: str | os.PathLike, what: str, suffixes: Mapping[str, str]) -> tuple[Path, list[tuple[int, str]]]:
+    """(the file, its lines with their numbers) of the text file `path` a user gave — a prompt or problem
+    file — leaving out blank lines and, in a ``.txt`` file, lines starting with "#". `what` names the file
+    in messages ("prompt file"); `suffixes` maps each ending it takes to what a file of it holds
+    (``{".txt": "prompts", ".jsonl": "GenEval metadata"}``). A folder, a missing file, something that is not
+    a regular file (a FIFO, a device), another ending, text that is not UTF-8 or a file that cannot be read
+    is a one-line UserError naming it; a UTF-8 byte-order mark is ignored."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{what} {p} is a directory, not a file")
+    if not p.exists():
+        raise UserError(f"{what} {p} does not exist")
+    if not p.is_file():
+        raise UserError(f"{what} {p} is not a regular file")
+    if p.suffix not in suffixes:
+        endings = " or ".join(f"{end} ({holds})" for end, holds in suffixes.items())
+        raise UserError(f"{what} {p} must end in {endings}")
+    try:
+        lines = p.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {p} is not UTF-8 text ({e.reason})") from None
+    except OSError as e:
+        raise UserError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    comments = p.suffix == ".txt"
+    kept = [
+        (n, line)
+        for n, line in enumerate(lines, start=1)
+        if line.strip() and not (comments and line.lstrip().startswith("#"))
+    ]
+    return p, kept
+
+
 def read_yaml(path: str | os.PathLike, what: str = "config file", limit: int = SIDE_FILE_BYTES,
               follow: bool = False) -> Any:  # fmt: skip
     """A YAML file's value, parsed the safe way without aliases (`yaml_value`), or a one-line UserError

@@ -448,8 +448,13 @@ def test_bad_files(tmp_path):
     (tmp_path / "d.jsonl").mkdir()
     with pytest.raises(UserError, match="is a directory"):
         read_problem_file(tmp_path / "d.jsonl")
-    with pytest.raises(UserError, match="not found"):
+    with pytest.raises(UserError, match="does not exist"):
         read_problem_file(tmp_path / "missing.jsonl")
+    import os
+
+    os.mkfifo(tmp_path / "fifo.txt")  # opened, it would block: refused before reading
+    with pytest.raises(UserError, match="fifo.txt is not a regular file"):
+        read_problem_file(tmp_path / "fifo.txt")
     (tmp_path / "p.csv").write_text("question,answer\n")
     with pytest.raises(UserError, match=r"must end in \.txt"):
         read_problem_file(tmp_path / "p.csv")

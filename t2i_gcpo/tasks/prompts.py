@@ -11,7 +11,6 @@ Held-out score: the mean reward over the held-out samples and its standard error
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,33 +30,25 @@ if TYPE_CHECKING:
     from t2i_gcpo.viz.text_heatmap import TextSample
 
 
+PROMPT_ENDINGS = {".txt": "one prompt a line", ".jsonl": "an object with a \"prompt\" a line"}
+
+
 def read_prompts(path: str | Path) -> list[PromptRecord]:
     """The prompts of a .txt or .jsonl file (module docstring); a one-line UserError naming the file and
     line for anything else."""
+    from t2i_gcpo.outdir import parse_json, read_lines
     from t2i_gcpo.resources import prompt_file
 
-    path = prompt_file(path)
-    if path.is_dir():
-        raise UserError(f"prompt file {path} is a directory, not a file")
-    if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist")
-    if path.suffix not in (".txt", ".jsonl"):
-        raise UserError(f"prompt file {path} must end in .txt (one prompt a line) or .jsonl")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise UserError(f"prompt file {path} is not UTF-8 text ({e.reason})") from None
+    path, lines = read_lines(prompt_file(path), "prompt file", PROMPT_ENDINGS)
     out = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip() or (path.suffix == ".txt" and line.lstrip().startswith("#")):
-            continue
+    for lineno, line in lines:
         if path.suffix == ".txt":
             out.append(PromptRecord(line.strip()))
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+            row = parse_json(line, "")  # malformed or nested too deeply: one line
+        except UserError as e:
+            raise UserError(f"{path}:{lineno}: {e}") from None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise UserError(
                 f'{path}:{lineno}: expected an object with a non-empty "prompt", got {shorten(line)!r}'

@@ -17,8 +17,8 @@ import json
 import re
 from pathlib import Path
 
-from t2i_gcpo.errors import UserError, check_file, shorten
-from t2i_gcpo.outdir import parse_json
+from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.outdir import parse_json, read_lines
 from t2i_gcpo.worlds.arithmetic.problems import INTEGER, Problem, parse_question
 from t2i_gcpo.worlds.arithmetic.solutions import solution_text
 
@@ -69,19 +69,9 @@ def _row(record: object) -> Problem:
 def read_problem_file(path: str | Path) -> list[Problem]:
     """The problems of a .jsonl or .txt file (module docstring); `UserError` for a bad line, naming
     file and line, and for a missing, unreadable or empty file. A UTF-8 byte-order mark is ignored."""
-    path = check_file(path, "problem file")
-    if path.suffix not in (".txt", ".jsonl"):
-        raise UserError(f"problem file {path} must end in .txt (questions) or .jsonl (question and answer)")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise UserError(f"problem file {path} is not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise UserError(f"cannot read problem file {path}: {e.strerror or e}") from None
+    path, lines = read_lines(path, "problem file", {".txt": "questions", ".jsonl": "question and answer"})
     out: list[Problem] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip() or (path.suffix == ".txt" and line.lstrip().startswith("#")):
-            continue
+    for lineno, line in lines:
         try:
             if path.suffix == ".txt":
                 out.append(_problem(line, None))

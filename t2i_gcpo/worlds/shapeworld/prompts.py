@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.outdir import parse_json
+from t2i_gcpo.outdir import parse_json, read_lines
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 from t2i_gcpo.worlds.shapeworld.parse import (
     ALL_TAGS,
@@ -244,25 +244,9 @@ def read_prompt_file(
     scene holds). A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
     line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"prompt file {path} is a directory, not a file")
-    if not path.exists():
-        raise UserError(f"prompt file {path} does not exist")
-    if not path.is_file():
-        raise UserError(f"prompt file {path} is not a regular file")
-    if path.suffix not in (".txt", ".jsonl"):
-        raise UserError(f"prompt file {path} must end in .txt (prompts) or .jsonl (GenEval metadata)")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as e:
-        raise UserError(f"prompt file {path} is not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise UserError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    path, lines = read_lines(path, "prompt file", {".txt": "prompts", ".jsonl": "GenEval metadata"})
     out: list[dict] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
+    for lineno, line in lines:
         try:
             if path.suffix == ".txt":
                 try:
