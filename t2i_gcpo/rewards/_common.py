@@ -115,3 +115,50 @@ def load_strict(module: torch.nn.Module, state: dict[str, Any], what: str, path:
                 parts.append(f"{len(keys)} {label} (e.g. {keys[0]})")
         raise UserError(f"{path} is not {what}: {', '.join(parts)}")
     module.load_state_dict(state)
+
+
+def load_processor_model(reward: str, what: str, folder: str | Path, model_type: str, model_class: str,
+                         image_processor_class: str, *, architecture: str | None = None,
+                         processor: str | Path | None = None, expected: str = "",
+                         device: str | torch.device = "cpu") -> tuple[Any, Any, Any]:  # fmt: skip
+    """(model, image processor, tokenizer) of the transformers model in the local `folder` (`what` names it in
+    messages: "BLIP VQA model"), in float32 on
+    `device` and in eval mode: `model_class` (a transformers class name) read from it, `image_processor_class`
+    and the tokenizer from `processor` (default: the same folder). Its ``config.json`` must say `model_type`
+    (and, where it lists architectures, `architecture`); anything else, or files that do not load, is a
+    one-line UserError naming `reward` and saying what was `expected` ("use e.g. Salesforce/blip-vqa-base")."""
+    import transformers
+
+    from t2i_gcpo.outdir import read_json
+
+    path = Path(folder).expanduser()
+    config = read_json(path / "config.json", follow=True)  # a model cache links its files
+    config = config if isinstance(config, dict) else {}
+    archs = config.get("architectures") or []
+    if config.get("model_type") != model_type or (architecture and archs and architecture not in archs):
+        found = f"config.json model_type {config.get('model_type')!r}" + (f", {archs}" if archs else "")
+        raise UserError(
+            f"reward '{reward}': {path} is not a {what} ({found}){'; ' + expected if expected else ''}"
+        )
+    proc = Path(processor).expanduser() if processor else path
+    try:
+        model = getattr(transformers, model_class).from_pretrained(
+            path, local_files_only=True, dtype="float32"
+        )
+        image_processor = _image_processor(image_processor_class).from_pretrained(proc, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(proc, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UserError(f"reward '{reward}': cannot load {path}: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval(), image_processor, tokenizer
+
+
+def _image_processor(name: str) -> Any:
+    """A transformers image processor class by name (the PIL ones live in their model's module)."""
+    import importlib
+
+    import transformers
+
+    if hasattr(transformers, name):
+        return getattr(transformers, name)
+    family = name.removesuffix("ImageProcessorPil").lower()
+    return getattr(importlib.import_module(f"transformers.models.{family}"), name)

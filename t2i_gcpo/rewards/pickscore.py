@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.rewards._common import chunks, images_to_pil
+from t2i_gcpo.rewards._common import chunks, images_to_pil, load_processor_model
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Arg, Option, register_reward
 
@@ -73,17 +73,7 @@ class PickScoreReward:
         """The model in `folder`, its processor there or in `processor` (local files only)."""
         from pathlib import Path
 
-        from transformers import AutoTokenizer, CLIPModel
-        from transformers.models.clip import CLIPImageProcessorPil
-
-        from t2i_gcpo.outdir import read_json
-
-        path = Path(folder).expanduser()
-        config = read_json(path / "config.json", follow=True)  # a model cache links its files
-        if not isinstance(config, dict) or config.get("model_type") != "clip":
-            raise UserError(f"reward 'pickscore': {path} is not a CLIP model (config.json model_type "
-                            f"{config.get('model_type') if isinstance(config, dict) else None!r}, expected 'clip')")  # fmt: skip
-        proc = Path(processor).expanduser() if processor else path
+        proc = Path(processor).expanduser() if processor else Path(folder).expanduser()
         missing = [f for f in PROCESSOR_FILES if not (proc / f).is_file()]
         if missing or not any((proc / f).is_file() for f in TOKENIZER_FILES):
             what = ", ".join(missing) or " or ".join(TOKENIZER_FILES)
@@ -91,13 +81,17 @@ class PickScoreReward:
                 "" if processor else "; give processor=FOLDER (a laion/CLIP-ViT-H-14-laion2B-s32B-b79K copy)"
             )
             raise UserError(f"reward 'pickscore': {proc} has no {what} (the CLIP processor){hint}")
-        try:
-            model = CLIPModel.from_pretrained(path, local_files_only=True, dtype="float32")
-            image_processor = CLIPImageProcessorPil.from_pretrained(proc, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(proc, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise UserError(f"reward 'pickscore': cannot load {path}: {str(e).splitlines()[0]}") from None
-        return cls(model.to(device), image_processor, tokenizer, batch_size)
+        model, image_processor, tokenizer = load_processor_model(
+            "pickscore",
+            "CLIP model",
+            folder,
+            "clip",
+            "CLIPModel",
+            "CLIPImageProcessorPil",
+            processor=proc,
+            device=device,
+        )
+        return cls(model, image_processor, tokenizer, batch_size)
 
     @property
     def device(self) -> torch.device:

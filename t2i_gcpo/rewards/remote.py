@@ -275,5 +275,9 @@ class RemoteReward:
         details = [d for a in answers for d in a["details"]]
         if not self.terms:
             return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), details=details)
-        terms = torch.tensor([[float(x) for x in row] for a in answers for row in a["terms"]], dtype=torch.float32)
-        return RewardOutput(torch.tensor(scores, dtype=torch.float32), details, terms, tuple(n for n, _ in self.terms))
+        terms = torch.tensor(
+            [[float(x) for x in row] for a in answers for row in a["terms"]], dtype=torch.float32
+        )
+        return RewardOutput(
+            torch.tensor(scores, dtype=torch.float32), details, terms, tuple(n for n, _ in self.terms)
+        )

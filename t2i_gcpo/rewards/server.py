@@ -109,7 +109,7 @@ class RewardService:
             out = call_reward(reward, images, prompts, metadata)
             self.scored += 1
         answer = {"scores": out.scores.tolist(), "details": jsonable(out.details)}
-        if out.terms is not None:  # a sum: each sample's score under each term, in the order /health lists them
+        if out.terms is not None:  # a sum: each sample's score under each term, in /health's order
             answer["terms"] = out.terms.tolist()
         return answer
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.rewards._common import chunks, images_to_pil
+from t2i_gcpo.rewards._common import chunks, images_to_pil, load_processor_model
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Arg, Option, register_reward
 
@@ -65,30 +65,9 @@ def load(
 def load_blip_vqa(folder: str, device: str | torch.device = "cpu") -> tuple:
     """(BlipForQuestionAnswering, BlipImageProcessorPil, tokenizer) from a local folder; a one-line
     UserError for a folder that is not a BLIP VQA model."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer, BlipForQuestionAnswering
-    from transformers.models.blip import BlipImageProcessorPil
-
-    from t2i_gcpo.outdir import read_json
-
-    path = Path(folder).expanduser()
-    config = read_json(path / "config.json", follow=True)  # a model cache links its files
-    archs = (config.get("architectures") or []) if isinstance(config, dict) else []
-    if (
-        not isinstance(config, dict)
-        or config.get("model_type") != "blip"
-        or (archs and "BlipForQuestionAnswering" not in archs)
-    ):
-        raise UserError(f"reward 'vqa': {path} is not a BLIP VQA model ({config.get('model_type') if isinstance(config, dict) else None}, "
-                        f"{archs}); use e.g. Salesforce/blip-vqa-base")  # fmt: skip
-    try:
-        model = BlipForQuestionAnswering.from_pretrained(path, local_files_only=True, dtype="float32")
-        image_processor = BlipImageProcessorPil.from_pretrained(path, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise UserError(f"reward 'vqa': cannot load {path}: {str(e).splitlines()[0]}") from None
-    return model.to(device).eval(), image_processor, tokenizer
+    return load_processor_model("vqa", "BLIP VQA model", folder, "blip", "BlipForQuestionAnswering", "BlipImageProcessorPil",
+                                architecture="BlipForQuestionAnswering", expected="use e.g. Salesforce/blip-vqa-base",
+                                device=device)  # fmt: skip
 
 
 class VQAReward:
