@@ -499,7 +499,9 @@ def read_jsonl(path: str | os.PathLike, schema: Any = None, limit: int = SIDE_FI
     return rows
 
 
-def read_lines(path: str | os.PathLike, what: str, suffixes: Mapping[str, str]) -> tuple[Path, list[tuple[int, str]]]:
+def read_lines(
+    path: str | os.PathLike, what: str, suffixes: Mapping[str, str]
+) -> tuple[Path, list[tuple[int, str]]]:
     """(the file, its lines with their numbers) of the text file `path` a user gave — a prompt or problem
     file — leaving out blank lines and, in a ``.txt`` file, lines starting with "#". `what` names the file
     in messages ("prompt file"); `suffixes` maps each ending it takes to what a file of it holds

@@ -247,9 +247,7 @@ def test_geneval_metadata_reaches_the_parts_of_a_sum_that_need_it(tiny, monkeypa
     assert out.term_names == ("geneval", "pickscore")
     assert out.terms[:, 0].tolist() == [1.0, 0.0]  # each sample scored against its own metadata
     assert [d["geneval/tag"] for d in out.details] == ["single_object", "counting"]
-    assert torch.allclose(
-        out.scores, 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * out.terms[:, 1]
-    )
+    assert torch.allclose(out.scores, 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * out.terms[:, 1])
     with pytest.raises(RewardError, match="needs GenEval metadata"):
         reward(torch.rand(1, 3, 40, 40), ["a photo of a dog"], [{}])
 

@@ -45,7 +45,9 @@ class Family:
 
 
 # every family, the built-in ones one module each in policies/families/ (t2i_gcpo/extensions.py)
-FAMILIES: Registry[Family] = Registry("model family", builtins="t2i_gcpo.policies.families", plugins=ENTRY_POINT_GROUP)
+FAMILIES: Registry[Family] = Registry(
+    "model family", builtins="t2i_gcpo.policies.families", plugins=ENTRY_POINT_GROUP
+)
 
 
 def register_family(family: Family | str, *, replace: bool = False, **fields: Any) -> Any:

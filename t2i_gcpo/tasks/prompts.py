@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from t2i_gcpo.viz.text_heatmap import TextSample
 
 
-PROMPT_ENDINGS = {".txt": "one prompt a line", ".jsonl": "an object with a \"prompt\" a line"}
+PROMPT_ENDINGS = {".txt": "one prompt a line", ".jsonl": 'an object with a "prompt" a line'}
 
 
 def read_prompts(path: str | Path) -> list[PromptRecord]:

@@ -151,7 +151,9 @@ class CreditScheme:
 
 
 # the built-in schemes, one module each in this package (t2i_gcpo/extensions.py), and any registered in code
-CREDIT_SCHEMES: Registry[CreditScheme] = Registry("credit scheme", builtins="t2i_gcpo.core.schemes", skip=("registry",))
+CREDIT_SCHEMES: Registry[CreditScheme] = Registry(
+    "credit scheme", builtins="t2i_gcpo.core.schemes", skip=("registry",)
+)
 USER_SCHEMES: dict[str, CreditScheme] = {}  # user functions, keyed by their spec ("file.py:function")
 
 
