@@ -71,3 +71,16 @@ def test_anchor_reading_matches_mkdocs(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("# Title\n\n## GCPO {#gcpo}\n\n### Credit lift, measured\n\n```bash\n# a comment\n```\n")
     assert anchors(page) == {"title", "gcpo", "credit-lift-measured"}
+
+
+def test_no_page_holds_a_control_character():
+    """A TeX macro written in a Python string without r"" loses its backslash: "\\frac" becomes a form feed
+    and "rac" (docs/concepts/algorithms.md had two). Text files hold no control character but tab and newline."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    bad = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in pages
+        for n, line in enumerate(p.read_text().splitlines(), start=1)
+        if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", line)
+    ]
+    assert not bad, "control characters in: " + ", ".join(bad)
