@@ -80,7 +80,7 @@ def test_no_page_holds_a_control_character():
     bad = [
         f"{p.relative_to(REPO)}:{n}"
         for p in pages
-        for n, line in enumerate(p.read_text().splitlines(), start=1)
+        for n, line in enumerate(p.read_text().split("\n"), start=1)  # splitlines() splits at a form feed
         if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", line)
     ]
     assert not bad, "control characters in: " + ", ".join(bad)
