@@ -13,7 +13,7 @@ names, the help texts and the one-line error for an unknown name all come from t
     lookup(name)     the record, or a UserError "unknown <kind> 'x': choose from a, b or c"
 
 Listing a registry imports the modules of its package, so those modules keep torch and model code inside
-their functions (``--help`` stays fast: tests/test_help_fast.py).
+their functions (``--help`` stays fast: tests/commands/test_help_fast.py).
 
 A record is any object with a ``name`` (the key) and a ``doc`` (its one-line summary).
 """

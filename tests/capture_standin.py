@@ -1,5 +1,5 @@
 """A stand-in for torch.cuda's streams and CUDA graphs on the CPU, for the tests of the decode loop's capture
-bookkeeping (tests/test_decode_loop_fixes.py, tests/test_decode_session.py) and the GPU check's dry run
+bookkeeping (tests/policies/test_decode_loop_regressions.py, tests/policies/test_decode_session.py) and the GPU check's dry run
 (benchmarks/gpu_check.py --tiny). It behaves as a capture does: the captured body runs nothing (the stand-in
 runs it, then puts every buffer of the loop and its decoder back as they were), and a replay runs the captured
 step. The capture of the `fail_at`-th span raises at its end and, as in the torch versions seen, leaves the

@@ -37,3 +37,26 @@ def one_torch_thread():
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> str:
+    """A tiny random Llama over the arithmetic tokenizer, saved as a transformers folder (the text-path
+    training tests of tests/train, tests/core and tests/viz share it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from t2i_gcpo.worlds.arithmetic import build_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    path = str(tmp_path_factory.mktemp("text_train") / "lm")
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # an EOS likely enough that completion lengths differ within a group
+        model.lm_head.weight[tok.eos_token_id] += 0.5
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -1,5 +1,5 @@
-"""What the tests of rewards placed elsewhere share (tests/test_reward_server.py, test_reward_overlap.py,
-test_reward_placement.py, test_gdpo.py): a reward server on loopback in a thread, a tiny two-step ShapeWorld
+"""What the tests of rewards placed elsewhere share (tests/rewards/test_server.py, test_placement.py,
+tests/train/test_reward_overlap.py, test_gdpo.py): a reward server on loopback in a thread, a tiny two-step ShapeWorld
 run through `t2i-gcpo train`, its metrics and final weights, and rewards that are slow or count their calls."""
 
 from __future__ import annotations

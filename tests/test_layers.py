@@ -19,7 +19,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "t2i_gcpo"
+from repo_paths import REPO
+
+ROOT = REPO / "t2i_gcpo"
 
 # package -> layer, top to bottom
 LAYERS = {

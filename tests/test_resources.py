@@ -15,7 +15,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.resources import CONFIG_DIR, PACKAGE_DIR, PROMPTS_DIR, config_file_path, prompt_file
 from t2i_gcpo.tasks.registry import get_task
 
-REPO = Path(__file__).resolve().parents[1]
+from repo_paths import REPO
 
 
 def test_shipped_files_sit_inside_the_package():

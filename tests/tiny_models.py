@@ -16,7 +16,7 @@ and the reward models (docs/guides/rewards.md), each at its real architecture wi
 - `build_tiny_blip_vqa(path)`   a transformers BlipForQuestionAnswering folder with a word-level BERT vocab
 
 `TINY_MODELS` maps each built-in family to a builder returning its ``--model`` spec and prompts its
-vocabulary takes (tests/test_policy_contract.py builds one per registered family).
+vocabulary takes (tests/policies/test_policy_contract.py builds one per registered family).
 """
 
 from __future__ import annotations

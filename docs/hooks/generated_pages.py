@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 # the checkout's t2i_gcpo, installed or not: `pip install --group docs` installs the tools, not the package
-# (nor torch: the config and the CLI's help import none, tests/test_help_fast.py)
+# (nor torch: the config and the CLI's help import none, tests/commands/test_help_fast.py)
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 CONFIG_MARKER = "<!-- config-keys -->"

@@ -37,7 +37,7 @@ memory pool are put back, the rest runs uncaptured, one warning says why, and th
 ``rollout/decode_fallback``.
 
 Every mode draws the same tokens from the same uniforms: the static step differs from the eager loop's
-only in the order of its floating-point sums (tests/test_decode_graph.py).
+only in the order of its floating-point sums (tests/policies/test_decode_loop.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ weights file. Imports torch, torchvision and PIL inside the functions (the rewar
 module at the top, and ``--help`` reads their registrations without torch).
 
 The transforms are the references' own, written once here and checked against an independent
-computation on a non-square image in tests/test_rewards_models.py:
+computation on a non-square image in tests/rewards/test_reward_models.py:
 
 - `clip_center_crop`: OpenAI CLIP's ``_transform`` (github.com/openai/CLIP, clip/clip.py): resize the
   short side to n with PIL bicubic, centre crop n × n, [0, 1], normalise (OPENAI_MEAN, OPENAI_STD). The

@@ -32,7 +32,7 @@ typed by their annotations and bounded by their ``Option`` (the same `Option` as
 documentation, low/high); a ``Literal`` option's values may be written bare, as flags. Keyword-only
 parameters named in `CONTEXT` are not options: the run supplies them (the policy's device, its token
 grid). The module imports torch and its model code inside ``load``, so that ``--help`` lists the
-registry without importing torch (tests/test_help_fast.py).
+registry without importing torch (tests/commands/test_help_fast.py).
 """
 
 from __future__ import annotations

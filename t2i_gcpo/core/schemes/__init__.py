@@ -3,7 +3,7 @@ called; every other module here is one built-in scheme, registering itself (`CRE
 t2i_gcpo/extensions.Registry, imports them all when first read: a new scheme is a new file, nothing else to
 edit). A scheme's module imports torch and
 its maths inside the function, so the registry — names, needs, options — loads without torch: `--help`
-lists it in 0.1 s (tests/test_help_fast.py)."""
+lists it in 0.1 s (tests/commands/test_help_fast.py)."""
 
 from t2i_gcpo.core.schemes.registry import (
     CREDIT_SCHEMES,
