@@ -211,9 +211,7 @@ def test_a_python_function_is_a_scheme_for_the_api(tiny, tmp_path):
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["credit"]["scheme"] == (
         f"{__name__}:half_credit"
     )
-    with pytest.raises(
-        UserError, match="was trained with the credit scheme 'test_custom_credit:half_credit'"
-    ):
+    with pytest.raises(UserError, match=f"was trained with the credit scheme '{__name__}:half_credit'"):
         api.train(resume=tmp_path / "run", credit="uniform")  # a resumed run keeps its own
 
 
