@@ -931,7 +931,7 @@ def _scorer_identity(vqa: str | os.PathLike | None, judge: str | None, judge_mod
 
 
 def _judge_client(judge: str, judge_model: str | None, timeout: float, api_key_env: str = "OPENAI_API_KEY") -> Any:
-    from t2i_gcpo.eval.judge_client import JudgeClient
+    from t2i_gcpo.eval.suites.judge_client import JudgeClient
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise UserError(f"--timeout must be > 0 seconds, got {timeout!r}")
@@ -1050,10 +1050,11 @@ def evaluate_geneval2(
         summary.json's content: ``overall`` (the method's score in [0, 1]), ``methods`` (every method
         scored), ``categories`` (per atom count), ``skills`` and ``atom_counts`` (the reference's analysis).
     """
-    from t2i_gcpo.eval import geneval2 as g2
-    from t2i_gcpo.eval.asking import ANSWERS_NAME
     from t2i_gcpo.eval.outputs import write_evaluation
     from t2i_gcpo.eval.protocol import file_sha256, protocol_record
+    from t2i_gcpo.eval.suites import geneval2 as g2
+    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
+    from t2i_gcpo.scoring.soft_tifa import KEYS
 
     sources = [x is not None for x in (model, score_only, images)]
     if sum(sources) != 1:
@@ -1076,18 +1077,20 @@ def evaluate_geneval2(
         if images is not None:
             entries = _image_map_entries(Path(images), rows)
         elif score_only is not None:
-            entries = _source_entries(rows, g2.KEYS, Path(score_only), None)
+            entries = _source_entries(rows, KEYS, Path(score_only), None)
         if vqa is not None:
-            from t2i_gcpo.eval.vlm import LocalVLM
+            from t2i_gcpo.eval.protocol import folder_revision
+            from t2i_gcpo.scoring.vlm import LocalVLM
 
-            scorer = LocalVLM.from_pretrained(vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch)
+            scorer = LocalVLM.from_pretrained(vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch,
+                                              revision=folder_revision(vqa))  # fmt: skip
         else:
             scorer = _judge_client(judge, judge_model, timeout)
         _record_out(out, "eval geneval2", settings)
         sampling = identity = None
         if model is not None:
             sampling, identity = _generate_into(out, model, rows, n, batch, cfg_scale, steps, reveal_order, seed, overwrite)
-            entries = _source_entries(rows, g2.KEYS, out / "images", n)
+            entries = _source_entries(rows, KEYS, out / "images", n)
         results = g2.score_entries(entries, scorer, method, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
                                    retries=retries, backoff=backoff, progress=progress)  # fmt: skip
         summary = {**g2.summarize(results, method), "scorer": scorer.name}
@@ -1166,13 +1169,13 @@ def evaluate_judge(
     Returns:
         summary.json's content: ``overall``, ``categories`` and the suite's tables.
     """
-    from t2i_gcpo.eval.asking import ANSWERS_NAME, fingerprint
-    from t2i_gcpo.eval.judge_suites import format_summary, score_suite, summary_of
     from t2i_gcpo.eval.outputs import write_evaluation
     from t2i_gcpo.eval.protocol import data_record, protocol_record
     from t2i_gcpo.eval.suites import get_suite
+    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME, fingerprint
+    from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
 
-    spec = get_suite(suite)
+    spec = get_suite(suite, "judge")
     if (model is None) == (score_only is None):
         raise UserError("give either --model (generate, then score) or --score-only DIR")
     if overwrite and model is None:
@@ -1207,7 +1210,7 @@ def evaluate_judge(
                            retries=retries, backoff=backoff, temperature=temperature, max_tokens=max_tokens,
                            progress=progress)  # fmt: skip
         summary = {**summary_of(spec, rows), "scorer": client.name}
-        from t2i_gcpo.eval.judge_suites import request_settings
+        from t2i_gcpo.eval.suites.driver import request_settings
 
         protocol = protocol_record(f"judge:{spec.name}", data=[path], scorer=client.record(**request_settings(spec, temperature, max_tokens)),
                                    images_per_prompt=n, source=os.fspath(score_only) if model is None else "generated",

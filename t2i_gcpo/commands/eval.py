@@ -254,7 +254,7 @@ def _judge_options(command):
     return command
 
 
-GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")  # eval/geneval2.py METHODS (a test checks)
+GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")  # eval/suites/geneval2.py METHODS (a test checks)
 
 
 @eval_cmd.command("geneval2", context_settings=CTX)
@@ -304,7 +304,7 @@ def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, 
                                 steps=steps, reveal_order=reveal_order, seed=seed, device=device, vqa_dtype=vqa_dtype,
                                 vqa_batch=vqa_batch, concurrency=concurrency, timeout=60.0 if timeout is None else timeout,
                                 retries=retries, backoff=backoff, overwrite=overwrite)  # fmt: skip
-    from t2i_gcpo.eval.geneval2 import format_summary
+    from t2i_gcpo.eval.suites.geneval2 import format_summary
 
     click.echo(format_summary(summary))
     click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.json'}  "
@@ -314,13 +314,13 @@ def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, 
 def _suite_choices() -> tuple[str, ...]:
     from t2i_gcpo.eval.suites import suite_names
 
-    return suite_names()
+    return suite_names("judge")
 
 
 def _suites_help() -> str:
     from t2i_gcpo.eval.suites import suites_help
 
-    return suites_help()
+    return suites_help("judge")
 
 
 @eval_cmd.command("judge", context_settings=CTX)
@@ -357,7 +357,7 @@ def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps,
           --score-only my_images/ --judge http://127.0.0.1:8080/v1 --judge-model QwenVL --out eval/ugb
     """
     from t2i_gcpo.api import evaluate_judge
-    from t2i_gcpo.eval.judge_suites import format_summary
+    from t2i_gcpo.eval.suites.driver import format_summary
 
     summary = evaluate_judge(out, suite, data, judge, model, judge_model=judge_model, score_only=score_only, n=n,
                              batch=batch, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,

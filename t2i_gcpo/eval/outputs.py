@@ -6,7 +6,7 @@
     summary.json    per-category and overall scores ("categories", "overall") and the suite's tables
     summary.txt     the same as a table
     protocol.json   `eval.protocol.protocol_record`: suite, data hashes, model, scorer, seeds, sampling
-    answers.jsonl   every answer as it came (eval/asking.py), the resume log
+    answers.jsonl   every answer as it came (eval/suites/asking.py), the resume log
 
 Scores are fractions in [0, 1] in these files; a table may print them in percent.
 """

@@ -98,7 +98,7 @@ def chat_url(url: str) -> str:
 def post_chat(url: str, body: dict, *, timeout: float, api_key: str | None = None) -> dict:
     """One chat-completions request (`url`: the endpoint, `chat_url`): the answer's JSON object; an exception
     (urllib's, or ValueError for an answer that is not a JSON object) for anything else. The one HTTP call of
-    this module, also used by the evaluations that ask a judge (t2i_gcpo/eval/judge_client.py)."""
+    this module, also used by the evaluations that ask a judge (t2i_gcpo/eval/suites/judge_client.py)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"

@@ -9,15 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
+from judge_fixtures import LoopbackJudge, completion, message_text
 from PIL import Image
 from scipy.stats import gmean
+from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
 
 from t2i_gcpo.eval.protocol import file_sha256
 
 from cli_helpers import cli, error_line
-from judge_fixtures import LoopbackJudge, completion, message_text
 from tiny_models import tiny_policy_dir
-from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
     processor = AutoProcessor.from_pretrained(vlm)
     for r, row in zip(rows, [x for x in GENEVAL2_ROWS for _ in range(2)]):
         image = Image.open(r["image"]).convert("RGB")
-        from t2i_gcpo.eval.geneval2 import answer_list
+        from t2i_gcpo.scoring.soft_tifa import answer_list
 
         soft = [reference_probability(model, processor, image, f"{q} Answer in one word.", answer_list(q, a))[0]
                 for q, a in row["vqa_list"]]  # fmt: skip

@@ -1,4 +1,4 @@
-"""GenEval 2 (t2i_gcpo/eval/geneval2.py): its data format, the reference's answer lists, and Soft-TIFA AM / GM,
+"""GenEval 2 (t2i_gcpo/eval/suites/geneval2.py, t2i_gcpo/scoring/soft_tifa.py): its data format, the reference's answer lists, and Soft-TIFA AM / GM,
 TIFA, VQAScore and the analysis tables against the reference's formulas written again here — on a tiny random
 Qwen3-VL whose probabilities come from its logits (checked against `generate`'s scores, as the reference reads
 them), and on a loopback judge's log-probabilities; asking resumes without asking again."""
@@ -11,16 +11,16 @@ import zlib
 
 import numpy as np
 import pytest
+from judge_fixtures import LoopbackJudge, completion, message_text, top_logprobs
 from PIL import Image
 from scipy.stats import gmean
+from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval import geneval2 as g2
-from t2i_gcpo.eval.judge_client import JudgeClient
-from t2i_gcpo.eval.vlm import LocalVLM
-
-from judge_fixtures import LoopbackJudge, completion, message_text, top_logprobs
-from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
+from t2i_gcpo.eval.suites import geneval2 as g2
+from t2i_gcpo.eval.suites.judge_client import JudgeClient
+from t2i_gcpo.scoring import soft_tifa as st
+from t2i_gcpo.scoring.vlm import LocalVLM
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +70,11 @@ def test_the_real_format_reads_and_a_wrong_one_is_one_line_naming_file_and_field
 
 
 def test_answer_lists_and_questions_are_the_references():
-    assert g2.answer_list("How many cows are in the image?", "three") == ("three", "Three", " three", " Three", "3", " 3")
-    assert g2.answer_list("How many cows are in the image?", "dozens")[-2:] == ("other", " other")
-    assert g2.answer_list("Are the cows plastic?", "Yes") == ("Yes", "yes", " yes", " Yes")
-    assert g2.atom_questions(GENEVAL2_ROWS[2])[0][0] == "How many triangles are in the image? Answer in one word."
-    assert g2.vqascore_question(GENEVAL2_ROWS[2])[0] == (
+    assert st.answer_list("How many cows are in the image?", "three") == ("three", "Three", " three", " Three", "3", " 3")
+    assert st.answer_list("How many cows are in the image?", "dozens")[-2:] == ("other", " other")
+    assert st.answer_list("Are the cows plastic?", "Yes") == ("Yes", "yes", " yes", " Yes")
+    assert st.atom_questions(GENEVAL2_ROWS[2])[0][0] == "How many triangles are in the image? Answer in one word."
+    assert st.vqascore_question(GENEVAL2_ROWS[2])[0] == (
         'Does this image show "a photo of four triangles"? Answer the question with Yes or No.'
     )
 
@@ -84,7 +84,7 @@ def test_answer_lists_and_questions_are_the_references():
 
 def test_probabilities_are_the_softmax_of_the_logits_that_generate_scores(vlm):
     pics = images(5, seed=1)
-    asked = [g2.atom_questions(GENEVAL2_ROWS[1])[k % 5] for k in range(5)]
+    asked = [st.atom_questions(GENEVAL2_ROWS[1])[k % 5] for k in range(5)]
     got = vlm.probabilities(pics, [q for q, _ in asked], [a for _, a in asked])  # batches of 4, left-padded
     for image, (question, answers), (p, pred) in zip(pics, asked, got):
         p_ref, pred_ref = reference_probability(vlm.model, vlm.processor, image, question, answers)
@@ -147,8 +147,8 @@ def test_soft_tifa_tifa_vqascore_and_tables_equal_the_reference_on_a_tiny_vlm(vl
 
 
 def test_the_geometric_mean_is_zero_with_a_zero_atom():
-    assert g2.geometric_mean([0.5, 0.0, 0.9]) == 0.0 == float(np.nan_to_num(gmean([0.5, 0.0, 0.9])))
-    assert g2.geometric_mean([0.2, 0.8]) == pytest.approx(0.4)
+    assert st.geometric_mean([0.5, 0.0, 0.9]) == 0.0 == float(np.nan_to_num(gmean([0.5, 0.0, 0.9])))
+    assert st.geometric_mean([0.2, 0.8]) == pytest.approx(0.4)
 
 
 # ----------------------------------------------------------------------------- a judge
@@ -178,7 +178,7 @@ def test_on_a_loopback_judge_the_scores_are_the_exp_sum_of_its_logprobs(tmp_path
             body = {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{question} Answer in one word."}]}]}
             table = dict(judge_answer(body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"][i].values()
                          for i in range(9))  # fmt: skip
-            answers = g2.answer_list(question, answer)
+            answers = st.answer_list(question, answer)
             soft.append(sum(math.exp(table[a]) for a in answers if a in table))
             top = max(table, key=table.get)
             hard.append(1.0 if top.lower() in answers else 0.0)

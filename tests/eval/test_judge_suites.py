@@ -1,4 +1,4 @@
-"""The judge-scored suites (t2i_gcpo/eval/suites/) and their driver (t2i_gcpo/eval/judge_suites.py): each
+"""The judge-scored suites (t2i_gcpo/eval/suites/) and their driver (t2i_gcpo/eval/suites/driver.py): each
 suite reads a small sample of its real data format (written here), asks the reference's question, reads an
 answer by the reference's rule and aggregates as its paper does; a file in the wrong format is one line naming
 the file and the field; against a loopback judge, every answer is recorded with its score, concurrency is
@@ -15,15 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from judge_fixtures import LoopbackJudge, closed_port_url, completion, message_text
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.asking import BadAnswer
-from t2i_gcpo.eval.judge_client import JudgeClient
-from t2i_gcpo.eval.judge_suites import format_summary, score_suite, summary_of
 from t2i_gcpo.eval.suites import get_suite, suite_names, suites_help
-
-from judge_fixtures import LoopbackJudge, closed_port_url, completion, message_text
+from t2i_gcpo.eval.suites.asking import BadAnswer
+from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
+from t2i_gcpo.eval.suites.judge_client import JudgeClient
 
 # ----------------------------------------------------------------------------- samples in the real formats
 
@@ -102,10 +101,14 @@ def entries(items, per_prompt: int = 1) -> list:
 
 
 def test_the_suites_are_listed_from_one_place():
-    assert suite_names() == ("tiif", "unigenbench", "wise")
-    assert all(f"{name}:" in suites_help() for name in suite_names())
-    with pytest.raises(UserError, match="unknown judge suite 'geneval': use one of tiif, unigenbench, wise"):
-        get_suite("geneval")
+    assert suite_names() == ("geneval2", "tiif", "unigenbench", "wise") and suite_names("vqa") == ("geneval2",)
+    assert all(f"{name}:" in suites_help("judge") for name in suite_names("judge"))
+    with pytest.raises(UserError, match="unknown judge suite 'geneval2': use one of tiif, unigenbench, wise"):
+        get_suite("geneval2", "judge")
+    from t2i_gcpo.commands.eval import GENEVAL2_METHODS
+    from t2i_gcpo.eval.suites.geneval2 import METHODS
+
+    assert GENEVAL2_METHODS == METHODS
 
 
 # ----------------------------------------------------------------------------- WISE

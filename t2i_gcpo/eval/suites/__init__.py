@@ -1,7 +1,7 @@
 """The question-based benchmark suites a VLM judge scores (docs/evaluation/judge-suites.md): one file per
-suite, each a `JudgeSuite` — its data format (`read`), its question (`messages`), its score rule (`parse`)
+suite, each a `Suite` — its data format (`read`), its question (`messages`), its score rule (`parse`)
 and its aggregation (`summarize`), from the benchmark's paper and reference code — added to `SUITES` by
-`register_suite`. The driver (t2i_gcpo/eval/judge_suites.py, ``t2i-gcpo eval judge``) asks the judge one
+`register_suite`. The driver (t2i_gcpo/eval/suites/driver.py, ``t2i-gcpo eval judge``) asks the judge one
 request per image, resumably, and writes the suite's results.
 
 `suites()` lists them (every module of this package registers itself when first listed: a new suite is a
@@ -34,14 +34,15 @@ class SuiteItem:
 
 
 @dataclass(frozen=True)
-class JudgeSuite:
+class Suite:
     """A registered suite (module docstring).
 
     read(path) → [SuiteItem] (a file in the wrong format: one line naming the file and the field);
-    messages(item, image_url) → the chat messages of one request (the image as a data URL);
-    parse(answer, item) → {"score": float in [0, 1], …the fields it read}, raising `asking.BadAnswer` for an
-    answer it cannot read (asked again) ; summarize(rows) → {"overall", "categories", …its own tables};
-    reference_image(root, item, sample) → the image of the reference's own folder layout (``--score-only``).
+    summarize(rows) → {"overall", "categories", …its own tables}, rows one per image (key, category, score, …).
+    A judge suite also has messages(item, image_url) → the chat messages of one request (the image as a data
+    URL); parse(answer, item) → {"score": float in [0, 1], …the fields it read}, raising `asking.BadAnswer` for
+    an answer it cannot read (asked again); reference_image(root, item, sample) → the image of the reference's
+    own folder layout (``--score-only``).
     """
 
     name: str
@@ -49,10 +50,11 @@ class JudgeSuite:
     source: str  # the reference code it follows (repository, files, commit)
     data: str  # what --data is and where it comes from
     read: Callable[[Path], list[SuiteItem]]
-    messages: Callable[[SuiteItem, str], list[dict]]
-    parse: Callable[[str, SuiteItem], dict]
     summarize: Callable[[list[dict]], dict]
-    reference_image: Callable[[Path, SuiteItem, int], Path]
+    kind: str = "judge"  # "judge": one request per image to a judge; "vqa": a VQA model per atom (GenEval 2)
+    messages: Callable[[SuiteItem, str], list[dict]] | None = None
+    parse: Callable[[str, SuiteItem], dict] | None = None
+    reference_image: Callable[[Path, SuiteItem, int], Path] | None = None
     images_per_prompt: int = 1  # the reference's
     temperature: float = 0.0
     max_tokens: int | None = None
@@ -60,11 +62,12 @@ class JudgeSuite:
     example: str = ""
 
 
-SUITES: dict[str, JudgeSuite] = {}
+SUITES: dict[str, Suite] = {}
+INFRASTRUCTURE = ("asking", "driver", "judge_client")  # the modules of this package that are not suites
 _discovered = {"done": False}
 
 
-def register_suite(suite: JudgeSuite) -> JudgeSuite:
+def register_suite(suite: Suite) -> Suite:
     """Add `suite` to `SUITES` under its name (one registration per suite file)."""
     if suite.name in SUITES and SUITES[suite.name] is not suite:
         raise ValueError(f"judge suite {suite.name!r} is already registered")
@@ -72,27 +75,29 @@ def register_suite(suite: JudgeSuite) -> JudgeSuite:
     return suite
 
 
-def suites() -> dict[str, JudgeSuite]:
-    """Every registered suite by name (the modules of this package imported once, in name order)."""
+def suites(kind: str | None = None) -> dict[str, Suite]:
+    """Every registered suite by name (those of `kind`, when given), the modules of this package imported
+    once, in name order."""
     if not _discovered["done"]:
         _discovered["done"] = True
         for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            if not module.startswith("_"):
+            if module not in INFRASTRUCTURE and not module.startswith("_"):
                 importlib.import_module(f"{__name__}.{module}")
-    return dict(SUITES)
+    return {k: v for k, v in SUITES.items() if kind in (None, v.kind)}
 
 
-def suite_names() -> tuple[str, ...]:
-    return tuple(suites())
+def suite_names(kind: str | None = None) -> tuple[str, ...]:
+    return tuple(suites(kind))
 
 
-def get_suite(name: str) -> JudgeSuite:
-    found = suites().get(name)
+def get_suite(name: str, kind: str | None = None) -> Suite:
+    found = suites(kind).get(name)
     if found is None:
-        raise UserError(f"unknown judge suite {name!r}: use one of {', '.join(suite_names())}")
+        what = "judge suite" if kind == "judge" else "suite"
+        raise UserError(f"unknown {what} {name!r}: use one of {', '.join(suite_names(kind))}")
     return found
 
 
-def suites_help() -> str:
+def suites_help(kind: str | None = None) -> str:
     """One entry per suite: its name, what it measures and its data."""
-    return "; ".join(f"{s.name}: {s.doc} (--data: {s.data})" for s in suites().values())
+    return "; ".join(f"{s.name}: {s.doc} (--data: {s.data})" for s in suites(kind).values())

@@ -30,8 +30,8 @@ import re
 from pathlib import Path
 
 from t2i_gcpo.errors import UserError, shorten
-from t2i_gcpo.eval.asking import BadAnswer
-from t2i_gcpo.eval.suites import JudgeSuite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites.asking import BadAnswer
 
 SOURCE = "A113N-W3I/TIIF-Bench eval/eval_with_vlm.py, summary_results.py, summary_dimension_results.py (3aae750)"
 SYSTEM = "You are a professional image critic."
@@ -192,8 +192,8 @@ def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return folder / f"{line}.png"
 
 
-register_suite(JudgeSuite(
+register_suite(Suite(
     "tiif", "instruction following: yes/no questions per image, short and long prompts (TIIF-Bench)", SOURCE,
     "TIIF-Bench's data/testmini_eval_prompts or data/test_eval_prompts folder (github.com/A113N-W3I/TIIF-Bench)",
-    read, messages, parse, summarize, reference_image, images_per_prompt=1, temperature=0.0,
+    read, summarize, messages=messages, parse=parse, reference_image=reference_image, images_per_prompt=1, temperature=0.0,
 ))  # fmt: skip

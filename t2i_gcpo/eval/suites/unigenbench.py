@@ -26,8 +26,8 @@ import re
 from pathlib import Path
 
 from t2i_gcpo.errors import UserError, shorten
-from t2i_gcpo.eval.asking import BadAnswer
-from t2i_gcpo.eval.suites import JudgeSuite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites.asking import BadAnswer
 
 SOURCE = "CodeGoat24/UniGenBench eval/src/eval_common.py (49d0bce)"
 # the reference's checkpoint definitions (EXPLANATION_DICT_EN / _ZH) and templates (SYSTEM_PROMPT_EN_TEMPLATE / _ZH)
@@ -214,8 +214,8 @@ def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return Path(root) / f"{item.id}_{sample}.png"
 
 
-register_suite(JudgeSuite(
+register_suite(Suite(
     "unigenbench", "testpoints per prompt (style, attributes, relations, text, reasoning …) judged 0/1 (UniGenBench++)",
     SOURCE, "one of UniGenBench's CSV files, e.g. data/test_prompts_en.csv (github.com/CodeGoat24/UniGenBench)",
-    read, messages, parse, summarize, reference_image, images_per_prompt=4, temperature=0.0, max_tokens=4096,
+    read, summarize, messages=messages, parse=parse, reference_image=reference_image, images_per_prompt=4, temperature=0.0, max_tokens=4096,
 ))  # fmt: skip

@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 
 from t2i_gcpo.errors import UserError, shorten
-from t2i_gcpo.eval.asking import BadAnswer
-from t2i_gcpo.eval.suites import JudgeSuite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
+from t2i_gcpo.eval.suites.asking import BadAnswer
 
 SOURCE = "PKU-YuanGroup/WISE vllm_eval.py, calculate_verified.py (eb51174)"
 CATEGORIES = (("CULTURE", 1, 400), ("TIME", 401, 520), ("SPACE", 521, 640), ("BIOLOGY", 641, 760),
@@ -180,9 +180,9 @@ def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return Path(root) / f"{item.id}.png"
 
 
-register_suite(JudgeSuite(
+register_suite(Suite(
     "wise", "world-knowledge prompts judged 0/1 against their explanation (WISE_Verified)", SOURCE,
-    "WISE's data_verified/merge.json (github.com/PKU-YuanGroup/WISE)", read, messages, parse, summarize,
-    reference_image, images_per_prompt=1, temperature=0.0, max_tokens=500,
+    "WISE's data_verified/merge.json (github.com/PKU-YuanGroup/WISE)", read, summarize, messages=messages, parse=parse,
+    reference_image=reference_image, images_per_prompt=1, temperature=0.0, max_tokens=500,
     extra={"chat_template_kwargs": {"enable_thinking": False}},
 ))  # fmt: skip

@@ -1,11 +1,11 @@
 """A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang, a hosted model), as the evaluations ask it:
 for the probability of an answer's first token (GenEval 2's Soft-TIFA, VQAScore, TIFA), or for a text the
 judge suites parse (WISE, TIIF-Bench, UniGenBench++). Requests go through `t2i_gcpo.rewards.judge.post_chat`,
-the HTTP call the ``judge:`` reward makes; retries and concurrency are `eval.asking`'s.
+the HTTP call the ``judge:`` reward makes; retries and concurrency are `eval.suites.asking`'s.
 
 Probabilities: one request per question, ``max_tokens: 1``, temperature 0, ``logprobs: true`` and
 ``top_logprobs: k`` (20 by default, vLLM's limit), the image (a base64 data URL) then the question in one
-user turn, as the local VLM is asked (t2i_gcpo/eval/vlm.py). The answer's probability is
+user turn, as the local VLM is asked (t2i_gcpo/scoring/vlm.py). The answer's probability is
 
     P(answers) = Σ_{a ∈ answers} exp(logprob of the token whose text is a)
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from t2i_gcpo.errors import UserError, shorten
-from t2i_gcpo.eval.asking import BadAnswer
+from t2i_gcpo.eval.suites.asking import BadAnswer
 
 TOP_LOGPROBS = 20
 
@@ -64,10 +64,9 @@ class JudgeClient:
         self.name = self.url if model is None else f"{self.url} ({model})"
 
     def record(self, **settings: Any) -> dict[str, Any]:
-        """The judge as a protocol records it (a server's weights have no revision it tells)."""
-        from t2i_gcpo.eval.protocol import scorer_record
-
-        return scorer_record("judge", self.url, None, model=self.model, **settings)
+        """The judge as a protocol records it (the fields of eval.protocol.scorer_record; a server's weights
+        have no revision it tells), with the request `settings`."""
+        return {"kind": "judge", "name": self.url, "revision": None, "model": self.model, **settings}
 
     def post(self, body: dict) -> dict:
         from t2i_gcpo.rewards.judge import post_chat

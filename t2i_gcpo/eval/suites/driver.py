@@ -1,7 +1,7 @@
 """The driver of the judge-scored suites (t2i_gcpo/eval/suites/, docs/evaluation/judge-suites.md): one request
-per image to an OpenAI-compatible judge, built by the suite (`JudgeSuite.messages`), its answer read by the
-suite's rule (`JudgeSuite.parse`) inside the retry loop — an answer the rule cannot read is asked again, as a
-failed request is (eval/asking.py) — and recorded in ``answers.jsonl`` with the score it gave the moment it
+per image to an OpenAI-compatible judge, built by the suite (`Suite.messages`), its answer read by the
+suite's rule (`Suite.parse`) inside the retry loop — an answer the rule cannot read is asked again, as a
+failed request is (eval/suites/asking.py) — and recorded in ``answers.jsonl`` with the score it gave the moment it
 comes, so that an interrupted evaluation re-asks nothing it has. The rows (one per image: ``key``
 "<prompt>/<image>", ``category``, ``score`` and the suite's fields) and the suite's summary follow.
 """
@@ -12,16 +12,16 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from t2i_gcpo.eval.suites import JudgeSuite, SuiteItem
+from t2i_gcpo.eval.suites import Suite, SuiteItem
 
 Entry = tuple[int, SuiteItem, Sequence[Any]]  # (prompt index, its item, its images or image paths)
 
 
-def suite_questions(suite: JudgeSuite, entries: Sequence[Entry], scorer_fp: str, settings: dict,
+def suite_questions(suite: Suite, entries: Sequence[Entry], scorer_fp: str, settings: dict,
                     digest: Callable[[Any], str]) -> list:  # fmt: skip
     """One `asking.Question` per image, id ``<prompt>/<image>``, fingerprinted by the request it makes (the
     messages with the image's digest in place of its bytes, the request settings) and the scorer."""
-    from t2i_gcpo.eval.asking import Question, fingerprint
+    from t2i_gcpo.eval.suites.asking import Question, fingerprint
 
     out = []
     for i, item, images in entries:
@@ -32,17 +32,17 @@ def suite_questions(suite: JudgeSuite, entries: Sequence[Entry], scorer_fp: str,
     return out
 
 
-def request_settings(suite: JudgeSuite, temperature: float | None = None, max_tokens: int | None = None) -> dict:
+def request_settings(suite: Suite, temperature: float | None = None, max_tokens: int | None = None) -> dict:
     """What a request sends besides its messages: the suite's temperature, token limit and extra fields,
     `temperature` / `max_tokens` in place of the suite's where given."""
     return {"temperature": suite.temperature if temperature is None else float(temperature),
             "max_tokens": suite.max_tokens if max_tokens is None else int(max_tokens), "extra": dict(suite.extra)}  # fmt: skip
 
 
-def ask_function(suite: JudgeSuite, client: Any, settings: dict) -> Callable[[list], list[dict]]:
+def ask_function(suite: Suite, client: Any, settings: dict) -> Callable[[list], list[dict]]:
     """payloads (item, image) → [{"answer": the judge's text, "score", …the rule's fields}]; an answer the
     rule cannot read raises `BadAnswer` (asked again)."""
-    from t2i_gcpo.eval.judge_client import image_url
+    from t2i_gcpo.eval.suites.judge_client import image_url
 
     def ask(payloads: list) -> list[dict]:
         out = []
@@ -71,12 +71,12 @@ def suite_rows(entries: Sequence[Entry], answers: dict[str, dict]) -> list[dict]
     return rows
 
 
-def score_suite(suite: JudgeSuite, entries: Sequence[Entry], client: Any, *, log: str | os.PathLike | None = None,
+def score_suite(suite: Suite, entries: Sequence[Entry], client: Any, *, log: str | os.PathLike | None = None,
                 within: str | os.PathLike | None = None, concurrency: int = 8, retries: int = 2, backoff: float = 1.0,
                 temperature: float | None = None, max_tokens: int | None = None, progress: bool = True,
                 digest: Callable[[Any], str] | None = None) -> list[dict]:  # fmt: skip
     """Judge every image of `entries` (module docstring); the results rows."""
-    from t2i_gcpo.eval.asking import answer_all, fingerprint, image_digest
+    from t2i_gcpo.eval.suites.asking import answer_all, fingerprint, image_digest
 
     settings = request_settings(suite, temperature, max_tokens)
     questions = suite_questions(suite, entries, fingerprint(client.record()), settings, digest or image_digest)
@@ -86,7 +86,7 @@ def score_suite(suite: JudgeSuite, entries: Sequence[Entry], client: Any, *, log
     return suite_rows(entries, answers)
 
 
-def summary_of(suite: JudgeSuite, rows: list[dict]) -> dict:
+def summary_of(suite: Suite, rows: list[dict]) -> dict:
     """The suite's summary with what every summary holds: suite, prompts, images, the 95 % interval of the
     mean image score over prompts (a prompt's images are not independent)."""
     from t2i_gcpo.stats import mean_ci95

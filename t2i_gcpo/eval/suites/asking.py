@@ -60,9 +60,11 @@ def fingerprint(*parts: Any) -> str:
 
 def image_digest(path: str | os.PathLike) -> str:
     """The SHA-256 of an image file's bytes (a regenerated image is a new question)."""
-    from t2i_gcpo.eval.protocol import file_sha256
-
-    return file_sha256(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_answers(path: str | os.PathLike, repair: bool = False) -> dict[str, dict]:

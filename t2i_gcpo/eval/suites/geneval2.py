@@ -1,57 +1,43 @@
-"""GenEval 2 (Kamath et al. 2025, "GenEval 2: Addressing Benchmark Drift in Text-to-Image Evaluation",
-arXiv 2512.16853; docs/evaluation/geneval2.md): 800 compositional prompts, each with one VQA question per
-atom, scored by Soft-TIFA. Every formula here is the reference's, facebookresearch/GenEval2 evaluation.py
-and soft_tifa_analysis.py (commit a6e82d2289e8d418f27f0adee77908b07060eea3), written anew.
+"""GenEval 2 (Kamath et al. 2025, arXiv 2512.16853; docs/evaluation/geneval2.md): 800 compositional prompts,
+each with one VQA question per atom, scored by Soft-TIFA — the questions and per-image scores are
+t2i_gcpo/scoring/soft_tifa.py's; here the data file, the asking of every image's questions (resumable, through a
+local VLM or a judge) and the benchmark's numbers, from facebookresearch/GenEval2 evaluation.py and
+soft_tifa_analysis.py (commit a6e82d2289e8d418f27f0adee77908b07060eea3), written anew.
 
-Data: the user's copy of ``geneval2_data.jsonl`` (CC BY-NC 4.0: not shipped), one object a line:
-``prompt``, ``atom_count`` (3 … 10), ``vqa_list`` ([question, answer] pairs) and ``skills`` (one of object,
-attribute, count, position, verb per pair).
+Data: the user's copy of ``geneval2_data.jsonl`` (CC BY-NC 4.0: not shipped), one object a line: ``prompt``,
+``atom_count`` (3 … 10), ``vqa_list`` ([question, answer] pairs) and ``skills`` (one of object, attribute,
+count, position, verb per pair).
 
-Questions. Atom k of prompt p is asked as "<question> Answer in one word." with its answer list A_k: for a
-question starting "How many", the answer as written, capitalised, each with a leading space, and its digits
-("four" → four, Four, " four", " Four", 4, " 4"; a word outside one … ten gives "other"); otherwise Yes, yes,
-" yes", " Yes". VQAScore asks 'Does this image show "<prompt>"? Answer the question with Yes or No.' with the
-yes list. A VQA model (t2i_gcpo/eval/vlm.py, or a judge: eval/judge_client.py) gives each question's
-
-    s_k = P(A_k | image, question_k) = Σ_{a ∈ A_k} P(first answer token = a)       (soft score)
-    t_k = 1[argmax token, lower-cased, ∈ A_k]                                        (TIFA's hard score)
-
-Scores of one image with K atoms:
-
-    Soft-TIFA AM = (1/K) Σ_k s_k          Soft-TIFA GM = (Π_k s_k)^{1/K}  (0 when any s_k = 0)
-    TIFA = (1/K) Σ_k t_k                  VQAScore = P(yes list | image, VQAScore question)
-
-and a method's benchmark score is 100 × the mean over images (one per prompt in the reference). The
-analysis tables are the reference's: per skill, Soft-TIFA AM over every atom of that skill
-(100 Σ s / count); per atom count, the mean Soft-TIFA GM of the prompts with that many atoms. Here scores
-are kept in [0, 1] in the files (summary.json, results.jsonl) and printed × 100 as the paper does.
-
-The atom questions give Soft-TIFA AM, GM and TIFA at once (one forward pass each): ``--method`` only
-chooses which is the headline and each row's ``score``; VQAScore asks its own question.
+A method's benchmark score is 100 × the mean of its image score over images (one per prompt in the reference).
+The analysis tables are the reference's: per skill, Soft-TIFA AM over every atom of that skill
+(100 Σ s / count); per atom count, the mean Soft-TIFA GM of the prompts with that many atoms. Scores are kept in
+[0, 1] in the files (summary.json, results.jsonl) and printed × 100 as the paper does. The atom questions give
+Soft-TIFA AM, GM and TIFA at once (one forward pass each): ``--method`` only chooses which is the headline and
+each row's ``score``; VQAScore asks its own question.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.scoring.soft_tifa import (
+    SKILLS,
+    atom_questions,
+    check_row,
+    image_scores,
+    tifa_hit,
+    vqascore_question,
+)
 
 SUITE = "geneval2"
 SOURCE = "facebookresearch/GenEval2 evaluation.py, soft_tifa_analysis.py (a6e82d2)"
 DATA_URL = "https://github.com/facebookresearch/GenEval2 (geneval2_data.jsonl, CC BY-NC 4.0)"
-SKILLS = ("object", "attribute", "count", "position", "verb")
 METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 METHOD_LABELS = {"soft_tifa_gm": "Soft-TIFA GM", "soft_tifa_am": "Soft-TIFA AM", "tifa": "TIFA", "vqascore": "VQAScore"}
-YES = ("Yes", "yes", " yes", " Yes")
-NUMBERS = {"one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7",
-           "eight": "8", "nine": "9", "ten": "10"}  # fmt: skip
-ATOM_QUESTION = "{} Answer in one word."
-VQASCORE_QUESTION = 'Does this image show "{}"? Answer the question with Yes or No.'
-KEYS = ("prompt", "atom_count", "vqa_list", "skills")
 
 
 # ----------------------------------------------------------------------------- data
@@ -79,86 +65,7 @@ def read_geneval2_data(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def check_row(row: Any, where: str) -> dict:
-    """One GenEval 2 prompt object, checked field by field (`where` names it in the message)."""
-
-    def bad(field: str, why: str) -> UserError:
-        return UserError(f"{where}: field '{field}' {why} (not GenEval 2's format: {', '.join(KEYS)})")
-
-    if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object with {', '.join(KEYS)}, got {shorten(repr(row), 60)}")
-    for key in KEYS:
-        if key not in row:
-            raise bad(key, "is missing")
-    if not isinstance(row["prompt"], str) or not row["prompt"].strip():
-        raise bad("prompt", "must be a non-empty string")
-    if isinstance(row["atom_count"], bool) or not isinstance(row["atom_count"], int) or row["atom_count"] < 1:
-        raise bad("atom_count", f"must be a positive integer, got {shorten(repr(row['atom_count']), 40)}")
-    pairs = row["vqa_list"]
-    if not isinstance(pairs, list) or not pairs:
-        raise bad("vqa_list", "must be a non-empty list of [question, answer] pairs")
-    for i, pair in enumerate(pairs):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and x.strip() for x in pair)):
-            raise bad(f"vqa_list[{i}]", f"must be a [question, answer] pair of strings, got {shorten(repr(pair), 60)}")
-    skills = row["skills"]
-    if not isinstance(skills, list) or len(skills) != len(pairs):
-        raise bad("skills", f"must be a list of one skill per question ({len(pairs)})")
-    for i, skill in enumerate(skills):
-        if skill not in SKILLS:
-            raise bad(f"skills[{i}]", f"must be one of {', '.join(SKILLS)}, got {shorten(repr(skill), 40)}")
-    return row
-
-
-def numeric(word: str) -> str:
-    """The reference's digits of a number word ("four" → "4"; any other word → "other")."""
-    return NUMBERS.get(word, "other")
-
-
-def answer_list(question: str, answer: str) -> tuple[str, ...]:
-    """The answers whose probability is an atom's soft score (module docstring)."""
-    if question.startswith("How many"):
-        return (answer, answer.capitalize(), " " + answer, " " + answer.capitalize(), numeric(answer),
-                " " + numeric(answer))  # fmt: skip
-    return YES
-
-
-def atom_questions(row: dict) -> list[tuple[str, tuple[str, ...]]]:
-    """(the text asked, its answer list) per atom of a prompt."""
-    return [(ATOM_QUESTION.format(q), answer_list(q, a)) for q, a in row["vqa_list"]]
-
-
-def vqascore_question(row: dict) -> tuple[str, tuple[str, ...]]:
-    return VQASCORE_QUESTION.replace("{}", row["prompt"]), YES
-
-
-# ----------------------------------------------------------------------------- scores
-
-
-def tifa_hit(prediction: str, answers: Sequence[str]) -> float:
-    """TIFA's hard score: 1 when the argmax token, lower-cased, is one of the answers (module docstring)."""
-    return 1.0 if prediction.lower() in answers else 0.0
-
-
-def geometric_mean(values: Sequence[float]) -> float:
-    """(Π v)^{1/n}, 0 when any v is 0 (scipy.stats.gmean's value there)."""
-    if any(v <= 0 for v in values):
-        return 0.0
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def image_scores(soft: Sequence[float | None], hard: Sequence[float]) -> dict[str, float | None]:
-    """Soft-TIFA AM / GM and TIFA of one image from its atoms' soft and hard scores (soft None: a judge
-    without log-probabilities)."""
-    out: dict[str, float | None] = {"tifa": sum(hard) / len(hard)}
-    if all(s is not None for s in soft):
-        out["soft_tifa_am"] = sum(soft) / len(soft)  # type: ignore[arg-type]
-        out["soft_tifa_gm"] = geometric_mean(soft)  # type: ignore[arg-type]
-    else:
-        out["soft_tifa_am"] = out["soft_tifa_gm"] = None
-    return out
-
-
-def summarize(rows: Sequence[dict], method: str) -> dict[str, Any]:
+def summarize(rows: Sequence[dict], method: str | None = None) -> dict[str, Any]:
     """The benchmark's numbers from results rows (one per image, as `image_rows` makes them): each method's
     score (mean over images), the headline (`method`'s), per atom count the mean of the method's image
     score ("categories", the rows' categories), and the reference's analysis tables where soft scores
@@ -167,6 +74,7 @@ def summarize(rows: Sequence[dict], method: str) -> dict[str, Any]:
 
     if not rows:
         raise UserError("GenEval 2: nothing to summarise (no images)")
+    method = method or rows[0]["method"]
     methods = [m for m in METHODS if all(r.get(m) is not None for r in rows)]
     scores = {m: sum(r[m] for r in rows) / len(rows) for m in methods}
     by_count: dict[int, list[dict]] = {}
@@ -226,7 +134,7 @@ def questions_for(entries: Sequence[tuple[int, dict, Sequence[Any]]], method: st
     """Every question of every image: the atoms' (or, for VQAScore, the prompt's), each an `asking.Question`
     whose payload is (image, text, answers) and whose id is ``<prompt>/<sample>#<atom>`` (``#p`` for VQAScore).
     `digest(image)` names an image's content in the fingerprint; `scorer_fp` the scorer's."""
-    from t2i_gcpo.eval.asking import Question, fingerprint
+    from t2i_gcpo.eval.suites.asking import Question, fingerprint
 
     out = []
     for i, row, images in entries:
@@ -283,7 +191,7 @@ def image_rows(entries: Sequence[tuple[int, dict, Sequence[Any]]], answers: dict
                 hard = [tifa_hit(g["prediction"], a) for g, a in zip(got, lists)]
                 out.update({"soft_tifa": soft, "tifa_atoms": hard, "predictions": [g["prediction"] for g in got]})
                 out.update(image_scores(soft, hard))
-            out["score"] = out[method]
+            out["score"], out["method"] = out[method], method
             rows.append(out)
     return rows
 
@@ -295,7 +203,7 @@ def score_entries(entries: Sequence[tuple[int, dict, Sequence[Any]]], scorer: An
     """Ask every question of `entries` ((prompt index, data row, images or image paths)) through `scorer`
     (a `LocalVLM` in batches of its batch_size, or a `JudgeClient` on `concurrency` threads), resumably
     into `log`, and return the results rows (`image_rows`)."""
-    from t2i_gcpo.eval.asking import answer_all, fingerprint, image_digest
+    from t2i_gcpo.eval.suites.asking import answer_all, fingerprint, image_digest
 
     if method not in METHODS:
         raise UserError(f"GenEval 2 method must be one of {', '.join(METHODS)}, got {method!r}")
@@ -312,3 +220,21 @@ def score_entries(entries: Sequence[tuple[int, dict, Sequence[Any]]], scorer: An
             raise UserError(f"{a['id']}: no probability was recorded for this answer (asked with --method tifa?); "
                             "use --overwrite, or another --out")  # fmt: skip
     return image_rows(entries, answers, method)
+
+
+def read_items(path: Path) -> list:
+    """The data file as the suite registry reads a suite's prompts (eval.suites.SuiteItem, the row as data)."""
+    from t2i_gcpo.eval.suites import SuiteItem
+
+    return [SuiteItem(str(i), row["prompt"], f"atoms_{row['atom_count']}", row) for i, row in enumerate(read_geneval2_data(path))]
+
+
+def _register() -> None:
+    from t2i_gcpo.eval.suites import Suite, register_suite
+
+    register_suite(Suite("geneval2", "GenEval 2: compositional prompts, every atom asked of a VQA model (Soft-TIFA)",
+                         SOURCE, "your copy of GenEval 2's geneval2_data.jsonl (github.com/facebookresearch/GenEval2)",
+                         read_items, summarize, kind="vqa"))  # fmt: skip
+
+
+_register()

@@ -51,6 +51,7 @@ class LocalVLM:
 
     def __init__(self, model: Any, processor: Any, *, name: str, revision: str | None = None,
                  dtype: str = "auto", batch_size: int = 8):  # fmt: skip
+        """`name` the folder, `revision` its revision where the caller knows it (eval.protocol.folder_revision)."""
         self.model, self.processor = model.eval(), processor
         self.name, self.revision, self.dtype, self.batch_size = name, revision, dtype, int(batch_size)
         self.tokenizer = processor.tokenizer
@@ -58,20 +59,19 @@ class LocalVLM:
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                        batch_size: int = 8) -> LocalVLM:  # fmt: skip
+                        batch_size: int = 8, revision: str | None = None, what: str = "--vqa") -> LocalVLM:  # fmt: skip
         """Load a local VLM folder (config.json, weights, processor files with a chat template); a one-line
         UserError for anything that is not one."""
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from t2i_gcpo.eval.protocol import folder_revision
         from t2i_gcpo.outdir import read_json
 
         path = Path(folder).expanduser()
         if not path.is_dir():
-            raise UserError(f"--vqa {path}: not a folder (a local VLM checkpoint such as Qwen3-VL-8B-Instruct)")
+            raise UserError(f"{what} {path}: not a folder (a local VLM checkpoint such as Qwen3-VL-8B-Instruct)")
         if not (path / "config.json").is_file():
-            raise UserError(f"--vqa {path}: not a model folder (no config.json)")
+            raise UserError(f"{what} {path}: not a model folder (no config.json)")
         if dtype not in DTYPES:
             raise UserError(f"VQA dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         config = read_json(path / "config.json", follow=True)
@@ -83,22 +83,20 @@ class LocalVLM:
             )
         except (OSError, ValueError, KeyError) as e:
             first = (str(e).splitlines() or [type(e).__name__])[0]
-            raise UserError(f"--vqa {path}: cannot load it as an image-text-to-text model ({kind}): {first}") from None
+            raise UserError(f"{what} {path}: cannot load it as an image-text-to-text model ({kind}): {first}") from None
         if getattr(processor, "chat_template", None) is None or not hasattr(processor, "tokenizer"):
-            raise UserError(f"--vqa {path}: its processor has no chat template (an instruction-tuned VLM is needed)")
-        return cls(model.to(device), processor, name=str(path.resolve()), revision=folder_revision(path),
-                   dtype=dtype, batch_size=batch_size)  # fmt: skip
+            raise UserError(f"{what} {path}: its processor has no chat template (an instruction-tuned VLM is needed)")
+        return cls(model.to(device), processor, name=str(path.resolve()), revision=revision, dtype=dtype,
+                   batch_size=batch_size)  # fmt: skip
 
     @property
     def device(self) -> Any:
         return next(self.model.parameters()).device
 
     def record(self) -> dict[str, Any]:
-        """The scorer as a protocol records it."""
-        from t2i_gcpo.eval.protocol import scorer_record
-
-        return scorer_record("vqa", self.name, self.revision, dtype=self.dtype,
-                             model_type=getattr(self.model.config, "model_type", None))  # fmt: skip
+        """The scorer as a protocol records it (the fields of eval.protocol.scorer_record)."""
+        return {"kind": "vqa", "name": self.name, "revision": self.revision, "dtype": self.dtype,
+                "model_type": getattr(self.model.config, "model_type", None)}  # fmt: skip
 
     def messages(self, image: Any, question: str) -> list[dict]:
         """The reference's message: one user turn, the image then the text."""
