@@ -1,6 +1,6 @@
 """The Python API: train a policy, generate and evaluate images, draw credit maps.
 
-The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval`` and ``credit-map`` parse
+The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval|geneval2|judge`` and ``credit-map`` parse
 their options and call these functions, so a notebook and the command line run the same code and,
 for the same seed, give the same results.
 
@@ -930,7 +930,9 @@ def _scorer_identity(vqa: str | os.PathLike | None, judge: str | None, judge_mod
     return f"judge:{judge}" + (f" ({judge_model})" if judge_model else "")
 
 
-def _judge_client(judge: str, judge_model: str | None, timeout: float, api_key_env: str = "OPENAI_API_KEY") -> Any:
+def _judge_client(
+    judge: str, judge_model: str | None, timeout: float, api_key_env: str = "OPENAI_API_KEY"
+) -> Any:
     from t2i_gcpo.eval.suites.judge_client import JudgeClient
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -958,7 +960,9 @@ def _source_entries(metas: list[dict], keys: Sequence[str], root: Path, n: int |
     entries = run_entries(root, metas, n, keys)
     empty = [f"{i:05d}" for i, _, paths in entries if not paths]
     if empty:
-        raise UserError(f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation")
+        raise UserError(
+            f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation"
+        )
     return entries
 
 
@@ -1060,7 +1064,9 @@ def evaluate_geneval2(
     if sum(sources) != 1:
         raise UserError("give one of --model (generate, then score), --score-only DIR or --images MAP.json")
     if (vqa is None) == (judge is None):
-        raise UserError("give --vqa DIR (a local VLM) or --judge URL (an OpenAI-compatible server), one of them")
+        raise UserError(
+            "give --vqa DIR (a local VLM) or --judge URL (an OpenAI-compatible server), one of them"
+        )
     if method not in g2.METHODS:
         raise UserError(f"--method must be one of {', '.join(g2.METHODS)}, got {method!r}")
     if overwrite and model is None:
@@ -1089,7 +1095,9 @@ def evaluate_geneval2(
         _record_out(out, "eval geneval2", settings)
         sampling = identity = None
         if model is not None:
-            sampling, identity = _generate_into(out, model, rows, n, batch, cfg_scale, steps, reveal_order, seed, overwrite)
+            sampling, identity = _generate_into(
+                out, model, rows, n, batch, cfg_scale, steps, reveal_order, seed, overwrite
+            )
             entries = _source_entries(rows, KEYS, out / "images", n)
         results = g2.score_entries(entries, scorer, method, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
                                    retries=retries, backoff=backoff, progress=progress)  # fmt: skip
@@ -1110,16 +1118,22 @@ def _image_map_entries(path: Path, rows: list[dict]) -> list:
 
     mapping = read_json(path.expanduser(), follow=True)
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
-        raise UserError(f"--images {path}: expected a JSON object {{prompt: image path}} (GenEval 2's image map)")
+        raise UserError(
+            f"--images {path}: expected a JSON object {{prompt: image path}} (GenEval 2's image map)"
+        )
     entries = []
     for i, row in enumerate(rows):
         if row["prompt"] not in mapping:
-            raise UserError(f"--images {path}: no image for the prompt {row['prompt']!r} (line {i + 1} of the data)")
+            raise UserError(
+                f"--images {path}: no image for the prompt {row['prompt']!r} (line {i + 1} of the data)"
+            )
         image = Path(mapping[row["prompt"]]).expanduser()
         if not image.is_absolute() and not image.is_file():
             image = path.expanduser().parent / image
         if not image.is_file():
-            raise UserError(f"--images {path}: the image of {row['prompt']!r}, {mapping[row['prompt']]}, does not exist")
+            raise UserError(
+                f"--images {path}: the image of {row['prompt']!r}, {mapping[row['prompt']]}, does not exist"
+            )
         entries.append((i, row, [image]))
     return entries
 
@@ -1204,8 +1218,13 @@ def evaluate_judge(
         _record_out(out, "eval judge", settings)
         sampling = identity = None
         if model is not None:
-            sampling, identity = _generate_into(out, model, metas, n, batch, cfg_scale, steps, reveal_order, seed, overwrite)
-            entries = [(i, items[i], paths) for i, _, paths in _source_entries(metas, ("prompt", "id"), out / "images", n)]
+            sampling, identity = _generate_into(
+                out, model, metas, n, batch, cfg_scale, steps, reveal_order, seed, overwrite
+            )
+            entries = [
+                (i, items[i], paths)
+                for i, _, paths in _source_entries(metas, ("prompt", "id"), out / "images", n)
+            ]
         rows = score_suite(spec, entries, client, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
                            retries=retries, backoff=backoff, temperature=temperature, max_tokens=max_tokens,
                            progress=progress)  # fmt: skip
@@ -1232,7 +1251,9 @@ def _suite_source(spec: Any, items: list, metas: list[dict], root: Path, n: int)
         paths = [spec.reference_image(root, item, s) for s in range(n)]
         missing = [p for p in paths if not p.is_file()]
         if missing:
-            raise UserError(f"--score-only {root}: {missing[0]} is missing ({spec.name}'s own layout; item {item.id})")
+            raise UserError(
+                f"--score-only {root}: {missing[0]} is missing ({spec.name}'s own layout; item {item.id})"
+            )
         entries.append((i, item, paths))
     return entries
 

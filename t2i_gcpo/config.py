@@ -567,7 +567,9 @@ class EvalSuiteOptions:
         "VQAScore).",
         "soft_tifa_gm",
     )
-    device: str = doc("geneval2: where the VQA model runs: 'auto' (the policy's device), cpu, cuda, cuda:N.", "auto")
+    device: str = doc(
+        "geneval2: where the VQA model runs: 'auto' (the policy's device), cpu, cuda, cuda:N.", "auto"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
         "geneval2: the VQA model's dtype (auto: its checkpoint's).", "auto"
     )
@@ -641,8 +643,8 @@ class TrainConfig:
         "A benchmark suite the held-out evaluation runs instead of the task's own score: geneval2 (Soft-TIFA, a VQA "
         "model asked every atom's question), wise, tiif or unigenbench (a VLM judge per image) — the same suite "
         "and scores as `t2i-gcpo eval geneval2|judge`, on eval_suite_options.data's prompts, each drawn "
-        "eval_images_per_prompt times from its own generator at every evaluation (docs/evaluation/"
-        "judge-suites.md#during-training). Logged as eval/<suite>/overall and eval/<suite>/<category>; "
+        "eval_images_per_prompt times from its own generator at every evaluation "
+        "(docs/evaluation/judge-suites.md#during-training). Logged as eval/<suite>/overall and eval/<suite>/<category>; "
         "eval_prompts is then not read. null: the task's held-out evaluation.",
         None,
     )

@@ -86,7 +86,8 @@ def build_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
     )  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():  # a few answers' tokens get large logits: TIFA then hits some atoms and misses others
+    # a few answers' tokens get large logits: TIFA then hits some atoms and misses others
+    with torch.no_grad():
         model.lm_head.weight[[tok.convert_tokens_to_ids(t) for t in FAVOURED]] *= 60.0
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
@@ -99,7 +100,9 @@ def reference_probability(model, processor, image, question: str, answers) -> tu
     token generated greedily with its scores, their softmax summed over each answer's first token id."""
     import torch
 
-    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}
+    ]
     inputs = processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True,
                                            return_tensors="pt")  # fmt: skip
     with torch.no_grad():

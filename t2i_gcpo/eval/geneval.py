@@ -246,7 +246,10 @@ def score_image(
 
 
 def run_entries(
-    root: str | os.PathLike, metadata_list: Sequence[dict], n: int | None, keys: Sequence[str] = ("tag", "prompt", "include")
+    root: str | os.PathLike,
+    metadata_list: Sequence[dict],
+    n: int | None,
+    keys: Sequence[str] = ("tag", "prompt", "include"),
 ) -> list[tuple[int, dict, list[Path]]]:
     """`iter_layout` restricted to, and checked against, one run's prompts (whose metadata hold `keys`)."""
     folders = prompt_folders(root)

@@ -348,8 +348,14 @@ def read_metadata(folder: Path, keys: Sequence[str] = ("tag", "prompt", "include
     rows = read_jsonl(path)
     metadata = rows[0] if rows else None
     if not isinstance(metadata, dict) or not set(keys) <= metadata.keys():
-        names = ", ".join(f"'{k}'" for k in keys)
-        raise UserError(f"{path}: expected a metadata object with {names}")
+        names = [f"'{k}'" for k in keys]
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+        kind = (
+            "a GenEval metadata object"
+            if tuple(keys) == ("tag", "prompt", "include")
+            else "a metadata object"
+        )
+        raise UserError(f"{path}: expected {kind} with {listed}")
     return metadata
 
 

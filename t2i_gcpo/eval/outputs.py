@@ -19,7 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-RESULTS_NAME, SUMMARY_NAME, SUMMARY_TEXT, PROTOCOL_NAME = "results.jsonl", "summary.json", "summary.txt", "protocol.json"
+RESULTS_NAME = "results.jsonl"
+SUMMARY_NAME, SUMMARY_TEXT = "summary.json", "summary.txt"
+PROTOCOL_NAME = "protocol.json"
 
 
 def jsonable(value: Any) -> Any:
@@ -33,12 +35,22 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_evaluation(out: str | os.PathLike, rows: list[dict], summary: dict, text: str, protocol: dict) -> None:
+def write_evaluation(
+    out: str | os.PathLike, rows: list[dict], summary: dict, text: str, protocol: dict
+) -> None:
     """results.jsonl, summary.json, summary.txt and protocol.json in `out` (module docstring)."""
     from t2i_gcpo.outdir import write_file
 
     out = Path(out)
-    write_file(out / RESULTS_NAME, "".join(json.dumps(jsonable(r), ensure_ascii=False) + "\n" for r in rows), within=out)
-    write_file(out / SUMMARY_NAME, json.dumps(jsonable(summary), indent=1, ensure_ascii=False) + "\n", within=out)
+    write_file(
+        out / RESULTS_NAME,
+        "".join(json.dumps(jsonable(r), ensure_ascii=False) + "\n" for r in rows),
+        within=out,
+    )
+    write_file(
+        out / SUMMARY_NAME, json.dumps(jsonable(summary), indent=1, ensure_ascii=False) + "\n", within=out
+    )
     write_file(out / SUMMARY_TEXT, text + "\n", within=out)
-    write_file(out / PROTOCOL_NAME, json.dumps(jsonable(protocol), indent=1, ensure_ascii=False) + "\n", within=out)
+    write_file(
+        out / PROTOCOL_NAME, json.dumps(jsonable(protocol), indent=1, ensure_ascii=False) + "\n", within=out
+    )

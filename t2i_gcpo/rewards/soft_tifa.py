@@ -46,15 +46,22 @@ def load(
 ) -> SoftTifaReward:  # fmt: skip
     from t2i_gcpo.scoring.vlm import LocalVLM
 
-    vlm = LocalVLM.from_pretrained(folder, device=device, dtype=dtype, batch_size=batch_size, what="reward 'soft_tifa':")
+    vlm = LocalVLM.from_pretrained(
+        folder, device=device, dtype=dtype, batch_size=batch_size, what="reward 'soft_tifa':"
+    )
     return SoftTifaReward(vlm, mean=mean)
 
 
 def atoms_of(meta: dict, where: str) -> list:
     """The [question, answer] pairs a prompt's metadata carries (GenEval 2's vqa_list), checked."""
     pairs = meta.get("vqa_list") if isinstance(meta, dict) else None
-    if not isinstance(pairs, list) or not pairs or not all(
-        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.strip() for x in p) for p in pairs
+    if (
+        not isinstance(pairs, list)
+        or not pairs
+        or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.strip() for x in p)
+            for p in pairs
+        )
     ):
         raise UserError(f"reward 'soft_tifa': {where} carries no atoms: its metadata needs GenEval 2's 'vqa_list' "
                         "([question, answer] pairs; a .jsonl prompt file in GenEval 2's format, with task: prompts)")  # fmt: skip
@@ -87,7 +94,9 @@ class SoftTifaReward:
         for i, meta in enumerate(metadata):
             atoms = atoms_of(meta, f"prompt {shorten(prompts[i], 60)!r}")
             asked += [(i, text, answers) for text, answers in atom_questions({"vqa_list": atoms})]
-        got = self.vlm.probabilities([pil[i] for i, _, _ in asked], [q for _, q, _ in asked], [a for _, _, a in asked])
+        got = self.vlm.probabilities(
+            [pil[i] for i, _, _ in asked], [q for _, q, _ in asked], [a for _, _, a in asked]
+        )
         soft: list[list[float]] = [[] for _ in pil]
         hard: list[list[float]] = [[] for _ in pil]
         for (i, _, answers), (p, pred) in zip(asked, got):
@@ -95,4 +104,6 @@ class SoftTifaReward:
             hard[i].append(tifa_hit(pred, answers))
         details = [{**image_scores(s, h), "atoms": s} for s, h in zip(soft, hard)]
         key = "soft_tifa_gm" if self.mean == "gm" else "soft_tifa_am"
-        return RewardOutput(scores=torch.tensor([d[key] for d in details], dtype=torch.float32), details=details)
+        return RewardOutput(
+            scores=torch.tensor([d[key] for d in details], dtype=torch.float32), details=details
+        )

@@ -44,7 +44,9 @@ def check_row(row: Any, where: str) -> dict:
         return UserError(f"{where}: field '{field}' {why} (not GenEval 2's format: {', '.join(KEYS)})")
 
     if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object with {', '.join(KEYS)}, got {shorten(repr(row), 60)}")
+        raise UserError(
+            f"{where}: expected a JSON object with {', '.join(KEYS)}, got {shorten(repr(row), 60)}"
+        )
     for key in KEYS:
         if key not in row:
             raise bad(key, "is missing")
@@ -56,8 +58,13 @@ def check_row(row: Any, where: str) -> dict:
     if not isinstance(pairs, list) or not pairs:
         raise bad("vqa_list", "must be a non-empty list of [question, answer] pairs")
     for i, pair in enumerate(pairs):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and x.strip() for x in pair)):
-            raise bad(f"vqa_list[{i}]", f"must be a [question, answer] pair of strings, got {shorten(repr(pair), 60)}")
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and x.strip() for x in pair)
+        ):
+            raise bad(
+                f"vqa_list[{i}]",
+                f"must be a [question, answer] pair of strings, got {shorten(repr(pair), 60)}",
+            )
     skills = row["skills"]
     if not isinstance(skills, list) or len(skills) != len(pairs):
         raise bad("skills", f"must be a list of one skill per question ({len(pairs)})")

@@ -69,7 +69,9 @@ class LocalVLM:
 
         path = Path(folder).expanduser()
         if not path.is_dir():
-            raise UserError(f"{what} {path}: not a folder (a local VLM checkpoint such as Qwen3-VL-8B-Instruct)")
+            raise UserError(
+                f"{what} {path}: not a folder (a local VLM checkpoint such as Qwen3-VL-8B-Instruct)"
+            )
         if not (path / "config.json").is_file():
             raise UserError(f"{what} {path}: not a model folder (no config.json)")
         if dtype not in DTYPES:
@@ -83,9 +85,13 @@ class LocalVLM:
             )
         except (OSError, ValueError, KeyError) as e:
             first = (str(e).splitlines() or [type(e).__name__])[0]
-            raise UserError(f"{what} {path}: cannot load it as an image-text-to-text model ({kind}): {first}") from None
+            raise UserError(
+                f"{what} {path}: cannot load it as an image-text-to-text model ({kind}): {first}"
+            ) from None
         if getattr(processor, "chat_template", None) is None or not hasattr(processor, "tokenizer"):
-            raise UserError(f"{what} {path}: its processor has no chat template (an instruction-tuned VLM is needed)")
+            raise UserError(
+                f"{what} {path}: its processor has no chat template (an instruction-tuned VLM is needed)"
+            )
         return cls(model.to(device), processor, name=str(path.resolve()), revision=revision, dtype=dtype,
                    batch_size=batch_size)  # fmt: skip
 
@@ -100,7 +106,12 @@ class LocalVLM:
 
     def messages(self, image: Any, question: str) -> list[dict]:
         """The reference's message: one user turn, the image then the text."""
-        return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}]
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": image}, {"type": "text", "text": question}],
+            }
+        ]
 
     def first_token_probs(self, images: Sequence[Any], questions: Sequence[str]) -> Any:
         """softmax of the first answer position's logits, [n, V] float32 on the CPU, for the pairs
@@ -121,7 +132,9 @@ class LocalVLM:
         """(Σ of the answers' first-token probabilities, the decoded argmax token) per question."""
         out: list[tuple[float, str]] = []
         for s in range(0, len(images), self.batch_size):
-            probs = self.first_token_probs(images[s : s + self.batch_size], questions[s : s + self.batch_size])
+            probs = self.first_token_probs(
+                images[s : s + self.batch_size], questions[s : s + self.batch_size]
+            )
             for row, wanted in zip(probs, answers[s : s + self.batch_size]):
                 p = sum(float(row[i]) for i in first_token_ids(self.tokenizer, wanted))
                 out.append((p, self.tokenizer.decode([int(row.argmax())])))

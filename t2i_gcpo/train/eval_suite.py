@@ -1,5 +1,5 @@
-"""A benchmark suite as a run's held-out evaluation (config ``eval_suite``; docs/evaluation/judge-suites.md#during-
-training): the suite's prompts (``eval_suite_options.data``) are the held-out prompts, sampled at every
+"""A benchmark suite as a run's held-out evaluation (config ``eval_suite``;
+docs/evaluation/judge-suites.md#during-training): the suite's prompts (``eval_suite_options.data``) are the held-out prompts, sampled at every
 evaluation as the task's held-out loop samples them (tasks/loop.held_out_rows: prompt i's images from its own
 generator (seed, "eval", i), the same at every step), and scored by the suite exactly as ``t2i-gcpo eval
 geneval2|judge`` scores them (t2i_gcpo/eval/suites/) — GenEval 2 by a VQA model or a judge's log-probabilities,
@@ -57,7 +57,9 @@ class SuiteScorer:
 
             rows = score_suite(ev.suite, entries, ev.scorer, **asking)
         details = [{k: v for k, v in r.items() if k not in ("key", "category", "prompt")} for r in rows]
-        return RewardOutput(scores=torch.tensor([r["score"] for r in rows], dtype=torch.float32), details=details)
+        return RewardOutput(
+            scores=torch.tensor([r["score"] for r in rows], dtype=torch.float32), details=details
+        )
 
 
 class SuiteEvaluation:
@@ -86,7 +88,9 @@ class SuiteEvaluation:
 
             self.scorer = JudgeClient(opts.judge, model=opts.judge_model, timeout=opts.timeout,
                                       api_key=os.environ.get("OPENAI_API_KEY"))  # fmt: skip
-        self.prompts = [PromptRecord(it.prompt, meta={"suite_index": i, "id": it.id}) for i, it in enumerate(self.items)]
+        self.prompts = [
+            PromptRecord(it.prompt, meta={"suite_index": i, "id": it.id}) for i, it in enumerate(self.items)
+        ]
 
     def probe(self, images: Any) -> None:
         """Score one image (the run's dry sample) as the suite's first prompt: a judge that is down, stalls or
@@ -96,7 +100,9 @@ class SuiteEvaluation:
         try:
             SuiteScorer(self)(images[:1], [self.items[0].prompt], [{"suite_index": 0}])
         except UserError as e:
-            raise RewardError(f"eval_suite {self.suite.name}: {e} (on a dry sample, before the run started)") from None
+            raise RewardError(
+                f"eval_suite {self.suite.name}: {e} (on a dry sample, before the run started)"
+            ) from None
 
     def evaluate(self, policy: Policy, prompts: list[PromptRecord], samples_per_prompt: int, sampling: SamplingParams,
                  seed: int, accelerator: Any = None, progress: bool = False) -> dict[str, Any]:  # fmt: skip

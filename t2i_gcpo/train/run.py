@@ -311,8 +311,19 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
         eval_suite.probe(dry().outputs)  # a judge that is down: one line now, not at the first evaluation
     check_user_credit(cfg, policy, prompts, dry)  # a user's credit function on the same dry sample
     note_step_rewards(cfg, policy)
-    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock, plan=plan,
-               eval_suite=eval_suite)
+    return Job(
+        cfg,
+        run_dir,
+        prompts,
+        eval_prompts,
+        policy,
+        reward,
+        task,
+        resume=resume,
+        lock=lock,
+        plan=plan,
+        eval_suite=eval_suite,
+    )
 
 
 def resolve_reward_and_held_out(cfg: TrainConfig, task: Task) -> None:

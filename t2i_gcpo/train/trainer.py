@@ -386,7 +386,9 @@ class Trainer:
     def evaluate(self) -> tuple[dict, str]:
         """The task's held-out score of the current policy: (metrics to log, the line to print)."""
         cfg = self.cfg
-        if self.eval_suite is not None:  # a benchmark suite's score (eval_suite), rows of key, category, score
+        if (
+            self.eval_suite is not None
+        ):  # a benchmark suite's score (eval_suite), rows of key, category, score
             res = self.eval_suite.evaluate(unwrap(self.policy), self.eval_prompts, cfg.eval_images_per_prompt,
                                            self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
             return res["metrics"], res["headline"]

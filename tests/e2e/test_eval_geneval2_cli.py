@@ -9,15 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-from judge_fixtures import LoopbackJudge, completion, message_text
 from PIL import Image
 from scipy.stats import gmean
-from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
 
 from t2i_gcpo.eval.protocol import file_sha256
 
 from cli_helpers import cli, error_line
+from judge_fixtures import LoopbackJudge, completion, message_text
 from tiny_models import tiny_policy_dir
+from vlm_fixtures import GENEVAL2_ROWS, build_tiny_qwen3_vl, reference_probability, write_geneval2_data
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,15 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
     protocol = json.loads((out / "protocol.json").read_text())
     assert protocol["suite"] == "geneval2" and protocol["data"][0]["sha256"] == file_sha256(data)
     assert protocol["scorer"]["kind"] == "vqa" and protocol["scorer"]["revision"].startswith("sha256:")
-    assert protocol["images_per_prompt"] == 2 and protocol["seeds"]["seed"] == 0 and protocol["method"] == "soft_tifa_gm"
-    assert protocol["model"]["spec"] == str(Path(policy).resolve()) and protocol["sampling"]["temperature"] == 1.0
+    assert (
+        protocol["images_per_prompt"] == 2
+        and protocol["seeds"]["seed"] == 0
+        and protocol["method"] == "soft_tifa_gm"
+    )
+    assert (
+        protocol["model"]["spec"] == str(Path(policy).resolve())
+        and protocol["sampling"]["temperature"] == 1.0
+    )
     answers = (out / "answers.jsonl").read_text()
     assert len(answers.splitlines()) == 2 * sum(len(r["vqa_list"]) for r in GENEVAL2_ROWS)
     # again: nothing generated, nothing asked, the same scores
@@ -77,7 +84,10 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
                             "--vqa-dtype", "float32", "--method", "tifa", "--out", tmp_path / "g2b")  # fmt: skip
     assert code == 0, err
     again = json.loads((tmp_path / "g2b" / "summary.json").read_text())
-    assert again["methods"] == pytest.approx(summary["methods"], rel=1e-5) and again["overall"] == again["methods"]["tifa"]
+    assert (
+        again["methods"] == pytest.approx(summary["methods"], rel=1e-5)
+        and again["overall"] == again["methods"]["tifa"]
+    )
 
 
 def test_geneval2_bad_input_is_one_line_and_leaves_no_folder(tmp_path, capsys, models):
@@ -85,11 +95,20 @@ def test_geneval2_bad_input_is_one_line_and_leaves_no_folder(tmp_path, capsys, m
     bad = write_geneval2_data(tmp_path / "bad.jsonl", [{**GENEVAL2_ROWS[0], "skills": ["count"]}])
     good = write_geneval2_data(tmp_path / "good.jsonl")
     cases = [
-        (("--data", bad, "--model", policy, "--vqa", vlm), f"{bad}:1: field 'skills' must be a list of one skill per question (4)"),
-        (("--data", good, "--model", policy, "--vqa", vlm, "--judge", "http://127.0.0.1:1/v1"), "give --vqa DIR"),
+        (
+            ("--data", bad, "--model", policy, "--vqa", vlm),
+            f"{bad}:1: field 'skills' must be a list of one skill per question (4)",
+        ),
+        (
+            ("--data", good, "--model", policy, "--vqa", vlm, "--judge", "http://127.0.0.1:1/v1"),
+            "give --vqa DIR",
+        ),
         (("--data", good, "--vqa", vlm), "give one of --model"),
         (("--data", good, "--model", policy, "--vqa", tmp_path), "not a model folder (no config.json)"),
-        (("--data", tmp_path / "none.jsonl", "--model", policy, "--vqa", vlm), "GenEval2 (geneval2_data.jsonl"),
+        (
+            ("--data", tmp_path / "none.jsonl", "--model", policy, "--vqa", vlm),
+            "GenEval2 (geneval2_data.jsonl",
+        ),
     ]
     for extra, expected in cases:
         code, _, err = cli(capsys, "eval", "geneval2", *extra, "--out", tmp_path / "never")
@@ -128,7 +147,9 @@ def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_pat
         ("00001/0000", "BIOLOGY", 0.0, "650"), ("00001/0001", "BIOLOGY", 0.0, "650")]  # fmt: skip
     assert all(r["answer"].startswith("Score: ") for r in rows)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["categories"] == {"CULTURE": 1.0, "BIOLOGY": 0.0} and summary["overall"] == pytest.approx(0.4 / 0.52)
+    assert summary["categories"] == {"CULTURE": 1.0, "BIOLOGY": 0.0} and summary["overall"] == pytest.approx(
+        0.4 / 0.52
+    )
     protocol = json.loads((out / "protocol.json").read_text())
     assert protocol["suite"] == "judge:wise" and protocol["scorer"]["model"] == "Qwen3.5-35B-A3B"
     assert protocol["scorer"]["temperature"] == 0.0 and protocol["images_per_prompt"] == 2

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from judge_fixtures import LoopbackJudge, closed_port_url, completion, message_text
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
@@ -23,6 +22,8 @@ from t2i_gcpo.eval.suites import get_suite, suite_names, suites_help
 from t2i_gcpo.eval.suites.asking import BadAnswer
 from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
 from t2i_gcpo.eval.suites.judge_client import JudgeClient
+
+from judge_fixtures import LoopbackJudge, closed_port_url, completion, message_text
 
 # ----------------------------------------------------------------------------- samples in the real formats
 
@@ -101,7 +102,8 @@ def entries(items, per_prompt: int = 1) -> list:
 
 
 def test_the_suites_are_listed_from_one_place():
-    assert suite_names() == ("geneval2", "tiif", "unigenbench", "wise") and suite_names("vqa") == ("geneval2",)
+    assert suite_names() == ("geneval2", "tiif", "unigenbench", "wise")
+    assert suite_names("vqa") == ("geneval2",)
     assert all(f"{name}:" in suites_help("judge") for name in suite_names("judge"))
     with pytest.raises(UserError, match="unknown judge suite 'geneval2': use one of tiif, unigenbench, wise"):
         get_suite("geneval2", "judge")
@@ -117,11 +119,20 @@ def test_the_suites_are_listed_from_one_place():
 def test_wise_reads_asks_parses_and_weights_as_its_reference(tmp_path):
     wise = get_suite("wise")
     items = wise.read(write_wise(tmp_path / "merge.json"))
-    assert [(it.id, it.category) for it in items] == [("7", "CULTURE"), ("402", "TIME"), ("700", "BIOLOGY"), ("990", "CHEMISTRY")]
+    assert [(it.id, it.category) for it in items] == [
+        ("7", "CULTURE"),
+        ("402", "TIME"),
+        ("700", "BIOLOGY"),
+        ("990", "CHEMISTRY"),
+    ]
     system, user = wise.messages(items[0], "data:image/png;base64,AA")
-    assert system["role"] == "system" and system["content"][0]["text"].startswith("You are a professional text-to-image")
+    assert system["role"] == "system" and system["content"][0]["text"].startswith(
+        "You are a professional text-to-image"
+    )
     text = user["content"][0]["text"]
-    assert text.startswith("Please evaluate this generated image for the WISE benchmark and return ONLY one binary score.")
+    assert text.startswith(
+        "Please evaluate this generated image for the WISE benchmark and return ONLY one binary score."
+    )
     assert text.endswith('PROMPT: "The pastry shared at the Mid-Autumn Festival"\nEXPLANATION: "Mooncakes"\n\n'
                          "Return only `Score: 0` or `Score: 1`.")  # fmt: skip
     assert user["content"][1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}
@@ -162,7 +173,10 @@ def test_tiif_reads_both_descriptions_parses_and_groups_as_its_reference(tmp_pat
     items = tiif.read(write_tiif(tmp_path))
     assert [it.id for it in items] == ["2d_spatial_relation/short/0", "2d_spatial_relation/long/0", "2d_spatial_relation/short/1",
                                        "2d_spatial_relation/long/1", "negation/short/0", "negation/long/0"]  # fmt: skip
-    assert items[1].prompt == "a long description 2d_spatial_relation 0" and items[0].category == "2d_spatial_relation"
+    assert (
+        items[1].prompt == "a long description 2d_spatial_relation 0"
+        and items[0].category == "2d_spatial_relation"
+    )
     system, user = tiif.messages(items[0], "data:,")
     assert system == {"role": "system", "content": "You are a professional image critic."}
     text = user["content"][0]["text"]
@@ -183,17 +197,26 @@ def test_tiif_reads_both_descriptions_parses_and_groups_as_its_reference(tmp_pat
     assert s["dimensions"]["short"] == {"2d_spatial_relation": 0.8, "negation": 0.0}
     assert s["groups"]["short"] == {"Basic Relation": 0.8, "Basic Reasoning": 0.0}
     assert s["overall_by_description"] == {"short": pytest.approx(0.4), "long": pytest.approx(0.7)}
-    assert s["overall"] == pytest.approx(0.55) and s["categories"]["2d_spatial_relation"] == pytest.approx(6 / 10)
+    assert s["overall"] == pytest.approx(0.55)
+    assert s["categories"]["2d_spatial_relation"] == pytest.approx(6 / 10)
 
 
 def test_tiif_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
     tiif = get_suite("tiif")
-    bad = {"negation": [{"type": "negation", "yn_question_list": ["Is there a dog?"], "yn_answer_list": ["maybe"]}]}
+    bad = {
+        "negation": [
+            {"type": "negation", "yn_question_list": ["Is there a dog?"], "yn_answer_list": ["maybe"]}
+        ]
+    }
     folder = write_tiif(tmp_path / "a", bad)
-    with pytest.raises(UserError, match=r"negation_eval_prompts.jsonl:1: field 'yn_answer_list' must hold one 'yes' or 'no'"):
+    with pytest.raises(
+        UserError, match=r"negation_eval_prompts.jsonl:1: field 'yn_answer_list' must hold one 'yes' or 'no'"
+    ):
         tiif.read(folder)
     folder = write_tiif(tmp_path / "b", {"negation": [{"type": "negation", "yn_answer_list": ["yes"]}]})
-    with pytest.raises(UserError, match=r"negation_eval_prompts.jsonl:1: field 'yn_question_list' is missing"):
+    with pytest.raises(
+        UserError, match=r"negation_eval_prompts.jsonl:1: field 'yn_question_list' is missing"
+    ):
         tiif.read(folder)
     folder = write_tiif(tmp_path / "c")
     (folder.parent / "testmini_prompts" / "negation_prompts.jsonl").unlink()
@@ -227,7 +250,9 @@ def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path)
     points, descs = UGB_EN[0][2]["Testpoints"], UGB_EN[0][2]["Testpoint Description"]
     assert reference_question(UGB_EN[0][1], points, descs, definitions) in text
     assert text.startswith("You are a precise and objective English-language image description system.")
-    answer = "<description><analysis>['ok', 'no pyramids', 'two']</analysis><score>[1, 0, 1]</score></description>"
+    answer = (
+        "<description><analysis>['ok', 'no pyramids', 'two']</analysis><score>[1, 0, 1]</score></description>"
+    )
     got = ugb.parse(answer, items[0])
     assert got["score"] == pytest.approx(2 / 3) and got["testpoint_scores"] == [1, 0, 1]
     for bad in ("<score>[1, 0, 1]</score>", "<analysis>['a','b','c']</analysis><score>[1, 0]</score>",
@@ -239,9 +264,19 @@ def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path)
     s = ugb.summarize(rows)
     assert s["primary_dimensions"] == {"Style": 1.0, "World Knowledge": 0.0, "Attribute": 1.0, "Action": 0.0}
     assert s["overall"] == pytest.approx(0.5) and s["sub_dimensions"]["Attribute - Quantity"] == 1.0
-    zh = [("3", "两只熊猫", {"一级垂类": "创意发散", "考点": ["风格", "属性-数量"], "考点对应描述": ["水墨画", "两只熊猫"]})]
+    zh = [
+        (
+            "3",
+            "两只熊猫",
+            {"一级垂类": "创意发散", "考点": ["风格", "属性-数量"], "考点对应描述": ["水墨画", "两只熊猫"]},
+        )
+    ]
     (z,) = ugb.read(write_ugb(tmp_path / "test_prompts_zh.csv", zh, "zh"))
-    assert z.category == "创意发散" and "考点说明:「\n风格: 艺术、绘画、摄影、设计风格，及对应艺术家名称" in ugb.messages(z, "x")[0]["content"][1]["text"]
+    assert (
+        z.category == "创意发散"
+        and "考点说明:「\n风格: 艺术、绘画、摄影、设计风格，及对应艺术家名称"
+        in ugb.messages(z, "x")[0]["content"][1]["text"]
+    )
 
 
 def test_unigenbench_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
@@ -254,7 +289,9 @@ def test_unigenbench_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_p
             ugb.read(path)
     path = tmp_path / "q.csv"
     path.write_text("id,prompt\n0,a cat\n")
-    with pytest.raises(UserError, match=r"expected UniGenBench's columns index, prompt_en, sub_dims_en .* found id, prompt"):
+    with pytest.raises(
+        UserError, match=r"expected UniGenBench's columns index, prompt_en, sub_dims_en .* found id, prompt"
+    ):
         ugb.read(path)
 
 
@@ -288,9 +325,16 @@ def test_every_answer_is_recorded_with_its_score_and_a_resume_asks_nothing(tmp_p
         expected = len(message_text({"messages": wise.messages(item, "x")})) % 2
         assert r["score"] == expected and r["category"] == item.category and r["id"] == item.id
     summary = {**summary_of(wise, rows), "scorer": client.name}
-    by_cat = {c: np.mean([r["score"] for r in rows if r["category"] == c]) for c in ("CULTURE", "TIME", "BIOLOGY", "CHEMISTRY")}
-    assert summary["categories"] == pytest.approx(by_cat) and summary["images"] == 8 and summary["prompts"] == 4
-    assert summary["overall"] == pytest.approx((0.4 * by_cat["CULTURE"] + 0.12 * (by_cat["TIME"] + by_cat["BIOLOGY"] + by_cat["CHEMISTRY"])) / 0.76)
+    by_cat = {
+        c: np.mean([r["score"] for r in rows if r["category"] == c])
+        for c in ("CULTURE", "TIME", "BIOLOGY", "CHEMISTRY")
+    }
+    assert (
+        summary["categories"] == pytest.approx(by_cat) and summary["images"] == 8 and summary["prompts"] == 4
+    )
+    assert summary["overall"] == pytest.approx(
+        (0.4 * by_cat["CULTURE"] + 0.12 * (by_cat["TIME"] + by_cat["BIOLOGY"] + by_cat["CHEMISTRY"])) / 0.76
+    )
     assert "wise overall:" in format_summary(summary)
 
 
@@ -305,13 +349,33 @@ def test_a_judge_that_stalls_lies_or_is_down_is_one_line_after_bounded_retries(t
     if mode == "down":
         client = JudgeClient(closed_port_url(), timeout=0.5)
         with pytest.raises(UserError) as e:
-            score_suite(ugb, entries(items), client, log=log, retries=2, backoff=0.01, concurrency=2, digest=digest, progress=False)
+            score_suite(
+                ugb,
+                entries(items),
+                client,
+                log=log,
+                retries=2,
+                backoff=0.01,
+                concurrency=2,
+                digest=digest,
+                progress=False,
+            )
         asked = None
     else:
         with LoopbackJudge(answers[mode]) as judge:
             client = JudgeClient(judge.url, timeout=0.3)
             with pytest.raises(UserError) as e:
-                score_suite(ugb, entries(items), client, log=log, retries=2, backoff=0.01, concurrency=1, digest=digest, progress=False)
+                score_suite(
+                    ugb,
+                    entries(items),
+                    client,
+                    log=log,
+                    retries=2,
+                    backoff=0.01,
+                    concurrency=1,
+                    digest=digest,
+                    progress=False,
+                )
             asked = len(judge.bodies)
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"judge {client.url}: question 0000")

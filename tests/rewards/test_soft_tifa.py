@@ -27,10 +27,19 @@ def reference_atoms(model, processor, image, row) -> list[float]:
     for question, answer in row["vqa_list"]:
         if question.startswith("How many"):
             digits = {"one": "1", "four": "4"}.get(answer, "other")
-            answers = [answer, answer.capitalize(), " " + answer, " " + answer.capitalize(), digits, " " + digits]
+            answers = [
+                answer,
+                answer.capitalize(),
+                " " + answer,
+                " " + answer.capitalize(),
+                digits,
+                " " + digits,
+            ]
         else:
             answers = ["Yes", "yes", " yes", " Yes"]
-        out.append(reference_probability(model, processor, image, f"{question} Answer in one word.", answers)[0])
+        out.append(
+            reference_probability(model, processor, image, f"{question} Answer in one word.", answers)[0]
+        )
     return out
 
 
@@ -55,7 +64,9 @@ def test_soft_tifa_scores_are_the_references_over_each_prompts_atoms(vlm_dir):
 
 def test_a_prompt_without_atoms_is_refused_in_one_line(vlm_dir, tmp_path):
     reward = build_reward(f"soft_tifa:{vlm_dir},float32")
-    with pytest.raises(UserError, match=r"reward 'soft_tifa': prompt 1 \('a photo of a circle'\) carries no atoms"):
+    with pytest.raises(
+        UserError, match=r"reward 'soft_tifa': prompt 1 \('a photo of a circle'\) carries no atoms"
+    ):
         check_prompts(reward, [GENEVAL2_ROWS[0]["prompt"], "a photo of a circle"], [GENEVAL2_ROWS[0], {}])
     with pytest.raises(UserError, match="DIR .* does not exist"):
         check_reward_spec(f"soft_tifa:{tmp_path / 'none'}")

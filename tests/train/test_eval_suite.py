@@ -56,7 +56,9 @@ def train_args(policy, prompts, out, reward, *sets):
 
 
 @pytest.mark.slow  # a training run and a reference scoring: ≈ 9 s beside other jobs
-def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_held_out_images(tmp_path, capsys, models):
+def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_held_out_images(
+    tmp_path, capsys, models
+):
     policy_dir, vlm = models
     data = write_geneval2_data(tmp_path / "geneval2_data.jsonl")
     out = tmp_path / "run"
@@ -81,7 +83,9 @@ def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_hel
     cfg = from_dict(read_yaml(out / "config.yaml"))
     policy = load_policy(policy_dir).eval()
     gens = group_generators(cfg.seed, "eval", range(3))
-    _, images = sample_and_decode(policy, [PromptRecord(r["prompt"]) for r in GENEVAL2_ROWS], 2, sampling_params(cfg), gens)
+    _, images = sample_and_decode(
+        policy, [PromptRecord(r["prompt"]) for r in GENEVAL2_ROWS], 2, sampling_params(cfg), gens
+    )
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model = AutoModelForImageTextToText.from_pretrained(vlm, dtype=torch.float32).eval()
@@ -111,12 +115,21 @@ def test_a_run_with_a_judge_suite_and_a_judge_that_is_down(tmp_path, capsys, mod
     prompts.write_text("a photo of a circle\na photo of a square\n")
     data = tmp_path / "merge.json"
     data.write_text(json.dumps(WISE_SHAPES))
-    fast = ("eval_suite_options.timeout=0.5", "eval_suite_options.retries=1", "eval_suite_options.backoff=0.01")
+    fast = (
+        "eval_suite_options.timeout=0.5",
+        "eval_suite_options.retries=1",
+        "eval_suite_options.backoff=0.01",
+    )
     out = tmp_path / "down"
     code, _, err = cli(capsys, *train_args(policy_dir, prompts, out, "shapeworld", "eval_suite=wise",
                                            f"eval_suite_options.data={data}", f"eval_suite_options.judge={closed_port_url()}", *fast))  # fmt: skip
     line = error_line(err)
-    assert code == 2 and "eval_suite wise:" in line and "after 2 tries" in line and "before the run started" in line
+    assert (
+        code == 2
+        and "eval_suite wise:" in line
+        and "after 2 tries" in line
+        and "before the run started" in line
+    )
     assert not out.exists()
     with LoopbackJudge(lambda body: completion(f"Score: {int('circle' in message_text(body))}")) as judge:
         out = tmp_path / "run"
@@ -126,7 +139,8 @@ def test_a_run_with_a_judge_suite_and_a_judge_that_is_down(tmp_path, capsys, mod
         asked = len(judge.bodies)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/wise/overall" in r]
-    assert [r["step"] for r in evals] == [0, 1] and asked == 1 + 2 * 4  # the probe, then 2 prompts × 2 images, twice
+    assert [r["step"] for r in evals] == [0, 1]
+    assert asked == 1 + 2 * 4  # the probe, then 2 prompts × 2 images, twice
     for r in evals:
         assert r["eval/wise/CULTURE"] == 1.0 and r["eval/wise/PHYSICS"] == 0.0
         assert r["eval/wise/overall"] == pytest.approx(0.4 / 0.52)

@@ -53,7 +53,9 @@ def fingerprint(*parts: Any) -> str:
     """A short SHA-256 of JSON-serialisable `parts` (bytes hashed as they are)."""
     digest = hashlib.sha256()
     for part in parts:
-        digest.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+        digest.update(
+            part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode()
+        )
         digest.update(b"\0")
     return digest.hexdigest()[:32]
 
@@ -84,7 +86,11 @@ def read_answers(path: str | os.PathLike, repair: bool = False) -> dict[str, dic
         if not line.strip():
             continue
         row = parse_json(line, f"{path}:{i + 1}")
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(row.get("fingerprint"), str):
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("fingerprint"), str)
+        ):
             raise UserError(f"{path}:{i + 1}: not an answer record t2i-gcpo wrote (no 'id' and 'fingerprint'); "
                             "use another --out")  # fmt: skip
         out[row["id"]] = row
@@ -118,13 +124,17 @@ def answer_all(
     from t2i_gcpo.outdir import append_text
 
     if batch_size < 1 or concurrency < 1 or retries < 0:
-        raise ValueError(f"batch_size and concurrency must be >= 1, retries >= 0 ({batch_size}, {concurrency}, {retries})")
+        raise ValueError(
+            f"batch_size and concurrency must be >= 1, retries >= 0 ({batch_size}, {concurrency}, {retries})"
+        )
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         raise ValueError("question ids must be unique")
     log = Path(log) if log is not None else None
     kept = read_answers(log, repair=True) if log is not None else {}
-    done = {q.id: kept[q.id] for q in questions if q.id in kept and kept[q.id]["fingerprint"] == q.fingerprint}
+    done = {
+        q.id: kept[q.id] for q in questions if q.id in kept and kept[q.id]["fingerprint"] == q.fingerprint
+    }
     todo = [q for q in questions if q.id not in done]
     batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
     bar = tqdm(total=len(questions), initial=len(done), desc=desc, unit="q", disable=not progress)

@@ -79,7 +79,9 @@ def score_suite(suite: Suite, entries: Sequence[Entry], client: Any, *, log: str
     from t2i_gcpo.eval.suites.asking import answer_all, fingerprint, image_digest
 
     settings = request_settings(suite, temperature, max_tokens)
-    questions = suite_questions(suite, entries, fingerprint(client.record()), settings, digest or image_digest)
+    questions = suite_questions(
+        suite, entries, fingerprint(client.record()), settings, digest or image_digest
+    )
     answers = answer_all(questions, ask_function(suite, client, settings), log, scorer=f"judge {client.name}",
                          concurrency=concurrency, retries=retries, backoff=backoff, within=within,
                          desc=f"{suite.name} judge", progress=progress)  # fmt: skip

@@ -37,7 +37,12 @@ SUITE = "geneval2"
 SOURCE = "facebookresearch/GenEval2 evaluation.py, soft_tifa_analysis.py (a6e82d2)"
 DATA_URL = "https://github.com/facebookresearch/GenEval2 (geneval2_data.jsonl, CC BY-NC 4.0)"
 METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
-METHOD_LABELS = {"soft_tifa_gm": "Soft-TIFA GM", "soft_tifa_am": "Soft-TIFA AM", "tifa": "TIFA", "vqascore": "VQAScore"}
+METHOD_LABELS = {
+    "soft_tifa_gm": "Soft-TIFA GM",
+    "soft_tifa_am": "Soft-TIFA AM",
+    "tifa": "TIFA",
+    "vqascore": "VQAScore",
+}
 
 
 # ----------------------------------------------------------------------------- data
@@ -92,7 +97,9 @@ def summarize(rows: Sequence[dict], method: str | None = None) -> dict[str, Any]
             for skill, s in zip(r["skills"], r["soft_tifa"]):
                 atoms.setdefault(skill, []).append(s)
         summary["skills"] = {k: sum(atoms[k]) / len(atoms[k]) for k in SKILLS if k in atoms}
-        summary["atom_counts"] = {str(k): sum(r["soft_tifa_gm"] for r in v) / len(v) for k, v in sorted(by_count.items())}
+        summary["atom_counts"] = {
+            str(k): sum(r["soft_tifa_gm"] for r in v) / len(v) for k, v in sorted(by_count.items())
+        }
     elif "tifa" in methods:
         atoms = {}
         for r in rows:
@@ -112,14 +119,24 @@ def _per_prompt(rows: Sequence[dict]) -> list[float]:
 
 def format_summary(summary: dict) -> str:
     """GenEval 2's tables, in percent as the paper prints them."""
-    lines = [f"GenEval 2 ({summary['prompts']} prompts, {summary['images']} images), scored by {summary.get('scorer', '?')}"]
+    lines = [
+        f"GenEval 2 ({summary['prompts']} prompts, {summary['images']} images), scored by {summary.get('scorer', '?')}"
+    ]
     for m, v in summary["methods"].items():
         lines.append(f"  {METHOD_LABELS[m]:<14}{100 * v:7.2f}")
     if "skills" in summary:
-        lines.append("per skill (Soft-TIFA AM): " + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["skills"].items()))
-        lines.append("per atom count (Soft-TIFA GM): " + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["atom_counts"].items()))
+        lines.append(
+            "per skill (Soft-TIFA AM): "
+            + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["skills"].items())
+        )
+        lines.append(
+            "per atom count (Soft-TIFA GM): "
+            + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["atom_counts"].items())
+        )
     elif "skills_tifa" in summary:
-        lines.append("per skill (TIFA): " + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["skills_tifa"].items()))
+        lines.append(
+            "per skill (TIFA): " + ", ".join(f"{k} {100 * v:.2f}" for k, v in summary["skills_tifa"].items())
+        )
     lo, hi = summary["ci95"]
     interval = f" (95 % interval over prompts {100 * lo:.2f} – {100 * hi:.2f})" if lo == lo else ""
     lines.append(f"GenEval 2 score ({summary['label']}): {100 * summary['overall']:.2f}{interval}")
@@ -158,7 +175,10 @@ def ask_function(scorer: Any, method: str) -> Callable[[list], list[dict]]:
             got = scorer.probabilities(images, [p[1] for p in payloads], [p[2] for p in payloads])
         else:
             got = scorer.probabilities(images, [p[1] for p in payloads], [p[2] for p in payloads], need)
-        return [{"question": p[1], "probability": prob, "prediction": pred} for p, (prob, pred) in zip(payloads, got)]
+        return [
+            {"question": p[1], "probability": prob, "prediction": pred}
+            for p, (prob, pred) in zip(payloads, got)
+        ]
 
     return ask
 
@@ -172,7 +192,9 @@ def _image(image: Any) -> Any:
     return image
 
 
-def image_rows(entries: Sequence[tuple[int, dict, Sequence[Any]]], answers: dict[str, dict], method: str) -> list[dict]:
+def image_rows(
+    entries: Sequence[tuple[int, dict, Sequence[Any]]], answers: dict[str, dict], method: str
+) -> list[dict]:
     """One results row per image (key, category, score and GenEval 2's own fields) from the answers by id."""
     rows = []
     for i, row, images in entries:
@@ -189,7 +211,9 @@ def image_rows(entries: Sequence[tuple[int, dict, Sequence[Any]]], answers: dict
                 lists = [a for _, a in atom_questions(row)]
                 soft = [g["probability"] for g in got]
                 hard = [tifa_hit(g["prediction"], a) for g, a in zip(got, lists)]
-                out.update({"soft_tifa": soft, "tifa_atoms": hard, "predictions": [g["prediction"] for g in got]})
+                out.update(
+                    {"soft_tifa": soft, "tifa_atoms": hard, "predictions": [g["prediction"] for g in got]}
+                )
                 out.update(image_scores(soft, hard))
             out["score"], out["method"] = out[method], method
             rows.append(out)
@@ -226,7 +250,10 @@ def read_items(path: Path) -> list:
     """The data file as the suite registry reads a suite's prompts (eval.suites.SuiteItem, the row as data)."""
     from t2i_gcpo.eval.suites import SuiteItem
 
-    return [SuiteItem(str(i), row["prompt"], f"atoms_{row['atom_count']}", row) for i, row in enumerate(read_geneval2_data(path))]
+    return [
+        SuiteItem(str(i), row["prompt"], f"atoms_{row['atom_count']}", row)
+        for i, row in enumerate(read_geneval2_data(path))
+    ]
 
 
 def _register() -> None:

@@ -60,7 +60,12 @@ class JudgeClient:
 
         self.base = url
         self.url = chat_url(url)
-        self.model, self.timeout, self.api_key, self.top_logprobs = model, float(timeout), api_key, int(top_logprobs)
+        self.model, self.timeout, self.api_key, self.top_logprobs = (
+            model,
+            float(timeout),
+            api_key,
+            int(top_logprobs),
+        )
         self.name = self.url if model is None else f"{self.url} ({model})"
 
     def record(self, **settings: Any) -> dict[str, Any]:
@@ -98,13 +103,22 @@ class JudgeClient:
         return content
 
     # ---------------------------------------------------------------- first-token probabilities
-    def first_token(self, image: Any, question: str, need_probability: bool = True) -> tuple[str, dict[str, float]]:
+    def first_token(
+        self, image: Any, question: str, need_probability: bool = True
+    ) -> tuple[str, dict[str, float]]:
         """(the generated token's text, {token text: log-probability} of the first position's top-k)."""
-        content = [{"type": "image_url", "image_url": {"url": image_url(image)}}, {"type": "text", "text": question}]
+        content = [
+            {"type": "image_url", "image_url": {"url": image_url(image)}},
+            {"type": "text", "text": question},
+        ]
         body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 1,
                 "logprobs": True, "top_logprobs": self.top_logprobs}  # fmt: skip
         choice = self.choice(self.post(body))
-        entries = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+        entries = (
+            (choice.get("logprobs") or {}).get("content")
+            if isinstance(choice.get("logprobs"), dict)
+            else None
+        )
         if not entries:
             if need_probability:
                 raise UserError(f"judge {self.name} returns no log-probabilities: Soft-TIFA and VQAScore read the "
@@ -122,11 +136,21 @@ class JudgeClient:
         if not isinstance(listed, list):
             raise BadAnswer(f"top_logprobs is not a list: {shorten(repr(listed), 80)}")
         for entry in [first, *listed]:
-            token, logprob = (entry.get("token"), entry.get("logprob")) if isinstance(entry, dict) else (None, None)
-            if not isinstance(token, str) or isinstance(logprob, bool) or not isinstance(logprob, (int, float)):
-                raise BadAnswer(f"a log-probability entry that is not (token, number): {shorten(repr(entry), 80)}")
+            token, logprob = (
+                (entry.get("token"), entry.get("logprob")) if isinstance(entry, dict) else (None, None)
+            )
+            if (
+                not isinstance(token, str)
+                or isinstance(logprob, bool)
+                or not isinstance(logprob, (int, float))
+            ):
+                raise BadAnswer(
+                    f"a log-probability entry that is not (token, number): {shorten(repr(entry), 80)}"
+                )
             if not math.isfinite(logprob) or logprob > 1e-6:
-                raise BadAnswer(f"log-probability {logprob!r} of {token!r} is not a log-probability (finite, <= 0)")
+                raise BadAnswer(
+                    f"log-probability {logprob!r} of {token!r} is not a log-probability (finite, <= 0)"
+                )
             table[token] = float(logprob)
         total = sum(math.exp(v) for v in table.values())
         if total > 1 + 1e-3:

@@ -33,7 +33,9 @@ from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
 from t2i_gcpo.eval.suites.asking import BadAnswer
 
-SOURCE = "A113N-W3I/TIIF-Bench eval/eval_with_vlm.py, summary_results.py, summary_dimension_results.py (3aae750)"
+SOURCE = (
+    "A113N-W3I/TIIF-Bench eval/eval_with_vlm.py, summary_results.py, summary_dimension_results.py (3aae750)"
+)
 SYSTEM = "You are a professional image critic."
 DESCRIPTIONS = ("short", "long")
 GROUPS = {  # summary_dimension_results.py: the nine groups and their dimensions
@@ -54,19 +56,19 @@ GROUPS = {  # summary_dimension_results.py: the nine groups and their dimensions
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 # the reference's first template (eval_with_vlm.py raw_prompt); ##YNQuestions##: the questions, one a line
 TEMPLATE = (
-    '\n'
-    'You are tasked with conducting a careful examination of the provided image. Based on the content of the image, please answer the following yes or no questions:\n'
-    '\n'
-    'Questions:\n'
-    '##YNQuestions##\n'
-    '\n'
-    'Note that:\n'
+    "\n"
+    "You are tasked with conducting a careful examination of the provided image. Based on the content of the image, please answer the following yes or no questions:\n"
+    "\n"
+    "Questions:\n"
+    "##YNQuestions##\n"
+    "\n"
+    "Note that:\n"
     '1. Each answer should be on a separate line, starting with "yes" or "no", followed by the reason.\n'
-    '2. The order of answers must correspond exactly to the order of the questions.\n'
-    '3. Each question must have only one answer.\n'
-    '4. Directly return the answers to each question, without any additional content.\n'
-    '5. Each answer must be on its own line!\n'
-    '6. Make sure the number of output answers equal to the number of questions!\n'
+    "2. The order of answers must correspond exactly to the order of the questions.\n"
+    "3. Each question must have only one answer.\n"
+    "4. Directly return the answers to each question, without any additional content.\n"
+    "5. Each answer must be on its own line!\n"
+    "6. Make sure the number of output answers equal to the number of questions!\n"
 )
 _ANSWER = re.compile(r"^(yes|no)\b", re.IGNORECASE)
 
@@ -88,10 +90,14 @@ def _eval_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*_eval_prompts.jsonl"))
         if not files:
-            raise UserError(f"{path} holds no <dimension>_eval_prompts.jsonl (TIIF-Bench's data/testmini_eval_prompts)")
+            raise UserError(
+                f"{path} holds no <dimension>_eval_prompts.jsonl (TIIF-Bench's data/testmini_eval_prompts)"
+            )
         return files
     if not path.name.endswith("_eval_prompts.jsonl"):
-        raise UserError(f"{path}: expected TIIF-Bench's evaluation prompts, <dimension>_eval_prompts.jsonl (or their folder)")
+        raise UserError(
+            f"{path}: expected TIIF-Bench's evaluation prompts, <dimension>_eval_prompts.jsonl (or their folder)"
+        )
     return [path]
 
 
@@ -103,10 +109,17 @@ def read(path: Path) -> list[SuiteItem]:
         prompts_dir = eval_file.parent.with_name(eval_file.parent.name.replace("_eval", "", 1))
         prompt_file = prompts_dir / eval_file.name.replace("_eval_prompts", "_prompts")
         if not prompt_file.is_file():
-            raise UserError(f"{eval_file}: its prompts {prompt_file} are missing (TIIF-Bench's data/ holds both folders)")
-        questions, prompts = _jsonl(eval_file, "type, yn_question_list, yn_answer_list"), _jsonl(prompt_file, "type, short_description, long_description")
+            raise UserError(
+                f"{eval_file}: its prompts {prompt_file} are missing (TIIF-Bench's data/ holds both folders)"
+            )
+        questions, prompts = (
+            _jsonl(eval_file, "type, yn_question_list, yn_answer_list"),
+            _jsonl(prompt_file, "type, short_description, long_description"),
+        )
         if len(questions) != len(prompts):
-            raise UserError(f"{eval_file} holds {len(questions)} lines, {prompt_file} {len(prompts)}: they must pair line by line")
+            raise UserError(
+                f"{eval_file} holds {len(questions)} lines, {prompt_file} {len(prompts)}: they must pair line by line"
+            )
         for idx, (q, p) in enumerate(zip(questions, prompts)):
             where = f"{eval_file}:{idx + 1}"
             for key in ("type", "yn_question_list", "yn_answer_list"):
@@ -115,14 +128,24 @@ def read(path: Path) -> list[SuiteItem]:
             qs, gts = q["yn_question_list"], q["yn_answer_list"]
             if not isinstance(qs, list) or not qs or not all(isinstance(x, str) and x.strip() for x in qs):
                 raise UserError(f"{where}: field 'yn_question_list' must be a non-empty list of questions")
-            if not isinstance(gts, list) or len(gts) != len(qs) or not all(isinstance(a, str) and a.strip().lower() in ("yes", "no") for a in gts):
-                raise UserError(f"{where}: field 'yn_answer_list' must hold one 'yes' or 'no' per question ({len(qs)})")
+            if (
+                not isinstance(gts, list)
+                or len(gts) != len(qs)
+                or not all(isinstance(a, str) and a.strip().lower() in ("yes", "no") for a in gts)
+            ):
+                raise UserError(
+                    f"{where}: field 'yn_answer_list' must hold one 'yes' or 'no' per question ({len(qs)})"
+                )
             if p.get("type") != q["type"]:
-                raise UserError(f"{prompt_file}:{idx + 1}: field 'type' is {shorten(repr(p.get('type')), 40)}, its evaluation line's {q['type']!r}")
+                raise UserError(
+                    f"{prompt_file}:{idx + 1}: field 'type' is {shorten(repr(p.get('type')), 40)}, its evaluation line's {q['type']!r}"
+                )
             for desc in DESCRIPTIONS:
                 text = p.get(f"{desc}_description")
                 if not isinstance(text, str) or not text.strip():
-                    raise UserError(f"{prompt_file}:{idx + 1}: field '{desc}_description' must be a non-empty string")
+                    raise UserError(
+                        f"{prompt_file}:{idx + 1}: field '{desc}_description' must be a non-empty string"
+                    )
                 items.append(SuiteItem(f"{q['type']}/{desc}/{idx}", text, str(q["type"]),
                                        {"questions": qs, "answers": gts, "description": desc, "line": idx}))  # fmt: skip
     return items
@@ -132,7 +155,13 @@ def messages(item: SuiteItem, image_url: str) -> list[dict]:
     text = TEMPLATE.replace("##YNQuestions##", "\n".join(q.strip() for q in item.data["questions"]))
     return [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image_url}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": image_url}},
+            ],
+        },
     ]
 
 
@@ -173,7 +202,9 @@ def summarize(rows: list[dict]) -> dict:
     out["overall"] = sum(by_desc.values()) / len(by_desc)
     unknown = sorted(set(pooled) - {d for dims in GROUPS.values() for d in dims})
     if unknown:
-        out["note"] = f"dimensions in no group of the reference's (left out of the overall): {', '.join(unknown)}"
+        out["note"] = (
+            f"dimensions in no group of the reference's (left out of the overall): {', '.join(unknown)}"
+        )
     return out
 
 

@@ -137,12 +137,22 @@ def read(path: Path) -> list[SuiteItem]:
             raise UserError(f"{where}: field '{c['dims']}' is not a JSON object")
         points, descs = dims.get(c["points"]), dims.get(c["descs"])
         if not isinstance(points, list) or not points or not all(isinstance(p, str) for p in points):
-            raise UserError(f"{where}: field '{c['dims']}.{c['points']}' must be a non-empty list of checkpoints")
-        if not isinstance(descs, list) or len(descs) != len(points) or not all(isinstance(d, str) for d in descs):
-            raise UserError(f"{where}: field '{c['dims']}.{c['descs']}' must hold one description per checkpoint ({len(points)})")
+            raise UserError(
+                f"{where}: field '{c['dims']}.{c['points']}' must be a non-empty list of checkpoints"
+            )
+        if (
+            not isinstance(descs, list)
+            or len(descs) != len(points)
+            or not all(isinstance(d, str) for d in descs)
+        ):
+            raise UserError(
+                f"{where}: field '{c['dims']}.{c['descs']}' must hold one description per checkpoint ({len(points)})"
+            )
         unknown = [p for p in points if p not in c["explanations"]]
         if unknown:
-            raise UserError(f"{where}: field '{c['dims']}.{c['points']}': {unknown[0]!r} is not one of UniGenBench's checkpoints")
+            raise UserError(
+                f"{where}: field '{c['dims']}.{c['points']}': {unknown[0]!r} is not one of UniGenBench's checkpoints"
+            )
         theme = dims.get(c["theme"])
         items.append(SuiteItem(index, prompt, theme if isinstance(theme, str) and theme else "all",
                                {"testpoints": points, "descriptions": descs, "language": lang}))  # fmt: skip
@@ -155,9 +165,15 @@ def question(item: SuiteItem) -> str:
     """The reference's ``build_system_prompt``."""
     c = LANGUAGES[item.data["language"]]
     points, descs = item.data["testpoints"], item.data["descriptions"]
-    explanation = f"{c['header']}:\u300c" + "".join(f"\n{p}: {c['explanations'][p]}" for p in points) + "\n\u300d"
-    described = f"{c['desc_header']}:\u300c" + "".join(f"\n{p}: {d}" for p, d in zip(points, descs)) + "\n\u300d"
-    return c["template"].format(prompt=item.prompt, testpoint=points, explanation=explanation, test_explanation=described)
+    explanation = (
+        f"{c['header']}:\u300c" + "".join(f"\n{p}: {c['explanations'][p]}" for p in points) + "\n\u300d"
+    )
+    described = (
+        f"{c['desc_header']}:\u300c" + "".join(f"\n{p}: {d}" for p, d in zip(points, descs)) + "\n\u300d"
+    )
+    return c["template"].format(
+        prompt=item.prompt, testpoint=points, explanation=explanation, test_explanation=described
+    )
 
 
 def messages(item: SuiteItem, image_url: str) -> list[dict]:

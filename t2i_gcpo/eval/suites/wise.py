@@ -32,9 +32,7 @@ CATEGORIES = (("CULTURE", 1, 400), ("TIME", 401, 520), ("SPACE", 521, 640), ("BI
               ("PHYSICS", 761, 880), ("CHEMISTRY", 881, 1000))  # fmt: skip
 WEIGHTS = {"CULTURE": 0.40, "TIME": 0.12, "SPACE": 0.12, "BIOLOGY": 0.12, "PHYSICS": 0.12, "CHEMISTRY": 0.12}
 FIELDS = ("Prompt", "Explanation", "Subcategory", "prompt_id")
-SYSTEM = (
-    "You are a professional text-to-image quality auditor. Evaluate the image strictly according to the protocol."
-)
+SYSTEM = "You are a professional text-to-image quality auditor. Evaluate the image strictly according to the protocol."
 # the reference's user message, {prompt} and {explanation} filled in (vllm_eval.py build_evaluation_messages)
 TEMPLATE = """Please evaluate this generated image for the WISE benchmark and return ONLY one binary score.
 
@@ -116,7 +114,9 @@ def read(path: Path) -> list[SuiteItem]:
 
     data = read_json(path, follow=True)
     if not isinstance(data, list) or not data:
-        raise UserError(f"{path}: expected a JSON list of WISE prompts ({', '.join(FIELDS)}), e.g. data_verified/merge.json")
+        raise UserError(
+            f"{path}: expected a JSON list of WISE prompts ({', '.join(FIELDS)}), e.g. data_verified/merge.json"
+        )
     items, seen = [], set()
     for i, row in enumerate(data):
         where = f"{path}: entry {i}"
@@ -145,7 +145,13 @@ def messages(item: SuiteItem, image_url: str) -> list[dict]:
     text = TEMPLATE.replace("{prompt}", item.prompt).replace("{explanation}", item.data["explanation"])
     return [
         {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
-        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": image_url}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": image_url}},
+            ],
+        },
     ]
 
 
@@ -170,7 +176,9 @@ def summarize(rows: list[dict]) -> dict:
     out = {"overall": sum(WEIGHTS[c] * v for c, v in categories.items()) / weight, "categories": categories,
            "weights": {c: WEIGHTS[c] / weight for c in categories}}  # fmt: skip
     if len(categories) < len(CATEGORIES):
-        out["note"] = f"{len(categories)} of {len(CATEGORIES)} categories: their weights renormalised (the reference reports no overall)"
+        out["note"] = (
+            f"{len(categories)} of {len(CATEGORIES)} categories: their weights renormalised (the reference reports no overall)"
+        )
     return out
 
 
