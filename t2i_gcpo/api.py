@@ -1186,7 +1186,7 @@ def evaluate_judge(
     from t2i_gcpo.eval.outputs import write_evaluation
     from t2i_gcpo.eval.protocol import data_record, protocol_record
     from t2i_gcpo.eval.suites import get_suite
-    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME, fingerprint
+    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
     from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
 
     spec = get_suite(suite, "judge")
@@ -1209,7 +1209,7 @@ def evaluate_judge(
     items = spec.read(path)  # a wrong format: one line before anything else
     client = _judge_client(judge, judge_model, timeout)
     metas = [{"prompt": it.prompt, "id": it.id, "suite": spec.name} for it in items]
-    settings = {"--suite": spec.name, "--data": fingerprint(data_record(path)["sha256"]), "scorer": _scorer_identity(None, judge, judge_model),
+    settings = {"--suite": spec.name, "--data": data_record(path)["sha256"], "scorer": _scorer_identity(None, judge, judge_model),
                 "--score-only": score_only and os.path.realpath(score_only)}  # fmt: skip
     with _locked_out(out, "eval judge", settings, overwrite=overwrite) as out:
         _check_generation(out, model, metas, n, cfg_scale, steps, reveal_order, seed, overwrite)

@@ -165,3 +165,40 @@ def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_pat
     code, _, err = cli(capsys, "eval", "judge", "--suite", "wise", "--data", tmp_path / "missing.json", "--model", policy,
                        "--judge", "http://127.0.0.1:1/v1", "--out", tmp_path / "never")  # fmt: skip
     assert code == 2 and "does not exist" in error_line(err) and not (tmp_path / "never").exists()
+
+
+def test_geneval2_scores_the_references_image_map_through_a_judge(tmp_path, capsys):
+    data = write_geneval2_data(tmp_path / "geneval2_data.jsonl")
+    images = {}
+    for i, row in enumerate(GENEVAL2_ROWS):
+        Image.new("RGB", (32, 32), (40 * i, 0, 0)).save(tmp_path / f"{i}.png")
+        images[row["prompt"]] = f"{i}.png"  # relative: from the map's folder
+    (tmp_path / "map.json").write_text(json.dumps(images))
+
+    def answer(body):  # "Yes" very likely, a number word less so
+        return completion("Yes", [("Yes", -0.2), ("one", -2.5), (" 4", -3.0)])
+
+    with LoopbackJudge(answer) as judge:
+        code, stdout, err = cli(capsys, "eval", "geneval2", "--data", data, "--images", tmp_path / "map.json",
+                                "--judge", judge.url, "--out", tmp_path / "g2")  # fmt: skip
+        assert code == 0, err
+        assert len(judge.bodies) == sum(len(r["vqa_list"]) for r in GENEVAL2_ROWS)
+    rows = read_rows(tmp_path / "g2" / "results.jsonl")
+    assert [r["key"] for r in rows] == ["00000/0000", "00001/0000", "00002/0000"]
+    assert [Path(r["image"]).name for r in rows] == ["0.png", "1.png", "2.png"]
+    import math
+
+    yes, one, four = math.exp(-0.2), math.exp(-2.5), math.exp(-3.0)
+    # row 0: "How many squares…? one" → one (the list's "one"), "Are there any…?" → Yes
+    assert rows[0]["soft_tifa"] == pytest.approx([one, yes, one, yes])
+    assert rows[2]["soft_tifa"] == pytest.approx([four, yes])  # "four": its list's " 4"
+    assert rows[0]["tifa_atoms"] == [0.0, 1.0, 0.0, 1.0]  # the generated token "Yes" answers the yes/no atoms
+    protocol = json.loads((tmp_path / "g2" / "protocol.json").read_text())
+    assert protocol["scorer"]["kind"] == "judge" and protocol["scorer"]["top_logprobs"] == 20
+    assert protocol["source"].endswith("map.json") and protocol["model"] is None
+    del images[GENEVAL2_ROWS[1]["prompt"]]
+    (tmp_path / "map.json").write_text(json.dumps(images))
+    code, _, err = cli(capsys, "eval", "geneval2", "--data", data, "--images", tmp_path / "map.json", "--judge",
+                       "http://127.0.0.1:1/v1", "--out", tmp_path / "never")  # fmt: skip
+    assert code == 2 and "no image for the prompt 'a photo of a circle above a triangle'" in error_line(err)
+    assert not (tmp_path / "never").exists()
