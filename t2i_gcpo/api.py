@@ -1,6 +1,6 @@
 """The Python API: train a policy, generate and evaluate images, draw credit maps.
 
-The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval`` and ``credit-map`` parse
+The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval|geneval2|judge`` and ``credit-map`` parse
 their options and call these functions, so a notebook and the command line run the same code and,
 for the same seed, give the same results.
 
@@ -46,6 +46,8 @@ __all__ = [
     "TrainResult",
     "credit_maps",
     "evaluate_geneval",
+    "evaluate_geneval2",
+    "evaluate_judge",
     "evaluate_shapeworld",
     "generate",
     "load_config",
@@ -916,6 +918,344 @@ def evaluate_geneval(
         return score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
+
+
+# ----------------------------------------------------------------------------- question-based suites
+
+
+def _scorer_identity(vqa: str | os.PathLike | None, judge: str | None, judge_model: str | None) -> str:
+    """What scored a folder, as its settings record holds it (a VQA folder's real path, or the judge)."""
+    if vqa is not None:
+        return "vqa:" + os.path.realpath(os.path.expanduser(os.fspath(vqa)))
+    return f"judge:{judge}" + (f" ({judge_model})" if judge_model else "")
+
+
+def _judge_client(
+    judge: str, judge_model: str | None, timeout: float, api_key_env: str = "OPENAI_API_KEY"
+) -> Any:
+    from t2i_gcpo.eval.suites.judge_client import JudgeClient
+
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise UserError(f"--timeout must be > 0 seconds, got {timeout!r}")
+    return JudgeClient(judge, model=judge_model, timeout=timeout, api_key=os.environ.get(api_key_env))
+
+
+def _check_asking(concurrency: int, retries: int, backoff: float) -> None:
+    for name, value, low in (("--concurrency", concurrency, 1), ("--retries", retries, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1024:
+            raise UserError(f"{name} must be a whole number in [{low}, 1024], got {value!r}")
+    if not (isinstance(backoff, (int, float)) and 0 <= backoff <= 600):
+        raise UserError(f"--backoff must be in [0, 600] seconds, got {backoff!r}")
+
+
+def _sampling_record(sampling: Any) -> dict:
+    return {"cfg_scale": sampling.guidance_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
+            "steps": sampling.steps, "reveal_order": sampling.reveal_order}  # fmt: skip
+
+
+def _source_entries(metas: list[dict], keys: Sequence[str], root: Path, n: int | None) -> list:
+    """(index, metadata, image paths) of a GenEval-layout folder holding exactly `metas` (in order)."""
+    from t2i_gcpo.eval.geneval import run_entries
+
+    entries = run_entries(root, metas, n, keys)
+    empty = [f"{i:05d}" for i, _, paths in entries if not paths]
+    if empty:
+        raise UserError(
+            f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation"
+        )
+    return entries
+
+
+def _generate_into(out: Path, model: ModelArg, metas: list[dict], n: int, batch: int, cfg_scale: float | None,
+                   steps: int | None, reveal_order: str | None, seed: int, overwrite: bool) -> tuple[Any, str]:  # fmt: skip
+    """Generate `n` images per prompt of `metas` into out/images (GenEval layout, resumable); (the sampling
+    settings, the model's identity)."""
+    from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
+
+    policy = _load(model).eval()
+    sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
+    identity = _model_identity(model, policy)
+    generate_geneval(policy, metas, out / "images", sampling, n=n, batch=batch, seed=seed, model=identity,
+                     overwrite=overwrite)  # fmt: skip
+    return sampling, identity
+
+
+def _check_generation(out: Path, model: ModelArg | None, metas: list[dict], n: int, cfg_scale: float | None,
+                      steps: int | None, reveal_order: str | None, seed: int, overwrite: bool) -> None:  # fmt: skip
+    """Refuse images of other prompts or settings in out/images before any model is loaded."""
+    from t2i_gcpo.eval.geneval import masked_asked
+    from t2i_gcpo.eval.layout import check_resumable
+
+    if isinstance(model, (str, os.PathLike)) and not overwrite:
+        known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0, "n": n,
+                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}), **masked_asked(steps, reveal_order)}  # fmt: skip
+        check_resumable(out / "images", metas, known)
+
+
+def _generation_protocol(model: ModelArg | None, identity: str | None, sampling: Any, seed: int) -> dict:
+    if model is None:
+        return {"model": None, "seeds": None, "sampling": None}
+    return {"model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else None,
+            "seeds": {"seed": seed, "per_prompt": 'tasks.loop.seed_for(seed, "generate", prompt index)'},
+            "sampling": _sampling_record(sampling), "model_identity": identity}  # fmt: skip
+
+
+def evaluate_geneval2(
+    out: str | os.PathLike,
+    data: str | os.PathLike,
+    model: ModelArg | None = None,
+    *,
+    vqa: str | os.PathLike | None = None,
+    judge: str | None = None,
+    judge_model: str | None = None,
+    method: str = "soft_tifa_gm",
+    score_only: str | os.PathLike | None = None,
+    images: str | os.PathLike | None = None,
+    n: int = 1,
+    batch: int = 4,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    vqa_dtype: str = "auto",
+    vqa_batch: int = 8,
+    concurrency: int = 8,
+    timeout: float = 60.0,
+    retries: int = 2,
+    backoff: float = 1.0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """GenEval 2 (``t2i-gcpo eval geneval2``; docs/evaluation/geneval2.md): generate `n` images per prompt of
+    the user's ``geneval2_data.jsonl`` (resumable), ask a VQA model every atom's question (resumable:
+    ``answers.jsonl``), score Soft-TIFA AM / GM and TIFA (or VQAScore) as the reference does.
+
+    Args:
+        out: the output folder: images/ (when generating), answers.jsonl, results.jsonl, summary.json/txt,
+            protocol.json.
+        data: GenEval 2's data file (not shipped: its licence is CC BY-NC 4.0).
+        model: a model name or path, or a policy object, to generate with; else `score_only` or `images`.
+        vqa: a local VLM folder (Qwen3-VL-8B-Instruct is the reference's) — or `judge`, an OpenAI-compatible
+            server's URL (with `judge_model`, the name it serves), for the answer's log-probabilities.
+        method: the headline and each row's score: soft_tifa_gm, soft_tifa_am, tifa or vqascore.
+        score_only: score this GenEval-layout folder of the same prompts instead of generating.
+        images: score the reference's image map instead: a JSON object {prompt: image path}.
+        n: images per prompt (the reference scores one).
+        batch: prompts per sampling call.
+        cfg_scale, steps, reveal_order, seed: sampling, as ``eval geneval``.
+        device, vqa_dtype, vqa_batch: where the VQA model runs, its dtype (auto: the checkpoint's), questions
+            per forward pass.
+        concurrency, timeout, retries, backoff: the judge's requests in flight, seconds each, tries after
+            the first, seconds before the first retry (doubling).
+        overwrite: regenerate the images already in out/images.
+
+    Returns:
+        summary.json's content: ``overall`` (the method's score in [0, 1]), ``methods`` (every method
+        scored), ``categories`` (per atom count), ``skills`` and ``atom_counts`` (the reference's analysis).
+    """
+    from t2i_gcpo.eval.outputs import write_evaluation
+    from t2i_gcpo.eval.protocol import file_sha256, protocol_record
+    from t2i_gcpo.eval.suites import geneval2 as g2
+    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
+    from t2i_gcpo.scoring.soft_tifa import KEYS
+
+    sources = [x is not None for x in (model, score_only, images)]
+    if sum(sources) != 1:
+        raise UserError("give one of --model (generate, then score), --score-only DIR or --images MAP.json")
+    if (vqa is None) == (judge is None):
+        raise UserError(
+            "give --vqa DIR (a local VLM) or --judge URL (an OpenAI-compatible server), one of them"
+        )
+    if method not in g2.METHODS:
+        raise UserError(f"--method must be one of {', '.join(g2.METHODS)}, got {method!r}")
+    if overwrite and model is None:
+        raise UserError("--overwrite regenerates images: it needs --model")
+    if n < 1 or batch < 1 or vqa_batch < 1:
+        raise UserError(f"--n, --batch and --vqa-batch must be >= 1 (got {n}, {batch}, {vqa_batch})")
+    _check_asking(concurrency, retries, backoff)
+    _check_sampling(cfg_scale, seed=seed, n=n)
+    rows = g2.read_geneval2_data(data)  # a wrong format: one line before anything else
+    settings = {"--data": file_sha256(Path(data).expanduser()), "scorer": _scorer_identity(vqa, judge, judge_model),
+                "--score-only": score_only and os.path.realpath(score_only), "--images": images and os.path.realpath(images)}  # fmt: skip
+    with _locked_out(out, "eval geneval2", settings, overwrite=overwrite) as out:
+        _check_generation(out, model, rows, n, cfg_scale, steps, reveal_order, seed, overwrite)
+        if images is not None:
+            entries = _image_map_entries(Path(images), rows)
+        elif score_only is not None:
+            entries = _source_entries(rows, KEYS, Path(score_only), None)
+        if vqa is not None:
+            from t2i_gcpo.eval.protocol import folder_revision
+            from t2i_gcpo.scoring.vlm import LocalVLM
+
+            scorer = LocalVLM.from_pretrained(vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch,
+                                              revision=folder_revision(vqa))  # fmt: skip
+        else:
+            scorer = _judge_client(judge, judge_model, timeout)
+        _record_out(out, "eval geneval2", settings)
+        sampling = identity = None
+        if model is not None:
+            sampling, identity = _generate_into(
+                out, model, rows, n, batch, cfg_scale, steps, reveal_order, seed, overwrite
+            )
+            entries = _source_entries(rows, KEYS, out / "images", n)
+        results = g2.score_entries(entries, scorer, method, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
+                                   retries=retries, backoff=backoff, progress=progress)  # fmt: skip
+        summary = {**g2.summarize(results, method), "scorer": scorer.name}
+        record = scorer.record(top_logprobs=scorer.top_logprobs) if judge is not None else scorer.record()
+        protocol = protocol_record("geneval2", data=[data], scorer=record,
+                                   images_per_prompt=n if model is not None else None, method=method,
+                                   source=os.fspath(score_only or images) if model is None else "generated",
+                                   **_generation_protocol(model, identity, sampling, seed))  # fmt: skip
+        write_evaluation(out, results, summary, g2.format_summary(summary), protocol)
+        return summary
+
+
+def _image_map_entries(path: Path, rows: list[dict]) -> list:
+    """(index, row, [image]) from the reference's {prompt: image path} map (a relative path: from the working
+    folder, else from the map's folder)."""
+    from t2i_gcpo.outdir import read_json
+
+    mapping = read_json(path.expanduser(), follow=True)
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise UserError(
+            f"--images {path}: expected a JSON object {{prompt: image path}} (GenEval 2's image map)"
+        )
+    entries = []
+    for i, row in enumerate(rows):
+        if row["prompt"] not in mapping:
+            raise UserError(
+                f"--images {path}: no image for the prompt {row['prompt']!r} (line {i + 1} of the data)"
+            )
+        image = Path(mapping[row["prompt"]]).expanduser()
+        if not image.is_absolute() and not image.is_file():
+            image = path.expanduser().parent / image
+        if not image.is_file():
+            raise UserError(
+                f"--images {path}: the image of {row['prompt']!r}, {mapping[row['prompt']]}, does not exist"
+            )
+        entries.append((i, row, [image]))
+    return entries
+
+
+def evaluate_judge(
+    out: str | os.PathLike,
+    suite: str,
+    data: str | os.PathLike,
+    judge: str,
+    model: ModelArg | None = None,
+    *,
+    judge_model: str | None = None,
+    score_only: str | os.PathLike | None = None,
+    n: int | None = None,
+    batch: int = 4,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    concurrency: int = 8,
+    timeout: float = 120.0,
+    retries: int = 2,
+    backoff: float = 1.0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """A judge-scored suite (``t2i-gcpo eval judge``; docs/evaluation/judge-suites.md): WISE, TIIF-Bench or
+    UniGenBench++ — generate `n` images per prompt of its data (resumable), send each to the judge with the
+    suite's question, read the answer with the suite's rule (resumable: ``answers.jsonl``), aggregate as its
+    paper does.
+
+    Args:
+        out: the output folder (as `evaluate_geneval2`'s).
+        suite: a registered suite (`t2i_gcpo.eval.suites.suite_names()`).
+        data: the suite's data file or folder (its --help names it).
+        judge: the judge's OpenAI-compatible URL; `judge_model` the model name it serves.
+        model: a model to generate with; else `score_only`: a GenEval-layout folder of these prompts, or a
+            folder in the suite's own reference layout.
+        n: images per prompt (default: the suite's, e.g. UniGenBench's 4).
+        temperature, max_tokens: the judge's sampling (default: the suite's).
+        concurrency, timeout, retries, backoff: requests in flight, seconds each, tries after the first,
+            seconds before the first retry (doubling).
+        batch, cfg_scale, steps, reveal_order, seed, overwrite: generation, as `evaluate_geneval2`.
+
+    Returns:
+        summary.json's content: ``overall``, ``categories`` and the suite's tables.
+    """
+    from t2i_gcpo.eval.outputs import write_evaluation
+    from t2i_gcpo.eval.protocol import data_record, protocol_record
+    from t2i_gcpo.eval.suites import get_suite
+    from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
+    from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
+
+    spec = get_suite(suite, "judge")
+    if (model is None) == (score_only is None):
+        raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and model is None:
+        raise UserError("--overwrite regenerates images: it needs --model")
+    n = spec.images_per_prompt if n is None else n
+    if n < 1 or batch < 1:
+        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
+    if temperature is not None and not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
+        raise UserError(f"--temperature must be in [0, 2], got {temperature!r}")
+    if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):
+        raise UserError(f"--max-tokens must be >= 1, got {max_tokens!r}")
+    _check_asking(concurrency, retries, backoff)
+    _check_sampling(cfg_scale, seed=seed, n=n)
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise UserError(f"--data {path} does not exist ({spec.name} reads {spec.data})")
+    items = spec.read(path)  # a wrong format: one line before anything else
+    client = _judge_client(judge, judge_model, timeout)
+    metas = [{"prompt": it.prompt, "id": it.id, "suite": spec.name} for it in items]
+    settings = {"--suite": spec.name, "--data": data_record(path)["sha256"], "scorer": _scorer_identity(None, judge, judge_model),
+                "--score-only": score_only and os.path.realpath(score_only)}  # fmt: skip
+    with _locked_out(out, "eval judge", settings, overwrite=overwrite) as out:
+        _check_generation(out, model, metas, n, cfg_scale, steps, reveal_order, seed, overwrite)
+        if score_only is not None:
+            entries = _suite_source(spec, items, metas, Path(score_only), n)
+        _record_out(out, "eval judge", settings)
+        sampling = identity = None
+        if model is not None:
+            sampling, identity = _generate_into(
+                out, model, metas, n, batch, cfg_scale, steps, reveal_order, seed, overwrite
+            )
+            entries = [
+                (i, items[i], paths)
+                for i, _, paths in _source_entries(metas, ("prompt", "id"), out / "images", n)
+            ]
+        rows = score_suite(spec, entries, client, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
+                           retries=retries, backoff=backoff, temperature=temperature, max_tokens=max_tokens,
+                           progress=progress)  # fmt: skip
+        summary = {**summary_of(spec, rows), "scorer": client.name}
+        from t2i_gcpo.eval.suites.driver import request_settings
+
+        protocol = protocol_record(f"judge:{spec.name}", data=[path], scorer=client.record(**request_settings(spec, temperature, max_tokens)),
+                                   images_per_prompt=n, source=os.fspath(score_only) if model is None else "generated",
+                                   suite_source=spec.source, **_generation_protocol(model, identity, sampling, seed))  # fmt: skip
+        write_evaluation(out, rows, summary, format_summary(summary), protocol)
+        return summary
+
+
+def _suite_source(spec: Any, items: list, metas: list[dict], root: Path, n: int) -> list:
+    """The images of `root`: a GenEval-layout folder of these prompts, or the suite's reference layout."""
+    from t2i_gcpo.eval.layout import METADATA_NAME
+
+    if not root.is_dir():
+        raise UserError(f"--score-only {root} is not a folder")
+    if (root / "00000" / METADATA_NAME).is_file():
+        return [(i, items[i], paths) for i, _, paths in _source_entries(metas, ("prompt", "id"), root, None)]
+    entries = []
+    for i, item in enumerate(items):
+        paths = [spec.reference_image(root, item, s) for s in range(n)]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise UserError(
+                f"--score-only {root}: {missing[0]} is missing ({spec.name}'s own layout; item {item.id})"
+            )
+        entries.append((i, item, paths))
+    return entries
 
 
 # ----------------------------------------------------------------------------- credit maps

@@ -563,6 +563,54 @@ class RewardOptions:
     )
 
 
+# the suites eval_suite takes: t2i_gcpo/eval/suites/ registers them (repeated here, below that package's layer;
+# tests/train/test_eval_suite.py checks they agree)
+EVAL_SUITES = ("geneval2", "tiif", "unigenbench", "wise")
+GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
+
+
+@dataclass
+class EvalSuiteOptions:
+    """What the held-out evaluation's benchmark suite reads and how it asks (docs/evaluation/judge-suites.md#during-training)."""
+
+    data: str | None = doc(
+        "The suite's data file (folder for tiif): GenEval 2's geneval2_data.jsonl, WISE's merge.json, TIIF-Bench's "
+        "data/testmini_eval_prompts, a UniGenBench CSV. Its prompts are the held-out prompts.",
+        None,
+    )
+    vqa: str | None = doc(
+        "geneval2: a local VLM folder that answers the atoms' questions (Qwen3-VL-8B-Instruct is the reference's).",
+        None,
+    )
+    judge: str | None = doc(
+        "An OpenAI-compatible server's URL (…/v1): the judge of wise, tiif and unigenbench; for geneval2, a VLM "
+        "served with log-probabilities, in place of vqa. An API key is read from $OPENAI_API_KEY.",
+        None,
+    )
+    judge_model: str | None = doc("The model name the judge serves (null: its only one).", None)
+    method: Literal["soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore"] = doc(
+        "geneval2: the score of each image (Soft-TIFA GM, the prompt-level score GenEval 2 reports; AM; TIFA; "
+        "VQAScore).",
+        "soft_tifa_gm",
+    )
+    device: str = doc(
+        "geneval2: where the VQA model runs: 'auto' (the policy's device), cpu, cuda, cuda:N.", "auto"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "geneval2: the VQA model's dtype (auto: its checkpoint's).", "auto"
+    )
+    batch_size: int = doc("geneval2: questions per VQA forward pass.", 8, bounds=Bounds(1, MAX_SAMPLES))
+    concurrency: int = doc("Judge requests in flight at most.", 8, bounds=Bounds(1, 1024))
+    timeout: float = doc("Seconds one judge request may take.", 120.0, bounds=Bounds(0, low_open=True))
+    retries: int = doc(
+        "Tries after the first for a failed judge request or an answer the suite's rule cannot read; then the "
+        "run stops (its last checkpoint kept: --resume continues once the judge is back).",
+        2,
+        bounds=Bounds(0, 100),
+    )
+    backoff: float = doc("Seconds before the first retry (doubling).", 1.0, bounds=Bounds(0, 600))
+
+
 @dataclass
 class TrainConfig:
     algo: str = doc(
@@ -616,6 +664,18 @@ class TrainConfig:
     )
     eval_images_per_prompt: int = doc(
         "Images per held-out prompt when evaluating.", 8, bounds=Bounds(1, MAX_SAMPLES)
+    )
+    eval_suite: str | None = doc(
+        "A benchmark suite the held-out evaluation runs instead of the task's own score: geneval2 (Soft-TIFA, a VQA "
+        "model asked every atom's question), wise, tiif or unigenbench (a VLM judge per image) — the same suite "
+        "and scores as `t2i-gcpo eval geneval2|judge`, on eval_suite_options.data's prompts, each drawn "
+        "eval_images_per_prompt times from its own generator at every evaluation "
+        "(docs/evaluation/judge-suites.md#during-training). Logged as eval/<suite>/overall and eval/<suite>/<category>; "
+        "eval_prompts is then not read. null: the task's held-out evaluation.",
+        None,
+    )
+    eval_suite_options: EvalSuiteOptions = doc(
+        "The eval_suite's data, its VQA model or judge, and how the judge is asked.", factory=EvalSuiteOptions
     )
     report_to: str = doc(
         "Experiment trackers the metrics also go to: tensorboard, wandb, mlflow, trackio, a comma-separated "
@@ -724,6 +784,38 @@ class TrainConfig:
                 "reward_options.device",
                 self.reward_options.device == "auto" or DEVICE.match(self.reward_options.device) is not None,
                 f"must be auto, cpu, cuda, cuda:N or mps, got {self.reward_options.device!r}",
+            ),
+            (
+                "eval_suite",
+                self.eval_suite is None or self.eval_suite in EVAL_SUITES,
+                f"must be one of {', '.join(EVAL_SUITES)} or null, got {self.eval_suite!r}",
+            ),
+            (
+                "eval_suite_options.data",
+                self.eval_suite is None or bool(self.eval_suite_options.data),
+                f"eval_suite {self.eval_suite} reads its prompts from a data file: set eval_suite_options.data",
+            ),
+            (
+                "eval_suite_options.vqa",
+                self.eval_suite != "geneval2" or (self.eval_suite_options.vqa is None) != (self.eval_suite_options.judge is None),
+                "eval_suite geneval2 needs a VQA model folder (eval_suite_options.vqa) or a judge with "
+                "log-probabilities (eval_suite_options.judge), one of them",
+            ),
+            (
+                "eval_suite_options.judge",
+                self.eval_suite in (None, "geneval2") or self.eval_suite_options.judge is not None,
+                f"eval_suite {self.eval_suite} is scored by a VLM judge: set eval_suite_options.judge (its URL)",
+            ),
+            (
+                "eval_suite_options.device",
+                self.eval_suite_options.device == "auto" or DEVICE.match(self.eval_suite_options.device) is not None,
+                f"must be auto, cpu, cuda, cuda:N or mps, got {self.eval_suite_options.device!r}",
+            ),
+            (
+                "eval_prompts",
+                self.eval_suite is None or self.eval_prompts is None,
+                f"eval_suite {self.eval_suite} holds the held-out prompts (eval_suite_options.data): leave eval_prompts "
+                "unset",
             ),
             (
                 "model_options.negative",

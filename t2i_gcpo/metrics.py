@@ -73,6 +73,11 @@ EVAL_STRICT_SE = "eval/strict_se"
 # free-text prompts scored by the reward alone (task prompts)
 EVAL_REWARD = "eval/reward/mean"  # held-out mean reward over every sample
 EVAL_REWARD_SE = "eval/reward_se"  # its standard error over the prompts' mean rewards
+# a benchmark suite as the held-out evaluation (eval_suite, train/eval_suite.py): the suite's overall score as
+# its paper aggregates it (GenEval 2: the mean image Soft-TIFA GM; WISE: 0.4·CULTURE + 0.12·each other category;
+# TIIF: the mean of its groups; UniGenBench: the mean of its primary dimensions), and each category's mean score
+EVAL_SUITE = "eval/{suite}/overall"
+EVAL_SUITE_CATEGORY = "eval/{suite}/{category}"
 
 # text reasoning (arithmetic task)
 ACCURACY = "accuracy"  # mean correct (0/1) over the step's samples

@@ -31,6 +31,9 @@ LAYERS = {
     "t2i_gcpo.api": 12,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
     "t2i_gcpo.analysis": 11,  # credit maps and credit lift outside training (the credit-map command's logic)
     "t2i_gcpo.eval": 10,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
+    # the question-based suites (GenEval 2, the judge suites) and their asking loop: below train, whose held-out
+    # evaluation runs them too (eval_suite); tasks' peer (neither imports the other)
+    "t2i_gcpo.eval.suites": 8,
     "t2i_gcpo.train": 9,
     "t2i_gcpo.tasks": 8,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
     "t2i_gcpo.rewards": 7,

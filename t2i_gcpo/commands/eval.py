@@ -1,4 +1,5 @@
-"""`t2i-gcpo eval geneval|dpg|shapeworld`: benchmarks with PyPI-only dependencies."""
+"""`t2i-gcpo eval geneval|geneval2|dpg|judge|shapeworld`: benchmarks with PyPI-only dependencies (judge:
+a VLM behind an OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ CTX = {"help_option_names": ["-h", "--help"]}
 
 @click.group("eval", context_settings=CTX)
 def eval_cmd() -> None:
-    """Evaluate a model on GenEval, DPG-Bench or the ShapeWorld held-out prompts.
+    """Evaluate a model on GenEval, GenEval 2, DPG-Bench, a judge-scored suite (WISE, TIIF-Bench,
+    UniGenBench++) or the ShapeWorld held-out prompts.
 
     \b
     Examples:
@@ -30,6 +32,10 @@ def eval_cmd() -> None:
           --clip /ckpt/clip-vit-l-14.bin --out eval/janus1b
       t2i-gcpo eval geneval --score-only my_images/ --detector /ckpt/mask2former-swin-s --clip … --out eval/x
       t2i-gcpo eval dpg --model janus:/ckpt/Janus-Pro-1B --csv dpg_bench.csv --vqa /ckpt/blip-vqa-base --out eval/dpg
+      t2i-gcpo eval geneval2 --data geneval2_data.jsonl --model janus:/ckpt/Janus-Pro-1B \\
+          --vqa /ckpt/Qwen3-VL-8B-Instruct --device cuda --out eval/g2
+      t2i-gcpo eval judge --suite wise --data merge.json --model janus:/ckpt/Janus-Pro-1B \\
+          --judge http://127.0.0.1:8000/v1 --out eval/wise
     """
 
 
@@ -221,3 +227,161 @@ def dpg_cmd(
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
     click.echo(format_dpg_summary(result))
+
+
+def _n_option(default: int | None, help: str):
+    """--n: images per prompt, checked as eval_images_per_prompt."""
+    from t2i_gcpo.commands.options import config_value
+
+    return click.option("--n", "n", type=int, default=default, show_default=default is not None, help=help,
+                        callback=config_value("eval_images_per_prompt"))  # fmt: skip
+
+
+def _judge_options(command):
+    """--judge-model, --concurrency, --timeout, --retries, --backoff: how the judge is asked."""
+    for option in reversed((
+        click.option("--judge-model", default=None, metavar="NAME", help="The model name the judge serves "
+                     "[default: its only one]. An API key is read from $OPENAI_API_KEY."),
+        click.option("--concurrency", default=8, show_default=True, help="Judge requests in flight at most."),
+        click.option("--timeout", type=float, default=None, help="Seconds a judge request may take [default: 60; "
+                     "eval judge: 120]."),
+        click.option("--retries", default=2, show_default=True, help="Tries after the first for a failed request "
+                     "or an answer that cannot be read; then the evaluation stops, its answers kept."),
+        click.option("--backoff", type=float, default=1.0, show_default=True, help="Seconds before the first "
+                     "retry (doubling)."),
+    )):  # fmt: skip
+        command = option(command)
+    return command
+
+
+# eval/suites/geneval2.py METHODS, repeated so that --help imports nothing (a test checks they agree)
+GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
+
+
+@eval_cmd.command("geneval2", context_settings=CTX)
+@click.option("--data", required=True, metavar="FILE", help="GenEval 2's geneval2_data.jsonl, your copy "
+              "(github.com/facebookresearch/GenEval2; CC BY-NC 4.0, so not shipped).")  # fmt: skip
+@click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
+@click.option("--score-only", "score_only", default=None, metavar="DIR",
+              help="Score a GenEval-layout folder of these prompts instead (e.g. OUT/images of an earlier run).")  # fmt: skip
+@click.option("--images", "images", default=None, metavar="MAP.json",
+              help="Score the reference's image map instead: a JSON object {prompt: image path}.")  # fmt: skip
+@click.option("--vqa", default=None, metavar="DIR", help="A local VLM folder that answers the questions "
+              "(transformers image-text-to-text: Qwen3-VL-8B-Instruct is the reference's; Qwen2.5-VL …).")  # fmt: skip
+@click.option("--judge", default=None, metavar="URL", help="Or an OpenAI-compatible server (vLLM, SGLang: "
+              "http://127.0.0.1:8000/v1) serving a VLM with log-probabilities.")  # fmt: skip
+@click.option("--method", type=click.Choice(GENEVAL2_METHODS), default="soft_tifa_gm", show_default=True,
+              help="The headline score (Soft-TIFA AM, GM and TIFA come from the same questions; VQAScore asks its own).")  # fmt: skip
+@_n_option(1, "Images per prompt (the reference scores one).")
+@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
+@cfg_option(help="CFG scale [default: the model's].")
+@masked_sampling_options
+@seed_option
+@click.option("--device", default="cpu", show_default=True, help="Device of the VQA model.")
+@click.option("--vqa-dtype", type=click.Choice(("auto", "float32", "bfloat16", "float16")), default="auto",
+              show_default=True, help="The VQA model's dtype (auto: its checkpoint's, as the reference loads it).")  # fmt: skip
+@click.option("--vqa-batch", default=8, show_default=True, help="Questions per VQA forward pass.")
+@_judge_options
+@click.option(
+    "--out",
+    required=True,
+    help="Output dir: images/, answers.jsonl, results.jsonl, summary.json/txt, protocol.json.",
+)
+@_overwrite_option("prompt folders")
+def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, cfg_scale, steps, reveal_order, seed,
+                 device, vqa_dtype, vqa_batch, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
+    """GenEval 2's 800 compositional prompts: generate (resumable), ask a VQA model each atom's question
+    and score Soft-TIFA (AM per atom, GM per prompt) as the reference does, with TIFA, per-skill and
+    per-atom-count tables. The answers' probabilities are read from the model's logits (or the judge's
+    log-probabilities); a resumed evaluation asks nothing it has. docs/evaluation/geneval2.md.
+
+    \b
+    Examples:
+      t2i-gcpo eval geneval2 --data geneval2_data.jsonl --model janus:/ckpt/Janus-Pro-1B \\
+          --vqa /ckpt/Qwen3-VL-8B-Instruct --device cuda --out eval/g2-janus1b
+      t2i-gcpo eval geneval2 --data geneval2_data.jsonl --score-only eval/g2-janus1b/images \\
+          --judge http://127.0.0.1:8000/v1 --judge-model Qwen3-VL-8B-Instruct --out eval/g2-judge
+    """
+    from t2i_gcpo.api import evaluate_geneval2
+
+    summary = evaluate_geneval2(out, data, model, vqa=vqa, judge=judge, judge_model=judge_model, method=method,
+                                score_only=score_only, images=images, n=n, batch=batch, cfg_scale=cfg_scale,
+                                steps=steps, reveal_order=reveal_order, seed=seed, device=device, vqa_dtype=vqa_dtype,
+                                vqa_batch=vqa_batch, concurrency=concurrency, timeout=60.0 if timeout is None else timeout,
+                                retries=retries, backoff=backoff, overwrite=overwrite)  # fmt: skip
+    from t2i_gcpo.eval.suites.geneval2 import format_summary
+
+    click.echo(format_summary(summary))
+    click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.json'}  "
+               f"protocol: {Path(out) / 'protocol.json'}")  # fmt: skip
+
+
+def _suite_choices() -> tuple[str, ...]:
+    from t2i_gcpo.eval.suites import suite_names
+
+    return suite_names("judge")
+
+
+def _suites_help() -> str:
+    from t2i_gcpo.eval.suites import suites_help
+
+    return suites_help("judge")
+
+
+@eval_cmd.command("judge", context_settings=CTX)
+@click.option(
+    "--suite", required=True, type=click.Choice(_suite_choices()), help="The suite: " + _suites_help() + "."
+)
+@click.option("--data", required=True, metavar="PATH", help="The suite's data file or folder (see --suite).")
+@click.option("--judge", required=True, metavar="URL", help="The judge: an OpenAI-compatible server's URL "
+              "(vLLM, SGLang: http://127.0.0.1:8000/v1), or a hosted API's.")  # fmt: skip
+@click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
+@click.option("--score-only", "score_only", default=None, metavar="DIR", help="Judge existing images instead: a "
+              "GenEval-layout folder of these prompts, or a folder in the suite's own layout (docs).")  # fmt: skip
+@_n_option(None, "Images per prompt [default: the suite's: UniGenBench 4, WISE and TIIF 1].")
+@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
+@cfg_option(help="CFG scale [default: the model's].")
+@masked_sampling_options
+@seed_option
+@click.option(
+    "--temperature", type=float, default=None, help="The judge's temperature [default: the suite's, 0]."
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The judge's answer limit [default: the suite's].",
+)
+@_judge_options
+@click.option(
+    "--out",
+    required=True,
+    help="Output dir: images/, answers.jsonl, results.jsonl, summary.json/txt, protocol.json.",
+)
+@_overwrite_option("prompt folders")
+def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps, reveal_order, seed, temperature,
+              max_tokens, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
+    """A question-based suite scored by a VLM judge: generate (resumable), send every image with the suite's
+    question, read the judge's answer with the suite's rule and aggregate as its paper does. Every answer is
+    recorded with the score it gave (answers.jsonl); a resumed evaluation asks nothing it has; a judge that
+    is down, stalls or answers what the rule cannot read stops it after the retries, in one line.
+    docs/evaluation/judge-suites.md.
+
+    \b
+    Examples:
+      t2i-gcpo eval judge --suite wise --data WISE/data_verified/merge.json --model janus:/ckpt/Janus-Pro-1B \\
+          --judge http://127.0.0.1:8000/v1 --judge-model Qwen3.5-35B-A3B --out eval/wise-janus1b
+      t2i-gcpo eval judge --suite unigenbench --data UniGenBench/data/test_prompts_en.csv \\
+          --score-only my_images/ --judge http://127.0.0.1:8080/v1 --judge-model QwenVL --out eval/ugb
+    """
+    from t2i_gcpo.api import evaluate_judge
+    from t2i_gcpo.eval.suites.driver import format_summary
+
+    summary = evaluate_judge(out, suite, data, judge, model, judge_model=judge_model, score_only=score_only, n=n,
+                             batch=batch, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
+                             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
+                             timeout=120.0 if timeout is None else timeout, retries=retries, backoff=backoff,
+                             overwrite=overwrite)  # fmt: skip
+    click.echo(format_summary(summary))
+    click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.json'}  "
+               f"protocol: {Path(out) / 'protocol.json'}")  # fmt: skip

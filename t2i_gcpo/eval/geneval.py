@@ -245,10 +245,13 @@ def score_image(
     return result, float(partial), _details(detections, colors)
 
 
-def _run_entries(
-    root: str | os.PathLike, metadata_list: Sequence[dict], n: int | None
+def run_entries(
+    root: str | os.PathLike,
+    metadata_list: Sequence[dict],
+    n: int | None,
+    keys: Sequence[str] = ("tag", "prompt", "include"),
 ) -> list[tuple[int, dict, list[Path]]]:
-    """`iter_layout` restricted to, and checked against, one run's prompts."""
+    """`iter_layout` restricted to, and checked against, one run's prompts (whose metadata hold `keys`)."""
     folders = prompt_folders(root)
     extra = sorted(i for i in folders if i >= len(metadata_list))
     if extra:
@@ -261,7 +264,7 @@ def _run_entries(
         folder = folders.get(i)
         if folder is None:
             raise UserError(f"{root}: prompt folder {i:05d} is missing; finish generation")
-        metadata = read_metadata(folder)
+        metadata = read_metadata(folder, keys)
         why = metadata_mismatch(folder, metadata, wanted)
         if why:
             raise UserError(f"{why}; use --overwrite to regenerate, or another --out")
@@ -292,7 +295,7 @@ def score_geneval_folder(
     exactly those prompts, in order (and `n` images each); anything else is a UserError, so a stale
     folder left by another run is never scored.
     """
-    entries = list(iter_layout(root)) if metadata_list is None else _run_entries(root, metadata_list, n)
+    entries = list(iter_layout(root)) if metadata_list is None else run_entries(root, metadata_list, n)
     empty = [f"{i:05d}" for i, _, paths in entries if not paths]
     if empty:
         raise UserError(

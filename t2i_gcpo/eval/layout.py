@@ -337,8 +337,9 @@ def existing_samples(root: str | os.PathLike, index: int) -> int:
     return count
 
 
-def read_metadata(folder: Path) -> dict:
-    """The metadata dict of one prompt folder (first non-empty line of metadata.jsonl)."""
+def read_metadata(folder: Path, keys: Sequence[str] = ("tag", "prompt", "include")) -> dict:
+    """The metadata dict of one prompt folder (first non-empty line of metadata.jsonl), holding `keys`
+    (GenEval's by default; another suite's prompts hold their own)."""
     from t2i_gcpo.outdir import read_jsonl
 
     path = folder / METADATA_NAME
@@ -346,8 +347,15 @@ def read_metadata(folder: Path) -> dict:
         raise UserError(f"{folder} is not a GenEval prompt folder: {METADATA_NAME} is missing")
     rows = read_jsonl(path)
     metadata = rows[0] if rows else None
-    if not isinstance(metadata, dict) or not {"tag", "prompt", "include"} <= metadata.keys():
-        raise UserError(f"{path}: expected a GenEval metadata object with 'tag', 'prompt' and 'include'")
+    if not isinstance(metadata, dict) or not set(keys) <= metadata.keys():
+        names = [f"'{k}'" for k in keys]
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+        kind = (
+            "a GenEval metadata object"
+            if tuple(keys) == ("tag", "prompt", "include")
+            else "a metadata object"
+        )
+        raise UserError(f"{path}: expected {kind} with {listed}")
     return metadata
 
 

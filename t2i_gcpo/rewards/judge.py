@@ -95,6 +95,25 @@ def chat_url(url: str) -> str:
     return url if url.endswith("/chat/completions") else url + "/chat/completions"
 
 
+def post_chat(url: str, body: dict, *, timeout: float, api_key: str | None = None) -> dict:
+    """One chat-completions request (`url`: the endpoint, `chat_url`): the answer's JSON object; an exception
+    (urllib's, or ValueError for an answer that is not a JSON object) for anything else. The one HTTP call of
+    this module, also used by the evaluations that ask a judge (t2i_gcpo/eval/suites/judge_client.py)."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        raw = response.read()
+    try:
+        completion = json.loads(raw)
+    except ValueError:
+        completion = None
+    if not isinstance(completion, dict):
+        raise ValueError(f"not a chat completion: {shorten(raw.decode('utf-8', 'replace'), 60)!r}")
+    return completion
+
+
 def png_data_url(image: Any) -> str:
     """A PIL image as a ``data:image/png;base64,…`` URL."""
     buffer = io.BytesIO()
@@ -145,20 +164,11 @@ class JudgeReward:
 
     def ask(self, body: dict) -> str:
         """One request: the answer's text; an exception for anything else."""
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            raw = response.read()
+        completion = post_chat(self.url, body, timeout=self.timeout, api_key=self.api_key)
         try:
-            answer = json.loads(raw)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ValueError(
-                f"not a chat completion: {shorten(raw.decode('utf-8', 'replace'), 60)!r}"
-            ) from None
+            answer = completion["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"not a chat completion: {shorten(json.dumps(completion), 60)!r}") from None
         if not isinstance(answer, str):
             raise ValueError(f"the answer is not text: {shorten(repr(answer), 60)}")
         return answer

@@ -39,6 +39,11 @@ def user_files(cfg: TrainConfig) -> dict[str, str]:
             path = prompt_file(value)
             if path.is_file():
                 files.setdefault(str(path.resolve()), role)
+    data = cfg.eval_suite_options.data if cfg.eval_suite else None
+    if (
+        data and Path(data).expanduser().is_file()
+    ):  # the eval_suite's data file (a folder's files are not tracked)
+        files.setdefault(str(Path(data).expanduser().resolve()), "eval_suite")
     for role, specs in (("credit", [cfg.credit.scheme]), ("reward", user_code_specs(cfg.reward))):
         for spec in specs:
             for path in code_files(spec):  # a module's package __init__.py files too: importing runs them

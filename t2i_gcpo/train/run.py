@@ -35,6 +35,7 @@ class Job:
     finished: str | None = None  # a resumed run that has nothing left to do: the line to print
     lock: Any = None  # the run directory's OutputLock (main process), released when `run` ends
     plan: Any = None  # train/plan.Plan: the trackers (each checked to start) and a step's cost
+    eval_suite: Any = None  # train/eval_suite.SuiteEvaluation: the held-out evaluation by a benchmark suite
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,14 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
         cfg.rollout.cfg_scale = resolve_guidance_scale(policy, None)
     plan = plan_run(cfg, policy, trackers)  # trackers, decode loop, scheme × model, a step's cost
     prompts = task.load_prompts(cfg.prompts)
-    eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
+    eval_suite = None
+    if cfg.eval_suite:  # a benchmark suite's prompts and scorer in place of the task's held-out evaluation
+        from t2i_gcpo.train.eval_suite import SuiteEvaluation
+
+        eval_suite = SuiteEvaluation(cfg, device=local_device())
+        eval_prompts = eval_suite.prompts
+    else:
+        eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
     if reward is None:
         placed = cfg.reward_options.device
@@ -298,10 +306,24 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
                               batch_size=cfg.reward_options.batch_size)  # fmt: skip
         cfg.reward = record_reward(cfg.reward, reward)  # a reward server's spec and version, in config.yaml
     dry = dry_sample(cfg, policy, reward, prompts)
-    check_reward(cfg, reward, prompts, eval_prompts, dry)
+    check_reward(cfg, reward, prompts, None if eval_suite else eval_prompts, dry)  # a suite scores its own
+    if eval_suite is not None and eval_suite.scorer.kind == "judge" and cfg.eval_every >= 0 and prompts:
+        eval_suite.probe(dry().outputs)  # a judge that is down: one line now, not at the first evaluation
     check_user_credit(cfg, policy, prompts, dry)  # a user's credit function on the same dry sample
     note_step_rewards(cfg, policy)
-    return Job(cfg, run_dir, prompts, eval_prompts, policy, reward, task, resume=resume, lock=lock, plan=plan)
+    return Job(
+        cfg,
+        run_dir,
+        prompts,
+        eval_prompts,
+        policy,
+        reward,
+        task,
+        resume=resume,
+        lock=lock,
+        plan=plan,
+        eval_suite=eval_suite,
+    )
 
 
 def resolve_reward_and_held_out(cfg: TrainConfig, task: Task) -> None:
@@ -316,7 +338,7 @@ def resolve_reward_and_held_out(cfg: TrainConfig, task: Task) -> None:
         cfg.reward = task.default_reward
     default = task.default_reward
     same_scorer = default is not None and cfg.reward.split(":")[0] == default.split(":")[0]
-    if cfg.eval_prompts is None and same_scorer:
+    if cfg.eval_prompts is None and same_scorer and not cfg.eval_suite:  # a suite holds its own prompts
         cfg.eval_prompts = task.default_eval_prompts()
 
 
@@ -410,10 +432,11 @@ def _absolute_paths(cfg: TrainConfig) -> None:
     prompt file named by its short name stays so: it is found in the installed package)."""
     from t2i_gcpo.rewards.registry import canonical_reward
 
-    for key in ("prompts", "eval_prompts"):
-        value = getattr(cfg, key)
+    for owner, key in ((cfg, "prompts"), (cfg, "eval_prompts"), (cfg.eval_suite_options, "data"),
+                       (cfg.eval_suite_options, "vqa")):  # fmt: skip
+        value = getattr(owner, key)
         if value and Path(value).expanduser().exists():
-            setattr(cfg, key, str(Path(value).expanduser().resolve()))
+            setattr(owner, key, str(Path(value).expanduser().resolve()))
     cfg.reward = canonical_reward(cfg.reward)
 
 
@@ -436,9 +459,8 @@ def run(job: Job) -> dict:
         if not job.resume:
             _absolute_paths(job.cfg)  # before config.yaml is written: a resume elsewhere reads the same files
         inputs = fingerprints(job.cfg)  # what the run reads now, recorded once its directory exists
-        trainer = Trainer(
-            job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts, job.resume
-        )
+        trainer = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts,
+                          job.resume, eval_suite=job.eval_suite)  # fmt: skip
         if main:
             write_record(trainer.run_dir, inputs)
         return trainer.fit()

@@ -80,12 +80,15 @@ class StopRequested(Interrupted):
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path | None, prompts: list[PromptRecord], policy: Policy,
                  reward: Reward, task: Task, eval_prompts: list[PromptRecord] | None = None,
-                 resume: bool = False):  # fmt: skip
+                 resume: bool = False, eval_suite: Any = None):  # fmt: skip
         """A run of `cfg` whose plan was checked (train/run.prepare → train/plan.plan_run: the trackers
-        start, the scheme fits the model, a step's cost is bounded) before anything is written."""
+        start, the scheme fits the model, a step's cost is bounded) before anything is written. `eval_suite`
+        (train/eval_suite.SuiteEvaluation): a benchmark suite that scores the held-out prompts instead of the
+        task."""
         resolve_autocast(cfg, "cuda" if torch.cuda.is_available() else "cpu", policy)  # before config.yaml
         trackers = tracker_names(cfg.report_to)  # each checked to start by the plan
         self.cfg, self.reward, self.task, self.eval_prompts = cfg, reward, task, eval_prompts
+        self.eval_suite = eval_suite
         self.sampling = sampling_params(cfg)
         if cfg.rollout.reveal_order and policy.capabilities.reveal_order:
             # a masked model trained under an order keeps it as its default: its checkpoints then sample
@@ -383,6 +386,12 @@ class Trainer:
     def evaluate(self) -> tuple[dict, str]:
         """The task's held-out score of the current policy: (metrics to log, the line to print)."""
         cfg = self.cfg
+        if (
+            self.eval_suite is not None
+        ):  # a benchmark suite's score (eval_suite), rows of key, category, score
+            res = self.eval_suite.evaluate(unwrap(self.policy), self.eval_prompts, cfg.eval_images_per_prompt,
+                                           self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
+            return res["metrics"], res["headline"]
         res = self.task.evaluate(unwrap(self.policy), self.reward, self.eval_prompts, cfg.eval_images_per_prompt,
                                  self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
         return res["metrics"], res["headline"]
