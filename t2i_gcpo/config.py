@@ -563,9 +563,12 @@ class RewardOptions:
     )
 
 
-# the suites eval_suite takes: t2i_gcpo/eval/suites/ registers them (repeated here, below that package's layer;
-# tests/train/test_eval_suite.py checks they agree)
-EVAL_SUITES = ("geneval2", "tiif", "unigenbench", "wise")
+# the evaluation suites (`eval_suite`, `t2i-gcpo eval judge --suite`), one module each in t2i_gcpo/eval/suites/
+# (`register_suite` there): declared here, where the schema checks a run's eval_suite against it, and filled
+# from that package when first read (t2i_gcpo/extensions.py)
+EVAL_SUITES: Registry[Any] = Registry(
+    "evaluation suite", builtins="t2i_gcpo.eval.suites", skip=("asking", "driver", "judge_client")
+)
 GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 
 
@@ -788,7 +791,7 @@ class TrainConfig:
             (
                 "eval_suite",
                 self.eval_suite is None or self.eval_suite in EVAL_SUITES,
-                f"must be one of {', '.join(EVAL_SUITES)} or null, got {self.eval_suite!r}",
+                f"must be one of {', '.join(EVAL_SUITES.names())} or null, got {self.eval_suite!r}",
             ),
             (
                 "eval_suite_options.data",

@@ -141,14 +141,15 @@ class Registry(Mapping[str, E], Generic[E]):
 
 
 def _origin(record: Any) -> str:
-    """The module a record comes from: its function's, or its own class's."""
-    for attr in ("load", "fn", "target"):
-        value = getattr(record, attr, None)
-        if callable(value) and getattr(value, "__module__", None):
+    """The module a record comes from: that of its first function field (a loader, a scheme, a suite's
+    reader), or of the ``"module:attribute"`` it names (a command), else its own class's."""
+    fields = getattr(record, "__dict__", None) or {}
+    for value in fields.values():
+        if callable(value) and isinstance(getattr(value, "__module__", None), str):
             return value.__module__
-        if isinstance(value, str) and ":" in value:
+        if isinstance(value, str) and ":" in value and value.partition(":")[0].startswith("t2i_gcpo."):
             return value.partition(":")[0]
-    return getattr(record, "__module__", "?")
+    return type(record).__module__
 
 
 __all__ = ["Registry", "choices_text"]

@@ -31,7 +31,7 @@ def test_the_configs_suite_names_are_the_registrys():
     from t2i_gcpo.eval.suites import suite_names
     from t2i_gcpo.eval.suites.geneval2 import METHODS
 
-    assert EVAL_SUITES == suite_names() and GENEVAL2_METHODS == METHODS
+    assert EVAL_SUITES.names() == list(suite_names()) and GENEVAL2_METHODS == METHODS
 
 
 @pytest.mark.parametrize(("sets", "expected"), [

@@ -1,23 +1,22 @@
 """The question-based benchmark suites a VLM judge scores (docs/evaluation/judge-suites.md): one file per
 suite, each a `Suite` — its data format (`read`), its question (`messages`), its score rule (`parse`)
-and its aggregation (`summarize`), from the benchmark's paper and reference code — added to `SUITES` by
-`register_suite`. The driver (t2i_gcpo/eval/suites/driver.py, ``t2i-gcpo eval judge``) asks the judge one
+and its aggregation (`summarize`), from the benchmark's paper and reference code — added to `SUITES` (the
+registry config.EVAL_SUITES: t2i_gcpo/extensions.py) by `register_suite`. The driver (t2i_gcpo/eval/suites/driver.py, ``t2i-gcpo eval judge``) asks the judge one
 request per image, resumably, and writes the suite's results.
 
-`suites()` lists them (every module of this package registers itself when first listed: a new suite is a
-new file and nothing else); `suites_help()` is what ``--help`` prints. The modules import nothing heavy
+`suites()` lists them (every module of this package but its machinery registers itself when first listed: a
+new suite is a new file and nothing else); `suites_help()` is what ``--help`` prints. The modules import nothing heavy
 (``--help`` reads them).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from t2i_gcpo.config import EVAL_SUITES
 from t2i_gcpo.errors import UserError
 
 
@@ -62,28 +61,17 @@ class Suite:
     example: str = ""
 
 
-SUITES: dict[str, Suite] = {}
-INFRASTRUCTURE = ("asking", "driver", "judge_client")  # the modules of this package that are not suites
-_discovered = {"done": False}
+SUITES = EVAL_SUITES  # every registered suite by name
 
 
 def register_suite(suite: Suite) -> Suite:
     """Add `suite` to `SUITES` under its name (one registration per suite file)."""
-    if suite.name in SUITES and SUITES[suite.name] is not suite:
-        raise ValueError(f"judge suite {suite.name!r} is already registered")
-    SUITES[suite.name] = suite
-    return suite
+    return SUITES.add(suite)
 
 
 def suites(kind: str | None = None) -> dict[str, Suite]:
-    """Every registered suite by name (those of `kind`, when given), the modules of this package imported
-    once, in name order."""
-    if not _discovered["done"]:
-        _discovered["done"] = True
-        for module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-            if module not in INFRASTRUCTURE and not module.startswith("_"):
-                importlib.import_module(f"{__name__}.{module}")
-    return {k: v for k, v in SUITES.items() if kind in (None, v.kind)}
+    """Every registered suite by name (those of `kind`, when given), in name order of their modules."""
+    return {name: SUITES[name] for name in SUITES.names() if kind in (None, SUITES[name].kind)}
 
 
 def suite_names(kind: str | None = None) -> tuple[str, ...]:
