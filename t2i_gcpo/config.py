@@ -567,7 +567,10 @@ class RewardOptions:
 # (`register_suite` there): declared here, where the schema checks a run's eval_suite against it, and filled
 # from that package when first read (t2i_gcpo/extensions.py)
 EVAL_SUITES: Registry[Any] = Registry(
-    "evaluation suite", builtins="t2i_gcpo.eval.suites", skip=("asking", "driver", "judge_client")
+    "evaluation suite",
+    builtins="t2i_gcpo.eval.suites",
+    skip=("asking", "driver", "judge_client"),
+    plugins="t2i_gcpo.suites",  # installed packages' suites (docs/guides/eval-suites.md)
 )
 GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 

@@ -28,7 +28,7 @@ class LazyGroup(click.Group):
     commands_table: Registry[Command]
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return self.commands_table.names()
+        return self.commands_table.names(plugins=True)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in self.commands_table:
@@ -37,7 +37,7 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = self.commands_table.rows()
+        rows = self.commands_table.rows(plugins=True)
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -48,7 +48,8 @@ def lazy_group(table: Registry[Command]) -> type[LazyGroup]:
     return type(f"LazyGroup_{table.kind.replace(' ', '_')}", (LazyGroup,), {"commands_table": table})
 
 
-COMMANDS: Registry[Command] = Registry("command")
+# installed packages add theirs under the t2i_gcpo.commands entry point (docs/guides/commands.md)
+COMMANDS: Registry[Command] = Registry("command", plugins="t2i_gcpo.commands")
 for _row in (
     Command(
         "train",

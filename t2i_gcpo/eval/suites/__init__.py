@@ -71,7 +71,7 @@ def register_suite(suite: Suite) -> Suite:
 
 def suites(kind: str | None = None) -> dict[str, Suite]:
     """Every registered suite by name (those of `kind`, when given), in name order of their modules."""
-    return {name: SUITES[name] for name in SUITES.names() if kind in (None, SUITES[name].kind)}
+    return {name: SUITES[name] for name in SUITES.names(plugins=True) if kind in (None, SUITES[name].kind)}
 
 
 def suite_names(kind: str | None = None) -> tuple[str, ...]:
