@@ -802,6 +802,7 @@ def evaluate_shapeworld(
         "overall": the unweighted mean of the tag scores}``.
     """
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, score_geneval_folder
+    from t2i_gcpo.eval.protocol import scorer_record
     from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
@@ -816,7 +817,20 @@ def evaluate_shapeworld(
         _record_out(out, "eval shapeworld")  # the settings of its images: generation.json under images/
         generate_geneval(policy, metadata, root, sampling, n=n, batch=batch, seed=seed,
                          model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
-        return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+        summary = score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+        _write_layout_protocol(out, "shapeworld", root, scorer_record("detector", "shapeworld"))
+        return summary
+
+
+def _write_layout_protocol(out: Path, suite: str, root: Path, scorer: dict) -> None:
+    """out/protocol.json of a GenEval-layout evaluation: the prompts, model, seeds and sampling its images
+    record (`layout.layout_protocol`), the scorer, and the overall as the mean of the tags."""
+    from t2i_gcpo.eval.layout import layout_protocol
+    from t2i_gcpo.eval.protocol import protocol_record, write_protocol
+
+    fields = layout_protocol(root)
+    write_protocol(out, protocol_record(suite, scorer=scorer, aggregate="categories", images=str(root.resolve()),
+                                        **fields))  # fmt: skip
 
 
 class _ShapeWorldDetector:
@@ -913,9 +927,16 @@ def evaluate_geneval(
             sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
             generate_geneval(policy, prompts, root, sampling, n=n, batch=batch, seed=seed,
                              model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
-        return score_geneval_folder(
+        summary = score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
+        from t2i_gcpo.eval.protocol import scorer_record
+
+        clip_fields = (
+            {} if detector == "shapeworld" else {"clip": scorer_record("clip", clip, model=clip_model)}
+        )
+        _write_layout_protocol(out, "geneval", root, scorer_record("detector", detector, **clip_fields))
+        return summary
 
 
 # ----------------------------------------------------------------------------- credit maps
