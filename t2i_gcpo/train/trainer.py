@@ -428,7 +428,9 @@ class Trainer:
                    "".join(json.dumps(strict_json(r)) + "\n" for r in rows), within=self.run_dir)  # fmt: skip
         if not (folder / "protocol.json").is_file():
             write_file(
-                folder / "protocol.json", json.dumps(self._protocol(aggregate), indent=1) + "\n", within=self.run_dir
+                folder / "protocol.json",
+                json.dumps(self._protocol(aggregate), indent=1) + "\n",
+                within=self.run_dir,
             )
 
     def _protocol(self, aggregate: str) -> dict:

@@ -9,14 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from compbench_fixtures import PROMPTS, SIZE, WORDS, build_tiny_blip, write_compbench_data
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval import compbench as CB
 from t2i_gcpo.eval.layout import write_prompt_folder
 from t2i_gcpo.scoring.detections import Detection
-
-from compbench_fixtures import PROMPTS, SIZE, WORDS, build_tiny_blip, write_compbench_data
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,9 @@ def independent_yes(model, image: Image.Image, question: str) -> float:
     with torch.no_grad():
         img = model.vision_model(pixel_values=pix).last_hidden_state
         q = model.text_encoder(input_ids=ids, encoder_hidden_states=img).last_hidden_state
-        logits = model.text_decoder(input_ids=torch.tensor([[WORDS.index("[DEC]")]]), encoder_hidden_states=q).logits
+        logits = model.text_decoder(
+            input_ids=torch.tensor([[WORDS.index("[DEC]")]]), encoder_hidden_states=q
+        ).logits
     p = torch.softmax(logits[0, 0].double(), -1)
     return float(p[WORDS.index("yes")] / (p[WORDS.index("yes")] + p[WORDS.index("no")]))
 
@@ -70,7 +71,11 @@ def test_blip_vqa_score_equals_an_independent_computation(blip):
 def test_questions_and_noun_phrases_as_the_reference_asks_them():
     parser = CB.PromptParser("simple")
     assert parser.noun_phrases("a metallic key and fluffy clouds") == ["a metallic key", "fluffy clouds"]
-    assert parser.noun_phrases("a red apple, a blue bowl and a green cup.") == ["a red apple", "a blue bowl", "a green cup"]
+    assert parser.noun_phrases("a red apple, a blue bowl and a green cup.") == [
+        "a red apple",
+        "a blue bowl",
+        "a green cup",
+    ]
     assert CB.blip_question('A "Red" Circle.') == "a red circle?"
     assert parser.spatial_objects("a girl next to a cow", "next to") == ("girl", "cow")
     with pytest.raises(UserError, match="noun-phrases must be one of"):
@@ -88,7 +93,10 @@ def test_position_score_by_hand():
     overlap = (50, 0, 150, 100)  # IoU = 50·100 / (2·10⁴ − 5000) = 1/3 ≥ 0.1: 0.1 / IoU
     assert CB.position_score("on the left of", left, overlap) == pytest.approx(0.1 / (1 / 3))
     below = (0, 300, 100, 400)  # object 2 below object 1 (y down): 1 is on the top of 2
-    assert CB.position_score("on the top of", left, below) == 1.0 and CB.position_score("on the bottom of", left, below) == 0.0
+    assert (
+        CB.position_score("on the top of", left, below) == 1.0
+        and CB.position_score("on the bottom of", left, below) == 0.0
+    )
     assert CB.position_score("on top of", left, below) == 0.0  # the reference scores only "on the top of"
 
 
@@ -98,7 +106,11 @@ def det(cls, box, score=0.9):
 
 def test_spatial_score_follows_the_reference_rule():
     parser, names = CB.PromptParser("simple"), {"cat", "dog", "person", "couch"}
-    both = [det("cat", (0, 0, 100, 100), 0.8), det("dog", (300, 0, 400, 100), 0.6), det("dog", (0, 0, 5, 5), 0.3)]
+    both = [
+        det("cat", (0, 0, 100, 100), 0.8),
+        det("dog", (300, 0, 400, 100), 0.6),
+        det("dog", (0, 0, 5, 5), 0.3),
+    ]
     r = CB.spatial_score("a cat on the left of a dog", both, parser, names)
     assert r["score"] == pytest.approx(0.25 * 0.8 + 0.25 * 0.6 + 0.5) and r["relation"] == "on the left of"
     assert CB.spatial_score("a cat on the right of a dog", both, parser, names)["score"] == 0.0  # 0.35 < 0.5
@@ -113,8 +125,14 @@ def test_numeracy_counts_objects_once_and_scores_half_for_presence():
     assert CB.counted_objects("two cats and a dog", parser, *objects) == [("cat", 2), ("dog", 1)]
     two_cats = [det("cat", (0, 0, 10, 10)), det("cat", (20, 0, 30, 10)), det("dog", (40, 0, 50, 10))]
     assert CB.numeracy_score("two cats and a dog", two_cats, parser, objects, names)["score"] == 1.0
-    dup = [det("cat", (0, 0, 10, 10)), det("cat", (0, 0, 10, 11)), det("dog", (40, 0, 50, 10))]  # one cat, twice
-    assert CB.numeracy_score("two cats and a dog", dup, parser, objects, names)["score"] == pytest.approx(0.25 + 0.5)
+    dup = [
+        det("cat", (0, 0, 10, 10)),
+        det("cat", (0, 0, 10, 11)),
+        det("dog", (40, 0, 50, 10)),
+    ]  # one cat, twice
+    assert CB.numeracy_score("two cats and a dog", dup, parser, objects, names)["score"] == pytest.approx(
+        0.25 + 0.5
+    )
     low = [det("cat", (0, 0, 10, 10), 0.4)]  # below the 0.5 confidence
     assert CB.numeracy_score("three cats", low, parser, objects, names)["score"] == 0.0
     table = [det("dining table", (0, 0, 10, 10))]  # "table" matches the label "dining table" (substring rule)
@@ -158,14 +176,20 @@ def test_score_only_writes_rows_summary_and_protocol_and_labels_the_detector(bli
     assert numeracy == {"two cats and a dog": pytest.approx(0.75), "three dogs": pytest.approx(0.5)}
     saved = json.loads((out / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
-    assert saved["categories"]["spatial"]["label"] == CB.DETECTOR_LABEL and "label" not in saved["categories"]["color"]
+    assert (
+        saved["categories"]["spatial"]["label"] == CB.DETECTOR_LABEL
+        and "label" not in saved["categories"]["color"]
+    )
     assert CB.DETECTOR_LABEL in saved["overall_label"]
     color = [r["score"] for r in rows if r["category"] == "color"]
     assert saved["categories"]["color"]["score"] == pytest.approx(sum(color) / len(color))
     assert CB.DETECTOR_LABEL in (out / "summary.txt").read_text()
     protocol = json.loads((out / "protocol.json").read_text())
     assert protocol["suite"] == "compbench" and protocol["aggregate"] == "categories"
-    assert protocol["scorer"]["detector"]["label"] == CB.DETECTOR_LABEL and CB.DETECTOR_LABEL in protocol["label"]
+    assert (
+        protocol["scorer"]["detector"]["label"] == CB.DETECTOR_LABEL
+        and CB.DETECTOR_LABEL in protocol["label"]
+    )
     assert protocol["scorer"]["blip-vqa"]["question_start"] == "[ENC]"
     assert [d["path"].rsplit("/", 1)[-1] for d in protocol["data"]] == ["color_val.txt", "spatial_val.txt",
                                                                         "numeracy_val.txt", "new_objects.txt"]  # fmt: skip
@@ -181,13 +205,16 @@ def test_reference_layout_is_scored_by_its_file_names(blip, tmp_path):
                      progress=False)  # fmt: skip
     rows = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [(r["key"], r["prompt"], r["questions"]) for r in rows] == [
-        ("color/000000", "a blue circle", ["a blue circle?"]), ("color/000001", "a blue circle", ["a blue circle?"])]
+        ("color/000000", "a blue circle", ["a blue circle?"]),
+        ("color/000001", "a blue circle", ["a blue circle?"]),
+    ]
 
 
 def test_non_spatial_is_the_plain_cosine_of_clip(tmp_path):
     import open_clip
 
     from t2i_gcpo.rewards.clip_score import ClipScoreReward
+
     from tiny_models import tiny_open_clip
 
     name = tiny_open_clip("t2i-gcpo-tiny-compbench-clip", tmp_path / "configs", quick_gelu=True)
@@ -199,14 +226,20 @@ def test_non_spatial_is_the_plain_cosine_of_clip(tmp_path):
     write_layout(tmp_path / "imgs", {"non_spatial": ["a red circle and a blue square"]}, n=3)
     items = CB.folder_items(tmp_path / "imgs", "non_spatial")
     rows = CB.score_images("non_spatial", items, clip=clip, progress=False)
-    _, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(tmp_path / "clip.bin"), force_quick_gelu=True)
+    _, _, preprocess = open_clip.create_model_and_transforms(
+        name, pretrained=str(tmp_path / "clip.bin"), force_quick_gelu=True
+    )
     tok = open_clip.get_tokenizer(name)
     with torch.no_grad():
-        e_t = torch.nn.functional.normalize(clip.model.encode_text(tok(["a red circle and a blue square"])), dim=-1)
+        e_t = torch.nn.functional.normalize(
+            clip.model.encode_text(tok(["a red circle and a blue square"])), dim=-1
+        )
         for r, im in zip(rows, ims):
             e_i = torch.nn.functional.normalize(clip.model.encode_image(preprocess(im)[None]), dim=-1)
             assert r["score"] == pytest.approx(float((e_i * e_t).sum()), abs=1e-5)
-    assert any(r["score"] < 0 for r in rows) or all(abs(r["score"]) < 1 for r in rows)  # not clipped, not scaled
+    assert any(r["score"] < 0 for r in rows) or all(
+        abs(r["score"]) < 1 for r in rows
+    )  # not clipped, not scaled
 
 
 @pytest.mark.parametrize(
