@@ -103,7 +103,9 @@ def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
     click.echo(format_summary(summary))
     if partial:
         _print_partial(out)
-    click.echo(f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}")
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )
     se = proportions_se((t["score"], t["total"]) for t in summary["tags"].values())
     interval = f" ± {1.96 * se:.3f} (95 % interval over the images sampled)" if se == se else ""
     click.echo(f"strict score (GenEval's overall): {summary['overall']:.3f}{interval}")
@@ -281,7 +283,10 @@ def compbench_cmd(
     from t2i_gcpo.eval.compbench import format_summary
 
     click.echo(format_summary(summary))
-    click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.txt'}")
+    out = Path(out)
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )
 
 
 def _print_partial(out: Path) -> None:
@@ -367,3 +372,6 @@ def dpg_cmd(
                    label=result["label"]), aggregate="items", images=str(root.resolve()),
                    **dpg_protocol_fields(root)))  # fmt: skip
     click.echo(format_dpg_summary(result))
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )

@@ -189,16 +189,20 @@ def category_means(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return {c: sum(v) / len(v) for c, v in sums.items()}
 
 
-def change_metrics(change: Mapping[str, Any]) -> dict[str, float]:
+def change_metrics(change: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
     """The metrics.jsonl keys of a paired change (metrics.EVAL_CHANGE, EVAL_CHANGE_CI per category and
-    overall, EVAL_CHANGE_UNPAIRED_CI); nan where undefined."""
+    overall, EVAL_CHANGE_UNPAIRED_CI); nan where undefined. Another `prefix` than "eval" (an in-training
+    suite's, "eval/geneval2") puts the same keys under it: "eval/geneval2/change/overall"."""
     from t2i_gcpo import metrics as M
+
+    def key(name: str) -> str:
+        return prefix + name[len("eval") :]
 
     out: dict[str, float] = {}
     for c, e in [*change["categories"].items(), (OVERALL, change[OVERALL])]:
-        out[M.EVAL_CHANGE.format(category=c)] = float(e["change"])
-        out[M.EVAL_CHANGE_CI.format(category=c)] = half_width(e["paired"])
-    out[M.EVAL_CHANGE_UNPAIRED_CI] = half_width(change[OVERALL]["unpaired"])
+        out[key(M.EVAL_CHANGE.format(category=c))] = float(e["change"])
+        out[key(M.EVAL_CHANGE_CI.format(category=c))] = half_width(e["paired"])
+    out[key(M.EVAL_CHANGE_UNPAIRED_CI)] = half_width(change[OVERALL]["unpaired"])
     return out
 
 

@@ -257,3 +257,27 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
                        tmp_path / "out", *args)  # fmt: skip
     assert code == 2 and message in error_line(err), err
     assert not (tmp_path / "out").exists()
+
+
+def test_generation_into_geneval_layout_resumes_and_scores(blip, tmp_path):
+    from t2i_gcpo.policies.registry import load_policy
+    from tiny_models import tiny_policy_dir
+
+    data = write_compbench_data(tmp_path / "data")
+    model = str(tiny_policy_dir(tmp_path))
+    args = dict(model=model, categories="color", vqa=str(blip), noun_phrases="simple", n=2, batch=2,
+                load_policy=lambda m: load_policy(m).eval(), progress=False)  # fmt: skip
+    summary = CB.run_compbench(data, tmp_path / "out", **args)
+    made = sorted((tmp_path / "out" / "images" / "color").glob("*/samples/*.png"))
+    assert len(made) == 2 * len(PROMPTS["color"]) and summary["categories"]["color"]["images"] == len(made)
+    protocol = json.loads((tmp_path / "out" / "protocol.json").read_text())
+    assert (
+        protocol["seeds"]["seed"] == 0
+        and protocol["images_per_prompt"] == 2
+        and protocol["model"]["spec"] == model
+    )
+    stamps = [p.stat().st_mtime_ns for p in made]
+    again = CB.run_compbench(data, tmp_path / "out", **args)  # resumed: nothing new, the same scores
+    assert stamps == [p.stat().st_mtime_ns for p in made] and again == summary
+    with pytest.raises(UserError, match="seed"):
+        CB.run_compbench(data, tmp_path / "out", **args, seed=1)
