@@ -261,6 +261,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, messag
 
 def test_generation_into_geneval_layout_resumes_and_scores(blip, tmp_path):
     from t2i_gcpo.policies.registry import load_policy
+
     from tiny_models import tiny_policy_dir
 
     data = write_compbench_data(tmp_path / "data")
