@@ -92,3 +92,23 @@ def test_on_the_default_run_the_paired_interval_is_narrower_than_the_unpaired(tm
                                                              "optim.autocast=none")))  # fmt: skip
     paired, unpaired = final["eval/change_ci/overall"], final["eval/change_unpaired_ci/overall"]
     assert 0 <= paired < unpaired, (paired, unpaired)
+
+
+def test_every_evaluation_draws_the_same_noise_for_the_same_item(tmp_path):
+    """The held-out evaluation at any step seeds prompt i's samples by (seed, "eval", i) alone: with the
+    weights unchanged, a later evaluation gives every item the same sample, and the paired change is exactly
+    0 with no spread."""
+    from t2i_gcpo.train.trainer import Trainer
+
+    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
+                 reward="heldout_fixtures:red_over_green", out=str(tmp_path / "run"), steps=2, seed=0)  # fmt: skip
+    job = prepare(algo="dapo", flags=flags, overrides=(*FAST, f"eval_prompts={held_out(tmp_path / 'e.jsonl')}"),
+                  resume_options=TRUST)  # fmt: skip
+    t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
+    t.evaluate(0)
+    metrics, headline = t.evaluate(5)
+    t._shutdown()
+    first, later = (read(job.run_dir / "eval" / f"step_{s:06d}.jsonl") for s in (0, 5))
+    assert first == later and any(r["score"] for r in first) and not all(r["score"] for r in first)
+    assert metrics["eval/change/overall"] == 0.0 and metrics["eval/change_ci/overall"] == 0.0
+    assert "change from step 0 +0.000 ± 0.000 (paired 95 %" in headline
