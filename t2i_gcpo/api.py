@@ -782,8 +782,9 @@ def evaluate_shapeworld(
     (``t2i-gcpo eval shapeworld``).
 
     Writes ``out/images/`` (GenEval layout, resumable as in `sample`, recorded settings included),
-    ``out/results.jsonl`` (one row per image: ``tag``, ``correct``, ``partial`` …) and
-    ``out/summary.txt`` / ``summary.json``; `out` is locked meanwhile.
+    ``out/results.jsonl`` (one row per image: ``key``, ``category``, ``score``, ``tag``, ``correct``,
+    ``partial`` …), ``out/summary.txt`` / ``summary.json`` and ``out/protocol.json`` (what was evaluated:
+    eval/protocol.py); `out` is locked meanwhile.
 
     Args:
         out: the output folder.
@@ -867,7 +868,8 @@ def evaluate_geneval(
     CLIP colour classification through GenEval's rules (``t2i-gcpo eval geneval``).
 
     Args:
-        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json.
+        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json,
+            protocol.json.
         detector: a local Mask2Former checkpoint folder (COCO instance segmentation), or
             ``"shapeworld"`` (ShapeWorld's pixel detector, no CLIP needed).
         model: a model name or path (see `load_policy`) or a policy object to generate with.

@@ -82,10 +82,11 @@ def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, 
 
 
 @pytest.mark.slow
-def test_on_the_default_run_the_paired_interval_is_narrower_than_the_unpaired(tmp_path):
-    """The README's job (the gcpo preset, the shipped model and prompts, the held-out test set) for a few
-    steps: the overall change's paired interval is narrower than the unpaired one (most held-out samples
-    do not move, so an item's two scores agree)."""
+def test_early_in_the_default_run_the_paired_interval_is_narrower_than_the_unpaired(tmp_path):
+    """The README's job (the gcpo preset, the shipped model and prompts, the held-out test set), two steps
+    in: the policy has barely moved, the same noise draws nearly the same samples, and the overall change's
+    paired interval is narrower than the unpaired one. (Later the samples decorrelate: on the full run the
+    two are level at step 100, docs/evaluation/index.md#a-runs-gain.)"""
     flags = dict(prompts="prompts/shapeworld_train.txt", out=str(tmp_path / "run"), steps=2)
     final = run(prepare(algo="gcpo", flags=flags, overrides=("eval_every=1", "eval_images_per_prompt=2",
                                                              "sample_every=0", "rollout.autocast=none",
