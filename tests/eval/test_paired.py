@@ -122,7 +122,10 @@ def test_metrics_headline_and_table():
     assert m["eval/change_ci/x"] == pytest.approx(change["categories"]["x"]["paired"][1] - 1 / 3)
     assert "eval/change_unpaired_ci/overall" in m
     suite = change_metrics(change, prefix="eval/geneval2")
-    assert suite["eval/geneval2/change/x"] == m["eval/change/x"] and "eval/geneval2/change_unpaired_ci/overall" in suite
+    assert (
+        suite["eval/geneval2/change/x"] == m["eval/change/x"]
+        and "eval/geneval2/change_unpaired_ci/overall" in suite
+    )
     assert change_headline(change).startswith("change from step 0 +0.000 ± ")
     table = format_change(change)
     assert table.splitlines()[0].split()[:3] == ["category", "A", "B"] and "overall" in table.splitlines()[-1]
