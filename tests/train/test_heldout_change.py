@@ -32,6 +32,7 @@ def read(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # two steps, a resume and five evaluations
 def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, capsys):
     """The tiny prior scored by red against green (strict: redder), per tag of the held-out prompts."""
     out = tmp_path / "run"
@@ -79,6 +80,12 @@ def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, 
     assert again["eval/change/overall"] == pytest.approx(
         sum(sum(d) / len(d) for d in by_tag.values()) / len(by_tag)
     )
+    # `eval compare` reads a run directory (its last evaluation) and a step's file: the same change
+    from t2i_gcpo.eval.paired import compare_evaluations
+
+    result = compare_evaluations(out / "eval" / "step_000000.jsonl", out)["change"]["overall"]
+    assert result["change"] == pytest.approx(again["eval/change/overall"])
+    assert result["paired"][1] - result["change"] == pytest.approx(again["eval/change_ci/overall"])
 
 
 @pytest.mark.slow
