@@ -657,7 +657,9 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
         scorer["detector"] = scorer_record("detector", os.path.realpath(detector), label=DETECTOR_LABEL,
                                            confidence=CONFIDENCE)  # fmt: skip
     first = root / chosen[0]
-    fields = layout_protocol(first) if first.is_dir() else {}
+    from t2i_gcpo.eval.layout import prompt_folders
+
+    fields = layout_protocol(first) if prompt_folders(first) else {}  # the reference's layout records nothing
     files = [prompt_file(data, c, split) for c in chosen] + (
         [Path(data) / "new_objects.txt"] if objects else []
     )

@@ -204,6 +204,7 @@ def test_reference_layout_is_scored_by_its_file_names(blip, tmp_path):
     CB.run_compbench(data, tmp_path / "out", score_only=tmp_path / "imgs", vqa=str(blip), noun_phrases="simple",
                      progress=False)  # fmt: skip
     rows = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "out" / "protocol.json").read_text())["images_per_prompt"] is None
     assert [(r["key"], r["prompt"], r["questions"]) for r in rows] == [
         ("color/000000", "a blue circle", ["a blue circle?"]),
         ("color/000001", "a blue circle", ["a blue circle?"]),
