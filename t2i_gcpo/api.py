@@ -784,8 +784,9 @@ def evaluate_shapeworld(
     (``t2i-gcpo eval shapeworld``).
 
     Writes ``out/images/`` (GenEval layout, resumable as in `sample`, recorded settings included),
-    ``out/results.jsonl`` (one row per image: ``tag``, ``correct``, ``partial`` …) and
-    ``out/summary.txt`` / ``summary.json``; `out` is locked meanwhile.
+    ``out/results.jsonl`` (one row per image: ``key``, ``category``, ``score``, ``tag``, ``correct``,
+    ``partial`` …), ``out/summary.txt`` / ``summary.json`` and ``out/protocol.json`` (what was evaluated:
+    eval/protocol.py); `out` is locked meanwhile.
 
     Args:
         out: the output folder.
@@ -804,6 +805,7 @@ def evaluate_shapeworld(
         "overall": the unweighted mean of the tag scores}``.
     """
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, score_geneval_folder
+    from t2i_gcpo.eval.protocol import scorer_record
     from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
@@ -818,7 +820,20 @@ def evaluate_shapeworld(
         _record_out(out, "eval shapeworld")  # the settings of its images: generation.json under images/
         generate_geneval(policy, metadata, root, sampling, n=n, batch=batch, seed=seed,
                          model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
-        return score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+        summary = score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
+        _write_layout_protocol(out, "shapeworld", root, scorer_record("detector", "shapeworld"))
+        return summary
+
+
+def _write_layout_protocol(out: Path, suite: str, root: Path, scorer: dict) -> None:
+    """out/protocol.json of a GenEval-layout evaluation: the prompts, model, seeds and sampling its images
+    record (`layout.layout_protocol`), the scorer, and the overall as the mean of the tags."""
+    from t2i_gcpo.eval.layout import layout_protocol
+    from t2i_gcpo.eval.protocol import protocol_record, write_protocol
+
+    fields = layout_protocol(root)
+    write_protocol(out, protocol_record(suite, scorer=scorer, aggregate="categories", images=str(root.resolve()),
+                                        **fields))  # fmt: skip
 
 
 class _ShapeWorldDetector:
@@ -855,7 +870,8 @@ def evaluate_geneval(
     CLIP colour classification through GenEval's rules (``t2i-gcpo eval geneval``).
 
     Args:
-        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json.
+        out: the output folder: images/ (unless `score_only`), results.jsonl, summary.txt/json,
+            protocol.json.
         detector: a local Mask2Former checkpoint folder (COCO instance segmentation), or
             ``"shapeworld"`` (ShapeWorld's pixel detector, no CLIP needed).
         model: a model name or path (see `load_policy`) or a policy object to generate with.
@@ -915,9 +931,16 @@ def evaluate_geneval(
             sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
             generate_geneval(policy, prompts, root, sampling, n=n, batch=batch, seed=seed,
                              model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
-        return score_geneval_folder(
+        summary = score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
+        from t2i_gcpo.eval.protocol import scorer_record
+
+        clip_fields = (
+            {} if detector == "shapeworld" else {"clip": scorer_record("clip", clip, model=clip_model)}
+        )
+        _write_layout_protocol(out, "geneval", root, scorer_record("detector", detector, **clip_fields))
+        return summary
 
 
 # ----------------------------------------------------------------------------- question-based suites

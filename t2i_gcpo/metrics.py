@@ -70,6 +70,16 @@ EVAL_PARTIAL = "eval/partial/mean"
 # standard error of eval/strict/overall over the sampled images: √(Σ_t p_t(1 − p_t)/n_t) / T over its T tags
 # (stats.proportions_se); the report draws eval/strict/overall ± 1.96 of it
 EVAL_STRICT_SE = "eval/strict_se"
+# the paired change of the held-out score from step 0 (eval/paired.py): the held-out evaluation draws the same
+# samples' noise for the same prompts at every step (prompt i's generator seeded by (seed, "eval", i)), so
+# each item i — a prompt and sample index — pairs with itself at step 0: d_i = score_i(step) − score_i(0).
+# Per category c (a GenEval tag; "all" for tasks without tags): mean_i∈c d_i, its Student-t 95 % interval's
+# half-width; overall: as the headline aggregates (GenEval tasks: (1/C) Σ_c mean_c d, variance
+# (1/C²) Σ_c s²_c/n_c, Welch–Satterthwaite dof; other tasks: the mean of d over every item), and the
+# half-width of the unpaired interval of the same change (both steps' items taken as independent)
+EVAL_CHANGE = "eval/change/{category}"
+EVAL_CHANGE_CI = "eval/change_ci/{category}"
+EVAL_CHANGE_UNPAIRED_CI = "eval/change_unpaired_ci/overall"
 # free-text prompts scored by the reward alone (task prompts)
 EVAL_REWARD = "eval/reward/mean"  # held-out mean reward over every sample
 EVAL_REWARD_SE = "eval/reward_se"  # its standard error over the prompts' mean rewards

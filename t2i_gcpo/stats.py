@@ -66,3 +66,35 @@ def proportions_se(cells: Iterable[tuple[float, int]]) -> float:
     if not cells or any(n < 1 for _, n in cells):
         return math.nan
     return math.sqrt(sum(p * (1 - p) / n for p, n in cells)) / len(cells)
+
+
+def linear_ci95(groups: Iterable[tuple[float, Iterable[float]]]) -> tuple[float, float, float]:
+    """(estimate, low, high) of a weighted sum of group means, θ = Σ_k w_k x̄_k, the groups independent:
+    variance Σ_k w_k² s_k²/n_k, Student-t 95 % interval at the Welch–Satterthwaite degrees of freedom
+    (Σ_k v_k)² / Σ_k v_k²/(n_k − 1), v_k = w_k² s_k²/n_k, nan values left out. One group of weight 1 is
+    `mean_ci95`; groups (1, b) and (−1, a) are `welch_ci95`; weights 1/K over K groups give the unweighted
+    mean of K group means (GenEval's overall, the mean of its tags) with its interval, and over K groups of
+    paired differences, the paired change of that mean. The interval is nan when a weighted group has
+    fewer than 2 values, and a point when no group has spread."""
+    from scipy.stats import t
+
+    estimate, var, dof_den = 0.0, 0.0, 0.0
+    parts = [(float(w), _finite(x)) for w, x in groups]
+    if not parts or any(x.size == 0 for w, x in parts if w != 0):
+        return (math.nan, math.nan, math.nan)
+    for w, x in parts:
+        if w == 0:
+            continue
+        estimate += w * float(x.mean())
+        if x.size < 2:
+            var = math.nan
+            continue
+        v = w * w * float(x.var(ddof=1)) / x.size
+        var += v
+        dof_den += v * v / (x.size - 1)
+    if not math.isfinite(var):
+        return (estimate, math.nan, math.nan)
+    if var == 0:
+        return (estimate, estimate, estimate)
+    low, high = t.interval(0.95, var * var / dof_den, loc=estimate, scale=math.sqrt(var))
+    return (estimate, float(low), float(high))

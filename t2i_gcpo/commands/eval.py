@@ -23,7 +23,7 @@ CTX = {"help_option_names": ["-h", "--help"]}
 @click.group("eval", context_settings=CTX)
 def eval_cmd() -> None:
     """Evaluate a model on GenEval, GenEval 2, DPG-Bench, a judge-scored suite (WISE, TIIF-Bench,
-    UniGenBench++) or the ShapeWorld held-out prompts.
+    UniGenBench++), T2I-CompBench or the ShapeWorld held-out prompts, and compare two evaluations item by item.
 
     \b
     Examples:
@@ -36,7 +36,43 @@ def eval_cmd() -> None:
           --vqa /ckpt/Qwen3-VL-8B-Instruct --device cuda --out eval/g2
       t2i-gcpo eval judge --suite wise --data merge.json --model janus:/ckpt/Janus-Pro-1B \\
           --judge http://127.0.0.1:8000/v1 --out eval/wise
+      t2i-gcpo eval compare eval/janus1b eval/janus1b-gcpo
     """
+
+
+@eval_cmd.command("compare", context_settings=CTX)
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option(
+    "--json", "json_out", default=None, metavar="FILE", help="Also write the comparison as JSON here."
+)
+def compare_cmd(a, b, json_out):
+    """B against A on the same prompts and seeds: each category's and the overall paired difference with its
+    95 % interval (and the unpaired interval beside it). A and B are output folders of `t2i-gcpo eval …`
+    (results.jsonl and protocol.json) or run directories (their last held-out evaluation). Refused in one
+    line when their protocols differ (suite, data, seeds, images per prompt, scorer: protocol_mismatch) or
+    they scored other items.
+
+    \b
+    Examples:
+      t2i-gcpo eval compare eval/base eval/gcpo
+      t2i-gcpo eval compare runs/dapo-seed0 runs/gcpo-seed0 --json cmp.json
+    """
+    import json
+
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.eval.paired import compare_evaluations, format_comparison, strict_json
+
+    result = compare_evaluations(a, b)
+    click.echo(format_comparison(result))
+    if json_out:
+        from t2i_gcpo.outdir import write_file
+
+        path = Path(json_out)
+        if path.is_dir():
+            raise UserError(f"--json {path} is a directory, expected a file name")
+        write_file(path, json.dumps(strict_json(result), indent=1, allow_nan=False) + "\n")
+        click.echo(f"comparison: {path}")
 
 
 def _policy(model: str):
@@ -72,7 +108,9 @@ def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
     click.echo(format_summary(summary))
     if partial:
         _print_partial(out)
-    click.echo(f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}")
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )
     se = proportions_se((t["score"], t["total"]) for t in summary["tags"].values())
     interval = f" ± {1.96 * se:.3f} (95 % interval over the images sampled)" if se == se else ""
     click.echo(f"strict score (GenEval's overall): {summary['overall']:.3f}{interval}")
@@ -148,6 +186,112 @@ def shapeworld_cmd(
                                   cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
                                   overwrite=overwrite)  # fmt: skip
     _print_summary(Path(out), summary, partial=True)
+
+
+@eval_cmd.command("compbench", context_settings=CTX)
+@click.option(
+    "--data",
+    required=True,
+    metavar="DIR",
+    help="T2I-CompBench's examples/dataset folder (color_val.txt, …, new_objects.txt), your copy.",
+)
+@click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
+@click.option(
+    "--score-only",
+    "score_only",
+    default=None,
+    metavar="DIR",
+    help="Score existing images: DIR/<category>/ in GenEval layout, or the reference's "
+    "DIR/<category>/samples/<prompt>_<NNNNNN>.png.",
+)
+@click.option(
+    "--categories",
+    default=None,
+    metavar="LIST",
+    help="Comma-separated, of color, shape, texture, non_spatial, spatial, numeracy [default: "
+    "those whose scorer is given].",
+)
+@click.option(
+    "--split",
+    default="val",
+    show_default=True,
+    type=click.Choice(["val", "train", "all"]),
+    help="Prompt file per category: <category>_val.txt, _train.txt, or <category>.txt.",
+)
+@click.option(
+    "--vqa",
+    default=None,
+    metavar="DIR",
+    help="Local BLIP VQA checkpoint (colour, shape, texture), e.g. Salesforce/blip-vqa-capfilt-large.",
+)
+@click.option(
+    "--clip",
+    "clip_ckpt",
+    default=None,
+    metavar="CKPT",
+    help="Local open_clip checkpoint (non_spatial), OpenAI ViT-B/32 as the reference.",
+)
+@click.option("--clip-model", default="ViT-B-32", show_default=True, help="open_clip architecture of --clip.")
+@click.option(
+    "--detector",
+    default=None,
+    metavar="DIR",
+    help="Local Mask2Former COCO checkpoint (spatial, numeracy): in place of UniDet, so labelled "
+    "'detector substitute, not the official number'.",
+)
+@click.option(
+    "--noun-phrases",
+    "noun_phrases",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "spacy", "simple"]),
+    help="How prompts are parsed: spaCy's en_core_web_sm as the reference (auto: where installed), or "
+    "the built-in rule for the template prompts.",
+)
+@images_option("images_per_prompt", default=10)
+@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
+@cfg_option(help="CFG scale [default: the model's].")
+@masked_sampling_options
+@seed_option
+@click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
+@click.option(
+    "--out",
+    required=True,
+    help="Output dir: images/<category>/ (unless --score-only), results.jsonl, "
+    "summary.txt/json, protocol.json.",
+)
+@_overwrite_option("prompt folders")
+def compbench_cmd(
+    data, model, score_only, categories, split, vqa, clip_ckpt, clip_model, detector, noun_phrases,
+    images_per_prompt, batch, cfg_scale, steps, reveal_order, seed, device, out, overwrite,
+):  # fmt: skip
+    """T2I-CompBench(++): colour / shape / texture by BLIP-VQA, non-spatial by CLIPScore, spatial and numeracy
+    by the detector here in place of UniDet (labelled 'detector substitute, not the official number').
+    Generates 10 images per prompt of each category's val split (resumable), or scores a folder.
+
+    \b
+    Examples:
+      t2i-gcpo eval compbench --data T2I-CompBench/examples/dataset --model janus:/ckpt/Janus-Pro-1B \\
+          --vqa /ckpt/blip-vqa-capfilt-large --clip /ckpt/ViT-B-32.bin --detector /ckpt/mask2former-swin-s \\
+          --out eval/compbench
+      t2i-gcpo eval compbench --data …/dataset --score-only my_images/ --vqa /ckpt/blip-vqa-capfilt-large \\
+          --categories color,shape,texture --out eval/cb
+    """
+    from t2i_gcpo.eval.compbench import run_compbench
+
+    summary = run_compbench(
+        data, out, model=model, score_only=score_only, categories=categories, split=split, vqa=vqa,
+        clip=clip_ckpt, clip_model=clip_model, detector=detector, noun_phrases=noun_phrases, n=images_per_prompt,
+        batch=batch, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed, device=device,
+        overwrite=overwrite, check_out=_check_out, load_policy=_policy,
+    )  # fmt: skip
+    from t2i_gcpo.eval.compbench import format_summary
+
+    click.echo(format_summary(summary))
+    out = Path(out)
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )
 
 
 def _print_partial(out: Path) -> None:
@@ -226,7 +370,16 @@ def dpg_cmd(
                      overwrite=overwrite)  # fmt: skip
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
+    from t2i_gcpo.eval.dpg import dpg_protocol_fields
+    from t2i_gcpo.eval.protocol import protocol_record, scorer_record, write_protocol
+
+    write_protocol(out, protocol_record("dpg", data=[csv_path], scorer=scorer_record("vqa", os.path.realpath(vqa),
+                   label=result["label"]), aggregate="items", images=str(root.resolve()),
+                   **dpg_protocol_fields(root)))  # fmt: skip
     click.echo(format_dpg_summary(result))
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
+    )
 
 
 def _n_option(default: int | None, help: str):

@@ -9,7 +9,6 @@ plot the held-out curves with bands."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import numpy as np
 from typing_extensions import Required, TypedDict
 
 from t2i_gcpo import metrics as M
+from t2i_gcpo.eval.paired import cell as _cell
+from t2i_gcpo.eval.paired import strict_json
 from t2i_gcpo.metrics import MetricsRow
 from t2i_gcpo.outdir import open_append, read_json, read_jsonl, write_file
 from t2i_gcpo.stats import mean_ci95, welch_ci95
@@ -573,20 +574,6 @@ def _count(x: float) -> str:
     return "—" if x is None or not np.isfinite(x) else f"{x:,.0f}"
 
 
-def strict_json(value: Any) -> Any:
-    """`value` with every NaN or infinity as None, so json.dumps writes null: bare NaN is not JSON, and
-    strict parsers (browsers, jq, serde) reject the file. The readers below take None as "no value"."""
-    if isinstance(value, dict):
-        return {k: strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
 def paired_differences(final: dict[str, dict[int, float]], baseline: str) -> dict[str, Any]:
     """Each other algorithm's final score minus the baseline's, from `final` (algo → seed → score): per
     seed d_s (seeds where both scores exist), their mean with its Student-t 95 % interval and count
@@ -709,15 +696,6 @@ def format_table(result: dict[str, Any]) -> str:
             f"Seeds ahead: seeds where the algorithm ends above {baseline}."
         )
     return "\n".join(lines + format_budget(result) + format_curves(result))
-
-
-def _cell(mean: float, low: float, high: float, sign: bool = False) -> str:
-    """'0.405 ± 0.021' (half-width of the 95 % interval), or just the mean with a single seed;
-    '+0.012 ± 0.021' with `sign`."""
-    if mean is None or np.isnan(mean):  # None: a NaN read back from comparison.json
-        return "—"
-    m = f"{mean:+.3f}" if sign else f"{mean:.3f}"
-    return m if low is None or high is None or np.isnan(low) else f"{m} ± {(high - low) / 2:.3f}"
 
 
 def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,

@@ -359,7 +359,8 @@ def score_dpg_folder(
     items: Sequence[str] | None = None,
     progress: bool = True,
 ) -> dict:
-    """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl, summary.txt/json.
+    """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl (one row per prompt: ``key`` and
+    ``item_id`` its item id, ``category`` "all", ``score`` ×100, ``tile_scores``, ``answers``), summary.txt/json.
 
     After a generation, pass its item ids as `items`: exactly those grids are scored, and a missing
     one or a stale grid of another run in `root` is a UserError."""
@@ -381,7 +382,9 @@ def score_dpg_folder(
         paths = {i: paths[i] for i in items}
     result = score_dpg(paths, questions, vqa, progress=progress)
     out_dir = Path(out_dir)
-    rows = "".join(json.dumps({"item_id": item, **r}) + "\n" for item, r in result["per_item"].items())
+    # key, category and score: the fields every evaluation's rows share (eval/paired.py); score ×100 as DPG's
+    rows = "".join(json.dumps({"key": item, "category": "all", "item_id": item, **r}) + "\n"
+                   for item, r in result["per_item"].items())  # fmt: skip
     write_file(out_dir / "results.jsonl", rows)
     summary = {k: v for k, v in result.items() if k != "per_item"}
     write_file(out_dir / "summary.txt", format_dpg_summary(result) + "\n")
@@ -504,3 +507,23 @@ def generate_dpg(
                 bar.update(1)
     bar.close()
     return written
+
+
+def dpg_protocol_fields(root: str | os.PathLike) -> dict[str, Any]:
+    """The model, seeds and sampling the grids of `root` record in its generation.json (`protocol_record`'s
+    fields; None each where the grids were made by another tool), 4 images per prompt."""
+    path = Path(root) / SETTINGS_NAME
+    record = None
+    if path.is_file():
+        try:
+            record = read_json(path, DpgRecord)["settings"]
+        except UserError:
+            record = None
+    out: dict[str, Any] = {"model": None, "seeds": None, "images_per_prompt": 4, "sampling": None}
+    if record:
+        from t2i_gcpo.eval.layout import SAMPLING_SETTINGS
+
+        out["model"] = record.get("model")
+        out["seeds"] = {"seed": record.get("seed"), "rule": "prompt i's images from (seed, 'generate', i)"}
+        out["sampling"] = {k: record[k] for k in SAMPLING_SETTINGS if k in record}
+    return out

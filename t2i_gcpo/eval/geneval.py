@@ -8,7 +8,9 @@ classifier with ``color_of(image)``; the rules live in t2i_gcpo/scoring/geneval_
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
                   correct, reason, metadata, details) plus ``partial``, the RL reward's partial
-                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it)
+                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it),
+                  and the fields every evaluation's rows share (eval/paired.py): ``key`` (prompt folder
+                  and sample, "00012/0003"), ``category`` (the tag) and ``score`` (1.0 correct, else 0.0)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON
 """
@@ -306,13 +308,16 @@ def score_geneval_folder(
     rows: list[str] = []
     n_images = sum(len(paths) for _, _, paths in entries)
     with tqdm(total=n_images, desc="GenEval score", unit="img", disable=not progress) as bar:
-        for _, metadata, paths in entries:
+        for index, metadata, paths in entries:
             for path in paths:
                 with Image.open(path) as im:
                     image = im.convert("RGB")
                 result, partial, details = score_image(image, metadata, detector, color_classifier)
                 by_tag.setdefault(metadata["tag"], []).append(bool(result.correct))
                 record = {
+                    "key": f"{index:05d}/{path.stem}",  # the prompt and sample: the same in every model's folder
+                    "category": metadata["tag"],
+                    "score": float(bool(result.correct)),
                     "filename": str(path),
                     "tag": metadata["tag"],
                     "prompt": metadata["prompt"],

@@ -376,3 +376,31 @@ def iter_layout(root: str | os.PathLike) -> Iterator[tuple[int, dict, list[Path]
         )
     for index, folder in folders:
         yield index, read_metadata(folder), folder_images(folder)
+
+
+# settings of a recorded generation that change the images (the protocol's "sampling")
+SAMPLING_SETTINGS = ("cfg_scale", "temperature", "top_k", "steps", "reveal_order")
+
+
+def layout_protocol(root: str | os.PathLike) -> dict:
+    """What the images of the GenEval-layout folder `root` were made for and with, as `protocol_record`
+    takes it: ``data`` (the prompts' metadata, hashed in index order: `protocol.content_record`), ``model``,
+    ``seeds`` (the generation seed and how each prompt's is derived), ``images_per_prompt`` (the most any
+    folder holds) and ``sampling`` (CFG scale, temperature, top-k, a masked model's steps and reveal order),
+    the last four from the folders' generation.json where every folder records the same settings, else
+    None (images made by another tool: their seeds are unknown, and two such folders compare only as
+    their scores)."""
+    from t2i_gcpo.eval.protocol import content_record
+
+    folders = sorted(prompt_folders(root).items())
+    metadata = [_folder_metadata(folder) for _, folder in folders]
+    records = [read_settings(folder) for _, folder in folders]
+    shared = records[0] if records and all(r == records[0] for r in records) else None
+    n = max((len(folder_images(folder)) for _, folder in folders), default=0)
+    out: dict = {"data": [content_record("prompt metadata of the images scored", metadata)],
+                 "model": None, "seeds": None, "images_per_prompt": n, "sampling": None}  # fmt: skip
+    if shared:
+        out["model"] = shared.get("model")
+        out["seeds"] = {"seed": shared.get("seed"), "rule": "prompt i's images from (seed, 'generate', i)"}
+        out["sampling"] = {k: shared[k] for k in SAMPLING_SETTINGS if k in shared}
+    return out

@@ -4,12 +4,14 @@ prompt and the sampling settings. Two score files compare only when their protoc
 be equal (`protocol_mismatch`); published numbers that cannot be reproduced are usually two protocols
 that differ in one of these fields.
 
-The record is plain JSON (``protocol.json`` beside ``summary.json``; the ``protocol`` key of a run's
-``eval.json``)."""
+The record is plain JSON: ``protocol.json`` beside an evaluation's ``summary.json`` and ``results.jsonl``,
+and a run's ``eval/protocol.json`` beside its held-out items (train/trainer.py). This module imports
+nothing of the package at import time, so training uses it too."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -34,6 +36,17 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(_CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def content_record(what: str, lines: Iterable[Any]) -> dict[str, Any]:
+    """Data that is not one file, recorded by content: `what` it is, how many items, and the SHA-256 over
+    their JSON (keys sorted), one a line, in order — the prompts a folder of images was made for, whoever
+    made it, hash the same."""
+    digest, count = hashlib.sha256(), 0
+    for item in lines:
+        digest.update((json.dumps(item, sort_keys=True) + "\n").encode())
+        count += 1
+    return {"what": what, "items": count, "sha256": digest.hexdigest()}
 
 
 def data_record(path: str | os.PathLike) -> dict[str, Any]:
@@ -70,11 +83,22 @@ def folder_revision(path: str | os.PathLike) -> str | None:
     return "sha256:" + digest.hexdigest()
 
 
+def weights_revision(path: str | os.PathLike) -> str | None:
+    """A scorer's weights as recorded: a folder's `folder_revision`, a single weights file by its name and
+    size ("open_clip_pytorch_model.bin:1710540580"), None for what is not on disk (a URL, a built-in)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return f"{p.name}:{p.stat().st_size}"
+    return folder_revision(p)
+
+
 def model_record(spec: str | None) -> dict[str, Any] | None:
     """A `--model` string as recorded: the spec (family prefix kept, the path made absolute) and the
     folder's revision (`folder_revision`)."""
     if spec is None:
         return None
+    if spec.startswith("<"):  # a Python object given to the API ("<python>:Class:checksum"): as recorded
+        return {"spec": spec, "revision": None}
     from t2i_gcpo.eval.layout import model_identity
 
     identity = model_identity(spec)
@@ -87,14 +111,14 @@ def scorer_record(kind: str, name: str, revision: str | None = None, **settings:
     a URL and model name, a built-in scorer), its revision (`folder_revision` of a folder when not given)
     and any settings that change its answers (a prompt template, a threshold, a temperature)."""
     if revision is None:
-        revision = folder_revision(name)
+        revision = weights_revision(name)
     return {"kind": kind, "name": name, "revision": revision, **settings}
 
 
 def protocol_record(
     suite: str,
     *,
-    data: Iterable[str | os.PathLike] = (),
+    data: Iterable[str | os.PathLike | Mapping[str, Any]] = (),
     model: str | None = None,
     scorer: Mapping[str, Any] | None = None,
     seeds: Any = None,
@@ -109,7 +133,7 @@ def protocol_record(
     this toolkit's version, and any `extra` field of the suite's own."""
     return {
         "suite": suite,
-        "data": [data_record(d) for d in data],
+        "data": [dict(d) if isinstance(d, Mapping) else data_record(d) for d in data],
         "model": model_record(model),
         "scorer": dict(scorer) if scorer is not None else None,
         "seeds": seeds,
@@ -122,12 +146,21 @@ def protocol_record(
 
 def protocol_mismatch(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     """The first field of `COMPARABLE` on which two protocols differ, said in one line ("suite: geneval2
-    against dpg"); None when every one agrees. Data files compare by hash, not by path."""
+    against dpg"); None when every one agrees. Data files compare by hash, not by path, and a scorer with a
+    revision by its revision, not by the folder it was read from."""
+
+    def by_revision(value: Any) -> Any:  # a scorer found by its revision, wherever its folder lies
+        if isinstance(value, Mapping):
+            known = value.get("revision") is not None
+            return {k: by_revision(v) for k, v in value.items() if not (known and k == "name")}
+        return value
 
     def comparable(record: Mapping[str, Any], key: str) -> Any:
         value = record.get(key)
         if key == "data" and value is not None:
             return sorted(d.get("sha256") for d in value)
+        if key == "scorer":
+            return by_revision(value)
         return value
 
     for key in COMPARABLE:
@@ -135,3 +168,21 @@ def protocol_mismatch(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
         if left != right:
             return f"{key}: {left!r} against {right!r}"
     return None
+
+
+def write_protocol(folder: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+    """`folder`/protocol.json, written whole (outdir.write_file)."""
+    from t2i_gcpo.outdir import write_file
+
+    return write_file(Path(folder) / PROTOCOL_NAME, json.dumps(dict(record), indent=1) + "\n", within=folder)
+
+
+def read_protocol(path: str | os.PathLike) -> dict[str, Any]:
+    """A protocol.json as written by `write_protocol`; a one-line UserError for a file that is not one."""
+    from t2i_gcpo.errors import UserError
+    from t2i_gcpo.outdir import read_json
+
+    record = read_json(path)
+    if not isinstance(record, dict) or not isinstance(record.get("suite"), str):
+        raise UserError(f"{path}: not an evaluation protocol (no 'suite')")
+    return record

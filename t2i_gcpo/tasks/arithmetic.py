@@ -36,7 +36,7 @@ from t2i_gcpo.rewards.arithmetic import problem_meta
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.stats import proportions_se
 from t2i_gcpo.tasks.base import shipped_file
-from t2i_gcpo.tasks.loop import Scored, held_out_rows
+from t2i_gcpo.tasks.loop import Scored, held_out_rows, item_keys, item_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
 if TYPE_CHECKING:
@@ -286,7 +286,8 @@ class ArithmeticTask:
 
 def summarize(rows: list[tuple[int, float, float, float]], k: int) -> dict[str, Any]:
     """Held-out accuracy (pass@1 over samples), pass@k, format rate and mean length of
-    (prompt index, correct, format, length) rows, one per sample."""
+    (prompt index, correct, format, length) rows, one per sample; "rows" the result rows each sample is
+    paired by (`loop.item_rows`: score its correctness, one category "all")."""
     if not rows:
         raise UserError("arithmetic evaluation: no samples to score")
     a = np.asarray(rows, dtype=np.float64)  # [N, 4]
@@ -301,6 +302,8 @@ def summarize(rows: list[tuple[int, float, float, float]], k: int) -> dict[str, 
     metrics.update(
         {k_: v for k_, v in ((EVAL_FORMAT_RATE, fmt), (EVAL_LENGTH_MEAN, length)) if math.isfinite(v)}
     )
+    items = item_rows(item_keys(int(r[0]) for r in rows), ["all"] * len(rows), [float(r[1]) for r in rows])
     return {"accuracy": acc, "pass_at_k": pass_k, "k": k, "format_rate": fmt, "length": length,
             "samples": len(rows), "prompts": len(by_prompt), "metrics": metrics,
-            "headline": f"held-out accuracy {acc:.3f} (pass@{k} {pass_k:.3f})"}  # fmt: skip
+            "headline": f"held-out accuracy {acc:.3f} (pass@{k} {pass_k:.3f})", "rows": items,
+            "aggregate": "items"}  # fmt: skip

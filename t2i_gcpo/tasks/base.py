@@ -64,4 +64,8 @@ class Task(Protocol):
                  sampling: SamplingParams, seed: int, accelerator: Any = None,
                  progress: bool = False, prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
         """Held-out score; the result's "metrics" are logged, its "headline" printed. A prompt's
-        samples must not depend on `prompts_per_batch` or the number of processes."""
+        samples must not depend on `prompts_per_batch` or the number of processes. Optionally "rows", one
+        per sample (`loop.item_rows`: "key" — prompt and sample index, `loop.item_keys` —, "category",
+        "score"), and "aggregate" ("categories": the headline is the mean of the category means; "items":
+        the mean over every row): the trainer then writes them to eval/step_NNNNNN.jsonl and logs each
+        category's paired change from step 0 (eval/paired.py)."""

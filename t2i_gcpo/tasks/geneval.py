@@ -23,7 +23,7 @@ from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.stats import proportions_se
 from t2i_gcpo.tasks.base import shipped_file
-from t2i_gcpo.tasks.loop import Scored, held_out_rows
+from t2i_gcpo.tasks.loop import Scored, held_out_rows, item_keys, item_rows
 from t2i_gcpo.viz.lift import credit_lift, mean_credit_lift
 
 if TYPE_CHECKING:
@@ -115,23 +115,25 @@ class GenEvalTask:
         not depend on the batch size or the number of processes.
 
         Returns ``{"per_tag": {tag: {"strict", "partial", "images"}}, "strict", "partial", "images",
-        "metrics": {eval/… keys}, "headline": str}``.
+        "metrics": {eval/… keys}, "headline": str, "rows": [{"key", "category" (the tag), "score" (strict),
+        "partial"}], "aggregate": "categories"}`` (`summarize`).
         """
 
-        def rows_of(chunk: list[int], scored: Scored) -> list[tuple[str, float, float]]:
-            # (tag, strict, partial) per image
-            out = scored.reward
-            return [(p.meta.get("tag", "all"), float(d.get("strict", s)), float(d.get("partial", s)))
-                    for d, s, p in zip(out.details, out.scores.tolist(), scored.rollout.prompts)]  # fmt: skip
+        def rows_of(chunk: list[int], scored: Scored) -> list[tuple[str, float, float, int]]:
+            # (tag, strict, partial, prompt index) per image; a prompt's images are consecutive rows
+            out, n = scored.reward, samples_per_prompt
+            return [(p.meta.get("tag", "all"), float(d.get("strict", s)), float(d.get("partial", s)), chunk[b // n])
+                    for b, (d, s, p) in enumerate(zip(out.details, out.scores.tolist(), scored.rollout.prompts))]  # fmt: skip
 
         rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
                              progress, prompts_per_batch)  # fmt: skip
         return summarize(rows)
 
 
-def summarize(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
+def summarize(rows: list[tuple[str, float, float] | tuple[str, float, float, int]]) -> dict[str, Any]:
     """Per-tag and overall (unweighted mean of the tags) strict and partial scores of (tag, strict,
-    partial) rows, one per image."""
+    partial[, prompt index]) rows, one per image; with the prompt index, the result rows each image is
+    paired by (`loop.item_rows`: key "PPPPP/SSSS", category its tag, score its strict 0/1, partial)."""
     tags = [t for t in TAG_ORDER if any(r[0] == t for r in rows)] + sorted(
         {r[0] for r in rows} - set(TAG_ORDER)
     )
@@ -149,8 +151,12 @@ def summarize(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
     metrics = {M.EVAL_STRICT_TAG.format(tag=k): v["strict"] for k, v in per_tag.items()}
     metrics.update({M.EVAL_STRICT: strict, M.EVAL_PARTIAL: partial})
     metrics[M.EVAL_STRICT_SE] = proportions_se((v["strict"], v["images"]) for v in per_tag.values())
+    items = []
+    if rows and all(len(r) > 3 for r in rows):
+        items = item_rows(item_keys(r[3] for r in rows), [r[0] for r in rows], [r[1] for r in rows],
+                          partial=[r[2] for r in rows])  # fmt: skip
     return {"per_tag": per_tag, "strict": strict, "partial": partial, "images": len(rows), "metrics": metrics,
-            "headline": f"held-out strict {strict:.3f}"}  # fmt: skip
+            "headline": f"held-out strict {strict:.3f}", "rows": items, "aggregate": "categories"}  # fmt: skip
 
 
 def format_table(result: dict[str, Any]) -> str:

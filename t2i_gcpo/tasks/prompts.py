@@ -21,7 +21,7 @@ from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import shipped_file
-from t2i_gcpo.tasks.loop import Scored, held_out_rows
+from t2i_gcpo.tasks.loop import Scored, held_out_rows, item_keys, item_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -114,7 +114,8 @@ class PromptsTask:
 
 
 def summarize(rows: list[tuple[int, float]]) -> dict[str, Any]:
-    """Mean reward of (prompt index, reward) rows and its standard error over the prompts' means."""
+    """Mean reward of (prompt index, reward) rows and its standard error over the prompts' means; "rows"
+    the result rows each sample is paired by (`loop.item_rows`, one category "all")."""
     if not rows:
         raise UserError("held-out evaluation: no samples to score")
     by_prompt: dict[int, list[float]] = {}
@@ -127,5 +128,6 @@ def summarize(rows: list[tuple[int, float]]) -> dict[str, Any]:
     metrics = {M.EVAL_REWARD: mean}
     if math.isfinite(se):
         metrics[M.EVAL_REWARD_SE] = se
+    items = item_rows(item_keys(p for p, _ in rows), ["all"] * len(rows), [s for _, s in rows])
     return {"reward": mean, "reward_se": se, "samples": len(rows), "metrics": metrics,
-            "headline": f"held-out reward {mean:.4g}"}  # fmt: skip
+            "headline": f"held-out reward {mean:.4g}", "rows": items, "aggregate": "items"}  # fmt: skip

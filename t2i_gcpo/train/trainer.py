@@ -119,6 +119,7 @@ class Trainer:
             if frozen is not None:
                 frozen.to(acc.device)
         self.last_batch: Batch | None = None
+        self.eval_base: list[dict] | None = None  # the held-out items of step 0 (`_base_rows`)
         self.stop_requested = 0  # the stop signal received (0: none)
         self.final_phase = False  # in the final evaluation: a stop signal ends it at once
         self.logged_rows = 0  # metrics rows written; the report is redrawn only when there are new ones
@@ -254,7 +255,7 @@ class Trainer:
                    dynamic_ncols=True)  # fmt: skip
         step = self.start_step
         if cfg.eval_every > 0 and self.start_step == 0 and cfg.steps > 0 and self.eval_prompts:
-            base, headline = self.evaluate()
+            base, headline = self.evaluate(0)
             self._log(0, base, append_only=True)  # the base model: curves start at step 0
             self._announce(0, headline, bar)
         try:
@@ -270,7 +271,7 @@ class Trainer:
                     row[key] *= acc.num_processes  # what the processes spent together: a sum, not a mean
                 self.collector.observe_zero_std(row[M.ZERO_STD_RATIO])
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step != cfg.steps:
-                    metrics, headline = self.evaluate()
+                    metrics, headline = self.evaluate(step)
                     row.update(metrics)
                     self._announce(step, headline, bar)
                 self._log(step, row)
@@ -293,7 +294,7 @@ class Trainer:
                 raise StopRequested(self.stop_requested)
             final = {}
             if cfg.eval_every >= 0 and self.eval_prompts:
-                final, headline = self.evaluate()
+                final, headline = self.evaluate(cfg.steps)
                 self._log(cfg.steps, final, append_only=True)
                 self._announce(cfg.steps, headline, bar)
                 if acc.is_main_process:
@@ -383,8 +384,12 @@ class Trainer:
         if self.accelerator.is_main_process:
             bar.write(f"step {step}: {headline}")
 
-    def evaluate(self) -> tuple[dict, str]:
-        """The task's held-out score of the current policy: (metrics to log, the line to print)."""
+    def evaluate(self, step: int) -> tuple[dict, str]:
+        """The task's held-out score of the current policy: (metrics to log, the lines to print). Where the
+        task returns its items ("rows": key, category, score), the main process writes them to
+        eval/step_NNNNNN.jsonl and, from step 1 on, adds each category's paired change from step 0 with its
+        95 % interval (eval/paired.py; metrics.EVAL_CHANGE): the held-out prompts and their samples' noise
+        are the same at every step, so each item pairs with itself at step 0."""
         cfg = self.cfg
         if (
             self.eval_suite is not None
@@ -394,7 +399,76 @@ class Trainer:
             return res["metrics"], res["headline"]
         res = self.task.evaluate(unwrap(self.policy), self.reward, self.eval_prompts, cfg.eval_images_per_prompt,
                                  self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
-        return res["metrics"], res["headline"]
+        metrics, headline = dict(res["metrics"]), res["headline"]
+        rows = res.get("rows") or []
+        if not rows or not self.accelerator.is_main_process:
+            return metrics, headline
+        from t2i_gcpo.eval.paired import (
+            categories_line,
+            category_means,
+            change_headline,
+            change_metrics,
+            paired_change,
+        )
+
+        self._write_eval_rows(step, rows, res.get("aggregate", "items"))
+        base = self._base_rows(step, rows)
+        change = None
+        if base is not None and step > 0:
+            try:
+                change = paired_change(
+                    base, rows, res.get("aggregate", "items"), names=("step 0", f"step {step}")
+                )
+            except UserError as e:  # step 0's items are not these (a run folder of an older version)
+                headline += f" (no change from step 0: {e})"
+        if change is not None:
+            metrics.update(change_metrics(change))
+            headline += "; " + change_headline(change)
+        line = categories_line(category_means(rows), change)
+        return metrics, headline + (f"\n  {line}" if line else "")
+
+    def _write_eval_rows(self, step: int, rows: list[dict], aggregate: str) -> None:
+        """eval/step_NNNNNN.jsonl: the held-out items of the evaluation at `step`, and beside them
+        eval/protocol.json, what the evaluation was (eval/protocol.py)."""
+        from t2i_gcpo.eval.paired import strict_json
+
+        folder = self.run_dir / "eval"
+        write_file(folder / f"step_{step:06d}.jsonl",
+                   "".join(json.dumps(strict_json(r)) + "\n" for r in rows), within=self.run_dir)  # fmt: skip
+        if not (folder / "protocol.json").is_file():
+            write_file(
+                folder / "protocol.json",
+                json.dumps(self._protocol(aggregate), indent=1) + "\n",
+                within=self.run_dir,
+            )
+
+    def _protocol(self, aggregate: str) -> dict:
+        """The held-out evaluation's protocol: the task, its prompt file, the run's model, the reward that
+        scores it, the seeding rule, the images per prompt, the sampling settings and how the overall
+        aggregates the items (`aggregate`: "categories" or "items", eval/paired.py)."""
+        from t2i_gcpo.eval.protocol import protocol_record, scorer_record
+
+        cfg, s = self.cfg, self.sampling
+        data = [cfg.eval_prompts] if cfg.eval_prompts and Path(cfg.eval_prompts).is_file() else []
+        return protocol_record(
+            f"held-out:{self.task.name}", data=data, model=cfg.model, scorer=scorer_record("reward", str(cfg.reward)),
+            seeds={"seed": cfg.seed, "rule": "prompt i's samples from a generator seeded by (seed, 'eval', i)"},
+            images_per_prompt=cfg.eval_images_per_prompt, aggregate=aggregate,
+            sampling={"guidance_scale": s.guidance_scale, "temperature": s.temperature, "top_k": s.top_k,
+                      "top_p": s.top_p, "steps": s.steps, "reveal_order": s.reveal_order, "autocast": s.autocast},
+        )  # fmt: skip
+
+    def _base_rows(self, step: int, rows: list[dict]) -> list[dict] | None:
+        """The held-out items of step 0: these at step 0, else those kept since (a resumed run reads them
+        back from eval/step_000000.jsonl); None where the run has none."""
+        if step == 0:
+            self.eval_base = rows
+        if self.eval_base is None:
+            from t2i_gcpo.outdir import read_jsonl
+
+            path = self.run_dir / "eval" / "step_000000.jsonl"
+            self.eval_base = read_jsonl(path) if path.is_file() else None
+        return self.eval_base
 
     def _check_replicas(self) -> None:
         """Write run_dir/processes.json: how many processes trained and each one's parameter checksum

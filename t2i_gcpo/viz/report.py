@@ -351,6 +351,54 @@ def _latest_table(s: Series) -> str:
     return '<div style="display:flex; gap:24px; flex-wrap:wrap">' + "".join(tables) + "</div>"
 
 
+def _change_table(s: Series, key: str) -> str:
+    """The held-out score per category at step 0 and at the latest evaluation, with its paired change from
+    step 0 and the 95 % interval (metrics.EVAL_CHANGE*), the overall row with the unpaired interval too; the
+    per-tag scores alone for a run that logged no change (eval_every 0, or a run of an older version)."""
+    prefix = M.EVAL_STRICT_TAG.format(tag="") if key == M.EVAL_STRICT else None  # the per-tag scores
+    change_prefix = M.EVAL_CHANGE.format(category="")
+    cats = [k[len(change_prefix) :] for k in s if k.startswith(change_prefix)]
+    if not cats:
+        tags = sorted(k for k in s if prefix and k.startswith(prefix) and k != key)
+        if not tags:
+            return ""
+        x = s[key][0]
+        rows = [
+            f"<tr><th class='l'>{_html.esc(k.split('/')[-1])}</th><td>{s[k][1][-1]:.3f}</td></tr>"
+            for k in tags
+        ]
+        return f"<table><tr><th class='l'>tag</th><th>step {int(x[-1])}</th></tr>{''.join(rows)}</table>"
+    cats = [c for c in cats if c not in ("overall", "all")] + ["overall"]  # "all": the one category of a task
+    x_change = s[change_prefix + "overall"][0] if change_prefix + "overall" in s else s[key][0]
+    last = int(x_change[-1])
+
+    def at(k: str, step: int) -> float:
+        if k not in s:
+            return math.nan
+        values = dict(zip(s[k][0].tolist(), s[k][1].tolist()))
+        return values.get(step, math.nan)
+
+    def num(v: float, sign: bool = False) -> str:
+        return "—" if not math.isfinite(v) else (f"{v:+.3f}" if sign else f"{v:.3f}")
+
+    head = (f"<tr><th class='l'>category</th><th>step 0</th><th>step {last}</th><th>paired change</th>"
+            "<th>95 % interval</th><th>unpaired 95 %</th></tr>")  # fmt: skip
+    rows = []
+    for c in cats:
+        score_key = key if c == "overall" else f"{prefix}{c}"
+        change, ci = at(M.EVAL_CHANGE.format(category=c), last), at(M.EVAL_CHANGE_CI.format(category=c), last)
+        unpaired = at(M.EVAL_CHANGE_UNPAIRED_CI, last) if c == "overall" else math.nan
+        interval = "—" if not math.isfinite(ci) else f"± {ci:.3f}"
+        rows.append(f"<tr><th class='l'>{_html.esc(c)}</th><td>{num(at(score_key, 0))}</td><td>{num(at(score_key, last))}</td>"
+                    f"<td><b>{num(change, True)}</b></td><td>{interval}</td>"
+                    f"<td>{'' if not math.isfinite(unpaired) else f'± {unpaired:.3f}'}</td></tr>")  # fmt: skip
+    note = ("<p class=\"meta\">Paired change: the mean over the held-out items (a prompt and its sample index) of "
+            "the item's score at this step minus its score at step 0 — the same prompts and the same sampling "
+            "noise at every evaluation — with its Student-t 95 % interval; the unpaired interval treats the two "
+            "evaluations as independent draws (docs/evaluation/index.md#a-runs-gain).</p>")  # fmt: skip
+    return f"<table>{head}{''.join(rows)}</table>\n{note}"
+
+
 def _held_out_section(s: Series, eval_every: int | None) -> str:
     """The report's first section: the latest held-out score with its 95 % interval, where it started,
     its curve and, for GenEval-style tasks, its tags; else why there is none."""
@@ -361,6 +409,13 @@ def _held_out_section(s: Series, eval_every: int | None) -> str:
         se = dict(zip(*s[se_key])).get(x[-1], math.nan) if se_key in s else math.nan
         interval = f" ± {Z95 * se:.3f}" if math.isfinite(se) else ""
         start = f"; {y[0]:.3f} at step {int(x[0])}" if x.size > 1 else ""
+        change_key = M.EVAL_CHANGE.format(category="overall")
+        if change_key in s and int(s[change_key][0][-1]) == int(x[-1]):
+            ci_key = M.EVAL_CHANGE_CI.format(category="overall")
+            ci = dict(zip(*s[ci_key])).get(x[-1], math.nan) if ci_key in s else math.nan
+            start += f"; paired change from step 0 <b>{s[change_key][1][-1]:+.3f}</b>" + (
+                f" ± {ci:.3f}" if math.isfinite(ci) else ""
+            )
         note = (
             "± the 95 % interval of the score over the samples drawn for the held-out prompts."
             if interval
@@ -368,19 +423,11 @@ def _held_out_section(s: Series, eval_every: int | None) -> str:
         )
         parts = [
             "<h2>Held-out score</h2>",
-            f'<p class="headline"><b>{y[-1]:.3f}{interval}</b> {_html.esc(label)} at step {int(x[-1])}{start}</p>',
+            f'<p class="headline"><b>{y[-1]:.3f}{interval}</b> {_html.esc(label)} at step {int(x[-1])}{start}</p>',  # start: ours
             f'<p class="meta">{note} The curves further down are scored on the training batches.</p>',
             _html.img_tag(_png(held_out_figure(s, key, se_key, label)), alt=label),
         ]
-        tags = sorted(k for k in s if k.startswith("eval/strict/") and k != key)
-        if tags:
-            rows = [
-                f"<tr><th class='l'>{_html.esc(k.split('/')[-1])}</th><td>{s[k][1][-1]:.3f}</td></tr>"
-                for k in tags
-            ]
-            parts.append(
-                f"<table><tr><th class='l'>tag</th><th>step {int(x[-1])}</th></tr>{''.join(rows)}</table>"
-            )
+        parts.append(_change_table(s, key))
         return "\n".join(parts)
     if eval_every is not None and eval_every < 0:
         why = (
@@ -427,6 +474,7 @@ def write_run_report(
     # the held-out score first: the number a run is judged by
     parts.append(_held_out_section(s, eval_every))
     shown = {k for score in HELD_OUT for k in score[:2]}
+    shown.update(k for k in s if k.startswith(("eval/change/", "eval/change_ci/", M.EVAL_CHANGE_UNPAIRED_CI)))
 
     # curves
     panels = [

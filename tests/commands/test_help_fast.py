@@ -36,8 +36,8 @@ def help_lines() -> list[list[str]]:
 
 def test_no_help_imports_torch_or_the_model_libraries():
     lines = help_lines()
-    # eval: geneval, geneval2, dpg, judge, shapeworld
-    assert ["eval", "shapeworld", "--help"] in lines and len(lines) == 2 + 7 + 5
+    # eval: geneval, geneval2, dpg, judge, shapeworld, compbench, compare
+    assert ["eval", "shapeworld", "--help"] in lines and len(lines) == 2 + 7 + 7
     loaded = {}
     for args in lines:
         out = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{PROBE}", *args],

@@ -306,7 +306,7 @@ def test_runs_with_one_seed_share_prompts_sampling_seeds_and_held_out_draws(tiny
         capacity = c.blocks * c.local_prompts  # a round's slots
         draws = [c.prompts_for(step, round_, capacity) for step in (1, 2, 3) for round_ in range(c.rounds)]
         eval_keys.clear()
-        metrics, _ = t.evaluate()  # the base model: every algorithm starts from it
+        metrics, _ = t.evaluate(0)  # the base model: every algorithm starts from it
         seen[algo] = {
             "slots": [slots for slots, _ in draws],
             "prompts": [[p.text for p in prompts] for _, prompts in draws],
