@@ -165,7 +165,7 @@ def _load(model: ModelArg) -> Policy:
 def _model_identity(model: ModelArg, policy: Policy) -> str:
     """What generated images record as their model: a name or absolute path, or for a Python object its
     class and parameter checksum (a later call with changed weights does not resume into the folder)."""
-    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.policies.registry import model_identity
 
     if isinstance(model, (str, os.PathLike)):
         return model_identity(os.fspath(model))
@@ -786,7 +786,7 @@ def evaluate_shapeworld(
     Writes ``out/images/`` (GenEval layout, resumable as in `sample`, recorded settings included),
     ``out/results.jsonl`` (one row per image: ``key``, ``category``, ``score``, ``tag``, ``correct``,
     ``partial`` …), ``out/summary.txt`` / ``summary.json`` and ``out/protocol.json`` (what was evaluated:
-    eval/protocol.py); `out` is locked meanwhile.
+    eval/records/protocol.py); `out` is locked meanwhile.
 
     Args:
         out: the output folder.
@@ -805,7 +805,7 @@ def evaluate_shapeworld(
         "overall": the unweighted mean of the tag scores}``.
     """
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, score_geneval_folder
-    from t2i_gcpo.eval.protocol import scorer_record
+    from t2i_gcpo.eval.records.protocol import scorer_record
     from t2i_gcpo.resources import PROMPTS_DIR
     from t2i_gcpo.tasks.registry import get_task
 
@@ -829,7 +829,7 @@ def _write_layout_protocol(out: Path, suite: str, root: Path, scorer: dict) -> N
     """out/protocol.json of a GenEval-layout evaluation: the prompts, model, seeds and sampling its images
     record (`layout.layout_protocol`), the scorer, and the overall as the mean of the tags."""
     from t2i_gcpo.eval.layout import layout_protocol
-    from t2i_gcpo.eval.protocol import protocol_record, write_protocol
+    from t2i_gcpo.eval.records.protocol import protocol_record, write_protocol
 
     fields = layout_protocol(root)
     write_protocol(out, protocol_record(suite, scorer=scorer, aggregate="categories", images=str(root.resolve()),
@@ -934,7 +934,7 @@ def evaluate_geneval(
         summary = score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
-        from t2i_gcpo.eval.protocol import scorer_record
+        from t2i_gcpo.eval.records.protocol import scorer_record
 
         clip_fields = (
             {} if detector == "shapeworld" else {"clip": scorer_record("clip", clip, model=clip_model)}
@@ -1078,7 +1078,7 @@ def evaluate_geneval2(
         scored), ``categories`` (per atom count), ``skills`` and ``atom_counts`` (the reference's analysis).
     """
     from t2i_gcpo.eval.outputs import write_evaluation
-    from t2i_gcpo.eval.protocol import file_sha256, protocol_record
+    from t2i_gcpo.eval.records.protocol import file_sha256, protocol_record
     from t2i_gcpo.eval.suites import geneval2 as g2
     from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
     from t2i_gcpo.scoring.soft_tifa import KEYS
@@ -1108,7 +1108,7 @@ def evaluate_geneval2(
         elif score_only is not None:
             entries = _source_entries(rows, KEYS, Path(score_only), None)
         if vqa is not None:
-            from t2i_gcpo.eval.protocol import folder_revision
+            from t2i_gcpo.eval.records.protocol import folder_revision
             from t2i_gcpo.scoring.vlm import LocalVLM
 
             scorer = LocalVLM.from_pretrained(vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch,
@@ -1207,7 +1207,7 @@ def evaluate_judge(
         summary.json's content: ``overall``, ``categories`` and the suite's tables.
     """
     from t2i_gcpo.eval.outputs import write_evaluation
-    from t2i_gcpo.eval.protocol import data_record, protocol_record
+    from t2i_gcpo.eval.records.protocol import data_record, protocol_record
     from t2i_gcpo.eval.suites import get_suite
     from t2i_gcpo.eval.suites.asking import ANSWERS_NAME
     from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
@@ -1353,8 +1353,8 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
     from t2i_gcpo.analysis.credit_maps import run_credit_maps
     from t2i_gcpo.config import canonical_spec, check_value, resolve_scheme
     from t2i_gcpo.core import CREDIT_SCHEMES
-    from t2i_gcpo.eval.layout import model_identity
     from t2i_gcpo.outdir import check_settings_record
+    from t2i_gcpo.policies.registry import model_identity
     from t2i_gcpo.resources import prompt_file as shipped_or_own
     from t2i_gcpo.usercode import is_function_spec
 

@@ -70,7 +70,7 @@ EVAL_PARTIAL = "eval/partial/mean"
 # standard error of eval/strict/overall over the sampled images: √(Σ_t p_t(1 − p_t)/n_t) / T over its T tags
 # (stats.proportions_se); the report draws eval/strict/overall ± 1.96 of it
 EVAL_STRICT_SE = "eval/strict_se"
-# the paired change of the held-out score from step 0 (eval/paired.py): the held-out evaluation draws the same
+# the paired change of the held-out score from step 0 (eval/records/paired.py): the held-out evaluation draws the same
 # samples' noise for the same prompts at every step (prompt i's generator seeded by (seed, "eval", i)), so
 # each item i — a prompt and sample index — pairs with itself at step 0: d_i = score_i(step) − score_i(0).
 # Per category c (a GenEval tag; "all" for tasks without tags): mean_i∈c d_i, its Student-t 95 % interval's

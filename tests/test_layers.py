@@ -38,6 +38,9 @@ LAYERS = {
     "t2i_gcpo.tasks": 8,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
     "t2i_gcpo.rewards": 7,
     "t2i_gcpo.pretrain": 6,  # rebuilding the shipped models on the embedded worlds
+    # what an evaluation records (its protocol, its items) and the paired comparison of two: below tasks and
+    # train, whose held-out evaluations record themselves the same way; pretrain's peer
+    "t2i_gcpo.eval.records": 6,
     "t2i_gcpo.policies": 5,  # may use the worlds' vocabularies; never the other way
     "t2i_gcpo.worlds": 4,  # the embedded worlds: prompts, renders, checkers (no model code)
     "t2i_gcpo.scoring": 3,  # GenEval scoring primitives shared by rewards, worlds and eval

@@ -61,7 +61,7 @@ def compare_cmd(a, b, json_out):
     import json
 
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.paired import compare_evaluations, format_comparison, strict_json
+    from t2i_gcpo.eval.records.paired import compare_evaluations, format_comparison, strict_json
 
     result = compare_evaluations(a, b)
     click.echo(format_comparison(result))
@@ -341,8 +341,8 @@ def dpg_cmd(
         score_dpg_folder,
     )
     from t2i_gcpo.eval.geneval import image_sampling, masked_asked
-    from t2i_gcpo.eval.layout import model_identity
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
+    from t2i_gcpo.policies.registry import model_identity
 
     if bool(model) == bool(score_only):
         raise UserError("give either --model (generate, then score) or --score-only DIR")
@@ -371,7 +371,7 @@ def dpg_cmd(
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
     from t2i_gcpo.eval.dpg import dpg_protocol_fields
-    from t2i_gcpo.eval.protocol import protocol_record, scorer_record, write_protocol
+    from t2i_gcpo.eval.records.protocol import protocol_record, scorer_record, write_protocol
 
     write_protocol(out, protocol_record("dpg", data=[csv_path], scorer=scorer_record("vqa", os.path.realpath(vqa),
                    label=result["label"]), aggregate="items", images=str(root.resolve()),

@@ -16,8 +16,8 @@ import numpy as np
 from typing_extensions import Required, TypedDict
 
 from t2i_gcpo import metrics as M
-from t2i_gcpo.eval.paired import cell as _cell
-from t2i_gcpo.eval.paired import strict_json
+from t2i_gcpo.eval.records.paired import cell as _cell
+from t2i_gcpo.eval.records.paired import strict_json
 from t2i_gcpo.metrics import MetricsRow
 from t2i_gcpo.outdir import open_append, read_json, read_jsonl, write_file
 from t2i_gcpo.stats import mean_ci95, welch_ci95
@@ -138,7 +138,7 @@ def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]
     import os
 
     from t2i_gcpo.config import override_values
-    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.policies.registry import model_identity
     from t2i_gcpo.resources import prompt_file
 
     sets = {k: v for k, v in override_values(overrides).items() if k != "report_to"}

@@ -569,9 +569,10 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     (resumable, GenEval layout), then scoring; writes results.jsonl, summary.json/txt and protocol.json.
     Returns the summary (`summarize`)."""
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling, masked_asked
-    from t2i_gcpo.eval.layout import check_resumable, layout_protocol, model_identity
-    from t2i_gcpo.eval.protocol import protocol_record, scorer_record, write_protocol
+    from t2i_gcpo.eval.layout import check_resumable, layout_protocol
+    from t2i_gcpo.eval.records.protocol import protocol_record, scorer_record, write_protocol
     from t2i_gcpo.outdir import check_settings_record, write_settings_record
+    from t2i_gcpo.policies.registry import model_identity
 
     if (model is None) == (score_only is None):
         raise UserError("give either --model (generate, then score) or --score-only DIR")

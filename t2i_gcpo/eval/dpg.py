@@ -382,7 +382,7 @@ def score_dpg_folder(
         paths = {i: paths[i] for i in items}
     result = score_dpg(paths, questions, vqa, progress=progress)
     out_dir = Path(out_dir)
-    # key, category and score: the fields every evaluation's rows share (eval/paired.py); score ×100 as DPG's
+    # key, category and score: the fields every evaluation's rows share (eval/records/paired.py); score ×100 as DPG's
     rows = "".join(json.dumps({"key": item, "category": "all", "item_id": item, **r}) + "\n"
                    for item, r in result["per_item"].items())  # fmt: skip
     write_file(out_dir / "results.jsonl", rows)

@@ -9,7 +9,7 @@ Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
                   correct, reason, metadata, details) plus ``partial``, the RL reward's partial
                   credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it),
-                  and the fields every evaluation's rows share (eval/paired.py): ``key`` (prompt folder
+                  and the fields every evaluation's rows share (eval/records/paired.py): ``key`` (prompt folder
                   and sample, "00012/0003"), ``category`` (the tag) and ``score`` (1.0 correct, else 0.0)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON

@@ -64,20 +64,6 @@ def atomic_write_json(path: str | os.PathLike, obj, within: str | os.PathLike | 
 # ---------------------------------------------------------------------------------------------
 
 
-def model_identity(spec: str) -> str:
-    """A `--model` spec as recorded with generated images: shipped names ("shapeworld",
-    "shapeworld-masked", …) as given, paths made absolute (keeping a family prefix such as "janus:"), so
-    the same checkpoint reached by another path compares equal. (A checkpoint rewritten in place keeps
-    its identity: use --overwrite after retraining.)"""
-    from t2i_gcpo.policies.registry import family_prefix, is_shipped
-
-    prefixed = family_prefix(spec)
-    prefix, target = (prefixed[0] + ":", prefixed[1]) if prefixed else ("", spec)
-    if is_shipped(target):
-        return spec
-    return prefix + os.path.realpath(os.path.expanduser(target))
-
-
 def generation_settings(
     model: str, *, seed: int, cfg_scale: float, temperature: float, top_k: int, n: int
 ) -> dict:
@@ -390,7 +376,7 @@ def layout_protocol(root: str | os.PathLike) -> dict:
     the last four from the folders' generation.json where every folder records the same settings, else
     None (images made by another tool: their seeds are unknown, and two such folders compare only as
     their scores)."""
-    from t2i_gcpo.eval.protocol import content_record
+    from t2i_gcpo.eval.records.protocol import content_record
 
     folders = sorted(prompt_folders(root).items())
     metadata = [_folder_metadata(folder) for _, folder in folders]

@@ -196,3 +196,15 @@ def load_policy(spec: str, options: Any = None) -> Any:
     from t2i_gcpo.policies.base import with_member_defaults
 
     return with_member_defaults(fam.load(target, options if options is not None else ModelOptions()))
+
+
+def model_identity(spec: str) -> str:
+    """A `--model` spec as recorded with generated images: shipped names ("shapeworld",
+    "shapeworld-masked", …) as given, paths made absolute (keeping a family prefix such as "janus:"), so
+    the same checkpoint reached by another path compares equal. (A checkpoint rewritten in place keeps
+    its identity: use --overwrite after retraining.)"""
+    prefixed = family_prefix(spec)
+    prefix, target = (prefixed[0] + ":", prefixed[1]) if prefixed else ("", spec)
+    if is_shipped(target):
+        return spec
+    return prefix + os.path.realpath(os.path.expanduser(target))

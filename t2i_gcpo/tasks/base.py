@@ -68,4 +68,4 @@ class Task(Protocol):
         per sample (`loop.item_rows`: "key" — prompt and sample index, `loop.item_keys` —, "category",
         "score"), and "aggregate" ("categories": the headline is the mean of the category means; "items":
         the mean over every row): the trainer then writes them to eval/step_NNNNNN.jsonl and logs each
-        category's paired change from step 0 (eval/paired.py)."""
+        category's paired change from step 0 (eval/records/paired.py)."""

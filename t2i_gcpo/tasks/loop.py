@@ -87,7 +87,7 @@ def item_keys(prompt_indices: Iterable[int]) -> list[str]:
     """The key of each held-out sample, "PPPPP/SSSS" (its prompt's index, its index among that prompt's
     samples), from the prompt index of each row in the order `held_out_rows` returns them (a prompt's samples
     together, in their order): the same prompt and sample index get the same key at every step of a run and
-    in every run, so two evaluations pair item by item (eval/paired.py)."""
+    in every run, so two evaluations pair item by item (eval/records/paired.py)."""
     seen: dict[int, int] = {}
     keys = []
     for p in prompt_indices:
@@ -100,7 +100,7 @@ def item_keys(prompt_indices: Iterable[int]) -> list[str]:
 def item_rows(keys: Sequence[str], categories: Sequence[str], scores: Sequence[float],
               **fields: Sequence[Any]) -> list[dict[str, Any]]:  # fmt: skip
     """Held-out result rows ``{"key", "category", "score", **fields}``, one per sample: what a task's
-    `evaluate` returns as "rows" and a run writes to eval/step_NNNNNN.jsonl (eval/paired.py reads them)."""
+    `evaluate` returns as "rows" and a run writes to eval/step_NNNNNN.jsonl (eval/records/paired.py reads them)."""
     out = []
     for i, (k, c, s) in enumerate(zip(keys, categories, scores)):
         out.append({"key": k, "category": c, "score": float(s), **{f: v[i] for f, v in fields.items()}})

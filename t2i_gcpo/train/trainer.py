@@ -388,7 +388,7 @@ class Trainer:
         """The task's held-out score of the current policy: (metrics to log, the lines to print). Where the
         task returns its items ("rows": key, category, score), the main process writes them to
         eval/step_NNNNNN.jsonl and, from step 1 on, adds each category's paired change from step 0 with its
-        95 % interval (eval/paired.py; metrics.EVAL_CHANGE): the held-out prompts and their samples' noise
+        95 % interval (eval/records/paired.py; metrics.EVAL_CHANGE): the held-out prompts and their samples' noise
         are the same at every step, so each item pairs with itself at step 0."""
         cfg = self.cfg
         if (
@@ -403,7 +403,7 @@ class Trainer:
         rows = res.get("rows") or []
         if not rows or not self.accelerator.is_main_process:
             return metrics, headline
-        from t2i_gcpo.eval.paired import (
+        from t2i_gcpo.eval.records.paired import (
             categories_line,
             category_means,
             change_headline,
@@ -429,8 +429,8 @@ class Trainer:
 
     def _write_eval_rows(self, step: int, rows: list[dict], aggregate: str) -> None:
         """eval/step_NNNNNN.jsonl: the held-out items of the evaluation at `step`, and beside them
-        eval/protocol.json, what the evaluation was (eval/protocol.py)."""
-        from t2i_gcpo.eval.paired import strict_json
+        eval/protocol.json, what the evaluation was (eval/records/protocol.py)."""
+        from t2i_gcpo.eval.records.paired import strict_json
 
         folder = self.run_dir / "eval"
         write_file(folder / f"step_{step:06d}.jsonl",
@@ -445,8 +445,8 @@ class Trainer:
     def _protocol(self, aggregate: str) -> dict:
         """The held-out evaluation's protocol: the task, its prompt file, the run's model, the reward that
         scores it, the seeding rule, the images per prompt, the sampling settings and how the overall
-        aggregates the items (`aggregate`: "categories" or "items", eval/paired.py)."""
-        from t2i_gcpo.eval.protocol import protocol_record, scorer_record
+        aggregates the items (`aggregate`: "categories" or "items", eval/records/paired.py)."""
+        from t2i_gcpo.eval.records.protocol import protocol_record, scorer_record
 
         cfg, s = self.cfg, self.sampling
         data = [cfg.eval_prompts] if cfg.eval_prompts and Path(cfg.eval_prompts).is_file() else []

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from scipy.stats import gmean
 
-from t2i_gcpo.eval.protocol import file_sha256
+from t2i_gcpo.eval.records.protocol import file_sha256
 
 from cli_helpers import cli, error_line
 from judge_fixtures import LoopbackJudge, completion, message_text

@@ -67,7 +67,7 @@ def test_not_a_layout_folder_is_a_user_error(tmp_path):
 
 
 def test_model_identity_keeps_shipped_names_and_makes_paths_absolute(tmp_path, monkeypatch):
-    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.policies.registry import model_identity
 
     monkeypatch.chdir(tmp_path)
     for name in (

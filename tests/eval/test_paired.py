@@ -1,4 +1,4 @@
-"""The paired change of two evaluations over the same items (eval/paired.py) against the formulas written
+"""The paired change of two evaluations over the same items (eval/records/paired.py) against the formulas written
 out, the stratified overall, refusals, and the interval narrowing that pairing buys."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as st
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.eval.paired import (
+from t2i_gcpo.eval.records.paired import (
     category_means,
     change_headline,
     change_metrics,

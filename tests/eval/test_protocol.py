@@ -1,4 +1,4 @@
-"""The protocol record (eval/protocol.py): hashes of data files, folders and contents, checkpoint
+"""The protocol record (eval/records/protocol.py): hashes of data files, folders and contents, checkpoint
 revisions, and what makes two evaluations comparable."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from t2i_gcpo.eval.protocol import (
+from t2i_gcpo.eval.records.protocol import (
     content_record,
     data_record,
     folder_revision,

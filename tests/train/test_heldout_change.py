@@ -81,7 +81,7 @@ def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, 
         sum(sum(d) / len(d) for d in by_tag.values()) / len(by_tag)
     )
     # `eval compare` reads a run directory (its last evaluation) and a step's file: the same change
-    from t2i_gcpo.eval.paired import compare_evaluations
+    from t2i_gcpo.eval.records.paired import compare_evaluations
 
     result = compare_evaluations(out / "eval" / "step_000000.jsonl", out)["change"]["overall"]
     assert result["change"] == pytest.approx(again["eval/change/overall"])

@@ -238,7 +238,7 @@ def read_evaluation(path: str | Path) -> tuple[list[dict], dict[str, Any], str]:
     (results.jsonl and protocol.json), a run directory (its last held-out evaluation:
     eval/step_NNNNNN.jsonl, and eval/protocol.json), or one such step file. A one-line UserError for
     anything else."""
-    from t2i_gcpo.eval.protocol import PROTOCOL_NAME, read_protocol
+    from t2i_gcpo.eval.records.protocol import PROTOCOL_NAME, read_protocol
     from t2i_gcpo.outdir import read_jsonl
 
     p = Path(path)
@@ -268,7 +268,7 @@ def compare_evaluations(a: str | Path, b: str | Path) -> dict[str, Any]:
     """B against A, item by item (`paired_change`, as their protocol aggregates), after checking that they
     are comparable: a one-line UserError "protocol_mismatch: …" when their protocols differ in a field two
     comparable evaluations share (`protocol.protocol_mismatch`), or when they scored other items."""
-    from t2i_gcpo.eval.protocol import protocol_mismatch
+    from t2i_gcpo.eval.records.protocol import protocol_mismatch
 
     rows_a, proto_a, read_a = read_evaluation(a)
     rows_b, proto_b, read_b = read_evaluation(b)

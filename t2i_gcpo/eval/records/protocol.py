@@ -99,7 +99,7 @@ def model_record(spec: str | None) -> dict[str, Any] | None:
         return None
     if spec.startswith("<"):  # a Python object given to the API ("<python>:Class:checksum"): as recorded
         return {"spec": spec, "revision": None}
-    from t2i_gcpo.eval.layout import model_identity
+    from t2i_gcpo.policies.registry import model_identity
 
     identity = model_identity(spec)
     target = identity.partition(":")[2] if ":" in identity and not os.path.exists(identity) else identity
