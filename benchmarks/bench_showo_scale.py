@@ -51,11 +51,12 @@ def build(side: int, device: str):
     """A `ShowoPolicy` at the released shape for a side × side token grid, random weights."""
     if str(REPO / "tests") not in sys.path:
         sys.path.insert(0, str(REPO / "tests"))
-    from showo_fixtures import write_phi_tokenizer
     from transformers import PhiConfig, PhiForCausalLM
 
     from t2i_gcpo.policies.showo import NEW_TOKENS, ShowoPolicy, load_tokenizer
     from t2i_gcpo.tokenizers.magvitv2 import MagvitV2
+
+    from showo_fixtures import write_phi_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         llm = write_phi_tokenizer(Path(tmp) / "phi-1_5")

@@ -182,7 +182,7 @@ def read_phi_config(folder: Path, vocab_size: int) -> tuple[Any, dict]:
     if not cfg_file.is_file():
         raise UserError(
             f"'{folder}' has no config.json: Show-o needs microsoft/phi-1_5's config and tokenizer there "
-            f"(huggingface-cli download microsoft/phi-1_5 --include '*.json' '*.txt' --local-dir {folder})"
+            f"(hf download microsoft/phi-1_5 --exclude '*.safetensors' --exclude '*.bin' --local-dir {folder})"
         )
     raw = read_json(cfg_file, dict, follow=True)
     if raw.get("model_type") != "phi":
@@ -342,7 +342,7 @@ class ShowoPolicy(nn.Module):
         if not (path / VQ_FOLDER).is_dir():
             raise UserError(
                 f"'{path}' has no {VQ_FOLDER}/ folder: Show-o decodes with showlab/magvitv2 "
-                f"(huggingface-cli download showlab/magvitv2 --local-dir {path / VQ_FOLDER})"
+                f"(hf download showlab/magvitv2 --local-dir {path / VQ_FOLDER})"
             )
         llm = llm_folder(path, cfg)
         phi_config, phi_raw = read_phi_config(llm, int(cfg["vocab_size"]))
@@ -515,8 +515,8 @@ class ShowoPolicy(nn.Module):
             rows = slice(lo, lo + per)
             with torch.no_grad():
                 parts.append(maskgit_generate(
-                    self._hidden_fn(pos_ids[rows], neg_ids[rows]), self.head, self.num_tokens, self.mask_id, counts,
-                    sampling, uniforms[rows], temps, scales, self.guidance, self.device, order,
+                    self._hidden_fn(pos_ids[rows], neg_ids[rows]), self.head, self.num_tokens, self.mask_id,
+                    counts, sampling, uniforms[rows], temps, scales, self.guidance, self.device, order,
                     None if predictions is None else predictions[rows],
                 ))  # fmt: skip
         tokens, step = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -534,8 +534,8 @@ class ShowoPolicy(nn.Module):
             masks, times = draw_remasks(u, "cosine")
             ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
             ro.logp = remask_record(
-                self._hidden_fn(pos_ids, neg_ids), self.head, tokens, masks, times, self.mask_id, self.codebook_size,
-                self.feature_dim, self.guidance, sampling.temperature, scale_fn,
+                self._hidden_fn(pos_ids, neg_ids), self.head, tokens, masks, times, self.mask_id,
+                self.codebook_size, self.feature_dim, self.guidance, sampling.temperature, scale_fn,
             )  # fmt: skip
             ro.scored = remask_scored(ro.mask, masks)
         return ro
@@ -552,10 +552,10 @@ class ShowoPolicy(nn.Module):
         steps = self.resolve_steps(sampling)
         root = root.to(self.device)
         uniforms = continuation_uniforms(generators, (steps, self.num_tokens, 2), self.device)
-        state = rollout.state
+        hidden_fn = self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root])
         return maskgit_branch(
-            rollout, root, point, uniforms, self._hidden_fn(state["prompt_ids"][root], state["negative_ids"][root]),
-            self.head, self.mask_id, reveal_counts(self.num_tokens, steps, "cosine"), self.choice_temperatures(steps),
+            rollout, root, point, uniforms, hidden_fn, self.head, self.mask_id,
+            reveal_counts(self.num_tokens, steps, "cosine"), self.choice_temperatures(steps),
             self._scale_fn(sampling)(step_progress(steps)), self.guidance, sampling.reveal_order or self.reveal_order,
         )  # fmt: skip
 

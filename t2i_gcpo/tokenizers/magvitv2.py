@@ -322,9 +322,8 @@ def read_config(raw: dict, source: Path) -> MagvitConfig:
             else isinstance(value, int) and not isinstance(value, bool) and value > 0
         )
         if not ok:
-            raise UserError(
-                f"{source}: config key '{key}' must be {'a list of positive ints' if 'tuple' in str(tp) else 'a positive int'}, got {value!r}"
-            )
+            want = "a list of positive ints" if "tuple" in str(tp) else "a positive int"
+            raise UserError(f"{source}: config key '{key}' must be {want}, got {value!r}")
         values[key] = tuple(value) if isinstance(value, list) else value
     config = MagvitConfig(**values)
     for side in ("encoder", "decoder"):
