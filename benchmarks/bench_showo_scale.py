@@ -146,8 +146,9 @@ def main() -> None:
     for px in (int(s) for s in args.sizes.split(",")):
         rows += measure(px // 16, args.device)
         print(json.dumps(rows[-4:], indent=1), flush=True)
-    result = {"machine": info, "dtype": "float32", "memory": PeakMemory.what(args.device), "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        result = {"machine": info, "dtype": "float32", "memory": PeakMemory.what(args.device), "rows": rows}
+        # written after each size, so that a run stopped by a timeout keeps what it measured
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print("| px | L | what | s | GFLOP/s | peak MB |\n|---|---|---|---|---|---|")
     for r in rows:
         g = "—" if r["gflops"] is None else f"{r['gflops']:.0f}"
