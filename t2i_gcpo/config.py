@@ -138,7 +138,8 @@ class RolloutConfig:
     )
     steps: int | None = doc(
         "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
-        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12). Autoregressive models ignore it.",
+        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Show-o: 50). Autoregressive models "
+        "ignore it.",
         None,
         bounds=Bounds(1, why="or null"),
     )

@@ -6,6 +6,7 @@ downloaded). Each writes a checkpoint folder that ``load_policy`` reads:
 - `build_tiny_amused(path)`     an aMUSEd pipeline folder (UVit2DModel + VQModel + a CLIP text encoder)
 - `build_tiny_janus(path)`      a Janus checkpoint in Janus-Pro's on-disk format (Llama + vision + VQ)
 - `build_tiny_text_lm(path)`    a causal LM (Llama / Qwen2 / GPT-2) with a word-level tokenizer
+- Show-o: tests/showo_fixtures.py (`build_tiny_showo`: the released layout, a tiny Phi and MAGVIT-v2)
 
 and the reward models (docs/guides/rewards.md), each at its real architecture with tiny widths:
 
@@ -455,6 +456,12 @@ def _tiny_text(root: Path) -> str:
     return f"text:{build_tiny_text_lm(root / 'text')}"
 
 
+def _tiny_showo(root: Path) -> str:
+    from showo_fixtures import tiny_showo_spec  # Show-o's builders live in tests/showo_fixtures.py
+
+    return tiny_showo_spec(root)
+
+
 # family → (a builder that writes a tiny checkpoint under a folder and returns its --model spec,
 #           two prompts of different lengths its vocabulary takes)
 TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
@@ -463,6 +470,7 @@ TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
     "amused": (_tiny_amused, ["a red cat", "two dogs left of a bench"]),
     "janus": (_tiny_janus, ["a red circle", "two blue squares left of a green cat"]),
     "text": (_tiny_text, ["What is 12+7*3 ?", "Solve 4*5"]),
+    "showo": (_tiny_showo, ["a red cat", "two dogs left of a bench"]),
 }
 
 

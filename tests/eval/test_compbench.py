@@ -9,13 +9,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from compbench_fixtures import PROMPTS, SIZE, WORDS, build_tiny_blip, write_compbench_data
 from PIL import Image
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.eval import compbench as CB
 from t2i_gcpo.eval.layout import write_prompt_folder
 from t2i_gcpo.scoring.detections import Detection
+
+from compbench_fixtures import PROMPTS, SIZE, WORDS, build_tiny_blip, write_compbench_data
 
 
 @pytest.fixture(scope="module")
