@@ -487,6 +487,15 @@ class ModelOptions:
     remask_count: int = doc(
         "Masked models, estimator 'remask': re-masks per sample (K).", 2, bounds=Bounds(1)
     )
+    negative_prompt: str | None = doc(
+        "aMUSEd and Meissonic: the negative prompt when a prompt names none — CFG's unconditional branch u in "
+        "u + s(c − u) and GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo). null: the one the checkpoint "
+        "was trained with (its t2i_gcpo_sampling.json), else the pipelines' default, the empty prompt. The "
+        "Meissonic authors' inference.py and MaskFocus use 'worst quality, low quality, low res, blurry, "
+        "distortion, watermark, logo, signature, text, jpeg artifacts, signature, sketch, duplicate, ugly, "
+        "identifying mark' (configs/recipes/meissonic_geneval.yaml). Saved with the model's checkpoints.",
+        None,
+    )
     negative: str = doc(
         "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "
         "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "

@@ -75,11 +75,10 @@ class AmusedPolicy(nn.Module):
     AESTHETIC_SCORE = muse.AESTHETIC_SCORE  # micro_conditioning_aesthetic_score
     CROP_COORD = muse.CROP_COORD  # micro_conditioning_crop_coord
     default_steps, default_guidance_scale = DEFAULT_STEPS, DEFAULT_GUIDANCE_SCALE  # (muse_common.MuseAdapter)
-    default_negative = ""  # AmusedPipeline: negative_prompt None → ""
 
     def __init__(self, transformer: nn.Module, vqvae: nn.Module, text_encoder: nn.Module, tokenizer: Any,
                  scheduler_config: dict, estimator: str = "trajectory", remask_count: int = 2,
-                 replay_rows: int = 0) -> None:  # fmt: skip
+                 replay_rows: int = 0, negative_prompt: str = "") -> None:  # fmt: skip
         super().__init__()
         mlm = getattr(transformer, "mlm_layer", None)
         if mlm is None or not isinstance(getattr(mlm, "conv2", None), nn.Conv2d):
@@ -108,6 +107,7 @@ class AmusedPolicy(nn.Module):
         self.vae_scale_factor = muse.vae_scale_factor(vqvae)
         self.image_size = side * self.vae_scale_factor
         self.text_length = int(tokenizer.model_max_length)  # AmusedPipeline: max_length=model_max_length
+        self.default_negative = negative_prompt  # AmusedPipeline: negative_prompt None → ""
         self.set_estimator(estimator, remask_count)
         self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
         self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
@@ -119,8 +119,9 @@ class AmusedPolicy(nn.Module):
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
-                        remask_count: int = 2) -> AmusedPolicy:  # fmt: skip
-        """Load a local aMUSEd pipeline folder (never the Hub)."""
+                        remask_count: int = 2, negative_prompt: str | None = None) -> AmusedPolicy:  # fmt: skip
+        """Load a local aMUSEd pipeline folder (never the Hub); `negative_prompt`: the default negative prompt
+        (None: the one the folder was trained with, else the pipeline's "")."""
         path = muse.check_pipeline_folder(path, "aMUSEd")
         torch_dtype = muse.check_dtype(dtype, "aMUSEd")
         from t2i_gcpo.weights import check_weight_files
@@ -137,7 +138,8 @@ class AmusedPolicy(nn.Module):
                 f"cannot load the aMUSEd checkpoint '{path}': {' '.join(str(e).split())[:300]}"
             ) from None
         vqvae, text_encoder, tokenizer = muse.load_frozen_parts(path, torch_dtype, vq_cls, "aMUSEd")
-        policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count)
+        policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count,
+                     negative_prompt=muse.negative_prompt(path, negative_prompt))  # fmt: skip
         muse.read_reveal_order(path, policy)
         return policy
 

@@ -41,6 +41,16 @@ def mask_ratio(progress: torch.Tensor, schedule: str = "cosine") -> torch.Tensor
     raise ValueError(f"unknown mask schedule {schedule!r}; expected one of {MASK_SCHEDULES}")
 
 
+def mask_progress(ratio: torch.Tensor, schedule: str = "cosine") -> torch.Tensor:
+    """γ⁻¹: the progress r ∈ [0, 1] at which a fraction `ratio` of the tokens is still masked."""
+    m = ratio.float().clamp(0, 1)
+    if schedule == "cosine":
+        return torch.acos(m) * 2 / math.pi
+    if schedule == "linear":
+        return 1 - m
+    raise ValueError(f"unknown mask schedule {schedule!r}; expected one of {MASK_SCHEDULES}")
+
+
 def reveal_counts(num_tokens: int, steps: int, schedule: str = "cosine") -> list[int]:
     """Tokens revealed at each of `steps` steps (sum = `num_tokens`), as ``AmusedScheduler.step``
     counts them: after step s, ⌊T·γ((s+1)/S)⌋ stay masked, at least 1 and at most (masked − 1)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import read_json, write_file
@@ -73,9 +73,11 @@ SAMPLING_FILE = "t2i_gcpo_sampling.json"
 
 
 class SamplingRecord(TypedDict):
-    """SAMPLING_FILE: the reveal order a checkpoint samples with."""
+    """SAMPLING_FILE: the reveal order a checkpoint samples with, and the negative prompt it was trained with
+    (absent from the files of earlier versions: the pipeline's empty prompt)."""
 
     reveal_order: str | None
+    negative_prompt: NotRequired[str]
 
 
 class MuseAdapter(Protocol):
@@ -178,15 +180,28 @@ def vae_scale_factor(vqvae: nn.Module) -> int:
     return 2 ** (len(vqvae.config.block_out_channels) - 1)
 
 
+def read_sampling_record(path: Path) -> SamplingRecord | dict:
+    """The folder's SAMPLING_FILE, checked; {} where there is none (a released folder)."""
+    if not (path / SAMPLING_FILE).is_file():
+        return {}
+    return read_json(path / SAMPLING_FILE, SamplingRecord, follow=True)
+
+
 def read_reveal_order(path: Path, adapter: Any) -> None:
     """Apply the folder's SAMPLING_FILE (the reveal order it was trained under), where there is one."""
-    if not (path / SAMPLING_FILE).is_file():
+    record = read_sampling_record(path)
+    if not record:
         return
-    order = read_json(path / SAMPLING_FILE, SamplingRecord, follow=True)["reveal_order"]
     try:
-        adapter.keep_reveal_order(order)
+        adapter.keep_reveal_order(record["reveal_order"])
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path / SAMPLING_FILE}: cannot read the reveal order ({e})") from None
+
+
+def negative_prompt(path: Path, asked: str | None) -> str:
+    """The default negative prompt: the one asked for (model_options.negative_prompt), else the one the folder
+    was trained with (SAMPLING_FILE), else the pipelines' empty prompt."""
+    return asked if asked is not None else str(read_sampling_record(path).get("negative_prompt", ""))
 
 
 def save_frozen_parts(adapter: MuseAdapter, path: Path, scheduler_class: str) -> None:
@@ -196,7 +211,8 @@ def save_frozen_parts(adapter: MuseAdapter, path: Path, scheduler_class: str) ->
     adapter.tokenizer.save_pretrained(path / "tokenizer")
     sched = {"_class_name": scheduler_class, **adapter.scheduler_config}
     write_file(path / "scheduler" / "scheduler_config.json", json.dumps(sched, indent=2), within=path)
-    write_file(path / SAMPLING_FILE, json.dumps({"reveal_order": adapter.reveal_order}, indent=2))
+    record = {"reveal_order": adapter.reveal_order, "negative_prompt": adapter.default_negative}
+    write_file(path / SAMPLING_FILE, json.dumps(record, indent=2))
 
 
 def diffusers_version(default: str = "0.42.1") -> str:
