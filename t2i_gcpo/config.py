@@ -108,7 +108,8 @@ class RolloutConfig:
     )
     steps: int | None = doc(
         "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
-        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12). Autoregressive models ignore it.",
+        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Meissonic: 64). Autoregressive models "
+        "ignore it.",
         None,
         bounds=Bounds(1, why="or null"),
     )
@@ -126,7 +127,7 @@ class RolloutConfig:
         "Masked models: which masked positions a decoding step reveals — the most confident (MaskGIT, "
         "aMUSEd) or a uniformly random subset, whose order does not depend on the weights, so the "
         "trajectory log-prob is the sample's exact likelihood (policies/maskgen.py); null = the model's "
-        "default (aMUSEd: confidence; ShapeWorld masked: stored in its checkpoint).",
+        "default (aMUSEd, Meissonic: confidence; ShapeWorld masked: stored in its checkpoint).",
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
@@ -139,7 +140,7 @@ class RolloutConfig:
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
         "checked for it (the ShapeWorld priors, Janus — LoRA included — and plain-Llama text models through the "
-        "fused decoder; not aMUSEd or transformers' cache), else none; the run's config.yaml records what it "
+        "fused decoder; not aMUSEd, Meissonic or transformers' cache), else none; the run's config.yaml records what it "
         "resolved to. The fused decoder's bf16 weight copies are refreshed after each optimizer step (the fp32 "
         "weights stay the master copy). The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "

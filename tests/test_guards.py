@@ -232,12 +232,12 @@ def test_every_family_goes_through_the_same_check():
     check their folders with its streaming twin before loading."""
     import inspect
 
-    from t2i_gcpo.policies import amused, janus, prior_folder, text
+    from t2i_gcpo.policies import amused, janus, meissonic, prior_folder, text
     from t2i_gcpo.tokenizers import vq
 
     assert "read_weights" in inspect.getsource(vq.load_weights)
     assert "load_weights" in inspect.getsource(prior_folder.load_prior_folder)
-    for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy):
+    for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy, meissonic.MeissonicPolicy):
         assert "check_weight_files(path)" in inspect.getsource(family.from_pretrained), family
 
 

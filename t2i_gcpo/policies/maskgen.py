@@ -1,5 +1,5 @@
-"""Pieces every masked-image-token adapter shares (masked.py, amused.py): the mask schedule, the MaskGIT
-sampler with per-prompt noise, and the two log-prob estimators of a sample.
+"""Pieces every masked-image-token adapter shares (masked.py; amused.py and meissonic.py through muse_common.py):
+the mask schedule, the MaskGIT sampler with per-prompt noise, and the two log-prob estimators of a sample.
 
 A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
 (by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays

@@ -154,3 +154,18 @@ def test_a_wrong_folder_is_one_line_and_no_run_folder(capsys, tiny, tmp_path, ch
     code, _, err = cli(capsys, "sample", "--model", f"meissonic:{path}", "--prompts", tiny["prompts"],
                        "--out", tmp_path / "s")  # fmt: skip
     assert code == 2 and message in error_line(err) and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_the_shipped_recipe_trains_the_tiny_folder(capsys, tiny, tmp_path):
+    """configs/recipes/meissonic_geneval.yaml as shipped (remask × 6, gradient checkpointing, bf16 autocasts,
+    4 minibatches, the negative prompt), only its model, reward, reveal steps and length replaced."""
+    out = tmp_path / "recipe"
+    code, _, err = cli(capsys, "train", "--config", "configs/recipes/meissonic_geneval.yaml", "--model",
+                       f"meissonic:{tiny['model']}", "--prompts", tiny["prompts"], "--reward", "train_fixtures:redness",
+                       "--steps", "1", "--out", out, "--set", "rollout.steps=4", "--set", "eval_every=-1")  # fmt: skip
+    assert code == 0, err
+    (row,) = rows(out)
+    assert row["budget/samples"] == 8 and math.isfinite(row["loss/kl"])
+    trained = load_policy(str(out / "checkpoints" / "step_000001" / "model"))
+    assert trained.default_negative.startswith("worst quality, low quality")  # saved with the checkpoint
