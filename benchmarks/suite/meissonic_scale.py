@@ -196,7 +196,7 @@ def section(ctx: Context, rows: list[dict], summary: dict, load: float | None) -
         f"{step['rollout_s_per_image']:.0f} s of transformer time per image for a {STEPS}-step rollout. One update "
         f"row's forward and backward with gradient checkpointing took {upd['seconds']:.2f} s "
         f"({upd['update_s_per_sample']:.0f} s a sample for the recipe's {REMASKS} re-masks). Autograd saves "
-        f"{act['False']:.2f} GB per row without checkpointing and {act['True']:.2f} GB with it.",
+        f"{act['False']:.2f} GiB per row without checkpointing and {act["True"]:.2f} GiB with it.",
     ]
     if ctx.device != "cuda":
         parts.append(
