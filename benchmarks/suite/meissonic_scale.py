@@ -107,7 +107,7 @@ def saved_bytes(model: Any, batch: dict[str, torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def activation_gb(config: Any, side: int, device: str, checkpointing: bool) -> float:
+def activation_gib(config: Any, side: int, device: str, checkpointing: bool) -> float:
     """Saved activations of one row at `config`'s depth, counted on models of one and two blocks of each kind:
     the first block of a kind also saves what every later one shares (the RoPE tables, the adaptive-norm
     embedding), so the depth is reached by adding the second block's share, (L − 1) and (S − 1) times."""
@@ -170,7 +170,9 @@ def measure(ctx: Context, config: Any, side: int, batches: list[int]) -> tuple[l
         "canvas": f"{side}×{side}",
         "sequence": TEXT
         + (side // 2 if config.downsample else side) ** 2,  # text + image tokens in the blocks
-        "activations_gb_per_row": {str(c): activation_gb(config, side, ctx.device, c) for c in (False, True)},
+        "activations_gib_per_row": {
+            str(c): activation_gib(config, side, ctx.device, c) for c in (False, True)
+        },
         "memory": PeakMemory.what(ctx.device),
         "dtype": "float32 weights, bf16 autocast" if ctx.device == "cuda" else "float32",
     }
@@ -189,14 +191,14 @@ def run(ctx: Context) -> dict:
 def section(ctx: Context, rows: list[dict], summary: dict, load: float | None) -> dict:
     step = next(r for r in rows if r["what"] == "reveal step")
     upd = next(r for r in rows if r["what"] == "update row" and r["checkpointing"])
-    act = summary["activations_gb_per_row"]
+    act = summary["activations_gib_per_row"]
     parts = [
         f"{summary['parameters'] / 1e9:.3f} B parameters ({summary['dtype']}). One reveal step of {step['images']} "
         f"image(s) (its CFG pair, {step['rows']} rows of {summary['sequence']} tokens, {TEXT} of them text) took {step['seconds']:.2f} s: "
         f"{step['rollout_s_per_image']:.0f} s of transformer time per image for a {STEPS}-step rollout. One update "
         f"row's forward and backward with gradient checkpointing took {upd['seconds']:.2f} s "
         f"({upd['update_s_per_sample']:.0f} s a sample for the recipe's {REMASKS} re-masks). Autograd saves "
-        f"{act['False']:.2f} GiB per row without checkpointing and {act["True"]:.2f} GiB with it.",
+        f"{act['False']:.2f} GiB per row without checkpointing and {act['True']:.2f} GiB with it.",
     ]
     if ctx.device != "cuda":
         parts.append(

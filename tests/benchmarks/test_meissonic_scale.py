@@ -31,7 +31,7 @@ def test_the_section_runs_tiny_on_the_cpu():
     assert rows[2]["checkpointing"] is True and rows[2]["update_s_per_sample"] == pytest.approx(
         6 * rows[2]["seconds"]
     )
-    act = summary["activations_gb_per_row"]
+    act = summary["activations_gib_per_row"]
     assert 0 < act["True"] < act["False"]
     assert summary["sequence"] == 77 + 16 and summary["parameters"] > 0
     sec = ms.section(ctx, rows, summary, None)
@@ -43,11 +43,12 @@ def test_the_section_runs_tiny_on_the_cpu():
 
 
 def test_the_per_block_activation_count_equals_the_whole_models():
-    """activation_gb counts one block of each kind and scales: equal to counting a model of that depth."""
+    """activation_gib counts models of one and two blocks of each kind and extends them: equal to counting a model
+    of that depth."""
     deep = dataclasses.replace(TINY, num_layers=3, num_single_layers=2)
     for checkpointing in (False, True):
         model = ms.build(deep, "cpu")
         model.gradient_checkpointing = checkpointing
         model.train()
         whole = ms.saved_bytes(model, ms.inputs(deep, 8, 1, "cpu")) / 2**30
-        assert ms.activation_gb(deep, 8, "cpu", checkpointing) == pytest.approx(whole, rel=1e-6)
+        assert ms.activation_gib(deep, 8, "cpu", checkpointing) == pytest.approx(whole, rel=1e-6)
