@@ -138,7 +138,7 @@ class RolloutConfig:
     )
     steps: int | None = doc(
         "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
-        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Show-o: 50). Autoregressive models "
+        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Show-o: 50, Meissonic: 64). Autoregressive models "
         "ignore it.",
         None,
         bounds=Bounds(1, why="or null"),
@@ -157,7 +157,7 @@ class RolloutConfig:
         "Masked models: which masked positions a decoding step reveals — the most confident (MaskGIT, "
         "aMUSEd) or a uniformly random subset, whose order does not depend on the weights, so the "
         "trajectory log-prob is the sample's exact likelihood (policies/maskgen.py); null = the model's "
-        "default (aMUSEd: confidence; ShapeWorld masked: stored in its checkpoint).",
+        "default (aMUSEd, Meissonic: confidence; ShapeWorld masked: stored in its checkpoint).",
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
@@ -170,7 +170,7 @@ class RolloutConfig:
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
         "checked for it (the ShapeWorld priors, Janus — LoRA included — and plain-Llama text models through the "
-        "fused decoder; not aMUSEd or transformers' cache), else none; the run's config.yaml records what it "
+        "fused decoder; not aMUSEd, Meissonic or transformers' cache), else none; the run's config.yaml records what it "
         "resolved to. The fused decoder's bf16 weight copies are refreshed after each optimizer step (the fp32 "
         "weights stay the master copy). The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
@@ -513,6 +513,15 @@ class ModelOptions:
     )
     remask_count: int = doc(
         "Masked models, estimator 'remask': re-masks per sample (K).", 2, bounds=Bounds(1)
+    )
+    negative_prompt: str | None = doc(
+        "aMUSEd and Meissonic: the negative prompt when a prompt names none — CFG's unconditional branch u in "
+        "u + s(c − u) and GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo). null: the one the checkpoint "
+        "was trained with (its t2i_gcpo_sampling.json), else the pipelines' default, the empty prompt. The "
+        "Meissonic authors' inference.py and MaskFocus use 'worst quality, low quality, low res, blurry, "
+        "distortion, watermark, logo, signature, text, jpeg artifacts, signature, sketch, duplicate, ugly, "
+        "identifying mark' (configs/recipes/meissonic_geneval.yaml). Saved with the model's checkpoints.",
+        None,
     )
     negative: str = doc(
         "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "

@@ -5,7 +5,7 @@
 damaged checkpoint, and sampling never fails later with a NaN traceback.
 
 The ShapeWorld priors and their VQ read their files with `read_weights`; the families loaded through
-transformers / diffusers (text, Janus, aMUSEd) check their folders with `check_weight_files` first.
+transformers / diffusers (text, Janus, aMUSEd, Meissonic) check their folders with `check_weight_files` first.
 Their ``config.json`` files are checked against the config dataclass they build (`check_config_types`):
 a key of the wrong type is a `UserError` naming the file and the key, not a traceback from deep inside
 the model's constructor.

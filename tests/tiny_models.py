@@ -5,6 +5,7 @@ downloaded). Each writes a checkpoint folder that ``load_policy`` reads:
 - `build_tiny_masked(root)`     the ShapeWorld masked prior at the same size, 4 decoding steps
 - `build_tiny_amused(path)`     an aMUSEd pipeline folder (UVit2DModel + VQModel + a CLIP text encoder)
 - `build_tiny_janus(path)`      a Janus checkpoint in Janus-Pro's on-disk format (Llama + vision + VQ)
+- Meissonic: tests/meissonic_fixtures.py `build_tiny_meissonic(path)`, the released folder layout
 - `build_tiny_text_lm(path)`    a causal LM (Llama / Qwen2 / GPT-2) with a word-level tokenizer
 - Show-o: tests/showo_fixtures.py (`build_tiny_showo`: the released layout, a tiny Phi and MAGVIT-v2)
 
@@ -448,6 +449,12 @@ def _tiny_amused(root: Path) -> str:
     return f"amused:{root / 'amused'}"
 
 
+def _tiny_meissonic(root: Path) -> str:
+    from meissonic_fixtures import tiny_meissonic_spec
+
+    return tiny_meissonic_spec(root)
+
+
 def _tiny_janus(root: Path) -> str:
     return f"janus:{build_tiny_janus(root / 'janus')}"
 
@@ -469,6 +476,7 @@ TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
     "masked": (_tiny_masked, ["a photo of a red circle", "a photo of a cross above a circle"]),
     "amused": (_tiny_amused, ["a red cat", "two dogs left of a bench"]),
     "janus": (_tiny_janus, ["a red circle", "two blue squares left of a green cat"]),
+    "meissonic": (_tiny_meissonic, ["a red cat", "two dogs left of a bench"]),
     "text": (_tiny_text, ["What is 12+7*3 ?", "Solve 4*5"]),
     "showo": (_tiny_showo, ["a red cat", "two dogs left of a bench"]),
 }

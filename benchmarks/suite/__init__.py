@@ -9,6 +9,7 @@ SECTIONS = [
     "text_vs_generate",
     "janus_vs_generate",
     "janus_scale",
+    "meissonic_scale",
     "rl_step",
     "scaling",
     "branch_cost",

@@ -1,5 +1,5 @@
-"""Pieces every masked-image-token adapter shares (masked.py, amused.py): the mask schedule, the MaskGIT
-sampler with per-prompt noise, and the two log-prob estimators of a sample.
+"""Pieces every masked-image-token adapter shares (masked.py; amused.py and meissonic.py through muse_common.py):
+the mask schedule, the MaskGIT sampler with per-prompt noise, and the two log-prob estimators of a sample.
 
 A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
 (by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays
@@ -38,6 +38,16 @@ def mask_ratio(progress: torch.Tensor, schedule: str = "cosine") -> torch.Tensor
         return torch.cos(r * math.pi / 2)
     if schedule == "linear":
         return 1 - r
+    raise ValueError(f"unknown mask schedule {schedule!r}; expected one of {MASK_SCHEDULES}")
+
+
+def mask_progress(ratio: torch.Tensor, schedule: str = "cosine") -> torch.Tensor:
+    """γ⁻¹: the progress r ∈ [0, 1] at which a fraction `ratio` of the tokens is still masked."""
+    m = ratio.float().clamp(0, 1)
+    if schedule == "cosine":
+        return torch.acos(m) * 2 / math.pi
+    if schedule == "linear":
+        return 1 - m
     raise ValueError(f"unknown mask schedule {schedule!r}; expected one of {MASK_SCHEDULES}")
 
 

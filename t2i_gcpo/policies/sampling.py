@@ -2,7 +2,7 @@
 log-probs computed in chunks over T.
 
 - `GUIDANCE`: the named formulas that combine positive (c) and negative (u) logits with scale s. Each
-  adapter names its own: diffusers / aMUSEd / LlamaGen / Janus ``u + s(c − u)``; Muse / Show-o /
+  adapter names its own: diffusers / aMUSEd / Meissonic / LlamaGen / Janus ``u + s(c − u)``; Muse / Show-o /
   MMaDA ``(1 + s)c − s·u`` (docs/concepts/generation.md).
 - `sample_step`: guided logits → one token per row by inverse CDF with a pre-drawn uniform per row,
   and the token's log-prob under pos, neg and guided at temperature T (top-k / top-p shape only what

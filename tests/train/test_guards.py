@@ -232,12 +232,12 @@ def test_every_family_goes_through_the_same_check():
     check their folders with its streaming twin before loading."""
     import inspect
 
-    from t2i_gcpo.policies import amused, janus, prior_folder, text
+    from t2i_gcpo.policies import amused, janus, meissonic, prior_folder, text
     from t2i_gcpo.tokenizers import vq
 
     assert "read_weights" in inspect.getsource(vq.load_weights)
     assert "load_weights" in inspect.getsource(prior_folder.load_prior_folder)
-    for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy):
+    for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy, meissonic.MeissonicPolicy):
         assert "check_weight_files(path)" in inspect.getsource(family.from_pretrained), family
 
 
@@ -509,5 +509,5 @@ def test_values_that_were_silently_ignored_are_refused(tiny):
     with pytest.raises(UserError, match="config key 'algo': give the algorithm with --algo dapo"):
         load_config("gcpo", overrides=["algo=dapo"])
     assert load_config("dapo", overrides=["algo=dapo"]).algo == "dapo"
-    with pytest.raises(UserError, match="lora_rank=4 applies to janus and showo models only"):
+    with pytest.raises(UserError, match="lora_rank=4 applies to janus, meissonic and showo models only"):
         load_policy(tiny["model"], ModelOptions(lora_rank=4))

@@ -181,7 +181,7 @@ def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path
               "--set", "model_options.estimator=remask"])  # fmt: skip
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
-    assert "applies to amused, masked and showo models only" in err and len(err.splitlines()) == 1
+    assert "applies to amused, masked, meissonic and showo models only" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
 
 

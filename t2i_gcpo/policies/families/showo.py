@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from t2i_gcpo.policies.registry import Family, read_json, register_family
+from t2i_gcpo.policies.registry import read_json, register_family
 
 
+@register_family(
+    "showo",
+    doc="Show-o's released checkpoint (Phi-1.5 over MAGVIT-v2 tokens) with its VQ and Phi tokenizer",
+    detect=lambda path: read_json(path / "config.json").get("_class_name") == "Showo",
+    options=frozenset(
+        {"dtype", "gradient_checkpointing", "lora_rank", "estimator", "remask_count", "max_rollout_batch"}
+    ),
+)
 def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.showo import ShowoPolicy
 
@@ -17,15 +25,3 @@ def load(target: str, options: Any) -> Any:
         estimator=options.estimator, remask_count=options.remask_count,
         max_rollout_batch=options.max_rollout_batch,
     )  # fmt: skip
-
-
-register_family(
-    Family(
-        name="showo",
-        load=load,
-        detect=lambda path: read_json(path / "config.json").get("_class_name") == "Showo",
-        options=frozenset(
-            {"dtype", "gradient_checkpointing", "lora_rank", "estimator", "remask_count", "max_rollout_batch"}
-        ),
-    )
-)
