@@ -100,6 +100,7 @@ def clip_text_widths(folder: Path) -> tuple[int, int, int]:
 class MeissonicPolicy(nn.Module):
     """Policy protocol for a local Meissonic checkpoint (module docstring)."""
 
+    decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
     output = "image"
     # rollout.autocast='auto' leaves the transformer in its dtype (bf16 sampling not checked to train as
     # float32 does): model_options.dtype=bfloat16 or rollout.autocast=bf16 ask for it

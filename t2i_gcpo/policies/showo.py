@@ -255,6 +255,7 @@ def no_init() -> Any:
 class ShowoPolicy(nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Show-o checkpoint (text-to-image)."""
 
+    decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
     output = "image"
     capabilities = PolicyCapabilities(
         bf16_sampling=False, branching=True, reveal_order=True, step_predictions=True
