@@ -86,6 +86,24 @@ def test_pairing_narrows_the_interval_when_items_agree():
     assert (o["paired"][1] - o["paired"][0]) < 0.5 * (o["unpaired"][1] - o["unpaired"][0])
 
 
+def test_the_prompt_is_the_unit_of_the_intervals():
+    """Several images per prompt: each prompt's mean score on each side, then the formulas over prompts (the
+    images of one prompt are not independent draws), written out here."""
+    rng = np.random.default_rng(5)
+    prompts, per = 12, 4
+    hard = rng.random(prompts)  # a prompt's difficulty, shared by its images and by both sides
+    before = (rng.random((prompts, per)) < hard[:, None]).astype(float)
+    after = np.where(rng.random((prompts, per)) < 0.15, 1 - before, before)
+    keyed = lambda s: [{"key": f"{p:05d}/{i:04d}", "category": "x", "score": float(s[p, i])}  # noqa: E731
+                       for p in range(prompts) for i in range(per)]  # fmt: skip
+    e = paired_change(keyed(before), keyed(after))["categories"]["x"]
+    x, y = before.mean(1), after.mean(1)
+    assert e["change"] == pytest.approx((y - x).mean()) and (e["n"], e["prompts"]) == (48, 12)
+    assert e["paired"] == pytest.approx(list(t_interval(y - x)))
+    assert e["unpaired"] == pytest.approx(list(welch_ci95(y, x)[1:]))
+    assert (e["paired"][1] - e["paired"][0]) < (e["unpaired"][1] - e["unpaired"][0])  # difficulty paired away
+
+
 def test_nan_scores_are_left_out_of_both_sides():
     a = rows([1.0, 0.0, 1.0, 0.5], ["x"] * 4)
     b = rows([1.0, float("nan"), 0.0, 0.5], ["x"] * 4)

@@ -3,21 +3,24 @@
 
 An item is one scored image (or text, or question): a row ``{"key", "category", "score", …}`` of an
 evaluation's results.jsonl or of a run's ``eval/step_NNNNNN.jsonl``, its key stable across models and runs
-for the same prompt and sample index (``"00012/0003"``). Both sides must hold the same keys: then each
-item's difference d_i = score_B,i − score_A,i (B after, A before) pairs away what the two share — the
-prompt's difficulty and, where the sampling noise is the same, the draw — and the paired interval is
-narrower than the unpaired one by as much as the two scores of an item agree.
+for the same prompt and sample index (``"00012/0003"``: prompt 00012, its sample 3). Both sides must hold the
+same keys. The unit of the intervals is the prompt (the key before its last "/"): the images of one prompt
+share it and are not independent draws, so each prompt p contributes its mean score on each side, x_p
+(before) and y_p (after), over the items both sides scored, and its difference d_p = y_p − x_p pairs away
+what the two sides share — the prompt's difficulty and, where the sampling noise is the same, the draw. The
+paired interval is narrower than the unpaired one by as much as the two sides' prompt scores agree.
 
-Per category c (its n_c items):
+Per category c (its prompts p = 1 … n_c):
 
-    change_c = mean_i d_i                         paired: Student-t 95 % interval of the mean of d
-                                                  unpaired: Welch's interval of mean(B_c) − mean(A_c)
+    change_c = mean_p d_p                         paired: Student-t 95 % interval of the mean of d
+                                                  unpaired: Welch's interval of mean(y) − mean(x)
 
 Overall, as the suite aggregates (``aggregate``): "items" (the mean over every item: DPG-Bench, CompBench,
-a reward's mean) takes the same formulas over all items; "categories" (the unweighted mean of the category
+a reward's mean) takes the same formulas over all prompts; "categories" (the unweighted mean of the category
 means: GenEval and ShapeWorld's overall, the mean of their tags) takes change = (1/C) Σ_c change_c with the
-variance (1/C²) Σ_c s²_c/n_c (paired: s_c the spread of d over category c; unpaired: the sum of both sides'
-s²/n) and the Welch–Satterthwaite degrees of freedom (`stats.linear_ci95`).
+variance (1/C²) Σ_c s²_c/n_c (paired: s_c the spread of d over category c's prompts; unpaired: the sum of
+both sides' s²/n) and the Welch–Satterthwaite degrees of freedom (`stats.linear_ci95`). With one item per
+prompt (GenEval 2) the prompt is the item.
 
 This module imports nothing of the package but `stats` and `errors`, so training (train/trainer.py) uses it
 too."""
@@ -91,7 +94,7 @@ def _entry(pairs: Sequence[tuple[float, float]], weights: Sequence[tuple[float, 
         [*((w, [y for _, y in p]) for w, p in groups), *((-w, [x for x, _ in p]) for w, p in groups)]
     )
     return {"before": before, "after": after, "change": change, "paired": [low, high],
-            "unpaired": list(unpaired[1:]), "n": sum(len(p) for _, p in groups)}  # fmt: skip
+            "unpaired": list(unpaired[1:]), "prompts": sum(len(p) for _, p in groups)}  # fmt: skip
 
 
 def paired_change(before: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, float]],
@@ -111,16 +114,39 @@ def paired_change(before: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, 
         raise UserError(f"not the same items: {why}")
     if not a:
         raise UserError("no items to compare")
-    by_category: dict[str, list[tuple[float, float]]] = {}
+    clusters: dict[str, dict[str, list[tuple[float, float]]]] = {}  # category → prompt → its (before, after)
     for k in sorted(a):
-        by_category.setdefault(a[k][0], []).append((a[k][1], b[k][1]))
-    categories = {c: _entry(p, [(1.0, p)]) for c, p in by_category.items()}
+        clusters.setdefault(a[k][0], {}).setdefault(prompt_of(k), []).append((a[k][1], b[k][1]))
+    by_category = {c: prompt_means(prompts) for c, prompts in clusters.items()}
+    items = {c: sum(_finite_count(p) for p in prompts.values()) for c, prompts in clusters.items()}
+    categories = {c: {**_entry(p, [(1.0, p)]), "n": items[c]} for c, p in by_category.items()}
     everything = [x for p in by_category.values() for x in p]
     if aggregate == "categories":
         overall = _entry(everything, [(1.0 / len(by_category), p) for p in by_category.values()])
     else:
         overall = _entry(everything, [(1.0, everything)])
+    overall["n"] = sum(items.values())
     return {"aggregate": aggregate, "categories": categories, OVERALL: overall}
+
+
+def prompt_of(key: str) -> str:
+    """The prompt an item's key names: the key before its last "/" ("00012/0003" → "00012"), or the key."""
+    return key.rpartition("/")[0] or key
+
+
+def prompt_means(prompts: Mapping[str, Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """(x_p, y_p) of each prompt: the means of its items' (before, after) scores over the items both sides
+    scored (nan on either side: left out); a prompt with none is left out."""
+    out = []
+    for pairs in prompts.values():
+        kept = [(x, y) for x, y in pairs if math.isfinite(x) and math.isfinite(y)]
+        if kept:
+            out.append((sum(x for x, _ in kept) / len(kept), sum(y for _, y in kept) / len(kept)))
+    return out
+
+
+def _finite_count(pairs: Sequence[tuple[float, float]]) -> int:
+    return sum(1 for x, y in pairs if math.isfinite(x) and math.isfinite(y))
 
 
 def half_width(interval: Sequence[float | None]) -> float:
@@ -140,18 +166,20 @@ def cell(mean: float | None, low: float | None, high: float | None, sign: bool =
 
 def format_change(result: Mapping[str, Any], names: tuple[str, str] = ("A", "B")) -> str:
     """A plain-text table of `paired_change`'s result: each category and overall, A, B, the paired change
-    B − A with its 95 % interval, the unpaired interval's half-width, and the items paired."""
+    B − A with its 95 % interval, the unpaired interval's half-width, and the prompts and items paired."""
     rows = [*result["categories"].items(), (OVERALL, result[OVERALL])]
     w = max(12, *(len(c) for c, _ in rows))
     a, b = names
     lines = [
-        f"{'category':<{w}} {a[:8]:>8} {b[:8]:>8}  {'change (paired 95 %)':>20}  {'unpaired ±':>10} {'items':>6}"
+        f"{'category':<{w}} {a[:8]:>8} {b[:8]:>8}  {'change (paired 95 %)':>20}  {'unpaired ±':>10} "
+        f"{'prompts':>7} {'items':>6}"
     ]
     for c, e in rows:
         unpaired = half_width(e["unpaired"])
         lines.append(f"{c:<{w}} {_num(e['before']):>8} {_num(e['after']):>8}  "
                      f"{cell(e['change'], *e['paired'], sign=True):>20}  "
-                     f"{'—' if math.isnan(unpaired) else f'{unpaired:.3f}':>10} {e['n']:>6}")  # fmt: skip
+                     f"{'—' if math.isnan(unpaired) else f'{unpaired:.3f}':>10} {e.get('prompts', e['n']):>7} "
+                     f"{e['n']:>6}")  # fmt: skip
     return "\n".join(lines)
 
 
