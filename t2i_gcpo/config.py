@@ -714,14 +714,14 @@ class TrainConfig:
 def check_prompt_files(cfg: TrainConfig) -> None:
     """The prompt files a config names exist (the user's, else the shipped one of that name): a missing one
     is one line when the config is built, not after the model has loaded."""
+    from t2i_gcpo.errors import not_a_file
     from t2i_gcpo.resources import prompt_file
 
     for key in ("prompts", "eval_prompts"):
         path = getattr(cfg, key)
-        if path and prompt_file(path).is_dir():
-            raise UserError(f"config key '{key}': prompt file {path} is a directory, not a file")
-        if path and not prompt_file(path).is_file():
-            raise UserError(f"config key '{key}': prompt file {path} does not exist")
+        problem = not_a_file(prompt_file(path)) if path else None
+        if problem:
+            raise UserError(f"config key '{key}': prompt file {path} {problem}")
 
 
 def check_credit(credit: Any) -> None:

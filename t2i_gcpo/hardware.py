@@ -57,3 +57,22 @@ def native_bf16(device_type: str) -> bool:
     if forced is not None:
         return forced
     return bool(BF16_CPU_FLAGS & cpu_flags())
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where that cannot be read)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """A thread count within the CPUs this process may use, else a one-line UserError (100,000 torch threads
+    ran out of memory starting them; more threads than CPUs only slow torch down)."""
+    from t2i_gcpo.errors import UserError
+
+    cpus = usable_cpus()
+    if threads > cpus:
+        raise UserError(f"{flag} {threads:,}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}, so at most "
+                        f"{flag} {cpus} (more threads than CPUs only slow torch down)")  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from t2i_gcpo import metrics as M
-from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.errors import UserError, not_a_file, shorten
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import shipped_file
@@ -37,10 +37,9 @@ def read_prompts(path: str | Path) -> list[PromptRecord]:
     from t2i_gcpo.resources import prompt_file
 
     path = prompt_file(path)
-    if path.is_dir():
-        raise UserError(f"prompt file {path} is a directory, not a file")
-    if not path.is_file():
-        raise UserError(f"prompt file {path} does not exist")
+    problem = not_a_file(path)
+    if problem:
+        raise UserError(f"prompt file {path} {problem}")
     if path.suffix not in (".txt", ".jsonl"):
         raise UserError(f"prompt file {path} must end in .txt (one prompt a line) or .jsonl")
     try:

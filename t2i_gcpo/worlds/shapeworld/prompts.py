@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, not_a_file
 from t2i_gcpo.outdir import parse_json
 from t2i_gcpo.worlds.shapeworld.constants import COLORS, NUMBER_WORDS, RELATIONS, SHAPES, TAGS
 from t2i_gcpo.worlds.shapeworld.parse import (
@@ -245,12 +245,9 @@ def read_prompt_file(
     line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"prompt file {path} is a directory, not a file")
-    if not path.exists():
-        raise UserError(f"prompt file {path} does not exist")
-    if not path.is_file():
-        raise UserError(f"prompt file {path} is not a regular file")
+    problem = not_a_file(path)
+    if problem:
+        raise UserError(f"prompt file {path} {problem}")
     if path.suffix not in (".txt", ".jsonl"):
         raise UserError(f"prompt file {path} must end in .txt (prompts) or .jsonl (GenEval metadata)")
     try:

@@ -1,0 +1,19 @@
+"""Rewards for the repros of issue 59 (importable as `repro_fixtures:NAME` by the runs the tests start)."""
+
+from __future__ import annotations
+
+from train_fixtures import redness
+
+
+def overflowing(images, prompts, metadata):
+    """Finite rewards of ±3e38 from the first call: the group mean overflows float32, the advantages and the
+    loss are NaN at step 1 (groups of 4) (the trainer's NaN guard stops it before any checkpoint)."""
+    out = redness(images, prompts, metadata)
+    out.scores[:] = 3e38
+    out.scores[1::4] = -3e38
+    return out
+
+
+def constant(images, prompts, metadata):
+    """The same score for every sample."""
+    return [0.5] * len(prompts)
