@@ -233,8 +233,10 @@ class AdvantageConfig:
         "A weighted sum of rewards r = Σ_k w_k r_k: 'sum' normalises r within its group (GRPO); 'per_reward' "
         "normalises each term r_k within its group, takes the weighted sum of those advantages and normalises "
         "it over the batch (GDPO, arXiv 2601.05242; docs/concepts/algorithms.md#gdpo), so that one term's scale "
-        "does not drown the others'; needs advantage.scale=group. Dynamic sampling still drops the groups "
-        "whose total r is flat.",
+        "does not drown the others'; needs advantage.scale=group. A scheme that reads rewards (vine, tree, tempo, "
+        "stepwise) reads GDPO's normalised rewards r̂ of the group's samples, continuations and step predictions "
+        "(docs/concepts/algorithms.md#gdpo-and-credit-schemes); a scheme of yours that reads them is refused. "
+        "Dynamic sampling still drops the groups whose total r is flat.",
         "sum",
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from train_fixtures import redness
 
 
@@ -17,3 +19,13 @@ def overflowing(images, prompts, metadata):
 def constant(images, prompts, metadata):
     """The same score for every sample."""
     return [0.5] * len(prompts)
+
+
+def red(images, prompts, metadata):
+    """Mean red of each image, in [0, 1]."""
+    return torch.as_tensor(images)[:, 0].mean((1, 2))
+
+
+def blue_hundred(images, prompts, metadata):
+    """100 × the mean blue of each image: a term whose scale would drown `red` in a plain sum."""
+    return 100 * torch.as_tensor(images)[:, 2].mean((1, 2))

@@ -71,10 +71,30 @@ def plan_config(cfg: TrainConfig, trackers: list[str] | None = None) -> list[str
 
     if trackers is None:
         trackers = resolve_report_to(cfg.report_to)
+    check_reward_norm(cfg)
     cost = step_cost(cfg, None)
     if cost is not None:
         check_cost(cfg, cost)
     return trackers
+
+
+def check_reward_norm(cfg: TrainConfig) -> None:
+    """GDPO (advantage.reward_norm=per_reward) with a scheme of the user's that reads the rewards (its needs name
+    rewards, branches, leaves or step_rewards): refused. The shipped schemes then read GDPO's decoupled rewards
+    r̂ (docs/concepts/algorithms.md#gdpo-and-credit-schemes), normalised per reward — values whose meaning a
+    scheme must be written for; whether a user's is cannot be known."""
+    from t2i_gcpo.core.schemes import CREDIT_SCHEMES, REWARD_NEEDS, get_scheme
+
+    scheme = cfg.credit.scheme
+    if cfg.advantage.reward_norm != "per_reward" or scheme in CREDIT_SCHEMES:
+        return
+    reads = sorted(get_scheme(scheme).needs & REWARD_NEEDS)
+    if reads:
+        raise UserError(
+            f"config key 'advantage.reward_norm': per_reward (GDPO) would hand credit scheme '{scheme}', which "
+            f"reads {', '.join(reads)}, each reward normalised within its group instead of the rewards it was "
+            "written for: use advantage.reward_norm=sum with it, or a shipped scheme"
+        )
 
 
 def plan_run(cfg: TrainConfig, policy: Policy, trackers: list[str] | None = None) -> Plan:

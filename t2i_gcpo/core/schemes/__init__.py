@@ -10,6 +10,7 @@ import pkgutil
 from t2i_gcpo.core.schemes.registry import (
     CREDIT_SCHEMES,
     NEEDS,
+    REWARD_NEEDS,
     USER_SCHEMES,
     CreditInputs,
     CreditScheme,
@@ -33,6 +34,7 @@ for _module in pkgutil.iter_modules(__path__):  # sorted by name: the registry's
 __all__ = [
     "CREDIT_SCHEMES",
     "NEEDS",
+    "REWARD_NEEDS",
     "USER_SCHEMES",
     "CreditInputs",
     "CreditScheme",
