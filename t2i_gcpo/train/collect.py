@@ -40,6 +40,7 @@ from t2i_gcpo.train.credit import (
     score_step_predictions,
 )
 from t2i_gcpo.train.data import PromptStream
+from t2i_gcpo.train.draws import Ledger, StepDraws, step_draws
 from t2i_gcpo.train.scoring import round_scorer, sequence_advantages, term_metrics
 
 
@@ -156,6 +157,9 @@ class BatchCollector:
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
         self.owed = 0.0  # knapsack: the fraction of a group of extra draws carried to the next round
         self.sample_and_score = round_scorer(cfg)  # tasks/loop.sample_and_score, or in chunks (overlapped)
+        self.num_processes = num_processes
+        self.draws: StepDraws | None = None  # what a step may draw (train/draws.py), once the policy is known
+        self.ledger: Ledger | None = None  # this step's draws charged against it
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -163,6 +167,9 @@ class BatchCollector:
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
         tally = Tally(spent=self.budget_keys())
+        if self.draws is None:  # the plan's counts (train/plan.py checked them): every draw is charged
+            self.draws = step_draws(self.cfg, policy, self.num_processes)
+        self.ledger = Ledger(self.draws) if self.draws is not None else None
         fallbacks = decode_fallbacks(policy)
         if self.stepwise:
             sampling = dataclasses.replace(sampling, record_predictions=True)
@@ -254,6 +261,7 @@ class BatchCollector:
         A prompt's first G draws are the same samples with and without allocation (its own generator)."""
         rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
+        self.charge("a round's groups", samples=len(prompts) * first, reward_calls=1)
         parts = [self.sample_and_score(policy, reward, prompts, first, sampling,
                                        group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
         rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
@@ -264,12 +272,14 @@ class BatchCollector:
             extra = allocate(p_hat, G, units=self.extra_groups(len(prompts)), unit=G)
             for units in sorted(set(extra.tolist()) - {0}):
                 which = (extra == units).nonzero().flatten().tolist()
+                self.charge("knapsack's extra draws", samples=len(which) * units * G, reward_calls=1)
                 offset = sum(len(part.rollout) for part in parts)
                 parts.append(self.sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
                                                    group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
                 for j, i in enumerate(which):
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
+            self.charge("a round's tokens", tokens=float(part.rollout.mask.sum()))
             tally.add(part.seconds, samples=len(part.rollout), tokens=float(part.rollout.mask.sum()))
             tally.scores.append(part.reward.scores)
             tally.details += part.reward.details
@@ -306,8 +316,11 @@ class BatchCollector:
                     tally: Tally) -> Batch:  # fmt: skip
         """The round's groups grown into tree groups (train/branches.grow_leaves): roots then continuations,
         the group advantages over every leaf."""
+        cont = len(roots.rollout) * self.leaves.k * self.leaves.continuations
+        self.charge("tree groups' continuations", samples=cont, continuations=cont, reward_calls=1)
         grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward, slots, self.leaves,
                             self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
+        self.charge("tree groups' tokens", tokens=grown.tokens)
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
         new = ~grown.leaves.is_root
         tally.scores.append(grown.reward.scores[new])
@@ -341,6 +354,9 @@ class BatchCollector:
         grown = grow(policy, reward, part.rollout, slots, self.branching, self.cfg.seed, sampling,
                      TRAIN_CONTEXT[self.cfg.rollout.train_logp], strict=not self.branched_once)  # fmt: skip
         self.branched_once = True
+        # charged as drawn: where they branch is the samples' (pick_points)
+        self.charge("continuations", samples=grown.samples, continuations=grown.samples, tokens=grown.tokens,
+                    reward_calls=1 if grown.samples else 0)  # fmt: skip
         part.tree = grown.tree
         if self.decoupled and grown.root is not None:  # a group's samples and their continuations pooled
             G = part.rollout.group_size
@@ -361,6 +377,10 @@ class BatchCollector:
         r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions; stepwise credit)."""
         tic = time.perf_counter()
         ro = part.rollout
+        S = int(ro.state[STEP_PREDICTIONS].shape[1])
+        self.charge(
+            "step predictions", samples=len(ro) * (S - 1), predictions=len(ro) * (S - 1), reward_calls=S - 1
+        )
         terms: list[torch.Tensor] | None = [] if self.decoupled else None
         rewards, calls = score_step_predictions(policy, reward, ro, part.reward.scores, terms=terms)[:2]
         if terms is not None:  # GDPO: r̂ of every step's prediction, each group's steps and samples pooled
@@ -370,6 +390,11 @@ class BatchCollector:
             rewards = self.decouple([per_step.reshape(B * S, K)], [groups], reward).view(B, S).float()
         ro.state[STEP_REWARDS] = rewards
         tally.add_step_predictions(time.perf_counter() - tic, predictions=len(ro) * calls, calls=calls)
+
+    def charge(self, what: str, **counts: float) -> None:
+        """Charge this step's ledger for a draw (train/draws.Ledger: more than the plan allows raises)."""
+        if self.ledger is not None:
+            self.ledger.charge(what, **counts)
 
     def decouple(self, parts: list[torch.Tensor], groups: list[torch.Tensor], reward: Any) -> torch.Tensor:
         """GDPO's decoupled rewards r̂ (core/advantages.decoupled_rewards) of the rows of `parts` ([N_i, K] per-term
