@@ -29,3 +29,14 @@ def red(images, prompts, metadata):
 def blue_hundred(images, prompts, metadata):
     """100 × the mean blue of each image: a term whose scale would drown `red` in a plain sum."""
     return 100 * torch.as_tensor(images)[:, 2].mean((1, 2))
+
+
+def slow_redness(images, prompts, metadata):
+    """`redness`, after 0.3 s of sleep where T2I_TEST_SLOW_REWARD is set (a step long enough for a kill to land
+    in it)."""
+    import os
+    import time
+
+    if os.environ.get("T2I_TEST_SLOW_REWARD"):
+        time.sleep(0.3)
+    return redness(images, prompts, metadata)

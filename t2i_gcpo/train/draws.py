@@ -7,28 +7,31 @@ step, so the plan and what the collector does cannot drift apart.
 
 **Counts** (one process, one step, at most): `groups` groups drawn (P, or dynamic sampling's ⌊draw_budget·P⌋),
 each of `roots` samples drawn from its prompt (G; pods draw_factor·G; knapsack G + (draw_factor − 1)·G on
-average, carried across rounds, so a round may draw up to twice that), `continuations` continued from their
-prefixes (tree groups G₀·k·n, vine and tree credit G·points·n) and `predictions` intermediate predictions decoded
-and scored (stepwise G·(S − 1)); every one of them decoded and scored. Tokens: each sample's decision steps at
-most. Reward calls: one a round for its groups (and one per knapsack extra draw), one for a round's
-continuations, one per reveal step before the last for its predictions.
+average, and a group a round more at most: the fraction it owes is carried to the next round), `continuations`
+continued from their prefixes (tree groups G₀·k·n, vine and tree credit G·points·n) and `predictions`
+intermediate predictions decoded and scored (stepwise G·(S − 1)); every one of them decoded and scored. Tokens:
+each sample's positions (budget/tokens). Reward calls: one a round for its groups (and one per distinct count
+of knapsack's extra draws), one for a round's continuations, one per reveal step before the last for its
+predictions. The update trains P groups: a round's surplus is carried to the next step.
 
-**Memory** (`MemoryProfile`, `step_memory`): the bytes of every tensor a step holds at its peak, from a
-profile measured on the run's own policy before the run (`measure_profile`: a rollout, its decoding, a
-continuation and an update's forward and backward, each at two sizes, measured exactly — the CUDA
-allocator's peak, or on the CPU every tensor's storage counted while alive — and fitted as fixed bytes plus
-bytes per row), combined as the step runs them:
+**Memory** (`MemoryProfile`, `step_memory`): the peak a step reaches, from a profile measured on the run's own
+policy before the run (`measure_profile`: a rollout, its decoding, a continuation and an update's forward and
+backward, each at two sizes — the CUDA allocator's peak; on the CPU the resident peak, and for the update and
+the continuations the bytes of every tensor alive, exact where the resident size of a few rows is noise —
+fitted as fixed bytes plus bytes per row), combined as the step runs them:
 
     held      = trained rows × (a decoded output + its record)          kept from collection to the update
     sampling  = fixed + per row × the rows a rollout pass samples      (max_rollout_batch, reward chunks)
     decoding  = per output × the outputs decoded at once               (a round's, or all its continuations)
-    continuing = per continuation × a round's continuations
-    update    = fixed + per trained row × trained rows / optim.minibatches
-    peak      = held + max(sampling, decoding, continuing, update),  × `OVERHEAD`
+    continuing = fixed + per row × a continuation pass's rows          (every root's n from one point)
+                 + a round's continuations × (an output + its record)
+    update    = fixed + per trained row × trained rows / optim.minibatches  (P groups: the surplus is carried)
+    peak      = (held + max(sampling, decoding, continuing, update)) × OVERHEAD
 
-`OVERHEAD` is what the process's resident memory measured above those tensor bytes (the allocator's
-caching and fragmentation, the interpreter), on every path of docs/performance.md's table. A reward's own
-memory (a model reward's activations) is not in it: ``reward_options.batch_size`` bounds it.
+`OVERHEAD` covers what a real step's resident memory was measured above the profile's parts (the allocator's
+caching and fragmentation, the update's bookkeeping), 0.9–1.4× on the paths of docs/performance.md's table:
+the estimate errs above. A reward's own memory (a model reward's activations) is not in it:
+``reward_options.batch_size`` bounds it.
 """
 
 from __future__ import annotations
@@ -44,11 +47,8 @@ if TYPE_CHECKING:
     from t2i_gcpo.config import TrainConfig
     from t2i_gcpo.policies.base import Policy, PromptRecord
 
-OVERHEAD = 1.3  # resident memory over the tensor bytes of the model (docs/performance.md#step-memory)
-PROBE_ROWS = (
-    2,
-    4,
-)  # the profile's two sizes: one group of each, from the run's first prompt (after one of 1)
+OVERHEAD = 1.3  # a real step's resident peak over the profile's parts (docs/performance.md#step-memory)
+PROBE_ROWS = (2, 4)  # the profile's two sizes: a group of each from the run's first prompt, after one of 1
 
 
 # ---------------------------------------------------------------------------------------------- counts
@@ -57,6 +57,7 @@ class StepDraws:
     """What one process draws in one step, at most (module docstring, "Counts")."""
 
     groups: int  # groups drawn: P, or ⌊draw_budget·P⌋
+    trained_groups: int  # groups the update trains on: P (the surplus of a round is carried to the next step)
     roots: int  # per group: samples drawn from its prompt
     continuations: int  # per group: samples continued from its samples' prefixes
     predictions: int  # per group: intermediate predictions decoded and scored (stepwise)
@@ -67,6 +68,8 @@ class StepDraws:
     rounds: int  # rounds a step draws at most
     reward_calls: int  # reward calls at most
     spare: int = 0  # samples beyond the groups' counts: knapsack's carried fraction, a group a round at most
+    per_point: int = 0  # continuations of a sample from one branch point (n): a continuation pass continues
+    # every sample of the groups from the same point, n each
 
     @property
     def per_group(self) -> int:
@@ -105,17 +108,18 @@ def step_draws(cfg: TrainConfig, policy: Policy | None, num_processes: int | Non
     G, n = r.group_size, br.continuations
     g_name = "⌊draw_budget·P⌋" if dyn else "P"
     shown = f"{groups}" if groups == P or not dyn else f"⌊{adv.draw_budget:g}·{P}⌋"
-    common = {"groups": groups, "tokens": steps, "rounds": rounds, "positions": positions_of(policy, steps)}
+    common = {"groups": groups, "trained_groups": P, "tokens": steps, "rounds": rounds,
+              "positions": positions_of(policy, steps)}  # fmt: skip
     if "leaves" in needs:
         cont = G * br.k * n
         return StepDraws(roots=G, continuations=cont, predictions=0, trained=G + cont,
                          formula=f"{g_name}·G₀·(1 + k·n) = {shown}·{G}·(1 + {br.k}·{n})",
-                         reward_calls=2 * rounds, **common)  # fmt: skip
+                         reward_calls=2 * rounds, per_point=n, **common)  # fmt: skip
     if "branches" in needs:
         points = branch_points(policy, br, steps)
         return StepDraws(roots=G, continuations=G * points * n, predictions=0, trained=G,
                          formula=f"{g_name}·G·(1 + points·n) = {shown}·{G}·(1 + {points}·{n})",
-                         reward_calls=2 * rounds, **common)  # fmt: skip
+                         reward_calls=2 * rounds, per_point=n, **common)  # fmt: skip
     if r.allocation == "pods":
         drawn = round(r.draw_factor * G)
         return StepDraws(roots=drawn, continuations=0, predictions=0, trained=G,
@@ -246,7 +250,7 @@ def step_memory(cfg: TrainConfig, draws: StepDraws, profile: MemoryProfile) -> M
     if cfg.reward_options.overlap and not chunk:
         chunk = max(1, math.ceil(groups / 4)) * draws.roots
     per_pass = min(rows, chunk) if chunk else rows
-    trained = groups * draws.trained
+    trained = draws.trained_groups * draws.trained
     parts = {
         "held": trained * profile.output,
         "sampling": profile.sampling(per_pass),
@@ -255,9 +259,9 @@ def step_memory(cfg: TrainConfig, draws: StepDraws, profile: MemoryProfile) -> M
         ),  # fmt: skip
         "update": profile.update(math.ceil(trained / max(1, cfg.optim.minibatches))),
     }
-    if draws.continuations and profile.continuing is not None:
+    if draws.continuations and profile.continuing is not None:  # a pass: every root's n from one point
         cont = groups * draws.continuations
-        parts["continuing"] = profile.continuing(cont) + cont * profile.output
+        parts["continuing"] = profile.continuing(rows * draws.per_point) + cont * profile.output
     largest = max((k for k in parts if k != "held"), key=parts.get)
     return MemoryEstimate((parts["held"] + parts[largest]) * OVERHEAD, parts, largest)
 
@@ -338,11 +342,12 @@ def _trim() -> None:
         pass
 
 
-def _peak(device: str, fn: Any) -> tuple[float, Any]:
+def _peak(device: str, fn: Any, tensors: bool = False) -> tuple[float, Any]:
     """(the peak bytes `fn` adds while it runs, its result): the CUDA allocator's peak; on the CPU the process's
     peak resident size (VmHWM, reset through /proc/self/clear_refs) above its size before, the heap trimmed
-    first — what the step is measured by —, or where /proc cannot do that the bytes of the tensors alive
-    (`LiveBytes`)."""
+    first — what the step is measured by —, or (`tensors`, and where /proc cannot do that) the bytes of the
+    tensors alive (`LiveBytes`: exact, and steady where the resident size of a few rows is not, but slow per
+    operation: the update's forward and backward, a few thousand operations)."""
     import torch
 
     if device.startswith("cuda"):
@@ -352,13 +357,15 @@ def _peak(device: str, fn: Any) -> tuple[float, Any]:
         out = fn()
         torch.cuda.synchronize()
         return float(torch.cuda.max_memory_allocated() - before), out
-    _trim()
-    base = _status("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the peak resident size starts again from the current one
-    except OSError:
-        base = None
+    base = None
+    if not tensors:
+        _trim()
+        base = _status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # the peak resident size starts again from the current one
+        except OSError:
+            base = None
     if base is None:
         with LiveBytes() as meter:
             out = fn()
@@ -381,9 +388,10 @@ def _nbytes(value: Any) -> int:
 
 def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> MemoryProfile:
     """The policy's `MemoryProfile` under the run's sampling: a rollout of one group of the `PROBE_ROWS` sizes
-    from `prompt` (the eager loop: the run's kept decode loop is not touched), its decoding, one continuation of
-    each row from half-way (a scheme that branches), and an update's forward and backward of its rows (the
-    gradients it leaves are dropped). Nothing the run keeps changes; takes a few seconds on the CPU."""
+    from `prompt` (the eager loop: the run's kept decode loop is not touched; a scheme that branches keeps the
+    rollout's cache, as the collector asks), its decoding, one continuation of each row from half-way (a scheme
+    that branches), and an update's forward and backward of its rows (the gradients it leaves are dropped).
+    Nothing the run keeps changes (the caches kept are put back as they were); a few seconds on the CPU."""
     import copy
     import dataclasses
     import functools
@@ -400,12 +408,15 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
     device = local_device()
     resolved = copy.deepcopy(cfg)
     resolve_autocast(resolved, torch.device(device).type, policy)  # as the trainer will
-    sampling = dataclasses.replace(sampling_params(resolved), decode="eager", keep_cache=False)
-    precision = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                               enabled=resolved.optim.autocast == "bf16")  # fmt: skip
     needs = get_scheme(cfg.credit.scheme).needs
     branches = bool(needs & {"branches", "leaves"}) and policy.capabilities.branching
+    # as the collector samples: a scheme that branches keeps the rollout's cache for its continuations
+    sampling = dataclasses.replace(sampling_params(resolved), decode="eager", keep_cache=branches)
+    precision = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
+                               enabled=resolved.optim.autocast == "bf16")  # fmt: skip
     context = TRAIN_CONTEXT[cfg.rollout.train_logp]
+    kept = getattr(policy, "kept_caches", None)  # the AR prior's kept caches: put back as they were
+    saved = None if kept is None else (dict(kept.caches), kept.latest)
 
     def probe(rows: int) -> tuple[dict[str, float], float]:
         """The peaks of one group of `rows` (rollout, decoding, continuations, update), and what a row holds."""
@@ -424,7 +435,8 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
             keys = [(0, b, 0, int(t), 0) for b, t in enumerate(points[:, 0].tolist())]
             gens = group_generators(cfg.seed, "memory-probe", keys)
             with torch.no_grad(), sampler_precision(policy, sampling):
-                peaks["continuing"], _ = _peak(device, functools.partial(policy.branch, ro, points, 1, gens))
+                peaks["continuing"], _ = _peak(device, functools.partial(policy.branch, ro, points, 1, gens),
+                                               tensors=True)  # fmt: skip
 
         def update() -> None:
             with precision:
@@ -432,18 +444,27 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
             (-(logp * ro.mask).sum() / ro.mask.sum()).backward()
 
         try:
-            peaks["update"], _ = _peak(device, update)
+            peaks["update"], _ = _peak(device, update, tensors=True)
         finally:
             for p in policy.parameters():
                 p.grad = None
         return peaks, held
 
-    probe(1)  # not counted: what a first call allocates once
-    (small, held_small), (large, held_large) = (probe(rows) for rows in PROBE_ROWS)
+    try:
+        probe(1)  # not counted: what a first call allocates once
+        (small, held_small), (large, held_large) = (probe(rows) for rows in PROBE_ROWS)
+    finally:
+        if saved is not None:
+            kept.caches, kept.latest = saved
     fits = {k: Fit.of(PROBE_ROWS, (small[k], large[k])) for k in small}
     output = max(held_small, held_large)
     return MemoryProfile(fits["sampling"], fits["decoding"], output, fits.get("continuing"), fits["update"],
                          device, "the CUDA allocator's peak" if device.startswith("cuda") else "the resident size's peak")  # fmt: skip
+
+
+def size_text(nbytes: float) -> str:
+    """8.1 GB, or 430 MB below a GB."""
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.0f} MB"
 
 
 def check_memory(
@@ -456,7 +477,7 @@ def check_memory(
         cap, source = free
         if cap is None:
             return
-        cap_text = (f"the {cap / 1e9:.1f} GB this process has free ({source}; config key "
+        cap_text = (f"the {size_text(cap)} this process has free ({source}; config key "
                     "'rollout.max_step_memory' = null)")  # fmt: skip
     else:
         cap = float(setting) * 1e9
@@ -464,12 +485,12 @@ def check_memory(
     if estimate.bytes <= cap:
         return
     what = "a step of each process" if processes() > 1 else "a step"
-    part = {"update": f"the update's {draws.groups * draws.trained:,} trained rows",
+    part = {"update": f"the update's {draws.trained_groups * draws.trained:,} trained rows",
             "continuing": f"{draws.groups * draws.continuations:,} continuations",
             "sampling": "a rollout pass", "decoding": "decoding"}[estimate.largest]  # fmt: skip
     advice = "raise optim.minibatches, " if estimate.largest == "update" else ""
     raise UserError(
-        f"{what} would decode and score {draws.formula} = {draws.samples:,} samples, ≈ {estimate.gb:.1f} GB by the "
+        f"{what} would decode and score {draws.formula} = {draws.samples:,} samples, ≈ {size_text(estimate.bytes)} by the "
         f"memory model (mostly {part}; docs/performance.md#step-memory), more than {cap_text}: lower those "
         f"counts, {advice}or set rollout.max_step_memory (GB) if this machine holds it"
     )
