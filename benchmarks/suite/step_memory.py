@@ -10,7 +10,7 @@ or the CUDA allocator's peak above the memory held before the step's collection,
 update. float32 (rollout.autocast and optim.autocast none); the counts are each path's preset at a small P·G,
 so that a path runs in about a minute on two CPU threads.
 
-    flock /work/heavy.lock python -m benchmarks --only step_memory
+    python -m benchmarks --only step_memory
 
 One path alone (what tests/train/test_draws.py runs at tiny shapes):
 
