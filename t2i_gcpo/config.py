@@ -202,8 +202,8 @@ class RolloutConfig:
         "model before it starts (train/draws.py; docs/performance.md#step-memory): its rollouts, decoded outputs, "
         "continuations and the update's forward and backward. null: what this process has free when the run "
         "starts (the device's free memory on CUDA; on the CPU the least of the machine's available memory, its "
-        "memory cgroup's room and its address-space limit's). A run above it is refused before it starts, "
-        "naming the product, the estimate and this setting.",
+        "memory cgroup's room and its address-space limit's, shared by the processes a launch runs on the machine). A "
+        "run above it is refused before it starts, naming the product, the estimate and this setting.",
         None,
         bounds=Bounds(0, low_open=True, why="GB, or null for the free memory"),
     )

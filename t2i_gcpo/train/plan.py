@@ -149,5 +149,10 @@ def plan_memory(cfg: TrainConfig, policy: Policy, plan: Plan, prompt: PromptReco
     if plan.cost is None:  # a count the samples decide (text of no set length): nothing to estimate
         return plan
     estimate = step_memory(cfg, plan.cost, measure_profile(cfg, policy, prompt))
-    check_memory(cfg, plan.cost, estimate, free_memory(local_device()))
+    device = local_device()
+    free, source = free_memory(device)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if free is not None and local > 1 and not device.startswith("cuda"):  # the machine's memory is shared
+        free, source = free / local, f"{source}, shared by this machine's {local} processes"
+    check_memory(cfg, plan.cost, estimate, (free, source))
     return dataclasses.replace(plan, memory=estimate)
