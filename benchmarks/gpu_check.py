@@ -25,9 +25,11 @@ leaves it no room in --budget:
 5. `compile`: rollout.decode=compile on the AR prior (seconds to compile; tokens against static; one
    compilation for the run).
 6. `failure_paths`: each way this check's machinery can fail, made to fail on purpose, and that it recorded
-   the failure and went on: a decode-step capture that fails (on CUDA inside the real capture; --tiny: the
-   test suite's stand-in, tests/capture_standin.py) samples what the uncaptured step samples and puts the
-   stream back; a Janus `generate` that raises TypeError (as transformers 5.17's does) costs the
+   the failure and went on: a decode-step capture that fails (on CUDA inside the real capture, by a host
+   sync CUDA does not allow there, which invalidates it as a real failure does; --tiny: the test suite's
+   stand-in, tests/capture_standin.py, failing as `capture_end` does) samples what the uncaptured step
+   samples, puts the stream back and leaves the allocator usable (`empty_cache` and an allocation after
+   it); a Janus `generate` that raises TypeError (as transformers 5.17's does) costs the
    `janus_scale` rows of that loop only, skipped with the reason after its first failure; a recipe step that
    raises is a row with its error; a part that raises is recorded and the next part runs.
 7. `study` (only with --study): the pre-registered study's left-out cells (docs/study.md#prereg-left-out:
@@ -424,6 +426,7 @@ def failure_paths(report: Report, tiny: bool) -> dict[str, Any]:
         "capture failure: same tokens": out["capture"]["tokens_equal"],
         "capture failure: recorded": bool(out["capture"]["fallback"]),
         "capture failure: stream put back": out["capture"]["stream_restored"],
+        "capture failure: allocator usable": out["capture"]["allocator_usable"] is True,
         "generate raising: its row has the error": "TypeError" in (by[(4, "generate")].get("error") or ""),
         "generate raising: later rows skipped with the reason": "TypeError" in (by[(8, "generate")].get("skipped") or ""),
         "generate raising: the other loops measured": all(by[(b, "graph")]["seconds"] for b in (4, 8)),
@@ -457,7 +460,9 @@ def failing_capture() -> dict[str, Any]:
             @contextlib.contextmanager
             def failing(*args, **kwargs):
                 with real(*args, **kwargs):
-                    raise RuntimeError("injected: operation not permitted when stream is capturing")
+                    # a host sync inside the capture: CUDA refuses it and invalidates the capture, so that
+                    # capture_end's cudaStreamEndCapture fails before the allocator stops using the pool
+                    torch.zeros(2, device=DEV).sum().item()
                 yield
 
             stack.enter_context(patched(torch.cuda, "graph", failing))
@@ -473,7 +478,14 @@ def failing_capture() -> dict[str, Any]:
         with torch.no_grad():
             got = prior.rollout(records, 4, dataclasses.replace(sampling, decode="graph"), gens())
         ok = restored()
-    return {"fallback": prior.last_decode["fallback"], "stream_restored": ok,
+        try:  # what Report.part does after every part, and an allocation after it
+            torch.cuda.empty_cache()
+            if CUDA:
+                torch.ones(1 << 20, device=DEV).sum().item()
+            usable = True
+        except Exception as e:
+            usable = f"{type(e).__name__}: {e}"[:300]
+    return {"fallback": prior.last_decode["fallback"], "stream_restored": ok, "allocator_usable": usable,
             "fallbacks_counted": prior.decode_session.stats["fallbacks"], **compare(got, want)}  # fmt: skip
 
 

@@ -224,6 +224,16 @@ class RolloutConfig:
         16384,
         bounds=Bounds(1, why="samples a step decodes and scores"),
     )
+    max_step_memory: float | None = doc(
+        "The most memory (GB) one process's step may hold at its peak, by the memory model measured on the run's "
+        "model before it starts (train/draws.py; docs/performance.md#step-memory): its rollouts, decoded outputs, "
+        "continuations and the update's forward and backward. null: what this process has free when the run "
+        "starts (the device's free memory on CUDA; on the CPU the least of the machine's available memory, its "
+        "memory cgroup's room and its address-space limit's, shared by the processes a launch runs on the machine). A "
+        "run above it is refused before it starts, naming the product, the estimate and this setting.",
+        None,
+        bounds=Bounds(0, low_open=True, why="GB, or null for the free memory"),
+    )
 
 
 @dataclass
@@ -260,8 +270,10 @@ class AdvantageConfig:
         "A weighted sum of rewards r = Σ_k w_k r_k: 'sum' normalises r within its group (GRPO); 'per_reward' "
         "normalises each term r_k within its group, takes the weighted sum of those advantages and normalises "
         "it over the batch (GDPO, arXiv 2601.05242; docs/concepts/algorithms.md#gdpo), so that one term's scale "
-        "does not drown the others'; needs advantage.scale=group. Dynamic sampling still drops the groups "
-        "whose total r is flat.",
+        "does not drown the others'; needs advantage.scale=group. A scheme that reads rewards (vine, tree, tempo, "
+        "stepwise) reads GDPO's normalised rewards r̂ of the group's samples, continuations and step predictions "
+        "(docs/concepts/algorithms.md#gdpo-and-credit-schemes); a scheme of yours that reads them is refused. "
+        "Dynamic sampling still drops the groups whose total r is flat.",
         "sum",
     )
 
@@ -848,14 +860,14 @@ class TrainConfig:
 def check_prompt_files(cfg: TrainConfig) -> None:
     """The prompt files a config names exist (the user's, else the shipped one of that name): a missing one
     is one line when the config is built, not after the model has loaded."""
+    from t2i_gcpo.errors import not_a_file
     from t2i_gcpo.resources import prompt_file
 
     for key in ("prompts", "eval_prompts"):
         path = getattr(cfg, key)
-        if path and prompt_file(path).is_dir():
-            raise UserError(f"config key '{key}': prompt file {path} is a directory, not a file")
-        if path and not prompt_file(path).is_file():
-            raise UserError(f"config key '{key}': prompt file {path} does not exist")
+        problem = not_a_file(prompt_file(path)) if path else None
+        if problem:
+            raise UserError(f"config key '{key}': prompt file {path} {problem}")
 
 
 def check_credit(credit: Any) -> None:

@@ -28,6 +28,26 @@ class RewardError(UserError):
     """A reward failed (raised, returned NaN/inf, or returned the wrong number of scores)."""
 
 
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a regular file to read ("does not exist", "is a directory, not a file", "is a named
+    pipe (FIFO), not a regular file" …), or None where it is one."""
+    import stat
+
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if p.is_symlink() else "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a plain file")
+    return f"is {kind}, not a file" if kind == "a directory" else f"is {kind}, not a regular file"
+
+
 def check_writable_dir(path: str | os.PathLike, what: str) -> Path:
     """Raise `UserError` unless `path` is a directory this process can create files in, or can be
     created as one (`what` names it in the message, e.g. "--out"). Leaves nothing behind: a probe
@@ -55,12 +75,11 @@ def check_file(path: str | os.PathLike, what: str = "") -> Path:
     a regular file (a FIFO, a device: reading it could block) or not found."""
     p = Path(path)
     label = f"{what} {p}" if what else str(p)
-    if p.is_dir():
-        raise UserError(f"{label} is a directory, expected a file")
-    if p.exists() and not p.is_file():
-        raise UserError(f"{label} is not a regular file")
-    if not p.is_file():
+    problem = not_a_file(p)
+    if problem == "does not exist":
         raise UserError(f"{label} not found")
+    if problem:
+        raise UserError(f"{label} {problem}")
     return p
 
 

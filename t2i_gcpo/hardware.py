@@ -57,3 +57,97 @@ def native_bf16(device_type: str) -> bool:
     if forced is not None:
         return forced
     return bool(BF16_CPU_FLAGS & cpu_flags())
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where that cannot be read)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """A thread count within the CPUs this process may use, else a one-line UserError (100,000 torch threads
+    ran out of memory starting them; more threads than CPUs only slow torch down)."""
+    from t2i_gcpo.errors import UserError
+
+    cpus = usable_cpus()
+    if threads > cpus:
+        raise UserError(f"{flag} {threads:,}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}, so at most "
+                        f"{flag} {cpus} (more threads than CPUs only slow torch down)")  # fmt: skip
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _status_bytes(key: str) -> int | None:
+    """A ``/proc/self/status`` size (VmSize, VmRSS …) in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def free_memory(device: str) -> tuple[int | None, str]:
+    """(bytes this process can still take on `device`, what bounds it), read now. CUDA: the device's free
+    memory plus what torch's cache holds unused. CPU: the least of the machine's available memory
+    (MemAvailable), the room left under this process's memory cgroup (v2 memory.max, v1 limit_in_bytes) and
+    under its address-space limit (RLIMIT_AS, against its current virtual size); None where none can be
+    read."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index or 0
+        free, _ = torch.cuda.mem_get_info(index)
+        return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index), f"{device}'s free memory"
+    bounds: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    bounds.append((int(line.split()[1]) * 1024, "the machine's available memory"))
+    except (OSError, ValueError, IndexError):
+        pass
+    cgroup = None
+    try:
+        with open("/proc/self/cgroup") as f:
+            cgroup = f.read().splitlines()
+    except OSError:
+        pass
+    for line in cgroup or []:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0":  # v2
+            base = "/sys/fs/cgroup" + parts[2]
+            limit, used = _read_int(base + "/memory.max"), _read_int(base + "/memory.current")
+        elif "memory" in parts[1].split(","):
+            base = "/sys/fs/cgroup/memory" + parts[2]
+            limit, used = _read_int(base + "/memory.limit_in_bytes"), _read_int(base + "/memory.usage_in_bytes")
+        else:
+            continue
+        if limit is not None and used is not None and limit < 1 << 60:
+            bounds.append((max(limit - used, 0), "the room under this process's memory cgroup"))
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        size = _status_bytes("VmSize")
+        if soft != resource.RLIM_INFINITY and size is not None:
+            bounds.append((max(soft - size, 0), "the room under this process's address-space limit (ulimit -v)"))
+    except (ImportError, ValueError, OSError):
+        pass
+    if not bounds:
+        return None, "unknown"
+    return min(bounds)

@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from typing_extensions import TypedDict
 
-from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.errors import UserError, not_a_file, shorten
 
 LOCK_NAME = ".t2i-gcpo.lock"
 RUN_MARKER = ".t2i-gcpo-run"  # written into a run directory before its config.yaml
@@ -380,6 +380,21 @@ def append_text(path: Path, text: str, within: Path | None = None) -> None:
         os.close(fd)
 
 
+def sync_file(path: Path) -> None:
+    """What was appended to `path` (a plain file) written through to the disk (fsync); no file: nothing to do.
+    The trainer syncs metrics.jsonl before each checkpoint, so every row up to it survives a crash."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------ reads: bounded and typed
 
 SIDE_FILE_BYTES = 64 << 20  # a run folder's JSON/YAML side files are small; more is not one of ours
@@ -509,12 +524,9 @@ def read_lines(
     a regular file (a FIFO, a device), another ending, text that is not UTF-8 or a file that cannot be read
     is a one-line UserError naming it; a UTF-8 byte-order mark is ignored."""
     p = Path(path)
-    if p.is_dir():
-        raise UserError(f"{what} {p} is a directory, not a file")
-    if not p.exists():
-        raise UserError(f"{what} {p} does not exist")
-    if not p.is_file():
-        raise UserError(f"{what} {p} is not a regular file")
+    problem = not_a_file(p)
+    if problem:
+        raise UserError(f"{what} {p} {problem}")
     if p.suffix not in suffixes:
         endings = " or ".join(f"{end} ({holds})" for end, holds in suffixes.items())
         raise UserError(f"{what} {p} must end in {endings}")
@@ -540,8 +552,10 @@ def read_yaml(path: str | os.PathLike, what: str = "config file", limit: int = S
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory, expected a YAML file")
-    if not path.is_file() and not path.is_symlink():
+    if not path.exists() and not path.is_symlink():
         raise UserError(f"{what} not found: {path}")
+    if not path.is_file() and not path.is_symlink():  # a FIFO, a socket, a device
+        raise UserError(f"{what} {path} {not_a_file(path)}")
     try:
         text = read_side_text(path, limit, follow)
     except UserError as e:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.errors import UserError
+from t2i_gcpo.errors import UserError, not_a_file
 
 # what a run records for a function given as a Python object that no string can import again
 PYTHON_OBJECT = "<python>"
@@ -203,8 +203,9 @@ def import_module(module: str, what: str, spec: str | None = None) -> Any:
         _admit(guard, spec, what, None, None)  # refused unless named again, whatever the file holds
     if module.endswith(".py"):
         path = Path(module).expanduser()
-        if not path.is_file():
-            raise UserError(f"{what} file '{module}' does not exist")
+        problem = not_a_file(path)
+        if problem:
+            raise UserError(f"{what} file '{module}' {problem}")
         path = path.resolve()
         try:
             data = path.read_bytes()

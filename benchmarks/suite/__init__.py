@@ -18,4 +18,5 @@ SECTIONS = [
     "compare_cost",
     "rewards",
     "reward_overlap",
+    "step_memory",
 ]

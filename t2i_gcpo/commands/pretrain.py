@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from t2i_gcpo.commands.options import config_value, seed_option
+from t2i_gcpo.hardware import check_threads, usable_cpus
 
 
 @click.command("pretrain")
@@ -95,7 +96,8 @@ from t2i_gcpo.commands.options import config_value, seed_option
     help="Train a fresh VQ tokenizer instead of reusing the shipped one (--size 32; --size 64 always does).",
 )
 @seed_option
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(min=1), help="torch threads.")
+@click.option("--threads", default=lambda: min(2, usable_cpus()), show_default="2, or 1 on a machine of one CPU",
+              type=click.IntRange(min=1), help="torch threads (at most the CPUs this process may use).")  # fmt: skip
 @click.option("--no-eval", is_flag=True, help="Skip scoring the result on the held-out test prompts.")
 def pretrain_cmd(
     world: str,
@@ -155,6 +157,7 @@ def pretrain_cmd(
     from t2i_gcpo.errors import UserError, check_writable_dir
 
     out = out or f"{world}_model"
+    check_threads(threads)
     check_writable_dir(out, "--out")  # bad input fails now, not after minutes of training
     if max_minutes is not None:
         check_finite("--minutes", max_minutes)

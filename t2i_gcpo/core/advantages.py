@@ -91,6 +91,38 @@ def decoupled_advantages(
     return (total - total.mean()) / (_unbiased_std(total) + eps), terms
 
 
+def decoupled_rewards(parts: Tensor, weights: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
+    """GDPO's per-reward normalisation (arXiv 2601.05242, §3) of the rewards a credit scheme reads, continuations
+    included (docs/concepts/algorithms.md#gdpo-and-credit-schemes):
+
+        r̂_j = Σ_k w_k (r_k,j − mean_g r_k) / (std_g r_k + ε)
+
+    the mean and the unbiased std over every row j of group g — a group's samples and every continuation or
+    leaf scored from them —, so that a scheme's values (means of r̂ over continuations) and their differences
+    are each reward's, in its own spread, weighted. A reward flat in a group contributes 0 there (GDPO's
+    A_k = 0). Rows need not be contiguous: `groups` names each row's group.
+
+    parts: [N, K] (r_k,j), weights: [K], groups: [N] long; returns r̂ [N] float64.
+    """
+    shapes_fit = parts.dim() == 2 and weights.dim() == 1 and parts.shape[1] == weights.numel()
+    if not shapes_fit or groups.shape != parts.shape[:1]:
+        raise ValueError(
+            f"parts must be [N, K], weights [K] and groups [N], got {tuple(parts.shape)}, "
+            f"{tuple(weights.shape)} and {tuple(groups.shape)}"
+        )
+    r = parts.double()
+    out = torch.zeros(len(r), dtype=torch.float64, device=r.device)
+    for g in groups.unique().tolist():
+        rows = (groups == g).nonzero().flatten()
+        x = r[rows]  # [n, K]
+        centred = x - x.mean(dim=0, keepdim=True)
+        flat = x.amax(dim=0) == x.amin(dim=0)  # [K]
+        sigma = _unbiased_std(x, dim=0) if len(x) > 1 else torch.zeros(x.shape[1], dtype=x.dtype)
+        normed = torch.where(flat, torch.zeros_like(centred), centred / (sigma + eps))
+        out[rows] = normed @ weights.to(normed)
+    return out
+
+
 def zero_std_groups(rewards: Tensor, group_size: int, tol: float = 0.0) -> Tensor:
     """True for each group whose rewards are all equal (max − min ≤ tol): no learning signal.
 

@@ -317,9 +317,10 @@ class ARPolicy(nn.Module):
         )
 
     def _weights_stamp(self) -> tuple[int, ...]:
-        """Changes whenever the weights are changed in place (an optimizer step, a load): a kept cache is
-        only valid for the weights that filled it."""
-        return tuple(p._version for p in (self.head.weight, self.llama.embed_tokens.weight))
+        """Changes whenever the weights change (an optimizer step — the trainer's count of them, which FSDP2's
+        gathers cannot hide —, a load): a kept cache is only valid for the weights that filled it."""
+        weights = (self.head.weight, self.llama.embed_tokens.weight)
+        return (self.decode_session.generation, *(x for p in weights for x in (p._version, p.data_ptr())))
 
     # ---- branched rollouts (docs/concepts/tree_credit.md#branched-rollouts) -----------------------
     def branch(self, rollout: Rollout, points: torch.Tensor, n: int,

@@ -19,6 +19,14 @@ pass runs in them with padded rows, the weight copies are refreshed in place aft
 the graphs (or the compilation) of the first pass are replayed by every later one. A bigger pass or a longer
 cache allocates anew and captures again.
 
+Weights the loop samples from are the weights the optimizer wrote, under every strategy: the decoder owns a
+copy of every weight its step reads (none aliases a parameter's storage, which a strategy may free: FSDP2
+gathers each step's weights into new storage), refreshed when a parameter's version counter or address
+changed, or when the trainer says the weights changed (`weights_changed`, after every optimizer step: FSDP2
+may write new values at the same address and keep the version counter). What the embed and head callables
+read (the adapter's own modules: a head, an image-token embedding) is read at its address by a captured
+graph: where any of those addresses moved since the capture, the graphs are dropped and captured again.
+
 Modes (`SamplingParams.decode`, config ``rollout.decode``):
 - ``eager``: the adapter's own loop — the reference and the fallback (continuations: this loop's step over
   exactly the filled slots, uncaptured);
@@ -32,9 +40,10 @@ Modes (`SamplingParams.decode`, config ``rollout.decode``):
 - ``auto``: ``graph`` on CUDA where the adapter's model is one `FusedLlamaDecoder` reproduces, else
   ``eager``.
 
-A capture that fails changes no sample: the step it was warmed up with has run, the capture stream and
-memory pool are put back, the rest runs uncaptured, one warning says why, and the run logs
-``rollout/decode_fallback``.
+A capture that fails changes no sample: the step it was warmed up with has run, the capture stream is put
+back and the memory pool released (PyTorch's ``capture_end`` throws before it ends the pool's allocation:
+`release_failed_capture`, so the allocator is usable again), the rest runs uncaptured, one warning says
+why, and the run logs ``rollout/decode_fallback``.
 
 Every mode draws the same tokens from the same uniforms: the static step differs from the eager loop's
 only in the order of its floating-point sums (tests/policies/test_decode_loop.py).
@@ -47,7 +56,7 @@ import warnings
 from collections.abc import Callable, Iterator
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from t2i_gcpo.config import DECODE_MODES
 from t2i_gcpo.errors import UserError
@@ -146,6 +155,7 @@ class StaticDecodeLoop:
         self.valid = torch.zeros(n, steps, device=dev)
         self.logps = torch.zeros(3, n, steps, device=dev)  # pos, neg, guided
         self.graphs: dict[tuple, Callable[[], None]] = {}  # (mode, span, top_k, nucleus) → a graph's replay
+        self.addresses = step_addresses(embed, head)  # what the graphs read of embed's and head's modules
         self.compiled: Callable[[int], None] | None = None
         self.fallback = ""  # why a capture failed: this loop then runs uncaptured
         self._pool = None
@@ -303,7 +313,8 @@ class StaticDecodeLoop:
                 step(span)
         except Exception as e:  # nothing ran during the capture: the buffers are as the warm-up left them
             torch.cuda.set_stream(current)  # a failed capture can leave its stream current
-            self._pool = None  # a fresh pool for any later capture; this one goes with the graph
+            release_failed_capture(self._pool, self.uniforms.device)
+            self._pool = None  # a fresh pool for any later capture (earlier graphs keep theirs)
             del graph
             self.fallback = self.stats["fallback"] = f"{type(e).__name__}: {e}"[:300]
             if self.session is not None:
@@ -315,6 +326,50 @@ class StaticDecodeLoop:
         if self.session is not None:
             self.session.stats["captures"] += 1
         return graph.replay
+
+    def drop_graphs(self) -> None:
+        """Drop the captured graphs (each releases its share of the pool): the next pass captures again, from a
+        fresh pool (a pool every graph of which is gone may not be captured into again)."""
+        self.graphs.clear()
+        self._pool = None
+
+
+def release_failed_capture(pool: tuple | None, device: torch.device) -> None:
+    """After a capture that raised: end the allocator's allocation to the capture's pool and release the pool,
+    where ``capture_end`` threw before doing so (it checks ``cudaStreamEndCapture``'s error first: a capture
+    invalidated by an operation CUDA does not allow in it leaves the caching allocator routing to the pool, and
+    the next ``torch.cuda.empty_cache()`` fails an internal assert). Where the capture had ended the pool
+    (it failed later) ending it again raises, and the graph releases its pool itself: nothing to do."""
+    if pool is None:
+        return
+    from torch.cuda import memory
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        memory._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": capture_end got past it
+        return
+    memory._cuda_releasePool(index, pool)
+
+
+def step_addresses(*fns: Callable) -> tuple[int, ...]:
+    """The addresses of the parameters and buffers of the modules `fns` are (or are methods of): what a
+    captured step reads besides the decoder's own copies and the loop's buffers (the adapter's head and
+    embedding modules)."""
+    out = []
+    for fn in fns:
+        owner = getattr(fn, "__self__", fn)
+        if isinstance(owner, nn.Module):
+            out += [t.data_ptr() for t in (*owner.parameters(), *owner.buffers())]
+    return tuple(out)
+
+
+def weights_changed(policy: object) -> None:
+    """Tell `policy`'s decode loop (its `decode_session`, where it has one) that its weights changed: the trainer
+    calls it after every optimizer step."""
+    session = getattr(policy, "decode_session", None)
+    if session is not None:
+        session.weights_changed()
 
 
 def compiled_frames() -> int:
@@ -329,11 +384,15 @@ class DecodeSession:
     `FusedLlamaDecoder` (weight copies, KV cache), its buffers and its graphs or compilation. `loop` hands
     it out refreshed for the next pass, or allocates a bigger one (and so captures again) where the pass does
     not fit. `stats` counts over the run: allocations, weight refreshes, captures, compilations, fallbacks
-    (failed captures), passes."""
+    (failed captures), passes, and recaptures (graphs dropped because what they read moved).
+
+    `generation` counts the trainer's optimizer steps (`weights_changed`): a kept decoder is refreshed when it
+    changed, whatever the parameters' version counters and addresses say."""
 
     def __init__(self) -> None:
         self.current: StaticDecodeLoop | None = None
         self.key: tuple | None = None
+        self.generation = 0
         self.stats = {
             "allocations": 0,
             "refreshes": 0,
@@ -341,7 +400,12 @@ class DecodeSession:
             "compiles": 0,
             "fallbacks": 0,
             "passes": 0,
+            "recaptures": 0,
         }
+
+    def weights_changed(self) -> None:
+        """The policy's weights changed (an optimizer step): the next pass refreshes the kept copies."""
+        self.generation += 1
 
     def __deepcopy__(self, memo: dict) -> DecodeSession:
         return DecodeSession()  # a copied policy (a frozen reference) samples with its own
@@ -369,17 +433,27 @@ class DecodeSession:
         loop = self.current
         self.stats["passes"] += 1
         if loop is not None and key == self.key:
-            refreshed = loop.decoder.refresh() if loop.n >= rows and loop.decoder.max_len >= length else None
+            fits = loop.n >= rows and loop.decoder.max_len >= length
+            refreshed = loop.decoder.refresh(self.generation) if fits else None
             if refreshed is not None:
                 self.stats["refreshes"] += int(refreshed)
+                where = step_addresses(embed, head)
+                if where != loop.addresses:  # a graph would read the old addresses: capture again
+                    self.stats["recaptures"] += int(bool(loop.graphs))
+                    loop.drop_graphs()
+                    loop.addresses = where
                 return loop
             rows, length = max(rows, loop.n), max(length, loop.decoder.max_len)  # grow, never shrink
         self.current = None  # the old buffers and graphs go before the new ones are allocated
         del loop
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        decoder = FusedLlamaDecoder(llama, 2 * rows if cfg else rows, length)
+        decoder = FusedLlamaDecoder(llama, 2 * rows if cfg else rows, length, owned=True)
+        decoder.generation = self.generation
         self.current = StaticDecodeLoop(decoder, embed, head, guidance, steps, cfg, eos, pad_id, session=self)
+        with torch.no_grad():
+            if not embed(self.current.tok).is_floating_point():  # the step is fed token ids: its own table
+                decoder.own_embedding()
         self.key = key
         self.stats["allocations"] += 1
         return self.current

@@ -13,10 +13,12 @@ made inductor copy and write back the whole cache every step).
 Only plain Llama configurations are supported (`supports`: model_type llama, no attention / MLP bias,
 default rotary embedding, SiLU; grouped-query attention is), with or without peft LoRA adapters on its
 linear layers (`supports_model`): the AR prior's, Janus-Pro's language model, and the arithmetic world's
-causal LM. The fused weights are copies (LoRA deltas merged into them, W + s·B·A) taken at construction and
-refreshed in place by `refresh` when the weights have changed (an optimizer step): a decoder kept for a
-whole run (policies/decode_loop.DecodeSession) samples from the current weights at the same addresses, which
-is what a captured CUDA graph needs.
+causal LM. The fused weights are copies (LoRA deltas merged into them, W + s·B·A) taken at construction. A
+decoder kept for a whole run (policies/decode_loop.DecodeSession, ``owned``) holds its own copy of every
+weight its `step` reads — none aliases a parameter, whose storage a strategy may free and move (FSDP2 gathers
+each step's weights into new storage under the same parameter objects and version counters) — and `refresh`
+copies the current weights into them in place when they changed: the same addresses, which is what a
+captured CUDA graph needs. A decoder built for one pass (the eager loop) reads the parameters themselves.
 
 Built under ``torch.autocast`` (``SamplingParams.autocast="bf16"``), the copies and the KV cache are
 taken in the autocast dtype: the matmuls and the cache reads run in bf16, while the residual stream, the
@@ -86,9 +88,17 @@ def effective_weight(linear: nn.Module) -> Tensor:
     return weight
 
 
-def weights_stamp(llama: nn.Module) -> tuple[int, ...]:
-    """Changes whenever a weight of `llama` changes in place (an optimizer step, a load)."""
-    return tuple(p._version for p in llama.parameters())
+def weights_stamp(llama: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Each parameter's version counter and address: changes when a weight is written in place (an optimizer
+    step, a load) or its storage moves (FSDP2's gather, which keeps the version counter). Not a proof that
+    nothing changed (a strategy may write new values at the same address without a version bump): a kept
+    decoder is also refreshed when the trainer says its weights changed (`refresh`'s `generation`)."""
+    return tuple((p._version, p.data_ptr()) for p in llama.parameters())
+
+
+def _own(t: Tensor, params: set[int]) -> Tensor:
+    """`t`, or a copy of it where it shares storage with one of `params` (their storages' addresses)."""
+    return t.clone() if t.untyped_storage().data_ptr() in params else t
 
 
 class FusedLlamaDecoder:
@@ -97,9 +107,13 @@ class FusedLlamaDecoder:
     `ids` may instead be input embeddings [N, n, D] (float).
 
     Left-padded rows (the text adapter, Janus) pass `positions` [N, n] (each row's rotary positions) and
-    `key_mask` [N, start + n] (False at padding slots, which no query attends to)."""
+    `key_mask` [N, start + n] (False at padding slots, which no query attends to).
 
-    def __init__(self, llama, rows: int, max_len: int) -> None:
+    `owned`: every weight `step` reads is a copy held here (a decoder kept across optimizer steps, `refresh`);
+    the token embedding too once `own_embedding` is called (a loop fed token ids; the prefill reads the live
+    one until then)."""
+
+    def __init__(self, llama, rows: int, max_len: int, owned: bool = False) -> None:
         c = llama.config
         if not supports_model(llama):
             raise ValueError(f"FusedLlamaDecoder: unsupported configuration ({c.model_type})")
@@ -107,9 +121,10 @@ class FusedLlamaDecoder:
         self.heads, self.eps = c.num_attention_heads, c.rms_norm_eps
         self.kv_heads = c.num_key_value_heads or self.heads  # grouped-query attention when fewer
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
-        self.embed = llama.embed_tokens.weight
-        self.final_norm = llama.norm.weight
-        device, dtype = self.embed.device, self.embed.dtype
+        self.owned = owned
+        self.embed: Tensor | None = None if owned else llama.embed_tokens.weight  # owned: `own_embedding`
+        weight = llama.embed_tokens.weight
+        device, dtype = weight.device, weight.dtype
         # the matmuls' dtype: the weights', or the autocast dtype when built under torch.autocast
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
         self.compute_dtype = low
@@ -118,9 +133,12 @@ class FusedLlamaDecoder:
         # eager loop's one-token forward uses them there (`step` keeps SDPA: what CUDA runs, and what inductor
         # compiles best)
         self.fused_kernels = device.type == "cuda"
+        # owned: the storages of the parameters, which the decoder copies rather than keeps (`_held`)
+        self._storages = {p.untyped_storage().data_ptr() for p in llama.parameters()} if owned else set()
         with torch.no_grad():
             self.layers = [self._copies(layer) for layer in llama.layers]
-        self.stamp = weights_stamp(llama)
+            self.final_norm = self._held(llama.norm.weight)
+        self.stamp, self.generation = weights_stamp(llama), 0
         positions = torch.arange(max_len, device=device)[None]
         cos, sin = llama.rotary_emb(torch.zeros((), device=device, dtype=dtype), positions)
         half = self.head_dim // 2
@@ -137,6 +155,11 @@ class FusedLlamaDecoder:
         ]
 
     # ---- weights ----------------------------------------------------------------------------------
+    def _held(self, w: Tensor) -> Tensor:
+        """What the decoder keeps of weight `w`: `w` itself, or (`owned`) a copy where `w` is a parameter's
+        storage."""
+        return _own(w, self._storages) if self.owned else w
+
     def _fused(self, linears: Sequence[nn.Module]) -> Tensor:
         """The linears' effective weights stacked along the output dimension, in the compute dtype (the
         weight itself where that is one plain weight already in it: no copy)."""
@@ -144,9 +167,10 @@ class FusedLlamaDecoder:
         w = weights[0] if len(weights) == 1 else torch.cat(weights)
         return w.to(self.compute_dtype)
 
-    def _copies(self, layer) -> tuple[Tensor, ...]:
+    def _copies(self, layer, hold: bool = True) -> tuple[Tensor, ...]:
+        """A layer's weights as `step` reads them (`hold`: as the decoder keeps them, `_held`)."""
         attn, mlp = layer.self_attn, layer.mlp
-        return (
+        weights = (
             layer.input_layernorm.weight,
             self._fused([attn.q_proj, attn.k_proj, attn.v_proj]),
             self._fused([attn.o_proj]),
@@ -154,28 +178,41 @@ class FusedLlamaDecoder:
             self._fused([mlp.gate_proj, mlp.up_proj]),
             self._fused([mlp.down_proj]),
         )
+        return tuple(self._held(w) for w in weights) if hold else weights
 
     @torch.no_grad()
-    def refresh(self) -> bool | None:
-        """Copy the current weights into the fused copies in place (same tensors, so a captured graph or a
-        compiled step reads the new values) if they changed since the last copy → whether they had; None where
-        they cannot be refreshed in place (a weight that was used as it is now needs a copy: LoRA adapters
-        added since) — then build a new decoder."""
+    def own_embedding(self) -> None:
+        """An owned decoder whose `step` is fed token ids: its own copy of the token embedding (refreshed with
+        the other weights)."""
+        if self.owned and self.embed is None:
+            self.embed = self.llama.embed_tokens.weight.clone()
+
+    @torch.no_grad()
+    def refresh(self, generation: int = 0) -> bool | None:
+        """An owned decoder: copy the current weights into its copies in place (the same tensors, so a captured
+        graph or a compiled step reads the new values) if they changed since the last copy — by `weights_stamp`,
+        or by `generation`, a counter the trainer bumps after every optimizer step (`DecodeSession.generation`)
+        → whether they had; None where they cannot be copied in place (a weight of another shape or dtype) —
+        then build a new decoder."""
+        if not self.owned:
+            raise ValueError("only a decoder that owns its weight copies (owned=True) is refreshed")
         stamp = weights_stamp(self.llama)
-        if stamp == self.stamp:
+        if stamp == self.stamp and generation == self.generation:
             return False
-        params = {id(p) for p in self.llama.parameters()}
+        pairs = [(self.final_norm, self.llama.norm.weight)]
+        if self.embed is not None:
+            pairs.append((self.embed, self.llama.embed_tokens.weight))
+        if any(m.shape != w.shape or m.dtype != w.dtype for m, w in pairs):
+            return None
         for held, layer in zip(self.layers, self.llama.layers):  # a layer at a time: one layer's temporaries
-            new = self._copies(layer)
-            if any(
-                m is not w and (id(m) in params or id(w) in params or m.shape != w.shape)
-                for m, w in zip(held, new)
-            ):
-                return None  # an alias of a weight became a copy (or the reverse): the decoder is dropped
+            new = self._copies(layer, hold=False)
+            if any(m.shape != w.shape or m.dtype != w.dtype for m, w in zip(held, new)):
+                return None
             for mine, w in zip(held, new):
-                if mine is not w:
-                    mine.copy_(w)
-        self.stamp = stamp
+                mine.copy_(w)
+        for mine, w in pairs:
+            mine.copy_(w)
+        self.stamp, self.generation = stamp, generation
         return True
 
     def fork(self, rows: Tensor) -> FusedLlamaDecoder:
@@ -199,7 +236,8 @@ class FusedLlamaDecoder:
 
     def _input(self, x: Tensor) -> Tensor:
         """Token ids (long) → embeddings; input embeddings (float) pass in the residual stream's dtype."""
-        return x.to(self.embed.dtype) if x.is_floating_point() else F.embedding(x, self.embed)
+        embed = self.embed if self.embed is not None else self.llama.embed_tokens.weight
+        return x.to(embed.dtype) if x.is_floating_point() else F.embedding(x, embed)
 
     def _qkv(self, x: Tensor, norm: Tensor, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """x [N, n, D] → q [N, heads, n, hd] (compute dtype) and the new keys | values [2, N, kv, n, hd]; q and k

@@ -118,6 +118,8 @@ class WeightedSum:
         for r, w in self.parts:
             if not math.isfinite(w):
                 raise UserError(f"reward weight for '{reward_name(r)}' must be finite, got {w}")
+        if all(w == 0 for _, w in self.parts):  # a constant reward: nothing to learn
+            raise UserError("every term of the reward sum has weight 0: give a term a weight")
         self.names: list[str] = []
         for r, _ in self.parts:
             base, k = reward_name(r), 2

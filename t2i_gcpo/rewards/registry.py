@@ -51,7 +51,7 @@ from typing import Any, Literal, Union
 
 from t2i_gcpo.config import DEVICE, Bounds
 from t2i_gcpo.core.schemes.registry import Option, option_types
-from t2i_gcpo.errors import UserError, shorten
+from t2i_gcpo.errors import UserError, not_a_file, shorten
 from t2i_gcpo.extensions import Registry
 from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
@@ -341,7 +341,18 @@ def terms(spec: str) -> list[tuple[float | None, str]]:
                 raise UserError(
                     f"reward term '{shorten(written)}*{shorten(term)}': the weight must be a finite number, got {written}"
                 )
+            if weight == 0 and re.search(r"[1-9]", written.lower().split("e")[0]):  # 1e-400: 0.0 as a float
+                raise UserError(
+                    f"reward term '{shorten(written)}*{shorten(term)}': the weight {written} is 0 in floating "
+                    "point (below 5e-324, the smallest float): the term would count for nothing; write a larger "
+                    "weight, or 0 to log the term without training on it"
+                )
         out.append((weight, term))
+    if out and all(w == 0 for w, _ in out):
+        raise UserError(
+            f"reward '{shorten(spec)}': every term has weight 0, so every sample would score 0 and no step would "
+            "learn anything: give a term a weight (a term of weight 0 beside others is logged, not trained on)"
+        )
     return out
 
 
@@ -531,6 +542,10 @@ def check_reward_spec(spec: str | None, output: str | None = None) -> None:
         return
     for _, term in _spec_terms(spec):
         if is_user_function(term):
+            module = unquote(term).rpartition(":")[0]
+            problem = not_a_file(Path(module).expanduser()) if module.endswith(".py") else None
+            if problem:  # before the model loads (the file is imported, and checked again, by build_reward)
+                raise UserError(f"reward file '{module}' {problem}")
             continue
         read = read_term(term)
         _check_output(read, output)
@@ -570,7 +585,14 @@ def _spec_terms(spec: str) -> list[tuple[float | None, str]]:
     if not found[0][1]:
         raise UserError(f"empty reward: use {forms_text()}")
     for _, term in found:
-        if re.match(r"^https?://", unquote(term)):
+        text = unquote(term)
+        head, comma, rest = text.partition(",")
+        if comma and form_of(text) is None and head.strip() in forms():  # 'shapeworld,device=cuda:99'
+            raise UserError(
+                f"reward '{shorten(text)}': a reward's arguments and options follow a ':' after its name, "
+                f"not a ',': write '{head.strip()}:{rest.strip()}'"
+            )
+        if re.match(r"^https?://", text):
             raise UserError(
                 f"reward '{shorten(unquote(term))}' is an address: write remote:URL for a t2i-gcpo reward-server, "
                 "or judge:URL for a chat VLM behind an OpenAI-compatible server"

@@ -36,6 +36,9 @@ class Grown:
     samples: int  # continuations sampled and scored
     tokens: int  # tokens they sampled (positions, or masked reveals, from their point on)
     seconds: dict[str, float] = field(default_factory=dict)  # "rollout", "reward"
+    root: torch.Tensor | None = None  # [N] the row each continuation continues (None: none sampled)
+    terms: torch.Tensor | None = None  # [N, K] each continuation's score under each term (K = 1: one reward)
+    tree_of: Any = None  # continuation values [N] → their Tree (the same points), e.g. GDPO's r̂
 
 
 def sequential(ro: Rollout) -> bool:
@@ -143,12 +146,22 @@ def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], branching: Bra
     mid = time.perf_counter()
     cont = br.rollout
     outputs = policy.decode(cont)
-    scores = call_reward(reward, outputs, cont.texts, [p.meta for p in cont.prompts]).scores
+    scored = call_reward(reward, outputs, cont.texts, [p.meta for p in cont.prompts])
     fresh = (cont.step >= br.point.to(cont.step.device)[:, None]) & (cont.mask > 0)
     return Grown(
-        br.tree(points, scores), len(cont), int(fresh.sum()),
+        br.tree(points, scored.scores), len(cont), int(fresh.sum()),
         {"rollout": mid - tic, "reward": time.perf_counter() - mid},
+        br.root.cpu(), per_term_scores(reward, scored), lambda values: br.tree(points, values),
     )  # fmt: skip
+
+
+def per_term_scores(reward: Any, out: Any) -> torch.Tensor:
+    """[N, K]: each sample's score under each term of `reward` (a weighted sum), or [N, 1] its score."""
+    from t2i_gcpo.rewards.combine import reward_terms
+    from t2i_gcpo.train.scoring import term_scores
+
+    parts = term_scores(reward_terms(reward), out)
+    return out.scores.reshape(-1, 1).float() if parts is None else parts
 
 
 def leaf_points(policy: Any, ro: Rollout, branching: BranchingConfig, context: str) -> torch.Tensor:

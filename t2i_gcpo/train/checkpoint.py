@@ -150,6 +150,7 @@ class TrainerState(TypedDict, total=False):
     budget: list[dict[str, Finite] | None] | None
     history: list[dict[str, Annotated[list[Finite], Field(min_length=2, max_length=2)]]] | None
     owed: list[Annotated[float, Field(ge=0, lt=1)]] | None
+    metrics_row: dict[str, float | None]  # the step's metrics.jsonl row (restored where the file lost it)
 
 
 def load_trainer_state(ckpt: Path) -> dict:

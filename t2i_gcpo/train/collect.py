@@ -23,9 +23,9 @@ import torch
 
 from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig
-from t2i_gcpo.core.advantages import dynamic_sampling_filter
+from t2i_gcpo.core.advantages import decoupled_rewards, dynamic_sampling_filter
 from t2i_gcpo.core.allocation import allocate, max_variance_subset, success_estimate
-from t2i_gcpo.core.schemes import get_scheme
+from t2i_gcpo.core.schemes import REWARD_NEEDS, get_scheme
 from t2i_gcpo.core.tree import Tree
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, PromptRecord, Rollout, SamplingParams
@@ -33,9 +33,15 @@ from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.combine import reward_terms
 from t2i_gcpo.tasks.loop import Scored, group_generators
 from t2i_gcpo.train.batch import Batch
-from t2i_gcpo.train.branches import grow, grow_leaves
-from t2i_gcpo.train.credit import TRAIN_CONTEXT, needs_step_rewards, score_step_predictions
+from t2i_gcpo.train.branches import grow, grow_leaves, per_term_scores
+from t2i_gcpo.train.credit import (
+    CREDIT_REWARDS,
+    TRAIN_CONTEXT,
+    needs_step_rewards,
+    score_step_predictions,
+)
 from t2i_gcpo.train.data import PromptStream
+from t2i_gcpo.train.draws import Ledger, StepDraws, step_draws
 from t2i_gcpo.train.scoring import round_scorer, sequence_advantages, term_metrics
 
 
@@ -145,10 +151,15 @@ class BatchCollector:
         self.branched_once = False  # the first branching checks that every_k's spacing finds branch points
         # stepwise rewards: the sampler records every reveal step's prediction, scored for the kept groups
         self.stepwise = needs_step_rewards(cfg.credit.scheme)
+        # GDPO and a scheme that reads the rewards: it reads the decoupled rewards r̂ (`decouple`)
+        self.decoupled = cfg.advantage.reward_norm == "per_reward" and bool(needs & REWARD_NEEDS)
         self.spent = self.budget_keys()  # the run's budget/* totals (this process)
         self.history: dict[str, list[float]] = {}  # budget allocation: prompt → [sum, count] of its rewards
         self.owed = 0.0  # knapsack: the fraction of a group of extra draws carried to the next round
         self.sample_and_score = round_scorer(cfg)  # tasks/loop.sample_and_score, or in chunks (overlapped)
+        self.num_processes = num_processes
+        self.draws: StepDraws | None = None  # what a step may draw (train/draws.py), once the policy is known
+        self.ledger: Ledger | None = None  # this step's draws charged against it
 
     def collect(self, step: int, policy: Any, reward: Any, sampling: SamplingParams) -> Collected:
         """This process's groups for `step`: the last step's carried-over groups first, then rounds
@@ -156,6 +167,9 @@ class BatchCollector:
         up to what the step trains on and carries, branched when the scheme needs it; the surplus carried."""
         P = self.local_prompts
         tally = Tally(spent=self.budget_keys())
+        if self.draws is None:  # the plan's counts (train/plan.py checked them): every draw is charged
+            self.draws = step_draws(self.cfg, policy, self.num_processes)
+        self.ledger = Ledger(self.draws) if self.draws is not None else None
         fallbacks = decode_fallbacks(policy)
         if self.stepwise:
             sampling = dataclasses.replace(sampling, record_predictions=True)
@@ -225,6 +239,10 @@ class BatchCollector:
         r = scored.reward.scores  # NaN/raise → RewardError
         adv = self.advantages(scored.reward, G, reward, tally if self.leaves is None else None)
         tally.drawn += len(prompts)
+        if self.decoupled and self.leaves is None:  # the samples' r̂; `branch` pools continuations in
+            rows = torch.arange(len(r))
+            scored.rollout.state[CREDIT_REWARDS] = self.decouple([per_term_scores(reward, scored.reward)],
+                                                                 [rows // G], reward)  # fmt: skip
         batch = Batch(scored.rollout, adv, scored.reward, scored.outputs)
         if self.leaves is not None:  # tree groups: every group grows into its prefix tree, every leaf kept
             batch = self.tree_groups(batch, slots, policy, reward, sampling, tally)
@@ -244,6 +262,7 @@ class BatchCollector:
         A prompt's first G draws are the same samples with and without allocation (its own generator)."""
         rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
+        self.charge("a round's groups", samples=len(prompts) * first, reward_calls=1)
         parts = [self.sample_and_score(policy, reward, prompts, first, sampling,
                                        group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
         rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
@@ -254,12 +273,14 @@ class BatchCollector:
             extra = allocate(p_hat, G, units=self.extra_groups(len(prompts)), unit=G)
             for units in sorted(set(extra.tolist()) - {0}):
                 which = (extra == units).nonzero().flatten().tolist()
+                self.charge("knapsack's extra draws", samples=len(which) * units * G, reward_calls=1)
                 offset = sum(len(part.rollout) for part in parts)
                 parts.append(self.sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
                                                    group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
                 for j, i in enumerate(which):
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
+            self.charge("a round's tokens", tokens=float(part.rollout.mask.sum()))
             tally.add(part.seconds, samples=len(part.rollout), tokens=float(part.rollout.mask.sum()))
             tally.rewards.append(part.reward)
         if rollout_cfg.allocation == "none":
@@ -295,13 +316,20 @@ class BatchCollector:
                     tally: Tally) -> Batch:  # fmt: skip
         """The round's groups grown into tree groups (train/branches.grow_leaves): roots then continuations,
         the group advantages over every leaf."""
+        cont = len(roots.rollout) * self.leaves.k * self.leaves.continuations
+        self.charge("tree groups' continuations", samples=cont, continuations=cont, reward_calls=1)
         grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward, slots, self.leaves,
                             self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
+        self.charge("tree groups' tokens", tokens=grown.tokens)
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
         new = ~grown.leaves.is_root
         tally.rewards.append(grown.reward.select(new.nonzero().flatten()))
         G = grown.rollout.group_size
         adv = self.advantages(grown.reward, G, reward, tally)
+        if self.decoupled:  # every leaf of a tree group pooled
+            rows = torch.arange(len(grown.rollout))
+            grown.rollout.state[CREDIT_REWARDS] = self.decouple([per_term_scores(reward, grown.reward)],
+                                                                [rows // G], reward)  # fmt: skip
         return Batch(grown.rollout, adv, grown.reward, grown.outputs, leaves=grown.leaves)
 
     def within_cap(self, kept: list[Batch]) -> list[Batch]:
@@ -324,7 +352,17 @@ class BatchCollector:
         grown = grow(policy, reward, part.rollout, slots, self.branching, self.cfg.seed, sampling,
                      TRAIN_CONTEXT[self.cfg.rollout.train_logp], strict=not self.branched_once)  # fmt: skip
         self.branched_once = True
+        # charged as drawn: where they branch is the samples' (pick_points)
+        self.charge("continuations", samples=grown.samples, continuations=grown.samples, tokens=grown.tokens,
+                    reward_calls=1 if grown.samples else 0)  # fmt: skip
         part.tree = grown.tree
+        if self.decoupled and grown.root is not None:  # a group's samples and their continuations pooled
+            G = part.rollout.group_size
+            rows = torch.arange(len(part.rollout))
+            both = self.decouple([per_term_scores(reward, part.reward), grown.terms],
+                                 [rows // G, grown.root // G], reward)  # fmt: skip
+            part.rollout.state[CREDIT_REWARDS] = both[: len(rows)]
+            part.tree = grown.tree_of(both[len(rows) :])
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
 
     def budget_keys(self) -> dict[str, float]:
@@ -337,9 +375,33 @@ class BatchCollector:
         r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions; stepwise credit)."""
         tic = time.perf_counter()
         ro = part.rollout
-        rewards, calls = score_step_predictions(policy, reward, ro, part.reward.scores)[:2]
+        S = int(ro.state[STEP_PREDICTIONS].shape[1])
+        self.charge(
+            "step predictions", samples=len(ro) * (S - 1), predictions=len(ro) * (S - 1), reward_calls=S - 1
+        )
+        terms: list[torch.Tensor] | None = [] if self.decoupled else None
+        rewards, calls = score_step_predictions(policy, reward, ro, part.reward.scores, terms=terms)[:2]
+        if terms is not None:  # GDPO: r̂ of every step's prediction, each group's steps and samples pooled
+            per_step = torch.stack([*terms, per_term_scores(reward, part.reward)], dim=1)  # [B, S, K]
+            B, S, K = per_step.shape
+            groups = (torch.arange(B) // ro.group_size)[:, None].expand(B, S).reshape(-1)
+            rewards = self.decouple([per_step.reshape(B * S, K)], [groups], reward).view(B, S).float()
         ro.state[STEP_REWARDS] = rewards
         tally.add_step_predictions(time.perf_counter() - tic, predictions=len(ro) * calls, calls=calls)
+
+    def charge(self, what: str, **counts: float) -> None:
+        """Charge this step's ledger for a draw (train/draws.Ledger: more than the plan allows raises)."""
+        if self.ledger is not None:
+            self.ledger.charge(what, **counts)
+
+    def decouple(self, parts: list[torch.Tensor], groups: list[torch.Tensor], reward: Any) -> torch.Tensor:
+        """GDPO's decoupled rewards r̂ (core/advantages.decoupled_rewards) of the rows of `parts` ([N_i, K] per-term
+        scores) laid end to end, each row's group in `groups`: what a scheme that reads the rewards gets under
+        advantage.reward_norm=per_reward (docs/concepts/algorithms.md#gdpo-and-credit-schemes)."""
+        terms = reward_terms(reward)
+        weights = torch.tensor([w for _, w in terms] if terms and len(terms) > 1 else [1.0])
+        return decoupled_rewards(torch.cat([p.float().cpu() for p in parts]), weights,
+                                 torch.cat([g.long().cpu() for g in groups]), eps=self.cfg.advantage.eps)  # fmt: skip
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt

@@ -20,6 +20,9 @@ from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, Rollout
 from t2i_gcpo.train.distributed import unwrap
 
 TRAIN_CONTEXT = {"cond": "pos", "cfg": "guided"}  # rollout.train_logp → the policy's context name
+# `Rollout.state` key: under advantage.reward_norm=per_reward, GDPO's decoupled rewards r̂ [B] float64 that a
+# scheme reading the rewards gets in their place (train/collect.py `BatchCollector.decouple`)
+CREDIT_REWARDS = "credit_rewards"
 
 
 def scheme_options(credit_cfg: Any, name: str) -> dict[str, Any]:
@@ -113,12 +116,14 @@ def needs_step_rewards(name: str) -> bool:
 
 @torch.no_grad()
 def score_step_predictions(policy: Any, reward: Any, ro: Rollout, final: torch.Tensor,
-                           keep_outputs: bool = False) -> tuple[torch.Tensor, int, list]:  # fmt: skip
+                           keep_outputs: bool = False, terms: list | None = None) -> tuple[torch.Tensor, int, list]:  # fmt: skip
     """r(x̂_s) [B, S] float (CPU) of the rollout's recorded predictions (``state[STEP_PREDICTIONS]``, [B, S, T]),
     each decoded and scored with `reward` as the samples were: one reward call of B outputs per step before the
     last; x̂_{S−1} is the sample itself, whose score `final` [B] is reused (docs/concepts/tree_credit.md#stepwise-rewards).
-    → (step rewards, reward calls made, the decoded outputs of steps 0 … S − 2 when `keep_outputs`, else [])."""
+    → (step rewards, reward calls made, the decoded outputs of steps 0 … S − 2 when `keep_outputs`, else []).
+    `terms` (a list): each step's per-term scores [B, K] are appended to it (steps 0 … S − 2; GDPO)."""
     from t2i_gcpo.rewards.combine import call_reward
+    from t2i_gcpo.train.branches import per_term_scores
 
     if STEP_PREDICTIONS not in ro.state:
         raise ValueError("the rollout has no recorded step predictions (sample with record_predictions=True)")
@@ -130,7 +135,10 @@ def score_step_predictions(policy: Any, reward: Any, ro: Rollout, final: torch.T
     metas = [p.meta for p in ro.prompts]
     for s in range(S - 1):
         decoded = unwrap(policy).decode(dataclasses.replace(ro, tokens=x[:, s]))
-        out[:, s] = call_reward(reward, decoded, ro.texts, metas).scores.float().cpu()
+        scored = call_reward(reward, decoded, ro.texts, metas)
+        out[:, s] = scored.scores.float().cpu()
+        if terms is not None:
+            terms.append(per_term_scores(reward, scored).cpu())
         if keep_outputs:
             outputs.append(decoded.cpu() if torch.is_tensor(decoded) else decoded)
     return out, S - 1, outputs
@@ -152,6 +160,8 @@ def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Te
     needs = get_scheme(name).needs
     inp.tokens = ro.tokens
     dev = ro.mask.device
+    if rewards is not None and CREDIT_REWARDS in ro.state:  # GDPO: the decoupled rewards (train/collect.py)
+        rewards = ro.state[CREDIT_REWARDS]
     if "rewards" in needs and rewards is not None:
         inp.rewards, inp.group_size = rewards.to(dev), ro.group_size
     if "branches" in needs and tree is not None:

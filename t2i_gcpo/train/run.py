@@ -277,7 +277,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     from t2i_gcpo.rewards.registry import build_reward, check_reward_spec, record_reward
     from t2i_gcpo.tasks.registry import get_task
     from t2i_gcpo.train.credit import check_user_credit
-    from t2i_gcpo.train.plan import plan_run
+    from t2i_gcpo.train.plan import plan_memory, plan_run
 
     if reward is None:  # a spec's typo or a missing weights folder: one line before the model loads
         check_reward_spec(cfg.reward)
@@ -299,6 +299,7 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     else:
         eval_prompts = task.load_prompts(cfg.eval_prompts) if cfg.eval_prompts else None
     policy.check_prompts([p.text for p in prompts + (eval_prompts or [])])
+    plan = plan_memory(cfg, policy, plan, prompts[0])  # the memory a step holds, measured on the model
     if reward is None:
         placed = cfg.reward_options.device
         reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output,

@@ -3,6 +3,7 @@ with its config, and set up to continue (saved steps, metric rows a resumed run 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,11 @@ def prepare_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
     save_config(cfg, run_dir / "config.yaml")
 
 
-def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
+def continue_run_dir(run_dir: Path, start_step: int, steps: int, step_row: dict | None = None) -> None:
     """Before a resumed run trains from `start_step` to `steps`: record `steps` in its saved config (a
-    later plain --resume continues to the same total), drop metric rows the run will write again, and
-    drop eval.json when the run goes past the end it described."""
+    later plain --resume continues to the same total), drop metric rows the run will write again (the
+    checkpoint's own row, `step_row`, put back where the file lost it), and drop eval.json when the run goes
+    past the end it described."""
     import yaml
 
     saved = run_dir / "config.yaml"
@@ -61,7 +63,9 @@ def continue_run_dir(run_dir: Path, start_step: int, steps: int) -> None:
     if start_step == 0:  # no checkpoint yet: the run starts again, base evaluation included
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     else:
-        truncate_metrics(run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps)
+        truncate_metrics(
+            run_dir / "metrics.jsonl", start_step, redo_final=start_step == steps, restore=step_row
+        )
     if start_step < steps:
         (run_dir / "eval.json").unlink(missing_ok=True)
 
@@ -71,14 +75,18 @@ def _is_eval_only(row: dict) -> bool:
     return all(k == M.STEP or k.startswith("eval/") for k in row)
 
 
-def truncate_metrics(path: Path, step: int, redo_final: bool = False) -> None:
+def truncate_metrics(path: Path, step: int, redo_final: bool = False, restore: dict | None = None) -> None:
     """Drop metric rows written after the checkpoint being resumed (they will be recomputed), and with
     `redo_final` the final evaluation row at `step` too (the run is about to write it again). A
-    half-written last line (a crash mid-write) is dropped; damage anywhere else is a `UserError`."""
+    half-written last line (a crash mid-write) is dropped; damage anywhere else is a `UserError`. `restore`:
+    the checkpoint's own row of `step` (trainer_state.json), written back where the file has none (its line
+    was the torn one, or never reached the disk): a resume loses no row of a step it does not redo."""
     if not path.exists() and not path.is_symlink():
+        if restore is not None:
+            atomic_write_text(path, json.dumps(restore) + "\n")
         return
     lines = read_side_text(path).splitlines()
-    kept = []
+    kept, has_row = [], False
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -91,6 +99,9 @@ def truncate_metrics(path: Path, step: int, redo_final: bool = False) -> None:
             raise UserError(f"{path}:{i + 1}: not a metrics row (damaged file?)") from None
         if row_step < step or (row_step == step and not (redo_final and _is_eval_only(row))):
             kept.append(line)
+            has_row = has_row or (row_step == step and not _is_eval_only(row))
+    if restore is not None and restore.get(M.STEP) == step and not has_row:
+        kept.append(json.dumps(restore))
     atomic_write_text(path, "".join(ln + "\n" for ln in kept))
 
 

@@ -22,7 +22,7 @@ from t2i_gcpo import metrics as M
 from t2i_gcpo.config import TrainConfig, to_dict
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import RewardError, UserError
-from t2i_gcpo.outdir import append_text, write_file
+from t2i_gcpo.outdir import append_text, sync_file, write_file
 from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import Task
@@ -113,7 +113,8 @@ class Trainer:
             )
             restore_scheduler(self.scheduler, saved, self.start_step)
             if acc.is_main_process:  # everything loaded: only now change the run directory
-                continue_run_dir(self.run_dir, self.start_step, cfg.steps)
+                row = load_trainer_state(self.ckpt).get("metrics_row") if self.ckpt is not None else None
+                continue_run_dir(self.run_dir, self.start_step, cfg.steps, row)
             acc.wait_for_everyone()
         for frozen in (self.ref, self.rollout_ref):
             if frozen is not None:
@@ -123,6 +124,7 @@ class Trainer:
         self.stop_requested = 0  # the stop signal received (0: none)
         self.final_phase = False  # in the final evaluation: a stop signal ends it at once
         self.logged_rows = 0  # metrics rows written; the report is redrawn only when there are new ones
+        self.step_row: dict | None = None  # the last training step's metrics row
         self.reported_rows = -1
         start_trackers(acc, trackers, self.run_dir, to_dict(cfg), self.start_step, resume=resume)
 
@@ -341,8 +343,9 @@ class Trainer:
 
     def _after_nan(self) -> str:
         """What a run stopped by the NaN guard can do: end at its last good checkpoint (a command that works:
-        the steps it names pass the config's checks), or start over with other settings."""
-        over = "start over with other settings (e.g. a lower optim.lr)"
+        the steps it names pass the config's checks), or start over with other settings in a new --out (the
+        run's own folder is refused to a new run: it holds this one)."""
+        over = f"start over with other settings (e.g. a lower optim.lr) in a new --out ({self.run_dir} keeps this run)"
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return f"no checkpoint was written before it: {over}"
@@ -505,6 +508,8 @@ class Trainer:
             return
         row = {M.STEP: step, **{k: (v if math.isfinite(v) else None) for k, v in row.items()}}
         append_text(self.run_dir / "metrics.jsonl", json.dumps(row) + "\n", within=self.run_dir)
+        if not append_only:
+            self.step_row = row  # the step's checkpoint keeps it (a torn last line is restored on resume)
         self.logged_rows += 1
         log_metrics(self.accelerator, row, step)
         if (
@@ -554,8 +559,11 @@ class Trainer:
         if acc.is_main_process:
             if optimizer_state is None:
                 optimizer_state = self.optimizer.state_dict()
+            row = self.step_row if self.step_row is not None and self.step_row[M.STEP] == step else None
+            state = {"algo": self.cfg.algo, **collected, **({"metrics_row": row} if row else {})}
             try:
-                save_checkpoint(self.run_dir, step, policy, optimizer_state, {"algo": self.cfg.algo, **collected},
+                sync_file(self.run_dir / "metrics.jsonl")  # the rows up to this checkpoint are on disk first
+                save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
                                 carry=carry, scheduler_state=self.scheduler.state_dict(),
                                 keep=self.cfg.keep_checkpoints)  # fmt: skip
             except CheckpointError as e:

@@ -16,6 +16,7 @@ from t2i_gcpo.core.balanced import query_preserved_minibatches, reward_balanced_
 from t2i_gcpo.core.losses import aggregation_denominator, policy_loss, rollout_mismatch, tis_weights
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import Rollout
+from t2i_gcpo.policies.decode_loop import weights_changed
 from t2i_gcpo.train.batch import Batch
 from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, credit_share, returns_advantages
 from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
@@ -208,6 +209,7 @@ def optimizer_step(
         set_to_none=True
     )  # the gradients' memory is free until the next backward (the rollout)
     gather_params(policy)  # FSDP: the updated weights, whole for what follows (no-op otherwise)
+    weights_changed(unwrap(policy))  # the kept decode loop refreshes (FSDP2 keeps version counters)
     refuse_non_finite({"updated weights": not weights_finite(policy)}, accelerator)
     return grad_norm
 

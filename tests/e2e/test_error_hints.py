@@ -130,7 +130,9 @@ def test_the_nan_guards_line_ends_on_a_command_that_works_or_on_starting_over(fi
     trainer = SimpleNamespace(run_dir=run, cfg=cfg)
     trainer._resume_command = lambda steps=None: trainer_mod.Trainer._resume_command(trainer, steps)
     tail = trainer_mod.Trainer._after_nan(trainer)
-    assert tail.endswith("or start over with other settings (e.g. a lower optim.lr)"), tail
+    assert tail.endswith(
+        f"or start over with other settings (e.g. a lower optim.lr) in a new --out ({run} keeps this run)"
+    ), tail
     command = command_in(tail)
     assert command[:4] == ["train", "--resume", str(run), "--steps"] and "--reward" in command, command
     edit_config(run, reward="train_fixtures:redness")
@@ -140,8 +142,9 @@ def test_the_nan_guards_line_ends_on_a_command_that_works_or_on_starting_over(fi
 
     shutil.rmtree(run / "checkpoints")  # stopped at step 1: nothing to end the run at
     tail = trainer_mod.Trainer._after_nan(trainer)
-    assert (
-        tail == "no checkpoint was written before it: start over with other settings (e.g. a lower optim.lr)"
+    assert tail == (
+        "no checkpoint was written before it: start over with other settings (e.g. a lower optim.lr) in a new "
+        f"--out ({run} keeps this run)"
     )
     cfg.optim.warmup_steps, cfg.steps = 1, 4  # a warmup the end command would stop in: not suggested
     shutil.copytree(finished["base"] / "checkpoints", run / "checkpoints")

@@ -23,7 +23,8 @@ from t2i_gcpo.resources import PROMPTS_DIR
 from t2i_gcpo.train.checkpoint import collector_checkpoint
 from t2i_gcpo.train.collect import BatchCollector
 from t2i_gcpo.train.data import PromptStream
-from t2i_gcpo.train.plan import plan_run, step_cost
+from t2i_gcpo.train.draws import step_draws
+from t2i_gcpo.train.plan import plan_run
 from t2i_gcpo.train.run import ResumeOptions, prepare, run
 
 from cli_helpers import cli, error_line
@@ -97,7 +98,7 @@ def test_the_cap_is_settable_and_counts_every_sample_a_step_scores(tiny):
     for algo, model, extra in [("dapo", policy, ()), ("grpo", policy, ()), ("tree", policy, ("branching.k=3",)),
                                ("vine", policy, ("branching.k=4",)), ("pods", policy, ()), ("knapsack", policy, ()),
                                ("stepwise", masked, ())]:  # fmt: skip
-        cost[algo] = step_cost(load_config(algo, overrides=[*P8, *extra]), model)
+        cost[algo] = step_draws(load_config(algo, overrides=[*P8, *extra]), model)
     assert (cost["grpo"].groups, cost["grpo"].per_group) == (8, 4)  # P·G, no dynamic sampling
     assert (cost["dapo"].groups, cost["dapo"].per_group) == (12, 4)  # ⌊1.5·8⌋ groups at most
     assert cost["tree"].per_group == 4 * (1 + 3 * 2)  # G₀·(1 + k·n)
@@ -200,6 +201,6 @@ def test_every_preset_plans_within_the_cap_at_its_defaults(tiny):
     for algo in ALGORITHMS:
         if algo == "stepwise":
             continue  # a masked model's scheme
-        cost = step_cost(load_config(algo), policy)
+        cost = step_draws(load_config(algo), policy)
         assert cost.samples <= 16_384, (algo, cost)
     assert Path(PROMPTS_DIR).is_dir()

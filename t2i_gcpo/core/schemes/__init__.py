@@ -8,6 +8,7 @@ lists it in 0.1 s (tests/commands/test_help_fast.py)."""
 from t2i_gcpo.core.schemes.registry import (
     CREDIT_SCHEMES,
     NEEDS,
+    REWARD_NEEDS,
     USER_SCHEMES,
     CreditInputs,
     CreditScheme,
@@ -27,6 +28,7 @@ from t2i_gcpo.core.schemes.registry import (
 __all__ = [
     "CREDIT_SCHEMES",
     "NEEDS",
+    "REWARD_NEEDS",
     "USER_SCHEMES",
     "CreditInputs",
     "CreditScheme",

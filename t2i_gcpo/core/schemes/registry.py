@@ -70,6 +70,9 @@ NEEDS = (
     "leaves",
     "step_rewards",
 )
+# the needs that read the rewards themselves (GDPO, advantage.reward_norm=per_reward, hands the shipped schemes
+# that declare one its decoupled rewards: docs/concepts/algorithms.md#gdpo-and-credit-schemes)
+REWARD_NEEDS = frozenset({"rewards", "branches", "leaves", "step_rewards"})
 RETURNS = ("weights", "advantages")
 Chunks = Iterable["tuple[slice, Tensor]"]
 
