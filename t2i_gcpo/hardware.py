@@ -110,7 +110,9 @@ def free_memory(device: str) -> tuple[int | None, str]:
 
         index = torch.device(device).index or 0
         free, _ = torch.cuda.mem_get_info(index)
-        return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index), f"{device}'s free memory"
+        return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(
+            index
+        ), f"{device}'s free memory"
     bounds: list[tuple[int, str]] = []
     try:
         with open("/proc/meminfo") as f:
@@ -134,7 +136,10 @@ def free_memory(device: str) -> tuple[int | None, str]:
             limit, used = _read_int(base + "/memory.max"), _read_int(base + "/memory.current")
         elif "memory" in parts[1].split(","):
             base = "/sys/fs/cgroup/memory" + parts[2]
-            limit, used = _read_int(base + "/memory.limit_in_bytes"), _read_int(base + "/memory.usage_in_bytes")
+            limit, used = (
+                _read_int(base + "/memory.limit_in_bytes"),
+                _read_int(base + "/memory.usage_in_bytes"),
+            )
         else:
             continue
         if limit is not None and used is not None and limit < 1 << 60:
@@ -145,7 +150,9 @@ def free_memory(device: str) -> tuple[int | None, str]:
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         size = _status_bytes("VmSize")
         if soft != resource.RLIM_INFINITY and size is not None:
-            bounds.append((max(soft - size, 0), "the room under this process's address-space limit (ulimit -v)"))
+            bounds.append(
+                (max(soft - size, 0), "the room under this process's address-space limit (ulimit -v)")
+            )
     except (ImportError, ValueError, OSError):
         pass
     if not bounds:

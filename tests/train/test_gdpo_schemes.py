@@ -116,9 +116,8 @@ def test_the_collector_hands_vine_the_decoupled_rewards_of_samples_and_continuat
     batch = collector.collect(1, policy, reward, sampling_params(cfg)).batch
     (cont,) = calls
     G, B = 2, len(batch.rollout)
-    names = ["red", "blue_hundred"]
-    roots = [[d[n] for n in names] for d in batch.reward.details]
-    conts = [[d[n] for n in names] for d in cont.details]
+    assert batch.reward.term_names == cont.term_names == ("red", "blue_hundred")
+    roots, conts = batch.reward.terms.tolist(), cont.terms.tolist()  # each sample's score under each term
     tree = batch.tree
     root_of = [
         b for b in range(B) for k in range(tree.points.shape[1]) for c in range(2) if tree.exists[b, k, c]
@@ -169,10 +168,11 @@ def test_stepwise_reads_the_decoupled_rewards_of_its_step_predictions(tmp_path, 
     batch = (
         BatchCollector(cfg, PromptStream(prompts, 0)).collect(1, policy, reward, sampling_params(cfg)).batch
     )
-    names = ["red", "blue_hundred"]
-    calls = [out for out in calls if "red" in out.details[0]]  # the sum's, not each term's own call
-    steps = [[[d[n] for n in names] for d in out.details] for out in calls]  # the S − 1 step calls
-    finals = [[d[n] for n in names] for d in batch.reward.details]
+    calls = [
+        out for out in calls if out.term_names == ("red", "blue_hundred")
+    ]  # the sum's, not each term's own
+    steps = [out.terms.tolist() for out in calls]  # the S − 1 step calls
+    finals = batch.reward.terms.tolist()
     B, S = len(batch.rollout), len(steps) + 1
     rows = [steps[s][b] if s < S - 1 else finals[b] for b in range(B) for s in range(S)]
     want = torch.tensor(by_hand(rows, [1.0, 1.0], [b // 2 for b in range(B) for _ in range(S)])).view(B, S)

@@ -453,7 +453,7 @@ def test_bad_files(tmp_path):
     import os
 
     os.mkfifo(tmp_path / "fifo.txt")  # opened, it would block: refused before reading
-    with pytest.raises(UserError, match="fifo.txt is not a regular file"):
+    with pytest.raises(UserError, match=r"fifo.txt is a named pipe \(FIFO\), not a regular file"):
         read_problem_file(tmp_path / "fifo.txt")
     (tmp_path / "p.csv").write_text("question,answer\n")
     with pytest.raises(UserError, match=r"must end in \.txt"):
