@@ -509,5 +509,5 @@ def test_values_that_were_silently_ignored_are_refused(tiny):
     with pytest.raises(UserError, match="config key 'algo': give the algorithm with --algo dapo"):
         load_config("gcpo", overrides=["algo=dapo"])
     assert load_config("dapo", overrides=["algo=dapo"]).algo == "dapo"
-    with pytest.raises(UserError, match="lora_rank=4 applies to janus models only"):
+    with pytest.raises(UserError, match="lora_rank=4 applies to janus and llamagen models only"):
         load_policy(tiny["model"], ModelOptions(lora_rank=4))

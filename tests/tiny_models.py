@@ -6,6 +6,7 @@ downloaded). Each writes a checkpoint folder that ``load_policy`` reads:
 - `build_tiny_amused(path)`     an aMUSEd pipeline folder (UVit2DModel + VQModel + a CLIP text encoder)
 - `build_tiny_janus(path)`      a Janus checkpoint in Janus-Pro's on-disk format (Llama + vision + VQ)
 - `build_tiny_text_lm(path)`    a causal LM (Llama / Qwen2 / GPT-2) with a word-level tokenizer
+- LlamaGen's release (GPT, VQ, FLAN-T5 folder): tests/llamagen_fixtures.py `build_tiny_llamagen`
 
 and the reward models (docs/guides/rewards.md), each at its real architecture with tiny widths:
 
@@ -455,6 +456,12 @@ def _tiny_text(root: Path) -> str:
     return f"text:{build_tiny_text_lm(root / 'text')}"
 
 
+def _tiny_llamagen(root: Path) -> str:
+    from llamagen_fixtures import build_tiny_llamagen
+
+    return f"llamagen:{build_tiny_llamagen(root / 'llamagen')}"
+
+
 # family → (a builder that writes a tiny checkpoint under a folder and returns its --model spec,
 #           two prompts of different lengths its vocabulary takes)
 TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
@@ -463,6 +470,7 @@ TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
     "amused": (_tiny_amused, ["a red cat", "two dogs left of a bench"]),
     "janus": (_tiny_janus, ["a red circle", "two blue squares left of a green cat"]),
     "text": (_tiny_text, ["What is 12+7*3 ?", "Solve 4*5"]),
+    "llamagen": (_tiny_llamagen, ["a photo of a red cat", "two blue dogs left of a green bench"]),
 }
 
 
