@@ -74,9 +74,14 @@ def _res(prefix: str, cin: int, cout: int, g: torch.Generator) -> dict[str, torc
     for name, shape in (("norm1", (cin,)), ("conv1", (cout, cin, 3, 3)), ("norm2", (cout,)),
                         ("conv2", (cout, cout, 3, 3))) + ((("nin_shortcut", (cout, cin, 1, 1)),) if cin != cout else ()):  # fmt: skip
         if name.startswith("norm"):
-            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = torch.ones(shape), torch.zeros(shape)
+            out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = (
+                torch.ones(shape),
+                torch.zeros(shape),
+            )
         else:
-            out[f"{prefix}.{name}.weight"] = torch.randn(*shape, generator=g) * (shape[1] * shape[2] * shape[3]) ** -0.5
+            out[f"{prefix}.{name}.weight"] = (
+                torch.randn(*shape, generator=g) * (shape[1] * shape[2] * shape[3]) ** -0.5
+            )
             out[f"{prefix}.{name}.bias"] = torch.zeros(shape[0])
     return out
 
@@ -111,13 +116,21 @@ def vq_state(seed: int = 0, ch: int = VQ_CH, ch_mult: tuple[int, ...] = (1, 1), 
                 state |= _attn(f"encoder.conv_blocks.{i}.attn.{j}", cin, g)
         if i != n - 1:
             state |= _conv(f"encoder.conv_blocks.{i}.downsample.conv", cin, cin, 3, g)
-    state |= _res("encoder.mid.0", cin, cin, g) | _attn("encoder.mid.1", cin, g) | _res("encoder.mid.2", cin, cin, g)
+    state |= (
+        _res("encoder.mid.0", cin, cin, g)
+        | _attn("encoder.mid.1", cin, g)
+        | _res("encoder.mid.2", cin, cin, g)
+    )
     state |= {"encoder.norm_out.weight": torch.ones(cin), "encoder.norm_out.bias": torch.zeros(cin)}
     state |= _conv("encoder.conv_out", z, cin, 3, g) | _conv("quant_conv", code_dim, z, 1, g)
     state |= _conv("post_quant_conv", z, code_dim, 1, g)
     cin = ch * ch_mult[-1]
     state |= _conv("decoder.conv_in", cin, z, 3, g)
-    state |= _res("decoder.mid.0", cin, cin, g) | _attn("decoder.mid.1", cin, g) | _res("decoder.mid.2", cin, cin, g)
+    state |= (
+        _res("decoder.mid.0", cin, cin, g)
+        | _attn("decoder.mid.1", cin, g)
+        | _res("decoder.mid.2", cin, cin, g)
+    )
     for j, i in enumerate(reversed(range(n))):  # the decoder, top down
         cout = ch * ch_mult[i]
         for b in range(blocks + 1):
@@ -138,7 +151,9 @@ def t5_tokenizer():
     """A T5 (Unigram) tokenizer from a word list, letters as the fallback pieces: pad 0, EOS 1, unk 2, as T5's."""
     from transformers import T5Tokenizer
 
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [("▁" + w, -2.0 - i / 100) for i, w in enumerate(WORDS)]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [
+        ("▁" + w, -2.0 - i / 100) for i, w in enumerate(WORDS)
+    ]
     pieces += [("▁", -6.0)] + [(c, -8.0) for c in "abcdefghijklmnopqrstuvwxyz,.'"]
     return T5Tokenizer(vocab=pieces, extra_ids=0)
 

@@ -16,18 +16,17 @@ import os
 import shutil
 from pathlib import Path
 
+import llamagen_fixtures as fx
 import pytest
 import torch
 import torch.nn.functional as F
+from capture_standin import StandInCuda
 
 from t2i_gcpo.config import ModelOptions
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.policies.registry import load_policy, split_spec
 from t2i_gcpo.tasks.loop import group_generators
-
-import llamagen_fixtures as fx
-from capture_standin import StandInCuda
 
 TOL = 1e-4  # float32; the tiny model's logits are of order 10
 PROMPTS = fx.PROMPTS  # different lengths: left padding
@@ -78,7 +77,10 @@ def reference_logits(state: dict, feats: torch.Tensor, mask: torch.Tensor, token
     n, T = tokens.shape
     fc1, fc2 = state["cls_embedding.cap_proj.fc1.weight"], state["cls_embedding.cap_proj.fc2.weight"]
     caption = state["cls_embedding.uncond_embedding"].expand(n, -1, -1) if null else feats
-    x = torch.cat([F.gelu(caption @ fc1.T, approximate="tanh") @ fc2.T, state["tok_embeddings.weight"][tokens[:, :-1]]], 1)
+    x = torch.cat(
+        [F.gelu(caption @ fc1.T, approximate="tanh") @ fc2.T, state["tok_embeddings.weight"][tokens[:, :-1]]],
+        1,
+    )
     S, dim = x.shape[1], x.shape[2]
     hd = dim // heads
     # the rotary angle of each position and pair: 0 for the caption (cos = sin = 0 there), image token k in grid
@@ -417,10 +419,13 @@ def test_train_step_then_save_and_reload(release, tmp_path):
 
 
 def test_lora_and_gradient_checkpointing(release, tmp_path):
+    torch.manual_seed(0)  # peft draws A from the global generator: the same adapters whatever ran before
     pol = load_policy(f"llamagen:{release}", ModelOptions(lora_rank=4, gradient_checkpointing=True))
     trainable = {n for n, p in pol.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    assert any(".attention.wqkv.lora_A" in n for n in trainable) and any(".attention.wo." in n for n in trainable)
+    assert any(".attention.wqkv.lora_A" in n for n in trainable) and any(
+        ".attention.wo." in n for n in trainable
+    )
     base = pol.gpt.layers[0].attention.wqkv.base_layer.weight.clone()
     pol.train()
     ro = roll(pol, seed=13)
@@ -438,4 +443,5 @@ def test_lora_and_gradient_checkpointing(release, tmp_path):
     merged = load_policy(str(tmp_path / "merged")).eval()
     assert not any("lora" in n for n, _ in merged.named_parameters())
     with torch.no_grad():
-        assert (merged.logprobs(after, "guided") - tuned).abs().max().item() < 1e-4
+        assert (merged.logprobs(after, "pos") - pol.logprobs(after, "pos")).abs().max().item() < TOL
+        assert (merged.logprobs(after, "guided") - tuned).abs().max().item() < 1e-3

@@ -27,12 +27,7 @@ def detect(path: Path) -> bool:
     return path.is_dir() and any(path.glob("t2i_*.pt")) and any(path.glob("vq_*.pt"))
 
 
-register_family(
-    Family(
-        name="llamagen",
-        load=load,
-        detect=detect,
-        options=frozenset({"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch", "gpt_size",
-                           "image_size", "cfg_interval"}),
-    )  # fmt: skip
-)
+OPTIONS = ("dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch", "gpt_size", "image_size",
+           "cfg_interval")  # fmt: skip
+
+register_family(Family(name="llamagen", load=load, detect=detect, options=frozenset(OPTIONS)))
