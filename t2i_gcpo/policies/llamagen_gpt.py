@@ -164,7 +164,10 @@ class LlamaGenGPT(nn.Module):
         super().__init__()
         self.config = config
         self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.caption_len)
-        self.tok_embeddings = nn.Embedding(config.vocab, config.dim)
+        # no initialisation: the weights are loaded (and Embedding's init on the meta device costs seconds of imports)
+        self.tok_embeddings = nn.Embedding(
+            config.vocab, config.dim, _weight=torch.empty(config.vocab, config.dim)
+        )
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab, bias=False)

@@ -134,7 +134,7 @@ class Decoder(nn.Module):
 class Quantizer(nn.Module):
     def __init__(self, k: int, c: int) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(k, c)
+        self.embedding = nn.Embedding(k, c, _weight=torch.empty(k, c))  # loaded, not initialised
 
     def codes(self, indices: Tensor) -> Tensor:
         """Token ids [...] → their l2-normalised codebook entries [..., C] (``get_codebook_entry``)."""
