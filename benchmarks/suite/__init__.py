@@ -9,6 +9,7 @@ SECTIONS = [
     "text_vs_generate",
     "janus_vs_generate",
     "janus_scale",
+    "llamagen",
     "rl_step",
     "scaling",
     "branch_cost",
