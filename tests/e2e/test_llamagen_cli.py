@@ -1,5 +1,6 @@
 """`t2i-gcpo … --model llamagen:DIR` on a tiny random LlamaGen release written in the released layout
-(tests/llamagen_fixtures.py): train GCPO and `sample` the checkpoint, `eval dpg` with a tiny BLIP (the default tier);
+(tests/llamagen_fixtures.py): train GCPO and `sample` the checkpoint, `eval dpg` with a tiny BLIP and `eval geneval`
+with the ShapeWorld detector (the default tier);
 DAPO, a branching scheme (vine), critical with LoRA, a resume, credit maps (in a run and `credit-map`) (slow);
 every refusal is one line, exit 2, with no run folder made."""
 
@@ -212,3 +213,18 @@ def test_eval_dpg_on_the_release(capsys, release, tmp_path, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_items"] == 2 and 0 <= summary["score"] <= 100
     assert sorted(p.stem for p in (out / "images").glob("*.png")) == sorted(i["item_id"] for i in items)
+
+
+def test_eval_geneval_on_the_release(capsys, release, tmp_path, monkeypatch):
+    """Two GenEval prompts, 2 images each, scored by the ShapeWorld detector (GenEval's rules without its
+    detector weights): the model generates, the folder has GenEval's layout, the summary is written."""
+    from t2i_gcpo.eval import geneval
+
+    items = geneval.load_geneval_prompts()[:2]
+    monkeypatch.setattr(geneval, "load_geneval_prompts", lambda: items)
+    out = tmp_path / "geneval"
+    code, _, err = cli(capsys, "eval", "geneval", "--model", f"llamagen:{release}", "--detector", "shapeworld",
+                       "--n", "2", "--out", out)  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert len(list((out / "images").glob("*/samples/*.png"))) == 4
+    assert (out / "summary.json").is_file()
