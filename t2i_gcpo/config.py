@@ -737,10 +737,11 @@ def check_prompt_files(cfg: TrainConfig) -> None:
 
     for key in ("prompts", "eval_prompts"):
         path = getattr(cfg, key)
+        shown = path if str(path).isprintable() else repr(path)  # a newline in the value: still one line
         if path and prompt_file(path).is_dir():
-            raise UserError(f"config key '{key}': prompt file {path} is a directory, not a file")
+            raise UserError(f"config key '{key}': prompt file {shown} is a directory, not a file")
         if path and not prompt_file(path).is_file():
-            raise UserError(f"config key '{key}': prompt file {path} does not exist")
+            raise UserError(f"config key '{key}': prompt file {shown} does not exist")
 
 
 def check_credit(credit: Any) -> None:
