@@ -154,28 +154,30 @@ class T5Captions:
         return batch["input_ids"], batch["attention_mask"]
 
     @torch.no_grad()
-    def _encode(self, texts: list[str]) -> None:
+    def _encode(self, texts: list[str]) -> dict[str, tuple[Tensor, int]]:
         ids, mask = self.tokens(texts)
         dev = self.device
         with torch.autocast(dev.type, enabled=False):
             hidden = self.encoder(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
-        for text, h, n in zip(texts, hidden, mask.sum(1).tolist()):
-            self._cache[text] = (h[:n].clone(), n)
-            while len(self._cache) > CACHE:
-                self._cache.popitem(last=False)
+        return {text: (h[:n].clone(), n) for text, h, n in zip(texts, hidden, mask.sum(1).tolist())}
 
     def features(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         """Prompts → (features [N, L, C] in the encoder's dtype, zero on the padding; mask [N, L] bool, True
         on the valid slots, which are the last ones), on the encoder's device."""
-        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        found = {t: self._cache[t] for t in texts if t in self._cache}
+        todo = [t for t in dict.fromkeys(texts) if t not in found]
         for s in range(0, len(todo), BATCH):
-            self._encode(todo[s : s + BATCH])
+            found.update(self._encode(todo[s : s + BATCH]))
+        for text in dict.fromkeys(texts):  # the cache keeps the last CACHE prompts used
+            self._cache[text] = found[text]
+            self._cache.move_to_end(text)
+        while len(self._cache) > CACHE:
+            self._cache.popitem(last=False)
         dev, dtype = self.device, self.encoder.get_input_embeddings().weight.dtype
         feats = torch.zeros(len(texts), self.length, self.dim, device=dev, dtype=dtype)
         mask = torch.zeros(len(texts), self.length, dtype=torch.bool, device=dev)
         for i, text in enumerate(texts):
-            h, n = self._cache[text]
-            self._cache.move_to_end(text)
+            h, n = found[text]
             feats[i, self.length - n :] = h
             mask[i, self.length - n :] = True
         return feats, mask

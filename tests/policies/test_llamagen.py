@@ -263,6 +263,19 @@ def test_captions_are_left_padded_t5_features_of_the_cleaned_prompt(release, pol
     assert torch.equal(upper[0], feats[0])
 
 
+def test_the_caption_cache_is_bounded_and_a_call_may_hold_more_prompts(policy, monkeypatch):
+    from t2i_gcpo.policies import llamagen_t5
+
+    monkeypatch.setattr(llamagen_t5, "CACHE", 3)
+    captions = policy.frozen.captions
+    texts = [f"a photo of {n} cats" for n in ("two", "three", "four")] + PROMPTS + ["a red car"]
+    feats, mask = captions.features(texts)  # six prompts, a cache of three
+    assert len(captions._cache) == 3 and list(captions._cache) == texts[-3:]
+    for i, text in enumerate(texts):  # each row is what the prompt alone gives
+        one, one_mask = captions.features([text])
+        assert torch.equal(one_mask[0], mask[i]) and torch.allclose(one[0], feats[i], atol=1e-6)
+
+
 def test_decode_reads_l2_normalised_code_vectors(policy):
     ro = roll(policy, seed=9)
     seen = []
