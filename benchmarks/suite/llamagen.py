@@ -19,8 +19,10 @@ top-k 1000 (sample_t2i.py's defaults):
   records nothing.
 
 Timing. CPU: the first `CPU_TOKENS` tokens of each image (a full 256-token image at XL shape is minutes on two
-threads); the prefill is clocked apart (`PrefillClock`) and ms per token step = (seconds − prefill) / (tokens − 1),
-the token steps after the first draw; one warm-up, then the best of the repeats, the loops interleaved. CUDA: whole images (256 tokens) at 16
+threads); the setup (building the decoder: our fused weight copies, the reference's caches) and the prefill are
+clocked apart (`PhaseClock`), and ms per token step = (seconds − setup − prefill) / (tokens − 1), the token steps
+after the first draw, in wall seconds and in this process's CPU seconds (which other processes on a shared
+machine disturb less); one warm-up, then the repeat with the least CPU time, the loops interleaved. CUDA: whole images (256 tokens) at 16
 and 64 images, ms per token step = seconds / 256 (prefill included), images/s; the graph loop after one warm-up pass
 (its captures), the others one call after theirs.
 
@@ -235,46 +237,55 @@ def loop_fn(policy: Any, loop: str, images: int, device: str) -> Any:
     return ours
 
 
-def timed(ctx: Context, fn: Any, seed: int) -> float:
+def timed(ctx: Context, fn: Any, seed: int) -> tuple[float, float]:
+    """(wall, this process's CPU) seconds of one call."""
     ctx.sync()
-    tic = time.perf_counter()
+    tic, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
         fn(seed)
     ctx.sync()
-    return time.perf_counter() - tic
+    return time.perf_counter() - tic, time.process_time() - cpu
 
 
-class PrefillClock:
-    """Seconds spent in prefills while installed: forwards of more than one position (ours: the fused decoder's;
-    the reference port's: its caption forward), the device synchronised around each."""
+class PhaseClock:
+    """Wall and CPU seconds spent, while installed, in the setup of a sampling call (building a decoder: ours copy
+    the fused weights, the reference allocates its caches) and in its prefill (forwards of more than one position:
+    ours through the fused decoder, the reference port's caption forward), the device synchronised around each."""
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx, self.seconds = ctx, 0.0
+        self.ctx = ctx
+        self.wall = {"setup": 0.0, "prefill": 0.0}
+        self.cpu = {"setup": 0.0, "prefill": 0.0}
 
-    def __enter__(self) -> PrefillClock:
-        from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
-
-        self.saved = [
-            (FusedLlamaDecoder, "forward", FusedLlamaDecoder.forward),
-            (ReferenceGPT, "forward", ReferenceGPT.forward),
-        ]
+    def _wrap(self, real: Any, phase: Any) -> Any:
         clock = self
 
-        def wrap(real: Any, is_prefill: Any) -> Any:
-            def timed_forward(obj, *args, **kwargs):
-                if not is_prefill(*args):
-                    return real(obj, *args, **kwargs)
-                clock.ctx.sync()
-                tic = time.perf_counter()
-                out = real(obj, *args, **kwargs)
-                clock.ctx.sync()
-                clock.seconds += time.perf_counter() - tic
-                return out
+        def timed_call(obj, *args, **kwargs):
+            name = phase(*args)
+            if name is None:
+                return real(obj, *args, **kwargs)
+            clock.ctx.sync()
+            tic, cpu = time.perf_counter(), time.process_time()
+            out = real(obj, *args, **kwargs)
+            clock.ctx.sync()
+            clock.wall[name] += time.perf_counter() - tic
+            clock.cpu[name] += time.process_time() - cpu
+            return out
 
-            return timed_forward
+        return timed_call
 
-        FusedLlamaDecoder.forward = wrap(FusedLlamaDecoder.forward, lambda ids, *a: ids.shape[1] > 1)
-        ReferenceGPT.forward = wrap(ReferenceGPT.forward, lambda idx, cond, *a: cond is not None)
+    def __enter__(self) -> PhaseClock:
+        from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
+
+        patches = [
+            (FusedLlamaDecoder, "__init__", lambda *a: "setup"),
+            (FusedLlamaDecoder, "forward", lambda ids, *a: "prefill" if ids.shape[1] > 1 else None),
+            (ReferenceGPT, "__init__", lambda *a: "setup"),
+            (ReferenceGPT, "forward", lambda idx, cond, *a: "prefill" if cond is not None else None),
+        ]
+        self.saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+        for owner, name, phase in patches:
+            setattr(owner, name, self._wrap(getattr(owner, name), phase))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -283,26 +294,32 @@ class PrefillClock:
 
 
 def race_cpu(ctx: Context, policy: Any, loops: tuple[str, ...], repeats: int) -> list[dict]:
-    """CPU rows: per loop and image count, `CPU_TOKENS` tokens of each image, the prefill clocked apart (module
-    docstring)."""
+    """CPU rows: per loop and image count, `CPU_TOKENS` tokens of each image, the setup and the prefill clocked
+    apart (module docstring)."""
     full, rows = policy.num_image_tokens, []
     tokens = min(CPU_TOKENS, full)
     policy.num_image_tokens = tokens  # the first tokens of each image
     try:
         for images in ctx.pick(CPU_IMAGES[:1], CPU_IMAGES):
-            best: dict[str, tuple[float, float]] = {}
+            best: dict[str, dict] = {}
             for r in range(repeats + 1):  # r = 0: warm-up; the loops interleaved
                 for loop in loops:
-                    with PrefillClock(ctx) as clock:
-                        s = timed(ctx, loop_fn(policy, loop, images, ctx.device), r)
-                    if r and s - clock.seconds < best.get(loop, (0.0, float("inf")))[1]:
-                        best[loop] = (clock.seconds, s - clock.seconds)
+                    with PhaseClock(ctx) as clock:
+                        wall, cpu = timed(ctx, loop_fn(policy, loop, images, ctx.device), r)
+                    steps_wall = wall - clock.wall["setup"] - clock.wall["prefill"]
+                    steps_cpu = cpu - clock.cpu["setup"] - clock.cpu["prefill"]
+                    if r and steps_cpu < best.get(loop, {"steps_cpu": float("inf")})["steps_cpu"]:
+                        best[loop] = {"setup_s": clock.wall["setup"], "prefill_s": clock.wall["prefill"],
+                                      "seconds": wall, "steps_wall": steps_wall, "steps_cpu": steps_cpu}  # fmt: skip
             for loop in loops:
-                prefill, steps = best[loop]
-                rows.append({"images": images, "loop": loop, "tokens": tokens, "prefill_s": prefill,
-                             "seconds": prefill + steps, "ms_per_step": 1e3 * steps / (tokens - 1)})  # fmt: skip
+                b = best[loop]
+                rows.append({"images": images, "loop": loop, "tokens": tokens, "setup_s": b["setup_s"],
+                             "prefill_s": b["prefill_s"], "seconds": b["seconds"],
+                             "ms_per_step": 1e3 * b["steps_wall"] / (tokens - 1),
+                             "cpu_ms_per_step": 1e3 * b["steps_cpu"] / (tokens - 1)})  # fmt: skip
             print(f"  llamagen {images} images: " + ", ".join(
-                f"{r['loop']} {r['ms_per_step']:.0f} ms/step" for r in rows if r["images"] == images), flush=True)  # fmt: skip
+                f"{r['loop']} {r['ms_per_step']:.0f} ms/step (CPU {r['cpu_ms_per_step']:.0f})"
+                for r in rows if r["images"] == images), flush=True)  # fmt: skip
     finally:
         policy.num_image_tokens = full
     return rows
@@ -317,7 +334,7 @@ def race_cuda(ctx: Context, policy: Any, loops: tuple[str, ...], repeats: int) -
             row: dict[str, Any] = {"images": images, "loop": loop, "tokens": T}
             try:
                 timed(ctx, fn, 0)  # warm-up (graph: its captures)
-                seconds = min(timed(ctx, fn, r + 1) for r in range(repeats if loop == "ours graph" else 1))
+                seconds = min(timed(ctx, fn, r + 1)[0] for r in range(repeats if loop == "ours graph" else 1))
                 row.update(seconds=seconds, ms_per_step=1e3 * seconds / T, images_per_s=images / seconds)
                 if loop == "ours graph":
                     row.update(captures=policy.decode_session.stats["captures"],
@@ -370,7 +387,7 @@ def run(ctx: Context) -> dict:
         if cuda
         else ("ours eager", "ours static", "reference loop")
     )
-    repeats = 1 if not cuda else ctx.pick(1, 2)  # the CPU at XL shape: a prefill is seconds
+    repeats = ctx.pick(1, 2)
     rows = race_cuda(ctx, policy, loops, repeats) if cuda else race_cpu(ctx, policy, loops, repeats)
     agree = agreement(policy, min(CPU_TOKENS, policy.num_image_tokens))
     config = policy.config
@@ -383,15 +400,16 @@ def section(
     ctx: Context, rows: list[dict], agree: dict, config: Any, shape: str, repeats: int, load: Any
 ) -> dict:
     by = {(r["images"], r["loop"]): r for r in rows if "ms_per_step" in r}
+    key, unit = ("cpu_ms_per_step", "CPU ms") if ctx.device != "cuda" else ("ms_per_step", "ms")
     parts = []
     for images in sorted({r["images"] for r in rows}):
         ref = by.get((images, "reference loop"))
         bits = []
         for loop in ("ours graph", "ours static", "ours eager"):
             r = by.get((images, loop))
-            if r and ref and r["ms_per_step"]:
-                bits.append(f"{loop} {r['ms_per_step']:.1f} ms per token step "
-                            f"({ref['ms_per_step'] / r['ms_per_step']:.2f}× the reference loop's {ref['ms_per_step']:.1f})")  # fmt: skip
+            if r and ref and r[key] > 0:
+                bits.append(f"{loop} {r[key]:.0f} {unit} per token step ({ref[key] / r[key]:.2f}× the speed of the "
+                            f"reference loop's {ref[key]:.0f})")  # fmt: skip
         if bits:
             parts.append(f"{images} image{'s' if images > 1 else ''}: " + ", ".join(bits) + ".")
     failed = [f"{r['loop']} at {r['images']} images ({r['error']})" for r in rows if "error" in r]
@@ -404,8 +422,9 @@ def section(
     )  # fmt: skip
     if ctx.device != "cuda":
         parts.append(
-            f"CPU rows: the first {rows[0]['tokens'] if rows else CPU_TOKENS} tokens of each image, the prefill "
-            f"({config.caption_len} caption positions, both CFG halves) timed apart; ours records every token's pos, neg and guided "
+            f"CPU rows: the first {rows[0]['tokens'] if rows else CPU_TOKENS} tokens of each image, the setup (our "
+            f"decoders' fused weight copies, built per call in the eager loop and once in the static one) and the "
+            f"prefill ({config.caption_len} caption positions, both CFG halves) timed apart; ours records every token's pos, neg and guided "
             "log-probs, the reference records nothing. The CUDA rows (whole 256-token images at 16 and 64 images, the "
             "captured graph loop) come from `python -m benchmarks --only llamagen --device cuda`: not measured yet."
             + shared_cpu_note(load)
@@ -421,9 +440,11 @@ def section(
             ("images", "images"),
             ("loop", "loop"),
             ("tokens", "tokens / image"),
+            ("setup_s", "setup s"),
             ("prefill_s", "prefill s"),
             ("seconds", "s"),
             ("ms_per_step", "ms / token step"),
+            ("cpu_ms_per_step", "CPU ms / token step"),
             ("images_per_s", "images / s"),
         ],
         "rows": rows,
