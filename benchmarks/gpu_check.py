@@ -22,6 +22,8 @@ leaves it no room in --budget:
 3. `branch_cost` (benchmarks/suite/branch_cost.py, quick): continuations against fresh samples for the
    ShapeWorld AR prior, the masked prior and the arithmetic model on this device.
 4. `janus_scale` at Janus-Pro-7B shape: the graph loop at 16 images (bf16 weights).
+4b. `llamagen` (benchmarks/suite/llamagen.py): LlamaGen-T2I at GPT-XL shape, the graph and eager loops beside the
+   port of the reference's own loop at 16 / 64 images, and their agreement (prefill logits, greedy tokens).
 5. `compile`: rollout.decode=compile on the AR prior (seconds to compile; tokens against static; one
    compilation for the run).
 6. `failure_paths`: each way this check's machinery can fail, made to fail on purpose, and that it recorded
@@ -42,8 +44,8 @@ after an optimizer step captures nothing and draws what a fresh eager pass draws
 bf16 (the branched rollouts every branching scheme makes) and LoRA through the fused decoder (tokens of
 peft's own layers).
 
-Also written: OUT/suite.json and OUT/performance.md, the suite's JSON and page for the janus_scale and
-branch_cost sections measured here (merge them into benchmarks/results/suite.json with
+Also written: OUT/suite.json and OUT/performance.md, the suite's JSON and page for the janus_scale,
+llamagen and branch_cost sections measured here (merge them into benchmarks/results/suite.json with
 ``python -m benchmarks`` conventions, or copy the rows into docs/performance.md), and OUT/log.txt.
 """
 
@@ -289,6 +291,16 @@ def branch_cost(report: Report) -> dict[str, Any]:
     section = bc.run(ctx)
     write_suite(report, "branch_cost", section, ctx)
     return {"rows": section["rows"], "reading": section["reading"]}
+
+
+def llamagen(report: Report, tiny: bool) -> dict[str, Any]:
+    from benchmarks.suite import llamagen as lg
+
+    ctx = suite_ctx(quick=tiny)
+    section = lg.run(ctx)
+    write_suite(report, "llamagen", section, ctx)
+    agreement = section["summary"]["agreement"]
+    return {"rows": section["rows"], "agreement": agreement, "reading": section["reading"]}
 
 
 def compile_mode() -> dict[str, Any]:
@@ -635,6 +647,7 @@ def main(argv: list[str] | None = None) -> None:
         ("janus_scale_1b", 120, janus_1b, report, args.tiny),
         ("branch_cost", 40, branch_cost, report),
         ("janus_scale_7b", 60, janus_7b, args.tiny),
+        ("llamagen", 60, llamagen, report, args.tiny),
         ("compile", 90, compile_mode),
         ("failure_paths", 20, failure_paths, report, args.tiny),
     ]

@@ -84,11 +84,12 @@ def load_policy(model: str, **options: Any) -> Policy:
         model: a shipped model (``"shapeworld"``, the AR prior; ``"shapeworld-64"``,
             ``"shapeworld-masked"``, ``"arithmetic"``, the text model), a checkpoint directory (e.g. a
             run's ``checkpoints/step_000200/model``), or ``"FAMILY:PATH"`` for a registered family
-            (``janus``, ``amused``, ``masked``, ``text``, ``ar``, or your own:
+            (``janus``, ``llamagen``, ``amused``, ``masked``, ``text``, ``ar``, or your own:
             docs/guides/new_family.md; `registry.models_help()` lists them).
         **options: ``model_options`` config keys, each read by the families that declare it:
             ``dtype``, ``lora_rank``, ``gradient_checkpointing`` (real checkpoints), ``estimator``,
-            ``remask_count`` (masked models), ``negative`` (text); another family's key is an error.
+            ``remask_count`` (masked models), ``negative`` (text), ``gpt_size``, ``image_size``,
+            ``cfg_interval`` (LlamaGen); another family's key is an error.
 
     Returns:
         The policy adapter (a ``torch.nn.Module``): ``rollout``, ``logprobs``, ``decode``,

@@ -510,7 +510,7 @@ class ModelOptions:
         "LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0, bounds=Bounds(0)
     )
     max_rollout_batch: int | None = doc(
-        "Janus and text models: samples per sampling pass (the KV cache holds 2 rows per sample with CFG); "
+        "Janus, LlamaGen and text models: samples per sampling pass (the KV cache holds 2 rows per sample with CFG); "
         "null = a step's whole batch at once. Lower it when the rollout's KV cache does not fit; the "
         "samples do not change (each is drawn from its own prompt's generator).",
         None,
@@ -540,6 +540,25 @@ class ModelOptions:
         "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
         "or a template containing {question}.",
         "empty",
+    )
+    gpt_size: str | None = doc(
+        "LlamaGen: the GPT's size in the reference's table (GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-XXXL, GPT-1B, "
+        "GPT-3B, GPT-7B: its dim, layers and heads); null = the size whose dim and layers the checkpoint's "
+        "shapes have (the released text-to-image GPTs are GPT-XL).",
+        None,
+    )
+    image_size: int | None = doc(
+        "LlamaGen: the image side in pixels the GPT was trained for (256: 16 × 16 tokens, stage 1; 512: 32 × 32, "
+        "stage 2); null = from the GPT file's name (t2i_XL_stage1_256.pt) or a saved checkpoint's llamagen.json.",
+        None,
+        bounds=Bounds(1, 4096, why="or null"),
+    )
+    cfg_interval: int = doc(
+        "LlamaGen: k of the reference's cfg_interval — tokens after the first k + 2 are drawn from the "
+        "conditional logits alone (guidance scale 1; the guided log-prob records that); -1 = every token "
+        "guided (generate.py's default).",
+        -1,
+        bounds=Bounds(-1, why="-1 switches it off"),
     )
 
 
@@ -865,9 +884,10 @@ def check_prompt_files(cfg: TrainConfig) -> None:
 
     for key in ("prompts", "eval_prompts"):
         path = getattr(cfg, key)
+        shown = path if str(path).isprintable() else repr(path)  # a newline in the value: still one line
         problem = not_a_file(prompt_file(path)) if path else None
         if problem:
-            raise UserError(f"config key '{key}': prompt file {path} {problem}")
+            raise UserError(f"config key '{key}': prompt file {shown} {problem}")
 
 
 def check_credit(credit: Any) -> None:

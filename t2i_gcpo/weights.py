@@ -84,6 +84,56 @@ def check_weight_files(folder: str | os.PathLike) -> None:
             check_tensor(path, name, tensor)
 
 
+# the entries a training script's torch.save file keeps its state dict under, in the order LlamaGen's sample
+# scripts look for them (DDP, DeepSpeed, Lightning); a file holding the state dict itself has none
+STATE_DICT_ENTRIES = ("model", "module", "state_dict")
+KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's wrappers, dropped from the keys
+
+
+def read_torch_weights(path: str | os.PathLike, what: str) -> dict[str, torch.Tensor]:
+    """The checked tensors (`check_tensor`) of one weights file, in their stored dtypes: a safetensors file, or a
+    ``torch.save`` pickle read with ``weights_only=True`` — plain containers, numbers, strings and tensors, plus
+    ``argparse.Namespace`` (the training arguments LlamaGen's scripts save beside the weights: an attribute bag
+    rebuilt without running anything). A pickle naming any other class or function is refused before anything
+    in it is built, so nothing in the file runs. The state dict is the file's first `STATE_DICT_ENTRIES` entry
+    (else the file itself), with `KEY_PREFIXES` dropped. Any failure is one `UserError` naming `what`."""
+    import argparse
+
+    p = check_file(path, what)
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            data: Any = load_file(str(p))
+        else:
+            import zipfile
+
+            with torch.serialization.safe_globals([argparse.Namespace]):  # mmap: a 3 GB file is not copied
+                data = torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
+    except Exception as e:  # torch's unpickler, a truncated zip, safetensors' header: all one line
+        text = str(e)
+        found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln]
+        if found:  # the unpickler names what the file asked to build: say that, not torch's advice
+            raise UserError(
+                f"{what} {p} holds more than weights ({_one_line(found[0], 160)}); t2i-gcpo reads tensors only and "
+                "never runs a file's code"
+            ) from None
+        raise UserError(f"cannot read {what} {p} (truncated or damaged file?): {_one_line(e)}") from None
+    if isinstance(data, dict):
+        data = next((data[k] for k in STATE_DICT_ENTRIES if isinstance(data.get(k), dict)), data)
+    if not isinstance(data, dict) or not data:
+        raise UserError(f"{what} {p} holds no state dict (found {type(data).__name__})")
+    state = {}
+    for name, tensor in data.items():
+        if not torch.is_tensor(tensor):
+            raise UserError(f"{what} {p}: entry {name!r} is a {type(tensor).__name__}, not a tensor")
+        for prefix in KEY_PREFIXES:
+            name = name.removeprefix(prefix)
+        check_tensor(p, name, tensor)
+        state[name] = tensor
+    return state
+
+
 STORAGE_DTYPES = ("float16", "bfloat16", "float32")  # what a built-in checkpoint stores its weights in
 
 

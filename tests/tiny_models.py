@@ -8,6 +8,7 @@ downloaded). Each writes a checkpoint folder that ``load_policy`` reads:
 - Meissonic: tests/meissonic_fixtures.py `build_tiny_meissonic(path)`, the released folder layout
 - `build_tiny_text_lm(path)`    a causal LM (Llama / Qwen2 / GPT-2) with a word-level tokenizer
 - Show-o: tests/showo_fixtures.py (`build_tiny_showo`: the released layout, a tiny Phi and MAGVIT-v2)
+- LlamaGen's release (GPT, VQ, FLAN-T5 folder): tests/llamagen_fixtures.py `build_tiny_llamagen`
 
 and the reward models (docs/guides/rewards.md), each at its real architecture with tiny widths:
 
@@ -469,6 +470,12 @@ def _tiny_showo(root: Path) -> str:
     return tiny_showo_spec(root)
 
 
+def _tiny_llamagen(root: Path) -> str:
+    from llamagen_fixtures import build_tiny_llamagen
+
+    return f"llamagen:{build_tiny_llamagen(root / 'llamagen')}"
+
+
 # family → (a builder that writes a tiny checkpoint under a folder and returns its --model spec,
 #           two prompts of different lengths its vocabulary takes)
 TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
@@ -479,6 +486,7 @@ TINY_MODELS: dict[str, tuple[Callable[[Path], str], list[str]]] = {
     "meissonic": (_tiny_meissonic, ["a red cat", "two dogs left of a bench"]),
     "text": (_tiny_text, ["What is 12+7*3 ?", "Solve 4*5"]),
     "showo": (_tiny_showo, ["a red cat", "two dogs left of a bench"]),
+    "llamagen": (_tiny_llamagen, ["a photo of a red cat", "two blue dogs left of a green bench"]),
 }
 
 

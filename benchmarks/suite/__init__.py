@@ -10,6 +10,7 @@ SECTIONS = [
     "janus_vs_generate",
     "janus_scale",
     "meissonic_scale",
+    "llamagen",
     "rl_step",
     "scaling",
     "branch_cost",

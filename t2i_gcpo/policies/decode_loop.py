@@ -7,8 +7,8 @@ than on its memory or its FLOPs (Janus-Pro-1B shape on an H200: ≈ 20 ms per st
 rows alike). Here the whole step — feed the last token to both CFG halves, `FusedLlamaDecoder.step`,
 the head, guidance, temperature / top-k / top-p, the inverse-CDF draw from the pre-drawn uniforms and
 the pos / neg / guided log-probs — reads and writes only preallocated buffers; the step counter, cache
-slot, rotary positions and the sampling constants (guidance scale, temperature, top-p) are tensors the
-loop fills or advances itself. One capture then serves every step, and every pass.
+slot, rotary positions and the sampling constants (guidance scale of each token, temperature, top-p) are
+tensors the loop fills or advances itself. One capture then serves every step, and every pass.
 
 The query attends over a fixed span of the cache (filled slots unmasked): the span grows in blocks of
 `SPAN` slots, one graph per block, so that a step reads about as much of the cache as the eager loop.
@@ -146,7 +146,7 @@ class StaticDecodeLoop:
         self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the index of the token sampled next
         self.tok = torch.zeros(n, dtype=torch.long, device=dev)  # the last token sampled, fed next
         self.done = torch.zeros(n, dtype=torch.bool, device=dev)  # text: rows past their EOS
-        self.scale = torch.ones((), device=dev)  # s, the guidance scale
+        self.scales = torch.ones(steps, device=dev)  # s_t, the guidance scale of each token (`begin`)
         self.temperature = torch.ones((), device=dev)  # T
         self.top_p = torch.ones((), device=dev)
         self.top_k, self.nucleus = 0, False  # Python: what the step's kernels are (a graph per value)
@@ -166,9 +166,10 @@ class StaticDecodeLoop:
 
     # ---- a pass -----------------------------------------------------------------------------------
     def begin(self, sampling: SamplingParams, uniforms: Tensor, positions: Tensor, key_mask: Tensor, slot: int,
-              rows: int | None = None, start: int = 0) -> None:  # fmt: skip
+              rows: int | None = None, start: int = 0, scales: Tensor | None = None) -> None:  # fmt: skip
         """Fill the buffers for a pass (shapes as the loop's: pad smaller passes with `pad_rows`); `rows` of
-        the N are real (the outputs), token `start` is sampled first from the prefill's logits."""
+        the N are real (the outputs), token `start` is sampled first from the prefill's logits. `scales` [T]: the
+        guidance scale of each token (LlamaGen's cfg_interval: 1 after it); default `sampling.guidance_scale`."""
         with torch.no_grad():
             self.uniforms.copy_(uniforms)
             self.positions.copy_(positions)
@@ -181,7 +182,10 @@ class StaticDecodeLoop:
             self.tokens.fill_(self.pad_id)
             self.valid.zero_()
             self.logps.zero_()
-            self.scale.fill_(sampling.guidance_scale)
+            if scales is None:
+                self.scales.fill_(sampling.guidance_scale)
+            else:
+                self.scales.copy_(scales)
             self.temperature.fill_(sampling.temperature)
             self.top_p.fill_(sampling.top_p)
         self.top_k, self.nucleus = int(sampling.top_k), sampling.top_p < 1.0
@@ -199,7 +203,8 @@ class StaticDecodeLoop:
         if neg is None:
             z = (pos / self.temperature)[None]  # [1, N, V]
         else:
-            z = torch.stack([pos, neg, GUIDANCE[self.guidance](pos, neg, self.scale)]) / self.temperature
+            scale = self.scales.index_select(0, self.t)  # [1]: s of token t
+            z = torch.stack([pos, neg, GUIDANCE[self.guidance](pos, neg, scale)]) / self.temperature
         logp = z.log_softmax(-1)
         if self.top_k or self.nucleus:
             probs = filter_logits(z[-1], self.top_k, self.top_p, self.nucleus).softmax(-1)

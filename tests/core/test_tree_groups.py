@@ -124,7 +124,7 @@ def test_a_tree_step_trains_on_every_leaf_and_counts_its_budget(tmp_path, capsys
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["ar", "masked", "amused", "janus", "meissonic"])
+@pytest.mark.parametrize("family", ["ar", "masked", "amused", "janus", "meissonic", "llamagen"])
 def test_the_tree_preset_trains_on_every_image_family(family, tmp_path, capsys):
     model = TINY_MODELS[family][0](tmp_path)
     prompts = tmp_path / "p.txt"  # prompts of the family's task: ShapeWorld's shapes or GenEval's classes

@@ -12,11 +12,11 @@ import shutil
 
 import pytest
 import torch
-from meissonic_fixtures import SIDE, build_tiny_meissonic, marks
 
 from t2i_gcpo.policies.registry import load_policy, split_spec
 
 from cli_helpers import cli, error_line
+from meissonic_fixtures import SIDE, build_tiny_meissonic, marks
 
 # float32 whatever the machine; 4 reveal steps, 2 prompts × 4 samples a step
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=3", "rollout.steps=4",

@@ -15,6 +15,12 @@ import sys
 
 import pytest
 import torch
+
+from t2i_gcpo.errors import UserError
+from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
+from t2i_gcpo.policies.registry import load_policy, split_spec
+from t2i_gcpo.tasks.loop import group_generators
+
 from meissonic_fixtures import (
     MASK_ID,
     MODEL_INDEX,
@@ -29,11 +35,6 @@ from meissonic_fixtures import (
     marks,
     released_shapes,
 )
-
-from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
-from t2i_gcpo.policies.registry import load_policy, split_spec
-from t2i_gcpo.tasks.loop import group_generators
 
 CONTEXTS = ("pos", "neg", "guided")
 

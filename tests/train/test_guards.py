@@ -229,7 +229,7 @@ def test_text_checkpoints_get_the_check_image_ones_get(tmp_path, damage, needle)
 
 def test_every_family_goes_through_the_same_check():
     """One function reads the ShapeWorld priors' and VQ's files; the transformers / diffusers families
-    check their folders with its streaming twin before loading."""
+    check their folders with its streaming twin before loading; LlamaGen's torch files pass its tensor check."""
     import inspect
 
     from t2i_gcpo.policies import amused, janus, meissonic, prior_folder, text
@@ -239,6 +239,13 @@ def test_every_family_goes_through_the_same_check():
     assert "load_weights" in inspect.getsource(prior_folder.load_prior_folder)
     for family in (text.TextPolicy, janus.JanusPolicy, amused.AmusedPolicy, meissonic.MeissonicPolicy):
         assert "check_weight_files(path)" in inspect.getsource(family.from_pretrained), family
+    # LlamaGen's torch files go through the same per-tensor check, its T5 folder through the folder check
+    from t2i_gcpo import weights
+    from t2i_gcpo.policies import llamagen
+
+    assert "read_torch_weights" in inspect.getsource(llamagen.LlamaGenPolicy.from_pretrained)
+    assert "check_tensor(" in inspect.getsource(weights.read_torch_weights)
+    assert "check_weight_files(folder)" in inspect.getsource(llamagen.load_t5)
 
 
 # --------------------------------------------------------------- 8. what used to be a traceback
@@ -509,5 +516,7 @@ def test_values_that_were_silently_ignored_are_refused(tiny):
     with pytest.raises(UserError, match="config key 'algo': give the algorithm with --algo dapo"):
         load_config("gcpo", overrides=["algo=dapo"])
     assert load_config("dapo", overrides=["algo=dapo"]).algo == "dapo"
-    with pytest.raises(UserError, match="lora_rank=4 applies to janus, meissonic and showo models only"):
+    with pytest.raises(
+        UserError, match="lora_rank=4 applies to janus, llamagen, meissonic and showo models only"
+    ):
         load_policy(tiny["model"], ModelOptions(lora_rank=4))

@@ -46,7 +46,8 @@ def test_max_rollout_batch_reaches_janus_and_text_only(tmp_path):
     assert janus.max_rollout_batch == 3
     assert load_policy("arithmetic", cfg.model_options).max_rollout_batch == 3
     with pytest.raises(
-        UserError, match="model_options.max_rollout_batch=3 applies to janus, showo and text models only"
+        UserError,
+        match="model_options.max_rollout_batch=3 applies to janus, llamagen, showo and text models only",
     ):
         load_policy(str(tiny_policy_dir(tmp_path)), cfg.model_options)
     with pytest.raises(UserError, match="model_options.max_rollout_batch"):
