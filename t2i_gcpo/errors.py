@@ -40,6 +40,8 @@ def not_a_file(path: str | os.PathLike) -> str | None:
         return "is a broken symbolic link" if p.is_symlink() else "does not exist"
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
+    except ValueError:  # a NUL byte: no file system takes the name
+        return "is not a path (it holds a NUL byte)"
     if stat.S_ISREG(mode):
         return None
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
