@@ -102,7 +102,7 @@ def request(images: list[str], prompts: list[str], **extra) -> bytes:
 
 GOOD = request([b64(png())] * 2, ["a photo of a circle"] * 2)
 BAD = {
-    "not JSON": (b"images=1", None, 400, "not JSON"),
+    "not JSON": (b"images=1", None, 400, "not valid JSON"),
     "a truncated PNG": (request([b64(png()[:40])], ["p"]), None, 400, "image 0 is not a readable PNG"),
     "10,000 images": (
         request([b64(png(4))] * 10_000, ["p"] * 10_000),
