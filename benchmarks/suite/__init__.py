@@ -17,4 +17,5 @@ SECTIONS = [
     "compare_cost",
     "rewards",
     "reward_overlap",
+    "reward_server",
 ]

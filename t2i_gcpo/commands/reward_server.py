@@ -115,8 +115,9 @@ def reward_server_cmd(spec: str, host: str, port: int, device: str | None, max_i
                f"http://{shown}:{bound}; train with --reward remote:http://{shown}:{bound}", nl=True)  # fmt: skip
     sys.stdout.flush()
     try:
-        server.serve_forever()
+        server.serve_forever()  # until Ctrl-C or SIGTERM (uvicorn stops taking requests, finishes those it has)
     except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+        pass
     finally:
         server.server_close()
+    click.echo("stopped", err=True)
