@@ -115,7 +115,7 @@ def reward_server_cmd(spec: str, host: str, port: int, device: str | None, max_i
                f"http://{shown}:{bound}; train with --reward remote:http://{shown}:{bound}", nl=True)  # fmt: skip
     sys.stdout.flush()
     try:
-        server.serve_forever()  # until Ctrl-C or SIGTERM (uvicorn stops taking requests, finishes those it has)
+        server.serve_forever()  # until Ctrl-C or SIGTERM: uvicorn stops taking requests, finishes those it has
     except KeyboardInterrupt:
         pass
     finally:
