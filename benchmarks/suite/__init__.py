@@ -20,4 +20,5 @@ SECTIONS = [
     "rewards",
     "reward_overlap",
     "step_memory",
+    "reward_server",
 ]

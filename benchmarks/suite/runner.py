@@ -8,7 +8,7 @@
 
 Results: benchmarks/results/suite.json and docs/performance.md (rewritten after every section, so an
 interrupted run keeps what it measured). Sections: peak, samplers, decode_loops, text_vs_generate, janus_vs_generate,
-janus_scale, llamagen, meissonic_scale, rl_step, scaling, branch_cost, tree_step, rewards, reward_overlap, step_memory, and two that read finished runs
+janus_scale, llamagen, meissonic_scale, rl_step, scaling, branch_cost, tree_step, rewards, reward_overlap, reward_server, step_memory, and two that read finished runs
 instead of timing anything: progress (one training run, --progress-run) and compare_cost (a `t2i-gcpo compare` output, --compare-dir, optionally paired against
 --compare-reference) (benchmarks/suite/<name>.py; each module's docstring says what it measures and how).
 """

@@ -50,19 +50,35 @@ Examples:
     help="Megabytes one request may hold (its PNGs in base64 and JSON).",
 )
 @click.option(
+    "--max-mpx",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1, 1 << 14),
+    help="Megapixels one request's images may hold decoded (read from their PNG headers before any is decoded; "
+    "64: 455 images of 384 px). Clients split their calls to fit.",
+)
+@click.option(
+    "--body-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Seconds a request's body may take to arrive, whole (408 after): a slow client holds nothing longer.",
+)
+@click.option(
     "--check", is_flag=True, help="Build the reward, print what the server would answer to /health, and exit."
 )
 @click.option("--quiet", is_flag=True, help="No line per request.")
 def reward_server_cmd(spec: str, host: str, port: int, device: str | None, max_images: int, max_mb: int,
-                      check: bool, quiet: bool) -> None:  # fmt: skip
+                      max_mpx: int, body_timeout: float, check: bool, quiet: bool) -> None:  # fmt: skip
     """Serve a reward over HTTP: images as PNG, prompts and metadata as JSON, each request's batch scored as
     one call, for training runs elsewhere (another process, GPU or machine) that name it
     ``--reward remote:http://HOST:PORT``.
 
     The spec is any `--reward` of `t2i-gcpo train` that scores images: one form, a weighted sum (each term
     may say its device=), or a function of yours (its code runs here). A request this server cannot take (too
-    large, not JSON, an unreadable PNG, prompts that do not match the images) is answered 4xx with one line,
-    and the server goes on. Stop it with Ctrl-C. Loopback by default: there is no authentication.
+    large, too many pixels, not JSON, an unreadable PNG, prompts that do not match the images, a body too slow
+    to arrive) is answered 4xx with one line, and the server goes on. Served by uvicorn: 64 clients at once and
+    more; slow clients hold no slot. Stop it with Ctrl-C. Loopback by default: there is no authentication.
     """
     import json
     import sys
@@ -77,7 +93,14 @@ def reward_server_cmd(spec: str, host: str, port: int, device: str | None, max_i
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     check_device(device, "--device")
-    service = RewardService(spec, device=device, max_images=max_images, max_bytes=max_mb << 20)
+    service = RewardService(
+        spec,
+        device=device,
+        max_images=max_images,
+        max_bytes=max_mb << 20,
+        max_pixels=max_mpx << 20,
+        body_timeout=body_timeout,
+    )
     if check:
         click.echo(json.dumps(service.health(), indent=1))
         return
@@ -92,8 +115,9 @@ def reward_server_cmd(spec: str, host: str, port: int, device: str | None, max_i
                f"http://{shown}:{bound}; train with --reward remote:http://{shown}:{bound}", nl=True)  # fmt: skip
     sys.stdout.flush()
     try:
-        server.serve_forever()
+        server.serve_forever()  # until Ctrl-C or SIGTERM: uvicorn stops taking requests, finishes those it has
     except KeyboardInterrupt:
-        click.echo("stopped", err=True)
+        pass
     finally:
         server.server_close()
+    click.echo("stopped", err=True)

@@ -5,9 +5,10 @@ SGLang expose): each image is sent with its prompt, the answer's score is read w
 
 A request per image, ``POST URL/chat/completions`` with one user message: the image as a base64 PNG data
 URL (``image_url``), then the question (`template`, ``{prompt}`` the sample's prompt), temperature 0. At
-most `concurrency` requests are in flight; each has `timeout` seconds, and a failed one (no connection,
-a timeout, an HTTP error, an answer that is not a chat completion or holds no score) is tried again up to
-`retries` times, `backoff` seconds apart, doubling. A sample still without a score is a `RewardError`
+most `concurrency` requests are in flight; each has `timeout` seconds, the whole request (connecting,
+sending, the judge's answer: not each read), and a failed one (no connection, the deadline, an HTTP error,
+an answer that is not a chat completion, holds no score or a score outside [0, `max_score`]) is tried again
+up to `retries` times, `backoff` seconds apart, doubling. A sample still without a score is a `RewardError`
 naming the reward, the sample and the last failure: never a silent 0. The reward asks for a probe, so a
 server that is down, stalls or answers garbage stops a run at its dry sample, before its folder exists.
 
@@ -19,25 +20,33 @@ error, after the retries), labels its data URL ``data:image;base64`` (here ``dat
 and names the model "UnifiedReward-7b-v1.5" (here ``model=`` as the server serves it, none by default:
 vLLM and SGLang then use the one they serve).
 
-The URL is a server's OpenAI base (``http://127.0.0.1:8000/v1``) or its chat endpoint. An API key is
-read from the environment variable `api_key_env` (never from the spec, which a run records).
+The URL is a server's OpenAI base (``http://127.0.0.1:8000/v1``) or its chat endpoint; a query string stays
+after the endpoint's path (``https://host/deployments/x?api-version=…`` →
+``https://host/deployments/x/chat/completions?api-version=…``). An API key is read from the environment
+variable `api_key_env` (never from the spec, which a run records) and sent to that URL's server alone: the
+client (t2i_gcpo/rewards/http_client.py) follows no redirect, reads no proxy from the environment (`proxy`
+names one), and reads answers of at most `max_answer_mb` into `ChatCompletion`.
+
+`post_chat(endpoint, body, …)` is the request on its own — POST this chat-completions JSON to this judge, get
+its checked answer — for other uses of a judge (evaluation by questions).
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
+import math
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from t2i_gcpo.errors import RewardError, UserError, shorten
+from t2i_gcpo.rewards import http_client
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Arg, Option, register_reward
 
@@ -76,42 +85,83 @@ def load(
     max_score: Annotated[float, Option("r = score / max_score", low=0, low_open=True)] = 5.0,
     image_size: Annotated[int | None, Option("resize images to this square first (null: as sampled)", low=1)] = 512,
     concurrency: Annotated[int, Option("requests in flight at most", low=1, high=1024)] = 8,
-    timeout: Annotated[float, Option("seconds one request may take", low=0, low_open=True)] = 60.0,
+    timeout: Annotated[float, Option("seconds one request may take, whole (connecting, sending, the answer)", low=0, low_open=True)] = 60.0,
     retries: Annotated[int, Option("tries after the first for a failed request", low=0, high=100)] = 2,
     backoff: Annotated[float, Option("seconds before the first retry (doubling)", low=0)] = 1.0,
     max_tokens: Annotated[int | None, Option("the answer's token limit (null: the server's)", low=1)] = None,
     api_key_env: Annotated[str, Option("environment variable holding an API key, if any")] = "OPENAI_API_KEY",
+    proxy: Annotated[str | None, Option("an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's HTTPS_PROXY is not read)")] = None,
+    max_answer_mb: Annotated[float, Option("megabytes an answer may hold", low=0, low_open=True, high=1024)] = 4.0,
 ) -> JudgeReward:  # fmt: skip
     return JudgeReward(url, model=model, template=template, pattern=pattern, max_score=max_score,
                        image_size=image_size, concurrency=concurrency, timeout=timeout, retries=retries,
-                       backoff=backoff, max_tokens=max_tokens, api_key=os.environ.get(api_key_env))  # fmt: skip
+                       backoff=backoff, max_tokens=max_tokens, api_key=os.environ.get(api_key_env), proxy=proxy,
+                       max_answer_mb=max_answer_mb)  # fmt: skip
 
 
 def chat_url(url: str) -> str:
-    """The chat-completions endpoint of an OpenAI base URL (or the endpoint itself)."""
-    url = url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise UserError(f"reward 'judge': {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
-    return url if url.endswith("/chat/completions") else url + "/chat/completions"
+    """The chat-completions endpoint of an OpenAI base URL (or the endpoint itself), its query string kept after
+    the path; a one-line UserError for a URL that is not http(s), holds credentials or a fragment."""
+    parts = http_client.split_url(url, "reward 'judge'", "http://127.0.0.1:8000/v1")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions"
+    return parts._replace(path=path).geturl()
 
 
-def post_chat(url: str, body: dict, *, timeout: float, api_key: str | None = None) -> dict:
-    """One chat-completions request (`url`: the endpoint, `chat_url`): the answer's JSON object; an exception
-    (urllib's, or ValueError for an answer that is not a JSON object) for anything else. The one HTTP call of
-    this module, also used by the evaluations that ask a judge (t2i_gcpo/eval/suites/judge_client.py)."""
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    content: str
+
+
+class ChatChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    message: ChatMessage
+
+
+class ChatCompletion(BaseModel):
+    """A chat-completions answer, as far as it is read: the first choice's message text (`text`); the other
+    fields (``usage``, ``logprobs``, …) are kept as sent, unchecked."""
+
+    model_config = ConfigDict(extra="allow")
+    choices: Annotated[list[ChatChoice], Field(min_length=1)]
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].message.content
+
+
+class JudgeFailure(ValueError):
+    """One chat request without a usable answer: no answer, an HTTP error or redirect, too large, malformed."""
+
+
+ANSWER_BYTES = 4 << 20
+
+
+def post_chat(endpoint: str, body: dict, *, api_key: str | None = None, timeout: float = 60.0,
+              max_bytes: int = ANSWER_BYTES, proxy: str | None = None) -> ChatCompletion:  # fmt: skip
+    """POST the chat-completions request `body` to `endpoint` (a `chat_url`) once, with one deadline of
+    `timeout` seconds and answers of at most `max_bytes` (http_client): the answer, checked; JudgeFailure
+    naming what was wrong otherwise. `api_key` goes to `endpoint`'s server alone (no redirect is followed)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        raw = response.read()
     try:
-        completion = json.loads(raw)
-    except ValueError:
-        completion = None
-    if not isinstance(completion, dict):
-        raise ValueError(f"not a chat completion: {shorten(raw.decode('utf-8', 'replace'), 60)!r}")
-    return completion
+        answer = http_client.request(endpoint, method="POST", body=json.dumps(body).encode(), headers=headers,
+                                     timeout=timeout, max_bytes=max_bytes, proxy=proxy)  # fmt: skip
+    except (http_client.NoAnswer, http_client.AnswerTooLarge) as e:
+        raise JudgeFailure(str(e)) from None
+    if 300 <= answer.status < 400:
+        raise JudgeFailure(http_client.redirect_line(endpoint, answer))
+    if answer.status != 200:
+        text = answer.body[:200].decode("utf-8", "replace").strip()
+        raise JudgeFailure(
+            f"HTTP {answer.status} {answer.reason}" + (f": {shorten(text, 100)}" if text else "")
+        )
+    try:
+        return http_client.parse_answer(answer.body, ChatCompletion)
+    except ValueError as e:
+        raise JudgeFailure(f"not a chat completion: {e}") from None
 
 
 def png_data_url(image: Any) -> str:
@@ -130,8 +180,10 @@ class JudgeReward:
     def __init__(self, url: str, model: str | None = None, template: str = UNIFIEDREWARD, pattern: str = PATTERN,
                  max_score: float = 5.0, image_size: int | None = 512, concurrency: int = 8, timeout: float = 60.0,
                  retries: int = 2, backoff: float = 1.0, max_tokens: int | None = None,
-                 api_key: str | None = None):  # fmt: skip
+                 api_key: str | None = None, proxy: str | None = None, max_answer_mb: float = 4.0):  # fmt: skip
         self.url = chat_url(url)
+        http_client.check_proxy(proxy, "reward 'judge'")
+        self.proxy, self.max_answer = proxy, int(max_answer_mb * (1 << 20))
         try:
             self.pattern = re.compile(pattern)
         except re.error as e:
@@ -163,24 +215,22 @@ class JudgeReward:
         return body
 
     def ask(self, body: dict) -> str:
-        """One request: the answer's text; an exception for anything else."""
-        completion = post_chat(self.url, body, timeout=self.timeout, api_key=self.api_key)
-        try:
-            answer = completion["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise ValueError(f"not a chat completion: {shorten(json.dumps(completion), 60)!r}") from None
-        if not isinstance(answer, str):
-            raise ValueError(f"the answer is not text: {shorten(repr(answer), 60)}")
-        return answer
+        """One request: the answer's text; JudgeFailure for anything else."""
+        return post_chat(self.url, body, api_key=self.api_key, timeout=self.timeout, max_bytes=self.max_answer,
+                         proxy=self.proxy).text  # fmt: skip
 
     def score(self, answer: str) -> float:
+        """The score the pattern reads in `answer`: a finite number in [0, max_score]; ValueError otherwise."""
         m = self.pattern.search(answer)
         if m is None:
             raise ValueError(f"no score in the answer {shorten(answer, 60)!r}")
         try:
-            return float(m.group(1))
-        except ValueError:
-            raise ValueError(f"the score {m.group(1)!r} is not a number") from None
+            score = float(m.group(1))
+        except (TypeError, ValueError):
+            raise ValueError(f"the score {shorten(str(m.group(1)), 40)!r} is not a number") from None
+        if not math.isfinite(score) or not 0 <= score <= self.max_score:
+            raise ValueError(f"the score {m.group(1)!r} is outside [0, max_score={self.max_score:g}]")
+        return score
 
     def judge(self, index: int, image: Any, prompt: str) -> tuple[float, str]:
         """(score, answer) of one sample after at most 1 + retries tries; RewardError naming it otherwise."""
@@ -192,11 +242,8 @@ class JudgeReward:
             try:
                 answer = self.ask(body)
                 return self.score(answer), answer
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code} {e.reason}"
-            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
-                reason = getattr(e, "reason", None) if isinstance(e, urllib.error.URLError) else None
-                last = f"{type(e).__name__}: {reason or e}"
+            except ValueError as e:  # JudgeFailure included
+                last = str(e)
         raise RewardError(
             f"reward 'judge' ({self.url}): sample {index} ({shorten(prompt, 60)!r}) has no score after "
             f"{self.retries + 1} tries: {shorten(last, 160)}"

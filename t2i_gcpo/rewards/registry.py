@@ -17,7 +17,7 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 wrapped so that an exception or a NaN score raises `RewardError` naming it (rewards/combine.py).
 
 A registration (one per reward file; this package imports every module of its own except base,
-combine, registry, server and private ``_…`` ones, so a new reward is a new file and nothing else):
+combine, http_client, registry, server and private ``_…`` ones, so a new reward is a new file and nothing else):
 
     @register_reward("pickscore", scores="image", doc="…", weights="…", source="…", licence="…")
     def load(folder: Annotated[str, Arg("a PickScore_v1 folder", kind="dir", needs=("config.json",))], *,
@@ -59,7 +59,8 @@ KINDS = ("dir", "file", "local", "path", "url", "text")
 # keyword parameters a loader takes from the run, never from the spec: the device its model goes to (the
 # policy's, or reward_options.device, or the term's device=), the policy's token grid, a text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
-INFRASTRUCTURE = ("base", "combine", "registry", "server")  # the package's modules that are not rewards
+# the package's modules that are not rewards
+INFRASTRUCTURE = ("base", "combine", "http_client", "registry", "server")
 SCORES = ("image", "text")
 PLURAL = {"image": "images", "text": "text"}
 SUM_EXAMPLE = "0.7*clip:CKPT+0.3*shapeworld"

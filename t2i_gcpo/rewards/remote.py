@@ -1,44 +1,54 @@
 """A reward scored by a reward server (`t2i-gcpo reward-server`, t2i_gcpo/rewards/server.py) over HTTP:
 ``remote:http://HOST:PORT`` (docs/guides/rewards.md#server).
 
-The protocol is JSON over HTTP/1.x, from the standard library on both sides:
+The protocol is JSON over HTTP/1.1:
 
 - ``GET /health`` → the server's reward spec, its package version, the reward's name, the (name, weight) of
   each term of a sum (`terms`), its score bounds, the run context it reads (``grid``) and its limits
-  (images and bytes per request);
+  (images, bytes and decoded pixels per request, the largest side of an image);
 - ``POST /score`` with ``{"images": [PNG, base64], "prompts": [...], "metadata": [{...}], "context":
   {"grid": [rows, cols]}}`` → ``{"scores": [...], "details": [{...}], "terms": [[...], ...]}`` in the order
   sent (``terms``, for a sum only: each sample's score under each term of /health's ``terms``); a request the
   server refuses answers 4xx, a reward that fails on the server 500, each with ``{"error": "one line"}``.
 
+`PROTOCOL` is 1: ``max_pixels`` and ``max_side`` were added to ``/health`` without changing it (a client of
+before reads past them; this client against a server of before splits by images and bytes alone).
+
 Images travel as 8-bit PNG, made as `rewards._common.images_to_pil` makes them (the model rewards and the
 ShapeWorld detector read 8-bit images anyway: their scores do not change; a user function reading the
 floats sees them rounded to 1/255).
 
+The client trusts nothing it is answered (t2i_gcpo/rewards/http_client.py): one deadline per request
+(`timeout`, the whole request, not each read), answers of at most `max_answer_mb`, no redirect followed, no
+proxy but the one `proxy` names. ``/health`` is read into `Health` and an answer into `ScoreAnswer`: exactly
+one finite score per image sent, within the bounds the server declared, one object of details per image, each
+holding a finite score per declared term of a sum; anything else is one line naming the field.
+
 At start-up (the registry's check, before the model loads, and again when the reward is built) the client
-asks ``/health``, with the same bounded tries; a server that is not there, or that serves another spec than
-the one a resumed run recorded (`serves`), is one line, before a run folder exists. A call splits its images into requests of at most `batch_size` (the
-server's limit by default), at most `concurrency` in flight, each with `timeout` seconds; a request that
-gets no answer (no connection, a reset, a timeout, HTTP 502/503/504) is sent again up to `retries` times,
-`backoff` seconds apart, doubling; one the server refuses (4xx) or fails (500) is not. Then a
-`RewardError` naming the reward, the server and the last failure: never a silent 0.
+asks ``/health``, with the same bounded tries; a server that is not there, answers a malformed ``/health``,
+or serves another spec than the one a resumed run recorded (`serves`), is one line, before a run folder
+exists. A call splits its images into requests of at most `batch_size` images (the server's limit by
+default), fewer where the server's pixel or byte limit says so, at most `concurrency` in flight; a request
+that gets no answer (no connection, a reset, the deadline, HTTP 502/503/504) is sent again up to `retries`
+times, `backoff` seconds apart, doubling; one the server refuses (4xx, a redirect) or fails (500) is not, nor
+a malformed answer. Then a `RewardError` naming the reward, the server and the last failure: never a silent 0.
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
 from t2i_gcpo.errors import RewardError, UserError, shorten
+from t2i_gcpo.rewards import http_client
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Arg, Option, register_reward
 from t2i_gcpo.version import __version__
@@ -48,12 +58,86 @@ if TYPE_CHECKING:
 
 PROTOCOL = 1  # the version of the protocol above; a server of another answers with another
 SERVICE = "t2i-gcpo reward server"
-RETRY_STATUS = (502, 503, 504)  # a proxy or a server that is restarting: the request is sent again
-# requests go straight to the server, never through an HTTP proxy of the environment (it would see the images;
-# the server belongs on loopback or a private network)
-DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+RETRY_STATUS = (502, 503, 504)  # a proxy or a server that is restarting or busy: the request is sent again
+HEALTH_BYTES = 1 << 20  # a /health answer is a few hundred bytes
 
 
+# ----------------------------------------------------------------------------- the protocol's types
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # a JSON array read as a fixed-size tuple
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class Health(BaseModel):
+    """A ``GET /health`` answer (read strictly: no number as text, no boolean as a number; fields it does not
+    know are ignored, so that a later server may add some)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    service: str
+    protocol: int
+    version: Annotated[str, Field(min_length=1, max_length=100)]
+    spec: Annotated[str, Field(min_length=1, max_length=20_000)]
+    name: Name
+    terms: Annotated[list[Annotated[tuple[Name, Finite], BeforeValidator(_as_tuple)]], Field(max_length=256)] | None = None  # fmt: skip
+    bounds: Annotated[tuple[Finite, Finite], BeforeValidator(_as_tuple)] | None = None
+    context: Annotated[list[Annotated[str, Field(max_length=100)]], Field(max_length=16)] = []
+    max_images: Annotated[int, Field(ge=1, le=1 << 20)]
+    max_bytes: Annotated[int, Field(ge=1)] | None = None
+    # added without a protocol change: None from an older server
+    max_pixels: Annotated[int, Field(ge=1)] | None = None
+    max_side: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Health:
+        if self.bounds is not None and self.bounds[0] > self.bounds[1]:
+            raise ValueError(f"'bounds' [{self.bounds[0]:g}, {self.bounds[1]:g}] has its low above its high")
+        names = [n for n, _ in self.terms or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"'terms' names a term twice ({names})")
+        return self
+
+
+class ScoreAnswer(BaseModel):
+    """A ``POST /score`` answer's types; `check_answer` checks it against the request and the health."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    scores: list[Finite]
+    details: list[dict[str, Any]]
+    terms: list[list[Finite]] | None = None  # a sum's: each image's score under each term of /health's terms
+
+
+def check_answer(answer: ScoreAnswer, n: int, info: Health) -> None:
+    """`answer` holds `n` scores within `info`'s bounds, `n` details, and for a sum `n` rows of a finite score
+    per declared term; ValueError naming the first field that does not."""
+    if len(answer.scores) != n:
+        raise ValueError(f"'scores' holds {len(answer.scores)} scores for the {n} images sent")
+    if len(answer.details) != n:
+        raise ValueError(f"'details' holds {len(answer.details)} entries for the {n} images sent")
+    if info.bounds is not None:
+        low, high = info.bounds
+        slack = 1e-5 * max(1.0, abs(low), abs(high))  # float32 sums on the server, float64 bounds
+        for i, score in enumerate(answer.scores):
+            if not low - slack <= score <= high + slack:
+                raise ValueError(f"'scores.{i}' is {score:g}, outside the bounds the server declares "
+                                 f"[{low:g}, {high:g}]")  # fmt: skip
+    if info.terms:
+        names = [name for name, _ in info.terms]
+        if answer.terms is None:
+            raise ValueError(f"'terms' is missing: the server declares a sum of {', '.join(names)}")
+        if len(answer.terms) != n:
+            raise ValueError(f"'terms' holds {len(answer.terms)} rows for the {n} images sent")
+        for i, row in enumerate(answer.terms):
+            if len(row) != len(names):
+                raise ValueError(f"'terms.{i}' holds {len(row)} scores for the {len(names)} declared terms "
+                                 f"({', '.join(names)})")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the form
 @register_reward(
     "remote",
     scores="image",
@@ -67,22 +151,27 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def load(
     url: Annotated[str, Arg("the reward server's address, http://HOST:PORT", kind="url", metavar="URL")],
     *,
-    timeout: Annotated[float, Option("seconds one request may take", low=0, low_open=True)] = 300.0,
+    timeout: Annotated[float, Option("seconds one request may take, whole (connecting, sending, scoring, reading)", low=0, low_open=True)] = 300.0,
     retries: Annotated[int, Option("tries after the first for a request without an answer", low=0, high=100)] = 2,
     backoff: Annotated[float, Option("seconds before the first retry (doubling)", low=0)] = 2.0,
     batch_size: Annotated[int | None, Option("images per request (null: as many as the server takes)", low=1)] = None,
     concurrency: Annotated[int, Option("requests in flight at most", low=1, high=64)] = 2,
+    proxy: Annotated[str | None, Option("an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's HTTP_PROXY is not read)")] = None,
+    max_answer_mb: Annotated[float, Option("megabytes an answer may hold", low=0, low_open=True, high=4096)] = 64.0,
     serves: Annotated[str | None, Option("the spec the server must serve (a run records it when it starts)")] = None,
     version: Annotated[str | None, Option("the server's version when the run started (recorded)")] = None,
     grid: tuple[int, int] | None = None,
 ) -> RemoteReward:  # fmt: skip
     return RemoteReward(url, timeout=timeout, retries=retries, backoff=backoff, batch_size=batch_size,
-                        concurrency=concurrency, serves=serves, version=version, grid=grid)  # fmt: skip
+                        concurrency=concurrency, proxy=proxy, max_answer_mb=max_answer_mb, serves=serves,
+                        version=version, grid=grid)  # fmt: skip
 
 
 def base_url(url: str) -> str:
+    """The server's address, http(s)://HOST:PORT with nothing after it; a one-line UserError otherwise."""
     url = url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+$", url):
+    parts = http_client.split_url(url, "reward 'remote'")
+    if parts.path or parts.query:
         raise UserError(f"reward 'remote': {url!r} is not a server address (e.g. http://127.0.0.1:8100)")
     return url
 
@@ -116,88 +205,111 @@ def jsonable(value: Any) -> Any:
 def error_of(raw: bytes) -> str:
     """The one-line reason of a server's error answer (its ``error``), else the start of the answer."""
     try:
-        return str(json.loads(raw)["error"])
-    except (ValueError, KeyError, TypeError):
+        return shorten(str(json.loads(raw)["error"]), 300)
+    except (ValueError, KeyError, TypeError, RecursionError):
         return shorten(raw.decode("utf-8", "replace").strip() or "(no reason given)", 120)
+
+
+class Failed(Exception):
+    """A request without a usable answer: `status` the HTTP status of a refusal (0: no answer after the tries)."""
+
+    def __init__(self, why: str, status: int = 0):
+        super().__init__(why)
+        self.why, self.status = why, status
 
 
 class Client:
     """Requests to a reward server with bounded tries (module docstring), and its checked ``/health``."""
 
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0):
+    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
+                 proxy: str | None = None, max_answer_mb: float = 64.0):  # fmt: skip
         self.url, self.timeout = base_url(url), float(timeout)
         self.retries, self.backoff = int(retries), float(backoff)
+        http_client.check_proxy(proxy, "reward 'remote'")
+        self.proxy, self.max_answer = proxy, int(max_answer_mb * (1 << 20))
 
-    def request(self, path: str, body: bytes | None, timeout: float) -> bytes:
-        """One request's answer body; HTTPError for a status ≥ 400, other exceptions for no answer."""
-        request = urllib.request.Request(self.url + path, data=body, method="POST" if body is not None else "GET",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-        with DIRECT.open(request, timeout=timeout) as response:
-            return response.read()
-
-    def tries(self, path: str, body: bytes | None, timeout: float) -> tuple[bytes | None, str, int]:
-        """(answer or None, the last failure, the HTTP status of a refusal or 0): `request` tried up to
-        1 + retries times while it gets no answer (module docstring)."""
+    def send(self, path: str, body: bytes | None, timeout: float, max_bytes: int | None = None) -> bytes:
+        """The body of the server's 200 answer to `path` (POST `body`, or GET), tried up to 1 + retries times
+        while there is none (module docstring); `Failed` otherwise."""
         wait, last = self.backoff, ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(wait)
                 wait *= 2
             try:
-                return self.request(path, body, timeout), "", 0
-            except urllib.error.HTTPError as e:
-                try:
-                    reason = error_of(e.read())
-                except (OSError, http.client.HTTPException):
-                    reason = str(e.reason)
-                if e.code not in RETRY_STATUS:
-                    return None, reason, e.code
-                last = f"HTTP {e.code}: {reason}"
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
-                reason = getattr(e, "reason", None) if isinstance(e, urllib.error.URLError) else None
-                last = f"{type(reason or e).__name__}: {reason or e}"
-        return None, last, 0
+                answer = http_client.request(
+                    self.url + path, method="GET" if body is None else "POST", body=body, timeout=timeout,
+                    headers={"Content-Type": "application/json"}, max_bytes=max_bytes or self.max_answer,
+                    proxy=self.proxy,
+                )  # fmt: skip
+            except http_client.NoAnswer as e:
+                last = str(e)
+                continue
+            except http_client.AnswerTooLarge as e:
+                raise Failed(f"{e} (max_answer_mb={self.max_answer / (1 << 20):g})", 200) from None
+            if answer.status == 200:
+                return answer.body
+            if 300 <= answer.status < 400:
+                raise Failed(http_client.redirect_line(self.url + path, answer), answer.status)
+            if answer.status not in RETRY_STATUS:
+                raise Failed(error_of(answer.body), answer.status)
+            last = f"HTTP {answer.status}: {error_of(answer.body)}"
+        raise Failed(last)
 
-    def health(self, serves: str | None = None) -> dict[str, Any]:
+    def health(self, serves: str | None = None) -> Health:
         """The server's ``/health`` answer, checked (and that it serves `serves`, where given); a one-line
-        UserError when there is none."""
-        raw, last, status = self.tries("/health", None, min(self.timeout, 10.0))
-        if raw is None:
-            port = self.url.rsplit(":", 1)[-1] if re.search(r":\d+$", self.url) else "N"
-            why = f"HTTP {status}: {last}" if status else f"{last}, {self.retries + 1} tries"
-            raise UserError(
-                f"reward 'remote': no reward server answers at {self.url} ({shorten(why, 160)}); start one with: "
-                f"t2i-gcpo reward-server --reward SPEC --port {port}"
-            )
+        UserError when there is none or it is malformed."""
         try:
-            info = json.loads(raw)
-            ok = info.get("service") == SERVICE and all(
-                k in info for k in ("spec", "version", "name", "max_images")
-            )
-        except (ValueError, AttributeError):
-            info, ok = None, False
-        if not ok:
+            raw = self.send("/health", None, min(self.timeout, 10.0), HEALTH_BYTES)
+        except Failed as e:
+            if e.status == 200 or 300 <= e.status < 400:
+                raise UserError(f"reward 'remote': the server at {self.url} answered /health with "
+                                f"{shorten(e.why, 200)}") from None  # fmt: skip
+            port = self.url.rsplit(":", 1)[-1] if re.search(r":\d+$", self.url) else "N"
+            why = f"HTTP {e.status}: {e.why}" if e.status else f"{e.why}, {self.retries + 1} tries"
+            raise UserError(
+                f"reward 'remote': no reward server answers at {self.url} ({shorten(why, 200)}); start one with: "
+                f"t2i-gcpo reward-server --reward SPEC --port {port}"
+            ) from None
+        try:
+            head = json.loads(raw)
+        except (ValueError, RecursionError):
+            head = None
+        if not isinstance(head, dict) or head.get("service") != SERVICE:
             raise UserError(f"reward 'remote': {self.url} is not a t2i-gcpo reward server (its /health answered "
                             f"{shorten(raw.decode('utf-8', 'replace'), 60)!r})")  # fmt: skip
-        if info.get("protocol") != PROTOCOL:
-            raise UserError(f"reward 'remote': the server at {self.url} speaks protocol {info.get('protocol')} "
-                            f"(t2i-gcpo {info['version']}), this client {PROTOCOL} (t2i-gcpo {__version__})")  # fmt: skip
-        if serves is not None and serves != info["spec"]:
+        protocol = head.get("protocol")
+        if protocol != PROTOCOL or isinstance(protocol, bool):
+            raise UserError(f"reward 'remote': the server at {self.url} speaks protocol {shorten(repr(protocol), 20)} "
+                            f"(t2i-gcpo {shorten(str(head.get('version')), 40)}), this client {PROTOCOL} "
+                            f"(t2i-gcpo {__version__})")  # fmt: skip
+        try:
+            info = http_client.parse_answer(raw, Health)
+        except ValueError as e:
+            raise UserError(f"reward 'remote': the reward server at {self.url} answered /health with a malformed "
+                            f"field: {e}") from None  # fmt: skip
+        if serves is not None and serves != info.spec:
             raise UserError(
-                f"reward 'remote': the server at {self.url} serves '{shorten(info['spec'], 120)}', but this run was "
+                f"reward 'remote': the server at {self.url} serves '{shorten(info.spec, 120)}', but this run was "
                 f"trained with '{shorten(serves, 120)}': serve that spec there (t2i-gcpo reward-server --reward …)"
             )
         return info
 
 
-def check_server(term: Any) -> None:
-    """Before the policy loads (rewards.registry.check_reward_spec): a server answers at the term's URL and
-    serves what a resumed run recorded."""
+def client_of(term: Any) -> Client:
+    """The `Client` of a read ``remote:`` term (rewards.registry.Term)."""
 
     def option(name: str) -> Any:
         return term.options.get(name, term.form.all_options[name].default)
 
-    Client(term.args[0], option("timeout"), option("retries"), option("backoff")).health(option("serves"))
+    return Client(term.args[0], option("timeout"), option("retries"), option("backoff"), option("proxy"),
+                  option("max_answer_mb"))  # fmt: skip
+
+
+def check_server(term: Any) -> None:
+    """Before the policy loads (rewards.registry.check_reward_spec): a server answers at the term's URL with a
+    well-formed /health, and serves what a resumed run recorded."""
+    client_of(term).health(term.options.get("serves"))
 
 
 class RemoteReward:
@@ -206,24 +318,23 @@ class RemoteReward:
     probe = True  # a dry sample is scored before a run starts (rewards.combine.probes)
 
     def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
-                 batch_size: int | None = None, concurrency: int = 2, serves: str | None = None,
-                 version: str | None = None, grid: tuple[int, int] | None = None):  # fmt: skip
-        self.client = Client(url, timeout, retries, backoff)
+                 batch_size: int | None = None, concurrency: int = 2, proxy: str | None = None,
+                 max_answer_mb: float = 64.0, serves: str | None = None, version: str | None = None,
+                 grid: tuple[int, int] | None = None):  # fmt: skip
+        self.client = Client(url, timeout, retries, backoff, proxy, max_answer_mb)
         self.url = self.client.url
         self.in_flight = int(concurrency)  # the overlapped scorer may have this many calls running
-        info = self.client.health(serves)
-        self.served, self.server_version = info["spec"], info["version"]
+        self.info = info = self.client.health(serves)
+        self.served, self.server_version = info.spec, info.version
         if version is not None and version != self.server_version:
             print(f"note: the reward server at {self.url} runs t2i-gcpo {self.server_version}; this run started "
                   f"with {version}", file=sys.stderr, flush=True)  # fmt: skip
-        self.name = str(info["name"])
-        self.terms = [(str(n), float(w)) for n, w in info["terms"]] if info.get("terms") else None
-        self.bounds = tuple(info["bounds"]) if info.get("bounds") else None
-        self.limit = int(info["max_images"])
+        self.name = info.name
+        self.terms = [(n, w) for n, w in info.terms] if info.terms else None
+        self.bounds = info.bounds
+        self.limit = info.max_images
         self.batch_size = min(int(batch_size or self.limit), self.limit)
-        self.grid = (
-            [int(grid[0]), int(grid[1])] if grid is not None and "grid" in info.get("context", []) else None
-        )
+        self.grid = [int(grid[0]), int(grid[1])] if grid is not None and "grid" in info.context else None
 
     def recorded(self) -> dict[str, str]:
         """What a run records in its spec (rewards.registry.record_reward): the served spec and version."""
@@ -231,53 +342,86 @@ class RemoteReward:
             return {"version": self.server_version}
         return {"serves": self.served, "version": self.server_version}
 
-    def score_part(self, first: int, images: list[str], prompts: list[str], metadata: list[dict]) -> dict:
-        """The server's answer for one request (samples `first` …); a RewardError naming them otherwise."""
-        body = {"images": images, "prompts": prompts, "metadata": jsonable(metadata)}
+    def where(self, first: int, n: int) -> str:
+        return f"reward '{self.name}' (remote {self.url}), samples {first}–{first + n - 1}"
+
+    def body(self, images: list[str], prompts: list[str], metadata: list[dict]) -> bytes:
+        data: dict[str, Any] = {"images": images, "prompts": prompts, "metadata": jsonable(metadata)}
         if self.grid is not None:
-            body["context"] = {"grid": self.grid}
-        tic = time.perf_counter()
-        raw, last, status = self.client.tries("/score", json.dumps(body).encode(), self.client.timeout)
-        where = f"reward '{self.name}' (remote {self.url}), samples {first}–{first + len(images) - 1}"
-        if raw is None and status:
-            what = "refused the request" if status < 500 else "failed"
-            raise RewardError(f"{where}: the server {what} (HTTP {status}): {shorten(last, 200)}")
-        if raw is None:
-            raise RewardError(f"{where}: no answer after {self.client.retries + 1} tries in "
-                              f"{time.perf_counter() - tic:.1f} s: {shorten(last, 160)}")  # fmt: skip
-        try:
-            answer = json.loads(raw)
-            ok = len(answer["scores"]) == len(images) and len(answer["details"]) == len(images)
-            if self.terms:  # a sum: one score per term for each sample
-                ok = ok and len(answer["terms"]) == len(images)
-                ok = ok and all(len(row) == len(self.terms) for row in answer["terms"])
-        except (ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise RewardError(
-                f"{where}: not a reward server's answer: {shorten(raw.decode('utf-8', 'replace'), 60)!r}"
+            data["context"] = {"grid": self.grid}
+        return json.dumps(data).encode()
+
+    def requests(self, pngs: list[str], prompts: list[str], metadata: list[dict],
+                 size: tuple[int, int]) -> list[tuple[int, int, bytes]]:  # fmt: skip
+        """(first sample, count, body) of each request of a call: at most `batch_size` images, at most the
+        server's decoded pixels, and bodies of at most its bytes (halved until they fit)."""
+        height, width = size
+        info, per = self.info, self.batch_size
+        if info.max_side is not None and max(height, width) > info.max_side:
+            raise RewardError(f"{self.where(0, len(pngs))}: images of {width}×{height} px, larger than the server "
+                              f"takes ({info.max_side} px a side)")  # fmt: skip
+        if info.max_pixels is not None:
+            per = min(per, info.max_pixels // (height * width))
+            if per < 1:
+                raise RewardError(f"{self.where(0, len(pngs))}: one image of {width}×{height} px holds more pixels "
+                                  f"than the server takes in a request ({info.max_pixels})")  # fmt: skip
+        out: list[tuple[int, int, bytes]] = []
+        pending = [(s, min(per, len(pngs) - s)) for s in range(0, len(pngs), per)]
+        while pending:
+            first, n = pending.pop(0)
+            body = self.body(
+                pngs[first : first + n], list(prompts[first : first + n]), list(metadata[first : first + n])
             )
+            if info.max_bytes is None or len(body) <= info.max_bytes:
+                out.append((first, n, body))
+            elif n > 1:
+                pending[:0] = [(first, n // 2), (first + n // 2, n - n // 2)]
+            else:
+                raise RewardError(f"{self.where(first, 1)}: one image's request is {len(body)} bytes, more than the "
+                                  f"server takes ({info.max_bytes}; its --max-mb)")  # fmt: skip
+        return out
+
+    def score_part(self, first: int, n: int, body: bytes) -> ScoreAnswer:
+        """The server's checked answer for one request (samples `first` …); a RewardError naming them otherwise."""
+        tic = time.perf_counter()
+        where = self.where(first, n)
+        try:
+            raw = self.client.send("/score", body, self.client.timeout)
+        except Failed as e:
+            if e.status:
+                what = "refused the request" if e.status < 500 else "failed"
+                if e.status == 200 or 300 <= e.status < 400:
+                    what = "answered"
+                raise RewardError(
+                    f"{where}: the server {what} (HTTP {e.status}): {shorten(e.why, 200)}"
+                ) from None
+            raise RewardError(f"{where}: no answer after {self.client.retries + 1} tries in "
+                              f"{time.perf_counter() - tic:.1f} s: {shorten(e.why, 160)}") from None  # fmt: skip
+        try:
+            answer = http_client.parse_answer(raw, ScoreAnswer)
+            check_answer(answer, n, self.info)
+        except ValueError as e:
+            raise RewardError(
+                f"{where}: a malformed answer from the server: {shorten(str(e), 200)}"
+            ) from None
         return answer
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         import torch
 
-        pngs, metadata = encode_images(images), metadata or [{} for _ in prompts]
-        starts = list(range(0, len(pngs), self.batch_size))
-        pool = ThreadPoolExecutor(max_workers=min(self.in_flight, max(len(starts), 1)))
+        metadata = metadata or [{} for _ in prompts]
+        parts = self.requests(encode_images(images), prompts, metadata, tuple(images.shape[-2:]))
+        pool = ThreadPoolExecutor(max_workers=min(self.in_flight, max(len(parts), 1)))
         try:
-            futures = [pool.submit(self.score_part, s, pngs[s : s + self.batch_size], list(prompts[s : s + self.batch_size]),
-                                   list(metadata[s : s + self.batch_size])) for s in starts]  # fmt: skip
+            futures = [pool.submit(self.score_part, *part) for part in parts]
             answers = [f.result() for f in futures]
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        scores = [float(x) for a in answers for x in a["scores"]]
-        details = [d for a in answers for d in a["details"]]
+        scores = [x for a in answers for x in a.scores]
+        details = [d for a in answers for d in a.details]
         if not self.terms:
             return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), details=details)
-        terms = torch.tensor(
-            [[float(x) for x in row] for a in answers for row in a["terms"]], dtype=torch.float32
-        )
+        terms = torch.tensor([row for a in answers for row in a.terms], dtype=torch.float32)
         return RewardOutput(
             torch.tensor(scores, dtype=torch.float32), details, terms, tuple(n for n, _ in self.terms)
         )

@@ -100,7 +100,7 @@ def request(images: list[str], prompts: list[str], **extra) -> bytes:
 
 GOOD = request([b64(png())] * 2, ["a photo of a circle"] * 2)
 BAD = {
-    "not JSON": (b"images=1", None, 400, "not JSON"),
+    "not JSON": (b"images=1", None, 400, "not valid JSON"),
     "a truncated PNG": (request([b64(png()[:40])], ["p"]), None, 400, "image 0 is not a readable PNG"),
     "10,000 images": (
         request([b64(png(4))] * 10_000, ["p"] * 10_000),
@@ -245,9 +245,10 @@ def test_a_port_in_use_is_one_line(capsys):
 
 
 def test_reward_server_check_prints_what_it_would_serve(capsys):
-    code, out, err = cli(capsys, "reward-server", "--reward", "shapeworld", "--check")
+    code, out, err = cli(capsys, "reward-server", "--reward", "shapeworld", "--check", "--max-mpx", "8")
     info = json.loads(out)
     assert code == 0 and info["spec"] == "shapeworld" and info["context"] == ["grid"], err
+    assert info["max_pixels"] == 8 << 20 and info["max_side"] == 4096 and info["max_bytes"] == 256 << 20
     code, _, err = cli(capsys, "reward-server", "--reward", "arithmetic", "--check")
     assert code == 2 and "serves image rewards" in error_line(err)
 
@@ -290,7 +291,7 @@ def test_a_server_killed_mid_run_stops_it_with_one_line_and_resume_continues_to_
     finally:
         server.kill()
         server.wait()
-    line = error_line(capsys.readouterr().err, ignore="it/s")
+    line = error_line(capsys.readouterr().err, ignore="%|")  # the progress bar (it/s or s/it)
     done = rows(run)[-1]["step"]
     assert code == 2 and "no answer after 2 tries" in line and f"step {done + 1}:" in line, line
     assert f"the checkpoint of step {done} is kept" in line and f"t2i-gcpo train --resume {run}" in line

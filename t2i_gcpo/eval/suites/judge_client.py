@@ -78,7 +78,8 @@ class JudgeClient:
 
         if self.model is not None:
             body = {"model": self.model, **body}
-        return post_chat(self.url, body, timeout=self.timeout, api_key=self.api_key)
+        # the hardened client's checked answer (one deadline, a size bound, no redirect), as the JSON it was
+        return post_chat(self.url, body, timeout=self.timeout, api_key=self.api_key).model_dump()
 
     @staticmethod
     def choice(completion: dict) -> dict:
