@@ -380,7 +380,7 @@ def test_a_judge_that_stalls_lies_or_is_down_is_one_line_after_bounded_retries(t
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"judge {client.url}: question 0000")
     assert "/0000 has no usable answer after 3 tries: " in message  # the first to fail of the two in flight
-    reason = {"stall": "timed out", "lie": "checkpoint scores must be 0 or 1", "garbage": "not a chat completion",
+    reason = {"stall": "no complete answer within the deadline", "lie": "checkpoint scores must be 0 or 1", "garbage": "not a chat completion",
               "down": "Connection refused"}[mode]  # fmt: skip
     assert reason in message and "kept in" in message
     assert asked in (None, 3)  # the first question's 3 tries, then it stops: the second is never asked

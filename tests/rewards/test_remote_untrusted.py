@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import pytest
@@ -61,18 +62,22 @@ def test_a_malformed_answer_is_one_line_naming_the_field_never_a_reward(what):
     assert line.startswith(f"reward 'fake' (remote {server.url}), samples 0–1")
 
 
-def test_the_declared_terms_of_a_sum_must_be_in_every_detail():
+def test_the_declared_terms_of_a_sum_are_a_row_of_finite_scores_per_image():
     terms = [["shapeworld", 0.5], ["clip", 2.0]]
-    good = {"scores": [1.0, 1.0], "details": [{"shapeworld": 1.0, "clip": 0.25}] * 2}
+    good = {"scores": [1.0, 1.0], "details": [{"clip/cosine": 0.1}] * 2, "terms": [[1.0, 0.25], [1.0, 0.25]]}
     with fake_server(answering(good, terms=terms, bounds=None)) as server:
         out = build_reward(f"remote:{server.url},{FAST}")(images(2), ["a", "b"], [{}, {}])
-        assert out.scores.tolist() == [1.0, 1.0] and out.details[1]["clip"] == 0.25
-    for detail, needle in [({"shapeworld": 1.0}, "'details.0.clip' is None"),
-                           ({"shapeworld": 1.0, "clip": "x"}, "'details.0.clip' is 'x'"),
-                           ({"shapeworld": 1.0, "clip": True}, "'details.0.clip' is True")]:  # fmt: skip
-        bad = {"scores": [1.0, 1.0], "details": [detail, detail]}
+        assert out.scores.tolist() == [1.0, 1.0] and out.term_names == ("shapeworld", "clip")
+        assert out.terms.tolist() == [[1.0, 0.25], [1.0, 0.25]] and out.details[1] == {"clip/cosine": 0.1}
+    for rows, needle in [(None, "'terms' is missing: the server declares a sum of shapeworld, clip"),
+                         ([[1.0, 0.25]], "'terms' holds 1 rows for the 2 images sent"),
+                         ([[1.0], [1.0]], "'terms.0' holds 1 scores for the 2 declared terms"),
+                         ([[1.0, "x"], [1.0, 0.0]], "'terms.0.1'"),
+                         ([[1.0, True], [1.0, 0.0]], "'terms.0.1'"),
+                         ([[1.0, float("nan")], [1.0, 0.0]], "'terms.0.1'")]:  # fmt: skip
+        bad = {"scores": [1.0, 1.0], "details": [{}, {}], **({"terms": rows} if rows is not None else {})}
         with fake_server(answering(bad, terms=terms, bounds=None)) as server:
-            with pytest.raises(RewardError, match=needle):
+            with pytest.raises(RewardError, match=re.escape(needle)):
                 build_reward(f"remote:{server.url},{FAST}")(images(2), ["a", "b"], [{}, {}])
 
 
