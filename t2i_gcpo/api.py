@@ -1067,11 +1067,17 @@ def evaluate_geneval2(
         images: score the reference's image map instead: a JSON object {prompt: image path}.
         n: images per prompt (the reference scores one).
         batch: prompts per sampling call.
-        cfg_scale, steps, reveal_order, seed: sampling, as ``eval geneval``.
-        device, vqa_dtype, vqa_batch: where the VQA model runs, its dtype (auto: the checkpoint's), questions
-            per forward pass.
-        concurrency, timeout, retries, backoff: the judge's requests in flight, seconds each, tries after
-            the first, seconds before the first retry (doubling).
+        cfg_scale: the guidance scale, as ``eval geneval``.
+        steps: masked decoding steps, as ``eval geneval``.
+        reveal_order: the masked reveal order, as ``eval geneval``.
+        seed: the sampling seed, as ``eval geneval``.
+        device: where the VQA model runs.
+        vqa_dtype: the VQA model's dtype (auto: the checkpoint's).
+        vqa_batch: questions per forward pass.
+        concurrency: the judge's requests in flight.
+        timeout: seconds each request may take.
+        retries: tries after the first.
+        backoff: seconds before the first retry (doubling).
         overwrite: regenerate the images already in out/images.
 
     Returns:
@@ -1199,10 +1205,18 @@ def evaluate_judge(
         model: a model to generate with; else `score_only`: a GenEval-layout folder of these prompts, or a
             folder in the suite's own reference layout.
         n: images per prompt (default: the suite's, e.g. UniGenBench's 4).
-        temperature, max_tokens: the judge's sampling (default: the suite's).
-        concurrency, timeout, retries, backoff: requests in flight, seconds each, tries after the first,
-            seconds before the first retry (doubling).
-        batch, cfg_scale, steps, reveal_order, seed, overwrite: generation, as `evaluate_geneval2`.
+        temperature: the judge's sampling temperature (default: the suite's).
+        max_tokens: the judge's answer length (default: the suite's).
+        concurrency: requests in flight.
+        timeout: seconds each request may take.
+        retries: tries after the first.
+        backoff: seconds before the first retry (doubling).
+        batch: prompts per sampling call, as `evaluate_geneval2`.
+        cfg_scale: the guidance scale, as `evaluate_geneval2`.
+        steps: masked decoding steps, as `evaluate_geneval2`.
+        reveal_order: the masked reveal order, as `evaluate_geneval2`.
+        seed: the sampling seed, as `evaluate_geneval2`.
+        overwrite: regenerate the images already in out/images.
 
     Returns:
         summary.json's content: ``overall``, ``categories`` and the suite's tables.

@@ -45,6 +45,46 @@ PROMPTS = [m["prompt"] for m in generate_metadata(24, seed=3)] + [
 # ----------------------------------------------------------------------------- ShapeWorld AR / masked
 
 
+def tiny_ar_policy(prompts: list[str], storage: str = "float32", seed: int = 0):
+    """A random 2-layer, d=32 AR prior over a random 16×16-px VQ (4×4 tokens, K=16), in memory, with
+    logits 5× the default init's so that its distributions are far from uniform."""
+    from t2i_gcpo.policies.ar import ARConfig, ARPolicy
+    from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+    from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
+
+    torch.manual_seed(seed)
+    vq = VQTokenizer(VQConfig(image_size=16, channels=(8, 8), codebook_size=16, code_dim=4, storage_dtype=storage))
+    cfg = ARConfig(
+        prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, storage_dtype=storage
+    )
+    policy = ARPolicy(cfg, PromptTokenizer.build(prompts, max_len=8), vq).eval()
+    with torch.no_grad():
+        policy.head.weight.mul_(5)
+    return policy
+
+
+def tiny_masked_policy(prompts: list[str], codebook_size: int, steps: int, storage: str = "float32",
+                       seed: int = 0, **kw):  # fmt: skip
+    """A random 2-layer, d=32 masked prior over a random 16×16-px VQ (4×4 tokens), in memory, with logits
+    of std ≈ 2: distributions far from uniform, yet not one-hot."""
+    from t2i_gcpo.policies.masked import MaskedConfig, MaskedPolicy
+    from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
+    from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
+
+    torch.manual_seed(seed)
+    vq = VQTokenizer(
+        VQConfig(image_size=16, channels=(8, 8), codebook_size=codebook_size, code_dim=4, storage_dtype=storage)
+    )
+    cfg = MaskedConfig(
+        prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+        default_steps=steps, storage_dtype=storage,
+    )  # fmt: skip
+    policy = MaskedPolicy(cfg, PromptTokenizer.build(prompts, max_len=8), vq, **kw).eval()
+    with torch.no_grad():
+        policy.head.weight.normal_(0, 2 / 32**0.5)
+    return policy
+
+
 def tiny_policy_dir(root: Path, seed: int = 0) -> Path:
     """Save a random 2-layer, d=32 AR prior over a random 16×16-px VQ (4×4 tokens) to root/tiny."""
     from t2i_gcpo.policies.ar import ARConfig, ARPolicy

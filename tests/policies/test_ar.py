@@ -21,23 +21,14 @@ from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunk_size, filte
 from t2i_gcpo.tasks.loop import group_generators
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
+from tiny_models import tiny_ar_policy
+
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares", "a photo of a cross above a circle"]
 CONTEXTS = ("pos", "neg", "guided")
 
 
 def tiny_policy(storage: str = "float32", seed: int = 0) -> ARPolicy:
-    torch.manual_seed(seed)
-    vq = VQTokenizer(
-        VQConfig(image_size=16, channels=(8, 8), codebook_size=16, code_dim=4, storage_dtype=storage)
-    )
-    tok = PromptTokenizer.build(PROMPTS, max_len=8)
-    cfg = ARConfig(
-        prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, storage_dtype=storage
-    )
-    policy = ARPolicy(cfg, tok, vq).eval()
-    with torch.no_grad():  # larger logits than the default init so distributions are far from uniform
-        policy.head.weight.mul_(5)
-    return policy
+    return tiny_ar_policy(PROMPTS, storage, seed)
 
 
 def records(texts: list[str]) -> list[PromptRecord]:

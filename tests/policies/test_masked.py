@@ -29,6 +29,8 @@ from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists
 from t2i_gcpo.tasks.loop import group_generators
 from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
+from tiny_models import tiny_masked_policy
+
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares", "a photo of a cross above a circle"]
 CONTEXTS = ("pos", "neg", "guided")
 STEPS = 4
@@ -36,19 +38,7 @@ T, K = 16, 16
 
 
 def tiny_policy(storage: str = "float32", seed: int = 0, **kw) -> MaskedPolicy:
-    torch.manual_seed(seed)
-    vq = VQTokenizer(
-        VQConfig(image_size=16, channels=(8, 8), codebook_size=K, code_dim=4, storage_dtype=storage)
-    )
-    tok = PromptTokenizer.build(PROMPTS, max_len=8)
-    cfg = MaskedConfig(
-        prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-        default_steps=STEPS, storage_dtype=storage,
-    )  # fmt: skip
-    policy = MaskedPolicy(cfg, tok, vq, **kw).eval()
-    with torch.no_grad():  # logits of std ≈ 2: distributions far from uniform, yet not one-hot
-        policy.head.weight.normal_(0, 2 / 32**0.5)
-    return policy
+    return tiny_masked_policy(PROMPTS, K, STEPS, storage, seed, **kw)
 
 
 def records(texts: list[str]) -> list[PromptRecord]:

@@ -11,10 +11,11 @@ import torch
 from t2i_gcpo.policies.base import PromptRecord, SamplingParams
 from t2i_gcpo.tasks.loop import group_generators, sample_and_decode, sampler_precision
 
-from tiny_models import build_tiny_text_lm, tiny_policy_dir
+from tiny_models import build_tiny_text_lm, tiny_ar_policy, tiny_masked_policy, tiny_policy_dir
 from train_fixtures import write_prompt_file
 
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares"]
+PROMPTS_3 = [*PROMPTS, "a photo of a cross above a circle"]  # the in-memory priors' vocabulary
 
 
 def run_flags(tmp_path, reward: str, steps: int) -> dict:
@@ -92,15 +93,11 @@ def test_sampler_precision_is_a_no_op_by_default_and_rejects_unknown_values():
 
 
 def _ar():
-    from test_ar_policy import tiny_policy
-
-    return tiny_policy()
+    return tiny_ar_policy(PROMPTS_3)
 
 
 def _masked():
-    from test_masked import tiny_policy
-
-    return tiny_policy()
+    return tiny_masked_policy(PROMPTS_3, codebook_size=16, steps=4)
 
 
 @pytest.fixture(scope="module")

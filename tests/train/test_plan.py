@@ -14,6 +14,7 @@ import torch
 import yaml
 
 import t2i_gcpo.policies.registry as registry
+import t2i_gcpo.train.draws as draws
 import t2i_gcpo.train.run as run_module
 from t2i_gcpo.config import ALGORITHMS, BranchingConfig, LossConfig, RolloutConfig
 from t2i_gcpo.resources import PROMPTS_DIR
@@ -270,7 +271,8 @@ TOKEN_ADVANTAGES = ("tempo", "vine", "tree", "stepwise")  # presets whose scheme
 
 @pytest.fixture(scope="module")
 def cached_policies():
-    """Each tiny model loaded once for the whole cross product (planning does not change it)."""
+    """Each tiny model loaded, and its memory model measured, once for the whole cross product (planning
+    changes neither; the memory model's own tests: tests/train/test_draws.py)."""
     return {}
 
 
@@ -281,9 +283,22 @@ def test_every_preset_family_and_value_plans_or_is_one_line_before_the_folder(
 ):
     """presets × families × the branching rules, decode modes and loss aggregations, one value at a time:
     `train` either plans (and would train) or is refused in one line, exit 2, leaving no file."""
-    load = registry.load_policy
-    monkeypatch.setattr(registry, "load_policy", lambda spec, options=None: cached_policies.setdefault(
-        (spec, repr(options)), load(spec, options)))  # fmt: skip
+    load, measure = registry.load_policy, draws.measure_profile
+
+    def cached_load(spec, options=None):
+        key = (spec, repr(options))
+        if key not in cached_policies:
+            cached_policies[key] = load(spec, options)
+        return cached_policies[key]
+
+    def cached_measure(cfg, policy, prompt):  # the memory model, measured once a model and scheme
+        key = ("profile", id(policy), cfg.credit.scheme, cfg.rollout.group_size)
+        if key not in cached_policies:
+            cached_policies[key] = measure(cfg, policy, prompt)
+        return cached_policies[key]
+
+    monkeypatch.setattr(registry, "load_policy", cached_load)
+    monkeypatch.setattr(draws, "measure_profile", cached_measure)
     outcomes = {}
     for key, value in VALUES:
         out = tmp_path / "run"
