@@ -106,14 +106,14 @@ def test_credit_map_branches_for_vine_and_draws_its_value_column(tmp_path):
     summary = api.credit_maps(prompts, out, model="shapeworld", schemes=("uniform", "vine"), group_size=2)
     # 64 raster tokens branched every 16: 3 points × 2 continuations × 2 samples
     assert "branching: 12 continuations" in summary
-    # columns: image, uniform, vine (its credit share), V(prefix): the figure is 2·4 + 1.2 inches at 100 dpi
-    assert _png_width(out / "00000.png") == 920
+    # columns: image, uniform, vine (its credit share), V(prefix): the figure is 2·4 + 1.35 inches at 100 dpi
+    assert _png_width(out / "00000.png") == 935
     page = (out / "credit_maps.html").read_text()
     assert "V(prefix) along the branch points" in page and page.count("t=16 ") == 2
     plain = tmp_path / "plain"
     summary = api.credit_maps(prompts, plain, model="shapeworld", schemes=("uniform", "gcpo"), group_size=2)
     assert "vine" not in summary and "V(prefix)" not in (plain / "credit_maps.html").read_text()
-    assert _png_width(plain / "00000.png") == 720
+    assert _png_width(plain / "00000.png") == 735
 
 
 def test_credit_map_on_text_shades_each_token_by_its_value(tiny_lm, tmp_path, capsys):  # noqa: F811
