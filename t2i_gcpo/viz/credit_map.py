@@ -310,7 +310,9 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
                 ax.set_yticks([])
     for j, column in enumerate(columns):
         if mappables[j] is not None:
-            cb = fig.colorbar(mappables[j], cax=_colorbar_axes(fig, axes[-1, j + 1]), orientation="horizontal")
+            cb = fig.colorbar(
+                mappables[j], cax=_colorbar_axes(fig, axes[-1, j + 1]), orientation="horizontal"
+            )
             label = {REVEAL_COLUMN: "step revealed", VALUE_COLUMN: None}.get(column, "weight w")
             cb.set_label(label or _value_label(samples, centre), fontsize=9)
             cb.ax.tick_params(labelsize=8)
