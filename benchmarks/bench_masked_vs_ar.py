@@ -103,7 +103,7 @@ def main() -> None:
 
 def evaluate_at(policy, test, images: int, sampling) -> dict:
     """The task's held-out evaluation (seed 0) at explicit sampling settings (decoding steps included)."""
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
     from t2i_gcpo.tasks.geneval import GenEvalTask
 
     task = GenEvalTask("shapeworld", "shapeworld", default_reward="shapeworld")

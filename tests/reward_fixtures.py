@@ -92,7 +92,7 @@ def assert_same_run(one: Path, two: Path) -> None:
 
 def slow_shapeworld(images, prompts, metadata):
     """The ShapeWorld reward on the tiny prior's grid, after SLOW_REWARD_SECONDS (default 0.3) of sleep."""
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     time.sleep(float(os.environ.get("SLOW_REWARD_SECONDS", "0.3")))
     return ShapeWorldReward(grid=TINY_GRID)(images, prompts, metadata)

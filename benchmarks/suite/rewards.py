@@ -125,10 +125,10 @@ def real_shape(tm: Any, device: str) -> Iterator[tuple[str, str, Any]]:
     from transformers.models.blip import BlipImageProcessorPil
     from transformers.models.clip import CLIPImageProcessorPil
 
-    from t2i_gcpo.rewards.aesthetic import AestheticReward
-    from t2i_gcpo.rewards.hps import HPSReward
-    from t2i_gcpo.rewards.pickscore import PickScoreReward
-    from t2i_gcpo.rewards.vqa import VQAReward
+    from t2i_gcpo.rewards.forms.aesthetic import AestheticReward
+    from t2i_gcpo.rewards.forms.hps import HPSReward
+    from t2i_gcpo.rewards.forms.pickscore import PickScoreReward
+    from t2i_gcpo.rewards.forms.vqa import VQAReward
 
     with tempfile.TemporaryDirectory() as tmp:
         tm.write_clip_tokenizer(tmp)

@@ -206,7 +206,7 @@ class BlipVQAScorer:
     local folder: Salesforce/blip-vqa-capfilt-large holds the reference's weights), read from the first
     token the answer decoder gives after its BOS ([DEC]), the question encoded over the image with [ENC]
     in place of [CLS]. Questions are batched only with questions of their own length, unpadded (BLIP's
-    text layers in transformers 5 drop the cross-attention's padding mask: rewards/vqa.py)."""
+    text layers in transformers 5 drop the cross-attention's padding mask: rewards/forms/vqa.py)."""
 
     def __init__(self, model, image_processor, tokenizer, *, name: str, batch_size: int = 16):
         self.model, self.image_processor, self.tokenizer = model, image_processor, tokenizer
@@ -228,7 +228,7 @@ class BlipVQAScorer:
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, *, device: str | torch.device = "cpu",
                         batch_size: int = 16) -> BlipVQAScorer:  # fmt: skip
-        from t2i_gcpo.rewards.vqa import load_blip_vqa
+        from t2i_gcpo.rewards.forms.vqa import load_blip_vqa
 
         return cls(*load_blip_vqa(str(folder), device), name=Path(folder).name, batch_size=batch_size)
 
@@ -623,7 +623,7 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     blip = BlipVQAScorer.from_pretrained(vqa, device=device) if "blip-vqa" in needed else None
     clip_scorer = None
     if "clipscore" in needed:
-        from t2i_gcpo.rewards.clip_score import ClipScoreReward
+        from t2i_gcpo.rewards.forms.clip_score import ClipScoreReward
 
         clip_scorer = ClipScoreReward(clip, clip_model, True, device)
     det = None

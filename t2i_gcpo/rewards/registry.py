@@ -1,5 +1,5 @@
-"""The reward registry (docs/guides/rewards.md#spec): every form ``--reward`` takes is one file of this
-package that registers itself, and `build_reward` turns a spec into the reward it names.
+"""The reward registry (docs/guides/rewards.md#spec): every form ``--reward`` takes is one file of
+t2i_gcpo/rewards/forms/ that registers itself, and `build_reward` turns a spec into the reward it names.
 
 A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore_v1+0.3*shapeworld``
 (r = Σ_k w_k r_k; a term without a weight has weight 1). A term is
@@ -16,8 +16,8 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 `forms()` lists the registered forms (``t2i-gcpo train --help`` shows them); every reward returned is
 wrapped so that an exception or a NaN score raises `RewardError` naming it (rewards/combine.py).
 
-A registration (one per reward file; this package imports every module of its own except base,
-combine, http_client, registry, server and private ``_…`` ones, so a new reward is a new file and nothing else):
+A registration (one per reward file; the registry imports every module of t2i_gcpo/rewards/forms/ but
+private ``_…`` ones, so a new reward is a new file there and nothing else):
 
     @register_reward("pickscore", scores="image", doc="…", weights="…", source="…", licence="…")
     def load(folder: Annotated[str, Arg("a PickScore_v1 folder", kind="dir", needs=("config.json",))], *,
@@ -59,8 +59,6 @@ KINDS = ("dir", "file", "local", "path", "url", "text")
 # keyword parameters a loader takes from the run, never from the spec: the device its model goes to (the
 # policy's, or reward_options.device, or the term's device=), the policy's token grid, a text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
-# the package's modules that are not rewards
-INFRASTRUCTURE = ("base", "combine", "http_client", "registry", "server")
 SCORES = ("image", "text")
 PLURAL = {"image": "images", "text": "text"}
 SUM_EXAMPLE = "0.7*clip:CKPT+0.3*shapeworld"
@@ -187,8 +185,8 @@ class RewardForm:
         return {c: o.name for o in self.options for c in o.choices}
 
 
-# every form, one module each in this package (but its machinery, `INFRASTRUCTURE`): t2i_gcpo/extensions.py
-REWARDS: Registry[RewardForm] = Registry("reward form", builtins="t2i_gcpo.rewards", skip=INFRASTRUCTURE)
+# every form, one module each in t2i_gcpo/rewards/forms/ (its machinery stays in rewards/): t2i_gcpo/extensions.py
+REWARDS: Registry[RewardForm] = Registry("reward form", builtins="t2i_gcpo.rewards.forms")
 
 
 # ----------------------------------------------------------------------------- registering

@@ -2,7 +2,7 @@
 Benchmark Drift in Text-to-Image Evaluation", arXiv 2512.16853; facebookresearch/GenEval2 evaluation.py and
 soft_tifa_analysis.py, commit a6e82d2289e8d418f27f0adee77908b07060eea3, written anew): the questions, the answer
 lists and the per-image scores, shared by the ``eval geneval2`` benchmark (t2i_gcpo/eval/suites/geneval2.py) and
-the ``soft_tifa`` reward (t2i_gcpo/rewards/soft_tifa.py). docs/evaluation/geneval2.md has the formulas.
+the ``soft_tifa`` reward (t2i_gcpo/rewards/forms/soft_tifa.py). docs/evaluation/geneval2.md has the formulas.
 
 A prompt carries its atoms as GenEval 2's data does: ``vqa_list``, [question, answer] pairs (and, for the
 benchmark's tables, ``skills`` and ``atom_count``). Atom k is asked as "<question> Answer in one word." with its

@@ -190,7 +190,7 @@ def evaluate_shapeworld(policy: Policy, metadata: list[dict], images_per_prompt:
     import dataclasses
 
     from t2i_gcpo.policies.sampling import resolve_guidance_scale
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     sampling = dataclasses.replace(
         policy.default_sampling(), guidance_scale=resolve_guidance_scale(policy, cfg_scale)

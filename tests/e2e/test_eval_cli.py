@@ -34,7 +34,7 @@ def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     reward = ShapeWorldReward()
     for r in rows:

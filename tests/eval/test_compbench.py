@@ -215,7 +215,7 @@ def test_reference_layout_is_scored_by_its_file_names(blip, tmp_path):
 def test_non_spatial_is_the_plain_cosine_of_clip(tmp_path):
     import open_clip
 
-    from t2i_gcpo.rewards.clip_score import ClipScoreReward
+    from t2i_gcpo.rewards.forms.clip_score import ClipScoreReward
 
     from tiny_models import tiny_open_clip
 

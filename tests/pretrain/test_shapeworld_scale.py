@@ -121,7 +121,7 @@ def test_64px_faded_core_is_filled_but_enclosed_background_is_not():
 
 
 def test_reward_object_grid_is_16x16_at_64px():
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     objs = [
         ShapeObject("square", "red", 8 / 64, 24 / 64, 16 / 64),  # tokens rows 4–7, columns 0–3

@@ -1,4 +1,4 @@
-"""The VLM judge (t2i_gcpo/rewards/judge.py) against a fake OpenAI-compatible server on loopback
+"""The VLM judge (t2i_gcpo/rewards/forms/judge.py) against a fake OpenAI-compatible server on loopback
 (http.server in a thread): scores parsed from the answers, the request it sends, bounded concurrency, and
 a server that stalls, answers garbage or is down giving one line naming the reward after the bounded
 retries — at start-up with no run folder left behind."""

@@ -1,4 +1,4 @@
-"""`judge:` (t2i_gcpo/rewards/judge.py) against fake chat servers on loopback that misbehave: a redirect to another
+"""`judge:` (t2i_gcpo/rewards/forms/judge.py) against fake chat servers on loopback that misbehave: a redirect to another
 host gets neither the request nor the API key (a run: exit 2 before its folder), the environment's proxy is
 not used and the one given is, a query string stays after the endpoint, the deadline is the whole request's,
 answers are bounded and read into a schema (a score outside [0, max_score] is no score), and `post_chat` is
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from t2i_gcpo.errors import RewardError
-from t2i_gcpo.rewards.judge import ChatCompletion, JudgeFailure, chat_url, post_chat
+from t2i_gcpo.rewards.forms.judge import ChatCompletion, JudgeFailure, chat_url, post_chat
 from t2i_gcpo.rewards.registry import build_reward
 
 from cli_helpers import cli, error_line

@@ -1,4 +1,4 @@
-"""The OCR reward (t2i_gcpo/rewards/ocr.py): flow_grpo's formula by hand, the prompt check, and — with the
+"""The OCR reward (t2i_gcpo/rewards/forms/ocr.py): flow_grpo's formula by hand, the prompt check, and — with the
 ocr extra installed (rapidocr-onnxruntime ships its PP-OCRv4 models in the wheel) — the real engine on
 rendered text: an image of the prompt's phrase scores ≥ 0.9, one of another phrase ≤ 0.5."""
 
@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.rewards.ocr import OcrReward, levenshtein, target_phrase, text_reward
+from t2i_gcpo.rewards.forms.ocr import OcrReward, levenshtein, target_phrase, text_reward
 from t2i_gcpo.rewards.registry import build_reward, check_reward_spec
 
 HAS_OCR = importlib.util.find_spec("rapidocr_onnxruntime") is not None

@@ -56,7 +56,7 @@ class Const:
 def test_clip_score_range_and_definition(clip_ckpt):
     import open_clip
 
-    from t2i_gcpo.rewards.clip_score import ClipScoreReward, images_to_pil
+    from t2i_gcpo.rewards.forms.clip_score import ClipScoreReward, images_to_pil
 
     reward = ClipScoreReward(str(clip_ckpt), TINY_CLIP, quick_gelu=False, batch_size=2)
     images, prompts = _images(5), ["a red circle", "a dog", "two cats", "a red circle", "blue"]
@@ -85,7 +85,7 @@ def test_clip_score_open_clip_local_dir(clip_ckpt, tmp_path):
     """open_clip's own folder layout (open_clip_config.json + weights) scores like the file form."""
     import shutil
 
-    from t2i_gcpo.rewards.clip_score import ClipScoreReward
+    from t2i_gcpo.rewards.forms.clip_score import ClipScoreReward
 
     (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CFG}))
     shutil.copy(clip_ckpt, tmp_path / "open_clip_pytorch_model.bin")
@@ -96,7 +96,7 @@ def test_clip_score_open_clip_local_dir(clip_ckpt, tmp_path):
 
 
 def test_clip_score_errors(clip_ckpt, tmp_path):
-    from t2i_gcpo.rewards.clip_score import ClipScoreReward
+    from t2i_gcpo.rewards.forms.clip_score import ClipScoreReward
 
     with pytest.raises(UserError, match="does not exist"):
         ClipScoreReward(str(tmp_path / "missing.pt"), TINY_CLIP)
@@ -262,7 +262,7 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
     from types import SimpleNamespace
 
     import t2i_gcpo.scoring.geneval_rules as rules
-    from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+    from t2i_gcpo.rewards.forms.geneval_reward import GenEvalReward
 
     calls = []
 
@@ -289,7 +289,7 @@ def test_geneval_reward_wiring_with_fake_rules(monkeypatch):
 
 def test_geneval_reward_with_real_rules():
     """Partial credit (docs/evaluation/geneval.md#geneval-as-a-reward) through the real rules engine."""
-    from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+    from t2i_gcpo.rewards.forms.geneval_reward import GenEvalReward
 
     dog = Detection(cls="dog", box=(0, 0, 10, 10), score=0.95, color="red")
     meta = {"tag": "two_object", "include": [{"class": "dog", "count": 1}, {"class": "cat", "count": 1}]}

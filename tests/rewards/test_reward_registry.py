@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-import t2i_gcpo.rewards as rewards_package
+import t2i_gcpo.rewards.forms as forms_package
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards import registry
 from t2i_gcpo.rewards.registry import (
@@ -40,7 +40,7 @@ def test_every_reward_file_registers_one_form_and_help_lists_them():
     from t2i_gcpo.cli import cli as group
 
     found = forms()
-    modules = {m.name for m in pkgutil.iter_modules(rewards_package.__path__)} - set(registry.INFRASTRUCTURE)
+    modules = {m.name for m in pkgutil.iter_modules(forms_package.__path__)}
     assert {m for m in modules if not m.startswith("_")} == {
         f.load.__module__.rsplit(".", 1)[1] for f in found.values()
     }
@@ -202,20 +202,20 @@ CALLS = []
 
 @pytest.fixture
 def toy_reward_file(tmp_path, monkeypatch):
-    """toy_reward.py in a folder of the rewards package's path, as a new reward file is added: nothing else."""
+    """toy_reward.py in a folder of the forms package's path, as a new reward file is added: nothing else."""
     folder = tmp_path / "more_rewards"
     folder.mkdir()
     (folder / "toy_reward.py").write_text(textwrap.dedent(TOY))
-    monkeypatch.setattr(rewards_package, "__path__", [*rewards_package.__path__, str(folder)])
+    monkeypatch.setattr(forms_package, "__path__", [*forms_package.__path__, str(folder)])
     monkeypatch.setitem(registry.REWARDS._loaded, "builtins", False)  # the package is read again
     yield folder
     registry.unregister_reward("toy_brightness")
-    sys.modules.pop("t2i_gcpo.rewards.toy_reward", None)
+    sys.modules.pop("t2i_gcpo.rewards.forms.toy_reward", None)
 
 
 def test_adding_a_reward_is_one_file(capsys, tmp_path, tiny, toy_reward_file):
     assert "toy_brightness" in forms() and forms()["toy_brightness"].usage == "toy_brightness"
-    toy = sys.modules["t2i_gcpo.rewards.toy_reward"]
+    toy = sys.modules["t2i_gcpo.rewards.forms.toy_reward"]
     out = tmp_path / "run"
     code, _, err = train(capsys, tiny, out, "0.5*shapeworld+0.5*toy_brightness:gain=2")
     assert code == 0, err and toy.CALLS
@@ -229,7 +229,7 @@ def test_adding_a_reward_is_one_file(capsys, tmp_path, tiny, toy_reward_file):
 
 def test_geneval_metadata_reaches_the_parts_of_a_sum_that_need_it(tiny, monkeypatch):
     from t2i_gcpo.errors import RewardError
-    from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+    from t2i_gcpo.rewards.forms.geneval_reward import GenEvalReward
     from t2i_gcpo.scoring.detections import Detection
 
     dog = Detection(cls="dog", box=(0, 0, 4, 4), score=0.9, color="red")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.rewards.shapeworld import ShapeWorldReward, to_uint8_images
+from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward, to_uint8_images
 from t2i_gcpo.worlds.shapeworld import ShapeObject, object_masks, parse_prompt, render, token_grid_mask
 
 

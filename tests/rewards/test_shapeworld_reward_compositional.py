@@ -7,7 +7,7 @@ import torch
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.registry import build_reward
-from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 from t2i_gcpo.worlds.shapeworld import ShapeObject, parse_prompt, render, sample_scene
 
 
@@ -121,7 +121,7 @@ def test_reward_specs_pick_the_variant():
 
 
 def test_geneval_spec_option(monkeypatch):
-    from t2i_gcpo.rewards.geneval_reward import GenEvalReward
+    from t2i_gcpo.rewards.forms.geneval_reward import GenEvalReward
 
     seen = []
 

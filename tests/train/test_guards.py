@@ -336,7 +336,7 @@ def test_prompts_the_model_cannot_read_leave_no_run_directory(tiny, tmp_path):
 
 
 def test_the_arithmetic_reward_reads_thousands_commas_as_problem_files_do():
-    from t2i_gcpo.rewards.arithmetic import ArithmeticReward
+    from t2i_gcpo.rewards.forms.arithmetic import ArithmeticReward
     from t2i_gcpo.worlds.arithmetic.files import answer_from_text
 
     assert answer_from_text("#### 2,000") == 2000

@@ -58,7 +58,7 @@ def policy(tiny):
 
 
 def test_chunks_are_put_back_in_order(policy):
-    from t2i_gcpo.rewards.shapeworld import ShapeWorldReward
+    from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     policy, prompts, sampling = policy
     reward = ShapeWorldReward(grid=TINY_GRID)

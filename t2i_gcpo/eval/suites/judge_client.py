@@ -1,6 +1,6 @@
 """A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang, a hosted model), as the evaluations ask it:
 for the probability of an answer's first token (GenEval 2's Soft-TIFA, VQAScore, TIFA), or for a text the
-judge suites parse (WISE, TIIF-Bench, UniGenBench++). Requests go through `t2i_gcpo.rewards.judge.post_chat`,
+judge suites parse (WISE, TIIF-Bench, UniGenBench++). Requests go through `t2i_gcpo.rewards.forms.judge.post_chat`,
 the HTTP call the ``judge:`` reward makes; retries and concurrency are `eval.suites.asking`'s.
 
 Probabilities: one request per question, ``max_tokens: 1``, temperature 0, ``logprobs: true`` and
@@ -43,7 +43,7 @@ def image_url(image: Any) -> str:
         kind = mimetypes.guess_type(path.name)[0] or "image/png"
         data = read_bytes(path, limit=256 << 20, follow=True)
         return f"data:{kind};base64," + base64.b64encode(data).decode("ascii")
-    from t2i_gcpo.rewards.judge import png_data_url
+    from t2i_gcpo.rewards.forms.judge import png_data_url
 
     return png_data_url(image)
 
@@ -56,7 +56,7 @@ class JudgeClient:
 
     def __init__(self, url: str, *, model: str | None = None, timeout: float = 60.0, api_key: str | None = None,
                  top_logprobs: int = TOP_LOGPROBS):  # fmt: skip
-        from t2i_gcpo.rewards.judge import chat_url
+        from t2i_gcpo.rewards.forms.judge import chat_url
 
         self.base = url
         self.url = chat_url(url)
@@ -74,7 +74,7 @@ class JudgeClient:
         return {"kind": "judge", "name": self.url, "revision": None, "model": self.model, **settings}
 
     def post(self, body: dict) -> dict:
-        from t2i_gcpo.rewards.judge import post_chat
+        from t2i_gcpo.rewards.forms.judge import post_chat
 
         if self.model is not None:
             body = {"model": self.model, **body}

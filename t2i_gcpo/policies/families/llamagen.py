@@ -6,18 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from t2i_gcpo.policies.registry import Family, read_json, register_family
-
-
-def load(target: str, options: Any) -> Any:
-    from t2i_gcpo.policies.llamagen import LlamaGenPolicy
-
-    lora = {"r": options.lora_rank} if options.lora_rank else None
-    return LlamaGenPolicy.from_pretrained(
-        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
-        max_rollout_batch=options.max_rollout_batch, gpt_size=options.gpt_size, image_size=options.image_size,
-        cfg_interval=options.cfg_interval,
-    )  # fmt: skip
+from t2i_gcpo.policies.registry import read_json, register_family
 
 
 def detect(path: Path) -> bool:
@@ -27,7 +16,21 @@ def detect(path: Path) -> bool:
     return path.is_dir() and any(path.glob("t2i_*.pt")) and any(path.glob("vq_*.pt"))
 
 
-OPTIONS = ("dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch", "gpt_size", "image_size",
-           "cfg_interval")  # fmt: skip
+@register_family(
+    "llamagen",
+    doc="LlamaGen-T2I's released GPT (2D RoPE over its VQ-16 tokens) with its VQ and FLAN-T5 caption encoder",
+    detect=detect,
+    options=frozenset(
+        {"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch", "gpt_size", "image_size",
+         "cfg_interval"}
+    ),
+)
+def load(target: str, options: Any) -> Any:
+    from t2i_gcpo.policies.llamagen import LlamaGenPolicy
 
-register_family(Family(name="llamagen", load=load, detect=detect, options=frozenset(OPTIONS)))
+    lora = {"r": options.lora_rank} if options.lora_rank else None
+    return LlamaGenPolicy.from_pretrained(
+        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
+        max_rollout_batch=options.max_rollout_batch, gpt_size=options.gpt_size, image_size=options.image_size,
+        cfg_interval=options.cfg_interval,
+    )  # fmt: skip

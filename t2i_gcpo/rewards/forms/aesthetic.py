@@ -54,7 +54,7 @@ def load(
     batch_size: Annotated[int, Option("images per forward pass", low=1, high=4096)] = 16,
     device: str = "cpu",
 ) -> AestheticReward:  # fmt: skip
-    from t2i_gcpo.rewards.clip_score import load_open_clip
+    from t2i_gcpo.rewards.forms.clip_score import load_open_clip
 
     model, _, _ = load_open_clip(clip_ckpt, clip_model, quick_gelu, device)
     mlp = load_head(head, int(model.visual.output_dim))

@@ -125,7 +125,7 @@ class OcrReward:
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         import torch
 
-        from t2i_gcpo.rewards.shapeworld import to_uint8_images
+        from t2i_gcpo.rewards.forms.shapeworld import to_uint8_images
 
         self.check_prompts(prompts, metadata)
         scores, details = [], []
