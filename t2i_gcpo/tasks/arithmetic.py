@@ -32,8 +32,8 @@ from t2i_gcpo.metrics import (  # noqa: F401  (re-exported for callers of this t
 )
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.resources import PROMPTS_DIR, prompt_file
-from t2i_gcpo.rewards.forms.arithmetic import problem_meta
 from t2i_gcpo.rewards.base import Reward
+from t2i_gcpo.rewards.forms.arithmetic import problem_meta
 from t2i_gcpo.stats import proportions_se
 from t2i_gcpo.tasks.base import shipped_file
 from t2i_gcpo.tasks.loop import Scored, held_out_rows, item_keys, item_rows

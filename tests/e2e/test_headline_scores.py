@@ -37,8 +37,8 @@ def test_the_held_out_summary_logs_the_standard_error():
 
 
 def test_reward_ranges():
-    from t2i_gcpo.rewards.forms.arithmetic import ArithmeticReward
     from t2i_gcpo.rewards.combine import Checked, FunctionReward, WeightedSum, reward_bounds
+    from t2i_gcpo.rewards.forms.arithmetic import ArithmeticReward
     from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
 
     assert reward_bounds(Checked(ShapeWorldReward())) == (0.0, 1.0)

@@ -13,13 +13,11 @@ import torch
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies import sampling as sampling_mod
-from t2i_gcpo.policies.ar import ARConfig, ARPolicy, load_policy, resolve_checkpoint
+from t2i_gcpo.policies.ar import ARPolicy, load_policy, resolve_checkpoint
 from t2i_gcpo.policies.base import Policy, PromptRecord, Rollout, SamplingParams
 from t2i_gcpo.policies.families.ar import SHIPPED
-from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunk_size, filter_logits, sample_step
 from t2i_gcpo.tasks.loop import group_generators
-from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
 from tiny_models import tiny_ar_policy
 

@@ -24,10 +24,8 @@ from t2i_gcpo.policies.maskgen import (
     reveal_counts,
     step_progress,
 )
-from t2i_gcpo.policies.prompt_tokenizer import PromptTokenizer
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists
 from t2i_gcpo.tasks.loop import group_generators
-from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
 from tiny_models import tiny_masked_policy
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.rewards.registry import build_reward
 from t2i_gcpo.rewards.forms.shapeworld import ShapeWorldReward
+from t2i_gcpo.rewards.registry import build_reward
 from t2i_gcpo.worlds.shapeworld import ShapeObject, parse_prompt, render, sample_scene
 
 
