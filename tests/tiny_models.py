@@ -53,7 +53,9 @@ def tiny_ar_policy(prompts: list[str], storage: str = "float32", seed: int = 0):
     from t2i_gcpo.tokenizers.vq import VQConfig, VQTokenizer
 
     torch.manual_seed(seed)
-    vq = VQTokenizer(VQConfig(image_size=16, channels=(8, 8), codebook_size=16, code_dim=4, storage_dtype=storage))
+    vq = VQTokenizer(
+        VQConfig(image_size=16, channels=(8, 8), codebook_size=16, code_dim=4, storage_dtype=storage)
+    )
     cfg = ARConfig(
         prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, storage_dtype=storage
     )
@@ -73,7 +75,9 @@ def tiny_masked_policy(prompts: list[str], codebook_size: int, steps: int, stora
 
     torch.manual_seed(seed)
     vq = VQTokenizer(
-        VQConfig(image_size=16, channels=(8, 8), codebook_size=codebook_size, code_dim=4, storage_dtype=storage)
+        VQConfig(
+            image_size=16, channels=(8, 8), codebook_size=codebook_size, code_dim=4, storage_dtype=storage
+        )
     )
     cfg = MaskedConfig(
         prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,

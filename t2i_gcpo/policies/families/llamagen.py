@@ -21,8 +21,15 @@ def detect(path: Path) -> bool:
     doc="LlamaGen-T2I's released GPT (2D RoPE over its VQ-16 tokens) with its VQ and FLAN-T5 caption encoder",
     detect=detect,
     options=frozenset(
-        {"dtype", "gradient_checkpointing", "lora_rank", "max_rollout_batch", "gpt_size", "image_size",
-         "cfg_interval"}
+        {
+            "dtype",
+            "gradient_checkpointing",
+            "lora_rank",
+            "max_rollout_batch",
+            "gpt_size",
+            "image_size",
+            "cfg_interval",
+        }
     ),
 )
 def load(target: str, options: Any) -> Any:
