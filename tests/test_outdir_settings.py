@@ -87,6 +87,7 @@ def test_compare_refuses_runs_made_with_other_settings_whatever_the_order_of_set
 # ----------------------------------------------------------------------------- pretrain
 
 
+@pytest.mark.slow  # a long end-to-end run (the default tier keeps its lighter siblings)
 def test_pretrain_locks_its_folder_and_refuses_runs_other_settings_and_foreign_files(tmp_path, capsys):
     """Issue 45: pretrain had no lock and no folder check — it wrote into a run directory, and two at once
     both exited 0."""

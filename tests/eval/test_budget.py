@@ -171,6 +171,7 @@ def write_runs(out: Path, algo: str, curve: tuple[float, float, float], samples:
 SAME_PLAN = {"unit": "samples", "samples_per_step": 144.0, "set": "rollout.group_size=16"}
 
 
+@pytest.mark.slow  # a long end-to-end run (the default tier keeps its lighter siblings)
 def test_matched_arms_with_the_same_setting_are_one_set_of_runs(tmp_path, monkeypatch):
     """pods and knapsack both matched by groups of 16: compare trains those runs once (only the first arm's
     folder exists here) and reads them under both names; a matched arm of another size is its own runs."""

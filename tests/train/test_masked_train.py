@@ -155,6 +155,7 @@ def test_step_granularity_and_credit_maps_show_the_reveal_order(models, tmp_path
     assert all(g is not None and g.shape == (4, 4) and set(g.ravel()) == {0, 1, 2, 3} for g in grids)
 
 
+@pytest.mark.slow  # a long end-to-end run (the default tier keeps its lighter siblings)
 def test_resume_of_a_masked_run_matches_uninterrupted(models, tmp_path):
     extra = ["model_options.estimator=remask"]
     full = cli_train(models, "masked", tmp_path / "full", "dapo", extra, steps=2)
@@ -185,6 +186,7 @@ def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # a long end-to-end run (the default tier keeps its lighter siblings)
 def test_a_checkpoint_trained_under_a_reveal_order_samples_in_it(models, tmp_path):
     for order in ("random", "confidence"):
         out = tmp_path / order

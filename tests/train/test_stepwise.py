@@ -245,6 +245,7 @@ def _check_run(out, code, stdout):
     assert (out / "credit_maps" / "step_000002.png").is_file()
 
 
+@pytest.mark.slow  # a long end-to-end run (the default tier keeps its lighter siblings)
 def test_train_stepwise_on_the_shipped_masked_prior(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = _train(capsys, "shapeworld-masked", str(PROMPTS_DIR / "shapeworld_train.txt"), out)
