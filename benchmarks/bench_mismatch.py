@@ -32,7 +32,7 @@ from t2i_gcpo.policies.base import PromptRecord
 from t2i_gcpo.policies.registry import load_policy
 from t2i_gcpo.tasks.loop import group_generators
 from t2i_gcpo.tasks.registry import get_task
-from t2i_gcpo.train.trainer import resolve_autocast
+from t2i_gcpo.train.run_settings import resolve_autocast
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_PROMPTS = [

@@ -40,7 +40,7 @@ from t2i_gcpo.rewards.registry import build_reward  # noqa: E402
 from t2i_gcpo.tasks.loop import group_generators, sample_and_score  # noqa: E402
 from t2i_gcpo.tasks.registry import get_task  # noqa: E402
 from t2i_gcpo.train.credit import score_step_predictions  # noqa: E402
-from t2i_gcpo.train.trainer import resolve_autocast, sampling_params  # noqa: E402
+from t2i_gcpo.train.run_settings import resolve_autocast, sampling_params  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "stepwise_gains.json"
 

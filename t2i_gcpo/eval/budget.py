@@ -49,7 +49,7 @@ def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], s
     from t2i_gcpo.train.collect import BatchCollector
     from t2i_gcpo.train.data import PromptStream
     from t2i_gcpo.train.run import prepare
-    from t2i_gcpo.train.trainer import resolve_autocast, sampling_params
+    from t2i_gcpo.train.run_settings import resolve_autocast, sampling_params
 
     job = prepare(algo=algo, flags={**flags, "out": None}, overrides=overrides)
     cfg, policy = job.cfg, job.policy

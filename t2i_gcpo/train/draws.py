@@ -403,7 +403,7 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
     from t2i_gcpo.policies.branching import decision_steps
     from t2i_gcpo.tasks.loop import group_generators, sampler_precision
     from t2i_gcpo.train.credit import TRAIN_CONTEXT
-    from t2i_gcpo.train.trainer import resolve_autocast, sampling_params
+    from t2i_gcpo.train.run_settings import resolve_autocast, sampling_params
 
     device = local_device()
     resolved = copy.deepcopy(cfg)

@@ -347,7 +347,7 @@ def dry_sample(cfg: TrainConfig, policy: Policy, reward: Reward, prompts: list) 
     """The checks' dry sample — one group of 2 of the first prompt, sampled as the run will (float32) and
     scored (tasks/loop.Scored) — drawn the first time a check asks for it, then the same for the next."""
     from t2i_gcpo.tasks.loop import group_generators, sample_and_score
-    from t2i_gcpo.train.trainer import sampling_params
+    from t2i_gcpo.train.run_settings import sampling_params
 
     sampling = dataclasses.replace(sampling_params(cfg), autocast="none")
     return functools.cache(
@@ -382,7 +382,7 @@ def check_reward(
 def note_step_rewards(cfg: TrainConfig, policy: Policy) -> None:
     """A scheme that scores every reveal step's prediction says what that costs, once, before the run."""
     from t2i_gcpo.train.credit import needs_step_rewards, step_reward_note
-    from t2i_gcpo.train.trainer import sampling_params
+    from t2i_gcpo.train.run_settings import sampling_params
 
     if needs_step_rewards(cfg.credit.scheme) and int(os.environ.get("RANK", 0)) == 0:
         steps = sampling_params(cfg).steps or policy.default_sampling().steps

@@ -23,7 +23,7 @@ from t2i_gcpo.config import TrainConfig, to_dict
 from t2i_gcpo.core.schemes import get_scheme
 from t2i_gcpo.errors import RewardError, UserError
 from t2i_gcpo.outdir import append_text, sync_file, write_file
-from t2i_gcpo.policies.base import Policy, PromptRecord, SamplingParams
+from t2i_gcpo.policies.base import Policy, PromptRecord
 from t2i_gcpo.rewards.base import Reward
 from t2i_gcpo.tasks.base import Task
 from t2i_gcpo.train.batch import Batch
@@ -40,7 +40,6 @@ from t2i_gcpo.train.checkpoint import (
     save_checkpoint,
 )
 from t2i_gcpo.train.collect import BatchCollector
-from t2i_gcpo.train.credit import reads_recorded_contrast
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.distributed import (
     any_process,
@@ -56,6 +55,7 @@ from t2i_gcpo.train.distributed import (
     unwrap,
 )
 from t2i_gcpo.train.run_dir import claim_default_run_dir, continue_run_dir, prepare_run_dir, resume_command
+from t2i_gcpo.train.run_settings import resolve_autocast, sampling_params
 from t2i_gcpo.train.schedule import build_scheduler, current_lr, restore_scheduler, step_schedule
 from t2i_gcpo.train.tracking import finish_trackers, log_metrics, start_trackers, tracker_names
 from t2i_gcpo.train.update import NonFiniteError
@@ -594,29 +594,3 @@ class Trainer:
         resumed = load_policy(str(self.ckpt / "model"), self.cfg.model_options)
         policy.load_state_dict(resumed.state_dict())
         return policy
-
-
-def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
-    """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
-    else 'none'; the rollout only for a policy whose sampler declares bf16 support (`capabilities.bf16_sampling`:
-    the ShapeWorld priors, the fused text decoder). In place: the run's config.yaml then says what ran,
-    and a resumed run keeps it."""
-    from t2i_gcpo.hardware import native_bf16
-
-    native = native_bf16(device_type)
-    if cfg.rollout.autocast == "auto":
-        sampler = unwrap(policy).capabilities.bf16_sampling
-        cfg.rollout.autocast = "bf16" if native and sampler else "none"
-    if cfg.optim.autocast == "auto":
-        cfg.optim.autocast = "bf16" if native else "none"
-
-
-def sampling_params(cfg: TrainConfig) -> SamplingParams:
-    """How the run samples (rollouts and held-out evaluation); rollout.cfg_scale already resolved."""
-    return SamplingParams(
-        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-        guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-        guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-        reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-        autocast=cfg.rollout.autocast, decode=cfg.rollout.decode,
-    )  # fmt: skip

@@ -217,7 +217,7 @@ def test_resolve_mode():
 
 def test_config_key_reaches_the_sampler():
     from t2i_gcpo.config import load_config
-    from t2i_gcpo.train.trainer import sampling_params
+    from t2i_gcpo.train.run_settings import sampling_params
 
     cfg = load_config(overrides=["rollout.decode=static", "rollout.cfg_scale=3"])
     assert sampling_params(cfg).decode == "static"

@@ -131,7 +131,7 @@ def test_janus_branching_under_native_bf16_auto(janus, native_bf16):
     """Where the CPU has native bf16, rollout.autocast=auto samples Janus in bf16, and every branching
     scheme continues those samples: it must run (both ways of the test switch)."""
     from t2i_gcpo.config import load_config
-    from t2i_gcpo.train.trainer import resolve_autocast, sampling_params
+    from t2i_gcpo.train.run_settings import resolve_autocast, sampling_params
 
     cfg = load_config(overrides=["rollout.cfg_scale=3"])
     resolve_autocast(cfg, "cpu", janus)

@@ -177,7 +177,7 @@ def test_auto_precision_is_bf16_only_where_native_and_the_run_records_it(tmp_pat
 
     from t2i_gcpo.config import TrainConfig
     from t2i_gcpo.policies.base import PolicyCapabilities
-    from t2i_gcpo.train.trainer import resolve_autocast
+    from t2i_gcpo.train.run_settings import resolve_autocast
 
     class Checked:  # a sampler checked under bf16 (the ShapeWorld priors, the fused text decoder)
         capabilities = PolicyCapabilities(bf16_sampling=True)

@@ -22,7 +22,7 @@ from t2i_gcpo.tasks.prompts import read_prompts
 from t2i_gcpo.train.collect import BatchCollector
 from t2i_gcpo.train.data import PromptStream
 from t2i_gcpo.train.draws import COUNTS, Ledger, StepDraws, step_draws
-from t2i_gcpo.train.trainer import sampling_params
+from t2i_gcpo.train.run_settings import sampling_params
 
 from cli_helpers import cli, error_line
 from tiny_models import build_tiny_masked, tiny_policy_dir

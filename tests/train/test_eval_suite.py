@@ -78,7 +78,7 @@ def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_hel
     from t2i_gcpo.rewards._common import images_to_pil
     from t2i_gcpo.scoring.soft_tifa import answer_list
     from t2i_gcpo.tasks.loop import group_generators, sample_and_decode
-    from t2i_gcpo.train.trainer import sampling_params
+    from t2i_gcpo.train.run_settings import sampling_params
 
     cfg = from_dict(read_yaml(out / "config.yaml"))
     policy = load_policy(policy_dir).eval()
