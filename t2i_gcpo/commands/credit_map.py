@@ -13,10 +13,11 @@ EXAMPLES = """
 \b
 Examples:
   t2i-gcpo credit-map --prompt "a photo of a red circle left of a square" --out maps/
-  t2i-gcpo credit-map --prompts prompts/shapeworld_test.txt --limit 50 --out maps-lift/   # + credit-lift table
+  t2i-gcpo credit-map --prompts prompts/shapeworld_test.txt --limit 50 --out maps-lift/  # + credit lift
   t2i-gcpo credit-map --prompt "a photo of three crosses" --model runs/gcpo-…/checkpoints/step_000300/model \\
       --reference shapeworld --schemes gcpo,dgpo --out maps-run/
-  t2i-gcpo credit-map --model arithmetic --prompts prompts/arithmetic_test.jsonl --limit 20 --out maps-text/  # + step lift
+  t2i-gcpo credit-map --model arithmetic --prompts prompts/arithmetic_test.jsonl --limit 20 \\
+      --out maps-text/  # + step lift
   t2i-gcpo credit-map --model arithmetic --prompt "12+7*3=?" --negative wrong_answer --out maps-wrong/
 """
 

@@ -11,7 +11,7 @@ EXAMPLES = """
 \b
 Examples:
   t2i-gcpo reward-server --reward shapeworld --check          # build it, print what it would serve, exit
-  t2i-gcpo reward-server --reward shapeworld --port 8100      # then: t2i-gcpo train … --reward remote:http://127.0.0.1:8100
+  t2i-gcpo reward-server --reward shapeworld --port 8100      # then: train … --reward remote:http://127.0.0.1:8100
   t2i-gcpo reward-server --reward '0.7*pickscore:/models/PickScore_v1+0.3*shapeworld' --device cuda:1 --port 8100
 """
 

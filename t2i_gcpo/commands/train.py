@@ -18,18 +18,20 @@ EXAMPLES = """
 Examples:
   t2i-gcpo train --prompts prompts/shapeworld_train.txt
   t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --seed 1
-  t2i-gcpo train --prompts prompts/shapeworld_train.txt --set rollout.group_size=16 --set credit.gcpo.normalization=softmax
+  t2i-gcpo train --prompts prompts/shapeworld_train.txt --set rollout.group_size=16 \\
+      --set credit.gcpo.normalization=softmax
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --model shapeworld-masked \\
-      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe (docs/guides/masked.md)
+      --set rollout.reveal_order=random --set optim.lr=3e-5   # the masked prior's RL recipe
   t2i-gcpo train --prompts p.txt --model amused:/models/amused-256 --reward clip:/models/clip \\
       --set model_options.estimator=remask --set rollout.steps=12
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --report-to wandb --set optim.lr_scheduler=cosine
   t2i-gcpo train --prompts prompts/shapeworld_train.txt --algo dapo --out runs/mine \\
-      --credit examples/custom_credit.py:prompt_sensitivity --set credit.options.power=2   # your own scheme (docs/guides/custom-credit.md)
+      --credit examples/custom_credit.py:prompt_sensitivity --set credit.options.power=2   # your own scheme
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
-  t2i-gcpo train --resume runs/mine --credit examples/custom_credit.py:prompt_sensitivity   # your code: name it again
-  accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train --prompts prompts/shapeworld_train.txt
+  t2i-gcpo train --resume runs/mine --credit examples/custom_credit.py:prompt_sensitivity  # name your code again
+  accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train \\
+      --prompts prompts/shapeworld_train.txt
   t2i-gcpo train --help-config                               # every config key, default and meaning
 """
 

@@ -38,7 +38,8 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; }
 td.l, th.l { text-align: left; }
 pre { background: #f7f7f7; border: 1px solid #e4e4e4; padding: 10px; overflow-x: auto; font-size: 0.85em; }
-.tok { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; line-height: 1.9; font-size: 1.05em;
+.tok { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; line-height: 1.9;
+       font-size: 1.05em;
        margin-right: 1px;
        padding: 1px 0; border-radius: 2px; }
 .seq { border: 1px solid #e4e4e4; padding: 8px 10px; margin: 6px 0 18px; }
