@@ -38,6 +38,7 @@ from t2i_gcpo.policies.decode_loop import (
     resolve_mode,
 )
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports_model
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -218,22 +219,7 @@ class JanusPolicy(nn.Module):
             self._add_lora(lora)
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(
-            r=rank,
-            lora_alpha=float(lora.get("alpha", 2 * rank)),
-            lora_dropout=float(lora.get("dropout", 0.0)),
-            target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
-        )
-        lm = self.model.model.language_model
-        inject_adapter_in_model(cfg, lm, adapter_name="default")
-        for name, p in lm.named_parameters():  # base frozen, adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora_option(self.model.model.language_model, lora, DEFAULT_LORA_TARGETS)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -643,18 +629,7 @@ class JanusPolicy(nn.Module):
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.model.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.model.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.model, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Save a plain transformers Janus checkpoint (LoRA merged) + processor/tokenizer.

@@ -51,6 +51,7 @@ from t2i_gcpo.policies.decode_loop import (
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.llamagen_gpt import FusedGPT, LlamaGenGPT, build_gpt, config_from_state
 from t2i_gcpo.policies.llamagen_t5 import T5Captions
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
@@ -269,18 +270,7 @@ class LlamaGenPolicy(nn.Module):
         return policy
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(r=rank, lora_alpha=float(lora.get("alpha", 2 * rank)),
-                         lora_dropout=float(lora.get("dropout", 0.0)),
-                         target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)))  # fmt: skip
-        inject_adapter_in_model(cfg, self.gpt, adapter_name="default")
-        for name, p in self.gpt.named_parameters():  # base frozen, adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora_option(self.gpt, lora, DEFAULT_LORA_TARGETS)
 
     # ------------------------------------------------------------------ prompts and captions
     @property
@@ -557,16 +547,7 @@ class LlamaGenPolicy(nn.Module):
     def merged_state_dict(self) -> dict[str, Tensor]:
         """The GPT's state dict under the released names, any LoRA deltas folded into the base weights (no
         mutation)."""
-        sd = dict(self.gpt.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.gpt.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.gpt, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """``gpt.safetensors`` (the GPT under its released key names, LoRA merged, in its dtype), ``vq.safetensors``

@@ -49,6 +49,7 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import branched
+from t2i_gcpo.policies.lora import add_lora, merged_state_dict
 from t2i_gcpo.policies.maskgen import check_estimator, mask_progress, reveal_counts
 from t2i_gcpo.policies.meissonic_transformer import MeissonicTransformer, load_transformer, save_transformer
 from t2i_gcpo.policies.sampling import ChunkedDists
@@ -200,16 +201,9 @@ class MeissonicPolicy(nn.Module):
         self, rank: int, alpha: float | None = None, targets: Sequence[str] = DEFAULT_LORA_TARGETS
     ) -> None:
         """LoRA (peft) of rank `rank` on the transformer's attention projections: the rest of it frozen."""
-        from peft import LoraConfig, inject_adapter_in_model
-
         if rank <= 0:
             raise UserError(f"LoRA needs a positive rank, got {rank}")
-        cfg = LoraConfig(r=rank, lora_alpha=float(2 * rank if alpha is None else alpha), lora_dropout=0.0,
-                         target_modules=list(targets))  # fmt: skip
-        inject_adapter_in_model(cfg, self.transformer, adapter_name="default")
-        for name, p in self.transformer.named_parameters():
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora(self.transformer, rank, alpha, targets=targets)
 
     # ------------------------------------------------------------------ prompts and conditioning
     @property
@@ -322,18 +316,7 @@ class MeissonicPolicy(nn.Module):
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The transformer's state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.transformer.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.transformer.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.transformer, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """The released folder layout (LoRA merged): loads with `from_pretrained`, ``meissonic:PATH`` or as

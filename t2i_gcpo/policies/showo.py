@@ -53,6 +53,7 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.branching import branched, continuation_uniforms
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.maskgen import (
     GUIDANCE_SCHEDULES,
     check_estimator,
@@ -379,19 +380,8 @@ class ShowoPolicy(nn.Module):
         return policy
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(
-            r=rank, lora_alpha=float(lora.get("alpha", 2 * rank)), lora_dropout=float(lora.get("dropout", 0.0)),
-            target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
-        )  # fmt: skip
-        inject_adapter_in_model(cfg, self.phi.model, adapter_name="default")
-        for name, p in self.phi.named_parameters():  # the backbone frozen, the adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        # adapters in the backbone (the Phi model), every other parameter frozen (its lm_head too)
+        self.lora_adapter = add_lora_option(self.phi.model, lora, DEFAULT_LORA_TARGETS, frozen=self.phi)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -618,18 +608,7 @@ class ShowoPolicy(nn.Module):
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The Phi state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.phi.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.phi.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.phi, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """The released layout (LoRA merged): ``config.json``, ``pytorch_model.safetensors`` (``showo.*``
