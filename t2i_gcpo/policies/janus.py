@@ -22,6 +22,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -84,7 +85,7 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-class JanusPolicy(nn.Module):
+class JanusPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Janus / Janus-Pro checkpoint.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
@@ -595,12 +596,6 @@ class JanusPolicy(nn.Module):
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
         return logp, ChunkedDists(hidden, to_logits, self.codebook_size)
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()

@@ -33,6 +33,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -191,7 +192,7 @@ class _Frozen:
         return self
 
 
-class LlamaGenPolicy(nn.Module):
+class LlamaGenPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a LlamaGen text-to-image GPT; ``forward`` is ``logprobs`` so
     that DDP/accelerate wrapping synchronises gradients."""
 
@@ -516,11 +517,6 @@ class LlamaGenPolicy(nn.Module):
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
         return logp, ChunkedDists(hidden, to_logits, self.codebook_size)
-
-    def forward(self, rollout: Rollout, context: Context = "pos",
-                dists: bool = False) -> Tensor | tuple[Tensor, ChunkedDists]:  # fmt: skip
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()

@@ -19,7 +19,6 @@ from torch import nn
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     STEP_PREDICTIONS,
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -27,9 +26,10 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched, continuation_uniforms
+from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
+    MaskedPolicyMembers,
     check_estimator,
     check_reveal_order,
     draw_remasks,
@@ -69,7 +69,7 @@ class MaskedConfig:
     codebook_size: int = 256  # K, copied from the VQ
 
 
-class MaskedPolicy(nn.Module):
+class MaskedPolicy(MaskedPolicyMembers, nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -181,12 +181,6 @@ class MaskedPolicy(nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
-
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
         sampling = rollout.sampling
@@ -216,18 +210,6 @@ class MaskedPolicy(nn.Module):
         return self.config.choice_temperature * (1 - (torch.arange(steps) + 1) / steps)
 
     # ---- differentiable log-probs ---------------------------------------------------------------
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in
-        chunks over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return self._logprobs(rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = self._logprobs(rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
 
     def _logprobs(
         self, rollout: Rollout, context: Context, dists: bool
@@ -241,12 +223,6 @@ class MaskedPolicy(nn.Module):
             guidance=self.guidance, step_scales=scale_fn(step_progress(steps)), scale_fn=scale_fn,
             device=self.device, replay_rows=self.replay_rows,
         )  # fmt: skip
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ---- sampler --------------------------------------------------------------------------------
     @torch.no_grad()

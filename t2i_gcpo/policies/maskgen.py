@@ -1,5 +1,6 @@
-"""Pieces every masked-image-token adapter shares (masked.py; amused.py and meissonic.py through muse_common.py):
-the mask schedule, the MaskGIT sampler with per-prompt noise, and the two log-prob estimators of a sample.
+"""Pieces every masked-image-token adapter shares (masked.py, showo.py; amused.py and meissonic.py through
+muse_common.py): the mask schedule, the MaskGIT sampler with per-prompt noise, the two log-prob estimators of a
+sample, and the `Policy` members the families have alike (`MaskedPolicyMembers`).
 
 A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
 (by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays
@@ -17,7 +18,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, Context, Rollout, SamplingParams
+from t2i_gcpo.policies.base import (
+    STEP_PREDICTIONS,
+    STEP_REWARDS,
+    Branches,
+    Context,
+    LogprobsForward,
+    Rollout,
+    SamplingParams,
+)
+from t2i_gcpo.policies.branching import branched
 from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, sample_step
 
 MASK_SCHEDULES = ("cosine", "linear")
@@ -362,3 +372,31 @@ def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: 
             total[c] += torch.where(m, lp, torch.zeros_like(lp))
     count = masks.sum(1)
     return {c: torch.where(count > 0, v / count.clamp_min(1), torch.zeros_like(v)) for c, v in total.items()}
+
+
+# ---------------------------------------------------------------------------- a masked family's members
+
+
+class MaskedPolicyMembers(LogprobsForward):
+    """The `Policy` members every masked family (masked.py, showo.py, muse_common.py's) has alike, from the two
+    it writes itself: ``_logprobs(rollout, context, dists)`` (its `masked_logprobs`) and ``_continue(rollout,
+    root, point, generators, n)`` (its `maskgit_branch`). Listed before ``nn.Module`` among its bases."""
+
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
+        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in chunks
+        over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
+        return self._logprobs(rollout, context, dists=False)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+        logp, dists = self._logprobs(rollout, context, dists=True)
+        assert dists is not None
+        return logp, dists
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
+        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branched(rollout, points, n, generators, self._continue)

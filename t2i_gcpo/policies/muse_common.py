@@ -18,8 +18,8 @@ Both releases are a folder of ``transformer/``, ``vqvae/`` (diffusers ``VQModel`
 
 They differ in the transformer (diffusers' ``UVit2DModel``; Meissonic's, meissonic_transformer.py), in what
 it is given besides the text (Meissonic: the reveal step's timestep), and in defaults (steps, scale, text
-length). An adapter implements the `MuseAdapter` members below; the functions here do the rest. No adapter
-inherits from another (docs/concepts/adapters.md).
+length). An adapter implements the `MuseAdapter` members below; the functions here do the rest, bound as its
+`Policy` members by `MuseMembers`. No adapter inherits from another (docs/concepts/adapters.md).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     HiddenFn,
+    MaskedPolicyMembers,
     check_reveal_order,
     draw_remasks,
     guidance_scales,
@@ -379,3 +380,22 @@ def decode(adapter: MuseAdapter, rollout: Rollout) -> torch.Tensor:
 def token_features(adapter: MuseAdapter, rollout: Rollout) -> torch.Tensor:
     """VQ codebook entries of the sampled tokens [B, T, D]."""
     return adapter.vqvae.quantize.embedding(rollout.tokens.to(adapter.device)).float()
+
+
+# ---------------------------------------------------------------------------- the adapters' members
+
+
+class MuseMembers(MaskedPolicyMembers):
+    """The `Policy` members aMUSEd and Meissonic have alike: the functions above, each bound to the adapter (its
+    first argument), and maskgen.MaskedPolicyMembers's `logprobs`, `branch` and `forward` over two of them.
+    Listed before ``nn.Module`` among an adapter's bases; what differs is the adapter's own (`MuseAdapter`)."""
+
+    default_sampling = default_sampling
+    keep_reveal_order = keep_reveal_order
+    text_ids = text_ids
+    micro_conds = micro_conds
+    rollout = rollout
+    _continue = continue_rollout
+    _logprobs = logprobs
+    decode = decode
+    token_features = token_features

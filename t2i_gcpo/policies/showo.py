@@ -44,7 +44,6 @@ from torch import nn
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     STEP_PREDICTIONS,
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -52,10 +51,11 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched, continuation_uniforms
+from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.maskgen import (
     GUIDANCE_SCHEDULES,
+    MaskedPolicyMembers,
     check_estimator,
     check_reveal_order,
     draw_remasks,
@@ -253,7 +253,7 @@ def no_init() -> Any:
 # ---------------------------------------------------------------------------- the policy
 
 
-class ShowoPolicy(nn.Module):
+class ShowoPolicy(MaskedPolicyMembers, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Show-o checkpoint (text-to-image)."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -531,12 +531,6 @@ class ShowoPolicy(nn.Module):
             ro.scored = remask_scored(ro.mask, masks)
         return ro
 
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
-
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
         sampling = rollout.sampling
@@ -555,18 +549,6 @@ class ShowoPolicy(nn.Module):
         self.reveal_order = check_reveal_order(order)
 
     # ------------------------------------------------------------------ log-probs
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient
-        (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return self._logprobs(rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = self._logprobs(rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
 
     def _logprobs(
         self, rollout: Rollout, context: Context, dists: bool
@@ -580,12 +562,6 @@ class ShowoPolicy(nn.Module):
             step_scales=scale_fn(step_progress(self.resolve_steps(sampling))), scale_fn=scale_fn, device=self.device,
             replay_rows=0,
         )  # fmt: skip
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images
     @torch.no_grad()

@@ -23,6 +23,7 @@ from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -76,7 +77,7 @@ def quiet_hub_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class TextPolicy(nn.Module):
+class TextPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local causal language model.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
@@ -611,12 +612,6 @@ class TextPolicy(nn.Module):
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.vocab_size).masked_fill(mask == 0, 0.0)
         return logp, ChunkedDists(hidden, to_logits, self.vocab_size)
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ outputs
     @torch.no_grad()
