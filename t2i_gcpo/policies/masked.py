@@ -18,7 +18,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -32,14 +31,13 @@ from t2i_gcpo.policies.maskgen import (
     MaskedPolicyMembers,
     check_estimator,
     check_reveal_order,
-    draw_remasks,
     guidance_scales,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -254,29 +252,14 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
         predictions = step_predictions(sampling, len(pid), steps, self.num_tokens, self.mask_id, self.device)
         tokens, step, logps = self.generate(pid, sampling, uniforms, predictions)
-        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-        ro = Rollout(
-            tokens=tokens,
-            mask=torch.ones_like(tokens, dtype=torch.float),
-            step=step,
-            logp=logp,
-            prompts=[p for p in prompts for _ in range(group_size)],
-            group_size=group_size,
-            sampling=sampling,
-            state={"prompt_ids": pid, "estimator": self.estimator},
-        )
-        if predictions is not None:
-            ro.state[STEP_PREDICTIONS] = predictions
+        state = {"prompt_ids": pid, "estimator": self.estimator}
+        ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
-            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
-            masks, times = draw_remasks(u, self.config.mask_schedule)
-            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-            ro.logp = remask_record(
-                self._hidden_fn(pid), self.head, tokens, masks, times, self.mask_id,
-                self.config.codebook_size, self.config.hidden_size, self.guidance,
-                sampling.temperature, self._scale_fn(sampling),
+            record_remasks(
+                ro, generators, self.remask_count, self.config.mask_schedule, self._hidden_fn(pid), self.head,
+                self.mask_id, self.config.codebook_size, self.config.hidden_size, self.guidance,
+                self._scale_fn(sampling),
             )  # fmt: skip
-            ro.scored = remask_scored(ro.mask, masks)
         return ro
 
     # ---- images ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -24,11 +25,12 @@ from t2i_gcpo.policies.base import (
     Branches,
     Context,
     LogprobsForward,
+    PromptRecord,
     Rollout,
     SamplingParams,
 )
 from t2i_gcpo.policies.branching import branched
-from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, sample_step
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
 MASK_SCHEDULES = ("cosine", "linear")
 GUIDANCE_SCHEDULES = ("constant", "linear")
@@ -146,6 +148,27 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
     if bool((step < 0).any()):
         raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
     return tokens, step, logps
+
+
+def sampled_rollout(tokens: torch.Tensor, step: torch.Tensor, logps: torch.Tensor, prompts: Sequence[PromptRecord],
+                    group_size: int, sampling: SamplingParams, state: dict[str, Any],
+                    predictions: torch.Tensor | None) -> Rollout:  # fmt: skip
+    """The `Rollout` of `maskgit_generate`'s samples: tokens and reveal steps [B, T] (every token valid), their
+    log-probs [3, B, T] (pos, neg, guided), prompt i's record in its G rows, the adapter's `state` (its prompt ids
+    and ``"estimator"``) and, where recorded, the step predictions (`STEP_PREDICTIONS`)."""
+    ro = Rollout(
+        tokens=tokens,
+        mask=torch.ones_like(tokens, dtype=torch.float),
+        step=step,
+        logp={"pos": logps[0], "neg": logps[1], "guided": logps[2]},
+        prompts=[p for p in prompts for _ in range(group_size)],
+        group_size=group_size,
+        sampling=sampling,
+        state=state,
+    )
+    if predictions is not None:
+        ro.state[STEP_PREDICTIONS] = predictions
+    return ro
 
 
 def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step: torch.Tensor,
@@ -372,6 +395,23 @@ def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: 
             total[c] += torch.where(m, lp, torch.zeros_like(lp))
     count = masks.sum(1)
     return {c: torch.where(count > 0, v / count.clamp_min(1), torch.zeros_like(v)) for c, v in total.items()}
+
+
+def record_remasks(rollout: Rollout, generators: Sequence[torch.Generator], remask_count: int, mask_schedule: str,
+                   hidden_fn: HiddenFn, head: Head, mask_id: int, vocab: int, dim: int, guidance: str,
+                   scale_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:  # fmt: skip
+    """Make a freshly sampled rollout one of the remask estimator: K = `remask_count` re-masks of each sample
+    drawn from its prompt's generator after the sampler's draws (`draw_remasks`), kept in its state with the
+    sampler's own log-probs (``sampled_logp``, what its continuations start from); its log-probs become those
+    under the re-masks (`remask_record`) and `Rollout.scored` the tokens they mask."""
+    tokens = rollout.tokens
+    u = group_uniforms(generators, rollout.group_size, (remask_count, tokens.shape[1] + 1), tokens.device)
+    masks, times = draw_remasks(u, mask_schedule)
+    rollout.state.update(remask=masks, remask_t=times, sampled_logp=rollout.logp)
+    temperature = rollout.sampling.temperature
+    rollout.logp = remask_record(hidden_fn, head, tokens, masks, times, mask_id, vocab, dim, guidance, temperature,
+                                 scale_fn)  # fmt: skip
+    rollout.scored = remask_scored(rollout.mask, masks)
 
 
 # ---------------------------------------------------------------------------- a masked family's members

@@ -37,7 +37,6 @@ from typing_extensions import NotRequired, TypedDict
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import read_json, write_file
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
     Context,
     PromptRecord,
     Rollout,
@@ -49,14 +48,13 @@ from t2i_gcpo.policies.maskgen import (
     HiddenFn,
     MaskedPolicyMembers,
     check_reveal_order,
-    draw_remasks,
     guidance_scales,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -305,28 +303,13 @@ def rollout(adapter: MuseAdapter, prompts: Sequence[PromptRecord], group_size: i
             sampling, uniforms, choice_temperatures(steps), scales(step_progress(steps)), GUIDANCE, dev, order,
             predictions,
         )  # fmt: skip
-    logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-    ro = Rollout(
-        tokens=tokens,
-        mask=torch.ones_like(tokens, dtype=torch.float),
-        step=step,
-        logp=logp,
-        prompts=[p for p in prompts for _ in range(group_size)],
-        group_size=group_size,
-        sampling=sampling,
-        state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": adapter.estimator},
-    )
-    if predictions is not None:
-        ro.state[STEP_PREDICTIONS] = predictions
+    state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": adapter.estimator}
+    ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
     if adapter.estimator == "remask":
-        u = group_uniforms(generators, group_size, (adapter.remask_count, t_len + 1), dev)
-        masks, times = draw_remasks(u, adapter.mask_schedule)
-        ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-        ro.logp = remask_record(
-            hidden_fn, adapter.head, tokens, masks, times, adapter.mask_id, adapter.codebook_size,
-            adapter.feature_dim, GUIDANCE, sampling.temperature, scales,
+        record_remasks(
+            ro, generators, adapter.remask_count, adapter.mask_schedule, hidden_fn, adapter.head, adapter.mask_id,
+            adapter.codebook_size, adapter.feature_dim, GUIDANCE, scales,
         )  # fmt: skip
-        ro.scored = remask_scored(ro.mask, masks)
     return ro
 
 

@@ -43,7 +43,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -58,13 +57,12 @@ from t2i_gcpo.policies.maskgen import (
     MaskedPolicyMembers,
     check_estimator,
     check_reveal_order,
-    draw_remasks,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -512,23 +510,13 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
                 ))  # fmt: skip
         tokens, step = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         logps = torch.cat([p[2] for p in parts], dim=1)
-        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-        ro = Rollout(
-            tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.float), step=step, logp=logp,
-            prompts=[p for p in prompts for _ in range(group_size)], group_size=group_size, sampling=sampling,
-            state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator},
-        )  # fmt: skip
-        if predictions is not None:
-            ro.state[STEP_PREDICTIONS] = predictions
+        state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator}
+        ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
-            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
-            masks, times = draw_remasks(u, "cosine")
-            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-            ro.logp = remask_record(
-                self._hidden_fn(pos_ids, neg_ids), self.head, tokens, masks, times, self.mask_id,
-                self.codebook_size, self.feature_dim, self.guidance, sampling.temperature, scale_fn,
+            record_remasks(
+                ro, generators, self.remask_count, "cosine", self._hidden_fn(pos_ids, neg_ids), self.head,
+                self.mask_id, self.codebook_size, self.feature_dim, self.guidance, scale_fn,
             )  # fmt: skip
-            ro.scored = remask_scored(ro.mask, masks)
         return ro
 
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
