@@ -27,7 +27,6 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.maskgen import check_estimator
 from t2i_gcpo.policies.muse_common import DTYPES, SAMPLING_FILE, SUBFOLDERS, SamplingRecord  # noqa: F401
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
@@ -106,10 +105,6 @@ class AmusedPolicy(muse.MuseMembers, nn.Module):
         self.set_estimator(estimator, remask_count)
         self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
         self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
-
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
 
     # ------------------------------------------------------------------ loading
     @classmethod

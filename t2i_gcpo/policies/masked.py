@@ -29,7 +29,6 @@ from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     MaskedPolicyMembers,
-    check_estimator,
     check_reveal_order,
     guidance_scales,
     masked_logprobs,
@@ -121,11 +120,6 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         self.vq = vq.eval().requires_grad_(False)
         self.set_estimator(estimator, remask_count)
         self.replay_rows = replay_rows  # rows per forward when replaying a trajectory
-
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
 
     # ---- sequences ------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:

@@ -422,6 +422,11 @@ class MaskedPolicyMembers(LogprobsForward):
     it writes itself: ``_logprobs(rollout, context, dists)`` (its `masked_logprobs`) and ``_continue(rollout,
     root, point, generators, n)`` (its `maskgit_branch`). Listed before ``nn.Module`` among its bases."""
 
+    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
+        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
+        check_estimator(estimator, remask_count)
+        self.estimator, self.remask_count = estimator, int(remask_count)
+
     def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
         """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in chunks
         over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""

@@ -44,7 +44,7 @@ from t2i_gcpo.policies.base import (
     TokenLayout,
 )
 from t2i_gcpo.policies.lora import add_lora, merged_state_dict
-from t2i_gcpo.policies.maskgen import check_estimator, mask_progress, reveal_counts
+from t2i_gcpo.policies.maskgen import mask_progress, reveal_counts
 from t2i_gcpo.policies.meissonic_transformer import MeissonicTransformer, load_transformer, save_transformer
 
 PIPELINE_CLASS = "Pipeline"  # the release's model_index.json _class_name (src/pipeline.py's class)
@@ -145,10 +145,6 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
         self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
         self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
         self.lora_adapter: str | None = None
-
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -55,7 +55,6 @@ from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.maskgen import (
     GUIDANCE_SCHEDULES,
     MaskedPolicyMembers,
-    check_estimator,
     check_reveal_order,
     masked_logprobs,
     maskgit_branch,
@@ -313,11 +312,6 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
                 "microsoft/phi-1_5's?"
             )
         return got
-
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
 
     # ------------------------------------------------------------------ loading
     @classmethod
