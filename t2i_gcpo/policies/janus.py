@@ -9,8 +9,7 @@ Details: docs/concepts/adapters.md#janus.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from t2i_gcpo.policies.sampling import (
     ChunkedDists,
     check_records,
     chunked_logprobs,
+    eval_mode,
     group_uniforms,
     sample_step,
 )
@@ -316,16 +316,6 @@ class JanusPolicy(LogprobsForward, nn.Module):
         """Image tokens → LM input embeddings (generation embeddings + aligner). [N, t] → [N, t, D]"""
         return self.model.prepare_embeddings_for_image_generation(tokens)
 
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        # eval: dropout off, and gradient checkpointing would otherwise disable the KV cache
-        was = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was)
-
     # ------------------------------------------------------------------ sampling (gpt-fast style)
     @property
     def samples_fused(self) -> bool:
@@ -443,7 +433,7 @@ class JanusPolicy(LogprobsForward, nn.Module):
         uniforms = group_uniforms(generators, group_size, (self.num_image_tokens,), self.device)  # [B, T]
         chunk = self.max_rollout_batch or len(rows)
         parts = []
-        with self._eval_mode():
+        with eval_mode(self):
             for s in range(0, len(rows), chunk):
                 ids, mask = self.pad_left(row_ids[s : s + chunk])
                 parts.append(self._decode_n_tokens(ids, mask, sampling, uniforms[s : s + chunk]))
@@ -480,7 +470,7 @@ class JanusPolicy(LogprobsForward, nn.Module):
         lm = self.model.model.language_model
         fused = supports_model(lm)
         mode = continuation_mode(resolve_mode(sampling.decode, dev, fused))
-        with self._eval_mode():
+        with eval_mode(self):
             for t, rows in passes(point, self.max_rollout_batch, n):
                 heads = rows[::n]  # one per (root, point): rows come in runs of n
                 ids, mask = self.pad_left([rollout.state["prompt_ids"][b] for b in root[heads].tolist()])

@@ -18,11 +18,10 @@ conditional rows run (the reference's cfg_scale 1), and the rollout has no "neg"
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +57,7 @@ from t2i_gcpo.policies.sampling import (
     ChunkedDists,
     check_records,
     chunked_logprobs,
+    eval_mode,
     group_uniforms,
     sample_step,
 )
@@ -323,15 +323,6 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
     def _feed_one(self, tok: Tensor) -> Tensor:
         return tok
 
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        was = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was)
-
     # ------------------------------------------------------------------ sampling (gpt-fast style)
     def _decode(self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor,
                 cfg: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -401,7 +392,7 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         cfg = self.uses_cfg(sampling)
         chunk = self.max_rollout_batch or len(rows)
         parts = []
-        with self._eval_mode():
+        with eval_mode(self):
             for s in range(0, len(rows), chunk):
                 parts.append(self._decode(feats[s : s + chunk], mask[s : s + chunk], sampling,
                                           uniforms[s : s + chunk], cfg))  # fmt: skip
@@ -438,7 +429,7 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         logps = torch.zeros(3, N, T, device=dev)
         mode = continuation_mode(resolve_mode(sampling.decode, dev, True))
         scales = self.guidance_scales(sampling.guidance_scale)
-        with self._eval_mode():
+        with eval_mode(self):
             for t, rows in passes(point, self.max_rollout_batch, n):
                 heads = root[rows[::n]].tolist()  # one per (root, point): rows come in runs of n
                 feats, mask = self.captions([rollout.prompts[b].text for b in heads])
