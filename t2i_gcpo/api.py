@@ -891,25 +891,14 @@ def evaluate_geneval(
     Returns:
         GenEval's summary, as summary.json (see `evaluate_shapeworld`).
     """
-    from t2i_gcpo.eval.geneval import load_geneval_prompts, masked_asked, score_geneval_folder
-    from t2i_gcpo.eval.layout import check_resumable
+    from t2i_gcpo.eval.geneval import load_geneval_prompts, score_geneval_folder
 
-    if (model is None) == (score_only is None):
-        raise UserError("give either --model (generate, then score) or --score-only DIR")
-    if overwrite and model is None:
-        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
-    if n < 1 or batch < 1:
-        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
+    _check_model_or_score_only(model, score_only, overwrite, n, batch)
     _check_sampling(cfg_scale, seed=seed, n=n)
     source = {"--score-only": None if score_only is None else os.path.realpath(score_only)}
     with _locked_out(out, "eval geneval", source, overwrite=overwrite) as out:
         prompts = load_geneval_prompts() if model is not None else None
-        if isinstance(model, (str, os.PathLike)) and not overwrite:
-            # refuse a folder of other prompts or settings before loading any model
-            known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0,
-                     "n": n, **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                     **masked_asked(steps, reveal_order)}  # fmt: skip
-            check_resumable(out / "images", prompts, known)
+        _check_generation(out, model, prompts, n, cfg_scale, steps, reveal_order, seed, overwrite)
         if detector == "shapeworld":
             det, colors = _ShapeWorldDetector(), None
         else:
@@ -925,13 +914,8 @@ def evaluate_geneval(
             colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
         root = Path(score_only) if score_only is not None else out / "images"
         _record_out(out, "eval geneval", source)
-        if model is not None:
-            from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
-
-            policy = _load(model).eval()
-            sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
-            generate_geneval(policy, prompts, root, sampling, n=n, batch=batch, seed=seed,
-                             model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        if model is not None:  # root is out/images
+            _generate_into(out, model, prompts, n, batch, cfg_scale, steps, reveal_order, seed, overwrite)
         summary = score_geneval_folder(
             root, det, colors, out, metadata_list=prompts, n=n if model is not None else None
         )
@@ -988,6 +972,18 @@ def _source_entries(metas: list[dict], keys: Sequence[str], root: Path, n: int |
             f"{root}: {len(empty)} prompt folder(s) have no images (first: {empty[0]}); finish generation"
         )
     return entries
+
+
+def _check_model_or_score_only(model: ModelArg | None, score_only: str | os.PathLike | None, overwrite: bool,
+                               n: int, batch: int) -> None:  # fmt: skip
+    """The arguments of an evaluation that generates with `model` or scores the folder `score_only`: one of
+    them, --overwrite only with a model, at least one image per prompt and one prompt per call."""
+    if (model is None) == (score_only is None):
+        raise UserError("give either --model (generate, then score) or --score-only DIR")
+    if overwrite and model is None:
+        raise UserError("--overwrite regenerates images: it needs --model, not --score-only")
+    if n < 1 or batch < 1:
+        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
 
 
 def _generate_into(out: Path, model: ModelArg, metas: list[dict], n: int, batch: int, cfg_scale: float | None,
@@ -1228,13 +1224,8 @@ def evaluate_judge(
     from t2i_gcpo.eval.suites.driver import format_summary, score_suite, summary_of
 
     spec = get_suite(suite, "judge")
-    if (model is None) == (score_only is None):
-        raise UserError("give either --model (generate, then score) or --score-only DIR")
-    if overwrite and model is None:
-        raise UserError("--overwrite regenerates images: it needs --model")
     n = spec.images_per_prompt if n is None else n
-    if n < 1 or batch < 1:
-        raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
+    _check_model_or_score_only(model, score_only, overwrite, n, batch)
     if temperature is not None and not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
         raise UserError(f"--temperature must be in [0, 2], got {temperature!r}")
     if max_tokens is not None and not (isinstance(max_tokens, int) and max_tokens >= 1):

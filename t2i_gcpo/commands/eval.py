@@ -99,6 +99,39 @@ def _overwrite_option(what: str):
     )
 
 
+def _generation_options(batch: int):
+    """--batch, --cfg-scale, --steps, --reveal-order and --seed: how an evaluation generates its images."""
+
+    def add(command):
+        for option in reversed((
+            click.option("--batch", default=batch, show_default=True, help="Prompts per generation call."),
+            cfg_option(help="CFG scale [default: the model's]."),
+            masked_sampling_options,
+            seed_option,
+        )):  # fmt: skip
+            command = option(command)
+        return command
+
+    return add
+
+
+def _asked_out_options(command):
+    """--out and --overwrite of a question-based suite (geneval2, judge): its folder's files."""
+    command = _overwrite_option("prompt folders")(command)
+    return click.option(
+        "--out",
+        required=True,
+        help="Output dir: images/, answers.jsonl, results.jsonl, summary.json/txt, protocol.json.",
+    )(command)
+
+
+def _print_files(out: Path, summary: str = "summary.txt") -> None:
+    """Where an evaluation's files are: results.jsonl, the summary, protocol.json."""
+    click.echo(
+        f"results: {out / 'results.jsonl'}  summary: {out / summary}  protocol: {out / 'protocol.json'}"
+    )
+
+
 def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
     """GenEval's table, (`partial`) the partial credit, where the files are, and last the headline: the
     strict score with its 95 % interval over the images sampled (stats.proportions_se over the tags)."""
@@ -108,9 +141,7 @@ def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
     click.echo(format_summary(summary))
     if partial:
         _print_partial(out)
-    click.echo(
-        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
-    )
+    _print_files(out)
     se = proportions_se((t["score"], t["total"]) for t in summary["tags"].values())
     interval = f" ± {1.96 * se:.3f} (95 % interval over the images sampled)" if se == se else ""
     click.echo(f"strict score (GenEval's overall): {summary['overall']:.3f}{interval}")
@@ -129,10 +160,7 @@ def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
 )
 @click.option("--clip-model", default="ViT-L-14", show_default=True, help="open_clip architecture of --clip.")
 @images_option("images_per_prompt")
-@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=4)
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
@@ -166,10 +194,7 @@ def geneval_cmd(
     "compositional prompts: prompts/shapeworld_compositional_test.jsonl, a shipped file].",
 )
 @images_option("images_per_prompt")
-@click.option("--batch", default=16, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=16)
 @click.option(
     "--out", required=True, help="Output dir: images/ in GenEval layout, results.jsonl, summary.txt/json."
 )
@@ -249,10 +274,7 @@ def shapeworld_cmd(
     "the built-in rule for the template prompts.",
 )
 @images_option("images_per_prompt", default=10)
-@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=4)
 @click.option("--device", default="cpu", show_default=True, help="Device of the scoring models.")
 @click.option(
     "--out",
@@ -289,9 +311,7 @@ def compbench_cmd(
 
     click.echo(format_summary(summary))
     out = Path(out)
-    click.echo(
-        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
-    )
+    _print_files(out)
 
 
 def _print_partial(out: Path) -> None:
@@ -316,10 +336,7 @@ def _print_partial(out: Path) -> None:
 )
 @click.option("--csv", "csv_path", required=True, help="DPG-Bench question file dpg_bench.csv.")
 @click.option("--vqa", required=True, help="Local transformers VQA checkpoint (BLIP VQA).")
-@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=4)
 @click.option("--device", default="cpu", show_default=True)
 @click.option(
     "--out", required=True, help="Output dir: images/ (unless --score-only), results.jsonl, summary.txt/json."
@@ -377,9 +394,7 @@ def dpg_cmd(
                    label=result["label"]), aggregate="items", images=str(root.resolve()),
                    **dpg_protocol_fields(root)))  # fmt: skip
     click.echo(format_dpg_summary(result))
-    click.echo(
-        f"results: {out / 'results.jsonl'}  summary: {out / 'summary.txt'}  protocol: {out / 'protocol.json'}"
-    )
+    _print_files(out)
 
 
 def _n_option(default: int | None, help: str):
@@ -426,21 +441,13 @@ GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 @click.option("--method", type=click.Choice(GENEVAL2_METHODS), default="soft_tifa_gm", show_default=True,
               help="The headline score (Soft-TIFA AM, GM and TIFA come from the same questions; VQAScore asks its own).")  # fmt: skip
 @_n_option(1, "Images per prompt (the reference scores one).")
-@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=4)
 @click.option("--device", default="cpu", show_default=True, help="Device of the VQA model.")
 @click.option("--vqa-dtype", type=click.Choice(("auto", "float32", "bfloat16", "float16")), default="auto",
               show_default=True, help="The VQA model's dtype (auto: its checkpoint's, as the reference loads it).")  # fmt: skip
 @click.option("--vqa-batch", default=8, show_default=True, help="Questions per VQA forward pass.")
 @_judge_options
-@click.option(
-    "--out",
-    required=True,
-    help="Output dir: images/, answers.jsonl, results.jsonl, summary.json/txt, protocol.json.",
-)
-@_overwrite_option("prompt folders")
+@_asked_out_options
 def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, cfg_scale, steps, reveal_order, seed,
                  device, vqa_dtype, vqa_batch, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
     """GenEval 2's 800 compositional prompts: generate (resumable), ask a VQA model each atom's question
@@ -465,8 +472,7 @@ def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, 
     from t2i_gcpo.eval.suites.geneval2 import format_summary
 
     click.echo(format_summary(summary))
-    click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.json'}  "
-               f"protocol: {Path(out) / 'protocol.json'}")  # fmt: skip
+    _print_files(Path(out), "summary.json")
 
 
 def _suites_help() -> str:
@@ -486,10 +492,7 @@ def _suites_help() -> str:
 @click.option("--score-only", "score_only", default=None, metavar="DIR", help="Judge existing images instead: a "
               "GenEval-layout folder of these prompts, or a folder in the suite's own layout (docs).")  # fmt: skip
 @_n_option(None, "Images per prompt [default: the suite's: UniGenBench 4, WISE and TIIF 1].")
-@click.option("--batch", default=4, show_default=True, help="Prompts per generation call.")
-@cfg_option(help="CFG scale [default: the model's].")
-@masked_sampling_options
-@seed_option
+@_generation_options(batch=4)
 @click.option(
     "--temperature", type=float, default=None, help="The judge's temperature [default: the suite's, 0]."
 )
@@ -500,12 +503,7 @@ def _suites_help() -> str:
     help="The judge's answer limit [default: the suite's].",
 )
 @_judge_options
-@click.option(
-    "--out",
-    required=True,
-    help="Output dir: images/, answers.jsonl, results.jsonl, summary.json/txt, protocol.json.",
-)
-@_overwrite_option("prompt folders")
+@_asked_out_options
 def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps, reveal_order, seed, temperature,
               max_tokens, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
     """A question-based suite scored by a VLM judge: generate (resumable), send every image with the suite's
@@ -530,5 +528,4 @@ def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps,
                              timeout=120.0 if timeout is None else timeout, retries=retries, backoff=backoff,
                              overwrite=overwrite)  # fmt: skip
     click.echo(format_summary(summary))
-    click.echo(f"results: {Path(out) / 'results.jsonl'}  summary: {Path(out) / 'summary.json'}  "
-               f"protocol: {Path(out) / 'protocol.json'}")  # fmt: skip
+    _print_files(Path(out), "summary.json")

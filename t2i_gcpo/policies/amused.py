@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,11 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import write_file
 from t2i_gcpo.policies import muse_common as muse
 from t2i_gcpo.policies.base import (
-    Branches,
-    Context,
     PolicyCapabilities,
-    PromptRecord,
-    Rollout,
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched
-from t2i_gcpo.policies.maskgen import check_estimator
 from t2i_gcpo.policies.muse_common import DTYPES, SAMPLING_FILE, SUBFOLDERS, SamplingRecord  # noqa: F401
-from t2i_gcpo.policies.sampling import ChunkedDists
 
 SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 
@@ -59,7 +52,7 @@ def import_amused() -> tuple[Any, Any, Any]:
     return UVit2DModel, VQModel, AmusedScheduler
 
 
-class AmusedPolicy(nn.Module):
+class AmusedPolicy(muse.MuseMembers, nn.Module):
     """Policy protocol for a local aMUSEd checkpoint (UVit2DModel + VQModel + CLIP text encoder)."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -113,10 +106,6 @@ class AmusedPolicy(nn.Module):
         self.replay_rows = replay_rows  # rows per transformer forward in a replay (0: one step a forward)
         self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
 
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
-
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
@@ -149,37 +138,12 @@ class AmusedPolicy(nn.Module):
     def device(self) -> torch.device:
         return self.transformer.encoder_proj.weight.device  # (mlm_layer.conv2 is swapped out inside forwards)
 
-    def default_sampling(self) -> SamplingParams:
-        return muse.default_sampling(self)
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
-
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
-        return muse.continue_rollout(self, rollout, root, point, generators, n)
-
-    def keep_reveal_order(self, order: str) -> None:
-        """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""
-        muse.keep_reveal_order(self, order)
-
     def check_prompts(self, prompts: list[str]) -> None:
         """Any text: the CLIP tokenizer truncates to its model_max_length, as the pipeline does."""
-
-    def text_ids(self, texts: list[str]) -> torch.Tensor:
-        """Texts → CLIP ids [N, model_max_length], padded and truncated as the pipeline does."""
-        return muse.text_ids(self, texts)
 
     def text_states(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """CLIP ids [N, L] → (pooled projected embeddings [N, E], penultimate hidden states [N, L, H])."""
         return muse.text_states(self, ids)
-
-    def micro_conds(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        """[N, 5]: width, height, crop coordinates, aesthetic score (the pipeline's order)."""
-        return muse.micro_conds(self, n, dtype)
 
     @contextlib.contextmanager
     def _features_only(self) -> Iterator[None]:
@@ -231,41 +195,6 @@ class AmusedPolicy(nn.Module):
 
     def choice_temperatures(self, steps: int) -> torch.Tensor:
         return muse.choice_temperatures(steps)
-
-    # ------------------------------------------------------------------ sampling
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
-        """`group_size` samples per prompt (rows i·G … i·G+G−1); ``PromptRecord.negative`` is honoured."""
-        return muse.rollout(self, prompts, group_size, sampling, generators)
-
-    # ------------------------------------------------------------------ log-probs
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient
-        (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return muse.logprobs(self, rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = muse.logprobs(self, rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
-
-    # ------------------------------------------------------------------ images
-    def decode(self, rollout: Rollout) -> torch.Tensor:
-        """Images [B, 3, H, W] in [0, 1]."""
-        return muse.decode(self, rollout)
-
-    def token_features(self, rollout: Rollout) -> torch.Tensor:
-        """VQ codebook entries of the sampled tokens [B, T, D]."""
-        return muse.token_features(self, rollout)
 
     # ------------------------------------------------------------------ saving
     def keep_full_precision(self) -> None:

@@ -21,6 +21,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -66,7 +67,7 @@ class ARConfig:
 CacheKind = Literal["fused", "static", "dynamic", "none"]
 
 
-class ARPolicy(nn.Module):
+class ARPolicy(LogprobsForward, nn.Module):
     """Text-conditioned Llama-style prior over VQ tokens plus its (frozen) VQ tokenizer."""
 
     output = "image"
@@ -194,12 +195,6 @@ class ARPolicy(nn.Module):
         K = self.config.codebook_size
         logp = chunked_logprobs(hidden, to_logits, rollout.tokens.to(hidden.device), K)
         return logp, ChunkedDists(hidden, to_logits, K)
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ---- sampler (gpt-fast style) ---------------------------------------------------------------
     def prefill(self, prefix: torch.Tensor, cache) -> torch.Tensor:

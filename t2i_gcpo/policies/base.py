@@ -2,8 +2,8 @@
 
 One contract for the three families (autoregressive images, masked images, text). Adapters (ar.py,
 janus.py, …) implement `Policy` without inheriting from each other. Each adapter is a
-``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs``, so accelerate/DDP wrapping
-synchronises gradients (DDP only hooks ``__call__``/``forward``).
+``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs`` (`LogprobsForward`), so accelerate/DDP
+wrapping synchronises gradients (DDP only hooks ``__call__``/``forward``).
 
 Contexts (the keys of `Rollout.logp`):
 - ``pos``    — the prompt (c⁺; the conditional branch of CFG)
@@ -303,6 +303,17 @@ class Policy(Protocol):
         for an exact resume); a no-op for families that save in the weights' own dtype."""
 
     def save_pretrained(self, path: str) -> None: ...
+
+
+class LogprobsForward:
+    """The ``forward`` every family's ``nn.Module`` has (listed before ``nn.Module`` among its bases): `logprobs`,
+    or with ``dists`` `logprobs_and_dists` — what a DDP/FSDP-wrapped policy calls, as ``policy(rollout, context=…)``
+    (DDP hooks only ``__call__``/``forward``)."""
+
+    def forward(
+        self, rollout: Rollout, context: Context = "pos", dists: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, TokenDists]:
+        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
 
 # the members a family may leave out, and the value the trainer reads for them then (`with_member_defaults`)

@@ -9,8 +9,7 @@ Details: docs/concepts/adapters.md#janus.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -38,11 +38,13 @@ from t2i_gcpo.policies.decode_loop import (
     resolve_mode,
 )
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports_model
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
     check_records,
     chunked_logprobs,
+    eval_mode,
     group_uniforms,
     sample_step,
 )
@@ -83,7 +85,7 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-class JanusPolicy(nn.Module):
+class JanusPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Janus / Janus-Pro checkpoint.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
@@ -218,22 +220,7 @@ class JanusPolicy(nn.Module):
             self._add_lora(lora)
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(
-            r=rank,
-            lora_alpha=float(lora.get("alpha", 2 * rank)),
-            lora_dropout=float(lora.get("dropout", 0.0)),
-            target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
-        )
-        lm = self.model.model.language_model
-        inject_adapter_in_model(cfg, lm, adapter_name="default")
-        for name, p in lm.named_parameters():  # base frozen, adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora_option(self.model.model.language_model, lora, DEFAULT_LORA_TARGETS)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -328,16 +315,6 @@ class JanusPolicy(nn.Module):
     def _image_embeds(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens → LM input embeddings (generation embeddings + aligner). [N, t] → [N, t, D]"""
         return self.model.prepare_embeddings_for_image_generation(tokens)
-
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        # eval: dropout off, and gradient checkpointing would otherwise disable the KV cache
-        was = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was)
 
     # ------------------------------------------------------------------ sampling (gpt-fast style)
     @property
@@ -456,7 +433,7 @@ class JanusPolicy(nn.Module):
         uniforms = group_uniforms(generators, group_size, (self.num_image_tokens,), self.device)  # [B, T]
         chunk = self.max_rollout_batch or len(rows)
         parts = []
-        with self._eval_mode():
+        with eval_mode(self):
             for s in range(0, len(rows), chunk):
                 ids, mask = self.pad_left(row_ids[s : s + chunk])
                 parts.append(self._decode_n_tokens(ids, mask, sampling, uniforms[s : s + chunk]))
@@ -493,7 +470,7 @@ class JanusPolicy(nn.Module):
         lm = self.model.model.language_model
         fused = supports_model(lm)
         mode = continuation_mode(resolve_mode(sampling.decode, dev, fused))
-        with self._eval_mode():
+        with eval_mode(self):
             for t, rows in passes(point, self.max_rollout_batch, n):
                 heads = rows[::n]  # one per (root, point): rows come in runs of n
                 ids, mask = self.pad_left([rollout.state["prompt_ids"][b] for b in root[heads].tolist()])
@@ -610,12 +587,6 @@ class JanusPolicy(nn.Module):
         logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
         return logp, ChunkedDists(hidden, to_logits, self.codebook_size)
 
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
-
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()
     def decode(self, rollout: Rollout) -> torch.Tensor:
@@ -643,18 +614,7 @@ class JanusPolicy(nn.Module):
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.model.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.model.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.model, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Save a plain transformers Janus checkpoint (LoRA merged) + processor/tokenizer.

@@ -18,11 +18,10 @@ conditional rows run (the reference's cfg_scale 1), and the rollout has no "neg"
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -51,11 +51,13 @@ from t2i_gcpo.policies.decode_loop import (
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 from t2i_gcpo.policies.llamagen_gpt import FusedGPT, LlamaGenGPT, build_gpt, config_from_state
 from t2i_gcpo.policies.llamagen_t5 import T5Captions
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.sampling import (
     GUIDANCE,
     ChunkedDists,
     check_records,
     chunked_logprobs,
+    eval_mode,
     group_uniforms,
     sample_step,
 )
@@ -190,7 +192,7 @@ class _Frozen:
         return self
 
 
-class LlamaGenPolicy(nn.Module):
+class LlamaGenPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a LlamaGen text-to-image GPT; ``forward`` is ``logprobs`` so
     that DDP/accelerate wrapping synchronises gradients."""
 
@@ -269,18 +271,7 @@ class LlamaGenPolicy(nn.Module):
         return policy
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(r=rank, lora_alpha=float(lora.get("alpha", 2 * rank)),
-                         lora_dropout=float(lora.get("dropout", 0.0)),
-                         target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)))  # fmt: skip
-        inject_adapter_in_model(cfg, self.gpt, adapter_name="default")
-        for name, p in self.gpt.named_parameters():  # base frozen, adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora_option(self.gpt, lora, DEFAULT_LORA_TARGETS)
 
     # ------------------------------------------------------------------ prompts and captions
     @property
@@ -331,15 +322,6 @@ class LlamaGenPolicy(nn.Module):
 
     def _feed_one(self, tok: Tensor) -> Tensor:
         return tok
-
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        was = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was)
 
     # ------------------------------------------------------------------ sampling (gpt-fast style)
     def _decode(self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor,
@@ -410,7 +392,7 @@ class LlamaGenPolicy(nn.Module):
         cfg = self.uses_cfg(sampling)
         chunk = self.max_rollout_batch or len(rows)
         parts = []
-        with self._eval_mode():
+        with eval_mode(self):
             for s in range(0, len(rows), chunk):
                 parts.append(self._decode(feats[s : s + chunk], mask[s : s + chunk], sampling,
                                           uniforms[s : s + chunk], cfg))  # fmt: skip
@@ -447,7 +429,7 @@ class LlamaGenPolicy(nn.Module):
         logps = torch.zeros(3, N, T, device=dev)
         mode = continuation_mode(resolve_mode(sampling.decode, dev, True))
         scales = self.guidance_scales(sampling.guidance_scale)
-        with self._eval_mode():
+        with eval_mode(self):
             for t, rows in passes(point, self.max_rollout_batch, n):
                 heads = root[rows[::n]].tolist()  # one per (root, point): rows come in runs of n
                 feats, mask = self.captions([rollout.prompts[b].text for b in heads])
@@ -527,11 +509,6 @@ class LlamaGenPolicy(nn.Module):
         logp = chunked_logprobs(hidden, to_logits, tokens, self.codebook_size)
         return logp, ChunkedDists(hidden, to_logits, self.codebook_size)
 
-    def forward(self, rollout: Rollout, context: Context = "pos",
-                dists: bool = False) -> Tensor | tuple[Tensor, ChunkedDists]:  # fmt: skip
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
-
     # ------------------------------------------------------------------ images and codes
     @torch.no_grad()
     def decode(self, rollout: Rollout) -> Tensor:
@@ -557,16 +534,7 @@ class LlamaGenPolicy(nn.Module):
     def merged_state_dict(self) -> dict[str, Tensor]:
         """The GPT's state dict under the released names, any LoRA deltas folded into the base weights (no
         mutation)."""
-        sd = dict(self.gpt.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.gpt.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.gpt, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """``gpt.safetensors`` (the GPT under its released key names, LoRA merged, in its dtype), ``vq.safetensors``

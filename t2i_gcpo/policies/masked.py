@@ -18,8 +18,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -27,19 +25,18 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched, continuation_uniforms
+from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
-    check_estimator,
+    MaskedPolicyMembers,
     check_reveal_order,
-    draw_remasks,
     guidance_scales,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -69,7 +66,7 @@ class MaskedConfig:
     codebook_size: int = 256  # K, copied from the VQ
 
 
-class MaskedPolicy(nn.Module):
+class MaskedPolicy(MaskedPolicyMembers, nn.Module):
     """Text-conditioned bidirectional transformer over [prompt; VQ tokens] plus its (frozen) VQ."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -124,11 +121,6 @@ class MaskedPolicy(nn.Module):
         self.set_estimator(estimator, remask_count)
         self.replay_rows = replay_rows  # rows per forward when replaying a trajectory
 
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
-
     # ---- sequences ------------------------------------------------------------------------------
     def default_sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -181,12 +173,6 @@ class MaskedPolicy(nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
-
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
         sampling = rollout.sampling
@@ -216,18 +202,6 @@ class MaskedPolicy(nn.Module):
         return self.config.choice_temperature * (1 - (torch.arange(steps) + 1) / steps)
 
     # ---- differentiable log-probs ---------------------------------------------------------------
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in
-        chunks over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return self._logprobs(rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = self._logprobs(rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
 
     def _logprobs(
         self, rollout: Rollout, context: Context, dists: bool
@@ -241,12 +215,6 @@ class MaskedPolicy(nn.Module):
             guidance=self.guidance, step_scales=scale_fn(step_progress(steps)), scale_fn=scale_fn,
             device=self.device, replay_rows=self.replay_rows,
         )  # fmt: skip
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ---- sampler --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -278,29 +246,14 @@ class MaskedPolicy(nn.Module):
         uniforms = group_uniforms(generators, group_size, (steps, self.num_tokens, 2), self.device)
         predictions = step_predictions(sampling, len(pid), steps, self.num_tokens, self.mask_id, self.device)
         tokens, step, logps = self.generate(pid, sampling, uniforms, predictions)
-        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-        ro = Rollout(
-            tokens=tokens,
-            mask=torch.ones_like(tokens, dtype=torch.float),
-            step=step,
-            logp=logp,
-            prompts=[p for p in prompts for _ in range(group_size)],
-            group_size=group_size,
-            sampling=sampling,
-            state={"prompt_ids": pid, "estimator": self.estimator},
-        )
-        if predictions is not None:
-            ro.state[STEP_PREDICTIONS] = predictions
+        state = {"prompt_ids": pid, "estimator": self.estimator}
+        ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
-            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
-            masks, times = draw_remasks(u, self.config.mask_schedule)
-            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-            ro.logp = remask_record(
-                self._hidden_fn(pid), self.head, tokens, masks, times, self.mask_id,
-                self.config.codebook_size, self.config.hidden_size, self.guidance,
-                sampling.temperature, self._scale_fn(sampling),
+            record_remasks(
+                ro, generators, self.remask_count, self.config.mask_schedule, self._hidden_fn(pid), self.head,
+                self.mask_id, self.config.codebook_size, self.config.hidden_size, self.guidance,
+                self._scale_fn(sampling),
             )  # fmt: skip
-            ro.scored = remask_scored(ro.mask, masks)
         return ro
 
     # ---- images ---------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Pieces every masked-image-token adapter shares (masked.py; amused.py and meissonic.py through muse_common.py):
-the mask schedule, the MaskGIT sampler with per-prompt noise, and the two log-prob estimators of a sample.
+"""Pieces every masked-image-token adapter shares (masked.py, showo.py; amused.py and meissonic.py through
+muse_common.py): the mask schedule, the MaskGIT sampler with per-prompt noise, the two log-prob estimators of a
+sample, and the `Policy` members the families have alike (`MaskedPolicyMembers`).
 
 A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
 (by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays
@@ -13,12 +14,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from t2i_gcpo.errors import UserError
-from t2i_gcpo.policies.base import STEP_PREDICTIONS, STEP_REWARDS, Context, Rollout, SamplingParams
-from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, sample_step
+from t2i_gcpo.policies.base import (
+    STEP_PREDICTIONS,
+    STEP_REWARDS,
+    Branches,
+    Context,
+    LogprobsForward,
+    PromptRecord,
+    Rollout,
+    SamplingParams,
+)
+from t2i_gcpo.policies.branching import branched
+from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
 
 MASK_SCHEDULES = ("cosine", "linear")
 GUIDANCE_SCHEDULES = ("constant", "linear")
@@ -136,6 +148,27 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
     if bool((step < 0).any()):
         raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
     return tokens, step, logps
+
+
+def sampled_rollout(tokens: torch.Tensor, step: torch.Tensor, logps: torch.Tensor, prompts: Sequence[PromptRecord],
+                    group_size: int, sampling: SamplingParams, state: dict[str, Any],
+                    predictions: torch.Tensor | None) -> Rollout:  # fmt: skip
+    """The `Rollout` of `maskgit_generate`'s samples: tokens and reveal steps [B, T] (every token valid), their
+    log-probs [3, B, T] (pos, neg, guided), prompt i's record in its G rows, the adapter's `state` (its prompt ids
+    and ``"estimator"``) and, where recorded, the step predictions (`STEP_PREDICTIONS`)."""
+    ro = Rollout(
+        tokens=tokens,
+        mask=torch.ones_like(tokens, dtype=torch.float),
+        step=step,
+        logp={"pos": logps[0], "neg": logps[1], "guided": logps[2]},
+        prompts=[p for p in prompts for _ in range(group_size)],
+        group_size=group_size,
+        sampling=sampling,
+        state=state,
+    )
+    if predictions is not None:
+        ro.state[STEP_PREDICTIONS] = predictions
+    return ro
 
 
 def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step: torch.Tensor,
@@ -362,3 +395,53 @@ def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: 
             total[c] += torch.where(m, lp, torch.zeros_like(lp))
     count = masks.sum(1)
     return {c: torch.where(count > 0, v / count.clamp_min(1), torch.zeros_like(v)) for c, v in total.items()}
+
+
+def record_remasks(rollout: Rollout, generators: Sequence[torch.Generator], remask_count: int, mask_schedule: str,
+                   hidden_fn: HiddenFn, head: Head, mask_id: int, vocab: int, dim: int, guidance: str,
+                   scale_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:  # fmt: skip
+    """Make a freshly sampled rollout one of the remask estimator: K = `remask_count` re-masks of each sample
+    drawn from its prompt's generator after the sampler's draws (`draw_remasks`), kept in its state with the
+    sampler's own log-probs (``sampled_logp``, what its continuations start from); its log-probs become those
+    under the re-masks (`remask_record`) and `Rollout.scored` the tokens they mask."""
+    tokens = rollout.tokens
+    u = group_uniforms(generators, rollout.group_size, (remask_count, tokens.shape[1] + 1), tokens.device)
+    masks, times = draw_remasks(u, mask_schedule)
+    rollout.state.update(remask=masks, remask_t=times, sampled_logp=rollout.logp)
+    temperature = rollout.sampling.temperature
+    rollout.logp = remask_record(hidden_fn, head, tokens, masks, times, mask_id, vocab, dim, guidance, temperature,
+                                 scale_fn)  # fmt: skip
+    rollout.scored = remask_scored(rollout.mask, masks)
+
+
+# ---------------------------------------------------------------------------- a masked family's members
+
+
+class MaskedPolicyMembers(LogprobsForward):
+    """The `Policy` members every masked family (masked.py, showo.py, muse_common.py's) has alike, from the two
+    it writes itself: ``_logprobs(rollout, context, dists)`` (its `masked_logprobs`) and ``_continue(rollout,
+    root, point, generators, n)`` (its `maskgit_branch`). Listed before ``nn.Module`` among its bases."""
+
+    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
+        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
+        check_estimator(estimator, remask_count)
+        self.estimator, self.remask_count = estimator, int(remask_count)
+
+    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
+        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient, in chunks
+        over T (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
+        return self._logprobs(rollout, context, dists=False)[0]
+
+    def logprobs_and_dists(
+        self, rollout: Rollout, context: Context = "pos"
+    ) -> tuple[torch.Tensor, ChunkedDists]:
+        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
+        logp, dists = self._logprobs(rollout, context, dists=True)
+        assert dists is not None
+        return logp, dists
+
+    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
+               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
+        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
+        return branched(rollout, points, n, generators, self._continue)

@@ -40,18 +40,12 @@ from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import read_json, write_file
 from t2i_gcpo.policies import muse_common as muse
 from t2i_gcpo.policies.base import (
-    Branches,
-    Context,
     PolicyCapabilities,
-    PromptRecord,
-    Rollout,
-    SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched
-from t2i_gcpo.policies.maskgen import check_estimator, mask_progress, reveal_counts
+from t2i_gcpo.policies.lora import add_lora, merged_state_dict
+from t2i_gcpo.policies.maskgen import mask_progress, reveal_counts
 from t2i_gcpo.policies.meissonic_transformer import MeissonicTransformer, load_transformer, save_transformer
-from t2i_gcpo.policies.sampling import ChunkedDists
 
 PIPELINE_CLASS = "Pipeline"  # the release's model_index.json _class_name (src/pipeline.py's class)
 MODEL_INDEX = {  # the release's model_index.json, its components named as released
@@ -97,7 +91,7 @@ def clip_text_widths(folder: Path) -> tuple[int, int, int]:
         raise UserError(f"{file}: hidden_size / projection_dim are not numbers") from None
 
 
-class MeissonicPolicy(nn.Module):
+class MeissonicPolicy(muse.MuseMembers, nn.Module):
     """Policy protocol for a local Meissonic checkpoint (module docstring)."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -152,10 +146,6 @@ class MeissonicPolicy(nn.Module):
         self.reveal_order = "confidence"  # when SamplingParams names none: the pipeline's, or the trained one
         self.lora_adapter: str | None = None
 
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
-
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
@@ -200,39 +190,17 @@ class MeissonicPolicy(nn.Module):
         self, rank: int, alpha: float | None = None, targets: Sequence[str] = DEFAULT_LORA_TARGETS
     ) -> None:
         """LoRA (peft) of rank `rank` on the transformer's attention projections: the rest of it frozen."""
-        from peft import LoraConfig, inject_adapter_in_model
-
         if rank <= 0:
             raise UserError(f"LoRA needs a positive rank, got {rank}")
-        cfg = LoraConfig(r=rank, lora_alpha=float(2 * rank if alpha is None else alpha), lora_dropout=0.0,
-                         target_modules=list(targets))  # fmt: skip
-        inject_adapter_in_model(cfg, self.transformer, adapter_name="default")
-        for name, p in self.transformer.named_parameters():
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        self.lora_adapter = add_lora(self.transformer, rank, alpha, targets=targets)
 
     # ------------------------------------------------------------------ prompts and conditioning
     @property
     def device(self) -> torch.device:
         return self.transformer.context_embedder.weight.device
 
-    def default_sampling(self) -> SamplingParams:
-        return muse.default_sampling(self)
-
-    def keep_reveal_order(self, order: str) -> None:
-        """Make `order` this model's default reveal order, saved with it (muse_common.SAMPLING_FILE)."""
-        muse.keep_reveal_order(self, order)
-
     def check_prompts(self, prompts: list[str]) -> None:
         """Any text: the CLIP tokenizer truncates to 77 ids, as the pipeline does."""
-
-    def text_ids(self, texts: list[str]) -> torch.Tensor:
-        """Texts → CLIP ids [N, 77], padded and truncated as the pipeline does."""
-        return muse.text_ids(self, texts)
-
-    def micro_conds(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        """[N, 5]: width, height, crop coordinates, aesthetic score (the pipeline's order and values)."""
-        return muse.micro_conds(self, n, dtype)
 
     def timesteps(self, masked: torch.Tensor, steps: int) -> torch.Tensor:
         """The pipeline's timestep for canvases with `masked` [N] masked tokens in a decoding of `steps` steps:
@@ -272,68 +240,13 @@ class MeissonicPolicy(nn.Module):
         """Features [..., D] → codebook logits [..., K] (mlm_layer.conv2 as a linear map, float32)."""
         return F.linear(h.float(), self.transformer.mlm_layer.conv2.weight.flatten(1).float())
 
-    # ------------------------------------------------------------------ sampling and log-probs
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
-        """`group_size` samples per prompt (rows i·G … i·G+G−1); ``PromptRecord.negative`` is honoured."""
-        return muse.rollout(self, prompts, group_size, sampling, generators)
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
-
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
-        return muse.continue_rollout(self, rollout, root, point, generators, n)
-
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient
-        (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return muse.logprobs(self, rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = muse.logprobs(self, rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
-
-    # ------------------------------------------------------------------ images
-    def decode(self, rollout: Rollout) -> torch.Tensor:
-        """Images [B, 3, H, W] in [0, 1]."""
-        return muse.decode(self, rollout)
-
-    def token_features(self, rollout: Rollout) -> torch.Tensor:
-        """VQ codebook entries of the sampled tokens [B, T, D]."""
-        return muse.token_features(self, rollout)
-
     # ------------------------------------------------------------------ saving
     def keep_full_precision(self) -> None:
         """Nothing to do: the weights are saved in their own dtype."""
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The transformer's state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.transformer.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.transformer.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.transformer, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """The released folder layout (LoRA merged): loads with `from_pretrained`, ``meissonic:PATH`` or as

@@ -18,8 +18,8 @@ Both releases are a folder of ``transformer/``, ``vqvae/`` (diffusers ``VQModel`
 
 They differ in the transformer (diffusers' ``UVit2DModel``; Meissonic's, meissonic_transformer.py), in what
 it is given besides the text (Meissonic: the reveal step's timestep), and in defaults (steps, scale, text
-length). An adapter implements the `MuseAdapter` members below; the functions here do the rest. No adapter
-inherits from another (docs/concepts/adapters.md).
+length). An adapter implements the `MuseAdapter` members below; the functions here do the rest, bound as its
+`Policy` members by `MuseMembers`. No adapter inherits from another (docs/concepts/adapters.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from typing_extensions import NotRequired, TypedDict
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.outdir import read_json, write_file
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
     Context,
     PromptRecord,
     Rollout,
@@ -47,15 +46,15 @@ from t2i_gcpo.policies.branching import continuation_uniforms
 from t2i_gcpo.policies.maskgen import (
     MASK_SCHEDULES,
     HiddenFn,
+    MaskedPolicyMembers,
     check_reveal_order,
-    draw_remasks,
     guidance_scales,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -304,28 +303,13 @@ def rollout(adapter: MuseAdapter, prompts: Sequence[PromptRecord], group_size: i
             sampling, uniforms, choice_temperatures(steps), scales(step_progress(steps)), GUIDANCE, dev, order,
             predictions,
         )  # fmt: skip
-    logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-    ro = Rollout(
-        tokens=tokens,
-        mask=torch.ones_like(tokens, dtype=torch.float),
-        step=step,
-        logp=logp,
-        prompts=[p for p in prompts for _ in range(group_size)],
-        group_size=group_size,
-        sampling=sampling,
-        state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": adapter.estimator},
-    )
-    if predictions is not None:
-        ro.state[STEP_PREDICTIONS] = predictions
+    state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": adapter.estimator}
+    ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
     if adapter.estimator == "remask":
-        u = group_uniforms(generators, group_size, (adapter.remask_count, t_len + 1), dev)
-        masks, times = draw_remasks(u, adapter.mask_schedule)
-        ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-        ro.logp = remask_record(
-            hidden_fn, adapter.head, tokens, masks, times, adapter.mask_id, adapter.codebook_size,
-            adapter.feature_dim, GUIDANCE, sampling.temperature, scales,
+        record_remasks(
+            ro, generators, adapter.remask_count, adapter.mask_schedule, hidden_fn, adapter.head, adapter.mask_id,
+            adapter.codebook_size, adapter.feature_dim, GUIDANCE, scales,
         )  # fmt: skip
-        ro.scored = remask_scored(ro.mask, masks)
     return ro
 
 
@@ -379,3 +363,22 @@ def decode(adapter: MuseAdapter, rollout: Rollout) -> torch.Tensor:
 def token_features(adapter: MuseAdapter, rollout: Rollout) -> torch.Tensor:
     """VQ codebook entries of the sampled tokens [B, T, D]."""
     return adapter.vqvae.quantize.embedding(rollout.tokens.to(adapter.device)).float()
+
+
+# ---------------------------------------------------------------------------- the adapters' members
+
+
+class MuseMembers(MaskedPolicyMembers):
+    """The `Policy` members aMUSEd and Meissonic have alike: the functions above, each bound to the adapter (its
+    first argument), and maskgen.MaskedPolicyMembers's `logprobs`, `branch` and `forward` over two of them.
+    Listed before ``nn.Module`` among an adapter's bases; what differs is the adapter's own (`MuseAdapter`)."""
+
+    default_sampling = default_sampling
+    keep_reveal_order = keep_reveal_order
+    text_ids = text_ids
+    micro_conds = micro_conds
+    rollout = rollout
+    _continue = continue_rollout
+    _logprobs = logprobs
+    decode = decode
+    token_features = token_features

@@ -11,12 +11,14 @@ log-probs computed in chunks over T.
 - `group_uniforms`: the uniforms of a rollout, drawn per prompt from that prompt's generator, so a
   sample depends on its own generator only (not on its batch-mates, chunking or process count).
 - `resolve_guidance_scale`: the guidance scale asked for, else the model's recommended one.
+- `eval_mode`: an adapter in eval mode while it samples, its training flag restored after.
 - `chunked_logprobs` / `ChunkedDists`: log π(y_t) with gradient without a [B, T, V] tensor: the head
   runs on chunks of T, each under activation checkpointing when there is more than one chunk.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -30,6 +32,18 @@ GUIDANCE: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]
     "(1 + s)c − s·u": lambda c, u, s: (1 + s) * c - s * u,
 }
 LOGIT_BUDGET = 1 << 24  # elements of one logits chunk [B, t, V] (64 MB in fp32)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """`module` in eval mode for the block (dropout off; gradient checkpointing would otherwise turn a decoder's
+    KV cache off), its training flag restored after."""
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)
 
 
 def resolve_guidance_scale(policy: Policy, asked: float | None) -> float:

@@ -43,8 +43,6 @@ from torch import nn
 
 from t2i_gcpo.errors import UserError
 from t2i_gcpo.policies.base import (
-    STEP_PREDICTIONS,
-    Branches,
     Context,
     PolicyCapabilities,
     PromptRecord,
@@ -52,18 +50,18 @@ from t2i_gcpo.policies.base import (
     SamplingParams,
     TokenLayout,
 )
-from t2i_gcpo.policies.branching import branched, continuation_uniforms
+from t2i_gcpo.policies.branching import continuation_uniforms
+from t2i_gcpo.policies.lora import add_lora_option, merged_state_dict
 from t2i_gcpo.policies.maskgen import (
     GUIDANCE_SCHEDULES,
-    check_estimator,
+    MaskedPolicyMembers,
     check_reveal_order,
-    draw_remasks,
     masked_logprobs,
     maskgit_branch,
     maskgit_generate,
-    remask_record,
-    remask_scored,
+    record_remasks,
     reveal_counts,
+    sampled_rollout,
     step_predictions,
     step_progress,
 )
@@ -252,7 +250,7 @@ def no_init() -> Any:
 # ---------------------------------------------------------------------------- the policy
 
 
-class ShowoPolicy(nn.Module):
+class ShowoPolicy(MaskedPolicyMembers, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local Show-o checkpoint (text-to-image)."""
 
     decode_session = None  # the reveal loop keeps no decode loop between rollouts (Policy.decode_session)
@@ -315,11 +313,6 @@ class ShowoPolicy(nn.Module):
             )
         return got
 
-    def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
-        """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
-        check_estimator(estimator, remask_count)
-        self.estimator, self.remask_count = estimator, int(remask_count)
-
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False,
@@ -379,19 +372,8 @@ class ShowoPolicy(nn.Module):
         return policy
 
     def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        rank = int(lora.get("r", lora.get("rank", 0)) or 0)
-        if rank <= 0:
-            raise UserError(f"LoRA needs a positive rank 'r', got {lora!r}")
-        cfg = LoraConfig(
-            r=rank, lora_alpha=float(lora.get("alpha", 2 * rank)), lora_dropout=float(lora.get("dropout", 0.0)),
-            target_modules=list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
-        )  # fmt: skip
-        inject_adapter_in_model(cfg, self.phi.model, adapter_name="default")
-        for name, p in self.phi.named_parameters():  # the backbone frozen, the adapters trainable
-            p.requires_grad_("lora_" in name)
-        self.lora_adapter = "default"
+        # adapters in the backbone (the Phi model), every other parameter frozen (its lm_head too)
+        self.lora_adapter = add_lora_option(self.phi.model, lora, DEFAULT_LORA_TARGETS, frozen=self.phi)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -522,30 +504,14 @@ class ShowoPolicy(nn.Module):
                 ))  # fmt: skip
         tokens, step = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         logps = torch.cat([p[2] for p in parts], dim=1)
-        logp = {"pos": logps[0], "neg": logps[1], "guided": logps[2]}
-        ro = Rollout(
-            tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.float), step=step, logp=logp,
-            prompts=[p for p in prompts for _ in range(group_size)], group_size=group_size, sampling=sampling,
-            state={"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator},
-        )  # fmt: skip
-        if predictions is not None:
-            ro.state[STEP_PREDICTIONS] = predictions
+        state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator}
+        ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
-            u = group_uniforms(generators, group_size, (self.remask_count, self.num_tokens + 1), self.device)
-            masks, times = draw_remasks(u, "cosine")
-            ro.state.update(remask=masks, remask_t=times, sampled_logp=logp)
-            ro.logp = remask_record(
-                self._hidden_fn(pos_ids, neg_ids), self.head, tokens, masks, times, self.mask_id,
-                self.codebook_size, self.feature_dim, self.guidance, sampling.temperature, scale_fn,
+            record_remasks(
+                ro, generators, self.remask_count, "cosine", self._hidden_fn(pos_ids, neg_ids), self.head,
+                self.mask_id, self.codebook_size, self.feature_dim, self.guidance, scale_fn,
             )  # fmt: skip
-            ro.scored = remask_scored(ro.mask, masks)
         return ro
-
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
-        """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
-        return branched(rollout, points, n, generators, self._continue)
 
     def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
                   generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
@@ -565,18 +531,6 @@ class ShowoPolicy(nn.Module):
         self.reveal_order = check_reveal_order(order)
 
     # ------------------------------------------------------------------ log-probs
-    def logprobs(self, rollout: Rollout, context: Context = "pos") -> torch.Tensor:
-        """log softmax(ℓ/T) of the sampled tokens [B, T] by the rollout's estimator, with gradient
-        (0 where the remask estimator scores nothing: outside `rollout.loss_mask`)."""
-        return self._logprobs(rollout, context, dists=False)[0]
-
-    def logprobs_and_dists(
-        self, rollout: Rollout, context: Context = "pos"
-    ) -> tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of the same forward (`ChunkedDists`, no gradient)."""
-        logp, dists = self._logprobs(rollout, context, dists=True)
-        assert dists is not None
-        return logp, dists
 
     def _logprobs(
         self, rollout: Rollout, context: Context, dists: bool
@@ -590,12 +544,6 @@ class ShowoPolicy(nn.Module):
             step_scales=scale_fn(step_progress(self.resolve_steps(sampling))), scale_fn=scale_fn, device=self.device,
             replay_rows=0,
         )  # fmt: skip
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ images
     @torch.no_grad()
@@ -618,18 +566,7 @@ class ShowoPolicy(nn.Module):
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The Phi state dict with any LoRA deltas folded into the base weights (no mutation)."""
-        sd = dict(self.phi.state_dict())
-        if self.lora_adapter is None:
-            return sd
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in self.phi.named_modules():
-            if isinstance(mod, LoraLayer):
-                base = sd.pop(f"{name}.base_layer.weight")
-                sd[f"{name}.weight"] = base + mod.get_delta_weight(self.lora_adapter).to(base.dtype)
-                if f"{name}.base_layer.bias" in sd:
-                    sd[f"{name}.bias"] = sd.pop(f"{name}.base_layer.bias")
-        return {k: v for k, v in sd.items() if "lora_" not in k}
+        return merged_state_dict(self.phi, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
         """The released layout (LoRA merged): ``config.json``, ``pytorch_model.safetensors`` (``showo.*``

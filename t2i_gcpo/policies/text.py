@@ -23,6 +23,7 @@ from t2i_gcpo.errors import UserError, shorten
 from t2i_gcpo.policies.base import (
     Branches,
     Context,
+    LogprobsForward,
     PolicyCapabilities,
     PromptRecord,
     Rollout,
@@ -39,7 +40,14 @@ from t2i_gcpo.policies.decode_loop import (
     resolve_mode,
 )
 from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder, supports_model
-from t2i_gcpo.policies.sampling import GUIDANCE, ChunkedDists, chunked_logprobs, group_uniforms, sample_step
+from t2i_gcpo.policies.sampling import (
+    GUIDANCE,
+    ChunkedDists,
+    chunked_logprobs,
+    eval_mode,
+    group_uniforms,
+    sample_step,
+)
 
 NEGATIVE_MODES = ("empty", "wrong_answer")
 WRONG_ANSWER_INSTRUCTION = "Note: Intentionally generate an incorrect answer."
@@ -76,7 +84,7 @@ def quiet_hub_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-class TextPolicy(nn.Module):
+class TextPolicy(LogprobsForward, nn.Module):
     """Policy protocol (t2i_gcpo.policies.base) for a local causal language model.
 
     ``forward`` is ``logprobs`` so that DDP/accelerate wrapping synchronises gradients.
@@ -323,16 +331,6 @@ class TextPolicy(nn.Module):
             z = torch.tanh(z / cap) * cap
         return z
 
-    @contextlib.contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        # eval: dropout off, and gradient checkpointing would otherwise turn the KV cache off
-        was = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was)
-
     # ------------------------------------------------------------------ sampling (gpt-fast style)
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
         """Run the left-padded contexts [N, L] into the cache; logits [N, V] of the first token."""
@@ -441,7 +439,7 @@ class TextPolicy(nn.Module):
         uniforms = group_uniforms(generators, group_size, (steps,), self.device)  # [B, n]
         chunk = self.max_rollout_batch or max(len(rows), 1)
         parts = []
-        with self._eval_mode():
+        with eval_mode(self):
             for s in range(0, len(rows), chunk):
                 sl = slice(s, s + chunk)
                 parts.append(
@@ -465,7 +463,7 @@ class TextPolicy(nn.Module):
             state={"prompt_ids": pos_ids, "negative_ids": neg_ids},
         )
         if not guided and sampling.score_negative:  # score the completions under c⁻: one batched forward
-            with self._eval_mode():
+            with eval_mode(self):
                 ro.logp["neg"] = torch.cat(
                     [
                         self.logprobs(ro.select(range(s, min(s + chunk, len(rows)))), "neg")
@@ -495,7 +493,7 @@ class TextPolicy(nn.Module):
         logps = torch.zeros(3, N, steps, device=dev)
         pos_ids, neg_ids = rollout.state["prompt_ids"], rollout.state["negative_ids"]
         root_tok = rollout.tokens.to(dev)
-        with self._eval_mode():
+        with eval_mode(self):
             if self.samples_fused:
                 self._continue_fused(rollout, root, point, uniforms, tokens, valid, logps)
             else:
@@ -513,7 +511,7 @@ class TextPolicy(nn.Module):
         ro = dataclasses.replace(ro, tokens=ro.tokens[:, :width], mask=ro.mask[:, :width], step=ro.step[:, :width],
                                  logp={c: v[:, :width] for c, v in ro.logp.items()})  # fmt: skip
         if "neg" in rollout.logp and not guided:  # as the rollout: c⁻ scored by teacher forcing
-            with self._eval_mode():
+            with eval_mode(self):
                 ro.logp["neg"] = self.logprobs(ro, "neg")
         return ro
 
@@ -611,12 +609,6 @@ class TextPolicy(nn.Module):
 
         logp = chunked_logprobs(hidden, to_logits, tokens, self.vocab_size).masked_fill(mask == 0, 0.0)
         return logp, ChunkedDists(hidden, to_logits, self.vocab_size)
-
-    def forward(
-        self, rollout: Rollout, context: Context = "pos", dists: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, ChunkedDists]:
-        """`logprobs`, or with ``dists`` `logprobs_and_dists`: what a DDP/FSDP-wrapped policy calls."""
-        return self.logprobs_and_dists(rollout, context) if dists else self.logprobs(rollout, context)
 
     # ------------------------------------------------------------------ outputs
     @torch.no_grad()

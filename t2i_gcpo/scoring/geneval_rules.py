@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from t2i_gcpo.errors import UserError
 from t2i_gcpo.scoring.detections import Detection
 
 COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white"]
@@ -163,6 +164,23 @@ def evaluate_detections(
 
 
 PARTIAL_VARIANTS = ("spec", "flow_grpo")  # the two partial-credit formulas of `reward_detections`
+
+
+def check_score_and_variant(reward: str, field: str, score: str, variant: str) -> None:
+    """A GenEval-rules reward's `field` (its score: the 'partial' credit or the 'strict' verdict) and its
+    partial-credit `variant`, refused in one line naming `reward` (the GenEval and ShapeWorld rewards)."""
+    if score not in ("partial", "strict"):
+        raise UserError(f"{reward} reward {field} must be 'partial' or 'strict', got {score!r}")
+    if variant not in PARTIAL_VARIANTS:
+        raise UserError(
+            f"{reward} partial-credit variant must be one of {', '.join(PARTIAL_VARIANTS)}, got {variant!r}"
+        )
+
+
+def partial_credit_bounds(score: str, variant: str) -> tuple[float, float] | None:
+    """The range every score of a GenEval-rules reward lies in (rewards.combine.reward_bounds): [0, 1] for the
+    strict verdict and the spec partial credit; none for flow_grpo's (an over-count goes negative)."""
+    return (0.0, 1.0) if score == "strict" or variant == "spec" else None
 
 
 def reward_detections(

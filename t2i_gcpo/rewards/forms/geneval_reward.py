@@ -65,14 +65,9 @@ class GenEvalReward:
         score: Literal["partial", "strict"] = "partial",
         variant: Literal["spec", "flow_grpo"] = "spec",
     ):
-        from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
+        from t2i_gcpo.scoring.geneval_rules import check_score_and_variant
 
-        if score not in ("partial", "strict"):
-            raise UserError(f"GenEval reward score must be 'partial' or 'strict', got '{score}'")
-        if variant not in PARTIAL_VARIANTS:
-            raise UserError(
-                f"GenEval partial-credit variant must be one of {', '.join(PARTIAL_VARIANTS)}, got '{variant}'"
-            )
+        check_score_and_variant("GenEval", "score", score, variant)
         self.detector = detector
         self.color_classifier = color_classifier
         self.score = score
@@ -80,9 +75,10 @@ class GenEvalReward:
 
     @property
     def bounds(self) -> tuple[float, float] | None:
-        """The range every score lies in (rewards.combine.reward_bounds); flow_grpo's partial credit
-        has none (an over-count goes negative)."""
-        return (0.0, 1.0) if self.score == "strict" or self.variant == "spec" else None
+        """The range every score lies in (rewards.combine.reward_bounds; geneval_rules.partial_credit_bounds)."""
+        from t2i_gcpo.scoring.geneval_rules import partial_credit_bounds
+
+        return partial_credit_bounds(self.score, self.variant)
 
     @classmethod
     def from_paths(

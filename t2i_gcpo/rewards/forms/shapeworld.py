@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from t2i_gcpo.errors import UserError
 from t2i_gcpo.rewards.base import RewardOutput
 from t2i_gcpo.rewards.registry import Option, register_reward
 
@@ -68,23 +67,19 @@ class ShapeWorldReward:
         grid: tuple[int, int] = (8, 8),
         variant: Literal["spec", "flow_grpo"] = "spec",
     ) -> None:
-        from t2i_gcpo.scoring.geneval_rules import PARTIAL_VARIANTS
+        from t2i_gcpo.scoring.geneval_rules import check_score_and_variant
 
-        if mode not in ("partial", "strict"):
-            raise UserError(f"ShapeWorld reward mode must be 'partial' or 'strict', got {mode!r}")
-        if variant not in PARTIAL_VARIANTS:
-            raise UserError(
-                f"ShapeWorld partial-credit variant must be one of {', '.join(PARTIAL_VARIANTS)}, got {variant!r}"
-            )
+        check_score_and_variant("ShapeWorld", "mode", mode, variant)
         self.mode = mode
         self.variant = variant
         self.grid = (int(grid[0]), int(grid[1]))
 
     @property
     def bounds(self) -> tuple[float, float] | None:
-        """The range every score lies in (rewards.combine.reward_bounds); flow_grpo's partial credit
-        has none (an over-count goes negative)."""
-        return (0.0, 1.0) if self.mode == "strict" or self.variant == "spec" else None
+        """The range every score lies in (rewards.combine.reward_bounds; geneval_rules.partial_credit_bounds)."""
+        from t2i_gcpo.scoring.geneval_rules import partial_credit_bounds
+
+        return partial_credit_bounds(self.mode, self.variant)
 
     def score_image(self, image: np.ndarray, metadata: dict) -> dict:
         """Details of one uint8 [H, W, 3] image against GenEval metadata (see the class doc)."""
