@@ -31,7 +31,8 @@ weights are its entropy gate alone).
 
     python benchmarks/bench_gradient_snr.py [--model shapeworld] [--batches 10]
     python benchmarks/bench_gradient_snr.py --model arithmetic --batches 10 --out /tmp/snr_text.json
-    python benchmarks/bench_gradient_snr.py --model shapeworld-masked --reveal-order random --out /tmp/snr_masked.json
+    python benchmarks/bench_gradient_snr.py --model shapeworld-masked --reveal-order random \
+        --out /tmp/snr_masked.json
     python benchmarks/bench_gradient_snr.py --model runs/study/sw32-ar/dapo/seed0/checkpoints/latest/model \
         --reference shapeworld --batches 10 --out /tmp/snr_trained.json
 
@@ -88,8 +89,9 @@ def oracle_weights(target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return grid * mask.sum(-1, keepdim=True) / grid.sum(-1, keepdim=True).clamp_min(1)
 
 
-def branched_groups(cfg, policy, reward, ro, scores: torch.Tensor, batch_key: int, seed: int,
-                    sampling: SamplingParams) -> tuple[torch.Tensor, Grown]:  # fmt: skip
+def branched_groups(
+    cfg, policy, reward, ro, scores: torch.Tensor, batch_key: int, seed: int, sampling: SamplingParams
+) -> tuple[torch.Tensor, Grown]:
     """(rows, continuations) of a scheme that needs branches, as the train step collects them
     (train/collect.py): the groups with signal when the preset samples dynamically, each branched with
     the run's branching settings, the continuations keyed by the batch's group keys (batch_key, group)."""
@@ -103,12 +105,29 @@ def branched_groups(cfg, policy, reward, ro, scores: torch.Tensor, batch_key: in
     slots = [(batch_key, g) for g in (rows[::G] // G).tolist()]
     if not len(rows):  # no group with signal: nothing branched, nothing trained
         return rows, Grown(Tree.empty(0, cfg.branching.continuations), 0, 0)
-    return rows, grow(policy, reward, ro.select(rows), slots, cfg.branching, seed, sampling,
-                      TRAIN_CONTEXT[cfg.rollout.train_logp])  # fmt: skip
+    return rows, grow(
+        policy,
+        reward,
+        ro.select(rows),
+        slots,
+        cfg.branching,
+        seed,
+        sampling,
+        TRAIN_CONTEXT[cfg.rollout.train_logp],
+    )
 
 
-def token_credit(cfg, ro, adv: torch.Tensor, scores: torch.Tensor, policy, reference, ctx: str, dists,
-                 branched: tuple[torch.Tensor, Grown] | None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def token_credit(
+    cfg,
+    ro,
+    adv: torch.Tensor,
+    scores: torch.Tensor,
+    policy,
+    reference,
+    ctx: str,
+    dists,
+    branched: tuple[torch.Tensor, Grown] | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages, weights) that the train step's update (train/update.py) hands the loss for preset
     `cfg`: (A_i, w_it) for a weighting scheme, (Â_it, None) for one returning token advantages; a
     branching scheme's rows outside `branched` (groups without signal) are not trained: Â = 0."""
@@ -119,8 +138,17 @@ def token_credit(cfg, ro, adv: torch.Tensor, scores: torch.Tensor, policy, refer
         rows, grown = branched
         out = torch.zeros_like(ro.loss_mask, dtype=torch.float32)
         if len(rows):
-            out[rows] = compute_weights(cc, ro.select(rows), adv[rows], policy, reference, ctx,
-                                        name=cc.scheme, rewards=scores[rows], tree=grown.tree).to(out)  # fmt: skip
+            out[rows] = compute_weights(
+                cc,
+                ro.select(rows),
+                adv[rows],
+                policy,
+                reference,
+                ctx,
+                name=cc.scheme,
+                rewards=scores[rows],
+                tree=grown.tree,
+            ).to(out)
     return (out, None) if returns_advantages(cc.scheme) else (adv, out)
 
 
@@ -167,8 +195,12 @@ def main() -> None:
     presets = {algo: load_config(algo) for algo in PRESETS}
     rollout_cfg = presets["dapo"].rollout
     guidance_scale = resolve_guidance_scale(policy, args.cfg)
-    sampling = SamplingParams(temperature=rollout_cfg.temperature, guidance_scale=guidance_scale,
-                              max_new_tokens=rollout_cfg.max_new_tokens, reveal_order=args.reveal_order)  # fmt: skip
+    sampling = SamplingParams(
+        temperature=rollout_cfg.temperature,
+        guidance_scale=guidance_scale,
+        max_new_tokens=rollout_cfg.max_new_tokens,
+        reveal_order=args.reveal_order,
+    )
     schemes = variants(presets, guided=guidance_scale != 1.0)
     params = [p for n, p in policy.named_parameters() if p.requires_grad and not n.startswith("vq.")]
     rng = random.Random(args.seed)
@@ -201,8 +233,17 @@ def main() -> None:
                         continue
                     a, w = adv, oracle_weights(target, ro.loss_mask)
                 else:
-                    a, w = token_credit(presets[scheme], ro, adv, out.scores, policy, reference,
-                                        TRAIN_CONTEXT[ctx], dists, branched.get(scheme))  # fmt: skip
+                    a, w = token_credit(
+                        presets[scheme],
+                        ro,
+                        adv,
+                        out.scores,
+                        policy,
+                        reference,
+                        TRAIN_CONTEXT[ctx],
+                        dists,
+                        branched.get(scheme),
+                    )
                 loss, _ = policy_loss(
                     logp, logp.detach(), a, ro.loss_mask, weights=w, aggregation="token-mean"
                 )
@@ -218,10 +259,14 @@ def main() -> None:
 
     n = args.prompts_per_batch * args.group
     rows = {}
-    print(f"\n{args.model}: {n} samples per batch, {args.batches} batches, "
-          f"{args.batches * (args.batches - 1) // 2} pairs, mean reward {statistics.mean(rewards):.3f}")  # fmt: skip
-    print(f"{'scheme':10s} {'trains':6s} {'cos mean':>9s} {'± s.e.':>7s} {'samples for half signal':>24s} "
-          f"{'scored per batch':>17s} {'scored for half signal':>23s}")  # fmt: skip
+    print(
+        f"\n{args.model}: {n} samples per batch, {args.batches} batches, "
+        f"{args.batches * (args.batches - 1) // 2} pairs, mean reward {statistics.mean(rewards):.3f}"
+    )
+    print(
+        f"{'scheme':10s} {'trains':6s} {'cos mean':>9s} {'± s.e.':>7s} {'samples for half signal':>24s} "
+        f"{'scored per batch':>17s} {'scored for half signal':>23s}"
+    )
     for (scheme, ctx), g in grads.items():
         if len(g) < 2:  # the oracle on a task without one
             continue

@@ -91,13 +91,20 @@ def main() -> None:
             )
     T, L = policy.num_image_tokens, len(policy.prompt_ids([prompts[1].text])[0])
     kv_mb = 2 * shape.layers * 2 * args.images * shape.hidden * (L + T) * 4 / 2**20
-    meta = {"machine": machine("cpu", 1), "parameters": params, "image_tokens": T, "prompt_tokens": L,
-            "kv_cache_mb_float32_arithmetic": kv_mb, "weights_mb_float32": params * 4 / 2**20}  # fmt: skip
+    meta = {
+        "machine": machine("cpu", 1),
+        "parameters": params,
+        "image_tokens": T,
+        "prompt_tokens": L,
+        "kv_cache_mb_float32_arithmetic": kv_mb,
+        "weights_mb_float32": params * 4 / 2**20,
+    }
     for r in rows:
         held = f", held {r['held_mb']:.1f} MB" if "held_mb" in r else ""
         print(f"{r['what']:<72} peak {r['peak_mb']:>7.1f} MB{held}")
     print(
-        f"(arithmetic: float32 weights {meta['weights_mb_float32']:.0f} MB, KV cache of one pass {kv_mb:.0f} MB)"
+        f"(arithmetic: float32 weights {meta['weights_mb_float32']:.0f} MB, KV cache of one "
+        f"pass {kv_mb:.0f} MB)"
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

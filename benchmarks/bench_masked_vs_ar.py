@@ -81,23 +81,46 @@ def main() -> None:
     for label, policy, sampling in configs:
         res = evaluate_at(policy, test, args.images, sampling)
         ips = args.batch / secs[label]
-        rows.append({"sampler": label, "steps": sampling.steps or policy.num_tokens, "cfg": sampling.guidance_scale,
-                     "seconds": secs[label], "images_per_s": ips, "strict": res["strict"],
-                     "partial": res["partial"], "strict_per_sampling_second": res["strict"] * ips})  # fmt: skip
-    print(f"ShapeWorld samplers, batch {args.batch} with CFG, {args.threads} threads; held-out strict at "
-          f"{args.images} images × {len(test)} prompts")  # fmt: skip
+        rows.append(
+            {
+                "sampler": label,
+                "steps": sampling.steps or policy.num_tokens,
+                "cfg": sampling.guidance_scale,
+                "seconds": secs[label],
+                "images_per_s": ips,
+                "strict": res["strict"],
+                "partial": res["partial"],
+                "strict_per_sampling_second": res["strict"] * ips,
+            }
+        )
+    print(
+        f"ShapeWorld samplers, batch {args.batch} with CFG, {args.threads} threads; held-out strict at "
+        f"{args.images} images × {len(test)} prompts"
+    )
     print(f"{'sampler':<26} {'images/s':>9} {'strict':>7} {'partial':>8} {'strict·images/s':>16}")
     for r in rows:
-        print(f"{r['sampler']:<26} {r['images_per_s']:>9.1f} {r['strict']:>7.3f} {r['partial']:>8.3f} "
-              f"{r['strict_per_sampling_second']:>16.1f}")  # fmt: skip
+        print(
+            f"{r['sampler']:<26} {r['images_per_s']:>9.1f} {r['strict']:>7.3f} {r['partial']:>8.3f} "
+            f"{r['strict_per_sampling_second']:>16.1f}"
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"question": "masked vs AR sampling: images/s at equal batch and held-out strict per "
-                               "second of sampling",
-                   "batch": args.batch, "group": args.group, "images_per_prompt": args.images,
-                   "threads": args.threads, "torch": torch.__version__,
-                   "machine": platform.processor() or platform.machine(),
-                   "load_average_1min": os.getloadavg()[0], "results": rows}, f, indent=2)  # fmt: skip
+        json.dump(
+            {
+                "question": "masked vs AR sampling: images/s at equal batch and held-out strict per "
+                "second of sampling",
+                "batch": args.batch,
+                "group": args.group,
+                "images_per_prompt": args.images,
+                "threads": args.threads,
+                "torch": torch.__version__,
+                "machine": platform.processor() or platform.machine(),
+                "load_average_1min": os.getloadavg()[0],
+                "results": rows,
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {args.out}")
 
 

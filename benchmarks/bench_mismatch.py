@@ -75,8 +75,13 @@ def measure(spec: str, label: str, prompts: list[PromptRecord] | None, precision
     gens = group_generators(args.seed, "train", list(range(len(prompts))))
     with torch.no_grad():
         ro = policy.rollout(prompts, args.group_size, sampling, gens)
-        row = {"model": label, "precision": precision, "rollout_autocast": cfg.rollout.autocast,
-               "update_autocast": cfg.optim.autocast, "tokens": int(ro.mask.sum())}  # fmt: skip
+        row = {
+            "model": label,
+            "precision": precision,
+            "rollout_autocast": cfg.rollout.autocast,
+            "update_autocast": cfg.optim.autocast,
+            "tokens": int(ro.mask.sum()),
+        }
         for ctx, recorded in ro.logp.items():
             with torch.autocast(args.device, dtype=torch.bfloat16, enabled=cfg.optim.autocast == "bf16"):
                 logp = policy(ro, context=ctx)
@@ -127,8 +132,11 @@ def cost(spec: str, args) -> dict:
         with torch.no_grad(), torch.autocast(args.device, dtype=torch.bfloat16, enabled=bf16):
             policy(ro, context="pos")
 
-    variants = {"update_recorded": lambda: update(False), "update_recompute_tis": lambda: update(True),
-                "recompute_pass": recompute_pass}  # fmt: skip
+    variants = {
+        "update_recorded": lambda: update(False),
+        "update_recompute_tis": lambda: update(True),
+        "recompute_pass": recompute_pass,
+    }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for rep in range(args.repeats + 1):
         for name, fn in variants.items():
@@ -166,8 +174,17 @@ def main() -> None:
     if args.cost:
         res = cost(args.model[0], args)
         print(json.dumps(res, indent=1))
-        Path(args.out).write_text(json.dumps({"machine": platform.processor() or platform.machine(),
-                                              "device": args.device, "torch": torch.__version__, "cost": res}, indent=1))  # fmt: skip
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "machine": platform.processor() or platform.machine(),
+                    "device": args.device,
+                    "torch": torch.__version__,
+                    "cost": res,
+                },
+                indent=1,
+            )
+        )
         return
     labels = args.label or args.model
     rows = []
@@ -179,12 +196,21 @@ def main() -> None:
                 rows.append(row)
                 cells = "  ".join(
                     f"{c}: k3 {row[f'k3_{c}']:.2e} max {row[f'max_abs_{c}']:.2e}"
-                    for c in ("pos", "neg", "guided") if f"k3_{c}" in row
-                )  # fmt: skip
-                print(f"{label:28s} {precision:4s} (rollout {row['rollout_autocast']}, update "
-                      f"{row['update_autocast']}): {cells}", flush=True)  # fmt: skip
-    result = {"machine": platform.processor() or platform.machine(), "native_bf16": native_bf16(args.device),
-              "device": args.device, "torch": torch.__version__, "rows": rows}  # fmt: skip
+                    for c in ("pos", "neg", "guided")
+                    if f"k3_{c}" in row
+                )
+                print(
+                    f"{label:28s} {precision:4s} (rollout {row['rollout_autocast']}, update "
+                    f"{row['update_autocast']}): {cells}",
+                    flush=True,
+                )
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "native_bf16": native_bf16(args.device),
+        "device": args.device,
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 

@@ -76,13 +76,14 @@ def main() -> None:
     rows = [{"cache": c, "seconds": s, "images_per_s": args.batch / s} for c, s in secs.items()]
     base = rows[0]["images_per_s"]
     print(
-        f"AR sampler, batch {args.batch} with CFG (model batch {2 * args.batch}), {policy.num_tokens} tokens, "
-        f"{n_params / 1e6:.2f} M params, {args.threads} threads"
+        f"AR sampler, batch {args.batch} with CFG (model batch {2 * args.batch}), {policy.num_tokens} "
+        f"tokens, {n_params / 1e6:.2f} M params, {args.threads} threads"
     )
     print(f"{'cache':<9} {'seconds':>8} {'images/s':>9} {'vs fused':>10}")
     for r in rows:
         print(
-            f"{r['cache']:<9} {r['seconds']:>8.3f} {r['images_per_s']:>9.2f} {r['images_per_s'] / base:>10.3f}"
+            f"{r['cache']:<9} {r['seconds']:>8.3f} {r['images_per_s']:>9.2f} "
+            f"{r['images_per_s'] / base:>10.3f}"
         )
     speedup = base / rows[-1]["images_per_s"]
     fused_vs_static = base / rows[1]["images_per_s"]

@@ -39,12 +39,24 @@ sys.path.insert(0, str(REPO))
 from benchmarks.suite.common import PeakMemory, linear_params, machine  # noqa: E402
 
 PHI_1_5 = {  # microsoft/phi-1_5 config.json (the values the architecture depends on)
-    "model_type": "phi", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
-    "num_attention_heads": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.5,
-    "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "gelu_new",
-    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "qk_layernorm": False,
-    "tie_word_embeddings": False, "vocab_size": 51200,
-}  # fmt: skip
+    "model_type": "phi",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "partial_rotary_factor": 0.5,
+    "max_position_embeddings": 2048,
+    "layer_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "gelu_new",
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attention_dropout": 0.0,
+    "qk_layernorm": False,
+    "tie_word_embeddings": False,
+    "vocab_size": 51200,
+}
 
 
 def build(side: int, device: str):
@@ -62,9 +74,15 @@ def build(side: int, device: str):
         llm = write_phi_tokenizer(Path(tmp) / "phi-1_5")
         tokenizer = load_tokenizer(Path(tmp) / "phi-1_5")
     k = 8192
-    cfg = {"_class_name": "Showo", "codebook_size": k, "llm_model_path": "microsoft/phi-1_5",
-           "llm_vocab_size": llm, "num_vq_tokens": side * side, "vocab_size": llm + NEW_TOKENS + k + 1,
-           "w_clip_vit": False}  # fmt: skip
+    cfg = {
+        "_class_name": "Showo",
+        "codebook_size": k,
+        "llm_model_path": "microsoft/phi-1_5",
+        "llm_vocab_size": llm,
+        "num_vq_tokens": side * side,
+        "vocab_size": llm + NEW_TOKENS + k + 1,
+        "w_clip_vit": False,
+    }
     phi_cfg = PhiConfig.from_dict(PHI_1_5)
     phi_cfg.vocab_size, phi_cfg._attn_implementation, phi_cfg.use_cache = cfg["vocab_size"], "sdpa", False
     torch.manual_seed(0)
@@ -102,13 +120,29 @@ def measure(side: int, device: str) -> list[dict]:
     sync(device)
     step_s = (time.perf_counter() - t) / 2
     flops = forward_flops(policy, 2)
-    rows.append({"px": size, "L": policy.seq_len, "what": "reveal step (2 rows)", "seconds": step_s,
-                 "gflops": flops / step_s / 1e9, "peak_mb": None})  # fmt: skip
+    rows.append(
+        {
+            "px": size,
+            "L": policy.seq_len,
+            "what": "reveal step (2 rows)",
+            "seconds": step_s,
+            "gflops": flops / step_s / 1e9,
+            "peak_mb": None,
+        }
+    )
     policy.train()
     for ckpt in (False, True):
         if not ckpt and device == "cpu" and policy.seq_len > 600:  # 512 px: ≈ 12 GB of activations a forward
-            rows.append({"px": size, "L": policy.seq_len, "what": "log-probs fwd+bwd, 1 sample, S = 2: not run on "
-                         "the CPU (≈ 24 GB of activations)", "seconds": None, "gflops": None, "peak_mb": None})  # fmt: skip
+            rows.append(
+                {
+                    "px": size,
+                    "L": policy.seq_len,
+                    "what": "log-probs fwd+bwd, 1 sample, S = 2: not run on the CPU (≈ 24 GB of activations)",
+                    "seconds": None,
+                    "gflops": None,
+                    "peak_mb": None,
+                }
+            )
             continue
         if ckpt:
             enable_checkpointing(policy.phi)
@@ -119,17 +153,32 @@ def measure(side: int, device: str) -> list[dict]:
         policy.logprobs(ro, "pos").sum().backward()
         sync(device)
         s = time.perf_counter() - t
-        rows.append({"px": size, "L": policy.seq_len, "s": 2,
-                     "what": f"log-probs fwd+bwd, 1 sample, S = 2{', checkpointing' if ckpt else ''}",
-                     "seconds": s, "gflops": 3 * forward_flops(policy, 1) * 2 / s / 1e9,
-                     "peak_mb": meter.stop()})  # fmt: skip
+        rows.append(
+            {
+                "px": size,
+                "L": policy.seq_len,
+                "s": 2,
+                "what": f"log-probs fwd+bwd, 1 sample, S = 2{', checkpointing' if ckpt else ''}",
+                "seconds": s,
+                "gflops": 3 * forward_flops(policy, 1) * 2 / s / 1e9,
+                "peak_mb": meter.stop(),
+            }
+        )
     policy.zero_grad(set_to_none=True)
     policy.eval()
     t = time.perf_counter()
     img = policy.decode(ro)
     sync(device)
-    rows.append({"px": size, "L": policy.seq_len, "what": f"MAGVIT-v2 decode, 1 image → {tuple(img.shape[2:])}",
-                 "seconds": time.perf_counter() - t, "gflops": None, "peak_mb": None})  # fmt: skip
+    rows.append(
+        {
+            "px": size,
+            "L": policy.seq_len,
+            "what": f"MAGVIT-v2 decode, 1 image → {tuple(img.shape[2:])}",
+            "seconds": time.perf_counter() - t,
+            "gflops": None,
+            "peak_mb": None,
+        }
+    )
     return rows
 
 

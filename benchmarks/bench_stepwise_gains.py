@@ -111,8 +111,12 @@ def main() -> None:
     mean_over = {k: [statistics.fmean(p[k][s] for p in per_step) for s in range(S)] for k in per_step[0]}
     total = sum(mean_over["abs_centred_gain"]) or float("nan")
     result = {
-        "model": args.model, "reveal_order": args.reveal_order, "group_size": G, "reveal_steps": S,
-        "batches": args.batches, "prompts_per_batch": args.prompts_per_batch,
+        "model": args.model,
+        "reveal_order": args.reveal_order,
+        "group_size": G,
+        "reveal_steps": S,
+        "batches": args.batches,
+        "prompts_per_batch": args.prompts_per_batch,
         "normalisation": cfg.credit.options_for("stepwise")["normalisation"],
         "step_prediction_changes_reward": mean_over["changes"],
         "groups_with_differing_gains": mean_over["groups_differ"],
@@ -122,7 +126,7 @@ def main() -> None:
         "tokens_nonzero_dapo": statistics.fmean(nonzero_dapo),
         "sign_agrees_with_dapo": statistics.fmean(agree) if agree else float("nan"),
         "torch_threads": torch.get_num_threads(),
-    }  # fmt: skip
+    }
     fmt = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
     print(
         f"\n{args.model}, {args.reveal_order} order, groups of {G}, {S} reveal steps, "
@@ -132,7 +136,8 @@ def main() -> None:
         f"  share of the spread decided at s:       {fmt(result['share_of_spread_decided'])}\n"
         f"  x̂_0 already scores the final reward: {result['first_prediction_scores_final']:.3f}\n"
         f"  tokens with a non-zero advantage: stepwise {result['tokens_nonzero_stepwise']:.3f}, "
-        f"DAPO {result['tokens_nonzero_dapo']:.3f}; sign agrees with DAPO's {result['sign_agrees_with_dapo']:.3f}"
+        f"DAPO {result['tokens_nonzero_dapo']:.3f}; sign agrees with DAPO's "
+        f"{result['sign_agrees_with_dapo']:.3f}"
     )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

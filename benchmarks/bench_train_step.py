@@ -46,13 +46,20 @@ def make_trainer(
     )
     # dynamic sampling would change how many rollouts a step makes: switch it off so every
     # algorithm does exactly one rollout of the same size per step
-    job = prepare(algo=algo, flags=flags, overrides=(*overrides, "advantage.dynamic_sampling=false",
-                                                      "sample_every=0", "eval_every=-1"))  # fmt: skip
+    job = prepare(
+        algo=algo,
+        flags=flags,
+        overrides=(*overrides, "advantage.dynamic_sampling=false", "sample_every=0", "eval_every=-1"),
+    )
     return Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, eval_prompts=None)
 
 
-def round_robin(trainers: dict[str, Trainer], steps: int, warmup: int,
-                after_step: Callable[[str, dict], None] | None = None) -> dict[str, list[dict]]:  # fmt: skip
+def round_robin(
+    trainers: dict[str, Trainer],
+    steps: int,
+    warmup: int,
+    after_step: Callable[[str, dict], None] | None = None,
+) -> dict[str, list[dict]]:
     """Each trainer's metrics rows of `steps` timed steps (after `warmup` untimed ones), the k-th step
     of every trainer run back to back so that machine drift hits all of them alike. `after_step(name,
     row)` may add to a row (it is called for warm-up steps too)."""
@@ -93,8 +100,14 @@ def main() -> None:
     for a, r in results.items():
         rel = f"{100 * (r['time/step'] / base - 1):+.1f}%" if base else "—"
         print(f"{a:<14}" + "".join(f"{r[p]:>10.3f}" for p in PARTS) + f"{rel:>10}")
-    meta = {"torch_threads": torch.get_num_threads(), "steps": args.steps, "warmup": args.warmup,
-            "overrides": args.overrides, "model": args.model, "unit": "seconds (median per step)"}  # fmt: skip
+    meta = {
+        "torch_threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "overrides": args.overrides,
+        "model": args.model,
+        "unit": "seconds (median per step)",
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     print(f"wrote {args.out}")

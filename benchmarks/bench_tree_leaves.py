@@ -79,15 +79,30 @@ def main() -> None:
         P = len(batch)
         gens = group_generators(args.seed, "bench_tree_leaves", [(b, i) for i in range(P)])
         roots = sample_and_score(policy, reward, batch, G0, sampling, gens)
-        grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward,
-                            [b * P + i for i in range(P)], cfg.branching, args.seed, sampling,
-                            TRAIN_CONTEXT[cfg.rollout.train_logp])  # fmt: skip
+        grown = grow_leaves(
+            policy,
+            reward,
+            roots.rollout,
+            roots.outputs,
+            roots.reward,
+            [b * P + i for i in range(P)],
+            cfg.branching,
+            args.seed,
+            sampling,
+            TRAIN_CONTEXT[cfg.rollout.train_logp],
+        )
         G = grown.rollout.group_size
         scores = grown.reward.scores.float().cpu().view(P, G)
         root_of = grown.leaves.root.view(P, G)
         is_root = grown.leaves.point.view(P, G) < 0
-        fresh = sample_and_score(policy, reward, batch, G, sampling,
-                                 group_generators(args.seed, "bench_tree_leaves/fresh", [(b, i) for i in range(P)]))  # fmt: skip
+        fresh = sample_and_score(
+            policy,
+            reward,
+            batch,
+            G,
+            sampling,
+            group_generators(args.seed, "bench_tree_leaves/fresh", [(b, i) for i in range(P)]),
+        )
         fresh_scores = fresh.reward.scores.float().cpu().view(P, G)
         for p in range(P):
             spread_tree.append(bool(scores[p].std() > 1e-6))
@@ -101,20 +116,30 @@ def main() -> None:
                     families.append([x - centre for x in fam.tolist()])
             f = fresh_scores[p]
             same_indep += [abs(f[i] - f[j]).item() < 1e-6 for i in range(G) for j in range(i + 1, G)]
-        print(f"batch {b + 1}/{args.batches}: root reward {roots.reward.scores.float().mean():.3f}, "
-              f"{grown.samples} continuations", flush=True)  # fmt: skip
+        print(
+            f"batch {b + 1}/{args.batches}: root reward {roots.reward.scores.float().mean():.3f}, "
+            f"{grown.samples} continuations",
+            flush=True,
+        )
     rho = family_icc(families)
     result = {
-        "model": args.model, "preset": "tree", "roots_per_prompt": G0, "points": k, "continuations": n,
-        "leaves_per_group": G0 * m, "batches": args.batches, "prompts_per_batch": args.prompts_per_batch,
+        "model": args.model,
+        "preset": "tree",
+        "roots_per_prompt": G0,
+        "points": k,
+        "continuations": n,
+        "leaves_per_group": G0 * m,
+        "batches": args.batches,
+        "prompts_per_batch": args.prompts_per_batch,
         "continuation_equals_root": statistics.fmean(same_root),
         "independent_pair_equal": statistics.fmean(same_indep),
-        "family_icc": rho, "design_effect": 1 + (m - 1) * rho,
+        "family_icc": rho,
+        "design_effect": 1 + (m - 1) * rho,
         "effective_samples_per_group": G0 * m / (1 + (m - 1) * rho),
         "groups_with_spread_tree": statistics.fmean(spread_tree),
         "groups_with_spread_independent": statistics.fmean(spread_indep),
         "torch_threads": torch.get_num_threads(),
-    }  # fmt: skip
+    }
     print(
         f"\n{args.model}, tree preset ({G0} roots × (1 + {k}·{n}) = {G0 * m} leaves a prompt), "
         f"{len(spread_tree)} groups:\n"

@@ -67,13 +67,26 @@ def main() -> None:
         return
     rows = []
     for variant in ("full", "chunked"):
-        cmd = [sys.executable, __file__, "--child", variant, "--batch", str(args.batch), "--tokens",
-               str(args.tokens), "--vocab", str(args.vocab), "--hidden", str(args.hidden)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--batch",
+            str(args.batch),
+            "--tokens",
+            str(args.tokens),
+            "--vocab",
+            str(args.vocab),
+            "--hidden",
+            str(args.hidden),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     one = 4 * args.batch * args.tokens * args.vocab / 2**20
     print(
-        f"B={args.batch} T={args.tokens} V={args.vocab} D={args.hidden}; one fp32 [B, T, V] tensor = {one:.0f} MB"
+        f"B={args.batch} T={args.tokens} V={args.vocab} D={args.hidden}; one fp32 [B, T, V] "
+        f"tensor = {one:.0f} MB"
     )
     print(f"{'variant':10s} {'peak MB above baseline':>24s} {'fwd+bwd s':>10s}")
     for r in rows:

@@ -22,7 +22,8 @@ leaves it no room in --budget:
 3. `branch_cost` (benchmarks/suite/branch_cost.py, quick): continuations against fresh samples for the
    ShapeWorld AR prior, the masked prior and the arithmetic model on this device.
 4. `janus_scale` at Janus-Pro-7B shape: the graph loop at 16 images (bf16 weights).
-4b. `llamagen` (benchmarks/suite/llamagen.py): LlamaGen-T2I at GPT-XL shape, the graph and eager loops beside the
+4b. `llamagen` (benchmarks/suite/llamagen.py): LlamaGen-T2I at GPT-XL shape, the graph and
+eager loops beside the
    port of the reference's own loop at 16 / 64 images, and their agreement (prefill logits, greedy tokens).
 5. `compile`: rollout.decode=compile on the AR prior (seconds to compile; tokens against static; one
    compilation for the run).
@@ -122,8 +123,11 @@ def compare(a: Any, b: Any) -> dict[str, Any]:
     same = a.tokens.shape == b.tokens.shape
     equal = (a.tokens == b.tokens) if same else torch.zeros(1, dtype=torch.bool)
     rows_equal = equal.all(1) if same else equal
-    out = {"tokens_equal": bool(equal.all()), "token_share_equal": float(equal.float().mean()),
-           "rows_equal_share": float(rows_equal.float().mean())}  # fmt: skip
+    out = {
+        "tokens_equal": bool(equal.all()),
+        "token_share_equal": float(equal.float().mean()),
+        "rows_equal_share": float(rows_equal.float().mean()),
+    }
     if same:
         out["mask_equal"] = bool(torch.equal(a.mask, b.mask))
         for c in CONTEXTS:
@@ -137,8 +141,9 @@ def autocast(precision: str) -> Any:
     return torch.autocast(DEV, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def loops_agree(policy: Any, prompts: list[str], group: int, sampling: Any, precision: str,
-                modes: tuple[str, ...]) -> dict[str, Any]:  # fmt: skip
+def loops_agree(
+    policy: Any, prompts: list[str], group: int, sampling: Any, precision: str, modes: tuple[str, ...]
+) -> dict[str, Any]:
     """Rollouts of the same seeds through `BASE` (graph) and each mode; BASE against each other mode."""
     from t2i_gcpo.policies.base import PromptRecord
     from t2i_gcpo.tasks.loop import group_generators
@@ -151,8 +156,12 @@ def loops_agree(policy: Any, prompts: list[str], group: int, sampling: Any, prec
             policy.fused_sampler = mode != "transformers"
         decode = "eager" if mode == "transformers" else mode
         with torch.no_grad(), autocast(precision):
-            outs[mode] = policy.rollout(records, group, dataclasses.replace(sampling, decode=decode),
-                                        group_generators(0, "gpu_check", range(len(records))))  # fmt: skip
+            outs[mode] = policy.rollout(
+                records,
+                group,
+                dataclasses.replace(sampling, decode=decode),
+                group_generators(0, "gpu_check", range(len(records))),
+            )
         if mode in ("graph", "static", "compile"):
             stats[mode] = dict(policy.last_decode)
     if hasattr(policy, "fused_sampler"):
@@ -169,8 +178,12 @@ def correctness(tiny: bool) -> dict[str, Any]:
     from t2i_gcpo.policies.registry import load_policy
 
     out: dict[str, Any] = {}
-    shapes = ["a photo of a red circle", "a photo of two blue squares",
-              "a photo of a green triangle left of a yellow cross", "a photo of three bars"]  # fmt: skip
+    shapes = [
+        "a photo of a red circle",
+        "a photo of two blue squares",
+        "a photo of a green triangle left of a yellow cross",
+        "a photo of three bars",
+    ]
     prior = load_policy("shapeworld").eval().to(DEV)
     sampling = SamplingParams(guidance_scale=3.0, top_k=50, top_p=0.95)
     for precision in PRECISIONS:
@@ -234,8 +247,12 @@ def mismatch(policy: Any, prompts: list[str], sampling: Any) -> dict[str, Any]:
     for precision in PRECISIONS:
         with torch.no_grad():
             with autocast(precision):
-                ro = policy.rollout(records, 4, dataclasses.replace(sampling, decode=BASE),
-                                    group_generators(1, "gpu_check", range(len(records))))  # fmt: skip
+                ro = policy.rollout(
+                    records,
+                    4,
+                    dataclasses.replace(sampling, decode=BASE),
+                    group_generators(1, "gpu_check", range(len(records))),
+                )
             row = {}
             for c in CONTEXTS:
                 with autocast(precision):
@@ -266,8 +283,10 @@ def janus_1b(report: Report, tiny: bool) -> dict[str, Any]:
     report.put("janus_scale_rows", rows)
     steps = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, sets in (("recipe", []),
-                           ("recipe + gradient checkpointing", ["model_options.gradient_checkpointing=true"])):  # fmt: skip
+        for name, sets in (
+            ("recipe", []),
+            ("recipe + gradient checkpointing", ["model_options.gradient_checkpointing=true"]),
+        ):
             steps.append(js.recipe_step_or_error(ctx, name, sets, shape, tmp))
             report.put("janus_scale_steps", steps)
     section = js.section(ctx, rows, steps, shape, bandwidth, 2)
@@ -316,8 +335,12 @@ def compile_mode() -> dict[str, Any]:
     # another pass of the run (fewer rows, another guidance scale): the same compilation and graphs
     tic = time.perf_counter()
     with torch.no_grad():
-        prior.rollout([PromptRecord(shapes[0])], 4, SamplingParams(guidance_scale=5.0, decode="compile"),
-                      group_generators(1, "gpu_check", [0]))  # fmt: skip
+        prior.rollout(
+            [PromptRecord(shapes[0])],
+            4,
+            SamplingParams(guidance_scale=5.0, decode="compile"),
+            group_generators(1, "gpu_check", [0]),
+        )
     out["second_pass_s"] = time.perf_counter() - tic
     out["second_pass"] = dict(prior.last_decode)
     out["run"] = dict(prior.decode_session.stats)
@@ -335,15 +358,21 @@ def write_suite(report: Report, name: str, section: dict, ctx: Any) -> None:
         "quick": False,
         "machine": machine(ctx.device, ctx.threads),
     }
-    section["run"] = {"command": meta["command"], "date": meta["machine"]["date"], "quick": ctx.quick,
-                      "threads": ctx.threads, "device": ctx.device, "seconds": report.elapsed()}  # fmt: skip
+    section["run"] = {
+        "command": meta["command"],
+        "date": meta["machine"]["date"],
+        "quick": ctx.quick,
+        "threads": ctx.threads,
+        "device": ctx.device,
+        "seconds": report.elapsed(),
+    }
     path = report.out / "suite.json"
     data = suite_report.merge(suite_report.load(path), {name: section}, meta, SECTIONS)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     (report.out / "performance.md").write_text(suite_report.render(data))
 
 
-# ---------------------------------------------------------------------------- 1b. the run's loop, bf16 branching, LoRA
+# ------------------------------------------------------------------- 1b. the run's loop, bf16 branching, LoRA
 
 
 def run_loop_checks(tiny: bool) -> dict[str, Any]:
@@ -374,16 +403,26 @@ def run_loop_checks(tiny: bool) -> dict[str, Any]:
         again = prior.rollout(records, 8, sampling, gens(1))
         fresh = prior.rollout(records, 8, dataclasses.replace(sampling, decode="eager"), gens(1))
     stats = dict(prior.decode_session.stats)
-    out["one_capture_a_run"] = {"first_pass": first, "after": stats, "second_pass": dict(prior.last_decode),
-                                **compare(again, fresh)}  # fmt: skip
+    out["one_capture_a_run"] = {
+        "first_pass": first,
+        "after": stats,
+        "second_pass": dict(prior.last_decode),
+        **compare(again, fresh),
+    }
     del prior, opt
     tm = tiny_models()
     tok = tm.build_tiny_janus_tokenizer()
     if tiny:
         model = tm.make_janus(tok, grid=8, device=DEV)
     else:
-        model = tm.make_janus(tok, grid=24, upsample=4, shape=dataclasses.replace(tm.JANUS_PRO_1B, layers=2),
-                              std=0.02, device=DEV)  # fmt: skip
+        model = tm.make_janus(
+            tok,
+            grid=24,
+            upsample=4,
+            shape=dataclasses.replace(tm.JANUS_PRO_1B, layers=2),
+            std=0.02,
+            device=DEV,
+        )
     janus = janus_policy(model, tok)
     prompts = [
         PromptRecord(p) for p in ["a photo of a red cat", "a photo of two blue dogs left of a green cat"]
@@ -394,8 +433,11 @@ def run_loop_checks(tiny: bool) -> dict[str, Any]:
         ro = janus.rollout(prompts, 1, js, group_generators(0, "gpu_check", range(2)))
         br = janus.branch(ro, points, 1, group_generators(0, "gpu_check", range(2)))
     assert [k[0] for k in continuation_keys([0, 1], 1, points, 1)] == [0, 1]
-    out["janus_bf16_branching"] = {"ran": True, "from_point_0_equals_rollout": bool(torch.equal(br.rollout.tokens[0], ro.tokens[0])),
-                                   "prefix_kept": bool(torch.equal(br.rollout.tokens[1, :7], ro.tokens[1, :7]))}  # fmt: skip
+    out["janus_bf16_branching"] = {
+        "ran": True,
+        "from_point_0_equals_rollout": bool(torch.equal(br.rollout.tokens[0], ro.tokens[0])),
+        "prefix_kept": bool(torch.equal(br.rollout.tokens[1, :7], ro.tokens[1, :7])),
+    }
     janus._add_lora({"r": 8})
     with torch.no_grad():
         for name, p in janus.named_parameters():
@@ -405,11 +447,15 @@ def run_loop_checks(tiny: bool) -> dict[str, Any]:
     with torch.no_grad():
         fused = janus.rollout(prompts, 2, fp32, group_generators(0, "gpu_check", range(2)))
         janus.fused_sampler = False
-        theirs = janus.rollout(prompts, 2, dataclasses.replace(fp32, decode="eager"),
-                               group_generators(0, "gpu_check", range(2)))  # fmt: skip
+        theirs = janus.rollout(
+            prompts, 2, dataclasses.replace(fp32, decode="eager"), group_generators(0, "gpu_check", range(2))
+        )
         janus.fused_sampler = True
-    out["janus_lora"] = {"samples_fused": janus.samples_fused, "decode": dict(janus.last_decode),
-                         **compare(fused, theirs)}  # fmt: skip
+    out["janus_lora"] = {
+        "samples_fused": janus.samples_fused,
+        "decode": dict(janus.last_decode),
+        **compare(fused, theirs),
+    }
     one = out["one_capture_a_run"]
     out["checks"] = {
         "second pass captured nothing": one["after"]["captures"] == one["first_pass"]["captures"],
@@ -440,11 +486,13 @@ def failure_paths(report: Report, tiny: bool) -> dict[str, Any]:
         "capture failure: stream put back": out["capture"]["stream_restored"],
         "capture failure: allocator usable": out["capture"]["allocator_usable"] is True,
         "generate raising: its row has the error": "TypeError" in (by[(4, "generate")].get("error") or ""),
-        "generate raising: later rows skipped with the reason": "TypeError" in (by[(8, "generate")].get("skipped") or ""),
+        "generate raising: later rows skipped with the reason": "TypeError"
+        in (by[(8, "generate")].get("skipped") or ""),
         "generate raising: the other loops measured": all(by[(b, "graph")]["seconds"] for b in (4, 8)),
         "recipe step raising: recorded": "injected" in (out["recipe_step"].get("error") or ""),
-        "part raising: recorded, next part ran": bool(out["part"]["recorded"]) and out["part"]["next_part_ran"],
-    }  # fmt: skip
+        "part raising: recorded, next part ran": bool(out["part"]["recorded"])
+        and out["part"]["next_part_ran"],
+    }
     out["checks"]["all"] = all(out["checks"].values())
     return out
 
@@ -497,8 +545,13 @@ def failing_capture() -> dict[str, Any]:
             usable = True
         except Exception as e:
             usable = f"{type(e).__name__}: {e}"[:300]
-    return {"fallback": prior.last_decode["fallback"], "stream_restored": ok, "allocator_usable": usable,
-            "fallbacks_counted": prior.decode_session.stats["fallbacks"], **compare(got, want)}  # fmt: skip
+    return {
+        "fallback": prior.last_decode["fallback"],
+        "stream_restored": ok,
+        "allocator_usable": usable,
+        "fallbacks_counted": prior.decode_session.stats["fallbacks"],
+        **compare(got, want),
+    }
 
 
 def broken_generate() -> dict[str, Any]:
@@ -548,17 +601,63 @@ def patched(owner: Any, name: str, value: Any) -> Any:
 # ---------------------------------------------------------------------------- 7. the study's left-out cells
 
 STUDY_CELLS = {  # docs/study.md#prereg-left-out: the commands of the arithmetic regime on ShapeWorld
-    "sw32-ar-tree": ["--model", "shapeworld", "--algos", "dapo,tree", "--match-budget", "samples,tokens",
-                     "--steps", "150", "--eval-every", "25"],
-    "sw32-ar-alloc": ["--model", "shapeworld", "--algos", "dapo,pods,knapsack", "--match-budget", "samples",
-                      "--steps", "150", "--eval-every", "25"],
-    "sw32-masked-tree": ["--model", "shapeworld-masked", "--algos", "dapo,tree", "--match-budget", "samples,tokens",
-                         "--steps", "60", "--eval-every", "20", "--set", "rollout.reveal_order=random",
-                         "--set", "optim.lr=3e-5"],
-    "sw32-masked-alloc": ["--model", "shapeworld-masked", "--algos", "dapo,pods,knapsack", "--match-budget",
-                          "samples", "--steps", "60", "--eval-every", "20", "--set", "rollout.reveal_order=random",
-                          "--set", "optim.lr=3e-5"],
-}  # fmt: skip
+    "sw32-ar-tree": [
+        "--model",
+        "shapeworld",
+        "--algos",
+        "dapo,tree",
+        "--match-budget",
+        "samples,tokens",
+        "--steps",
+        "150",
+        "--eval-every",
+        "25",
+    ],
+    "sw32-ar-alloc": [
+        "--model",
+        "shapeworld",
+        "--algos",
+        "dapo,pods,knapsack",
+        "--match-budget",
+        "samples",
+        "--steps",
+        "150",
+        "--eval-every",
+        "25",
+    ],
+    "sw32-masked-tree": [
+        "--model",
+        "shapeworld-masked",
+        "--algos",
+        "dapo,tree",
+        "--match-budget",
+        "samples,tokens",
+        "--steps",
+        "60",
+        "--eval-every",
+        "20",
+        "--set",
+        "rollout.reveal_order=random",
+        "--set",
+        "optim.lr=3e-5",
+    ],
+    "sw32-masked-alloc": [
+        "--model",
+        "shapeworld-masked",
+        "--algos",
+        "dapo,pods,knapsack",
+        "--match-budget",
+        "samples",
+        "--steps",
+        "60",
+        "--eval-every",
+        "20",
+        "--set",
+        "rollout.reveal_order=random",
+        "--set",
+        "optim.lr=3e-5",
+    ],
+}
 
 
 def study_command(cell: str, seeds: str, jobs: int, out: Path, tiny: bool) -> list[str]:
@@ -566,11 +665,36 @@ def study_command(cell: str, seeds: str, jobs: int, out: Path, tiny: bool) -> li
     args = list(STUDY_CELLS[cell])
     if tiny:
         keep = {"--model": args[args.index("--model") + 1]}
-        args = ["--model", keep["--model"], "--algos", "dapo,tree", "--steps", "1", "--eval-every", "1",
-                "--set", "eval_images_per_prompt=1"]  # fmt: skip
+        args = [
+            "--model",
+            keep["--model"],
+            "--algos",
+            "dapo,tree",
+            "--steps",
+            "1",
+            "--eval-every",
+            "1",
+            "--set",
+            "eval_images_per_prompt=1",
+        ]
         seeds = "1"
-    return [sys.executable, "-m", "t2i_gcpo.cli", "compare", *args, "--seeds", seeds, "--jobs", str(jobs),
-            "--set", "sample_every=0", "--report-to", "none", "--out", str(out)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "compare",
+        *args,
+        "--seeds",
+        seeds,
+        "--jobs",
+        str(jobs),
+        "--set",
+        "sample_every=0",
+        "--report-to",
+        "none",
+        "--out",
+        str(out),
+    ]
 
 
 def study(
@@ -601,16 +725,24 @@ def study(
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, target)
         finished = sorted(str(p.parent.relative_to(runs)) for p in runs.glob("*/seed*/metrics.jsonl"))
-        out[cell] = {"command": " ".join(cmd), "returncode": rc, "seconds": time.perf_counter() - tic,
-                     "runs_with_metrics": finished, "compared": (runs / "comparison.json").exists(),
-                     "tail": tail}  # fmt: skip
+        out[cell] = {
+            "command": " ".join(cmd),
+            "returncode": rc,
+            "seconds": time.perf_counter() - tic,
+            "runs_with_metrics": finished,
+            "compared": (runs / "comparison.json").exists(),
+            "tail": tail,
+        }
         report.put("study_progress", out)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument(
         "--out", type=Path, required=True, help="folder for gpu_check.json, suite.json, performance.md"
     )
@@ -635,10 +767,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no CUDA device: run with --tiny for a dry run on the CPU")
     import transformers
 
-    report.put("device", {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-                          "cuda": torch.version.cuda, "transformers": transformers.__version__,
-                          "bf16": cuda and torch.cuda.is_bf16_supported(),
-                          "memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None})  # fmt: skip
+    report.put(
+        "device",
+        {
+            "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformers": transformers.__version__,
+            "bf16": cuda and torch.cuda.is_bf16_supported(),
+            "memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
+        },
+    )
     skip = set(args.skip.split(","))
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32 in the comparisons
     # (part, seconds it needs at least on an H200, function, args)
@@ -657,8 +796,9 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [c for c in cells if c not in STUDY_CELLS]
         if unknown:
             raise SystemExit(f"unknown study cell(s) {unknown}: choose from {', '.join(STUDY_CELLS)}")
-        parts.append(("study", 120, study, report, cells, args.study_seeds, args.study_jobs, args.study_dir,
-                      args.tiny))  # fmt: skip
+        parts.append(
+            ("study", 120, study, report, cells, args.study_seeds, args.study_jobs, args.study_dir, args.tiny)
+        )
     for name, needs, fn, *fargs in parts:
         if name in skip:
             report.put(name, {"skipped": "asked"})

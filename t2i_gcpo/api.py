@@ -1,7 +1,7 @@
 """The Python API: train a policy, generate and evaluate images, draw credit maps.
 
-The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval|geneval2|judge`` and ``credit-map`` parse
-their options and call these functions, so a notebook and the command line run the same code and,
+The ``t2i-gcpo`` commands ``train``, ``sample``, ``eval shapeworld|geneval|geneval2|judge`` and ``credit-map``
+parse their options and call these functions, so a notebook and the command line run the same code and,
 for the same seed, give the same results.
 
     from t2i_gcpo import api
@@ -108,8 +108,11 @@ def load_policy(model: str, **options: Any) -> Policy:
     return _load(model, opts)
 
 
-def load_config(preset: str | None = None, file: str | os.PathLike | None = None,
-                overrides: Mapping[str, Any] | Sequence[str] | None = None) -> TrainConfig:  # fmt: skip
+def load_config(
+    preset: str | None = None,
+    file: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+) -> TrainConfig:
     """A training config: an algorithm preset, a YAML file on top of it, then overrides.
 
     Args:
@@ -233,8 +236,9 @@ def _credit_spec(credit: str | Callable[..., Any] | None) -> str | None:
     return spec
 
 
-def _check_sampling(cfg_scale: float | None = None, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-                    n: int = 1) -> float | None:  # fmt: skip
+def _check_sampling(
+    cfg_scale: float | None = None, temperature: float = 1.0, top_k: int = 0, seed: int = 0, n: int = 1
+) -> float | None:
     """The sampling arguments checked as the config keys they set (rollout.cfg_scale, rollout.temperature,
     rollout.top_k, seed: the same types and bounds, no NaN or inf) and `n` ≥ 1, before any model is
     loaded; returns `cfg_scale`."""
@@ -242,10 +246,13 @@ def _check_sampling(cfg_scale: float | None = None, temperature: float = 1.0, to
 
     from t2i_gcpo.config import check_value
 
-    for name, key, value, kind in (("cfg_scale", "rollout.cfg_scale", cfg_scale, numbers.Real),
-                                   ("temperature", "rollout.temperature", temperature, numbers.Real),
-                                   ("top_k", "rollout.top_k", top_k, numbers.Integral), ("seed", "seed", seed, numbers.Integral),
-                                   ("n", "eval_images_per_prompt", n, numbers.Integral)):  # fmt: skip
+    for name, key, value, kind in (
+        ("cfg_scale", "rollout.cfg_scale", cfg_scale, numbers.Real),
+        ("temperature", "rollout.temperature", temperature, numbers.Real),
+        ("top_k", "rollout.top_k", top_k, numbers.Integral),
+        ("seed", "seed", seed, numbers.Integral),
+        ("n", "eval_images_per_prompt", n, numbers.Integral),
+    ):
         if value is None and key == "rollout.cfg_scale":  # the model's own
             continue
         if isinstance(value, bool) or not isinstance(value, kind):
@@ -257,8 +264,9 @@ def _check_sampling(cfg_scale: float | None = None, temperature: float = 1.0, to
 
 
 @contextmanager
-def _locked_out(out: str | os.PathLike, command: str, settings: Mapping[str, Any] | None = None,
-                overwrite: bool = False) -> Iterator[Path]:  # fmt: skip
+def _locked_out(
+    out: str | os.PathLike, command: str, settings: Mapping[str, Any] | None = None, overwrite: bool = False
+) -> Iterator[Path]:
     """The output folder, checked writable and locked while the caller writes it (one command at a time
     per folder, as `t2i_gcpo.outdir.lock_output`: another holder is a UserError naming it), and not made
     by another command or (unless `overwrite`) with other `settings` (`outdir.check_settings_record`);
@@ -273,7 +281,8 @@ def _locked_out(out: str | os.PathLike, command: str, settings: Mapping[str, Any
 
 
 def _record_out(out_dir: Path, command: str, settings: Mapping[str, Any] | None = None) -> None:
-    """Record in the locked `out_dir` that `command` writes there with `settings` (before its first output)."""
+    """Record in the locked `out_dir` that `command` writes there with `settings` (before
+    its first output)."""
     from t2i_gcpo.outdir import write_settings_record
 
     if _main_process():
@@ -427,8 +436,19 @@ def train(
     reward_obj, reward_name = _reward_and_name(reward)
     credit_name = _credit_spec(credit)
     if resume is not None:
-        given = [k for k, v in (("prompts", prompts), ("config", config), ("algo", algo), ("overrides", overrides or None),
-                                ("out", out), ("report_to", report_to), ("seed", seed)) if v is not None]  # fmt: skip
+        given = [
+            k
+            for k, v in (
+                ("prompts", prompts),
+                ("config", config),
+                ("algo", algo),
+                ("overrides", overrides or None),
+                ("out", out),
+                ("report_to", report_to),
+                ("seed", seed),
+            )
+            if v is not None
+        ]
         given += ["model"] if model is not None else []
         if given:
             raise UserError(
@@ -437,8 +457,12 @@ def train(
             )
         from t2i_gcpo.train.run import ResumeOptions
 
-        options = ResumeOptions(credit=credit_name, reward=reward_name, trust_run_code=trust_run_code,
-                                allow_changed_inputs=allow_changed_inputs)  # fmt: skip
+        options = ResumeOptions(
+            credit=credit_name,
+            reward=reward_name,
+            trust_run_code=trust_run_code,
+            allow_changed_inputs=allow_changed_inputs,
+        )
         job = _prepare(resume_dir=Path(resume), steps=steps, reward=reward_obj, resume_options=options)
         return _finish(job, _run(job))
     if trust_run_code or allow_changed_inputs:
@@ -465,9 +489,16 @@ def train(
     base = config if isinstance(config, TrainConfig) else None
     listed = not _is_prompt_file(prompts)
     with _prompt_path(prompts) as prompt_file:
-        flags = {"prompts": prompt_file, "model": model_name, "reward": reward_name,
-                 "out": None if out is None else os.fspath(out), "steps": steps, "seed": seed,
-                 "report_to": report_to, "credit.scheme": credit_name}  # fmt: skip
+        flags = {
+            "prompts": prompt_file,
+            "model": model_name,
+            "reward": reward_name,
+            "out": None if out is None else os.fspath(out),
+            "steps": steps,
+            "seed": seed,
+            "report_to": report_to,
+            "credit.scheme": credit_name,
+        }
         file = None if base is not None or config is None else os.fspath(config)
         cfg = _load(algo, file, flags, _overrides(overrides), base=base)
         job = _prepare(cfg=cfg, policy=policy, reward=reward_obj)  # locks an out= run directory
@@ -639,13 +670,24 @@ def generate(
     else:
         texts = list(prompts)
     policy.check_prompts(texts)
-    sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, steps=steps,
-                              reveal_order=reveal_order)  # fmt: skip
+    sampling = image_sampling(
+        policy,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        steps=steps,
+        reveal_order=reveal_order,
+    )
     outputs: list[Any] = []
     for start in range(0, len(texts), batch):
         chunk = texts[start : start + batch]
-        _, out = sample_and_decode(policy, [PromptRecord(t) for t in chunk], n, sampling,
-                                   group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
+        _, out = sample_and_decode(
+            policy,
+            [PromptRecord(t) for t in chunk],
+            n,
+            sampling,
+            group_generators(seed, "generate", range(start, start + len(chunk))),
+        )
         outputs += [out[i * n : (i + 1) * n] for i in range(len(chunk))]
     if outputs and torch.is_tensor(outputs[0]):
         return torch.stack(outputs)
@@ -697,8 +739,8 @@ def sample(
     Writes ``out/00000/metadata.jsonl``, ``out/00000/samples/0000.png`` … and ``generation.json`` (the
     settings) per prompt, and ``out/grid.png``. Resumable: images already written for the same prompts
     and settings are kept; a folder made with other settings (`cfg_scale`, `steps`, `reveal_order` left
-    out mean the model's own) is refused, naming the setting that continues it, unless ``overwrite=True``. `out` is locked while it is written
-    (another command writing it is refused).
+    out mean the model's own) is refused, naming the setting that continues it, unless ``overwrite=True``.
+    `out` is locked while it is written (another command writing it is refused).
 
     Args:
         prompts: a .txt/.jsonl prompt file, a prompt or a list of prompts (each must fit the model's task).
@@ -740,13 +782,29 @@ def sample(
             texts = [m["prompt"] for m in read_prompt_file(prompts_path, strict=False)]
             policy = _load(model).eval()
             policy.check_prompts(texts)  # every word the model cannot take, at once
-            # every prompt parsed into GenEval metadata (the parser's error names file and line) before writing
+            # every prompt parsed into GenEval metadata (the parser's error names file and
+            # line) before writing
             metadata = [p.meta for p in get_task(policy.default_task).load_prompts(prompts_path)]
-        sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, steps=steps,
-                                  reveal_order=reveal_order)  # fmt: skip
+        sampling = image_sampling(
+            policy,
+            cfg_scale=cfg_scale,
+            temperature=temperature,
+            top_k=top_k,
+            steps=steps,
+            reveal_order=reveal_order,
+        )
         _record_out(out_dir, "sample")  # the settings of its images: each prompt folder's generation.json
-        written = generate_geneval(policy, metadata, out_dir, sampling, n=n, batch=max(1, 64 // n), seed=seed,
-                                   model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        written = generate_geneval(
+            policy,
+            metadata,
+            out_dir,
+            sampling,
+            n=n,
+            batch=max(1, 64 // n),
+            seed=seed,
+            model=_model_identity(model, policy),
+            overwrite=overwrite,
+        )
         images = np.stack(
             [
                 np.asarray(Image.open(sample_path(out_dir, i, k)).convert("RGB"))
@@ -757,8 +815,10 @@ def sample(
         cols = min(len(images), n * max(1, 16 // n))  # whole groups per row, ≈ 16 images wide
         pixels = -(-len(images) // cols) * cols * images.shape[1] * images.shape[2] * grid_scale**2
         if pixels > MAX_GRID_PIXELS:
-            raise UserError(f"grid.png would hold {pixels / 1e6:.0f} M pixels at grid_scale {grid_scale} (at most "
-                            f"{MAX_GRID_PIXELS / 1e6:.0f} M): give a smaller one (the images are written)")  # fmt: skip
+            raise UserError(
+                f"grid.png would hold {pixels / 1e6:.0f} M pixels at grid_scale {grid_scale} (at most "
+                f"{MAX_GRID_PIXELS / 1e6:.0f} M): give a smaller one (the images are written)"
+            )
         grid = out_dir / "grid.png"
         picture = Image.fromarray(image_grid(images, cols=cols, scale=grid_scale))
         write_file(grid, lambda f: picture.save(f, format="PNG"), within=out_dir)
@@ -819,8 +879,17 @@ def evaluate_shapeworld(
         root = out / "images"
         sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
         _record_out(out, "eval shapeworld")  # the settings of its images: generation.json under images/
-        generate_geneval(policy, metadata, root, sampling, n=n, batch=batch, seed=seed,
-                         model=_model_identity(model, policy), overwrite=overwrite)  # fmt: skip
+        generate_geneval(
+            policy,
+            metadata,
+            root,
+            sampling,
+            n=n,
+            batch=batch,
+            seed=seed,
+            model=_model_identity(model, policy),
+            overwrite=overwrite,
+        )
         summary = score_geneval_folder(root, _ShapeWorldDetector(), None, out, metadata_list=metadata, n=n)
         _write_layout_protocol(out, "shapeworld", root, scorer_record("detector", "shapeworld"))
         return summary
@@ -833,8 +902,10 @@ def _write_layout_protocol(out: Path, suite: str, root: Path, scorer: dict) -> N
     from t2i_gcpo.eval.records.protocol import protocol_record, write_protocol
 
     fields = layout_protocol(root)
-    write_protocol(out, protocol_record(suite, scorer=scorer, aggregate="categories", images=str(root.resolve()),
-                                        **fields))  # fmt: skip
+    write_protocol(
+        out,
+        protocol_record(suite, scorer=scorer, aggregate="categories", images=str(root.resolve()), **fields),
+    )
 
 
 class _ShapeWorldDetector:
@@ -908,7 +979,8 @@ def evaluate_geneval(
             det = Mask2FormerDetector.from_pretrained(detector, device=device)  # a bad path fails first
             if not clip:
                 raise UserError(
-                    "--clip CKPT is required with a Mask2Former detector (GenEval classifies colours with CLIP)"
+                    "--clip CKPT is required with a Mask2Former detector (GenEval classifies "
+                    "colours with CLIP)"
                 )
 
             colors = ClipColorClassifier.from_pretrained(clip, clip_model, device=device)
@@ -957,8 +1029,13 @@ def _check_asking(concurrency: int, retries: int, backoff: float) -> None:
 
 
 def _sampling_record(sampling: Any) -> dict:
-    return {"cfg_scale": sampling.guidance_scale, "temperature": sampling.temperature, "top_k": sampling.top_k,
-            "steps": sampling.steps, "reveal_order": sampling.reveal_order}  # fmt: skip
+    return {
+        "cfg_scale": sampling.guidance_scale,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "steps": sampling.steps,
+        "reveal_order": sampling.reveal_order,
+    }
 
 
 def _source_entries(metas: list[dict], keys: Sequence[str], root: Path, n: int | None) -> list:
@@ -974,8 +1051,9 @@ def _source_entries(metas: list[dict], keys: Sequence[str], root: Path, n: int |
     return entries
 
 
-def _check_model_or_score_only(model: ModelArg | None, score_only: str | os.PathLike | None, overwrite: bool,
-                               n: int, batch: int) -> None:  # fmt: skip
+def _check_model_or_score_only(
+    model: ModelArg | None, score_only: str | os.PathLike | None, overwrite: bool, n: int, batch: int
+) -> None:
     """The arguments of an evaluation that generates with `model` or scores the folder `score_only`: one of
     them, --overwrite only with a model, at least one image per prompt and one prompt per call."""
     if (model is None) == (score_only is None):
@@ -986,8 +1064,18 @@ def _check_model_or_score_only(model: ModelArg | None, score_only: str | os.Path
         raise UserError(f"--n and --batch must be >= 1 (got {n}, {batch})")
 
 
-def _generate_into(out: Path, model: ModelArg, metas: list[dict], n: int, batch: int, cfg_scale: float | None,
-                   steps: int | None, reveal_order: str | None, seed: int, overwrite: bool) -> tuple[Any, str]:  # fmt: skip
+def _generate_into(
+    out: Path,
+    model: ModelArg,
+    metas: list[dict],
+    n: int,
+    batch: int,
+    cfg_scale: float | None,
+    steps: int | None,
+    reveal_order: str | None,
+    seed: int,
+    overwrite: bool,
+) -> tuple[Any, str]:
     """Generate `n` images per prompt of `metas` into out/images (GenEval layout, resumable); (the sampling
     settings, the model's identity)."""
     from t2i_gcpo.eval.geneval import generate_geneval, image_sampling
@@ -995,29 +1083,57 @@ def _generate_into(out: Path, model: ModelArg, metas: list[dict], n: int, batch:
     policy = _load(model).eval()
     sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
     identity = _model_identity(model, policy)
-    generate_geneval(policy, metas, out / "images", sampling, n=n, batch=batch, seed=seed, model=identity,
-                     overwrite=overwrite)  # fmt: skip
+    generate_geneval(
+        policy,
+        metas,
+        out / "images",
+        sampling,
+        n=n,
+        batch=batch,
+        seed=seed,
+        model=identity,
+        overwrite=overwrite,
+    )
     return sampling, identity
 
 
-def _check_generation(out: Path, model: ModelArg | None, metas: list[dict], n: int, cfg_scale: float | None,
-                      steps: int | None, reveal_order: str | None, seed: int, overwrite: bool) -> None:  # fmt: skip
+def _check_generation(
+    out: Path,
+    model: ModelArg | None,
+    metas: list[dict],
+    n: int,
+    cfg_scale: float | None,
+    steps: int | None,
+    reveal_order: str | None,
+    seed: int,
+    overwrite: bool,
+) -> None:
     """Refuse images of other prompts or settings in out/images before any model is loaded."""
     from t2i_gcpo.eval.geneval import masked_asked
     from t2i_gcpo.eval.layout import check_resumable
 
     if isinstance(model, (str, os.PathLike)) and not overwrite:
-        known = {"model": _model_identity(model, None), "seed": seed, "temperature": 1.0, "top_k": 0, "n": n,
-                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}), **masked_asked(steps, reveal_order)}  # fmt: skip
+        known = {
+            "model": _model_identity(model, None),
+            "seed": seed,
+            "temperature": 1.0,
+            "top_k": 0,
+            "n": n,
+            **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+            **masked_asked(steps, reveal_order),
+        }
         check_resumable(out / "images", metas, known)
 
 
 def _generation_protocol(model: ModelArg | None, identity: str | None, sampling: Any, seed: int) -> dict:
     if model is None:
         return {"model": None, "seeds": None, "sampling": None}
-    return {"model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else None,
-            "seeds": {"seed": seed, "per_prompt": 'tasks.loop.seed_for(seed, "generate", prompt index)'},
-            "sampling": _sampling_record(sampling), "model_identity": identity}  # fmt: skip
+    return {
+        "model": os.fspath(model) if isinstance(model, (str, os.PathLike)) else None,
+        "seeds": {"seed": seed, "per_prompt": 'tasks.loop.seed_for(seed, "generate", prompt index)'},
+        "sampling": _sampling_record(sampling),
+        "model_identity": identity,
+    }
 
 
 def evaluate_geneval2(
@@ -1102,8 +1218,12 @@ def evaluate_geneval2(
     _check_asking(concurrency, retries, backoff)
     _check_sampling(cfg_scale, seed=seed, n=n)
     rows = g2.read_geneval2_data(data)  # a wrong format: one line before anything else
-    settings = {"--data": file_sha256(Path(data).expanduser()), "scorer": _scorer_identity(vqa, judge, judge_model),
-                "--score-only": score_only and os.path.realpath(score_only), "--images": images and os.path.realpath(images)}  # fmt: skip
+    settings = {
+        "--data": file_sha256(Path(data).expanduser()),
+        "scorer": _scorer_identity(vqa, judge, judge_model),
+        "--score-only": score_only and os.path.realpath(score_only),
+        "--images": images and os.path.realpath(images),
+    }
     with _locked_out(out, "eval geneval2", settings, overwrite=overwrite) as out:
         _check_generation(out, model, rows, n, cfg_scale, steps, reveal_order, seed, overwrite)
         if images is not None:
@@ -1114,8 +1234,9 @@ def evaluate_geneval2(
             from t2i_gcpo.eval.records.protocol import folder_revision
             from t2i_gcpo.scoring.vlm import LocalVLM
 
-            scorer = LocalVLM.from_pretrained(vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch,
-                                              revision=folder_revision(vqa))  # fmt: skip
+            scorer = LocalVLM.from_pretrained(
+                vqa, device=device, dtype=vqa_dtype, batch_size=vqa_batch, revision=folder_revision(vqa)
+            )
         else:
             scorer = _judge_client(judge, judge_model, timeout)
         _record_out(out, "eval geneval2", settings)
@@ -1125,14 +1246,28 @@ def evaluate_geneval2(
                 out, model, rows, n, batch, cfg_scale, steps, reveal_order, seed, overwrite
             )
             entries = _source_entries(rows, KEYS, out / "images", n)
-        results = g2.score_entries(entries, scorer, method, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
-                                   retries=retries, backoff=backoff, progress=progress)  # fmt: skip
+        results = g2.score_entries(
+            entries,
+            scorer,
+            method,
+            log=out / ANSWERS_NAME,
+            within=out,
+            concurrency=concurrency,
+            retries=retries,
+            backoff=backoff,
+            progress=progress,
+        )
         summary = {**g2.summarize(results, method), "scorer": scorer.name}
         record = scorer.record(top_logprobs=scorer.top_logprobs) if judge is not None else scorer.record()
-        protocol = protocol_record("geneval2", data=[data], scorer=record,
-                                   images_per_prompt=n if model is not None else None, method=method,
-                                   source=os.fspath(score_only or images) if model is None else "generated",
-                                   **_generation_protocol(model, identity, sampling, seed))  # fmt: skip
+        protocol = protocol_record(
+            "geneval2",
+            data=[data],
+            scorer=record,
+            images_per_prompt=n if model is not None else None,
+            method=method,
+            source=os.fspath(score_only or images) if model is None else "generated",
+            **_generation_protocol(model, identity, sampling, seed),
+        )
         write_evaluation(out, results, summary, g2.format_summary(summary), protocol)
         return summary
 
@@ -1238,8 +1373,12 @@ def evaluate_judge(
     items = spec.read(path)  # a wrong format: one line before anything else
     client = _judge_client(judge, judge_model, timeout)
     metas = [{"prompt": it.prompt, "id": it.id, "suite": spec.name} for it in items]
-    settings = {"--suite": spec.name, "--data": data_record(path)["sha256"], "scorer": _scorer_identity(None, judge, judge_model),
-                "--score-only": score_only and os.path.realpath(score_only)}  # fmt: skip
+    settings = {
+        "--suite": spec.name,
+        "--data": data_record(path)["sha256"],
+        "scorer": _scorer_identity(None, judge, judge_model),
+        "--score-only": score_only and os.path.realpath(score_only),
+    }
     with _locked_out(out, "eval judge", settings, overwrite=overwrite) as out:
         _check_generation(out, model, metas, n, cfg_scale, steps, reveal_order, seed, overwrite)
         if score_only is not None:
@@ -1254,15 +1393,31 @@ def evaluate_judge(
                 (i, items[i], paths)
                 for i, _, paths in _source_entries(metas, ("prompt", "id"), out / "images", n)
             ]
-        rows = score_suite(spec, entries, client, log=out / ANSWERS_NAME, within=out, concurrency=concurrency,
-                           retries=retries, backoff=backoff, temperature=temperature, max_tokens=max_tokens,
-                           progress=progress)  # fmt: skip
+        rows = score_suite(
+            spec,
+            entries,
+            client,
+            log=out / ANSWERS_NAME,
+            within=out,
+            concurrency=concurrency,
+            retries=retries,
+            backoff=backoff,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            progress=progress,
+        )
         summary = {**summary_of(spec, rows), "scorer": client.name}
         from t2i_gcpo.eval.suites.driver import request_settings
 
-        protocol = protocol_record(f"judge:{spec.name}", data=[path], scorer=client.record(**request_settings(spec, temperature, max_tokens)),
-                                   images_per_prompt=n, source=os.fspath(score_only) if model is None else "generated",
-                                   suite_source=spec.source, **_generation_protocol(model, identity, sampling, seed))  # fmt: skip
+        protocol = protocol_record(
+            f"judge:{spec.name}",
+            data=[path],
+            scorer=client.record(**request_settings(spec, temperature, max_tokens)),
+            images_per_prompt=n,
+            source=os.fspath(score_only) if model is None else "generated",
+            suite_source=spec.source,
+            **_generation_protocol(model, identity, sampling, seed),
+        )
         write_evaluation(out, rows, summary, format_summary(summary), protocol)
         return summary
 
@@ -1348,13 +1503,38 @@ def credit_maps(
     out_dir = check_writable_dir(out, "--out")  # before loading any model
     with lock_output(out_dir):
         check_credit_out(out_dir)  # someone else's files named like ours: refused before any work
-        return _credit_maps(prompts, out_dir, model, prompt_file, limit, reference, schemes, group_size,
-                            _check_sampling(cfg_scale, seed=seed), reward, negative, seed, overwrite)  # fmt: skip
+        return _credit_maps(
+            prompts,
+            out_dir,
+            model,
+            prompt_file,
+            limit,
+            reference,
+            schemes,
+            group_size,
+            _check_sampling(cfg_scale, seed=seed),
+            reward,
+            negative,
+            seed,
+            overwrite,
+        )
 
 
-def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: int | None, reference: str | None,
-                 schemes: Sequence[str] | None, group_size: int, cfg_scale: float | None, reward: str | None,
-                 negative: str | None, seed: int, overwrite: bool) -> str:  # fmt: skip
+def _credit_maps(
+    prompts: Any,
+    out: Path,
+    model: str,
+    prompt_file: Any,
+    limit: int | None,
+    reference: str | None,
+    schemes: Sequence[str] | None,
+    group_size: int,
+    cfg_scale: float | None,
+    reward: str | None,
+    negative: str | None,
+    seed: int,
+    overwrite: bool,
+) -> str:
     """`credit_maps` once its output folder is locked."""
     from t2i_gcpo.analysis.credit_maps import run_credit_maps
     from t2i_gcpo.config import canonical_spec, check_value, resolve_scheme
@@ -1388,13 +1568,38 @@ def _credit_maps(prompts: Any, out: Path, model: str, prompt_file: Any, limit: i
         resolve_scheme(name)
     check_value("rollout.group_size", group_size, what="--group")
     file = None if prompt_file is None else os.fspath(prompt_file)
-    settings = {"--prompt": texts, "--prompts": file and os.path.realpath(shipped_or_own(file)), "--limit": limit,
-                "--model": model_identity(model), "--reference": reference and model_identity(reference),
-                "--schemes": list(names), "--group": group_size, "--cfg": cfg_scale, "--reward": reward,
-                "--negative": negative, "--seed": seed}  # fmt: skip
+    settings = {
+        "--prompt": texts,
+        "--prompts": file and os.path.realpath(shipped_or_own(file)),
+        "--limit": limit,
+        "--model": model_identity(model),
+        "--reference": reference and model_identity(reference),
+        "--schemes": list(names),
+        "--group": group_size,
+        "--cfg": cfg_scale,
+        "--reward": reward,
+        "--negative": negative,
+        "--seed": seed,
+    }
     made = check_settings_record(out, "credit-map", settings, redo="--overwrite", redoing=overwrite)
     if not (made or overwrite) and (out / "credit_maps.html").is_file():
-        raise UserError(f"{out} holds credit maps of an earlier version, which recorded no settings; give "
-                        "--overwrite to replace them, or choose another --out")  # fmt: skip
-    return run_credit_maps(texts, file, limit, model, reference, names, group_size, cfg_scale, reward, seed,
-                           os.fspath(out), negative=negative, schemes_given=given, settings=settings)  # fmt: skip
+        raise UserError(
+            f"{out} holds credit maps of an earlier version, which recorded no settings; give "
+            "--overwrite to replace them, or choose another --out"
+        )
+    return run_credit_maps(
+        texts,
+        file,
+        limit,
+        model,
+        reference,
+        names,
+        group_size,
+        cfg_scale,
+        reward,
+        seed,
+        os.fspath(out),
+        negative=negative,
+        schemes_given=given,
+        settings=settings,
+    )

@@ -1,8 +1,8 @@
 """The console script ``t2i-gcpo``.
 
 Subcommands live in ``t2i_gcpo/commands/*.py``, listed in the table of commands/registry.py and imported
-only when invoked, so ``--help`` stays fast (torch, transformers and diffusers take seconds to import). A `UserError` anywhere
-becomes a one-line ``error: …`` and exit code 2.
+only when invoked, so ``--help`` stays fast (torch, transformers and diffusers take seconds to import). A
+`UserError` anywhere becomes a one-line ``error: …`` and exit code 2.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def cli() -> None:
     \b
     Examples:
       t2i-gcpo train --prompts prompts/shapeworld_train.txt
-      t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 --set rollout.group_size=16
+      t2i-gcpo train --prompts prompts/shapeworld_train.jsonl --algo dapo --steps 200 \\
+          --set rollout.group_size=16
     """
 
 

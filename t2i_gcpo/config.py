@@ -97,8 +97,12 @@ class Bounds:
         return None if ok else f"must be {self}" + (f" ({self.why})" if self.why else "")
 
 
-def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING,
-        bounds: Bounds | None = None) -> Any:  # fmt: skip
+def doc(
+    text: str,
+    default: Any = dataclasses.MISSING,
+    factory: Any = dataclasses.MISSING,
+    bounds: Bounds | None = None,
+) -> Any:
     """A dataclass field carrying its documentation and, for a number, the `Bounds` it accepts."""
     metadata = {"doc": text, "bounds": bounds}
     if factory is not dataclasses.MISSING:
@@ -119,9 +123,10 @@ class RolloutConfig:
         "P: prompts sampled per step (each gets a group of G outputs).", 8, bounds=Bounds(1, MAX_SAMPLES)
     )
     group_size: int = doc(
-        "G: outputs sampled per prompt (GCPO paper: 16).", 8,
+        "G: outputs sampled per prompt (GCPO paper: 16).",
+        8,
         bounds=Bounds(2, MAX_SAMPLES, why="advantages are group-relative"),
-    )  # fmt: skip
+    )
     cfg_scale: float | None = doc(
         "s_cfg: classifier-free guidance scale ℓ_u + s(ℓ_c − ℓ_u); null = the model's default "
         "(ShapeWorld: stored in its checkpoint; GCPO paper on Janus-Pro: 5).",
@@ -129,17 +134,18 @@ class RolloutConfig:
         bounds=Bounds(0, 1000, why="1 = the conditional model alone, 0 = the unconditional one"),
     )
     temperature: float = doc(
-        "T: sampling temperature (GCPO paper: 1).", 1.0,
+        "T: sampling temperature (GCPO paper: 1).",
+        1.0,
         bounds=Bounds(1e-6, why="> 0; smaller overflows the scaled logits: top_k=1 samples greedily"),
-    )  # fmt: skip
+    )
     top_k: int = doc("Top-k filter while sampling; 0 disables it.", 0, bounds=Bounds(0, why="0 disables it"))
     top_p: float = doc(
         "Top-p (nucleus) filter while sampling; 1 disables it.", 1.0, bounds=Bounds(0, 1, low_open=True)
     )
     steps: int | None = doc(
         "Decoding steps of a masked model (each reveals a share of the tokens on the cosine schedule); "
-        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Show-o: 50, Meissonic: 64). Autoregressive models "
-        "ignore it.",
+        "null = the model's default (ShapeWorld masked: 8, aMUSEd: 12, Show-o: 50, Meissonic: 64). "
+        "Autoregressive models ignore it.",
         None,
         bounds=Bounds(1, why="or null"),
     )
@@ -161,18 +167,18 @@ class RolloutConfig:
         None,
     )
     train_logp: Literal["cond", "cfg"] = doc(
-        "Which distribution is trained (docs/concepts/generation.md): 'cond', the positive context alone (GCPO, STAGE, T2I-R1), "
-        "or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
+        "Which distribution is trained (docs/concepts/generation.md): 'cond', the positive context alone "
+        "(GCPO, STAGE, T2I-R1), or 'cfg', the guided mix that was sampled (ReasonGen-R1).",
         "cond",
     )
     autocast: Literal["auto", "none", "bf16"] = doc(
         "Sample (training rollouts and held-out evaluation) under torch.autocast in bfloat16: the "
         "sampler's matmuls and KV cache in bf16, the sample step and the recorded log-probs in float32. "
         "'auto': bf16 where the hardware has native bf16 (see optim.autocast) and the model's sampler is "
-        "checked for it (the ShapeWorld priors, Janus — LoRA included — and plain-Llama text models through the "
-        "fused decoder; not aMUSEd, Meissonic or transformers' cache), else none; the run's config.yaml records what it "
-        "resolved to. The fused decoder's bf16 weight copies are refreshed after each optimizer step (the fp32 "
-        "weights stay the master copy). The update "
+        "checked for it (the ShapeWorld priors, Janus — LoRA included — and plain-Llama text models "
+        "through the fused decoder; not aMUSEd, Meissonic or transformers' cache), else none; the run's "
+        "config.yaml records what it resolved to. The fused decoder's bf16 weight copies are refreshed after "
+        "each optimizer step (the fp32 weights stay the master copy). The update "
         "then sees log-probs recorded in bf16 (a mean |Δ log p| of 0.002 against its float32 "
         "recomputation on the ShapeWorld prior; logged every step as mismatch/*, docs/mismatch.md); 5 seeds "
         "each of DAPO, GCPO and DGPO on ShapeWorld-32 ended as the float32 runs did (docs/performance.md).",
@@ -193,19 +199,20 @@ class RolloutConfig:
         "trained context under the weights that sampled, in the update's precision: with one update epoch "
         "the first pass's forward, detached (free: a separate no-grad pass would give the same numbers); "
         "with more epochs a no-grad forward before the update (one forward per batch, docs/mismatch.md). "
-        "Alone it drops the correction that 'recorded' makes (ρ = π_θ/π_rollout is the importance weight): use "
-        "it with loss.tis_cap. The recorded ones still feed loss.tis_cap, the mismatch metrics and GCPO's "
-        "contrast (credit.contrast).",
+        "Alone it drops the correction that 'recorded' makes (ρ = π_θ/π_rollout is the importance "
+        "weight): use it with loss.tis_cap. The recorded ones still feed loss.tis_cap, the mismatch metrics "
+        "and GCPO's contrast (credit.contrast).",
         "recorded",
     )
     allocation: Literal["none", "pods", "knapsack"] = doc(
-        "Prompt-level budget allocation (docs/concepts/algorithms.md#budget-allocation): 'none', G samples per "
-        "prompt; 'pods', draw draw_factor·G per prompt and train on the G whose rewards vary most (PODS, arXiv "
-        "2504.13818); 'knapsack', draw G per prompt, then (draw_factor − 1)·G per prompt more on average, a "
-        "group of G at a time, to the prompts whose estimated success rate (their history and this round) makes "
-        "a larger group most likely to hold both outcomes (Knapsack RL, arXiv 2509.25849), each prompt's draws "
-        "down-sampled to the G that vary most. Works with every credit scheme but tree groups; the budget "
-        "metrics count what was drawn (budget/samples) and what was kept (budget/samples_kept).",
+        "Prompt-level budget allocation (docs/concepts/algorithms.md#budget-allocation): 'none', G "
+        "samples per prompt; 'pods', draw draw_factor·G per prompt and train on the G whose rewards vary "
+        "most (PODS, arXiv 2504.13818); 'knapsack', draw G per prompt, then (draw_factor − 1)·G per prompt "
+        "more on average, a group of G at a time, to the prompts whose estimated success rate (their history "
+        "and this round) makes a larger group most likely to hold both outcomes (Knapsack RL, arXiv "
+        "2509.25849), each prompt's draws down-sampled to the G that vary most. Works with every credit "
+        "scheme but tree groups; the budget metrics count what was drawn (budget/samples) and what was kept "
+        "(budget/samples_kept).",
         "none",
     )
     draw_factor: float = doc(
@@ -218,19 +225,20 @@ class RolloutConfig:
     max_step_samples: int = doc(
         "The most samples one process may decode and score in one step — every group drawn (dynamic "
         "sampling's draw budget included), the allocation's extra draws, every continuation (tree groups: "
-        "P·G₀·(1 + k·n); vine: P·G·(1 + points·n)) and every scored reveal-step prediction (stepwise: P·G·S). "
-        "A run above it is refused before it starts, naming the product (docs/errors.md#the-plan); raise it "
-        "where the machine holds more.",
+        "P·G₀·(1 + k·n); vine: P·G·(1 + points·n)) and every scored reveal-step prediction (stepwise: "
+        "P·G·S). A run above it is refused before it starts, naming the product (docs/errors.md#the-plan); "
+        "raise it where the machine holds more.",
         16384,
         bounds=Bounds(1, why="samples a step decodes and scores"),
     )
     max_step_memory: float | None = doc(
-        "The most memory (GB) one process's step may hold at its peak, by the memory model measured on the run's "
-        "model before it starts (train/draws.py; docs/performance.md#step-memory): its rollouts, decoded outputs, "
-        "continuations and the update's forward and backward. null: what this process has free when the run "
-        "starts (the device's free memory on CUDA; on the CPU the least of the machine's available memory, its "
-        "memory cgroup's room and its address-space limit's, shared by the processes a launch runs on the machine). A "
-        "run above it is refused before it starts, naming the product, the estimate and this setting.",
+        "The most memory (GB) one process's step may hold at its peak, by the memory model measured on "
+        "the run's model before it starts (train/draws.py; docs/performance.md#step-memory): its rollouts, "
+        "decoded outputs, continuations and the update's forward and backward. null: what this process has "
+        "free when the run starts (the device's free memory on CUDA; on the CPU the least of the machine's "
+        "available memory, its memory cgroup's room and its address-space limit's, shared by the processes a "
+        "launch runs on the machine). A run above it is refused before it starts, naming the product, the "
+        "estimate and this setting.",
         None,
         bounds=Bounds(0, low_open=True, why="GB, or null for the free memory"),
     )
@@ -242,9 +250,10 @@ class AdvantageConfig:
         "Divide (r − mean_g r) by the group std, batch std, or nothing.", "group"
     )
     eps: float = doc(
-        "ε added to the std (GRPO: 1e-4).", 1e-4,
+        "ε added to the std (GRPO: 1e-4).",
+        1e-4,
         bounds=Bounds(1e-12, why="> 0: a group whose rewards are all equal has std 0"),
-    )  # fmt: skip
+    )
     dynamic_sampling: bool = doc(
         "DAPO dynamic sampling: drop groups whose rewards are all equal, resample.", False
     )
@@ -268,12 +277,12 @@ class AdvantageConfig:
     )
     reward_norm: Literal["sum", "per_reward"] = doc(
         "A weighted sum of rewards r = Σ_k w_k r_k: 'sum' normalises r within its group (GRPO); 'per_reward' "
-        "normalises each term r_k within its group, takes the weighted sum of those advantages and normalises "
-        "it over the batch (GDPO, arXiv 2601.05242; docs/concepts/algorithms.md#gdpo), so that one term's scale "
-        "does not drown the others'; needs advantage.scale=group. A scheme that reads rewards (vine, tree, tempo, "
-        "stepwise) reads GDPO's normalised rewards r̂ of the group's samples, continuations and step predictions "
-        "(docs/concepts/algorithms.md#gdpo-and-credit-schemes); a scheme of yours that reads them is refused. "
-        "Dynamic sampling still drops the groups whose total r is flat.",
+        "normalises each term r_k within its group, takes the weighted sum of those advantages and "
+        "normalises it over the batch (GDPO, arXiv 2601.05242; docs/concepts/algorithms.md#gdpo), so that "
+        "one term's scale does not drown the others'; needs advantage.scale=group. A scheme that reads "
+        "rewards (vine, tree, tempo, stepwise) reads GDPO's normalised rewards r̂ of the group's samples, "
+        "continuations and step predictions (docs/concepts/algorithms.md#gdpo-and-credit-schemes); a scheme "
+        "of yours that reads them is refused. Dynamic sampling still drops the groups whose total r is flat.",
         "sum",
     )
 
@@ -287,9 +296,10 @@ class LossConfig:
         "ε_high: upper clip of ρ (DAPO clip-higher: 0.28); .inf: no upper clip.", 0.2, bounds=Bounds(0)
     )
     dual_clip: float | None = doc(
-        "c: dual-clip bound for Â < 0 (typical 3); null disables it.", None,
+        "c: dual-clip bound for Â < 0 (typical 3); null disables it.",
+        None,
         bounds=Bounds(1, low_open=True, why="or null"),
-    )  # fmt: skip
+    )
     aggregation: Literal[
         "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "weighted-token-mean"
     ] = doc(
@@ -330,7 +340,8 @@ class CreditBase:
         "Token credit: a scheme of the registry (t2i_gcpo/core/schemes/, one file each: "
         + ", ".join(CREDIT_SCHEMES)
         + "; critical is Group Critical-token PO, zghhui/GCPO — not the same method as gcpo), or a "
-        "function of your own, 'path/to/file.py:function' or 'module:function' (docs/guides/custom-credit.md).",
+        "function of your own, 'path/to/file.py:function' or 'module:function' "
+        "(docs/guides/custom-credit.md).",
         "uniform",
     )
     granularity: Literal["token", "step"] = doc(
@@ -422,9 +433,9 @@ class BranchingConfig:
     credit maps for every credit scheme that needs "branches" (vine, or a user's own), ignored otherwise."""
 
     rule: Literal["every_k", "entropy", "boundary", "spread"] = doc(
-        "Where samples branch: every k decision steps, before the k highest-entropy steps, at task boundaries "
-        "(text: line starts; AR images: token rows), or k points spread evenly over each sample's steps "
-        "(tree groups: spread or entropy, so every group has the same number of leaves).",
+        "Where samples branch: every k decision steps, before the k highest-entropy steps, at task "
+        "boundaries (text: line starts; AR images: token rows), or k points spread evenly over each "
+        "sample's steps (tree groups: spread or entropy, so every group has the same number of leaves).",
         "every_k",
     )
     k: int = doc(
@@ -444,7 +455,8 @@ class BranchingConfig:
 @dataclass
 class OptimConfig:
     lr: float = doc(
-        "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro recipe uses 5e-6.",
+        "AdamW learning rate. Default suits the 3.4 M-parameter ShapeWorld prior; the GCPO Janus-Pro "
+        "recipe uses 5e-6.",
         1e-4,
         bounds=Bounds(0, 1, low_open=True, why="AdamW moves each weight by up to about lr per step"),
     )
@@ -469,9 +481,10 @@ class OptimConfig:
         bounds=Bounds(0, 1),
     )
     grad_clip: float = doc(
-        "Clip the global gradient norm to this value; 0 (or .inf) disables it.", 1.0,
+        "Clip the global gradient norm to this value; 0 (or .inf) disables it.",
+        1.0,
         bounds=Bounds(0, why="a negative bound reverses the update; 0 disables clipping"),
-    )  # fmt: skip
+    )
     update_epochs: int = doc(
         "Passes over each rollout batch (1 = strictly on-policy, as the official recipe).",
         1,
@@ -510,9 +523,9 @@ class ModelOptions:
         "LoRA rank through peft; 0 = full fine-tuning (the paper's setting).", 0, bounds=Bounds(0)
     )
     max_rollout_batch: int | None = doc(
-        "Janus, LlamaGen and text models: samples per sampling pass (the KV cache holds 2 rows per sample with CFG); "
-        "null = a step's whole batch at once. Lower it when the rollout's KV cache does not fit; the "
-        "samples do not change (each is drawn from its own prompt's generator).",
+        "Janus, LlamaGen and text models: samples per sampling pass (the KV cache holds 2 rows per sample "
+        "with CFG); null = a step's whole batch at once. Lower it when the rollout's KV cache does not "
+        "fit; the samples do not change (each is drawn from its own prompt's generator).",
         None,
         bounds=Bounds(1, why="or null"),
     )
@@ -527,18 +540,19 @@ class ModelOptions:
         "Masked models, estimator 'remask': re-masks per sample (K).", 2, bounds=Bounds(1)
     )
     negative_prompt: str | None = doc(
-        "aMUSEd and Meissonic: the negative prompt when a prompt names none — CFG's unconditional branch u in "
-        "u + s(c − u) and GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo). null: the one the checkpoint "
-        "was trained with (its t2i_gcpo_sampling.json), else the pipelines' default, the empty prompt. The "
-        "Meissonic authors' inference.py and MaskFocus use 'worst quality, low quality, low res, blurry, "
-        "distortion, watermark, logo, signature, text, jpeg artifacts, signature, sketch, duplicate, ugly, "
-        "identifying mark' (configs/recipes/meissonic_geneval.yaml). Saved with the model's checkpoints.",
+        "aMUSEd and Meissonic: the negative prompt when a prompt names none — CFG's unconditional "
+        "branch u in u + s(c − u) and GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo). null: the "
+        "one the checkpoint was trained with (its t2i_gcpo_sampling.json), else the pipelines' default, the "
+        "empty prompt. The Meissonic authors' inference.py and MaskFocus use 'worst quality, low quality, "
+        "low res, blurry, distortion, watermark, logo, signature, text, jpeg artifacts, signature, sketch, "
+        "duplicate, ugly, identifying mark' (configs/recipes/meissonic_geneval.yaml). Saved with the "
+        "model's checkpoints.",
         None,
     )
     negative: str = doc(
-        "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question removed, the "
-        "prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer incorrectly), "
-        "or a template containing {question}.",
+        "Text models: GCPO's negative context c⁻ (docs/concepts/credit.md#gcpo) — 'empty' (the question "
+        "removed, the prompt template kept), 'wrong_answer' (the prompt plus an instruction to answer "
+        "incorrectly), or a template containing {question}.",
         "empty",
     )
     gpt_size: str | None = doc(
@@ -548,8 +562,9 @@ class ModelOptions:
         None,
     )
     image_size: int | None = doc(
-        "LlamaGen: the image side in pixels the GPT was trained for (256: 16 × 16 tokens, stage 1; 512: 32 × 32, "
-        "stage 2); null = from the GPT file's name (t2i_XL_stage1_256.pt) or a saved checkpoint's llamagen.json.",
+        "LlamaGen: the image side in pixels the GPT was trained for (256: 16 × 16 tokens, stage 1; 512: "
+        "32 × 32, stage 2); null = from the GPT file's name (t2i_XL_stage1_256.pt) or a saved "
+        "checkpoint's llamagen.json.",
         None,
         bounds=Bounds(1, 4096, why="or null"),
     )
@@ -585,11 +600,11 @@ class RewardOptions:
         "Score a rollout's finished chunks while the next chunk samples (train/scoring.py): a thread for a "
         "reward in this process (best on a device of its own), requests in flight for a remote: reward. The "
         "same seeds give the same samples, rewards and update (each group is drawn from its own generator; "
-        "the rollout's batch is split into chunks of reward_options.chunk — on a GPU a kernel chosen by batch "
-        "size may round the recorded log-probs differently in the last bit; at a given reward_options.chunk, "
-        "overlap on or off runs the same computation). Off by default: the reward then runs beside the sampler "
-        "(memory, a user function called from another thread). Tree groups and branch continuations are "
-        "scored as before.",
+        "the rollout's batch is split into chunks of reward_options.chunk — on a GPU a kernel chosen "
+        "by batch size may round the recorded log-probs differently in the last bit; at a given "
+        "reward_options.chunk, overlap on or off runs the same computation). Off by default: the reward then "
+        "runs beside the sampler (memory, a user function called from another thread). Tree groups and "
+        "branch continuations are scored as before.",
         False,
     )
     chunk: int | None = doc(
@@ -597,16 +612,16 @@ class RewardOptions:
         "one group): a round is sampled chunk after chunk, each chunk scored when it is sampled — or, with "
         "overlap, while the next one samples. Like model_options.max_rollout_batch it bounds a rollout's "
         "memory, for any model; on a CPU each call of the sampler has a fixed cost (docs/performance.md, "
-        "reward_overlap). null: with overlap, model_options.max_rollout_batch where it is set, else a quarter "
-        "of the round's groups; without, the round at once.",
+        "reward_overlap). null: with overlap, model_options.max_rollout_batch where it is set, else a "
+        "quarter of the round's groups; without, the round at once.",
         None,
         bounds=Bounds(1, why="or null"),
     )
 
 
-# the evaluation suites (`eval_suite`, `t2i-gcpo eval judge --suite`), one module each in t2i_gcpo/eval/suites/
-# (`register_suite` there): declared here, where the schema checks a run's eval_suite against it, and filled
-# from that package when first read (t2i_gcpo/extensions.py)
+# the evaluation suites (`eval_suite`, `t2i-gcpo eval judge --suite`), one module each in
+# t2i_gcpo/eval/suites/ (`register_suite` there): declared here, where the schema checks a run's eval_suite
+# against it, and filled from that package when first read (t2i_gcpo/extensions.py)
 EVAL_SUITES: Registry[Any] = Registry(
     "evaluation suite",
     builtins="t2i_gcpo.eval.suites",
@@ -618,26 +633,29 @@ GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 
 @dataclass
 class EvalSuiteOptions:
-    """What the held-out evaluation's benchmark suite reads and how it asks (docs/evaluation/judge-suites.md#during-training)."""
+    """What the held-out evaluation's benchmark suite reads and how it asks
+    (docs/evaluation/judge-suites.md#during-training)."""
 
     data: str | None = doc(
-        "The suite's data file (folder for tiif): GenEval 2's geneval2_data.jsonl, WISE's merge.json, TIIF-Bench's "
-        "data/testmini_eval_prompts, a UniGenBench CSV. Its prompts are the held-out prompts.",
+        "The suite's data file (folder for tiif): GenEval 2's geneval2_data.jsonl, WISE's merge.json, "
+        "TIIF-Bench's data/testmini_eval_prompts, a UniGenBench CSV. Its prompts are the held-out prompts.",
         None,
     )
     vqa: str | None = doc(
-        "geneval2: a local VLM folder that answers the atoms' questions (Qwen3-VL-8B-Instruct is the reference's).",
+        "geneval2: a local VLM folder that answers the atoms' questions (Qwen3-VL-8B-Instruct is "
+        "the reference's).",
         None,
     )
     judge: str | None = doc(
-        "An OpenAI-compatible server's URL (…/v1): the judge of wise, tiif and unigenbench; for geneval2, a VLM "
-        "served with log-probabilities, in place of vqa. An API key is read from $OPENAI_API_KEY.",
+        "An OpenAI-compatible server's URL (…/v1): the judge of wise, tiif and unigenbench; for "
+        "geneval2, a VLM served with log-probabilities, in place of vqa. An API key is read from "
+        "$OPENAI_API_KEY.",
         None,
     )
     judge_model: str | None = doc("The model name the judge serves (null: its only one).", None)
     method: Literal["soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore"] = doc(
-        "geneval2: the score of each image (Soft-TIFA GM, the prompt-level score GenEval 2 reports; AM; TIFA; "
-        "VQAScore).",
+        "geneval2: the score of each image (Soft-TIFA GM, the prompt-level score GenEval 2 reports; "
+        "AM; TIFA; VQAScore).",
         "soft_tifa_gm",
     )
     device: str = doc(
@@ -650,8 +668,8 @@ class EvalSuiteOptions:
     concurrency: int = doc("Judge requests in flight at most.", 8, bounds=Bounds(1, 1024))
     timeout: float = doc("Seconds one judge request may take.", 120.0, bounds=Bounds(0, low_open=True))
     retries: int = doc(
-        "Tries after the first for a failed judge request or an answer the suite's rule cannot read; then the "
-        "run stops (its last checkpoint kept: --resume continues once the judge is back).",
+        "Tries after the first for a failed judge request or an answer the suite's rule cannot read; "
+        "then the run stops (its last checkpoint kept: --resume continues once the judge is back).",
         2,
         bounds=Bounds(0, 100),
     )
@@ -661,12 +679,14 @@ class EvalSuiteOptions:
 @dataclass
 class TrainConfig:
     algo: str = doc(
-        "Algorithm preset the run started from: one of the files t2i_gcpo/configs/*.yaml (`--algo` lists them).",
+        "Algorithm preset the run started from: one of the files t2i_gcpo/configs/*.yaml "
+        "(`--algo` lists them).",
         "gcpo",
     )
     model: str = doc(
-        "The model to train: a shipped model's name, a local checkpoint folder, or FAMILY:PATH for one of the "
-        "registered model families (`t2i-gcpo train --help` lists them under --model; docs/guides/new_family.md).",
+        "The model to train: a shipped model's name, a local checkpoint folder, or FAMILY:PATH for "
+        "one of the registered model families (`t2i-gcpo train --help` lists them under --model; "
+        "docs/guides/new_family.md).",
         "shapeworld",
     )
     task: str | None = doc(
@@ -676,9 +696,9 @@ class TrainConfig:
         None,
     )
     reward: str | None = doc(
-        "The reward spec: a registered form (shapeworld, clip:CKPT, geneval:DETECTOR,CLIP, pickscore:DIR, hps:FILE, "
-        "aesthetic:CLIP,HEAD, ocr, vqa:DIR, judge:URL, …: `t2i-gcpo train --help` lists them, with options as "
-        "NAME:ARGS,key=value), a user function 'module:function', or a weighted sum '0.7*a+0.3*b' "
+        "The reward spec: a registered form (shapeworld, clip:CKPT, geneval:DETECTOR,CLIP, pickscore:DIR, "
+        "hps:FILE, aesthetic:CLIP,HEAD, ocr, vqa:DIR, judge:URL, …: `t2i-gcpo train --help` lists them, with "
+        "options as NAME:ARGS,key=value), a user function 'module:function', or a weighted sum '0.7*a+0.3*b' "
         "(docs/guides/rewards.md); null = the task's default reward.",
         None,
     )
@@ -692,17 +712,20 @@ class TrainConfig:
     steps: int = doc("Optimizer steps (one rollout batch each).", 200, bounds=Bounds(0))
     seed: int = doc("Seed of prompts order, sampling and initialisation.", 0, bounds=Bounds(0, 2**63 - 1))
     sample_every: int = doc(
-        "Save a sample grid and credit maps every N steps; 0 disables them.", 25,
+        "Save a sample grid and credit maps every N steps; 0 disables them.",
+        25,
         bounds=Bounds(0, why="0: no sample grids"),
-    )  # fmt: skip
+    )
     save_every: int = doc(
-        "Write a checkpoint every N steps (and at the end, and when stopped).", 50,
+        "Write a checkpoint every N steps (and at the end, and when stopped).",
+        50,
         bounds=Bounds(1, why="a checkpoint is also written at the end"),
-    )  # fmt: skip
+    )
     keep_checkpoints: int = doc(
-        "Checkpoints kept in the run directory: the last N (each save removes older ones).", 2,
+        "Checkpoints kept in the run directory: the last N (each save removes older ones).",
+        2,
         bounds=Bounds(1, why="--resume continues from the last one"),
-    )  # fmt: skip
+    )
     eval_every: int = doc(
         "Score eval_prompts every N steps, at step 0 (the base model) and at the end; 0 only at the end; "
         "-1 never.",
@@ -713,12 +736,12 @@ class TrainConfig:
         "Images per held-out prompt when evaluating.", 8, bounds=Bounds(1, MAX_SAMPLES)
     )
     eval_suite: str | None = doc(
-        "A benchmark suite the held-out evaluation runs instead of the task's own score: geneval2 (Soft-TIFA, a VQA "
-        "model asked every atom's question), wise, tiif or unigenbench (a VLM judge per image) — the same suite "
-        "and scores as `t2i-gcpo eval geneval2|judge`, on eval_suite_options.data's prompts, each drawn "
-        "eval_images_per_prompt times from its own generator at every evaluation "
-        "(docs/evaluation/judge-suites.md#during-training). Logged as eval/<suite>/overall and eval/<suite>/<category>; "
-        "eval_prompts is then not read. null: the task's held-out evaluation.",
+        "A benchmark suite the held-out evaluation runs instead of the task's own score: geneval2 "
+        "(Soft-TIFA, a VQA model asked every atom's question), wise, tiif or unigenbench (a VLM judge per "
+        "image) — the same suite and scores as `t2i-gcpo eval geneval2|judge`, on eval_suite_options.data's "
+        "prompts, each drawn eval_images_per_prompt times from its own generator at every evaluation "
+        "(docs/evaluation/judge-suites.md#during-training). Logged as eval/<suite>/overall and "
+        "eval/<suite>/<category>; eval_prompts is then not read. null: the task's held-out evaluation.",
         None,
     )
     eval_suite_options: EvalSuiteOptions = doc(
@@ -790,37 +813,53 @@ class TrainConfig:
             (
                 "rollout.allocation",
                 self.rollout.allocation == "none" or "leaves" not in scheme.needs,
-                "down-samples groups, which tree groups (a scheme that needs leaves) cannot be: set it to none",
+                (
+                    "down-samples groups, which tree groups (a scheme that needs leaves) cannot "
+                    "be: set it to none"
+                ),
             ),
             (
                 "rollout.draw_factor",
-                self.rollout.allocation != "pods" or (math.isclose(pods_draws, round(pods_draws)) and pods_draws > G),
-                f"pods draws draw_factor × G samples per prompt, a whole number above G: {self.rollout.draw_factor:g} "
-                f"× {G} = {pods_draws:g} (e.g. --set rollout.draw_factor={max(G + 1, round(pods_draws)) / G!r})",
+                self.rollout.allocation != "pods"
+                or (math.isclose(pods_draws, round(pods_draws)) and pods_draws > G),
+                (
+                    f"pods draws draw_factor × G samples per prompt, a whole number above G: "
+                    f"{self.rollout.draw_factor:g} × {G} = {pods_draws:g} (e.g. --set "
+                    f"rollout.draw_factor={max(G + 1, round(pods_draws)) / G!r})"
+                ),
             ),
             (
                 "loss.aggregation",
                 scheme.returns != "advantages" or self.loss.aggregation != "weighted-token-mean",
-                f"credit scheme '{self.credit.scheme}' gives token advantages, which 'weighted-token-mean' cannot "
-                "weight: use token-mean, seq-mean-token-mean or seq-mean-token-sum-norm",
+                (
+                    f"credit scheme '{self.credit.scheme}' gives token advantages, which "
+                    f"'weighted-token-mean' cannot weight: use token-mean, seq-mean-token-mean or "
+                    f"seq-mean-token-sum-norm"
+                ),
             ),
             (
                 "branching.rule",
                 "branches" not in scheme.needs or self.branching.rule in BRANCH_RULES,
-                f"credit scheme '{self.credit.scheme}' branches each sample at points of {', '.join(BRANCH_RULES)} "
-                f"(spread is for tree groups), got {self.branching.rule}",
+                (
+                    f"credit scheme '{self.credit.scheme}' branches each sample at points of "
+                    f"{', '.join(BRANCH_RULES)} (spread is for tree groups), got {self.branching.rule}"
+                ),
             ),
             (
                 "branching.rule",
                 "leaves" not in scheme.needs or self.branching.rule in LEAF_RULES,
-                f"credit scheme '{self.credit.scheme}' grows tree groups, which branch with branching.rule=spread or "
-                f"entropy (k points in every sample), got {self.branching.rule}",
+                (
+                    f"credit scheme '{self.credit.scheme}' grows tree groups, which branch with "
+                    f"branching.rule=spread or entropy (k points in every sample), got {self.branching.rule}"
+                ),
             ),
             (
                 "model_options.estimator",
                 "leaves" not in scheme.needs or self.model_options.estimator == "trajectory",
-                f"credit scheme '{self.credit.scheme}' trains on continuations, which are trajectory samples: "
-                "set model_options.estimator=trajectory",
+                (
+                    f"credit scheme '{self.credit.scheme}' trains on continuations, which are trajectory "
+                    f"samples: set model_options.estimator=trajectory"
+                ),
             ),
             (
                 "advantage.reward_norm",
@@ -840,36 +879,47 @@ class TrainConfig:
             (
                 "eval_suite_options.data",
                 self.eval_suite is None or bool(self.eval_suite_options.data),
-                f"eval_suite {self.eval_suite} reads its prompts from a data file: set eval_suite_options.data",
+                (
+                    f"eval_suite {self.eval_suite} reads its prompts from a data file: set "
+                    f"eval_suite_options.data"
+                ),
             ),
             (
                 "eval_suite_options.vqa",
-                self.eval_suite != "geneval2" or (self.eval_suite_options.vqa is None) != (self.eval_suite_options.judge is None),
+                self.eval_suite != "geneval2"
+                or (self.eval_suite_options.vqa is None) != (self.eval_suite_options.judge is None),
                 "eval_suite geneval2 needs a VQA model folder (eval_suite_options.vqa) or a judge with "
                 "log-probabilities (eval_suite_options.judge), one of them",
             ),
             (
                 "eval_suite_options.judge",
                 self.eval_suite in (None, "geneval2") or self.eval_suite_options.judge is not None,
-                f"eval_suite {self.eval_suite} is scored by a VLM judge: set eval_suite_options.judge (its URL)",
+                (
+                    f"eval_suite {self.eval_suite} is scored by a VLM judge: set "
+                    f"eval_suite_options.judge (its URL)"
+                ),
             ),
             (
                 "eval_suite_options.device",
-                self.eval_suite_options.device == "auto" or DEVICE.match(self.eval_suite_options.device) is not None,
+                self.eval_suite_options.device == "auto"
+                or DEVICE.match(self.eval_suite_options.device) is not None,
                 f"must be auto, cpu, cuda, cuda:N or mps, got {self.eval_suite_options.device!r}",
             ),
             (
                 "eval_prompts",
                 self.eval_suite is None or self.eval_prompts is None,
-                f"eval_suite {self.eval_suite} holds the held-out prompts (eval_suite_options.data): leave eval_prompts "
-                "unset",
+                (
+                    f"eval_suite {self.eval_suite} holds the held-out prompts (eval_suite_options.data): "
+                    f"leave eval_prompts unset"
+                ),
             ),
             (
                 "model_options.negative",
-                self.model_options.negative in ("empty", "wrong_answer") or "{question}" in self.model_options.negative,
+                self.model_options.negative in ("empty", "wrong_answer")
+                or "{question}" in self.model_options.negative,
                 "must be 'empty', 'wrong_answer' or a template containing {question}",
             ),
-        ]  # fmt: skip
+        ]
         for key, ok, message in checks:
             if not ok:
                 raise UserError(f"config key '{key}': {message}")
@@ -892,8 +942,9 @@ def check_prompt_files(cfg: TrainConfig) -> None:
 
 def check_credit(credit: Any) -> None:
     """The configured credit scheme exists (a user's ``file.py:function`` is imported now, again on every
-    load: a resumed run re-imports it, as usercode.run_code_guard allows), takes the options given, and each section passes its scheme's
-    own check; else a one-line UserError naming the key, the scheme and its options."""
+    load: a resumed run re-imports it, as usercode.run_code_guard allows), takes the options given, and each
+    section passes its scheme's own check; else a one-line UserError naming the key, the
+    scheme and its options."""
     scheme = resolve_scheme(credit.scheme)
     specs = {o.name: o for o in scheme.specs}
     for (
@@ -974,7 +1025,8 @@ def check_report_to(spec: str) -> None:
     bad = [n for n in names if n not in choices]
     if bad or not names:
         raise UserError(
-            f"config key 'report_to': must be one of {', '.join(choices)} or a comma-separated list, got {spec!r}"
+            f"config key 'report_to': must be one of {', '.join(choices)} or a comma-separated "
+            f"list, got {spec!r}"
         )
 
 

@@ -44,8 +44,13 @@ def not_a_file(path: str | os.PathLike) -> str | None:
         return "is not a path (it holds a NUL byte)"
     if stat.S_ISREG(mode):
         return None
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))  # fmt: skip
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
     kind = next((name for test, name in kinds if test(mode)), "not a plain file")
     return f"is {kind}, not a file" if kind == "a directory" else f"is {kind}, not a regular file"
 

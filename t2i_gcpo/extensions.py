@@ -39,8 +39,14 @@ def choices_text(names: list[str]) -> str:
 class Registry(Mapping[str, E], Generic[E]):
     """Named records of one extension point (module docstring). Reads like a dict of name → record."""
 
-    def __init__(self, kind: str, *, builtins: str | None = None, skip: tuple[str, ...] = (),
-                 plugins: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kind: str,
+        *,
+        builtins: str | None = None,
+        skip: tuple[str, ...] = (),
+        plugins: str | None = None,
+    ) -> None:
         self.kind = kind  # what one record is, in messages: "credit scheme", "reward form", …
         self.builtins = builtins  # the package whose every module registers one built-in record
         self.skip = frozenset(skip)  # the modules of that package that are machinery, not records

@@ -74,8 +74,10 @@ def check_threads(threads: int, flag: str = "--threads") -> None:
 
     cpus = usable_cpus()
     if threads > cpus:
-        raise UserError(f"{flag} {threads:,}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}, so at most "
-                        f"{flag} {cpus} (more threads than CPUs only slow torch down)")  # fmt: skip
+        raise UserError(
+            f"{flag} {threads:,}: this process may use {cpus} CPU{'s' if cpus > 1 else ''}, so at most "
+            f"{flag} {cpus} (more threads than CPUs only slow torch down)"
+        )
 
 
 def _read_int(path: str) -> int | None:

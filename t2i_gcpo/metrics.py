@@ -25,7 +25,8 @@ REWARD_TERM = "reward/{name}/mean"
 ADVANTAGE_TERM = "advantage/{name}/mean_abs"
 STRICT = "strict/overall"  # mean strict GenEval correctness of the step's samples (reward details)
 STRICT_TAG = "strict/{tag}"  # same, per GenEval tag
-PARTIAL = "partial/mean"  # mean partial-credit score (docs/evaluation/geneval.md#geneval-as-a-reward), where the reward reports it
+# mean partial-credit score (docs/evaluation/geneval.md#geneval-as-a-reward), where the reward reports it
+PARTIAL = "partial/mean"
 ZERO_STD_RATIO = "zero_std_ratio"  # fraction of sampled groups whose rewards were all equal (DAPO)
 GROUPS_KEPT = "groups_kept"  # groups with signal that were trained on this step
 GROUPS_DRAWN = "groups_drawn"  # groups sampled this step, over all dynamic-sampling rounds
@@ -58,7 +59,8 @@ TIME_STEP = "time/step"  # wall time of the whole step
 BUDGET_SAMPLES = "budget/samples"  # samples sampled and scored: the groups' and any continuations
 BUDGET_TOKENS = "budget/tokens"  # tokens sampled (valid tokens; a continuation's from its branch point on)
 BUDGET_REWARD_CALLS = "budget/reward_calls"  # calls of the reward (each scores one batch of samples)
-# budget allocation (rollout.allocation): samples left in the groups the step may train on, after down-sampling
+# budget allocation (rollout.allocation): samples left in the groups the step may train
+# on, after down-sampling
 BUDGET_KEPT = "budget/samples_kept"
 # intermediate predictions x̂_s decoded and scored (stepwise credit: S − 1 per trained sample; sampled nothing)
 BUDGET_STEP_PREDICTIONS = "budget/step_predictions"
@@ -70,11 +72,11 @@ EVAL_PARTIAL = "eval/partial/mean"
 # standard error of eval/strict/overall over the sampled images: √(Σ_t p_t(1 − p_t)/n_t) / T over its T tags
 # (stats.proportions_se); the report draws eval/strict/overall ± 1.96 of it
 EVAL_STRICT_SE = "eval/strict_se"
-# the paired change of the held-out score from step 0 (eval/records/paired.py): the held-out evaluation draws the same
-# samples' noise for the same prompts at every step (prompt i's generator seeded by (seed, "eval", i)), so
-# each item i — a prompt and sample index — pairs with itself at step 0: d_i = score_i(step) − score_i(0).
-# Per category c (a GenEval tag; "all" for tasks without tags): mean_i∈c d_i, its Student-t 95 % interval's
-# half-width; overall: as the headline aggregates (GenEval tasks: (1/C) Σ_c mean_c d, variance
+# the paired change of the held-out score from step 0 (eval/records/paired.py): the held-out evaluation draws
+# the same samples' noise for the same prompts at every step (prompt i's generator seeded by (seed, "eval",
+# i)), so each item i — a prompt and sample index — pairs with itself at step 0: d_i = score_i(step) −
+# score_i(0). Per category c (a GenEval tag; "all" for tasks without tags): mean_i∈c d_i, its Student-t 95 %
+# interval's half-width; overall: as the headline aggregates (GenEval tasks: (1/C) Σ_c mean_c d, variance
 # (1/C²) Σ_c s²_c/n_c, Welch–Satterthwaite dof; other tasks: the mean of d over every item), and the
 # half-width of the unpaired interval of the same change (both steps' items taken as independent)
 EVAL_CHANGE = "eval/change/{category}"
@@ -84,8 +86,9 @@ EVAL_CHANGE_UNPAIRED_CI = "eval/change_unpaired_ci/overall"
 EVAL_REWARD = "eval/reward/mean"  # held-out mean reward over every sample
 EVAL_REWARD_SE = "eval/reward_se"  # its standard error over the prompts' mean rewards
 # a benchmark suite as the held-out evaluation (eval_suite, train/eval_suite.py): the suite's overall score as
-# its paper aggregates it (GenEval 2: the mean image Soft-TIFA GM; WISE: 0.4·CULTURE + 0.12·each other category;
-# TIIF: the mean of its groups; UniGenBench: the mean of its primary dimensions), and each category's mean score
+# its paper aggregates it (GenEval 2: the mean image Soft-TIFA GM; WISE: 0.4·CULTURE + 0.12·each other
+# category; TIIF: the mean of its groups; UniGenBench: the mean of its primary dimensions), and each
+# category's mean score
 EVAL_SUITE = "eval/{suite}/overall"
 EVAL_SUITE_CATEGORY = "eval/{suite}/{category}"
 

@@ -149,7 +149,8 @@ def lock_output(folder: str | os.PathLike, command: str | None = None, check_tre
             os.close(fd)
             _remove_empty(created)
             raise UserError(
-                f"{folder} is in use by {_holder(text)}; wait for it to end or stop it, or choose another folder"
+                f"{folder} is in use by {_holder(text)}; wait for it to end or stop it, or "
+                f"choose another folder"
             ) from None
         try:
             same = os.fstat(fd).st_ino == os.lstat(path).st_ino
@@ -198,8 +199,10 @@ def _unwritable(path: Path, e: OSError | None = None, hard_link: bool = False) -
     if e is not None and e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EEXIST):
         return f"cannot write {path}: {e.strerror or e}"
     if hard_link:  # rewritten in place, it would change the other name's file too
-        return (f"{path} is a hard link (one file under two names), where t2i-gcpo writes a file of its own; "
-                "remove it")  # fmt: skip
+        return (
+            f"{path} is a hard link (one file under two names), where t2i-gcpo writes a file of its own; "
+            "remove it"
+        )
     return f"{path} is {_not_plain(path)}, where t2i-gcpo writes a file of its own; remove it"
 
 
@@ -211,8 +214,14 @@ def _not_plain(path: Path) -> str:
         return "unreadable"
     if stat.S_ISLNK(mode):
         return f"a symbolic link (to {os.readlink(path)})"
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISREG, "a file")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISREG, "a file"),
+    ):
         if test(mode):
             return name
     return "not a plain file"
@@ -284,8 +293,12 @@ def real_dir(path: Path, within: Path | None = None) -> Path:
 Content = str | bytes | Callable[[IO[bytes]], Any]
 
 
-def write_file(path: str | os.PathLike, content: Content, within: str | os.PathLike | None = None,
-               by_name: Callable[[str], Any] | None = None) -> Path:  # fmt: skip
+def write_file(
+    path: str | os.PathLike,
+    content: Content,
+    within: str | os.PathLike | None = None,
+    by_name: Callable[[str], Any] | None = None,
+) -> Path:
     """Write `path` whole, never through a link: its folders re-checked (`_open_folder`, from `within`
     down), `content` — text (UTF-8), bytes, or a function writing to a binary file object (a PIL image's
     ``save``, a figure's ``savefig``) — written to a fresh temporary file in the same folder, synced and
@@ -297,8 +310,9 @@ def write_file(path: str | os.PathLike, content: Content, within: str | os.PathL
     folder = _open_folder(path.parent, None if within is None else Path(within))
     tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=folder)  # fmt: skip
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+        )
         try:
             with os.fdopen(fd, "wb") as f:
                 if by_name is not None:
@@ -339,8 +353,12 @@ def _open_plain_append(path: Path, within: Path | None = None) -> int:
     with another name (a hard link); else a one-line UserError."""
     folder = _open_folder(path.parent, within)
     try:
-        fd = os.open(path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o644, dir_fd=folder)  # fmt: skip
+        fd = os.open(
+            path.name,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o644,
+            dir_fd=folder,
+        )
     except OSError as e:
         raise UserError(_unwritable(path, e)) from None
     finally:
@@ -495,8 +513,13 @@ def read_json(
     return parse_json(read_side_text(Path(path), limit, follow), str(path), schema)
 
 
-def read_jsonl(path: str | os.PathLike, schema: Any = None, limit: int = SIDE_FILE_BYTES,
-               skip_last_partial: bool = False, follow: bool = False) -> list:  # fmt: skip
+def read_jsonl(
+    path: str | os.PathLike,
+    schema: Any = None,
+    limit: int = SIDE_FILE_BYTES,
+    skip_last_partial: bool = False,
+    follow: bool = False,
+) -> list:
     """The values of a JSON Lines file, one per non-empty line, each as `parse_json` checks it (an error
     names the file and line). `skip_last_partial`: a last line that does not parse is dropped (cut short
     by a crash while it was written)."""
@@ -545,8 +568,9 @@ def read_lines(
     return p, kept
 
 
-def read_yaml(path: str | os.PathLike, what: str = "config file", limit: int = SIDE_FILE_BYTES,
-              follow: bool = False) -> Any:  # fmt: skip
+def read_yaml(
+    path: str | os.PathLike, what: str = "config file", limit: int = SIDE_FILE_BYTES, follow: bool = False
+) -> Any:
     """A YAML file's value, parsed the safe way without aliases (`yaml_value`), or a one-line UserError
     naming it (`what`: how the message names the file)."""
     path = Path(path)
@@ -589,8 +613,9 @@ def _no_alias_loader() -> type:
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
-                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a config: "
-                                                  "write the value out", mark)  # fmt: skip
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not accepted in a config: write the value out", mark
+                )
             return super().compose_node(parent, index)
 
     return NoAliasLoader
@@ -673,8 +698,9 @@ def read_settings_record(folder: Path) -> dict | None:
         raise UserError(f"{e}: not a settings record t2i-gcpo wrote; choose another --out") from None
 
 
-def check_settings_record(folder: Path, command: str, settings: Mapping[str, Any], redo: str | None = None,
-                          redoing: bool = False) -> bool:  # fmt: skip
+def check_settings_record(
+    folder: Path, command: str, settings: Mapping[str, Any], redo: str | None = None, redoing: bool = False
+) -> bool:
     """Whether `folder` holds work of `command` made with these `settings` (True: continue or redo it
     there) or no record at all (False; a record alone, of a command that stopped before its first
     output, counts as none). A training run's folder, a record of another command, or one of other
@@ -686,15 +712,21 @@ def check_settings_record(folder: Path, command: str, settings: Mapping[str, Any
     if record is None or not [p for p in folder.iterdir() if p.name not in (LOCK_NAME, SETTINGS_RECORD)]:
         return False
     if record["command"] != command:
-        raise UserError(f"{folder} holds the output of `t2i-gcpo {record['command']}`, not `{command}`; "
-                        "choose another --out")  # fmt: skip
+        raise UserError(
+            f"{folder} holds the output of `t2i-gcpo {record['command']}`, not `{command}`; "
+            "choose another --out"
+        )
     if settings_differences(record["settings"], settings):
         if redoing:
             return False
-        todo = f"give {redo} to redo it there, or choose another --out" if redo else (
-            f"choose another --out, or remove {folder} to start again")  # fmt: skip
+        todo = (
+            f"give {redo} to redo it there, or choose another --out"
+            if redo
+            else (f"choose another --out, or remove {folder} to start again")
+        )
         raise UserError(
-            f"{folder} was made by `{command}` with {describe_differences(record['settings'], settings)}; {todo}"
+            f"{folder} was made by `{command}` with {describe_differences(record['settings'], settings)}"
+            f"; {todo}"
         )
     return True
 

@@ -55,7 +55,8 @@ def config_file_path(path: str | Path) -> Path:
 
 
 def shipped_files() -> list[str]:
-    """Every shipped config, prompt file and example, relative to its folder's parent (``configs/gcpo.yaml``)."""
+    """Every shipped config, prompt file and example, relative to its folder's parent
+    (``configs/gcpo.yaml``)."""
     return sorted(
         str(p.relative_to(PACKAGE_DIR))
         for folder in (CONFIG_DIR, PROMPTS_DIR, EXAMPLES_DIR)

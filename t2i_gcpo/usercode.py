@@ -159,8 +159,8 @@ def _refusal(
     command that cannot name code)."""
     where = code_file(spec) if path is None else path
     inside = (
-        f" (a file inside the run folder {guard.folder}, which may come from someone else: read it before you "
-        "run it)"
+        f" (a file inside the run folder {guard.folder}, which may come from someone else: read it "
+        f"before you run it)"
         if _inside(where, guard.folder)
         else ""
     )
@@ -179,14 +179,26 @@ def _admit(guard: RunCodeGuard | None, spec: str, what: str, path: Path | None, 
     flag = OPTIONS.get(what, "--" + what.replace(" ", "-"))
     option = f"{flag} {shlex.quote(guard.specs.get(what) or spec)}"
     if not guard.trust:
-        raise _refusal(guard, spec, what, path, "code that a resumed run does not run unless you name it",
-                       f"add {option} (or --trust-run-code to run the code the run started with)")  # fmt: skip
+        raise _refusal(
+            guard,
+            spec,
+            what,
+            path,
+            "code that a resumed run does not run unless you name it",
+            f"add {option} (or --trust-run-code to run the code the run started with)",
+        )
     if guard.recorded is None:  # a run from before runs recorded their files: trusted as it is
         return
     sha = guard.recorded.get(str(path)) if path is not None else None
     if sha is None:
-        raise _refusal(guard, spec, what, path, "which is not code the run started with (--trust-run-code "
-                       "runs only that)", f"name it to run it: add {option}")  # fmt: skip
+        raise _refusal(
+            guard,
+            spec,
+            what,
+            path,
+            "which is not code the run started with (--trust-run-code runs only that)",
+            f"name it to run it: add {option}",
+        )
     if data is None or sha != sha256_bytes(data):
         if not guard.allow_changed:
             raise UserError(

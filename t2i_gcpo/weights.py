@@ -31,8 +31,10 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 def check_tensor(path: str | os.PathLike, name: str, tensor: torch.Tensor) -> None:
     """The dtype and finiteness check of one tensor read from `path`."""
-    if not (tensor.is_floating_point() or tensor.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16,
-                                                            torch.int32, torch.int64)):  # fmt: skip
+    if not (
+        tensor.is_floating_point()
+        or tensor.dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    ):
         raise UserError(f"{path}: tensor {name} has dtype {tensor.dtype}, not a weight type (damaged file?)")
     if tensor.is_floating_point():
         finite = torch.isfinite(tensor.float() if tensor.dtype.itemsize == 1 else tensor)
@@ -76,8 +78,9 @@ def check_weight_files(folder: str | os.PathLike) -> None:
         for path in sorted(Path(folder).rglob(pattern)):
             if not any(path.parent.glob("*.safetensors")):
                 raise UserError(
-                    f"{path}: weights saved as a pickle (torch.save), which t2i-gcpo does not read (reading one "
-                    "can run code); save them as safetensors (save_pretrained(…, safe_serialization=True))"
+                    f"{path}: weights saved as a pickle (torch.save), which t2i-gcpo does not read "
+                    f"(reading one can run code); save them as safetensors (save_pretrained(…, "
+                    f"safe_serialization=True))"
                 )
     for path in sorted(Path(folder).rglob("*.safetensors")):
         for name, tensor in _tensors(path):
@@ -91,12 +94,13 @@ KEY_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's wrappers, 
 
 
 def read_torch_weights(path: str | os.PathLike, what: str) -> dict[str, torch.Tensor]:
-    """The checked tensors (`check_tensor`) of one weights file, in their stored dtypes: a safetensors file, or a
-    ``torch.save`` pickle read with ``weights_only=True`` — plain containers, numbers, strings and tensors, plus
-    ``argparse.Namespace`` (the training arguments LlamaGen's scripts save beside the weights: an attribute bag
-    rebuilt without running anything). A pickle naming any other class or function is refused before anything
-    in it is built, so nothing in the file runs. The state dict is the file's first `STATE_DICT_ENTRIES` entry
-    (else the file itself), with `KEY_PREFIXES` dropped. Any failure is one `UserError` naming `what`."""
+    """The checked tensors (`check_tensor`) of one weights file, in their stored dtypes: a safetensors file,
+    or a ``torch.save`` pickle read with ``weights_only=True`` — plain containers, numbers, strings and
+    tensors, plus ``argparse.Namespace`` (the training arguments LlamaGen's scripts save beside the weights:
+    an attribute bag rebuilt without running anything). A pickle naming any other class or function is refused
+    before anything in it is built, so nothing in the file runs. The state dict is the file's first
+    `STATE_DICT_ENTRIES` entry (else the file itself), with `KEY_PREFIXES` dropped. Any failure is one
+    `UserError` naming `what`."""
     import argparse
 
     p = check_file(path, what)
@@ -115,8 +119,8 @@ def read_torch_weights(path: str | os.PathLike, what: str) -> dict[str, torch.Te
         found = [ln.strip() for ln in text.splitlines() if "GLOBAL" in ln]
         if found:  # the unpickler names what the file asked to build: say that, not torch's advice
             raise UserError(
-                f"{what} {p} holds more than weights ({_one_line(found[0], 160)}); t2i-gcpo reads tensors only and "
-                "never runs a file's code"
+                f"{what} {p} holds more than weights ({_one_line(found[0], 160)}); t2i-gcpo reads tensors "
+                f"only and never runs a file's code"
             ) from None
         raise UserError(f"cannot read {what} {p} (truncated or damaged file?): {_one_line(e)}") from None
     if isinstance(data, dict):

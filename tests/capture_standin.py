@@ -1,16 +1,16 @@
 """A stand-in for torch.cuda's streams and CUDA graphs on the CPU, for the tests of the decode loop's capture
-bookkeeping (tests/policies/test_decode_loop_regressions.py, tests/policies/test_decode_session.py) and the GPU check's dry run
-(benchmarks/gpu_check.py --tiny). It behaves as a capture does: the captured body runs nothing (the stand-in
-runs it, then puts every buffer of the loop and its decoder back as they were), and a replay runs the captured
-step. The capture of the `fail_at`-th span raises at its end the way PyTorch's ``capture_end`` does when CUDA
-invalidated the capture: it leaves the capture stream current, and the caching allocator still allocating to
-the capture's pool (``cudaStreamEndCapture``'s error is thrown before ``endAllocateToPool``), so that
-`empty_cache` then fails as the real one's internal assert does until the pool is ended and released
-(`_cuda_endAllocateToPool`, `_cuda_releasePool`, which torch.cuda.memory exports).
+bookkeeping (tests/policies/test_decode_loop_regressions.py, tests/policies/test_decode_session.py) and the
+GPU check's dry run (benchmarks/gpu_check.py --tiny). It behaves as a capture does: the captured body runs
+nothing (the stand-in runs it, then puts every buffer of the loop and its decoder back as they were), and a
+replay runs the captured step. The capture of the `fail_at`-th span raises at its end the way PyTorch's
+``capture_end`` does when CUDA invalidated the capture: it leaves the capture stream current, and the caching
+allocator still allocating to the capture's pool (``cudaStreamEndCapture``'s error is thrown before
+``endAllocateToPool``), so that `empty_cache` then fails as the real one's internal assert does until the pool
+is ended and released (`_cuda_endAllocateToPool`, `_cuda_releasePool`, which torch.cuda.memory exports).
 
-`addresses`: a capture also records the address of every tensor the step reads that it did not create (as a CUDA
-graph bakes them in), and a replay fails where one of those tensors has moved since (a weight whose storage a
-strategy freed and gathered again elsewhere: FSDP2)."""
+`addresses`: a capture also records the address of every tensor the step reads that it did not create (as a
+CUDA graph bakes them in), and a replay fails where one of those tensors has moved since (a weight whose
+storage a strategy freed and gathered again elsewhere: FSDP2)."""
 
 from __future__ import annotations
 
@@ -71,8 +71,18 @@ class StandInCuda:
             fake.loop, fake.step, fake.span = loop, step, span_
             return real(loop, step, span_)
 
-        names = ("Stream", "current_stream", "stream", "set_stream", "graph_pool_handle", "CUDAGraph", "graph",
-                 "synchronize", "empty_cache", "current_device")  # fmt: skip
+        names = (
+            "Stream",
+            "current_stream",
+            "stream",
+            "set_stream",
+            "graph_pool_handle",
+            "CUDAGraph",
+            "graph",
+            "synchronize",
+            "empty_cache",
+            "current_device",
+        )
         allocator = ("_cuda_endAllocateToPool", "_cuda_releasePool")
         return [(torch.cuda, n, getattr(self, n)) for n in names] + [
             *[(torch.cuda.memory, n, getattr(self, n)) for n in allocator],
@@ -124,8 +134,10 @@ class StandInCuda:
                 for ref, address in self.reads:
                     t = ref()
                     if t is not None and t.data_ptr() != address:
-                        raise AssertionError(f"stand-in: the replay reads a tensor {tuple(t.shape)} at the address "
-                                             "it had at the capture, which it has left (freed memory)")  # fmt: skip
+                        raise AssertionError(
+                            f"stand-in: the replay reads a tensor {tuple(t.shape)} at the address "
+                            "it had at the capture, which it has left (freed memory)"
+                        )
                 self.step(self.span)
 
         return Graph()
@@ -158,8 +170,10 @@ class StandInCuda:
 
     def empty_cache(self) -> None:
         if self.routed:
-            raise RuntimeError("stand-in: INTERNAL ASSERT FAILED in CUDACachingAllocator: a capture is under way "
-                               f"(allocating to pools {self.routed})")  # fmt: skip
+            raise RuntimeError(
+                "stand-in: INTERNAL ASSERT FAILED in CUDACachingAllocator: a capture is under way "
+                f"(allocating to pools {self.routed})"
+            )
 
     def _cuda_endAllocateToPool(self, device: int, pool: tuple) -> None:  # noqa: N802 (torch's name)
         if pool not in self.routed:

@@ -18,7 +18,8 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def error_line(err: str, ignore: str | None = None) -> str:
-    """The one `error: …` line of `err` (lines holding `ignore`, e.g. a progress bar, left out); no traceback."""
+    """The one `error: …` line of `err` (lines holding `ignore`, e.g. a progress bar, left
+    out); no traceback."""
     lines = [ln for ln in err.splitlines() if ln.strip() and (ignore is None or ignore not in ln)]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     return lines[0]

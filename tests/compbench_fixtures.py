@@ -1,6 +1,6 @@
 """A tiny random BLIP VQA checkpoint in the released layout (config, weights, BERT vocab with BLIP's [DEC]
-and [ENC] after it, BlipImageProcessor settings) and a T2I-CompBench data folder, for tests/eval/test_compbench.py
-and tests/e2e/test_eval_compare_cli.py."""
+and [ENC] after it, BlipImageProcessor settings) and a T2I-CompBench data folder, for
+tests/eval/test_compbench.py and tests/e2e/test_eval_compare_cli.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,28 @@ from pathlib import Path
 
 import torch
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "a", "red", "blue", "green", "circle",
-         "square", "triangle", "and", "?", "metallic", "fluffy", "[DEC]", "[ENC]"]  # fmt: skip
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "yes",
+    "no",
+    "a",
+    "red",
+    "blue",
+    "green",
+    "circle",
+    "square",
+    "triangle",
+    "and",
+    "?",
+    "metallic",
+    "fluffy",
+    "[DEC]",
+    "[ENC]",
+]
 SIZE = 32
 
 PROMPTS = {
@@ -32,11 +52,26 @@ def build_tiny_blip(path, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(WORDS) + "\n")
     BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
-    text = dict(vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, encoder_hidden_size=32, bos_token_id=WORDS.index("[DEC]"), sep_token_id=3,
-                pad_token_id=0, max_position_embeddings=64)  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=SIZE, patch_size=8)  # fmt: skip
+    text = dict(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        encoder_hidden_size=32,
+        bos_token_id=WORDS.index("[DEC]"),
+        sep_token_id=3,
+        pad_token_id=0,
+        max_position_embeddings=64,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=SIZE,
+        patch_size=8,
+    )
     torch.manual_seed(seed)
     model = BlipForQuestionAnswering(BlipConfig(text_config=text, vision_config=vision))
     with torch.no_grad():

@@ -22,8 +22,12 @@ CFG = SamplingParams(guidance_scale=3.0, top_k=20, top_p=0.9)
 
 def roll(policy, texts, group, sampling, mode, seed=0):
     records = [PromptRecord(t) for t in texts]
-    return policy.rollout(records, group, dataclasses.replace(sampling, decode=mode),
-                          group_generators(seed, "test", range(len(texts))))  # fmt: skip
+    return policy.rollout(
+        records,
+        group,
+        dataclasses.replace(sampling, decode=mode),
+        group_generators(seed, "test", range(len(texts))),
+    )
 
 
 def assert_same(a, b, atol=1e-4):

@@ -18,8 +18,15 @@ def completion(content: str, logprobs: list[tuple[str, float]] | None = None) ->
     choice: dict = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
     if logprobs is not None:
         token, lp = logprobs[0]
-        choice["logprobs"] = {"content": [{"token": token, "logprob": lp,
-                                           "top_logprobs": [{"token": t, "logprob": v} for t, v in logprobs]}]}  # fmt: skip
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token": token,
+                    "logprob": lp,
+                    "top_logprobs": [{"token": t, "logprob": v} for t, v in logprobs],
+                }
+            ]
+        }
     return {"id": "x", "object": "chat.completion", "choices": [choice]}
 
 

@@ -1,14 +1,15 @@
 """Tiny random LlamaGen-T2I releases, written in the released layout (nothing downloaded):
 
-- ``t2i_tiny_stage1_8.pt``: a torch file ``{"model": state dict, "optimizer": …, "steps": …, "args": Namespace}``
-  as LlamaGen's train_t2i.py saves it, the state dict under the released key names (spelled out here from
-  the reference's module tree, not from t2i_gcpo's model);
+- ``t2i_tiny_stage1_8.pt``: a torch file ``{"model": state dict, "optimizer": …, "steps": …, "args":
+  Namespace}`` as LlamaGen's train_t2i.py saves it, the state dict under the released key names (spelled out
+  here from the reference's module tree, not from t2i_gcpo's model);
 - ``vq_ds16_t2i.pt``: ``{"model": state dict}`` of a VQ with the reference's encoder and decoder names;
-- ``flan-t5-xl/``: a transformers T5ForConditionalGeneration folder (encoder and decoder weights, as google/flan-t5-xl)
-  with a T5 tokenizer built offline from a word list.
+- ``flan-t5-xl/``: a transformers T5ForConditionalGeneration folder (encoder and decoder weights, as
+  google/flan-t5-xl) with a T5 tokenizer built offline from a word list.
 
-The tiny GPT: dim 32, 2 layers, 4 heads of 8, SwiGLU 64, caption length L = 12 from T5 features of width 16, a 4 × 4
-grid (8 px images through a VQ that upsamples once) over a 64-entry codebook. Its size is not in the reference's
+The tiny GPT: dim 32, 2 layers, 4 heads of 8, SwiGLU 64, caption length L = 12 from T5 features of width 16, a
+4 × 4 grid (8 px images through a VQ that upsamples once) over a 64-entry codebook. Its size is
+not in the reference's
 table: `register_tiny_size` adds it (as "GPT-tiny") to t2i_gcpo's table.
 """
 
@@ -39,8 +40,15 @@ def register_tiny_size() -> None:
     GPT_SIZES.setdefault(TINY_SIZE, GPTSize(DIM, LAYERS, HEADS))
 
 
-def gpt_state(seed: int = 0, dim: int = DIM, layers: int = LAYERS, heads: int = HEADS, ffn: int = FFN,
-              vocab: int = CODES, std: float = 0.25) -> dict[str, torch.Tensor]:  # fmt: skip
+def gpt_state(
+    seed: int = 0,
+    dim: int = DIM,
+    layers: int = LAYERS,
+    heads: int = HEADS,
+    ffn: int = FFN,
+    vocab: int = CODES,
+    std: float = 0.25,
+) -> dict[str, torch.Tensor]:
     """A random text-to-image GPT's state dict under gpt.py's names (Transformer with CaptionEmbedder)."""
     g = torch.Generator().manual_seed(seed)
 
@@ -71,8 +79,12 @@ def gpt_state(seed: int = 0, dim: int = DIM, layers: int = LAYERS, heads: int = 
 
 def _res(prefix: str, cin: int, cout: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     out = {}
-    for name, shape in (("norm1", (cin,)), ("conv1", (cout, cin, 3, 3)), ("norm2", (cout,)),
-                        ("conv2", (cout, cout, 3, 3))) + ((("nin_shortcut", (cout, cin, 1, 1)),) if cin != cout else ()):  # fmt: skip
+    for name, shape in (
+        ("norm1", (cin,)),
+        ("conv1", (cout, cin, 3, 3)),
+        ("norm2", (cout,)),
+        ("conv2", (cout, cout, 3, 3)),
+    ) + ((("nin_shortcut", (cout, cin, 1, 1)),) if cin != cout else ()):
         if name.startswith("norm"):
             out[f"{prefix}.{name}.weight"], out[f"{prefix}.{name}.bias"] = (
                 torch.ones(shape),
@@ -95,14 +107,23 @@ def _attn(prefix: str, c: int, g: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _conv(prefix: str, cout: int, cin: int, k: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.weight": torch.randn(cout, cin, k, k, generator=g) * (cin * k * k) ** -0.5,
-            f"{prefix}.bias": torch.zeros(cout)}  # fmt: skip
+    return {
+        f"{prefix}.weight": torch.randn(cout, cin, k, k, generator=g) * (cin * k * k) ** -0.5,
+        f"{prefix}.bias": torch.zeros(cout),
+    }
 
 
-def vq_state(seed: int = 0, ch: int = VQ_CH, ch_mult: tuple[int, ...] = (1, 1), blocks: int = 1, z: int = VQ_Z,
-             codes: int = CODES, code_dim: int = CODE_DIM) -> dict[str, torch.Tensor]:  # fmt: skip
-    """A random VQModel's state dict under vq_model.py's names: encoder, decoder, quant / post-quant convs and the
-    (l2-normalised, as initialised there) codebook with its usage buffer."""
+def vq_state(
+    seed: int = 0,
+    ch: int = VQ_CH,
+    ch_mult: tuple[int, ...] = (1, 1),
+    blocks: int = 1,
+    z: int = VQ_Z,
+    codes: int = CODES,
+    code_dim: int = CODE_DIM,
+) -> dict[str, torch.Tensor]:
+    """A random VQModel's state dict under vq_model.py's names: encoder, decoder, quant / post-quant convs and
+    the (l2-normalised, as initialised there) codebook with its usage buffer."""
     g = torch.Generator().manual_seed(seed)
     n = len(ch_mult)
     state = {**_conv("encoder.conv_in", ch, 3, 3, g)}
@@ -148,7 +169,8 @@ def vq_state(seed: int = 0, ch: int = VQ_CH, ch_mult: tuple[int, ...] = (1, 1), 
 
 
 def t5_tokenizer():
-    """A T5 (Unigram) tokenizer from a word list, letters as the fallback pieces: pad 0, EOS 1, unk 2, as T5's."""
+    """A T5 (Unigram) tokenizer from a word list, letters as the fallback pieces: pad 0, EOS
+    1, unk 2, as T5's."""
     from transformers import T5Tokenizer
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [
@@ -159,15 +181,26 @@ def t5_tokenizer():
 
 
 def write_t5(folder: Path, seed: int = 0, d_model: int = CAPTION_DIM) -> Path:
-    """A tiny FLAN-T5 folder: T5ForConditionalGeneration (gated-GELU, as flan-t5) saved with safetensors, and its
-    tokenizer."""
+    """A tiny FLAN-T5 folder: T5ForConditionalGeneration (gated-GELU, as flan-t5) saved with safetensors, and
+    its tokenizer."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     tok = t5_tokenizer()
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=len(tok), d_model=d_model, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
-                      num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)  # fmt: skip
+    config = T5Config(
+        vocab_size=len(tok),
+        d_model=d_model,
+        d_kv=4,
+        d_ff=32,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     T5ForConditionalGeneration(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -180,8 +213,11 @@ def build_tiny_llamagen(folder: str | Path, seed: int = 0, with_args: bool = Tru
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint: dict = {"model": gpt_state(seed)}
     if with_args:  # what train_t2i.py saves beside the weights
-        checkpoint |= {"optimizer": {"state": {}, "param_groups": [{"lr": 1e-4, "params": [0]}]}, "steps": 10,
-                       "args": argparse.Namespace(gpt_model=TINY_SIZE, cls_token_num=CAPTION_LEN, image_size=8)}  # fmt: skip
+        checkpoint |= {
+            "optimizer": {"state": {}, "param_groups": [{"lr": 1e-4, "params": [0]}]},
+            "steps": 10,
+            "args": argparse.Namespace(gpt_model=TINY_SIZE, cls_token_num=CAPTION_LEN, image_size=8),
+        }
     torch.save(checkpoint, folder / GPT_NAME)
     torch.save({"model": vq_state(seed)}, folder / "vq_ds16_t2i.pt")
     write_t5(folder / "flan-t5-xl", seed)

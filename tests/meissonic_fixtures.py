@@ -2,19 +2,21 @@
 
 `build_tiny_meissonic(path)` writes what the release holds, file for file and key for key:
 
-    model_index.json                    {"_class_name": "Pipeline", …, "transformer": ["transformer", "Transformer2DModel"]}
-    transformer/config.json             the release's keys (+ sample_size: the tiny grid; the release renders 1024 px)
+    model_index.json                    {"_class_name": "Pipeline", …,
+                                         "transformer": ["transformer", "Transformer2DModel"]}
+    transformer/config.json             the release's keys (+ sample_size: the tiny grid; released: 1024 px)
     transformer/diffusion_pytorch_model.safetensors and .fp16.safetensors
-    transformer/transformer.py          the release ships its code here: ours must never run it (it leaves a mark)
+    transformer/transformer.py          the release ships its code here: never run (it leaves a mark)
     vqvae/                              a diffusers VQModel (config.json + safetensors, fp16 copy too)
     text_encoder/                       a transformers CLIPTextModelWithProjection (77 positions)
     tokenizer/                          a CLIP BPE tokenizer (tests/tiny_models.py `write_clip_tokenizer`)
-    scheduler/scheduler_config.json     {"_class_name": "Scheduler", "mask_token_id": …, "masking_schedule": "cosine"}
+    scheduler/scheduler_config.json     {"_class_name": "Scheduler", "mask_token_id": …,
+                                         "masking_schedule": "cosine"}
     scheduler/scheduler.py              the release's scheduler code: never run either
 
-The transformer's weights are written from `released_shapes`, the parameter names and shapes of the reference's
-``Transformer2DModel`` (viiika/Meissonic src/transformer.py) spelled out here from its module tree, not from the
-adapter's module: a name the adapter gets wrong does not load.
+The transformer's weights are written from `released_shapes`, the parameter names and shapes of the
+reference's ``Transformer2DModel`` (viiika/Meissonic src/transformer.py) spelled out here from its module
+tree, not from the adapter's module: a name the adapter gets wrong does not load.
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ def _booby_trap(folder: Path, name: str, pickled: bool = False) -> None:
     """A Python file (and a pickle beside the safetensors weights) that leave `MARK` in `folder` if anything
     runs them."""
     (folder / name).write_text(
-        f"import os\nopen(os.path.join(os.path.dirname(os.path.abspath(__file__)), {MARK!r}), 'w').write('ran')\n"
+        f"import os\nopen(os.path.join(os.path.dirname(os.path.abspath(__file__)), {MARK!r}), "
+        f"'w').write('ran')\n"
         "raise SystemExit('executed')\n"
     )
     mark = str(folder / MARK)
@@ -184,8 +187,14 @@ def _booby_trap(folder: Path, name: str, pickled: bool = False) -> None:
     (folder / "diffusion_pytorch_model.bin").write_bytes(pickle.dumps(Trap()))
 
 
-def build_tiny_meissonic(path, seed: int = 0, transformer: dict | None = None, text_width: int = TEXT_WIDTH,
-                         projection: int = PROJECTION, fp16_copy: bool = True) -> Path:  # fmt: skip
+def build_tiny_meissonic(
+    path,
+    seed: int = 0,
+    transformer: dict | None = None,
+    text_width: int = TEXT_WIDTH,
+    projection: int = PROJECTION,
+    fp16_copy: bool = True,
+) -> Path:
     """Write a tiny random Meissonic folder (module docstring) to `path`; `transformer` overrides config keys
     (None values remove them), `text_width` / `projection` the text encoder's widths."""
     from diffusers import VQModel
@@ -210,25 +219,48 @@ def build_tiny_meissonic(path, seed: int = 0, transformer: dict | None = None, t
 
     torch.manual_seed(seed)
     vq = VQModel(
-        act_fn="silu", block_out_channels=[8, 8], down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2, in_channels=3, out_channels=3, latent_channels=4,
-        layers_per_block=1, norm_num_groups=8, num_vq_embeddings=K, vq_embed_dim=4, sample_size=2 * SIDE,
-        mid_block_add_attention=False, lookup_from_codebook=True, force_upcast=False,
-    )  # fmt: skip
+        act_fn="silu",
+        block_out_channels=[8, 8],
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=8,
+        num_vq_embeddings=K,
+        vq_embed_dim=4,
+        sample_size=2 * SIDE,
+        mid_block_add_attention=False,
+        lookup_from_codebook=True,
+        force_upcast=False,
+    )
     vq.save_pretrained(path / "vqvae")
     if fp16_copy:
         vq.half().save_pretrained(path / "vqvae", variant="fp16")
     text = CLIPTextModelWithProjection(
         CLIPTextConfig(
-            vocab_size=56, hidden_size=text_width, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=77, projection_dim=projection, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+            vocab_size=56,
+            hidden_size=text_width,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            projection_dim=projection,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
         )
-    )  # fmt: skip
+    )
     text.save_pretrained(path / "text_encoder")
     write_clip_tokenizer(path / "tokenizer")
     (path / "scheduler").mkdir(exist_ok=True)
-    sched = {"_class_name": "Scheduler", "_diffusers_version": "0.30.2", "mask_token_id": MASK_ID,
-             "masking_schedule": "cosine"}  # fmt: skip
+    sched = {
+        "_class_name": "Scheduler",
+        "_diffusers_version": "0.30.2",
+        "mask_token_id": MASK_ID,
+        "masking_schedule": "cosine",
+    }
     (path / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched, indent=2))
     _booby_trap(path / "scheduler", "scheduler.py")
     (path / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2))

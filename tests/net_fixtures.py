@@ -40,9 +40,9 @@ class Seen:
 
 @dataclass
 class Reply:
-    """What a fake server answers: `body` (bytes, or data sent as JSON), or with `drip` every byte of the whole
-    answer (head included) that many seconds apart, or with `stream` that many bytes of a chunked body (or
-    until the client hangs up)."""
+    """What a fake server answers: `body` (bytes, or data sent as JSON), or with `drip` every byte of the
+    whole answer (head included) that many seconds apart, or with `stream` that many bytes of a chunked body
+    (or until the client hangs up)."""
 
     status: int = 200
     body: Any = b""
@@ -52,9 +52,9 @@ class Reply:
 
 
 class FakeServer:
-    """A loopback HTTP(S) server whose answers `respond(seen) -> Reply` writes; records what it was sent (`seen`)
-    and how many bytes of streamed answers went out (`sent`). CONNECT requests are tunnelled to their target
-    (a proxy) when `tunnel` is set."""
+    """A loopback HTTP(S) server whose answers `respond(seen) -> Reply` writes; records what it was sent
+    (`seen`) and how many bytes of streamed answers went out (`sent`). CONNECT requests are tunnelled to their
+    target (a proxy) when `tunnel` is set."""
 
     def __init__(
         self, respond: Callable[[Seen], Reply], tls: tuple[str, str] | None = None, tunnel: bool = False
@@ -170,9 +170,28 @@ def self_signed(folder: Path) -> tuple[str, str] | None:
     if shutil.which("openssl") is None:
         return None
     cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(cert), str(key)
 
 
@@ -181,8 +200,18 @@ def health(**fields: Any) -> dict:
     """A well-formed /health answer of a reward server, with `fields` changed."""
     from t2i_gcpo.rewards.remote import PROTOCOL, SERVICE
 
-    info = {"service": SERVICE, "protocol": PROTOCOL, "version": "0.1.0", "spec": "fake", "name": "fake",
-            "terms": None, "bounds": [0.0, 1.0], "context": [], "max_images": 64, "max_bytes": 1 << 24}  # fmt: skip
+    info = {
+        "service": SERVICE,
+        "protocol": PROTOCOL,
+        "version": "0.1.0",
+        "spec": "fake",
+        "name": "fake",
+        "terms": None,
+        "bounds": [0.0, 1.0],
+        "context": [],
+        "max_images": 64,
+        "max_bytes": 1 << 24,
+    }
     info.update(fields)
     return info
 
@@ -204,13 +233,14 @@ def scores_for(seen: Seen, value: float = 0.5) -> Reply:
     return Reply(body={"scores": [value] * n, "details": [{} for _ in range(n)]})
 
 
-# ----------------------------------------------------------------------------- the real server, hostile clients
+# --------------------------------------------------------------------------- the real server, hostile clients
 BRIGHTNESS = f"{Path(__file__).resolve().parent / 'net_rewards.py'}:brightness"
 
 
 @contextmanager
 def real_server(spec: str = BRIGHTNESS, **options: Any) -> Iterator[tuple[str, Any, Any]]:
-    """The reward server (t2i_gcpo/rewards/server.py) on a free loopback port in a thread: (URL, service, server)."""
+    """The reward server (t2i_gcpo/rewards/server.py) on a free loopback port in a thread: (URL,
+    service, server)."""
     from t2i_gcpo.rewards.server import RewardService, make_server
 
     service = RewardService(spec, device="cpu", **options)
@@ -243,8 +273,9 @@ def score_body(n: int = 2, size: int = 16, **extra: Any) -> bytes:
     ).encode()
 
 
-def post(url: str, body: bytes | None, headers: dict | None = None, path: str = "/score",
-         timeout: float = 10) -> tuple[int, dict]:  # fmt: skip
+def post(
+    url: str, body: bytes | None, headers: dict | None = None, path: str = "/score", timeout: float = 10
+) -> tuple[int, dict]:
     """(status, JSON answer) of one POST to the real server."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)

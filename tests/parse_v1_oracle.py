@@ -1,6 +1,6 @@
 """Frozen oracle: `parse_prompt` exactly as it was before the compositional grammar (commit aba2342),
-for tests/worlds/shapeworld/test_shapeworld_parse_compat.py. Do not edit: it is the reference the new parser must
-reproduce on every prompt the old one accepted.
+for tests/worlds/shapeworld/test_shapeworld_parse_compat.py. Do not edit: it is the reference the new parser
+must reproduce on every prompt the old one accepted.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ def blue_hundred(images, prompts, metadata):
 
 
 def slow_redness(images, prompts, metadata):
-    """`redness`, after 0.3 s of sleep where T2I_TEST_SLOW_REWARD is set (a step long enough for a kill to land
-    in it)."""
+    """`redness`, after 0.3 s of sleep where T2I_TEST_SLOW_REWARD is set (a step long enough for a kill to
+    land in it)."""
     import os
     import time
 

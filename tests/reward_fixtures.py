@@ -1,6 +1,7 @@
 """What the tests of rewards placed elsewhere share (tests/rewards/test_server.py, test_placement.py,
-tests/train/test_reward_overlap.py, test_gdpo.py): a reward server on loopback in a thread, a tiny two-step ShapeWorld
-run through `t2i-gcpo train`, its metrics and final weights, and rewards that are slow or count their calls."""
+tests/train/test_reward_overlap.py, test_gdpo.py): a reward server on loopback in a thread, a tiny two-step
+ShapeWorld run through `t2i-gcpo train`, its metrics and final weights, and rewards that are slow or
+count their calls."""
 
 from __future__ import annotations
 
@@ -15,8 +16,22 @@ from pathlib import Path
 
 import torch
 
-TINY = ["--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "rollout.cfg_scale=2",
-        "--set", "optim.lr=3e-3", "--set", "sample_every=0", "--set", "eval_every=-1", "--report-to", "none"]  # fmt: skip
+TINY = [
+    "--set",
+    "rollout.prompts_per_step=2",
+    "--set",
+    "rollout.group_size=4",
+    "--set",
+    "rollout.cfg_scale=2",
+    "--set",
+    "optim.lr=3e-3",
+    "--set",
+    "sample_every=0",
+    "--set",
+    "eval_every=-1",
+    "--report-to",
+    "none",
+]
 TINY_GRID = (4, 4)  # the tiny prior's token grid (tests/tiny_models.py)
 
 
@@ -43,7 +58,8 @@ def free_port() -> int:
 
 
 def train(out: Path, model: str, prompts: str, *args: str, steps: int = 2) -> int:
-    """`t2i-gcpo train` of the tiny prior into `out` in this process, without the HTML report: its exit code."""
+    """`t2i-gcpo train` of the tiny prior into `out` in this process, without the HTML
+    report: its exit code."""
     argv = ["--prompts", prompts, "--model", model, "--out", str(out), "--steps", str(steps), *TINY, *args]
     return command("train", *argv)
 

@@ -2,7 +2,7 @@
 
     DIR/config.json                 showlab/show-o's keys (_class_name "Showo", vocab_size, llm_vocab_size, …)
     DIR/pytorch_model.safetensors   the Phi backbone under the released key names (showo.model.layers.0.…)
-    DIR/magvitv2/                   config.json (_class_name "MAGVITv2", tiny widths) + pytorch_model.safetensors
+    DIR/magvitv2/                   config.json (_class_name "MAGVITv2", tiny), pytorch_model.safetensors
     DIR/phi-1_5/                    a Phi config.json (model_type "phi") + a byte-level BPE CodeGen tokenizer
 
 The key names are spelled out here from the reference's modules (Show-o's models/phi.py and
@@ -45,24 +45,49 @@ def write_phi_tokenizer(folder: Path) -> int:
     vocab["<|endoftext|>"] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(MERGES) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "CodeGenTokenizer", "add_prefix_space": False, "model_max_length": 2048,
-        "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-    }))  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "CodeGenTokenizer",
+                "add_prefix_space": False,
+                "model_max_length": 2048,
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+            }
+        )
+    )
     return len(vocab)
 
 
 def tiny_phi_config(vocab_size: int) -> dict:
     """microsoft/phi-1_5's config.json keys at tiny widths (model_type phi, partial rotary 0.5)."""
     return {
-        "architectures": ["PhiForCausalLM"], "model_type": "phi", "hidden_act": "gelu_new",
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": PHI_LAYERS, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "partial_rotary_factor": 0.5, "max_position_embeddings": 256,
-        "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None, "qk_layernorm": False,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "tie_word_embeddings": False, "vocab_size": vocab_size, "bos_token_id": None, "eos_token_id": None,
-        "torch_dtype": "float32", "transformers_version": "4.37.0",
-    }  # fmt: skip
+        "architectures": ["PhiForCausalLM"],
+        "model_type": "phi",
+        "hidden_act": "gelu_new",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": PHI_LAYERS,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "partial_rotary_factor": 0.5,
+        "max_position_embeddings": 256,
+        "layer_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "qk_layernorm": False,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+        "transformers_version": "4.37.0",
+    }
 
 
 def released_phi_keys(layers: int) -> list[str]:
@@ -72,8 +97,15 @@ def released_phi_keys(layers: int) -> list[str]:
     buffers not persistent)."""
     keys = ["showo.model.embed_tokens.weight"]
     for i in range(layers):
-        for mod in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.dense", "mlp.fc1",
-                    "mlp.fc2", "input_layernorm"):  # fmt: skip
+        for mod in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.dense",
+            "mlp.fc1",
+            "mlp.fc2",
+            "input_layernorm",
+        ):
             keys += [f"showo.model.layers.{i}.{mod}.weight", f"showo.model.layers.{i}.{mod}.bias"]
     keys += ["showo.model.final_layernorm.weight", "showo.model.final_layernorm.bias"]
     return sorted(keys + ["showo.lm_head.weight", "showo.lm_head.bias"])
@@ -137,8 +169,9 @@ def build_tiny_magvit(folder: Path, seed: int = 0) -> Path:
     cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in MAGVIT_TINY.items()}
     state = MagvitV2(MagvitConfig(**cfg)).state_dict()
     assert sorted(state) == released_magvit_keys(MAGVIT_TINY), "the released key names"
-    (folder / "config.json").write_text(json.dumps({"_class_name": "MAGVITv2", "_diffusers_version": "0.30.1",
-                                                    **MAGVIT_TINY}))  # fmt: skip
+    (folder / "config.json").write_text(
+        json.dumps({"_class_name": "MAGVITv2", "_diffusers_version": "0.30.1", **MAGVIT_TINY})
+    )
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "pytorch_model.safetensors"))
     return folder
 
@@ -168,10 +201,16 @@ def build_tiny_showo(folder, seed: int = 0, head_scale: float = 0.5) -> Path:
     assert sorted(state) == released_phi_keys(PHI_LAYERS), "the released key names"
     save_file(state, str(folder / "pytorch_model.safetensors"), metadata={"format": "pt"})
     config = {
-        "_class_name": "Showo", "_diffusers_version": "0.30.1", "codebook_size": k,
-        "llm_model_path": "microsoft/phi-1_5", "llm_vocab_size": llm_vocab, "mask_token_id": vocab - 1,
-        "num_vq_tokens": SHOWO_SIDE * SHOWO_SIDE, "vocab_size": vocab, "w_clip_vit": False,
-    }  # fmt: skip
+        "_class_name": "Showo",
+        "_diffusers_version": "0.30.1",
+        "codebook_size": k,
+        "llm_model_path": "microsoft/phi-1_5",
+        "llm_vocab_size": llm_vocab,
+        "mask_token_id": vocab - 1,
+        "num_vq_tokens": SHOWO_SIDE * SHOWO_SIDE,
+        "vocab_size": vocab,
+        "w_clip_vit": False,
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     build_tiny_magvit(folder / "magvitv2", seed)
     return folder

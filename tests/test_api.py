@@ -22,9 +22,17 @@ from t2i_gcpo.worlds.shapeworld import parse_prompt
 from tiny_models import tiny_policy_dir
 from train_fixtures import redness, write_prompt_file
 
-FAST = {"rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.cfg_scale": 2, "optim.lr": 3e-3,
-        "sample_every": 0, "save_every": 1, "eval_every": -1, "rollout.autocast": "none",
-        "optim.autocast": "none"}  # fmt: skip
+FAST = {
+    "rollout.prompts_per_step": 2,
+    "rollout.group_size": 4,
+    "rollout.cfg_scale": 2,
+    "optim.lr": 3e-3,
+    "sample_every": 0,
+    "save_every": 1,
+    "eval_every": -1,
+    "rollout.autocast": "none",
+    "optim.autocast": "none",
+}
 PROMPTS = ["a photo of a red circle", "a photo of two blue squares", "a photo of a cross left of a bar"]
 G, P = FAST["rollout.group_size"], FAST["rollout.prompts_per_step"]
 
@@ -41,8 +49,14 @@ class Recorder:
 
     def __call__(self, images, prompts, metadata):
         scores = images[:, 0].mean((1, 2))
-        self.calls.append({"images": images.clone(), "prompts": list(prompts), "metadata": metadata,
-                           "scores": scores.tolist()})  # fmt: skip
+        self.calls.append(
+            {
+                "images": images.clone(),
+                "prompts": list(prompts),
+                "metadata": metadata,
+                "scores": scores.tolist(),
+            }
+        )
         return scores
 
 
@@ -154,8 +168,15 @@ def test_a_reward_that_fails_only_in_training_raises_a_reward_error(tiny, tmp_pa
         return redness(images, prompts, metadata)
 
     with pytest.raises(RewardError, match="reward 'fails_past_the_dry_sample' failed: ValueError: bad batch"):
-        api.train(tiny["model"], PROMPTS, fails_past_the_dry_sample, "grpo", overrides=FAST, steps=1,
-                  out=tmp_path / "run")  # fmt: skip
+        api.train(
+            tiny["model"],
+            PROMPTS,
+            fails_past_the_dry_sample,
+            "grpo",
+            overrides=FAST,
+            steps=1,
+            out=tmp_path / "run",
+        )
 
 
 def test_bad_input_fails_before_anything_is_written(tiny, tmp_path):
@@ -180,20 +201,38 @@ def test_bad_input_fails_before_anything_is_written(tiny, tmp_path):
 def test_a_list_of_metadata_dicts_trains_as_a_jsonl_file_does(tiny, tmp_path):
     rows = [json.loads(line) for line in open(tiny["prompts"])]
     listed = api.train(tiny["model"], rows, redness, overrides=FAST, steps=1, seed=1, out=tmp_path / "list")
-    from_file = api.train(tiny["model"], tiny["prompts"], redness, overrides=FAST, steps=1, seed=1,
-                          out=tmp_path / "file")  # fmt: skip
+    from_file = api.train(
+        tiny["model"], tiny["prompts"], redness, overrides=FAST, steps=1, seed=1, out=tmp_path / "file"
+    )
     assert [json.loads(line) for line in open(listed.run_dir / "prompts.jsonl")] == rows
     assert untimed(listed.metrics) == untimed(from_file.metrics)
 
 
 def test_cli_and_api_give_the_same_run_for_the_same_seed(tiny, tmp_path):
     sets = [x for k, v in FAST.items() for x in ("--set", f"{k}={v}")]
-    r = CliRunner().invoke(cli, ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--reward",
-                                 "train_fixtures:redness", "--steps", "1", "--seed", "3",
-                                 "--out", str(tmp_path / "cli"), *sets])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--prompts",
+            tiny["prompts"],
+            "--model",
+            tiny["model"],
+            "--reward",
+            "train_fixtures:redness",
+            "--steps",
+            "1",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path / "cli"),
+            *sets,
+        ],
+    )
     assert r.exit_code == 0, r.output
-    result = api.train(tiny["model"], tiny["prompts"], redness, overrides=FAST, steps=1, seed=3,
-                         out=tmp_path / "api")  # fmt: skip
+    result = api.train(
+        tiny["model"], tiny["prompts"], redness, overrides=FAST, steps=1, seed=3, out=tmp_path / "api"
+    )
     cli_rows = [json.loads(line) for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
     assert untimed(result.metrics) == untimed(cli_rows) and len(cli_rows) == 1
     configs = [yaml.safe_load((tmp_path / d / "config.yaml").read_text()) for d in ("cli", "api")]
@@ -261,8 +300,10 @@ def test_importing_the_api_loads_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, t2i_gcpo; t2i_gcpo.api.train; from t2i_gcpo.api import credit_maps; "
-            "assert 'torch' not in sys.modules; print('ok')")  # fmt: skip
+    code = (
+        "import sys, t2i_gcpo; t2i_gcpo.api.train; from t2i_gcpo.api import credit_maps; "
+        "assert 'torch' not in sys.modules; print('ok')"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
 
 

@@ -31,8 +31,8 @@ LAYERS = {
     "t2i_gcpo.api": 12,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
     "t2i_gcpo.analysis": 11,  # credit maps and credit lift outside training (the credit-map command's logic)
     "t2i_gcpo.eval": 10,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
-    # the question-based suites (GenEval 2, the judge suites) and their asking loop: below train, whose held-out
-    # evaluation runs them too (eval_suite); tasks' peer (neither imports the other)
+    # the question-based suites (GenEval 2, the judge suites) and their asking loop: below train, whose
+    # held-out evaluation runs them too (eval_suite); tasks' peer (neither imports the other)
     "t2i_gcpo.eval.suites": 8,
     "t2i_gcpo.train": 9,
     "t2i_gcpo.tasks": 8,  # prompt parsing, held-out evaluation, step metrics; the rollout → score loop
@@ -176,7 +176,8 @@ def test_imports_point_only_downward():
                 continue
             elif LAYERS[dst] > LAYERS[src]:
                 bad.append(
-                    f"{where(module, line)} -> {target} (layer {LAYERS[src]} {src} imports layer {LAYERS[dst]})"
+                    f"{where(module, line)} -> {target} (layer {LAYERS[src]} {src} imports "
+                    f"layer {LAYERS[dst]})"
                 )
             elif LAYERS[dst] == LAYERS[src]:
                 bad.append(

@@ -45,7 +45,8 @@ def tree(root: Path) -> set[Path]:
 
 @pytest.mark.parametrize("entry", ["budget", "history"])
 def test_a_trainer_state_entry_of_the_wrong_type_is_one_line_naming_it(finished, tmp_path, capsys, entry):
-    """`"budget": 5` or `"history": 5`: the problem was recorded, then the entry iterated anyway (TypeError)."""
+    """`"budget": 5` or `"history": 5`: the problem was recorded, then the entry iterated
+    anyway (TypeError)."""
     run = copy_run(finished["base"], tmp_path)
     state = json.loads((ckpt(run) / "trainer_state.json").read_text())
     (ckpt(run) / "trainer_state.json").write_text(json.dumps({**state, entry: 5}))
@@ -63,9 +64,11 @@ def test_a_deep_jsonl_prompt_file_is_one_line_for_train_sample_and_eval(finished
     prompts = tmp_path / "deep.jsonl"
     prompts.write_text(DEEP_ROW + "\n")
     model = finished["model"]
-    for args in (["train", "--prompts", prompts, "--model", model, "--out", tmp_path / "run"],
-                 ["sample", "--prompts", prompts, "--model", model, "--out", tmp_path / "samples"],
-                 ["eval", "shapeworld", "--prompts", prompts, "--model", model, "--out", tmp_path / "eval"]):  # fmt: skip
+    for args in (
+        ["train", "--prompts", prompts, "--model", model, "--out", tmp_path / "run"],
+        ["sample", "--prompts", prompts, "--model", model, "--out", tmp_path / "samples"],
+        ["eval", "shapeworld", "--prompts", prompts, "--model", model, "--out", tmp_path / "eval"],
+    ):
         before = tree(tmp_path)
         code, _, err = cli(capsys, *args)
         line = error_line(err)
@@ -138,12 +141,28 @@ def test_a_deep_settings_record_is_one_line_from_the_command_line(finished, tmp_
 def test_a_deep_yaml_config_or_set_value_is_one_line(tmp_path, capsys):
     config = tmp_path / "deep.yaml"
     config.write_text("optim: " + "[" * 100_000 + "]" * 100_000 + "\n")
-    code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--config", config,
-                       "--out", tmp_path / "run")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--config",
+        config,
+        "--out",
+        tmp_path / "run",
+    )
     line = error_line(err)
     assert code == 2 and f"config file {config} is nested too deeply" in line, line
-    code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--set",
-                       "optim.lr=" + "[" * 5_000 + "]" * 5_000, "--out", tmp_path / "run")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--set",
+        "optim.lr=" + "[" * 5_000 + "]" * 5_000,
+        "--out",
+        tmp_path / "run",
+    )
     assert code == 2 and "is nested too deeply" in error_line(err)
     assert not (tmp_path / "run").exists()
 

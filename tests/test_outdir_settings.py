@@ -60,10 +60,31 @@ def test_settings_compare_whatever_the_order_and_name_what_differs(tmp_path):
 def test_compare_refuses_runs_made_with_other_settings_whatever_the_order_of_set(tmp_path, capsys):
     """Issue 45: re-running compare with another --steps or --set reused the old runs and exited 0."""
     out = tmp_path / "cmp"
-    base = ["compare", "--algos", "grpo", "--seeds", "1", "--eval-every", "1", "--model", tiny_policy_dir(tmp_path),
-            "--prompts", PROMPTS_DIR / "shapeworld_train.jsonl", "--out", out]  # fmt: skip
-    sets = ["--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "sample_every=0",
-            "--set", "eval_images_per_prompt=1"]  # fmt: skip
+    base = [
+        "compare",
+        "--algos",
+        "grpo",
+        "--seeds",
+        "1",
+        "--eval-every",
+        "1",
+        "--model",
+        tiny_policy_dir(tmp_path),
+        "--prompts",
+        PROMPTS_DIR / "shapeworld_train.jsonl",
+        "--out",
+        out,
+    ]
+    sets = [
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_images_per_prompt=1",
+    ]
     code, _, err = cli(capsys, *base, "--steps", 1, *sets)
     assert code == 0, err
     finished = files(out / "grpo")
@@ -136,9 +157,11 @@ def test_sample_and_eval_refuse_each_others_folders_and_a_run(tmp_path, capsys):
     sample = ["sample", "--prompts", prompts, "--n", 1, "--out"]
     assert cli(capsys, *sample, out)[0] == 0
     before = files(out)
-    for args in (["eval", "shapeworld", "--prompts", prompts, "--n", 1, "--out", out],
-                 ["credit-map", "--prompt", "a photo of a red circle", "--out", out],
-                 ["eval", "geneval", "--score-only", out, "--detector", "shapeworld", "--out", out]):  # fmt: skip
+    for args in (
+        ["eval", "shapeworld", "--prompts", prompts, "--n", 1, "--out", out],
+        ["credit-map", "--prompt", "a photo of a red circle", "--out", out],
+        ["eval", "geneval", "--score-only", out, "--detector", "shapeworld", "--out", out],
+    ):
         code, _, err = cli(capsys, *args)
         line = error_line(err)
         assert code == 2 and "holds the output of `t2i-gcpo sample`" in line, (args[:2], line)
@@ -183,12 +206,25 @@ def test_a_matched_comparison_resumes_whatever_the_order_of_set(tmp_path, monkey
 
     monkeypatch.setattr(B, "plan_match", lambda *a, **k: pytest.fail("probed again"))
     arm = {"of": "vine", "samples_per_step": 48.0, "set": "rollout.group_size=12"}
-    saved = {"match": "samples", "by": "group", "baseline": "dapo", "model": "shapeworld",
-             "overrides": ["optim.lr=1e-4", "rollout.prompts_per_step=4"], "arms": {"dapo-at-vine-budget": arm}}  # fmt: skip
+    saved = {
+        "match": "samples",
+        "by": "group",
+        "baseline": "dapo",
+        "model": "shapeworld",
+        "overrides": ["optim.lr=1e-4", "rollout.prompts_per_step=4"],
+        "arms": {"dapo-at-vine-budget": arm},
+    }
     (tmp_path / "budget.json").write_text(json.dumps(saved))
     flags = {"prompts": "prompts/shapeworld_train.jsonl", "model": "shapeworld", "reward": None, "steps": 10}
-    plan = plan_matches(tmp_path, ["dapo", "vine"], {"dapo": [0], "vine": [0]}, "dapo", flags,
-                        ("rollout.prompts_per_step=4", "optim.lr=1e-4"), "group")  # fmt: skip
+    plan = plan_matches(
+        tmp_path,
+        ["dapo", "vine"],
+        {"dapo": [0], "vine": [0]},
+        "dapo",
+        flags,
+        ("rollout.prompts_per_step=4", "optim.lr=1e-4"),
+        "group",
+    )
     assert plan == {"dapo-at-vine-budget": arm}
     with pytest.raises(UserError, match="other settings"):
         plan_matches(tmp_path, ["dapo", "vine"], {"dapo": [0], "vine": [0]}, "dapo", flags, (), "prompts")

@@ -35,15 +35,40 @@ def no_report(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("writes")
-    return {"root": root, "model": str(tiny_policy_dir(root)), "prompts": str(write_prompt_file(root / "p.jsonl")),
-            "eval": str(write_prompt_file(root / "eval.jsonl", n=1))}  # fmt: skip
+    return {
+        "root": root,
+        "model": str(tiny_policy_dir(root)),
+        "prompts": str(write_prompt_file(root / "p.jsonl")),
+        "eval": str(write_prompt_file(root / "eval.jsonl", n=1)),
+    }
 
 
 def run_args(tiny: dict, out: Path, steps: int = 1, *extra: str, sample_every: int = 0) -> list:
-    args = ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--out", out, "--steps", steps,
-            "--reward", "train_fixtures:redness", "--report-to", "none"]  # fmt: skip
-    for s in ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", f"sample_every={sample_every}",
-              "save_every=1", "eval_every=0", "eval_images_per_prompt=1", f"eval_prompts={tiny['eval']}"):  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--out",
+        out,
+        "--steps",
+        steps,
+        "--reward",
+        "train_fixtures:redness",
+        "--report-to",
+        "none",
+    ]
+    for s in (
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.cfg_scale=2",
+        f"sample_every={sample_every}",
+        "save_every=1",
+        "eval_every=0",
+        "eval_images_per_prompt=1",
+        f"eval_prompts={tiny['eval']}",
+    ):
         args += ["--set", s]
     return [*args, *extra]
 
@@ -68,7 +93,7 @@ def victims(tmp_path: Path) -> tuple[Path, Path]:
     return victim, folder
 
 
-# ------------------------------------------------------------------ the repro: links planted while a run trains
+# ---------------------------------------------------------------- the repro: links planted while a run trains
 
 
 def test_a_link_planted_at_eval_json_or_processes_json_is_replaced_not_written_through(
@@ -276,8 +301,9 @@ def finished(tmp_path_factory):
     return train_tiny_run(tmp_path_factory.mktemp("trust"))
 
 
-def test_trust_never_imports_a_received_folders_package_to_find_its_module(finished, tmp_path, capsys,
-                                                                            monkeypatch):  # fmt: skip
+def test_trust_never_imports_a_received_folders_package_to_find_its_module(
+    finished, tmp_path, capsys, monkeypatch
+):
     """With --trust-run-code, a dotted module:function in a received config imported the run folder's
     __init__.py (importlib.util.find_spec imports parent packages) before the hash check refused it."""
     run, marker = copy_run(finished["base"], tmp_path), tmp_path / "PWNED"

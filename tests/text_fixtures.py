@@ -11,9 +11,16 @@ from t2i_gcpo.cli import main
 
 # float32 whatever the machine ('auto' picks bf16 where native): recorded ≡ replayed log-probs is
 # asserted to float32 tolerances (tests/test_sampler_precision.py covers bf16)
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16",
-        "sample_every=1", "save_every=1", "eval_every=-1",
-        "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=16",
+    "sample_every=1",
+    "save_every=1",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 # lengths vary between random completions, so the overlong penalty gives every group signal
 REWARD = "arithmetic:overlong=16/12"
 
@@ -24,8 +31,10 @@ def problems(tmp_path, rows) -> str:
     return str(path)
 
 
-ROWS = [{"question": "12+7*3=?", "answer": "7*3=21\n12+21=33\n#### 33"},
-        {"question": "4*5-6=?", "answer": "#### 14"}]  # fmt: skip
+ROWS = [
+    {"question": "12+7*3=?", "answer": "7*3=21\n12+21=33\n#### 33"},
+    {"question": "4*5-6=?", "answer": "#### 14"},
+]
 
 
 def cli_train(model, prompts, out, algo, lr, extra=(), capture=None, monkeypatch=None) -> list[dict]:
@@ -38,8 +47,25 @@ def cli_train(model, prompts, out, algo, lr, extra=(), capture=None, monkeypatch
             return scored
 
         monkeypatch.setattr(scoring_module, "sample_and_score", keep)
-    args = ["train", "--prompts", prompts, "--model", f"text:{model}", "--reward", REWARD, "--out", str(out),
-            "--steps", "1", "--algo", algo, "--seed", "0", "--set", f"optim.lr={lr}"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        f"text:{model}",
+        "--reward",
+        REWARD,
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--algo",
+        algo,
+        "--seed",
+        "0",
+        "--set",
+        f"optim.lr={lr}",
+    ]
     for kv in (*FAST, *extra):
         args += ["--set", kv]
     try:

@@ -65,8 +65,9 @@ def tiny_ar_policy(prompts: list[str], storage: str = "float32", seed: int = 0):
     return policy
 
 
-def tiny_masked_policy(prompts: list[str], codebook_size: int, steps: int, storage: str = "float32",
-                       seed: int = 0, **kw):  # fmt: skip
+def tiny_masked_policy(
+    prompts: list[str], codebook_size: int, steps: int, storage: str = "float32", seed: int = 0, **kw
+):
     """A random 2-layer, d=32 masked prior over a random 16×16-px VQ (4×4 tokens), in memory, with logits
     of std ≈ 2: distributions far from uniform, yet not one-hot."""
     from t2i_gcpo.policies.masked import MaskedConfig, MaskedPolicy
@@ -80,9 +81,14 @@ def tiny_masked_policy(prompts: list[str], codebook_size: int, steps: int, stora
         )
     )
     cfg = MaskedConfig(
-        prompt_len=8, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-        default_steps=steps, storage_dtype=storage,
-    )  # fmt: skip
+        prompt_len=8,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        default_steps=steps,
+        storage_dtype=storage,
+    )
     policy = MaskedPolicy(cfg, PromptTokenizer.build(prompts, max_len=8), vq, **kw).eval()
     with torch.no_grad():
         policy.head.weight.normal_(0, 2 / 32**0.5)
@@ -114,8 +120,15 @@ def build_tiny_masked(root, seed: int = 0) -> str:
     torch.manual_seed(seed)
     vq = VQTokenizer(VQConfig(image_size=16, channels=(16, 32), num_down=2, codebook_size=16, code_dim=8))
     tok = PromptTokenizer.build(PROMPTS, max_len=12)
-    cfg = MaskedConfig(prompt_len=12, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                       default_steps=4, storage_dtype="float32")  # fmt: skip
+    cfg = MaskedConfig(
+        prompt_len=12,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        default_steps=4,
+        storage_dtype="float32",
+    )
     policy = MaskedPolicy(cfg, tok, vq)
     with torch.no_grad():  # far-from-uniform distributions: the advantage moves log-probs measurably
         policy.head.weight.normal_(0, 2 / 32**0.5)
@@ -147,12 +160,15 @@ def write_clip_tokenizer(folder) -> None:
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(
             {
-                "tokenizer_class": "CLIPTokenizer", "model_max_length": 16,
-                "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
-                "unk_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                "tokenizer_class": "CLIPTokenizer",
+                "model_max_length": 16,
+                "bos_token": "<|startoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
             },
             f,
-        )  # fmt: skip
+        )
 
 
 def build_tiny_amused(path) -> None:
@@ -164,24 +180,57 @@ def build_tiny_amused(path) -> None:
     write_clip_tokenizer(os.path.join(path, "tokenizer"))
     text = CLIPTextModelWithProjection(
         CLIPTextConfig(
-            vocab_size=56, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-            max_position_embeddings=16, projection_dim=16, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+            vocab_size=56,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            projection_dim=16,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
         )
-    )  # fmt: skip
+    )
     transformer = UVit2DModel(
-        hidden_size=16, use_bias=False, cond_embed_dim=16, micro_cond_encode_dim=2, micro_cond_embed_dim=10,
-        encoder_hidden_size=16, vocab_size=AMUSED_MASK_ID + 1, codebook_size=AMUSED_K, in_channels=8, block_out_channels=8,
-        num_res_blocks=1, downsample=True, upsample=True, block_num_heads=1, num_hidden_layers=1,
-        num_attention_heads=2, intermediate_size=16, sample_size=AMUSED_SIDE,
-    )  # fmt: skip
+        hidden_size=16,
+        use_bias=False,
+        cond_embed_dim=16,
+        micro_cond_encode_dim=2,
+        micro_cond_embed_dim=10,
+        encoder_hidden_size=16,
+        vocab_size=AMUSED_MASK_ID + 1,
+        codebook_size=AMUSED_K,
+        in_channels=8,
+        block_out_channels=8,
+        num_res_blocks=1,
+        downsample=True,
+        upsample=True,
+        block_num_heads=1,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        sample_size=AMUSED_SIDE,
+    )
     with torch.no_grad():  # far-from-uniform distributions, so contexts and steps differ measurably
         transformer.mlm_layer.conv2.weight.mul_(20)
     vq = VQModel(
-        act_fn="silu", block_out_channels=[8, 8], down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2, in_channels=3, out_channels=3, latent_channels=4,
-        layers_per_block=1, norm_num_groups=8, num_vq_embeddings=AMUSED_K, vq_embed_dim=4, sample_size=8,
-        mid_block_add_attention=False, lookup_from_codebook=True, force_upcast=False,
-    )  # fmt: skip
+        act_fn="silu",
+        block_out_channels=[8, 8],
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=8,
+        num_vq_embeddings=AMUSED_K,
+        vq_embed_dim=4,
+        sample_size=8,
+        mid_block_add_attention=False,
+        lookup_from_codebook=True,
+        force_upcast=False,
+    )
     transformer.save_pretrained(os.path.join(path, "transformer"))
     vq.save_pretrained(os.path.join(path, "vqvae"))
     text.save_pretrained(os.path.join(path, "text_encoder"))
@@ -214,8 +263,8 @@ JANUS_WORDS = (
 JANUS_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}<|User|>: {% else %}<|Assistant|>: {% endif %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}{% endfor %}"
-    "{{ '\\n\\n' }}"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif "
+    "%}{% endfor %}{{ '\\n\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|Assistant|>:{% endif %}"
 )
@@ -269,8 +318,13 @@ JANUS_PRO_1B = JanusShape(2048, 24, 16, 16, 5632, 102400, 16384)
 JANUS_PRO_7B = JanusShape(4096, 30, 32, 32, 11008, 102400, 16384)
 
 
-def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, upsample: int = 1,
-                      shape: JanusShape = JanusShape()):  # fmt: skip
+def tiny_janus_config(
+    vocab_size: int,
+    tokenizer=None,
+    grid: int = JANUS_GRID,
+    upsample: int = 1,
+    shape: JanusShape = JanusShape(),
+):
     """JanusConfig: Llama d=64 L=2 (or `shape`'s); a grid×grid image-token grid (vision image 8·grid px /
     patch 8, which sets the VQ grid); VQ K=64 with 32/64 channels and `upsample` ×2 stages → images of
     grid·2^upsample px."""
@@ -325,8 +379,15 @@ def tiny_janus_config(vocab_size: int, tokenizer=None, grid: int = JANUS_GRID, u
     )
 
 
-def make_janus(tokenizer, seed: int = 0, grid: int = JANUS_GRID, upsample: int = 1, shape: JanusShape = JanusShape(),
-               std: float = 0.1, device: str = "cpu"):  # fmt: skip
+def make_janus(
+    tokenizer,
+    seed: int = 0,
+    grid: int = JANUS_GRID,
+    upsample: int = 1,
+    shape: JanusShape = JanusShape(),
+    std: float = 0.1,
+    device: str = "cpu",
+):
     """A random `JanusForConditionalGeneration` in memory (eval mode, on `device`, in torch's default dtype):
     the language model and generation modules' matrices drawn N(0, std²) (0.1: sharper than the usual
     0.02, so cond/null logits differ visibly at tiny sizes), the generation config Janus-Pro's."""
@@ -546,15 +607,31 @@ def build_tiny_pickscore(path, seed: int = 0) -> Path:
 
     path = Path(path)
     write_clip_tokenizer(path)
-    text = dict(vocab_size=56, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=PICK_SIZE, patch_size=8)  # fmt: skip
+    text = dict(
+        vocab_size=56,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=PICK_SIZE,
+        patch_size=8,
+    )
     torch.manual_seed(seed)
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
     model.save_pretrained(path)
-    CLIPImageProcessorPil(size={"shortest_edge": PICK_SIZE},
-                          crop_size={"height": PICK_SIZE, "width": PICK_SIZE}).save_pretrained(path)  # fmt: skip
+    CLIPImageProcessorPil(
+        size={"shortest_edge": PICK_SIZE}, crop_size={"height": PICK_SIZE, "width": PICK_SIZE}
+    ).save_pretrained(path)
     return path
 
 
@@ -618,17 +695,47 @@ def build_tiny_aesthetic(root, seed: int = 0) -> tuple[Path, Path]:
         def __init__(self):
             super().__init__()
             self.layers = torch.nn.Sequential(
-                torch.nn.Linear(16, 24), torch.nn.Dropout(0.2), torch.nn.Linear(24, 12), torch.nn.Dropout(0.2),
-                torch.nn.Linear(12, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 4), torch.nn.Linear(4, 1),
-            )  # fmt: skip
+                torch.nn.Linear(16, 24),
+                torch.nn.Dropout(0.2),
+                torch.nn.Linear(24, 12),
+                torch.nn.Dropout(0.2),
+                torch.nn.Linear(12, 8),
+                torch.nn.Dropout(0.1),
+                torch.nn.Linear(8, 4),
+                torch.nn.Linear(4, 1),
+            )
 
     head_path = root / "sac+logos+ava1-tiny.pth"
     torch.save(Head().state_dict(), head_path)
     return clip_path, head_path
 
 
-BLIP_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "does", "this", "figure", "show", '"',
-              "?", "please", "answer", "or", ".", "a", "red", "blue", "circle", "photo", "of", "[DEC]"]  # fmt: skip
+BLIP_WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "yes",
+    "no",
+    "does",
+    "this",
+    "figure",
+    "show",
+    '"',
+    "?",
+    "please",
+    "answer",
+    "or",
+    ".",
+    "a",
+    "red",
+    "blue",
+    "circle",
+    "photo",
+    "of",
+    "[DEC]",
+]
 BLIP_SIZE = 32
 
 
@@ -643,11 +750,26 @@ def build_tiny_blip_vqa(path, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(BLIP_WORDS) + "\n")
     BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
-    text = dict(vocab_size=len(BLIP_WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, encoder_hidden_size=32, bos_token_id=len(BLIP_WORDS) - 1, sep_token_id=3,
-                pad_token_id=0, max_position_embeddings=64)  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=BLIP_SIZE, patch_size=8)  # fmt: skip
+    text = dict(
+        vocab_size=len(BLIP_WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        encoder_hidden_size=32,
+        bos_token_id=len(BLIP_WORDS) - 1,
+        sep_token_id=3,
+        pad_token_id=0,
+        max_position_embeddings=64,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=BLIP_SIZE,
+        patch_size=8,
+    )
     torch.manual_seed(seed)
     model = BlipForQuestionAnswering(BlipConfig(text_config=text, vision_config=vision))
     with torch.no_grad():

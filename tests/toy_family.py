@@ -79,8 +79,13 @@ class ToyPolicy(nn.Module):
         u = shared + self.null
         return {"pos": c, "neg": u, "guided": u + s * (c - u)}[context]
 
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         if len(generators) != len(prompts):
             raise ValueError("one generator per prompt")
         records = [p for p in prompts for _ in range(group_size)]
@@ -94,9 +99,15 @@ class ToyPolicy(nn.Module):
                 tokens[:, t] = (
                     torch.searchsorted(cdf, draws[:, t : t + 1].contiguous()).squeeze(1).clamp(max=CODES - 1)
                 )
-        ro = Rollout(tokens=tokens, mask=torch.ones(len(records), TOKENS),
-                     step=torch.arange(TOKENS).expand(len(records), -1), logp={}, prompts=records,
-                     group_size=group_size, sampling=sampling)  # fmt: skip
+        ro = Rollout(
+            tokens=tokens,
+            mask=torch.ones(len(records), TOKENS),
+            step=torch.arange(TOKENS).expand(len(records), -1),
+            logp={},
+            prompts=records,
+            group_size=group_size,
+            sampling=sampling,
+        )
         with torch.no_grad():
             ro.logp = {ctx: self.logprobs(ro, ctx) for ctx in ("pos", "neg", "guided")}
         return ro

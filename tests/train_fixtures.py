@@ -67,10 +67,34 @@ def train_tiny_run(root: Path, *args: str) -> dict:
     from tiny_models import tiny_policy_dir
 
     model, prompts = str(tiny_policy_dir(root)), str(write_prompt_file(root / "p.jsonl"))
-    argv = ["train", "--prompts", prompts, "--model", model, "--out", str(root / "base"), "--steps", "1",
-            "--report-to", "none", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-            "--set", "rollout.cfg_scale=2", "--set", "optim.lr=3e-3", "--set", "sample_every=0",
-            "--set", "eval_every=-1", "--set", "save_every=1", *args]  # fmt: skip
+    argv = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--out",
+        str(root / "base"),
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "rollout.cfg_scale=2",
+        "--set",
+        "optim.lr=3e-3",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_every=-1",
+        "--set",
+        "save_every=1",
+        *args,
+    ]
     report = trainer_mod.Trainer._report
     trainer_mod.Trainer._report = lambda self: None
     try:

@@ -10,29 +10,58 @@ from pathlib import Path
 # words made single tokens of the tiny vocabulary (with and without a leading space): the answers asked for
 WORDS = ("Yes", "yes", "No", "no", "one", "One", "two", "Two", "three", "Three", "four", "Four")
 FAVOURED = ("Ġyes", "Yes", "ĠNo", "four")  # tokens given large logits: one of them wins the argmax
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>")  # fmt: skip
+SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 # Qwen's chat template, cut to what a one-turn image question uses
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% for c in message['content'] %}"
-    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% "
+    "endif %}{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
 )
 
-GENEVAL2_ROWS = [  # the real format (facebookresearch/GenEval2 README); prompts of our own, in ShapeWorld's words
-    {"prompt": "a photo of a square and a circle", "atom_count": 3,
-     "vqa_list": [["How many squares are in the image?", "one"], ["Are there any squares in the image?", "Yes"],
-                  ["How many circles are in the image?", "one"], ["Are there any circles in the image?", "Yes"]],
-     "skills": ["count", "object", "count", "object"]},
-    {"prompt": "a photo of a circle above a triangle", "atom_count": 3,
-     "vqa_list": [["How many circles are in the image?", "one"], ["Are there any circles in the image?", "Yes"],
-                  ["Is the circle above the triangle?", "Yes"], ["How many triangles are in the image?", "one"],
-                  ["Are there any triangles in the image?", "Yes"]],
-     "skills": ["count", "object", "position", "count", "object"]},
-    {"prompt": "a photo of four triangles", "atom_count": 2,
-     "vqa_list": [["How many triangles are in the image?", "four"], ["Are there any triangles in the image?", "Yes"]],
-     "skills": ["count", "object"]},
-]  # fmt: skip
+# the real format (facebookresearch/GenEval2 README); prompts of our own, in ShapeWorld's words
+GENEVAL2_ROWS = [
+    {
+        "prompt": "a photo of a square and a circle",
+        "atom_count": 3,
+        "vqa_list": [
+            ["How many squares are in the image?", "one"],
+            ["Are there any squares in the image?", "Yes"],
+            ["How many circles are in the image?", "one"],
+            ["Are there any circles in the image?", "Yes"],
+        ],
+        "skills": ["count", "object", "count", "object"],
+    },
+    {
+        "prompt": "a photo of a circle above a triangle",
+        "atom_count": 3,
+        "vqa_list": [
+            ["How many circles are in the image?", "one"],
+            ["Are there any circles in the image?", "Yes"],
+            ["Is the circle above the triangle?", "Yes"],
+            ["How many triangles are in the image?", "one"],
+            ["Are there any triangles in the image?", "Yes"],
+        ],
+        "skills": ["count", "object", "position", "count", "object"],
+    },
+    {
+        "prompt": "a photo of four triangles",
+        "atom_count": 2,
+        "vqa_list": [
+            ["How many triangles are in the image?", "four"],
+            ["Are there any triangles in the image?", "Yes"],
+        ],
+        "skills": ["count", "object"],
+    },
+]
 
 
 def write_geneval2_data(path: Path, rows: list[dict] | None = None) -> Path:
@@ -70,20 +99,44 @@ def build_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
 
     tok = _tokenizer()
     ids = {s: tok.convert_tokens_to_ids(s) for s in SPECIALS}
-    image_processor = Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2,
-                                            min_pixels=56 * 56, max_pixels=56 * 56 * 4)  # fmt: skip
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=14, merge_size=2, temporal_patch_size=2, min_pixels=56 * 56, max_pixels=56 * 56 * 4
+    )
     video_processor = Qwen3VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2)
-    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tok, video_processor=video_processor,
-                                 chat_template=CHAT_TEMPLATE)  # fmt: skip
+    processor = Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
     config = Qwen3VLConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, eos_token_id=ids["<|im_end|>"],
-                         rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]}),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0]),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-    )  # fmt: skip
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            eos_token_id=ids["<|im_end|>"],
+            rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]},
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=32,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            deepstack_visual_indexes=[0],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).eval()
     # a few answers' tokens get large logits: TIFA then hits some atoms and misses others
@@ -103,11 +156,13 @@ def reference_probability(model, processor, image, question: str, answers) -> tu
     messages = [
         {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": question}]}
     ]
-    inputs = processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True,
-                                           return_tensors="pt")  # fmt: skip
+    inputs = processor.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            **inputs, max_new_tokens=1, do_sample=False, output_scores=True, return_dict_in_generate=True
+        )
     probs = torch.nn.functional.softmax(out.scores[0], dim=-1)
     p = sum(probs[0, processor.tokenizer.encode(a)[0]].item() for a in answers)
     return p, processor.batch_decode([torch.argmax(probs)])[0]

@@ -15,8 +15,9 @@ masked prior caches nothing (every step re-reads the canvas): no prefill.
 
 Sampling as the trainer does it for a scheme that branches: bf16 autocast where the device multiplies bf16
 natively and the sampler declares it (rollout.autocast = auto), the negative context not scored
-(``score_negative=False``), the rollout's cache kept (``keep_cache=True``). One warm-up of every call, then the median of the repeats, the fresh
-rollout and the three points interleaved in each repeat, each repeat with new roots.
+(``score_negative=False``), the rollout's cache kept (``keep_cache=True``). One warm-up of every call, then
+the median of the repeats, the fresh rollout and the three points interleaved in each repeat, each
+repeat with new roots.
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ def models(ctx: Context) -> list[tuple[str, object, object, list]]:
     from t2i_gcpo.policies.registry import load_policy
 
     out = []
-    for name, label in (("shapeworld", "AR prior"), ("shapeworld-masked", "masked prior"),
-                        ("arithmetic", "text (arithmetic)")):  # fmt: skip
+    for name, label in (
+        ("shapeworld", "AR prior"),
+        ("shapeworld-masked", "masked prior"),
+        ("arithmetic", "text (arithmetic)"),
+    ):
         policy = load_policy(name).eval().to(ctx.device)
         bf16 = native_bf16(ctx.device) and policy.capabilities.bf16_sampling
         sampling = dataclasses.replace(
@@ -138,8 +142,12 @@ def measure(ctx: Context, policy, sampling, name: str, batch: int, repeats: int)
     out = {"fresh_s": statistics.median(fresh), "length": float(length.mean()), "points": {}}
     for f in FRACTIONS:
         cost = statistics.median(branch[f])
-        out["points"][f] = {"branch_s": cost, "share": share[f], "prefill_s": statistics.median(prefill[f]),
-                            "distinct": statistics.median(distinct[f])}  # fmt: skip
+        out["points"][f] = {
+            "branch_s": cost,
+            "share": share[f],
+            "prefill_s": statistics.median(prefill[f]),
+            "distinct": statistics.median(distinct[f]),
+        }
     return out
 
 
@@ -160,12 +168,21 @@ def run(ctx: Context) -> dict:
         precision[label] = "bf16" if sampling.autocast == "bf16" else "float32"
         lengths[label] = got["length"]
         for f, p in got["points"].items():
-            rows.append({"model": label, "precision": precision[label], "batch": batch,
-                         "point": f"{f:g} · {scale_of(policy, sampling, name)}", "fresh_s": got["fresh_s"],
-                         "branch_s": p["branch_s"], "measured": p["branch_s"] / got["fresh_s"],
-                         "expected": p["share"], "prefill_pct": 100 * p["prefill_s"] / p["branch_s"],
-                         "without_prefill": (p["branch_s"] - p["prefill_s"]) / got["fresh_s"],
-                         "distinct": p["distinct"]})  # fmt: skip
+            rows.append(
+                {
+                    "model": label,
+                    "precision": precision[label],
+                    "batch": batch,
+                    "point": f"{f:g} · {scale_of(policy, sampling, name)}",
+                    "fresh_s": got["fresh_s"],
+                    "branch_s": p["branch_s"],
+                    "measured": p["branch_s"] / got["fresh_s"],
+                    "expected": p["share"],
+                    "prefill_pct": 100 * p["prefill_s"] / p["branch_s"],
+                    "without_prefill": (p["branch_s"] - p["prefill_s"]) / got["fresh_s"],
+                    "distinct": p["distinct"],
+                }
+            )
     by_model: dict[str, list[dict]] = {}
     for r in rows:
         by_model.setdefault(r["model"], []).append(r)
@@ -179,38 +196,42 @@ def run(ctx: Context) -> dict:
         )
         if any(r["prefill_pct"] > 0 for r in rs):
             line += (
-                f"; its prefill takes {min(r['prefill_pct'] for r in rs):.0f}–{max(r['prefill_pct'] for r in rs):.0f} % "
-                f"of the continuation (growing with t, the prefix it re-reads), and without it a continuation costs "
+                f"; its prefill takes {min(r['prefill_pct'] for r in rs):.0f}–"
+                f"{max(r['prefill_pct'] for r in rs):.0f} % of the continuation (growing with t, the prefix "
+                f"it re-reads), and without it a continuation costs "
                 + ", ".join(f"{r['without_prefill']:.2f}" for r in rs)
             )
         parts.append(line)
     text = by_model.get("text (arithmetic)")
     text_note = (
-        f" The text roots are {lengths['text (arithmetic)']:.1f} tokens long on average, and a point a fraction "
-        f"of each root's own length puts the {batch} continuations on "
-        f"{min(r['distinct'] for r in text):.0f}–{max(r['distinct'] for r in text):.0f} distinct t (median per "
-        f"call): the branch call decodes each distinct t as its own batch, one after another, each until its "
-        f"longest row ends, so it pays the per-step overhead of the tiny model that many times. The AR and "
-        f"masked rows branch every root at the same t (one batch), as `every_k` does for text too."
+        f" The text roots are {lengths['text (arithmetic)']:.1f} tokens long on average, and a point a "
+        f"fraction of each root's own length puts the {batch} continuations on "
+        f"{min(r['distinct'] for r in text):.0f}–{max(r['distinct'] for r in text):.0f} distinct t "
+        f"(median per call): the branch call decodes each distinct t as its own batch, one after another, "
+        f"each until its longest row ends, so it pays the per-step overhead of the tiny model that many "
+        f"times. The AR and masked rows branch every root at the same t (one batch), as `every_k` "
+        f"does for text too."
         if text and max(r["distinct"] for r in text) > 1
         else ""
     )
     reading = (
-        f"One continuation per root (B = {batch}) from a quarter, a half and three quarters of the decisions, "
-        f"its cost as a fraction of a fresh batch of B samples next to the share of decisions it re-makes: "
+        f"One continuation per root (B = {batch}) from a quarter, a half and three quarters of the "
+        f"decisions, its cost as a fraction of a fresh batch of B samples next to the share of "
+        f"decisions it re-makes: "
         + "; ".join(parts)
-        + ". What a continuation pays beyond its share is fixed per branch call: re-feeding the prefix's last "
-        "token, copying the cached rows, drawing the uniforms and assembling the rows; the AR prior forks the "
-        "rollout's own KV cache, text still prefills [context; root prefix] (one forward over the roots' "
-        "prefixes, which its rollout computed already and does not hand on). The masked prior caches nothing: "
-        "each remaining reveal step is one forward of the doubled batch, as in the fresh rollout." + text_note
+        + ". What a continuation pays beyond its share is fixed per branch call: re-feeding the "
+        "prefix's last token, copying the cached rows, drawing the uniforms and assembling the rows; the AR "
+        "prior forks the rollout's own KV cache, text still prefills [context; root prefix] (one forward "
+        "over the roots' prefixes, which its rollout computed already and does not hand on). The masked "
+        "prior caches nothing: each remaining reveal step is one forward of the doubled batch, as in "
+        "the fresh rollout." + text_note
     )
     if ctx.device == "cpu":
         reading += shared_cpu_note(load)
     return {
         "title": TITLE,
-        "timing": f"median of {plural(repeats, 'repeat')} after one warm-up; each repeat samples new roots, then "
-        f"branches them at the three points",
+        "timing": f"median of {plural(repeats, 'repeat')} after one warm-up; each repeat samples new "
+        f"roots, then branches them at the three points",
         "columns": [
             ("model", "model"),
             ("precision", "precision"),
@@ -229,7 +250,7 @@ def run(ctx: Context) -> dict:
             "ratios": {
                 f"{r['model']} @ {r['point']}": {"measured": r["measured"], "expected": r["expected"]}
                 for r in rows
-            },  # fmt: skip
+            },
             "precision": precision,
             "mean_root_length": lengths,
         },

@@ -113,13 +113,26 @@ def race(
 def race_row(batch: int, best: dict[str, float], units: float, rate: str) -> dict[str, float]:
     """One row of a `race`: seconds and `units` per second (column `ours_<rate>` / `generate_<rate>`)
     of each side, and our speed relative to `generate`'s."""
-    return {"batch": batch, "ours_s": best["ours"], "generate_s": best["generate"],
-            f"ours_{rate}": units / best["ours"], f"generate_{rate}": units / best["generate"],
-            "speed_ratio": best["generate"] / best["ours"]}  # fmt: skip
+    return {
+        "batch": batch,
+        "ours_s": best["ours"],
+        "generate_s": best["generate"],
+        f"ours_{rate}": units / best["ours"],
+        f"generate_{rate}": units / best["generate"],
+        "speed_ratio": best["generate"] / best["ours"],
+    }
 
 
-def race_section(title: str, rows: list[dict], repeats: int, batch_label: str, rate: str, rate_label: str,
-                 reading: str, **summary: Any) -> dict[str, Any]:  # fmt: skip
+def race_section(
+    title: str,
+    rows: list[dict],
+    repeats: int,
+    batch_label: str,
+    rate: str,
+    rate_label: str,
+    reading: str,
+    **summary: Any,
+) -> dict[str, Any]:
     """The section a `race` over batch sizes reports: its table, and each batch's speed ratio."""
     return {
         "title": title,
@@ -211,7 +224,10 @@ class PeakMemory:
     def what(device: str) -> str:
         if device == "cuda":
             return "peak CUDA memory allocated above the phase's start (torch.cuda.max_memory_allocated)"
-        return "peak resident-set growth above the phase's start (free memory trimmed, VmHWM reset via /proc/self/clear_refs)"
+        return (
+            "peak resident-set growth above the phase's start (free memory trimmed, VmHWM reset via "
+            "/proc/self/clear_refs)"
+        )
 
 
 class PhaseMemory:

@@ -62,8 +62,13 @@ def run(ctx: Context) -> dict | None:
             ends.append(end)
             wall_s.append(end - start)
         finals = {s: final_score(r) for s, r in seeds.items()}
-        row = {"algo": algo, "runs": len(seeds), "train_min": statistics.mean(train_s) / 60,
-               "wall_min": statistics.mean(wall_s) / 60, "final": statistics.mean(finals.values())}  # fmt: skip
+        row = {
+            "algo": algo,
+            "runs": len(seeds),
+            "train_min": statistics.mean(train_s) / 60,
+            "wall_min": statistics.mean(wall_s) / 60,
+            "final": statistics.mean(finals.values()),
+        }
         if algo in reference:
             ref = {s: final_score(r) for s, r in reference[algo].items()}
             paired = paired_differences({"this": finals, "reference": ref}, "reference")["this"]["paired"]
@@ -85,9 +90,9 @@ def run(ctx: Context) -> dict | None:
     reading = (
         f"{n_runs} runs in {root} took {total_min:.0f} min from the first start to the last end "
         f"(target for `compare --algos dapo,gcpo,dgpo,grpo --seeds 5 --steps 150`: ≤ {TARGET_MIN:.0f} min, "
-        f"{'met' if total_min <= TARGET_MIN else 'missed'}), with rollout.autocast {precision['rollout']} and "
-        f"optim.autocast {precision['optim']}. Per run the wall time includes the held-out evaluations; "
-        "the training time is the sum of the run's own step times."
+        f"{'met' if total_min <= TARGET_MIN else 'missed'}), with rollout.autocast "
+        f"{precision['rollout']} and optim.autocast {precision['optim']}. Per run the wall time includes the "
+        f"held-out evaluations; the training time is the sum of the run's own step times."
     )
     if checks:
         parts = [
@@ -100,11 +105,20 @@ def run(ctx: Context) -> dict | None:
             f"(mean, Student-t 95 % interval): {'; '.join(parts)} — "
             + ("every interval covers 0." if covered else "not every interval covers 0.")
         )
-    columns = [("algo", "algo"), ("runs", "runs"), ("train_min", "training min / run"),
-               ("wall_min", "wall min / run"), ("final", "final held-out")]  # fmt: skip
+    columns = [
+        ("algo", "algo"),
+        ("runs", "runs"),
+        ("train_min", "training min / run"),
+        ("wall_min", "wall min / run"),
+        ("final", "final held-out"),
+    ]
     if checks:
-        columns += [("reference_final", "reference final"), ("paired_diff", "paired Δ"),
-                    ("ci_low", "95 % low"), ("ci_high", "95 % high")]  # fmt: skip
+        columns += [
+            ("reference_final", "reference final"),
+            ("paired_diff", "paired Δ"),
+            ("ci_low", "95 % low"),
+            ("ci_high", "95 % high"),
+        ]
     return {
         "title": TITLE,
         "timing": "the runs' own clocks (time/step) and file times (config.yaml written → eval.json written)",
@@ -117,6 +131,6 @@ def run(ctx: Context) -> dict | None:
             "dir": str(root),
             "reference": ctx.compare_reference,
             "paired": checks,
-        },  # fmt: skip
+        },
         "reading": reading,
     }

@@ -1,20 +1,22 @@
-"""Section `decode_loops`: the autoregressive decode loops (rollout.decode: eager, static, compile) per token step,
-with the kernels one step launches and what compiling costs — on this device (policies/decode_loop.py).
+"""Section `decode_loops`: the autoregressive decode loops (rollout.decode: eager, static, compile) per token
+step, with the kernels one step launches and what compiling costs — on this device (policies/decode_loop.py).
 
 Models: the shipped ShapeWorld AR prior (``load_policy("shapeworld")``: 4 layers, d 256, 64 tokens) at 64
 images (8 prompts × 8), and a Janus at a mid shape built in memory (tests/tiny_models.py `make_janus`: Llama d
-1024, 4 layers, 8 heads, MLP 2816, 16 × 16 = 256 image tokens, codebook 16,384; random N(0, 0.02) weights) at 8
-images (2 prompts × 4), both with CFG, float32 (and, where the device multiplies bf16 natively, the AR prior
+1024, 4 layers, 8 heads, MLP 2816, 16 × 16 = 256 image tokens, codebook 16,384; random N(0, 0.02) weights) at
+8 images (2 prompts × 4), both with CFG, float32 (and, where the device multiplies bf16 natively, the AR prior
 under bf16 autocast). Each loop: one first pass (compile: the compilation included), then the best of the
-repeats, the loops interleaved (eager, static, compile, eager, …: they share the machine's busy moments alike); ms per token step = a rollout's seconds / T (prefill included). CPU seconds (this process, so without
+repeats, the loops interleaved (eager, static, compile, eager, …: they share the machine's busy moments
+alike); ms per token step = a rollout's seconds / T (prefill included). CPU seconds (this process, so without
 inductor's compile workers) beside the wall seconds: on a machine shared with other jobs they vary less.
 
 Kernels per token step: one rollout under torch.profiler, the kernels counted inside each step (eager: the
 adapter's one-token forward and its sample step; static: `StaticDecodeLoop.step`; compile: each compiled
-region, inductor's generated kernels profiled; inductor's caches fresh, so the first pass compiles). A kernel: an aten op that computes (views, allocations and
-metadata ops excluded), counted at its innermost computing op, or one inductor kernel. The column "CUDA est."
-counts the same step as the decoder runs it on CUDA (`F.rms_norm` and `scaled_dot_product_attention`, one
-kernel each; on the CPU the decoder computes both with plain ops), profiled on the CPU with that path forced.
+region, inductor's generated kernels profiled; inductor's caches fresh, so the first pass compiles). A kernel:
+an aten op that computes (views, allocations and metadata ops excluded), counted at its innermost computing
+op, or one inductor kernel. The column "CUDA est." counts the same step as the decoder runs it on CUDA
+(`F.rms_norm` and `scaled_dot_product_attention`, one kernel each; on the CPU the decoder computes both with
+plain ops), profiled on the CPU with that path forced.
 """
 
 from __future__ import annotations
@@ -38,14 +40,45 @@ from t2i_gcpo.hardware import native_bf16
 TITLE = "Decode loops: eager, static and compiled token steps, kernels per step (`decode_loops`)"
 LOOPS = ("eager", "static", "compile")
 META = {
-    "aten::as_strided", "aten::view", "aten::resolve_conj", "aten::resolve_neg", "aten::empty",
-    "aten::empty_strided", "aten::_unsafe_view", "aten::result_type", "aten::alias", "aten::resize_",
-    "aten::expand", "aten::transpose", "aten::t", "aten::numpy_T", "aten::permute", "aten::reshape",
-    "aten::select", "aten::slice", "aten::unsqueeze", "aten::squeeze", "aten::split", "aten::chunk",
-    "aten::detach", "aten::lift_fresh", "aten::contiguous", "aten::split_with_sizes", "aten::narrow",
-    "aten::unbind", "aten::expand_as", "aten::view_as", "aten::_reshape_alias", "aten::empty_like",
-    "aten::unflatten", "aten::flatten", "aten::to", "aten::unfold", "aten::type_as", "aten::_to_copy",
-}  # fmt: skip
+    "aten::as_strided",
+    "aten::view",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::_unsafe_view",
+    "aten::result_type",
+    "aten::alias",
+    "aten::resize_",
+    "aten::expand",
+    "aten::transpose",
+    "aten::t",
+    "aten::numpy_T",
+    "aten::permute",
+    "aten::reshape",
+    "aten::select",
+    "aten::slice",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::split",
+    "aten::chunk",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::contiguous",
+    "aten::split_with_sizes",
+    "aten::narrow",
+    "aten::unbind",
+    "aten::expand_as",
+    "aten::view_as",
+    "aten::_reshape_alias",
+    "aten::empty_like",
+    "aten::unflatten",
+    "aten::flatten",
+    "aten::to",
+    "aten::unfold",
+    "aten::type_as",
+    "aten::_to_copy",
+}
 FUSED_ON_CUDA = {"aten::rms_norm", "aten::_fused_rms_norm"}  # one kernel on CUDA, a composite on the CPU
 
 
@@ -60,9 +93,9 @@ def kernels(event: Any) -> int:
 
 
 def kernels_per_step(fn: Callable[[], Any], regions: list[tuple[Any, str]], compiled: bool) -> float:
-    """Run `fn` (one rollout) under the profiler and count the kernels per call of the `regions` ((owner, name)
-    of each callable a token step is made of; each wrapped in a profiler range) or, `compiled`, per compiled
-    region. → kernels per token step."""
+    """Run `fn` (one rollout) under the profiler and count the kernels per call of the `regions` ((owner,
+    name) of each callable a token step is made of; each wrapped in a profiler range) or, `compiled`, per
+    compiled region. → kernels per token step."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     originals = [(owner, name, getattr(owner, name)) for owner, name in regions]
@@ -141,19 +174,40 @@ def cases(ctx: Context) -> list[Case]:
     from t2i_gcpo.policies.registry import load_policy
 
     ar = load_policy("shapeworld").eval().to(ctx.device)
-    shapes = ["a photo of a red circle", "a photo of two blue squares", "a photo of a green triangle",
-              "a photo of three bars"] * 2  # fmt: skip
+    shapes = [
+        "a photo of a red circle",
+        "a photo of two blue squares",
+        "a photo of a green triangle",
+        "a photo of three bars",
+    ] * 2
     ar_regions = [(type(ar), "decode_one_token"), (ar_adapter, "sample_step")]
-    out = [Case("ShapeWorld AR prior, 64 images, fp32", ar, shapes, 8, ar.default_sampling(), ar.num_tokens,
-                ar_regions)]  # fmt: skip
+    out = [
+        Case(
+            "ShapeWorld AR prior, 64 images, fp32",
+            ar,
+            shapes,
+            8,
+            ar.default_sampling(),
+            ar.num_tokens,
+            ar_regions,
+        )
+    ]
     if native_bf16(ctx.device):
         out.append(dataclasses.replace(out[0], label="ShapeWorld AR prior, 64 images, bf16", autocast=True))
     if not ctx.quick:
         janus = janus_mid(ctx.device)
         j_regions = [(type(janus), "_decode_one_token"), (janus_adapter, "sample_step")]
-        out.append(Case("Janus mid shape (d 1024, 4 layers, 256 tokens), 8 images, fp32", janus,
-                        ["a photo of a red cat", "a photo of two blue dogs left of a green cat"], 4,
-                        dataclasses.replace(janus.default_sampling()), janus.num_image_tokens, j_regions))  # fmt: skip
+        out.append(
+            Case(
+                "Janus mid shape (d 1024, 4 layers, 256 tokens), 8 images, fp32",
+                janus,
+                ["a photo of a red cat", "a photo of two blue dogs left of a green cat"],
+                4,
+                dataclasses.replace(janus.default_sampling()),
+                janus.num_image_tokens,
+                j_regions,
+            )
+        )
     return out
 
 
@@ -181,8 +235,9 @@ def measure(ctx: Context, case: Case, repeats: int) -> list[dict]:
     def rollout(mode: str, seed: int = 0) -> Any:
         sampling = dataclasses.replace(case.sampling, decode=mode)
         with torch.autocast(ctx.device, dtype=torch.bfloat16, enabled=case.autocast):
-            return case.policy.rollout(records, case.group, sampling,
-                                       group_generators(seed, "bench", range(len(records))))  # fmt: skip
+            return case.policy.rollout(
+                records, case.group, sampling, group_generators(seed, "bench", range(len(records)))
+            )
 
     first, times, errors = {}, collections.defaultdict(list), {}
     for loop, mode in modes.items():  # first passes (compile: its compilation)
@@ -212,13 +267,23 @@ def measure(ctx: Context, case: Case, repeats: int) -> list[dict]:
                 session, case.policy.decode_session = case.policy.decode_session, DecodeSession()
                 cuda = kernels_per_step(counted, regions, compiled=False)
                 case.policy.decode_session = session
-        row.update(first_s=first[loop][0], seconds=wall, cpu_s=cpu, ms_per_step=1e3 * wall / case.steps,
-                   cpu_ms_per_step=1e3 * cpu / case.steps, kernels=count, kernels_cuda=cuda,
-                   compiles=compiles if loop == "compile" else None)  # fmt: skip
+        row.update(
+            first_s=first[loop][0],
+            seconds=wall,
+            cpu_s=cpu,
+            ms_per_step=1e3 * wall / case.steps,
+            cpu_ms_per_step=1e3 * cpu / case.steps,
+            kernels=count,
+            kernels_cuda=cuda,
+            compiles=compiles if loop == "compile" else None,
+        )
         rows.append(row)
-        print(f"  decode_loops {case.label} {mode}: first {first[loop][0]:.2f} s, best {wall:.2f} s "
-              f"({row['ms_per_step']:.1f} ms / step, CPU {row['cpu_ms_per_step']:.1f}), {count:.0f} kernels / step",
-              flush=True)  # fmt: skip
+        print(
+            f"  decode_loops {case.label} {mode}: first {first[loop][0]:.2f} s, best {wall:.2f} s "
+            f"({row['ms_per_step']:.1f} ms / step, CPU {row['cpu_ms_per_step']:.1f}), "
+            f"{count:.0f} kernels / step",
+            flush=True,
+        )
     case.policy.decode_session = DecodeSession()
     gc.collect()
     return rows
@@ -247,30 +312,36 @@ def section(ctx: Context, rows: list[dict], repeats: int, load: Any) -> dict:
         comp = by.get((case, "compile"))
         bits = []
         if eager and static:
-            bits.append(f"eager {eager['ms_per_step']:.1f} ms per token step ({eager['kernels']:.0f} kernels), "
-                        f"static {static['ms_per_step']:.1f} ({static['kernels']:.0f})")  # fmt: skip
+            bits.append(
+                f"eager {eager['ms_per_step']:.1f} ms per token step ({eager['kernels']:.0f} kernels), "
+                f"static {static['ms_per_step']:.1f} ({static['kernels']:.0f})"
+            )
             static_vs_eager.append(f"{static['cpu_ms_per_step'] / eager['cpu_ms_per_step']:.2f}× ({case})")
         if comp and static:
             cost = comp["first_s"] - static["seconds"]
-            bits.append(f"compiled {comp['ms_per_step']:.1f} ({comp['kernels']:.0f} kernels, "
-                        f"{comp['compiles']} graph{'s' if (comp['compiles'] or 0) > 1 else ''}): after a first pass "
-                        f"of {comp['first_s']:.0f} s ({cost:.0f} s of compiling) "
-                        f"{comp['cpu_ms_per_step'] / static['cpu_ms_per_step']:.2f}× the static step's CPU time")  # fmt: skip
+            bits.append(
+                f"compiled {comp['ms_per_step']:.1f} ({comp['kernels']:.0f} kernels, "
+                f"{comp['compiles']} graph{'s' if (comp['compiles'] or 0) > 1 else ''}): after a first pass "
+                f"of {comp['first_s']:.0f} s ({cost:.0f} s of compiling) "
+                f"{comp['cpu_ms_per_step'] / static['cpu_ms_per_step']:.2f}× the static step's CPU time"
+            )
         parts.append(f"{case}: " + "; ".join(bits) + ".")
     failed = [f"{r['case']} {r['loop']}: {r['error']}" for r in rows if "error" in r]
     if failed:
         parts.append("Failed: " + "; ".join(failed) + ".")
     reading = " ".join(parts)
     if ctx.device != "cuda" and static_vs_eager:
-        reading += (" The static step exists to be captured on CUDA, where `rollout.decode: auto` runs it (on the "
-                    "CPU auto is eager); it attends over spans of 128 cache slots where the eager loop reads the "
-                    "filled slots only, and its CPU time is " + ", ".join(static_vs_eager) + " the eager loop's. "
-                    "Kernels per step: computing ops counted with the profiler; the CUDA estimate counts the step "
-                    "as CUDA runs it (RMS norm and attention one kernel each)." + shared_cpu_note(load))  # fmt: skip
+        reading += (
+            " The static step exists to be captured on CUDA, where `rollout.decode: auto` runs it (on the "
+            "CPU auto is eager); it attends over spans of 128 cache slots where the eager loop reads the "
+            "filled slots only, and its CPU time is " + ", ".join(static_vs_eager) + " the eager loop's. "
+            "Kernels per step: computing ops counted with the profiler; the CUDA estimate counts the step "
+            "as CUDA runs it (RMS norm and attention one kernel each)." + shared_cpu_note(load)
+        )
     return {
         "title": TITLE,
-        "timing": f"one first pass each, then the best of {repeats}, the loops interleaved; kernels: one profiled "
-        "rollout",
+        "timing": f"one first pass each, then the best of {repeats}, the loops interleaved; kernels: one "
+        f"profiled rollout",
         "columns": [
             ("case", "model, images, precision"),
             ("loop", "loop"),

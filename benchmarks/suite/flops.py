@@ -50,8 +50,9 @@ def ar_sampling_flops(shape: Shape, prefix: int, tokens: int, images: int, cfg: 
     return (2 if cfg else 1) * images * forward_flops(shape, s, causal_keys(s))
 
 
-def masked_sampling_flops(shape: Shape, prefix: int, tokens: int, steps: int, images: int,
-                          cfg: bool = True) -> float:  # fmt: skip
+def masked_sampling_flops(
+    shape: Shape, prefix: int, tokens: int, steps: int, images: int, cfg: bool = True
+) -> float:
     """One MaskGIT rollout: `steps` bidirectional forwards of P + T positions."""
     s = prefix + tokens
     return (2 if cfg else 1) * images * steps * forward_flops(shape, s, s * s)

@@ -58,9 +58,16 @@ GROUP = 4
 SCALE = 5.0
 PROMPT = "a photo of a red cat"
 RECIPE = REPO / "t2i_gcpo" / "configs" / "recipes" / "janus_pro_1b_geneval.yaml"
-STEP_PROMPTS = ["a photo of a red cat", "a photo of two blue dogs", "a photo of a green cat",
-                "a photo of a yellow dog", "a photo of a cat", "a photo of a dog left of a cat",
-                "a photo of three cats", "a photo of a white dog"]  # fmt: skip
+STEP_PROMPTS = [
+    "a photo of a red cat",
+    "a photo of two blue dogs",
+    "a photo of a green cat",
+    "a photo of a yellow dog",
+    "a photo of a cat",
+    "a photo of a dog left of a cat",
+    "a photo of three cats",
+    "a photo of a white dog",
+]
 LOOPS = ("graph", "eager", "transformers loop", "generate")
 TARGET_MS = {64: 5.0, 128: 9.0}  # issue 46: ms per token step at 1B shape, by images
 
@@ -141,8 +148,16 @@ def rollout_fn(policy: Any, loop: str, images: int, device: str) -> Any:
 
         def generate(seed: int) -> None:
             torch.manual_seed(seed)
-            policy.model.generate(input_ids=ids, attention_mask=mask, generation_mode="image", do_sample=True,
-                                  guidance_scale=SCALE, top_k=0, top_p=1.0, temperature=1.0)  # fmt: skip
+            policy.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_mode="image",
+                do_sample=True,
+                guidance_scale=SCALE,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
+            )
 
         return generate
     decode = ("graph" if device == "cuda" else "static") if loop == "graph" else "eager"
@@ -167,10 +182,17 @@ def timed_calls(ctx: Context, fn: Any, calls: int) -> list[float]:
     return out
 
 
-def race(ctx: Context, shape: str, batches: list[int], slow: list[int], loops: tuple[str, ...], repeats: int,
-         bandwidth: float) -> list[dict]:  # fmt: skip
-    """One row per (batch, loop) at `shape`: seconds, ms per token step, images/s, share of the roofline. A loop
-    that fails records its error in its row and the others go on; transformers' loops (the adapter's loop
+def race(
+    ctx: Context,
+    shape: str,
+    batches: list[int],
+    slow: list[int],
+    loops: tuple[str, ...],
+    repeats: int,
+    bandwidth: float,
+) -> list[dict]:
+    """One row per (batch, loop) at `shape`: seconds, ms per token step, images/s, share of the roofline. A
+    loop that fails records its error in its row and the others go on; transformers' loops (the adapter's loop
     through transformers' layers, `generate`) that raise anything but out-of-memory are broken in this
     transformers version (5.17's Janus `generate` raises TypeError): their later rows are skipped with that
     reason."""
@@ -219,8 +241,11 @@ def race(ctx: Context, shape: str, batches: list[int], slow: list[int], loops: t
             if loop == "graph" and stats:
                 row.update(mode=stats["mode"], captures=stats["captures"], fallback=stats["fallback"] or None)
             rows.append(row)
-        print(f"  janus_scale {shape} {images} images: "
-              + ", ".join(f"{k} {v:.2f} s" if v else f"{k} failed" for k, v in seconds.items()), flush=True)  # fmt: skip
+        print(
+            f"  janus_scale {shape} {images} images: "
+            + ", ".join(f"{k} {v:.2f} s" if v else f"{k} failed" for k, v in seconds.items()),
+            flush=True,
+        )
     policy.fused_sampler = True
     del policy, model
     gc.collect()
@@ -253,8 +278,13 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     prompt_file = Path(tmp) / "prompts.txt"
     prompt_file.write_text("\n".join(STEP_PROMPTS) + "\n")
-    flags = {"prompts": str(prompt_file), "model": f"{PYTHON_OBJECT}:JanusPolicy",
-             "reward": f"{PYTHON_OBJECT}:redness", "out": f"{tmp}/{variant.replace(' ', '_')}", "steps": 2}  # fmt: skip
+    flags = {
+        "prompts": str(prompt_file),
+        "model": f"{PYTHON_OBJECT}:JanusPolicy",
+        "reward": f"{PYTHON_OBJECT}:redness",
+        "out": f"{tmp}/{variant.replace(' ', '_')}",
+        "steps": 2,
+    }
     sets = [
         "eval_every=-1",
         "sample_every=0",
@@ -283,12 +313,19 @@ def recipe_steps(ctx: Context, variant: str, overrides: list[str], shape: str, t
     finally:
         trainer._shutdown()
     last = rows[-1]
-    out = {"variant": variant, "images": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-           "rollout_autocast": cfg.rollout.autocast, "optim_autocast": cfg.optim.autocast,
-           "step_s": last["wall_s"], "rollout_s": last["time/rollout"], "reward_s": last["time/reward"],
-           "update_s": last["time/update"], "first_step_s": rows[0]["wall_s"],
-           "decode": dict(getattr(policy, "last_decode", {}) or {}) or None,
-           "allocated_before_gib": base_gib}  # fmt: skip
+    out = {
+        "variant": variant,
+        "images": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        "rollout_autocast": cfg.rollout.autocast,
+        "optim_autocast": cfg.optim.autocast,
+        "step_s": last["wall_s"],
+        "rollout_s": last["time/rollout"],
+        "reward_s": last["time/reward"],
+        "update_s": last["time/update"],
+        "first_step_s": rows[0]["wall_s"],
+        "decode": dict(getattr(policy, "last_decode", {}) or {}) or None,
+        "allocated_before_gib": base_gib,
+    }
     for phase in ("rollout", "reward", "update"):
         mbs = [r["phase_mb"].get(phase) for r in rows if r["phase_mb"].get(phase) is not None]
         out[f"{phase}_peak_gib"] = max(mbs) / 1024 if mbs else None
@@ -340,30 +377,37 @@ def run(ctx: Context) -> dict:
     return out
 
 
-def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandwidth: float,
-            repeats: int) -> dict:  # fmt: skip
+def section(
+    ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandwidth: float, repeats: int
+) -> dict:
     graph = {r["images"]: r for r in rows if r["loop"] == "graph" and r["shape"] == shape and r["seconds"]}
     parts = []
     if ctx.device != "cuda":
         parts.append(
             "On the CPU this section runs a tiny Janus only to keep its code alive (`graph` runs the static "
-            "step uncaptured: CUDA graphs need a GPU); its seconds say nothing about a GPU. Built for CUDA and "
-            "not yet measured there: the decode loop captured as CUDA graphs (rollout.decode), bf16 sampling "
-            "with float32 master weights for Janus, and the memory options (docs/fast-sampling.md). The "
-            "Janus-Pro-1B figures come from `python -m benchmarks --only janus_scale --device cuda` "
-            "(benchmarks/gpu_check.py runs it with the correctness checks): pending a GPU run."
+            "step uncaptured: CUDA graphs need a GPU); its seconds say nothing about a GPU. Built for "
+            "CUDA and not yet measured there: the decode loop captured as CUDA graphs (rollout.decode), bf16 "
+            "sampling with float32 master weights for Janus, and the memory options "
+            "(docs/fast-sampling.md). The Janus-Pro-1B figures come from `python -m benchmarks --only "
+            "janus_scale --device cuda` (benchmarks/gpu_check.py runs it with the correctness checks): "
+            "pending a GPU run."
         )
     for images, r in sorted(graph.items()):
         target = TARGET_MS.get(images) if shape == "1b" else None
-        bits = [f"{images} images: {r['ms_per_step']:.2f} ms per token step, {r['images_per_s']:.1f} images/s, "
-                f"{r['roofline_pct']:.0f} % of the roofline"]  # fmt: skip
+        bits = [
+            f"{images} images: {r['ms_per_step']:.2f} ms per token step, {r['images_per_s']:.1f} images/s, "
+            f"{r['roofline_pct']:.0f} % of the roofline"
+        ]
         if r.get("vs_generate"):
             bits.append(f"{r['vs_generate']:.2f}× `generate`")
         if target:
             bits.append(f"target ≤ {target:g} ms: {'met' if r['ms_per_step'] <= target else 'NOT met'}")
         parts.append(f"The {r['mode']} loop at {shape} shape, " + ", ".join(bits) + ".")
-    failed = [f"{r['loop']} at {r['images']} images ({r.get('error') or r.get('skipped')})"
-              for r in rows if r["seconds"] is None]  # fmt: skip
+    failed = [
+        f"{r['loop']} at {r['images']} images ({r.get('error') or r.get('skipped')})"
+        for r in rows
+        if r["seconds"] is None
+    ]
     if failed:
         parts.append("Not measured: " + "; ".join(failed) + ".")
     for s in steps:
@@ -378,8 +422,8 @@ def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandw
         )
     return {
         "title": TITLE,
-        "timing": f"graph: best of {plural(repeats, 'rollout')} after one warm-up; other loops one call each; "
-        "recipe: the second of two steps",
+        "timing": f"graph: best of {plural(repeats, 'rollout')} after one warm-up; other loops one "
+        f"call each; recipe: the second of two steps",
         "columns": [
             ("shape", "shape"),
             ("images", "images"),
@@ -389,7 +433,7 @@ def section(ctx: Context, rows: list[dict], steps: list[dict], shape: str, bandw
             ("images_per_s", "images/s"),
             ("roofline_pct", "% of roofline"),
             ("vs_generate", "× generate"),
-        ],  # fmt: skip
+        ],
         "rows": rows,
         "summary": {
             "shape": shape,

@@ -62,9 +62,16 @@ def run(ctx: Context) -> dict:
 
             def theirs(seed: int, ids=ids, mask=mask, batch=batch) -> None:
                 torch.manual_seed(seed)
-                out = policy.model.generate(input_ids=ids, attention_mask=mask, generation_mode="image",
-                                            do_sample=True, guidance_scale=SCALE, top_k=0, top_p=1.0,
-                                            temperature=1.0)  # fmt: skip
+                out = policy.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    generation_mode="image",
+                    do_sample=True,
+                    guidance_scale=SCALE,
+                    top_k=0,
+                    top_p=1.0,
+                    temperature=1.0,
+                )
                 assert out.shape == (batch, steps)
 
             rows.append(race_row(batch, race(ours, theirs, repeats, ctx), batch, "ips"))
@@ -72,10 +79,10 @@ def run(ctx: Context) -> dict:
     wins = sum(x >= 1 for x in ratios)
     reading = (
         f"Our Janus rollout runs at {min(ratios):.2f}–{max(ratios):.2f}× the speed of transformers' CFG "
-        f"`generate` over batches {', '.join(str(b) for b in batches)} ({wins} of {len(rows)} at or above 1×), "
-        f"for {steps} image tokens per image, while recording the pos, neg and guided log-prob of every "
-        f"token (what the RL update and GCPO's credit need), which `generate` does not return. Both run one "
-        f"doubled [cond; null] batch through a static KV cache; the model is tiny, so what is measured is "
-        f"the per-step overhead of each loop, not FLOPs."
+        f"`generate` over batches {', '.join(str(b) for b in batches)} ({wins} of {len(rows)} at or "
+        f"above 1×), for {steps} image tokens per image, while recording the pos, neg and guided log-prob "
+        f"of every token (what the RL update and GCPO's credit need), which `generate` does not return. Both "
+        f"run one doubled [cond; null] batch through a static KV cache; the model is tiny, so what is "
+        f"measured is the per-step overhead of each loop, not FLOPs."
     )
     return race_section(TITLE, rows, repeats, "images", "ips", "images/s", reading, image_tokens=steps)

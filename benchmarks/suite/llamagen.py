@@ -1,33 +1,34 @@
-"""Section `llamagen`: LlamaGen-T2I at GPT-XL shape — our decode loops (eager, static, and on CUDA the captured
-graph) side by side with a port of the reference's own sampling loop — and how far the two agree.
+"""Section `llamagen`: LlamaGen-T2I at GPT-XL shape — our decode loops (eager, static, and on CUDA the
+captured graph) side by side with a port of the reference's own sampling loop — and how far the two agree.
 
-Model: a LlamaGenPolicy built in memory (policies/llamagen.py) at GPT-XL's shape (dim 1280, 36 layers, 20 heads of
-64, SwiGLU 3584, caption L = 120 × C = 2048, codebook 16,384, 16 × 16 = 256 tokens, 256 px; 775 M parameters),
-random N(0, 0.02) weights, float32 on the CPU and bf16 on CUDA, with a tiny random T5 encoder of width 2048 (its
-features are computed once per prompt and are no part of a token step) and a tiny VQ (decoding is not timed).
-`--quick`, or `SHAPE = "tiny"`, takes the test suite's tiny GPT (tests/llamagen_fixtures.py) instead.
+Model: a LlamaGenPolicy built in memory (policies/llamagen.py) at GPT-XL's shape (dim 1280, 36 layers, 20
+heads of 64, SwiGLU 3584, caption L = 120 × C = 2048, codebook 16,384, 16 × 16 = 256 tokens, 256 px; 775 M
+parameters), random N(0, 0.02) weights, float32 on the CPU and bf16 on CUDA, with a tiny random T5 encoder of
+width 2048 (its features are computed once per prompt and are no part of a token step) and a tiny VQ (decoding
+is not timed). `--quick`, or `SHAPE = "tiny"`, takes the test suite's tiny GPT
+(tests/llamagen_fixtures.py) instead.
 
 Loops, each sampling every image's tokens with CFG s = 7.5 (one doubled batch [cond; null]), temperature 1,
 top-k 1000 (sample_t2i.py's defaults):
 - `ours eager` (rollout.decode=eager: the fused decoder stepped from Python), `ours static` (the static step,
-  uncaptured) and, on CUDA, `ours graph` (that step captured as CUDA graphs): `LlamaGenPolicy.rollout`, which also
-  records every token's pos / neg / guided log-prob;
-- `reference loop`: autoregressive/models/generate.py's ``generate`` ported here (`reference_generate`) — per-layer
-  KV caches [B, H, S, hd] written at ``input_pos``, the mask taken as rows of a full causal [B, S, S] matrix with the
-  caption's padding zeroed and the diagonal kept, the pair-wise rotary embedding, CFG on the prefill and every
-  step, ``top_k_top_p_filtering`` and ``torch.multinomial`` — over the same weights (the GPT's own modules). It
-  records nothing.
+  uncaptured) and, on CUDA, `ours graph` (that step captured as CUDA graphs): `LlamaGenPolicy.rollout`, which
+  also records every token's pos / neg / guided log-prob;
+- `reference loop`: autoregressive/models/generate.py's ``generate`` ported here (`reference_generate`) —
+  per-layer KV caches [B, H, S, hd] written at ``input_pos``, the mask taken as rows of a full causal [B, S,
+  S] matrix with the caption's padding zeroed and the diagonal kept, the pair-wise rotary embedding, CFG on
+  the prefill and every step, ``top_k_top_p_filtering`` and ``torch.multinomial`` — over the same weights (the
+  GPT's own modules). It records nothing.
 
 Timing. CPU: the first `CPU_TOKENS` tokens of each image (a full 256-token image at XL shape is minutes on two
-threads); the setup (building the decoder: our fused weight copies, the reference's caches) and the prefill are
-clocked apart (`PhaseClock`), and ms per token step = (seconds − setup − prefill) / (tokens − 1), the token steps
-after the first draw, in wall seconds and in this process's CPU seconds (which other processes on a shared
-machine disturb less); one warm-up, then the repeat with the least CPU time, the loops interleaved. CUDA: whole images (256 tokens) at 16
-and 64 images, ms per token step = seconds / 256 (prefill included), images/s; the graph loop after one warm-up pass
-(its captures), the others one call after theirs.
+threads); the setup (building the decoder: our fused weight copies, the reference's caches) and the prefill
+are clocked apart (`PhaseClock`), and ms per token step = (seconds − setup − prefill) / (tokens − 1), the
+token steps after the first draw, in wall seconds and in this process's CPU seconds (which other processes on
+a shared machine disturb less); one warm-up, then the repeat with the least CPU time, the loops interleaved.
+CUDA: whole images (256 tokens) at 16 and 64 images, ms per token step = seconds / 256 (prefill included),
+images/s; the graph loop after one warm-up pass (its captures), the others one call after theirs.
 
-Agreement (one row per shape): the prefill's guided logits of ours (the fused decoder) against the reference port's
-(max |Δ|, float32), and greedy tokens (top-k 1) of both over the first tokens: how many agree.
+Agreement (one row per shape): the prefill's guided logits of ours (the fused decoder) against the reference
+port's (max |Δ|, float32), and greedy tokens (top-k 1) of both over the first tokens: how many agree.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ from benchmarks.suite.common import REPO, Context, load_average, shared_cpu_note
 
 TITLE = "LlamaGen-T2I at GPT-XL shape: our decode loops and the reference's loop (`llamagen`)"
 SCALE, TOP_K = 7.5, 1000
-PROMPTS = ["a photo of a red cat", "a photo of two blue dogs left of a green bench", "a photo of a yellow car",
-           "a photo of a white clock above a black dog"]  # fmt: skip
+PROMPTS = [
+    "a photo of a red cat",
+    "a photo of two blue dogs left of a green bench",
+    "a photo of a yellow car",
+    "a photo of a white clock above a black dog",
+]
 CPU_TOKENS = 8  # tokens per image on the CPU
 CPU_IMAGES = (1, 2)
 CUDA_IMAGES = (16, 64)
@@ -72,13 +77,32 @@ def build(shape: str, device: str, dtype: torch.dtype) -> Any:
 
     fx = fixtures()
     if shape == "xl":
-        config = GPTConfig(size="GPT-XL", dim=1280, layers=36, heads=20, kv_heads=20, ffn=ffn_width(1280), vocab=16384,
-                           caption_len=120, caption_dim=2048, grid=16)  # fmt: skip
+        config = GPTConfig(
+            size="GPT-XL",
+            dim=1280,
+            layers=36,
+            heads=20,
+            kv_heads=20,
+            ffn=ffn_width(1280),
+            vocab=16384,
+            caption_len=120,
+            caption_dim=2048,
+            grid=16,
+        )
     else:
         fx.register_tiny_size()
-        config = GPTConfig(size=fx.TINY_SIZE, dim=fx.DIM, layers=fx.LAYERS, heads=fx.HEADS, kv_heads=fx.HEADS,
-                           ffn=fx.FFN, vocab=fx.CODES, caption_len=fx.CAPTION_LEN, caption_dim=fx.CAPTION_DIM,
-                           grid=fx.GRID)  # fmt: skip
+        config = GPTConfig(
+            size=fx.TINY_SIZE,
+            dim=fx.DIM,
+            layers=fx.LAYERS,
+            heads=fx.HEADS,
+            kv_heads=fx.HEADS,
+            ffn=fx.FFN,
+            vocab=fx.CODES,
+            caption_len=fx.CAPTION_LEN,
+            caption_dim=fx.CAPTION_DIM,
+            grid=fx.GRID,
+        )
     torch.manual_seed(0)
     with torch.device(device):
         gpt = LlamaGenGPT(config)
@@ -88,15 +112,24 @@ def build(shape: str, device: str, dtype: torch.dtype) -> Any:
         gpt.cls_embedding.uncond_embedding.normal_(0.0, config.caption_dim**-0.5)
     gpt = gpt.to(dtype).eval().requires_grad_(False)
     tok = fx.t5_tokenizer()
-    t5 = T5Config(vocab_size=len(tok), d_model=config.caption_dim, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
-                  feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1)  # fmt: skip
+    t5 = T5Config(
+        vocab_size=len(tok),
+        d_model=config.caption_dim,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     encoder = T5EncoderModel(t5).to(device).eval()
     vq = build_vq(fx.vq_state(codes=config.vocab), "the benchmark's VQ").to(device)
     policy = LlamaGenPolicy(gpt, vq, T5Captions(encoder, tok, config.caption_len), Path("."))
     return policy.eval()
 
 
-# ---------------------------------------------------------------------------------------------- the reference loop
+# ----------------------------------------------------------------------------------------- the reference loop
 def _reference_freqs(config: Any, device: torch.device) -> torch.Tensor:
     """gpt.py's precompute_freqs_cis_2d: [L + grid², hd/2, 2], zeros for the caption."""
     half = config.head_dim // 2
@@ -113,8 +146,10 @@ def _reference_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """gpt.py's apply_rotary_emb: x [B, S, H, hd], freqs [S, hd/2, 2]."""
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
     f = freqs.view(1, xs.size(1), 1, xs.size(3), 2)
-    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1], xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]],
-                      dim=-1)  # fmt: skip
+    out = torch.stack(
+        [xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1], xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]],
+        dim=-1,
+    )
     return out.flatten(3).type_as(x)
 
 
@@ -165,7 +200,8 @@ class ReferenceGPT:
 def _reference_sample(
     logits: torch.Tensor, temperature: float, top_k: int, gen: torch.Generator
 ) -> torch.Tensor:
-    """generate.py's sample(): logits / T, top-k filtering (top-p 1: off), softmax, multinomial (top-k 1: greedy)."""
+    """generate.py's sample(): logits / T, top-k filtering (top-p 1: off), softmax, multinomial
+    (top-k 1: greedy)."""
     logits = logits[:, -1, :] / max(temperature, 1e-5)
     if top_k > 0:
         k = min(top_k, logits.size(-1))
@@ -177,11 +213,18 @@ def _reference_sample(
 
 
 @torch.no_grad()
-def reference_generate(gpt: Any, cond: torch.Tensor, emb_masks: torch.Tensor, max_new_tokens: int,
-                       cfg_scale: float = SCALE, temperature: float = 1.0, top_k: int = TOP_K,
-                       seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """generate.py's ``generate`` for a text-to-image GPT (CFG > 1): tokens [B, max_new_tokens] and the prefill's
-    guided logits [B, K]."""
+def reference_generate(
+    gpt: Any,
+    cond: torch.Tensor,
+    emb_masks: torch.Tensor,
+    max_new_tokens: int,
+    cfg_scale: float = SCALE,
+    temperature: float = 1.0,
+    top_k: int = TOP_K,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """generate.py's ``generate`` for a text-to-image GPT (CFG > 1): tokens [B, max_new_tokens] and the
+    prefill's guided logits [B, K]."""
     gen = torch.Generator(device=cond.device).manual_seed(seed)
     T = cond.shape[1]
     cond_null = torch.zeros_like(cond) + gpt.cls_embedding.uncond_embedding
@@ -222,8 +265,13 @@ def loop_fn(policy: Any, loop: str, images: int, device: str) -> Any:
 
         def reference(seed: int) -> None:
             feats, mask = policy.captions(texts)
-            reference_generate(policy.gpt, feats.to(policy.gpt.tok_embeddings.weight.dtype), mask,
-                               policy.num_image_tokens, seed=seed)  # fmt: skip
+            reference_generate(
+                policy.gpt,
+                feats.to(policy.gpt.tok_embeddings.weight.dtype),
+                mask,
+                policy.num_image_tokens,
+                seed=seed,
+            )
 
         return reference
     mode = {"ours eager": "eager", "ours static": "static", "ours graph": "graph"}[loop]
@@ -248,9 +296,10 @@ def timed(ctx: Context, fn: Any, seed: int) -> tuple[float, float]:
 
 
 class PhaseClock:
-    """Wall and CPU seconds spent, while installed, in the setup of a sampling call (building a decoder: ours copy
-    the fused weights, the reference allocates its caches) and in its prefill (forwards of more than one position:
-    ours through the fused decoder, the reference port's caption forward), the device synchronised around each."""
+    """Wall and CPU seconds spent, while installed, in the setup of a sampling call (building a decoder: ours
+    copy the fused weights, the reference allocates its caches) and in its prefill (forwards of more than one
+    position: ours through the fused decoder, the reference port's caption forward), the device
+    synchronised around each."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -294,8 +343,8 @@ class PhaseClock:
 
 
 def race_cpu(ctx: Context, policy: Any, loops: tuple[str, ...], repeats: int) -> list[dict]:
-    """CPU rows: per loop and image count, `CPU_TOKENS` tokens of each image, the setup and the prefill clocked
-    apart (module docstring)."""
+    """CPU rows: per loop and image count, `CPU_TOKENS` tokens of each image, the setup and the prefill
+    clocked apart (module docstring)."""
     full, rows = policy.num_image_tokens, []
     tokens = min(CPU_TOKENS, full)
     policy.num_image_tokens = tokens  # the first tokens of each image
@@ -309,17 +358,36 @@ def race_cpu(ctx: Context, policy: Any, loops: tuple[str, ...], repeats: int) ->
                     steps_wall = wall - clock.wall["setup"] - clock.wall["prefill"]
                     steps_cpu = cpu - clock.cpu["setup"] - clock.cpu["prefill"]
                     if r and steps_cpu < best.get(loop, {"steps_cpu": float("inf")})["steps_cpu"]:
-                        best[loop] = {"setup_s": clock.wall["setup"], "prefill_s": clock.wall["prefill"],
-                                      "seconds": wall, "steps_wall": steps_wall, "steps_cpu": steps_cpu}  # fmt: skip
+                        best[loop] = {
+                            "setup_s": clock.wall["setup"],
+                            "prefill_s": clock.wall["prefill"],
+                            "seconds": wall,
+                            "steps_wall": steps_wall,
+                            "steps_cpu": steps_cpu,
+                        }
             for loop in loops:
                 b = best[loop]
-                rows.append({"images": images, "loop": loop, "tokens": tokens, "setup_s": b["setup_s"],
-                             "prefill_s": b["prefill_s"], "seconds": b["seconds"],
-                             "ms_per_step": 1e3 * b["steps_wall"] / (tokens - 1),
-                             "cpu_ms_per_step": 1e3 * b["steps_cpu"] / (tokens - 1)})  # fmt: skip
-            print(f"  llamagen {images} images: " + ", ".join(
-                f"{r['loop']} {r['ms_per_step']:.0f} ms/step (CPU {r['cpu_ms_per_step']:.0f})"
-                for r in rows if r["images"] == images), flush=True)  # fmt: skip
+                rows.append(
+                    {
+                        "images": images,
+                        "loop": loop,
+                        "tokens": tokens,
+                        "setup_s": b["setup_s"],
+                        "prefill_s": b["prefill_s"],
+                        "seconds": b["seconds"],
+                        "ms_per_step": 1e3 * b["steps_wall"] / (tokens - 1),
+                        "cpu_ms_per_step": 1e3 * b["steps_cpu"] / (tokens - 1),
+                    }
+                )
+            print(
+                f"  llamagen {images} images: "
+                + ", ".join(
+                    f"{r['loop']} {r['ms_per_step']:.0f} ms/step (CPU {r['cpu_ms_per_step']:.0f})"
+                    for r in rows
+                    if r["images"] == images
+                ),
+                flush=True,
+            )
     finally:
         policy.num_image_tokens = full
     return rows
@@ -337,16 +405,24 @@ def race_cuda(ctx: Context, policy: Any, loops: tuple[str, ...], repeats: int) -
                 seconds = min(timed(ctx, fn, r + 1)[0] for r in range(repeats if loop == "ours graph" else 1))
                 row.update(seconds=seconds, ms_per_step=1e3 * seconds / T, images_per_s=images / seconds)
                 if loop == "ours graph":
-                    row.update(captures=policy.decode_session.stats["captures"],
-                               fallback=policy.last_decode.get("fallback") or None)  # fmt: skip
+                    row.update(
+                        captures=policy.decode_session.stats["captures"],
+                        fallback=policy.last_decode.get("fallback") or None,
+                    )
             except Exception as e:  # a row records its own failure; the race goes on
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             finally:
                 torch.cuda.empty_cache()
             rows.append(row)
-        print(f"  llamagen {images} images: " + ", ".join(
-            f"{r['loop']} {r.get('ms_per_step', float('nan')):.2f} ms/step" for r in rows if r["images"] == images),
-            flush=True)  # fmt: skip
+        print(
+            f"  llamagen {images} images: "
+            + ", ".join(
+                f"{r['loop']} {r.get('ms_per_step', float('nan')):.2f} ms/step"
+                for r in rows
+                if r["images"] == images
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -361,20 +437,30 @@ def agreement(policy: Any, tokens: int) -> dict:
     embeds, mask2 = policy._prefix(feats, mask, cfg=True)
     L = policy.caption_len
     decoder = FusedLlamaDecoder(policy.fused, 2, L + 8)
-    logits = policy._head(decoder.forward(embeds, 0, positions=torch.arange(L, device=mask.device).expand(2, L),
-                                          key_mask=mask2))  # fmt: skip
+    logits = policy._head(
+        decoder.forward(embeds, 0, positions=torch.arange(L, device=mask.device).expand(2, L), key_mask=mask2)
+    )
     ours = logits[1] + SCALE * (logits[0] - logits[1])
     full = policy.num_image_tokens
     policy.num_image_tokens = tokens
     try:
-        greedy = policy.rollout([PromptRecord(PROMPTS[0])], 1, SamplingParams(guidance_scale=SCALE, top_k=1),
-                                group_generators(0, "bench", [0])).tokens  # fmt: skip
+        greedy = policy.rollout(
+            [PromptRecord(PROMPTS[0])],
+            1,
+            SamplingParams(guidance_scale=SCALE, top_k=1),
+            group_generators(0, "bench", [0]),
+        ).tokens
     finally:
         policy.num_image_tokens = full
-    ref_tokens, ref_first = reference_generate(policy.gpt, feats.to(policy.gpt.tok_embeddings.weight.dtype), mask,
-                                               tokens, top_k=1)  # fmt: skip
-    return {"prefill_max_abs_diff": float((ours - ref_first[0]).abs().max()), "logit_scale": float(ours.abs().max()),
-            "greedy_equal": int((greedy[0] == ref_tokens[0]).sum()), "greedy_tokens": tokens}  # fmt: skip
+    ref_tokens, ref_first = reference_generate(
+        policy.gpt, feats.to(policy.gpt.tok_embeddings.weight.dtype), mask, tokens, top_k=1
+    )
+    return {
+        "prefill_max_abs_diff": float((ours - ref_first[0]).abs().max()),
+        "logit_scale": float(ours.abs().max()),
+        "greedy_equal": int((greedy[0] == ref_tokens[0]).sum()),
+        "greedy_tokens": tokens,
+    }
 
 
 def run(ctx: Context) -> dict:
@@ -408,34 +494,37 @@ def section(
         for loop in ("ours graph", "ours static", "ours eager"):
             r = by.get((images, loop))
             if r and ref and r[key] > 0:
-                bits.append(f"{loop} {r[key]:.0f} {unit} per token step ({ref[key] / r[key]:.2f}× the speed of the "
-                            f"reference loop's {ref[key]:.0f})")  # fmt: skip
+                bits.append(
+                    f"{loop} {r[key]:.0f} {unit} per token step ({ref[key] / r[key]:.2f}× the speed of the "
+                    f"reference loop's {ref[key]:.0f})"
+                )
         if bits:
             parts.append(f"{images} image{'s' if images > 1 else ''}: " + ", ".join(bits) + ".")
     failed = [f"{r['loop']} at {r['images']} images ({r['error']})" for r in rows if "error" in r]
     if failed:
         parts.append("Failed: " + "; ".join(failed) + ".")
     parts.append(
-        f"Against the reference port: the prefill's guided logits differ by at most {agree['prefill_max_abs_diff']:.2g} "
-        f"(logits up to {agree['logit_scale']:.2g}); greedy tokens agree on {agree['greedy_equal']} of the first "
-        f"{agree['greedy_tokens']}."
-    )  # fmt: skip
+        f"Against the reference port: the prefill's guided logits differ by at most "
+        f"{agree['prefill_max_abs_diff']:.2g} (logits up to {agree['logit_scale']:.2g}); greedy tokens agree "
+        f"on {agree['greedy_equal']} of the first {agree['greedy_tokens']}."
+    )
     if ctx.device != "cuda":
         parts.append(
-            f"CPU rows: the first {rows[0]['tokens'] if rows else CPU_TOKENS} tokens of each image, the setup (our "
-            f"decoders' fused weight copies, built per call in the eager loop and once in the static one) and the "
-            f"prefill ({config.caption_len} caption positions, both CFG halves) timed apart; ours records every token's pos, neg and guided "
-            "log-probs, the reference records nothing. The CUDA rows (whole 256-token images at 16 and 64 images, the "
-            "captured graph loop) come from `python -m benchmarks --only llamagen --device cuda`: not measured yet."
+            f"CPU rows: the first {rows[0]['tokens'] if rows else CPU_TOKENS} tokens of each image, the "
+            f"setup (our decoders' fused weight copies, built per call in the eager loop and once in the "
+            f"static one) and the prefill ({config.caption_len} caption positions, both CFG halves) timed "
+            f"apart; ours records every token's pos, neg and guided log-probs, the reference records "
+            f"nothing. The CUDA rows (whole 256-token images at 16 and 64 images, the captured graph loop) "
+            f"come from `python -m benchmarks --only llamagen --device cuda`: not measured yet."
             + shared_cpu_note(load)
-        )  # fmt: skip
+        )
     return {
         "title": TITLE,
         "timing": (
             f"best of {repeats} after a warm-up, the loops interleaved"
             if ctx.device != "cuda"
             else f"graph: best of {repeats} after a warm-up pass; others: one call after theirs"
-        ),  # fmt: skip
+        ),
         "columns": [
             ("images", "images"),
             ("loop", "loop"),
@@ -455,6 +544,6 @@ def section(
             "layers": config.layers,
             "agreement": agree,
             **{f"{i} | {lp}": r["ms_per_step"] for (i, lp), r in by.items()},
-        },  # fmt: skip
+        },
         "reading": " ".join(parts),
     }

@@ -1,26 +1,27 @@
-"""Section `meissonic_scale`: Meissonic's transformer at the released shape — a reveal step of the sampler, one
-row of the update's forward and backward, and the activation memory the update holds per row.
+"""Section `meissonic_scale`: Meissonic's transformer at the released shape — a reveal step of the sampler,
+one row of the update's forward and backward, and the activation memory the update holds per row.
 
 Model: policies/meissonic_transformer.py built from the release's transformer config (MeissonFlow/Meissonic:
 14 two-stream + 28 one-stream blocks, 8 heads × 128, 1,006,946,304 parameters) with random N(0, 0.02) weights,
-nothing downloaded; the text encoder is not built (random [77, 1024] states and a [1024] pooled embedding stand
-in for CLIP ViT-H/14's: the section measures the transformer). A canvas of 64 × 64 tokens (1024 px) half masked,
-the timestep of a mid-schedule step.
+nothing downloaded; the text encoder is not built (random [77, 1024] states and a [1024] pooled embedding
+stand in for CLIP ViT-H/14's: the section measures the transformer). A canvas of 64 × 64 tokens (1024 px) half
+masked, the timestep of a mid-schedule step.
 
 Rows:
-- ``reveal step``: one forward of the CFG pair of B images (2B rows: what the sampler runs each of its 64 steps),
-  no gradient; ``rollout s / image`` = 64 × seconds / B, the sampler's transformer time for one image.
+- ``reveal step``: one forward of the CFG pair of B images (2B rows: what the sampler runs each of its 64
+  steps), no gradient; ``rollout s / image`` = 64 × seconds / B, the sampler's transformer time for one image.
 - ``update row``: one row's forward and backward (the teacher-forced log-probs of one replayed step or one
   re-mask, summed, backward through the transformer), with ``model_options.gradient_checkpointing`` on and (on
   CUDA) off. The remask estimator of configs/recipes/meissonic_geneval.yaml takes 6 such rows a sample.
-- activations: the bytes autograd saves for the backward of one row (``torch.autograd.graph.saved_tensors_hooks``
-  over every tensor saved, counted once per storage), counted on models of one and two blocks of each kind and
-  extended to the release's 14 and 28; with checkpointing, each block saves its inputs only.
+- activations: the bytes autograd saves for the backward of one row
+  (``torch.autograd.graph.saved_tensors_hooks`` over every tensor saved, counted once per storage), counted on
+  models of one and two blocks of each kind and extended to the release's 14 and 28; with checkpointing, each
+  block saves its inputs only.
 
-Peak memory: each row's growth above its start (benchmarks/suite/common.PeakMemory). Float32 weights on the CPU
-(bf16 would be emulated on a CPU without native bf16); on CUDA float32 weights under bf16 autocast, as the recipe
-runs (optim.autocast / rollout.autocast bf16). CPU rows at the real shape take a few minutes on 2 cores: run them
-alone (`flock /work/heavy.lock python -m benchmarks --only meissonic_scale`).
+Peak memory: each row's growth above its start (benchmarks/suite/common.PeakMemory). Float32 weights on the
+CPU (bf16 would be emulated on a CPU without native bf16); on CUDA float32 weights under bf16 autocast, as the
+recipe runs (optim.autocast / rollout.autocast bf16). CPU rows at the real shape take a few minutes on 2
+cores: run them alone (`flock /work/heavy.lock python -m benchmarks --only meissonic_scale`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def build(config: Any, device: str, std: float = 0.02) -> Any:
 
 
 def inputs(config: Any, side: int, rows: int, device: str) -> dict[str, torch.Tensor]:
-    """A half-masked canvas [rows, side, side], micro-conditioning, text states and a mid-schedule timestep."""
+    """A half-masked canvas [rows, side, side], micro-conditioning, text states and a
+    mid-schedule timestep."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.codebook_size, (rows, side, side), generator=gen)
     masked = torch.rand((rows, side, side), generator=gen) < 0.5
@@ -146,8 +148,17 @@ def measure(ctx: Context, config: Any, side: int, batches: list[int]) -> tuple[l
                 model.features(**batch)
 
         seconds, peak = timed_row(ctx, step)
-        rows.append({"what": "reveal step", "images": b, "rows": 2 * b, "checkpointing": None, "seconds": seconds,
-                     "rollout_s_per_image": STEPS * seconds / b, "peak_mb": peak})  # fmt: skip
+        rows.append(
+            {
+                "what": "reveal step",
+                "images": b,
+                "rows": 2 * b,
+                "checkpointing": None,
+                "seconds": seconds,
+                "rollout_s_per_image": STEPS * seconds / b,
+                "peak_mb": peak,
+            }
+        )
     model.train().requires_grad_(True)
     one = inputs(config, side, 1, ctx.device)
     for checkpointing in [True, False] if ctx.device == "cuda" else [True]:
@@ -161,8 +172,17 @@ def measure(ctx: Context, config: Any, side: int, batches: list[int]) -> tuple[l
             torch.einsum("bdhw,kd->bhwk", h.float(), head).log_softmax(-1)[..., 0].sum().backward()
 
         seconds, peak = timed_row(ctx, update)
-        rows.append({"what": "update row", "images": None, "rows": 1, "checkpointing": checkpointing,
-                     "seconds": seconds, "update_s_per_sample": REMASKS * seconds, "peak_mb": peak})  # fmt: skip
+        rows.append(
+            {
+                "what": "update row",
+                "images": None,
+                "rows": 1,
+                "checkpointing": checkpointing,
+                "seconds": seconds,
+                "update_s_per_sample": REMASKS * seconds,
+                "peak_mb": peak,
+            }
+        )
     model.zero_grad(set_to_none=True)
     model = None  # the weights freed before the activation count builds its one-block models
     summary = {
@@ -193,17 +213,21 @@ def section(ctx: Context, rows: list[dict], summary: dict, load: float | None) -
     upd = next(r for r in rows if r["what"] == "update row" and r["checkpointing"])
     act = summary["activations_gib_per_row"]
     parts = [
-        f"{summary['parameters'] / 1e9:.3f} B parameters ({summary['dtype']}). One reveal step of {step['images']} "
-        f"image(s) (its CFG pair, {step['rows']} rows of {summary['sequence']} tokens, {TEXT} of them text) took {step['seconds']:.2f} s: "
-        f"{step['rollout_s_per_image']:.0f} s of transformer time per image for a {STEPS}-step rollout. One update "
-        f"row's forward and backward with gradient checkpointing took {upd['seconds']:.2f} s "
-        f"({upd['update_s_per_sample']:.0f} s a sample for the recipe's {REMASKS} re-masks). Autograd saves "
-        f"{act['False']:.2f} GiB per row without checkpointing and {act['True']:.2f} GiB with it.",
+        (
+            f"{summary['parameters'] / 1e9:.3f} B parameters ({summary['dtype']}). One reveal step of "
+            f"{step['images']} image(s) (its CFG pair, {step['rows']} rows of {summary['sequence']} tokens, "
+            f"{TEXT} of them text) took {step['seconds']:.2f} s: {step['rollout_s_per_image']:.0f} s of "
+            f"transformer time per image for a {STEPS}-step rollout. One update row's forward and backward "
+            f"with gradient checkpointing took {upd['seconds']:.2f} s ({upd['update_s_per_sample']:.0f} s a "
+            f"sample for the recipe's {REMASKS} re-masks). Autograd saves {act['False']:.2f} GiB per row "
+            f"without checkpointing and {act['True']:.2f} GiB with it."
+        ),
     ]
     if ctx.device != "cuda":
         parts.append(
-            "CPU rows: what a GPU run needs is their CUDA counterpart, `python -m benchmarks --only meissonic_scale "
-            "--device cuda` (bf16 autocast, batches 1–16, checkpointing on and off): pending a GPU run."
+            "CPU rows: what a GPU run needs is their CUDA counterpart, `python -m benchmarks --only "
+            "meissonic_scale --device cuda` (bf16 autocast, batches 1–16, checkpointing on and off): "
+            "pending a GPU run."
         )
     note = shared_cpu_note(load) if ctx.device != "cuda" else ""
     return {

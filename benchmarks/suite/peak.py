@@ -43,9 +43,9 @@ def run(ctx: Context) -> dict:
         else (f"the CPU (flags: {', '.join(flags)})" if flags else "the CPU (no avx512_bf16 / amx_bf16 flag)")
     )
     reading = (
-        f"The fp32 peak is {fp32:.0f} GFLOP/s at {plural(ctx.threads, 'thread')}; every FLOP/s fraction in the "
-        f"sections below is of this number. bf16 reaches {bf16:.1f} GFLOP/s, {bf16 / fp32:.2g}× fp32: "
-        f"bf16 is {'native' if native else 'not native'} on {where}"
+        f"The fp32 peak is {fp32:.0f} GFLOP/s at {plural(ctx.threads, 'thread')}; every FLOP/s "
+        f"fraction in the sections below is of this number. bf16 reaches {bf16:.1f} GFLOP/s, "
+        f"{bf16 / fp32:.2g}× fp32: bf16 is {'native' if native else 'not native'} on {where}"
         + (
             ""
             if native
@@ -55,7 +55,10 @@ def run(ctx: Context) -> dict:
     )
     return {
         "title": TITLE,
-        "timing": f"best of {repeats} calls after one warm-up (a size whose first call exceeds {SLOW:.0f} s is timed once and ends its dtype)",
+        "timing": (
+            f"best of {repeats} calls after one warm-up (a size whose first call exceeds {SLOW:.0f} s is "
+            f"timed once and ends its dtype)"
+        ),
         "columns": [
             ("dtype", "dtype"),
             ("n", "n"),

@@ -46,10 +46,17 @@ def window(rows: list[dict], name: str) -> dict:
         vals = [r[key] for r in rows if r.get(key) is not None]
         return sum(vals) / len(vals) if vals else None
 
-    return {"steps": name, "step_s": med("time/step"), "rollout_s": med("time/rollout"),
-            "reward_s": med("time/reward"), "update_s": med("time/update"),
-            "zero_std_ratio": mean("zero_std_ratio"), "groups_drawn": mean("groups_drawn"),
-            "groups_kept": mean("groups_kept"), "groups_carried": mean("groups_carried")}  # fmt: skip
+    return {
+        "steps": name,
+        "step_s": med("time/step"),
+        "rollout_s": med("time/rollout"),
+        "reward_s": med("time/reward"),
+        "update_s": med("time/update"),
+        "zero_std_ratio": mean("zero_std_ratio"),
+        "groups_drawn": mean("groups_drawn"),
+        "groups_kept": mean("groups_kept"),
+        "groups_carried": mean("groups_carried"),
+    }
 
 
 def run(ctx: Context) -> dict:
@@ -57,19 +64,32 @@ def run(ctx: Context) -> dict:
     rows = train_rows(found) if found else []
     if len(rows) < 2 * WINDOW:  # nothing to read: say how to get it, measure nothing
         note = (
-            f"Not measured: this section reads a run of ≥ {2 * WINDOW} steps. Give --progress-run DIR, or first run "
-            "`t2i-gcpo train --prompts prompts/shapeworld_train.txt` (the README's default run)."
+            f"Not measured: this section reads a run of ≥ {2 * WINDOW} steps. Give --progress-run DIR, or "
+            f"first run `t2i-gcpo train --prompts prompts/shapeworld_train.txt` (the README's default run)."
         )
-        return {"title": TITLE, "timing": "—", "columns": [("steps", "steps")], "rows": [],
-                "summary": {"late_over_early": None, "target": TARGET}, "reading": note}  # fmt: skip
+        return {
+            "title": TITLE,
+            "timing": "—",
+            "columns": [("steps", "steps")],
+            "rows": [],
+            "summary": {"late_over_early": None, "target": TARGET},
+            "reading": note,
+        }
     early = window(rows[:WINDOW], f"{rows[0]['step']}–{rows[WINDOW - 1]['step']}")
     late = window(rows[-WINDOW:], f"{rows[-WINDOW]['step']}–{rows[-1]['step']}")
     ratio = late["step_s"] / early["step_s"]
     config = (found / "config.yaml").read_text() if (found / "config.yaml").is_file() else ""
     budget = next((ln.split(":")[1].strip() for ln in config.splitlines() if "draw_budget" in ln), "?")
     early, late = ({k: ("—" if v is None else v) for k, v in w.items()} for w in (early, late))
-    n = {k: f"{v:.1f}" if isinstance(v, float) else v for k, v in {"ed": early["groups_drawn"], "ek": early["groups_kept"],
-         "ld": late["groups_drawn"], "lk": late["groups_kept"]}.items()}  # fmt: skip
+    n = {
+        k: f"{v:.1f}" if isinstance(v, float) else v
+        for k, v in {
+            "ed": early["groups_drawn"],
+            "ek": early["groups_kept"],
+            "ld": late["groups_drawn"],
+            "lk": late["groups_kept"],
+        }.items()
+    }
     reading = (
         f"In {found.name}, the median step took {early['step_s']:.2f} s over steps {early['steps']} and "
         f"{late['step_s']:.2f} s over steps {late['steps']}: {ratio:.2f}× (target ≤ {TARGET}×, "
@@ -77,7 +97,8 @@ def run(ctx: Context) -> dict:
         f"{early['zero_std_ratio']:.2f} to {late['zero_std_ratio']:.2f}. Dynamic sampling draws the missing "
         f"groups divided by (1 − r̂) in one batched round, at most advantage.draw_budget = {budget} × P per "
         f"step, and carries surplus groups with signal into the next step; late in training the budget caps "
-        f"the draw ({n['ld']} groups drawn, {n['lk']} trained per step, against {n['ed']} and {n['ek']} early)."
+        f"the draw ({n['ld']} groups drawn, {n['lk']} trained per step, against {n['ed']} and "
+        f"{n['ek']} early)."
     )
     return {
         "title": TITLE,

@@ -19,8 +19,9 @@ def load(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) and "sections" in data else {"meta": {}, "sections": {}}
 
 
-def merge(existing: dict[str, Any], new_sections: dict[str, Any], meta: dict[str, Any],
-          order: list[str]) -> dict[str, Any]:  # fmt: skip
+def merge(
+    existing: dict[str, Any], new_sections: dict[str, Any], meta: dict[str, Any], order: list[str]
+) -> dict[str, Any]:
     """`existing` with `new_sections` replacing sections of the same name; sections in `order` (unknown
     names last); `meta` (this run) becomes the header."""
     sections = {**existing.get("sections", {}), **new_sections}

@@ -11,14 +11,15 @@ sampler for the GIL.) Three
 trainers, their steps round-robin after one warm-up step each:
 
 - ``whole``: the default, the round sampled in one rollout call, then scored;
-- ``chunked``: ``reward_options.chunk = G`` (one group per rollout call, P calls), each chunk scored when it is
-  sampled — a rollout split as model_options.max_rollout_batch splits a Janus one;
+- ``chunked``: ``reward_options.chunk = G`` (one group per rollout call, P calls), each chunk scored when it
+  is sampled — a rollout split as model_options.max_rollout_batch splits a Janus one;
 - ``overlapped``: the same chunks with ``reward_options.overlap``: each scored while the next samples.
 
 Reported per trainer, the best of the timed steps (on a machine shared with other jobs a step sometimes
-takes ten times another; the best is the step the others left alone): sampling (time/rollout; the sleep equals it), sample +
-score (the step's wall time minus its update: what overlap acts on), the update, the whole step, and the
-ratios to ``chunked`` (the same rollout calls: what overlap alone buys; ideally (1 + 1/P) / 2) and to ``whole``.
+takes ten times another; the best is the step the others left alone): sampling (time/rollout; the sleep equals
+it), sample + score (the step's wall time minus its update: what overlap acts on), the update, the whole step,
+and the ratios to ``chunked`` (the same rollout calls: what overlap alone buys; ideally (1 + 1/P) /
+2) and to ``whole``.
 
 Server. Seconds per call of 64 rendered ShapeWorld scenes scored in process and through ``remote:`` to a
 ``t2i-gcpo reward-server`` in a process of its own on loopback: `shapeworld` on its 32 × 32 images, and at
@@ -100,9 +101,18 @@ def overlap_rows(ctx: Context) -> tuple[list[dict], dict]:
     rows = []
     for name, rs in by_trainer.items():
         best = {k: min(r[k] for r in rs) for k in ("time/rollout", "time/update", "time/step")}
-        rows.append({"trainer": name, "calls": 1 if name == "whole" else P, "images": P * G, "precision": precision,
-                     "rollout": best["time/rollout"], "update": best["time/update"], "step": best["time/step"],
-                     "sample_score": min(r["time/step"] - r["time/update"] for r in rs)})  # fmt: skip
+        rows.append(
+            {
+                "trainer": name,
+                "calls": 1 if name == "whole" else P,
+                "images": P * G,
+                "precision": precision,
+                "rollout": best["time/rollout"],
+                "update": best["time/update"],
+                "step": best["time/step"],
+                "sample_score": min(r["time/step"] - r["time/update"] for r in rs),
+            }
+        )
     by = {r["trainer"]: r for r in rows}
     for r in rows:
         r["vs_chunked"] = r["sample_score"] / by["chunked"]["sample_score"]
@@ -114,8 +124,19 @@ def overlap_rows(ctx: Context) -> tuple[list[dict], dict]:
 def start_server(spec: str) -> tuple[subprocess.Popen, str]:
     """`t2i-gcpo reward-server` for `spec` in a process of its own on a free loopback port: (process, URL)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "reward-server", "--reward", spec, "--port", "0", "--quiet",
-           "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "reward-server",
+        "--reward",
+        spec,
+        "--port",
+        "0",
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     line = proc.stdout.readline()
     if "serving" not in line:
@@ -142,8 +163,10 @@ def server_rows(ctx: Context) -> list[dict]:
         proc, url = start_server(spec)
         try:
             timed = {}
-            for where, reward in (("in process", build_reward(spec, grid=(8, 8))),
-                                  ("remote (loopback)", build_reward(f"remote:{url}", grid=(8, 8)))):  # fmt: skip
+            for where, reward in (
+                ("in process", build_reward(spec, grid=(8, 8))),
+                ("remote (loopback)", build_reward(f"remote:{url}", grid=(8, 8))),
+            ):
                 reward(images, prompts, meta)  # warm-up
                 best = float("inf")
                 for _ in range(repeats):
@@ -156,8 +179,17 @@ def server_rows(ctx: Context) -> list[dict]:
             proc.wait()
         extra = (timed["remote (loopback)"] - timed["in process"]) / n * 1000
         for where, seconds in timed.items():
-            rows.append({"reward": name, "image": f"{size} px", "where": where, "images": n, "seconds": seconds,
-                         "images_per_s": n / seconds, "overhead_ms": extra if where != "in process" else 0.0})  # fmt: skip
+            rows.append(
+                {
+                    "reward": name,
+                    "image": f"{size} px",
+                    "where": where,
+                    "images": n,
+                    "seconds": seconds,
+                    "images_per_s": n / seconds,
+                    "overhead_ms": extra if where != "in process" else 0.0,
+                }
+            )
     return rows
 
 
@@ -170,25 +202,26 @@ def run(ctx: Context) -> dict:
     step, cost = by["overlapped"]["step_vs_chunked"], by["chunked"]["rollout"] / by["whole"]["rollout"]
     remote = {r["reward"]: r for r in served if r["where"] != "in process"}
     reading = (
-        f"With a reward that takes as long as sampling (a sleep as long as the rollout call, in for a reward model on "
-        f"a device of its own; sampling on {ctx.threads} torch thread(s)), scoring each of the {info['P']} chunks while the next "
-        f"samples takes a step's sample + score to {ratio:.2f}× the same chunks scored after each (target ≤ "
-        f"{TARGET}: {'pass' if ratio <= TARGET else 'fail'}; the ideal is (1 + 1/{info['P']}) / 2 = "
-        f"{(1 + 1 / info['P']) / 2:.2f}), and the whole step, whose update overlap does not touch, to {step:.2f}×. "
-        f"Against the default — the round sampled in one call — sample + score is {whole:.2f}×: on this CPU the AR "
-        f"sampler pays a fixed cost per call, so {info['P']} calls of {info['G']} images sample in {cost:.2f}× the "
-        f"time of one call of {info['P'] * info['G']}. Overlap pays where the rollout is split anyway "
-        "(model_options.max_rollout_batch, a GPU whose memory does not hold the batch) or sampling is "
-        "compute-bound, and where the reward takes no CPU from the sampler (its own GPU, a server). Through a "
-        f"reward server on loopback an image costs {remote['shapeworld']['overhead_ms']:.2f} ms more at 32 px and "
+        f"With a reward that takes as long as sampling (a sleep as long as the rollout call, in for a reward "
+        f"model on a device of its own; sampling on {ctx.threads} torch thread(s)), scoring each of the "
+        f"{info['P']} chunks while the next samples takes a step's sample + score to {ratio:.2f}× the same "
+        f"chunks scored after each (target ≤ {TARGET}: {'pass' if ratio <= TARGET else 'fail'}; the ideal is "
+        f"(1 + 1/{info['P']}) / 2 = {(1 + 1 / info['P']) / 2:.2f}), and the whole step, whose update overlap "
+        f"does not touch, to {step:.2f}×. Against the default — the round sampled in one call — sample + "
+        f"score is {whole:.2f}×: on this CPU the AR sampler pays a fixed cost per call, so {info['P']} calls "
+        f"of {info['G']} images sample in {cost:.2f}× the time of one call of {info['P'] * info['G']}. "
+        f"Overlap pays where the rollout is split anyway (model_options.max_rollout_batch, a GPU whose "
+        f"memory does not hold the batch) or sampling is compute-bound, and where the reward takes no CPU "
+        f"from the sampler (its own GPU, a server). Through a reward server on loopback an image costs "
+        f"{remote['shapeworld']['overhead_ms']:.2f} ms more at 32 px and "
         f"{remote['brightness']['overhead_ms']:.2f} ms more at 384 px (PNG, base64, HTTP, decoding), against "
         "seconds per image for PickScore or HPS on this CPU (section rewards)." + shared_cpu_note(load)
-    )  # fmt: skip
+    )
     return {
         "title": TITLE,
-        "timing": f"best of {info['steps']} DAPO steps per trainer after a warm-up step, trainers round-robin, "
-        "the shipped ShapeWorld prior at its 'auto' precision; server (the summary's `server` rows): best of the "
-        "repeats of one call of 64 images after a warm-up call",
+        "timing": f"best of {info['steps']} DAPO steps per trainer after a warm-up step, trainers "
+        f"round-robin, the shipped ShapeWorld prior at its 'auto' precision; server (the summary's `server` "
+        f"rows): best of the repeats of one call of 64 images after a warm-up call",
         "columns": [
             ("trainer", "trainer"),
             ("calls", "rollout calls"),
@@ -201,7 +234,7 @@ def run(ctx: Context) -> dict:
             ("vs_chunked", "sample + score / chunked"),
             ("vs_whole", "sample + score / whole"),
             ("step_vs_chunked", "step / chunked"),
-        ],  # fmt: skip
+        ],
         "rows": overlap,
         "summary": {
             "overlapped_vs_chunked": ratio,
@@ -212,6 +245,6 @@ def run(ctx: Context) -> dict:
             "chunk_cost": cost,
             "server": served,
             "load_average": load,
-        },  # fmt: skip
+        },
         "reading": reading,
     }

@@ -1,5 +1,6 @@
-"""Section `reward_server`: a load test of `t2i-gcpo reward-server` on loopback (docs/guides/rewards.md#server):
-requests/s and latency at 1, 8 and 64 clients, then 64 clients with slow clients beside them.
+"""Section `reward_server`: a load test of `t2i-gcpo reward-server` on loopback
+(docs/guides/rewards.md#server): requests/s and latency at 1, 8 and 64 clients, then 64 clients with slow
+clients beside them.
 
 The server runs in a process of its own (``--body-timeout 5``) and serves a reward that costs nothing
 (`reward_overlap.brightness`: each image's mean pixel), so what is timed is the server: accepting, reading,
@@ -9,10 +10,10 @@ images of 64 × 64 px, 265 KB of JSON — one request after another, each phase 
 time limit (`SECONDS`). A request counts as answered when it gets a 200 with 16 scores; anything else (no
 answer, a reset, a 503) is an error.
 
-Slow clients (the last phase, `SLOW` of them beside the 64): half send a request's head and then its body a byte
-every 0.5 s (the server cuts them at its body deadline, 5 s here, with a 408, and they start again), half send
-half a head and nothing more (cut at the head deadline, 10 s). With the stdlib server they replaced, four of them
-held its four slots for its 300 s read timeout and no other request was answered.
+Slow clients (the last phase, `SLOW` of them beside the 64): half send a request's head and then its body a
+byte every 0.5 s (the server cuts them at its body deadline, 5 s here, with a 408, and they start again), half
+send half a head and nothing more (cut at the head deadline, 10 s). With the stdlib server they replaced, four
+of them held its four slots for its 300 s read timeout and no other request was answered.
 
 Latency is each request's wall time from the client (connecting included); p50 and p99 over the answered
 requests of a phase. Server and clients share this machine's cores: on 2 cores the clients' threads take
@@ -33,18 +34,35 @@ from typing import Any
 
 from benchmarks.suite.common import REPO, Context, load_average, shared_cpu_note
 
-TITLE = "A reward server under load: requests/s and latency at 1, 8 and 64 clients, slow clients beside them (`reward_server`)"
+TITLE = (
+    "A reward server under load: requests/s and latency at 1, 8 and 64 clients, slow clients beside them "
+    "(`reward_server`)"
+)
 SECONDS = 60.0  # the most a phase runs
 SLOW = 16  # slow clients in the last phase
 IMAGES, SIDE = 16, 64  # one request: 16 images of 64 × 64 px
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    """`t2i-gcpo reward-server` for `brightness` in a process of its own on a free loopback port: (process, URL)."""
+    """`t2i-gcpo reward-server` for `brightness` in a process of its own on a free loopback
+    port: (process, URL)."""
     spec = f"{REPO / 'benchmarks' / 'suite' / 'reward_overlap.py'}:brightness"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "reward-server", "--reward", spec, "--port", "0", "--quiet",
-           "--device", "cpu", "--body-timeout", "5"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "reward-server",
+        "--reward",
+        spec,
+        "--port",
+        "0",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--body-timeout",
+        "5",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     line = proc.stdout.readline()
     if "serving" not in line:
@@ -68,8 +86,14 @@ def one_request(url: str, body: bytes) -> float | None:
 
     tic = time.perf_counter()
     try:
-        answer = http_client.request(url + "/score", method="POST", body=body, timeout=60, max_bytes=1 << 20,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        answer = http_client.request(
+            url + "/score",
+            method="POST",
+            body=body,
+            timeout=60,
+            max_bytes=1 << 20,
+            headers={"Content-Type": "application/json"},
+        )
     except (http_client.NoAnswer, http_client.AnswerTooLarge):
         return None
     if answer.status != 200 or len(json.loads(answer.body)["scores"]) != IMAGES:
@@ -125,7 +149,8 @@ class SlowClients:
 
 
 def phase(url: str, body: bytes, clients: int, requests: int, slow: int = 0) -> dict[str, Any]:
-    """`clients` threads sending `requests` requests in all (or until SECONDS), `slow` slow clients beside them."""
+    """`clients` threads sending `requests` requests in all (or until SECONDS), `slow` slow
+    clients beside them."""
     latencies: list[float] = []
     errors = [0]
     left = [requests]
@@ -161,12 +186,19 @@ def phase(url: str, body: bytes, clients: int, requests: int, slow: int = 0) -> 
     ok = len(latencies)
     ms = sorted(s * 1000 for s in latencies)
     return {
-        "clients": clients, "slow": slow, "requests": ok + errors[0], "answered": ok, "errors": errors[0],
-        "seconds": wall, "requests_per_s": ok / wall if wall else 0.0, "images_per_s": ok * IMAGES / wall if wall else 0.0,
+        "clients": clients,
+        "slow": slow,
+        "requests": ok + errors[0],
+        "answered": ok,
+        "errors": errors[0],
+        "seconds": wall,
+        "requests_per_s": ok / wall if wall else 0.0,
+        "images_per_s": ok * IMAGES / wall if wall else 0.0,
         "p50_ms": statistics.median(ms) if ms else None,
         "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else None,
-        "slow_cut_body": slowpokes.cut[0] if slowpokes else None, "slow_cut_head": slowpokes.cut[1] if slowpokes else None,
-    }  # fmt: skip
+        "slow_cut_body": slowpokes.cut[0] if slowpokes else None,
+        "slow_cut_head": slowpokes.cut[1] if slowpokes else None,
+    }
 
 
 def load_rows(url: str, quick: bool) -> list[dict[str, Any]]:
@@ -191,22 +223,23 @@ def run(ctx: Context) -> dict:
     alone, crowd, slowed = by[(1, 0)], by[(64, 0)], by[(64, SLOW)]
     errors = sum(r["errors"] for r in rows)
     reading = (
-        f"On loopback with a reward that costs nothing, one client gets {alone['requests_per_s']:.0f} requests/s "
-        f"({alone['images_per_s']:.0f} images/s of {SIDE} px, p99 {alone['p99_ms']:.0f} ms); 64 at once get "
-        f"{crowd['requests_per_s']:.0f} requests/s in all, p99 {crowd['p99_ms']:.0f} ms (they queue for the "
-        f"server's 4 decoding slots and its one scoring thread, and the clients' threads share the machine's "
-        f"{os.cpu_count()} cores with the server), with {crowd['errors']} of {crowd['requests']} requests "
-        f"unanswered. With {SLOW} slow clients beside them — half dripping a body a byte every 0.5 s, half stopping "
-        f"in the middle of a head — the 64 still get {slowed['requests_per_s']:.0f} requests/s (p99 "
-        f"{slowed['p99_ms']:.0f} ms, {slowed['errors']} unanswered): the slow clients hold no slot, and the server "
-        f"cut them {slowed['slow_cut_body']} times at the body deadline (5 s, 408) and {slowed['slow_cut_head']} "
-        f"times at the head deadline (10 s). {errors} request(s) unanswered in all phases."
-        + shared_cpu_note(load)
-    )  # fmt: skip
+        f"On loopback with a reward that costs nothing, one client gets {alone['requests_per_s']:.0f} "
+        f"requests/s ({alone['images_per_s']:.0f} images/s of {SIDE} px, p99 {alone['p99_ms']:.0f} ms); 64 "
+        f"at once get {crowd['requests_per_s']:.0f} requests/s in all, p99 {crowd['p99_ms']:.0f} ms (they "
+        f"queue for the server's 4 decoding slots and its one scoring thread, and the clients' threads share "
+        f"the machine's {os.cpu_count()} cores with the server), with {crowd['errors']} of "
+        f"{crowd['requests']} requests unanswered. With {SLOW} slow clients beside them — half dripping a "
+        f"body a byte every 0.5 s, half stopping in the middle of a head — the 64 still get "
+        f"{slowed['requests_per_s']:.0f} requests/s (p99 {slowed['p99_ms']:.0f} ms, {slowed['errors']} "
+        f"unanswered): the slow clients hold no slot, and the server cut them {slowed['slow_cut_body']} "
+        f"times at the body deadline (5 s, 408) and {slowed['slow_cut_head']} times at the head deadline (10 "
+        f"s). {errors} request(s) unanswered in all phases." + shared_cpu_note(load)
+    )
     return {
         "title": TITLE,
-        "timing": f"each phase a bounded count of requests (or {SECONDS:.0f} s), one after another per client, "
-        f"{IMAGES} images of {SIDE} px a request, after 3 warm-up requests; latency per request from the client",
+        "timing": f"each phase a bounded count of requests (or {SECONDS:.0f} s), one after another per "
+        f"client, {IMAGES} images of {SIDE} px a request, after 3 warm-up requests; latency per "
+        f"request from the client",
         "columns": [
             ("clients", "clients"),
             ("slow", "slow clients"),
@@ -220,6 +253,10 @@ def run(ctx: Context) -> dict:
             ("slow_cut_head", "slow cut at head deadline"),
         ],
         "rows": rows,
-        "summary": {"errors": errors, "load_average": load, "requests_per_s": {f"{r['clients']}+{r['slow']}": r["requests_per_s"] for r in rows}},
+        "summary": {
+            "errors": errors,
+            "load_average": load,
+            "requests_per_s": {f"{r['clients']}+{r['slow']}": r["requests_per_s"] for r in rows},
+        },
         "reading": reading,
-    }  # fmt: skip
+    }

@@ -14,8 +14,8 @@ weights (``real, random weights``: speed does not depend on the weights' values)
 transformers CLIPModel, HPS's open_clip ViT-H-14, the aesthetic predictor's OpenAI ViT-L-14 (QuickGELU) and
 MLP, and BLIP VQA at blip-vqa-base's configuration, each built in memory (nothing read or downloaded; the
 text side uses the tests' tiny tokenizers, a negligible part of the cost), one at a time: a warm-up call on
-one image, then one timed call on 2. Each reward: one warm-up call, then the best of the repeats; float32, the section's threads
-(torch's, and onnxruntime's for `ocr`).
+one image, then one timed call on 2. Each reward: one warm-up call, then the best of the repeats; float32, the
+section's threads (torch's, and onnxruntime's for `ocr`).
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ def rendered(n: int, size: int | None = None) -> tuple[torch.Tensor, list[str]]:
     for i in range(n):
         word = WORDS[i % len(WORDS)]
         im = Image.new("RGB", (size, size), "white")
-        ImageDraw.Draw(im).text((size // 16, size // 2 - size // 16), word, fill="black",
-                                font=ImageFont.load_default(size=size // 8))  # fmt: skip
+        ImageDraw.Draw(im).text(
+            (size // 16, size // 2 - size // 16),
+            word,
+            fill="black",
+            font=ImageFont.load_default(size=size // 8),
+        )
         images.append(torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255)
         prompts.append(f'a sign that says "{word}"')
     return torch.stack(images), prompts
@@ -155,9 +159,16 @@ def real_shape(tm: Any, device: str) -> Iterator[tuple[str, str, Any]]:
     yield "hps", "open_clip ViT-H-14, 224 px", HPSReward(hps, open_clip.get_tokenizer("ViT-H-14"), 224)
     del hps
     clip_l = open_clip.create_model("ViT-L-14", pretrained=None, force_quick_gelu=True, device=device)
-    head = torch.nn.Sequential(torch.nn.Linear(768, 1024), torch.nn.Dropout(0.2), torch.nn.Linear(1024, 128),
-                               torch.nn.Dropout(0.2), torch.nn.Linear(128, 64), torch.nn.Dropout(0.1),
-                               torch.nn.Linear(64, 16), torch.nn.Linear(16, 1))  # fmt: skip
+    head = torch.nn.Sequential(
+        torch.nn.Linear(768, 1024),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(1024, 128),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(128, 64),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(64, 16),
+        torch.nn.Linear(16, 1),
+    )
     yield "aesthetic", "OpenAI ViT-L/14 + MLP, 224 px", AestheticReward(clip_l, head.to(device).eval())
     del clip_l
     blip = BlipForQuestionAnswering(BlipConfig()).to(device)  # blip-vqa-base's sizes: ViT-B/16 at 384 px
@@ -184,8 +195,12 @@ def run(ctx: Context) -> dict:
                     from t2i_gcpo.worlds.shapeworld import generate_metadata, render, sample_scene
 
                     meta, rng = generate_metadata(batch, seed=0), np.random.default_rng(0)
-                    images = torch.stack([torch.from_numpy(render(sample_scene(m, rng))).permute(2, 0, 1).float() / 255
-                                          for m in meta])  # fmt: skip
+                    images = torch.stack(
+                        [
+                            torch.from_numpy(render(sample_scene(m, rng))).permute(2, 0, 1).float() / 255
+                            for m in meta
+                        ]
+                    )
                     prompts = [m["prompt"] for m in meta]
                 else:
                     images, prompts, meta = *rendered(batch), [{}] * batch
@@ -197,8 +212,17 @@ def run(ctx: Context) -> dict:
                     reward(images, prompts, meta)
                     ctx.sync()
                     best = min(best, time.perf_counter() - tic)
-                rows.append({"reward": form, "shape": shape, "model": what, "image": f"{images.shape[-1]} px",
-                             "batch": batch, "seconds": best, "images_per_s": batch / best})  # fmt: skip
+                rows.append(
+                    {
+                        "reward": form,
+                        "shape": shape,
+                        "model": what,
+                        "image": f"{images.shape[-1]} px",
+                        "batch": batch,
+                        "seconds": best,
+                        "images_per_s": batch / best,
+                    }
+                )
         if not ctx.quick:  # the model rewards at their real architectures, random weights
             images, prompts = rendered(2)
             for form, what, reward in real_shape(tiny_models(), ctx.device):
@@ -209,8 +233,17 @@ def run(ctx: Context) -> dict:
                     reward(images, prompts, [{}] * 2)
                     ctx.sync()
                 seconds = time.perf_counter() - tic
-                rows.append({"reward": form, "shape": "real, random weights", "model": what, "image": f"{SIZE} px",
-                             "batch": 2, "seconds": seconds, "images_per_s": 2 / seconds})  # fmt: skip
+                rows.append(
+                    {
+                        "reward": form,
+                        "shape": "real, random weights",
+                        "model": what,
+                        "image": f"{SIZE} px",
+                        "batch": 2,
+                        "seconds": seconds,
+                        "images_per_s": 2 / seconds,
+                    }
+                )
                 del reward
                 gc.collect()
     finally:
@@ -220,18 +253,26 @@ def run(ctx: Context) -> dict:
     real = {r["reward"]: r["images_per_s"] for r in rows if r["shape"] == "real, random weights"}
     ocr = by.get("ocr")
     reading = (
-        (f"The OCR reward, on its real models, scores {ocr['images_per_s']:.2g} images/s at {SIZE} px on "
-         f"{ctx.threads} thread(s): for a step of 128 images that is {128 / ocr['images_per_s']:.0f} s of scoring. "
-         if ocr else "The OCR extra is not installed here: `ocr` was not timed. ")
-        + "The tiny-shape rows time preprocessing and plumbing, not the real models (PickScore and HPS are CLIP-H, "
-        "about 1 B parameters)"
-        + (f"; at their real shapes (random weights) PickScore scores {real['pickscore']:.2g}, HPS "
-           f"{real['hps']:.2g}, the aesthetic predictor {real['aesthetic']:.2g} and VQAScore {real['vqa']:.2g} "
-           "images/s here, so on a CPU the reward model, not the sampler, can bound a step"
-           if len(real) == 4 else "")
+        (
+            f"The OCR reward, on its real models, scores {ocr['images_per_s']:.2g} images/s at {SIZE} px on "
+            f"{ctx.threads} thread(s): for a step of 128 images that is "
+            f"{128 / ocr['images_per_s']:.0f} s of scoring. "
+            if ocr
+            else "The OCR extra is not installed here: `ocr` was not timed. "
+        )
+        + "The tiny-shape rows time preprocessing and plumbing, not the real models (PickScore and HPS are "
+        "CLIP-H, about 1 B parameters)"
+        + (
+            f"; at their real shapes (random weights) PickScore scores {real['pickscore']:.2g}, HPS "
+            f"{real['hps']:.2g}, the aesthetic predictor {real['aesthetic']:.2g} and VQAScore "
+            f"{real['vqa']:.2g} images/s here, so on a CPU the reward model, not the sampler, "
+            f"can bound a step"
+            if len(real) == 4
+            else ""
+        )
         + "; the judge row is the client's cost with a server that answers at once."
         + shared_cpu_note(load)
-    )  # fmt: skip
+    )
     return {
         "title": TITLE,
         "timing": f"best of {repeats} calls of {batch} images after one warm-up call, float32",
@@ -243,11 +284,11 @@ def run(ctx: Context) -> dict:
             ("batch", "images"),
             ("seconds", "seconds"),
             ("images_per_s", "images/s"),
-        ],  # fmt: skip
+        ],
         "rows": rows,
         "summary": {
             "images_per_s": {f"{r['reward']} ({r['shape']})": r["images_per_s"] for r in rows},
             "load_average": load,
-        },  # fmt: skip
+        },
         "reading": reading,
     }

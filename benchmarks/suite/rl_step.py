@@ -119,8 +119,15 @@ def run(ctx: Context) -> dict:
         med = {p: statistics.median(r[f"time/{p}"] for r in rs) for p in (*PHASES, "step")}
         mem = {p: max((r.get(f"mem/{p}") or 0.0) for r in rs) for p in PHASES}
         gflops = flops[a] / med["update"] / 1e9
-        rows.append({"algo": a, **{f"{p}_s": v for p, v in med.items()}, **{f"{p}_mb": v for p, v in mem.items()},
-                     "update_gflops": gflops, "update_peak_pct": 100 * gflops / peak})  # fmt: skip
+        rows.append(
+            {
+                "algo": a,
+                **{f"{p}_s": v for p, v in med.items()},
+                **{f"{p}_mb": v for p, v in mem.items()},
+                "update_gflops": gflops,
+                "update_peak_pct": 100 * gflops / peak,
+            }
+        )
     by = {r["algo"]: r for r in rows}
     base = by.get("dapo", {}).get("step_s")
     checks = {}
@@ -129,8 +136,11 @@ def run(ctx: Context) -> dict:
     for a, target in TARGETS.items():
         if a in by and base:
             checks[a] = {"ratio": by[a]["vs_dapo"], "target": target, "pass": by[a]["vs_dapo"] <= target}
-            print(f"    {a.upper()}/DAPO step time {by[a]['vs_dapo']:.3f}× (target ≤ {target}×): "
-                  f"{'PASS' if checks[a]['pass'] else 'FAIL'}", flush=True)  # fmt: skip
+            print(
+                f"    {a.upper()}/DAPO step time {by[a]['vs_dapo']:.3f}× (target ≤ {target}×): "
+                f"{'PASS' if checks[a]['pass'] else 'FAIL'}",
+                flush=True,
+            )
     verdicts = "; ".join(
         f"{a.upper()}/DAPO {c['ratio']:.2f}× (target ≤ {c['target']}×: {'pass' if c['pass'] else 'FAIL'})"
         for a, c in checks.items()
@@ -144,27 +154,29 @@ def run(ctx: Context) -> dict:
     precision_note = (
         f" The presets ran at their default precision, rollout.autocast and optim.autocast 'auto': bf16 "
         f"where native, as here. DAPO in float32 (`{' '.join('--set ' + x for x in FP32_SETS)}`): step "
-        f"{full['step_s']:.2f} s, so the bf16 step takes {d['step_s'] / full['step_s']:.2f}× the float32 one (rollout "
-        f"{full['rollout_s']:.2f} → {d['rollout_s']:.2f} s, update {full['update_s']:.2f} → {d['update_s']:.2f} s)."
+        f"{full['step_s']:.2f} s, so the bf16 step takes {d['step_s'] / full['step_s']:.2f}× the float32 one "
+        f"(rollout {full['rollout_s']:.2f} → {d['rollout_s']:.2f} s, update {full['update_s']:.2f} → "
+        f"{d['update_s']:.2f} s)."
         if full and base
         else " The presets ran at their default precision: float32 here (no native bf16)."
     )
     reading = (
         f"Per step ({prompts} prompts × {group} images, dynamic sampling off): {verdicts}. For DAPO the "
-        f"rollout takes {100 * share['rollout']:.0f} % of the step, decode + reward {100 * share['reward']:.0f} % "
-        f"and the update {100 * share['update']:.0f} %. Updates: {upd}. GCPO reads the pos / neg log-probs "
-        f"the sampler recorded (no extra forward); DGPO adds a forward of the frozen reference for its full "
-        f"distributions and GRPO (and gcpo-official) one for the KL term. The update reaches "
-        f"{min(r['update_peak_pct'] for r in presets):.0f}–{max(r['update_peak_pct'] for r in presets):.0f} % of the "
-        f"fp32 peak on {prompts * group} sequences of {tokens} image tokens through {params / 1e6:.2f} M matmul "
-        f"weights. The update is the phase that needs memory (the rollout and the reward add little): its peak "
-        f"growth is largest for {heaviest['algo']}, {heaviest['update_mb']:.0f} MB, against "
+        f"rollout takes {100 * share['rollout']:.0f} % of the step, decode + reward "
+        f"{100 * share['reward']:.0f} % and the update {100 * share['update']:.0f} %. Updates: {upd}. GCPO "
+        f"reads the pos / neg log-probs the sampler recorded (no extra forward); DGPO adds a forward of the "
+        f"frozen reference for its full distributions and GRPO (and gcpo-official) one for the KL term. The "
+        f"update reaches {min(r['update_peak_pct'] for r in presets):.0f}–"
+        f"{max(r['update_peak_pct'] for r in presets):.0f} % of the fp32 peak on {prompts * group} sequences "
+        f"of {tokens} image tokens through {params / 1e6:.2f} M matmul weights. The update is the phase that "
+        f"needs memory (the rollout and the reward add little): its peak growth is largest for "
+        f"{heaviest['algo']}, {heaviest['update_mb']:.0f} MB, against "
         f"{d['update_mb']:.0f} MB for DAPO." + precision_note
     )
     return {
         "title": TITLE,
-        "timing": f"median of {plural(steps, 'step')} per algorithm after {plural(warmup, 'warm-up step')}, algorithms "
-        f"round-robin; "
+        "timing": f"median of {plural(steps, 'step')} per algorithm after {plural(warmup, 'warm-up step')}, "
+        f"algorithms round-robin; "
         f"memory: max over the timed steps of the {PeakMemory.what(ctx.device)}",
         "columns": [
             ("algo", "algo"),

@@ -7,10 +7,12 @@
     python -m benchmarks --only compare_cost --compare-dir runs/cmp5 --compare-reference runs/cmp5-fp32
 
 Results: benchmarks/results/suite.json and docs/performance.md (rewritten after every section, so an
-interrupted run keeps what it measured). Sections: peak, samplers, decode_loops, text_vs_generate, janus_vs_generate,
-janus_scale, llamagen, meissonic_scale, rl_step, scaling, branch_cost, tree_step, rewards, reward_overlap, reward_server, step_memory, and two that read finished runs
-instead of timing anything: progress (one training run, --progress-run) and compare_cost (a `t2i-gcpo compare` output, --compare-dir, optionally paired against
---compare-reference) (benchmarks/suite/<name>.py; each module's docstring says what it measures and how).
+interrupted run keeps what it measured). Sections: peak, samplers, decode_loops, text_vs_generate,
+janus_vs_generate, janus_scale, llamagen, meissonic_scale, rl_step, scaling, branch_cost, tree_step, rewards,
+reward_overlap, reward_server, step_memory, and two that read finished runs instead of timing anything:
+progress (one training run, --progress-run) and compare_cost (a `t2i-gcpo compare` output, --compare-dir,
+optionally paired against --compare-reference) (benchmarks/suite/<name>.py; each module's docstring says what
+it measures and how).
 """
 
 from __future__ import annotations
@@ -125,8 +127,14 @@ def main(argv: list[str] | None = None) -> None:
         if section is None:  # the section had nothing to read: its earlier result stays
             print(f"[{i}/{len(names)}] {name}: nothing to measure, earlier result kept", flush=True)
             continue
-        section["run"] = {"command": command, "date": meta["machine"]["date"], "quick": args.quick,
-                          "threads": args.threads, "device": device, "seconds": seconds}  # fmt: skip
+        section["run"] = {
+            "command": command,
+            "date": meta["machine"]["date"],
+            "quick": args.quick,
+            "threads": args.threads,
+            "device": device,
+            "seconds": seconds,
+        }
         ctx.results[name] = section
         data = report.merge(existing, ctx.results, meta, SECTIONS)
         args.json.parent.mkdir(parents=True, exist_ok=True)

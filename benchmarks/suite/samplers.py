@@ -63,9 +63,16 @@ def run(ctx: Context) -> dict:
         secs = time_rollouts(configs, batch, GROUP, repeats)
         for label, policy, sampling in configs:
             gflops = rollout_flops(policy, sampling, batch) / secs[label] / 1e9
-            rows.append({"sampler": label, "batch": batch, "seconds": secs[label],
-                         "images_per_s": batch / secs[label], "gflops": gflops,
-                         "peak_pct": 100 * gflops / peak})  # fmt: skip
+            rows.append(
+                {
+                    "sampler": label,
+                    "batch": batch,
+                    "seconds": secs[label],
+                    "images_per_s": batch / secs[label],
+                    "gflops": gflops,
+                    "peak_pct": 100 * gflops / peak,
+                }
+            )
     loops = time_generate(ar, batches[-1], ["fused", "static"], repeats)
     fused_vs_static = loops["static"] / loops["fused"]
     by = {(r["sampler"], r["batch"]): r for r in rows}
@@ -82,18 +89,18 @@ def run(ctx: Context) -> dict:
     reading = (
         f"At batch {hi} the AR sampler makes {a_hi['images_per_s']:.0f} images/s and the masked sampler "
         f"{m_hi['images_per_s']:.0f} ({m_hi['images_per_s'] / a_hi['images_per_s']:.1f}× the AR rate), at "
-        f"{a_hi['peak_pct']:.1f} % and {m_hi['peak_pct']:.1f} % of the fp32 matmul peak ({peak:.0f} GFLOP/s). "
-        f"The AR prior ({params[a_label] / 1e6:.2f} M matmul weights) runs {ar.num_tokens} sequential steps "
-        f"whose matmuls have only 2B rows, so per-step overhead (Python, small element-wise ops, the cache "
-        f"update, the sample step) weighs most at small batch: going from batch {lo} to {hi} raises its rate "
-        f"{a_hi['images_per_s'] / a_lo['images_per_s']:.1f}×. Its loop runs the Llama maths on the model's "
-        f"weights with fused q|k|v and gate|up projections: {fused_vs_static:.2f}× the rate of the same loop "
-        f"through transformers' layers and StaticCache at batch {hi} ({loops['fused']:.2f} s vs "
-        f"{loops['static']:.2f} s). The masked prior "
+        f"{a_hi['peak_pct']:.1f} % and {m_hi['peak_pct']:.1f} % of the fp32 matmul peak ({peak:.0f} "
+        f"GFLOP/s). The AR prior ({params[a_label] / 1e6:.2f} M matmul weights) runs {ar.num_tokens} "
+        f"sequential steps whose matmuls have only 2B rows, so per-step overhead (Python, small element-wise "
+        f"ops, the cache update, the sample step) weighs most at small batch: going from batch {lo} to {hi} "
+        f"raises its rate {a_hi['images_per_s'] / a_lo['images_per_s']:.1f}×. Its loop runs the Llama maths "
+        f"on the model's weights with fused q|k|v and gate|up projections: {fused_vs_static:.2f}× the rate "
+        f"of the same loop through transformers' layers and StaticCache at batch {hi} "
+        f"({loops['fused']:.2f} s vs {loops['static']:.2f} s). The masked prior "
         f"({params[m_label] / 1e6:.2f} M) makes {masked.resolve_steps(ms)} full-sequence forwards instead "
-        f"of {ar.num_tokens} single-token ones: {flops_ratio:.1f}× the AR prior's FLOPs per image (every step "
-        f"attends over all {masked.prefix_len + masked.num_tokens} positions) in far fewer sequential steps, with "
-        f"matmuls of 2B·{masked.prefix_len + masked.num_tokens} rows that "
+        f"of {ar.num_tokens} single-token ones: {flops_ratio:.1f}× the AR prior's FLOPs per image "
+        f"(every step attends over all {masked.prefix_len + masked.num_tokens} positions) in far fewer "
+        f"sequential steps, with matmuls of 2B·{masked.prefix_len + masked.num_tokens} rows that "
         + (
             "come closer to the peak."
             if m_hi["peak_pct"] > a_hi["peak_pct"]
@@ -101,8 +108,8 @@ def run(ctx: Context) -> dict:
         )
         + (
             f" Sampling under bf16 autocast (`rollout.autocast=bf16`: bf16 matmuls and KV cache, fp32 sample "
-            f"step and log-probs) changes the rate at batch {hi} by: {', '.join(low)} (FLOP/s of the bf16 rows "
-            f"are still given as a share of the fp32 peak)."
+            f"step and log-probs) changes the rate at batch {hi} by: {', '.join(low)} (FLOP/s of the "
+            f"bf16 rows are still given as a share of the fp32 peak)."
             if low
             else ""
         )

@@ -47,11 +47,18 @@ def group_sweep(ctx: Context, sizes: list[int], prompts: int, steps: int) -> lis
         med = {
             p: statistics.median(r[f"time/{p}"] for r in rs) for p in ("rollout", "reward", "update", "step")
         }
-        rows.append({"sweep": "group size G", "value": g, "images": prompts * g, "tokens": 64,
-                     **{f"{p}_s": v for p, v in med.items()},
-                     "ms_per_image": 1000 * med["step"] / (prompts * g),
-                     "update_mb": max((r["mem/update"] or 0.0) for r in rs),
-                     "update_gflops": flops[g] / med["update"] / 1e9})  # fmt: skip
+        rows.append(
+            {
+                "sweep": "group size G",
+                "value": g,
+                "images": prompts * g,
+                "tokens": 64,
+                **{f"{p}_s": v for p, v in med.items()},
+                "ms_per_image": 1000 * med["step"] / (prompts * g),
+                "update_mb": max((r["mem/update"] or 0.0) for r in rs),
+                "update_gflops": flops[g] / med["update"] / 1e9,
+            }
+        )
     return rows
 
 
@@ -98,11 +105,20 @@ def token_sweep(ctx: Context, sides: list[int], prompts: int, group: int, repeat
         med = {k: statistics.median(v) for k, v in secs.items()}
         images, tokens = prompts * group, policy.num_tokens
         flops = 3 * teacher_forced_flops(shape_of(policy), policy.prefix_len, tokens, images)
-        rows.append({"sweep": "image tokens T", "value": tokens, "images": images, "tokens": tokens,
-                     "rollout_s": med["rollout"], "update_s": med["update"],
-                     "step_s": med["rollout"] + med["update"],
-                     "ms_per_image": 1000 * (med["rollout"] + med["update"]) / images,
-                     "update_mb": mem["update"], "update_gflops": flops / med["update"] / 1e9})  # fmt: skip
+        rows.append(
+            {
+                "sweep": "image tokens T",
+                "value": tokens,
+                "images": images,
+                "tokens": tokens,
+                "rollout_s": med["rollout"],
+                "update_s": med["update"],
+                "step_s": med["rollout"] + med["update"],
+                "ms_per_image": 1000 * (med["rollout"] + med["update"]) / images,
+                "update_mb": mem["update"],
+                "update_gflops": flops / med["update"] / 1e9,
+            }
+        )
         del policy, opt
     return rows
 
@@ -119,22 +135,22 @@ def run(ctx: Context) -> dict:
     t0, t1 = t_rows[0], t_rows[-1]
     ratio_t = t1["tokens"] / t0["tokens"]
     reading = (
-        f"Group size: from G = {g0['value']} to {g1['value']} ({g0['images']} → {g1['images']} images per step) "
-        f"the step time grows {g1['step_s'] / g0['step_s']:.1f}× for {g1['images'] / g0['images']:.0f}× the "
-        f"images, so the time per image falls from {g0['ms_per_image']:.0f} to {g1['ms_per_image']:.0f} ms: "
-        f"the batch amortises the sampler's per-step overhead. Image tokens: from T = {t0['tokens']} to "
-        f"{t1['tokens']} ({ratio_t:.0f}× the tokens, {t0['images']} images) the rollout grows "
-        f"{t1['rollout_s'] / t0['rollout_s']:.1f}× (T sequential steps, step t attending over the P + t "
-        f"cached positions, so the cost per step grows with T too) "
-        f"and the update {t1['update_s'] / t0['update_s']:.1f}× (one parallel forward + backward; attention "
-        f"is quadratic in T, the rest linear); the update's peak memory growth goes from "
+        f"Group size: from G = {g0['value']} to {g1['value']} ({g0['images']} → {g1['images']} images "
+        f"per step) the step time grows {g1['step_s'] / g0['step_s']:.1f}× for "
+        f"{g1['images'] / g0['images']:.0f}× the images, so the time per image falls from "
+        f"{g0['ms_per_image']:.0f} to {g1['ms_per_image']:.0f} ms: the batch amortises the sampler's "
+        f"per-step overhead. Image tokens: from T = {t0['tokens']} to {t1['tokens']} ({ratio_t:.0f}× the "
+        f"tokens, {t0['images']} images) the rollout grows {t1['rollout_s'] / t0['rollout_s']:.1f}× (T "
+        f"sequential steps, step t attending over the P + t cached positions, so the cost per step grows "
+        f"with T too) and the update {t1['update_s'] / t0['update_s']:.1f}× (one parallel forward + "
+        f"backward; attention is quadratic in T, the rest linear); the update's peak memory growth goes from "
         f"{t0['update_mb']:.0f} to {t1['update_mb']:.0f} MB."
     )
     return {
         "title": TITLE,
         "timing": f"group size: median of {plural(ctx.pick(1, 3), 'GCPO step')} after 1 warm-up step, sizes "
-        f"round-robin; image tokens: median of {t_repeats} × (rollout + update) after a warm-up rollout + update of 2 images; "
-        f"memory: {PeakMemory.what(ctx.device)}",
+        f"round-robin; image tokens: median of {t_repeats} × (rollout + update) after a warm-up rollout + "
+        f"update of 2 images; memory: {PeakMemory.what(ctx.device)}",
         "columns": [
             ("sweep", "sweep"),
             ("value", "value"),

@@ -66,9 +66,17 @@ def run(ctx: Context) -> dict:
 
         def theirs(seed: int, ids=ids, mask=mask) -> None:
             torch.manual_seed(seed)
-            out = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=NEW,
-                                        min_new_tokens=NEW, top_k=0, top_p=1.0, temperature=1.0,
-                                        pad_token_id=policy.pad_id)  # fmt: skip
+            out = policy.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
+                pad_token_id=policy.pad_id,
+            )
             assert out.shape[1] - ids.shape[1] == NEW
 
         def in_bf16(fn):
@@ -96,27 +104,28 @@ def run(ctx: Context) -> dict:
         f"{', '.join(str(b) for b in batches)} ({wins} of {len(rows)} at or above the target of 1×), while "
         f"also recording three log-probs per token (pos and guided from the sampler, neg from one extra "
         f"teacher-forced forward over the empty-question context) where `generate` records none. Both "
-        f"produce {NEW} tokens per row. The model is tiny ({sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f} M "
-        f"parameters), so at small batches both loops are bound by per-step overhead (at the largest, by the "
-        f"matmuls: a profile of the teacher-forced pass shows 72 % of its time in `mm`): ours runs the Llama "
-        f"maths on the model's weights (fused q|k|v and gate|up projections, a KV tensor allocated once, "
+        f"produce {NEW} tokens per row. The model is tiny ("
+        f"{sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f} M parameters), so at small batches "
+        f"both loops are bound by per-step overhead (at the largest, by the matmuls: a profile of the "
+        f"teacher-forced pass shows 72 % of its time in `mm`): ours runs the Llama maths on the model's "
+        f"weights (fused q|k|v and gate|up projections, a KV tensor allocated once, "
         f"policies/fused_llama.py), `generate` transformers' layers with a dynamic cache and its "
         f"logits-processor pipeline. Without the neg pass (`SamplingParams.score_negative=False`: what the "
-        f"trainer asks for when its credit scheme reads no contrast, and held-out evaluation always) ours runs at "
-        f"{min(lean_ratios):.2f}–{max(lean_ratios):.2f}× `generate`: at the largest batch the teacher-forced "
-        f"pass over c⁻ costs {rows[-1]['ours_s'] - rows[-1]['lean_s']:.3f} s of our {rows[-1]['ours_s']:.3f} s "
-        f"({1 - rows[-1]['lean_s'] / rows[-1]['ours_s']:.0%}): as many token-positions as the sampling, in one "
-        f"parallel pass."
+        f"trainer asks for when its credit scheme reads no contrast, and held-out evaluation always) ours "
+        f"runs at {min(lean_ratios):.2f}–{max(lean_ratios):.2f}× `generate`: at the largest batch the "
+        f"teacher-forced pass over c⁻ costs {rows[-1]['ours_s'] - rows[-1]['lean_s']:.3f} s of our "
+        f"{rows[-1]['ours_s']:.3f} s ({1 - rows[-1]['lean_s'] / rows[-1]['ours_s']:.0%}): as many "
+        f"token-positions as the sampling, in one parallel pass."
     )
     if bf16:
         bf16_ratios = [r["bf16_speed_ratio"] for r in rows]
         reading += (
-            f" In bf16 (the default precision where the device multiplies bf16 natively: `rollout.autocast=auto`), "
-            f"both sides under the same autocast, ours with the neg pass runs at {min(bf16_ratios):.2f}–"
-            f"{max(bf16_ratios):.2f}× `generate` ({sum(x >= 1 for x in bf16_ratios)} of {len(rows)} at or above 1×); "
-            f"at the largest batch ours takes {rows[-1]['ours_bf16_s']:.3f} s in bf16 against "
-            f"{rows[-1]['ours_s']:.3f} s in float32, `generate` {rows[-1]['generate_bf16_s']:.3f} s against "
-            f"{rows[-1]['generate_s']:.3f} s."
+            f" In bf16 (the default precision where the device multiplies bf16 natively: "
+            f"`rollout.autocast=auto`), both sides under the same autocast, ours with the neg pass runs at "
+            f"{min(bf16_ratios):.2f}–{max(bf16_ratios):.2f}× `generate` ({sum(x >= 1 for x in bf16_ratios)} "
+            f"of {len(rows)} at or above 1×); at the largest batch ours takes {rows[-1]['ours_bf16_s']:.3f} "
+            f"s in bf16 against {rows[-1]['ours_s']:.3f} s in float32, `generate` "
+            f"{rows[-1]['generate_bf16_s']:.3f} s against {rows[-1]['generate_s']:.3f} s."
         )
     section = race_section(TITLE, rows, repeats, "completions", "tps", "tokens/s", reading, target=">= 1")
     section["columns"] += [

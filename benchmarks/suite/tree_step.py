@@ -63,8 +63,14 @@ def run(ctx: Context) -> dict:
         probe = trainers["vine"].train_step(1)  # untimed: what a vine step samples
         factor = probe["budget/samples"] / (prompts * group)
         equal_group = round(group * factor)
-        trainers[EQUAL] = make_trainer("dapo", "shapeworld", warmup + steps, [*overrides,
-                                       f"rollout.group_size={equal_group}"], tmp, "dapo-equal")  # fmt: skip
+        trainers[EQUAL] = make_trainer(
+            "dapo",
+            "shapeworld",
+            warmup + steps,
+            [*overrides, f"rollout.group_size={equal_group}"],
+            tmp,
+            "dapo-equal",
+        )
         branch_seconds = time_branches(trainers["vine"])
 
         def after(arm: str, row: dict) -> None:
@@ -74,8 +80,10 @@ def run(ctx: Context) -> dict:
         per_step = round_robin(trainers, steps, warmup, after)
     rows = []
     for arm, rs in per_step.items():
-        med = {p: statistics.median(r[f"time/{p}"] for r in rs) if rs[0][f"time/{p}"] is not None else None
-               for p in PHASES}  # fmt: skip
+        med = {
+            p: statistics.median(r[f"time/{p}"] for r in rs) if rs[0][f"time/{p}"] is not None else None
+            for p in PHASES
+        }
         samples = int(statistics.median(r["budget/samples"] for r in rs))
         size = equal_group if arm == EQUAL else group
         rows.append({"arm": arm, "group": size, "samples": samples, **{f"{p}_s": v for p, v in med.items()}})
@@ -87,10 +95,14 @@ def run(ctx: Context) -> dict:
     vine, eq, dapo = by["vine"], by[EQUAL], by["dapo"]
     ratio = vine["step_s"] / eq["step_s"]
     passed = ratio <= TARGET
-    print(f"    vine / equal-budget DAPO step time {ratio:.3f}× (target ≤ {TARGET}×): "
-          f"{'PASS' if passed else 'FAIL'}", flush=True)  # fmt: skip
-    split = lambda r: (f"rollout {r['rollout_s']:.2f} s, decode + reward {r['reward_s']:.2f} s, update "  # noqa: E731
-                       f"{r['update_s']:.2f} s")  # fmt: skip
+    print(
+        f"    vine / equal-budget DAPO step time {ratio:.3f}× (target ≤ {TARGET}×): "
+        f"{'PASS' if passed else 'FAIL'}",
+        flush=True,
+    )
+    split = lambda r: (  # noqa: E731
+        f"rollout {r['rollout_s']:.2f} s, decode + reward {r['reward_s']:.2f} s, update {r['update_s']:.2f} s"
+    )
     others = ", ".join(f"{a} {by[a]['vs_dapo']:.2f}×" for a in ("tempo", "eg-grpo", "balanced"))
     same_budget = all(by[a]["samples"] == dapo["samples"] for a in ("tempo", "eg-grpo", "balanced"))
     verdict = (
@@ -101,23 +113,25 @@ def run(ctx: Context) -> dict:
     reading = (
         f"Per step ({prompts} prompts × {group} samples, dynamic sampling off): vine scores "
         f"{vine['samples']:.0f} samples ({factor:.2f}× DAPO's {dapo['samples']:.0f}: each of the "
-        f"{prompts * group} roots and {vine['samples'] / (prompts * group) - 1:.0f} continuations of it), so the "
-        f"equal-budget DAPO arm samples groups of {equal_group}. Vine's step takes {vine['step_s']:.2f} s, "
-        f"{ratio:.2f}× the equal-budget DAPO step ({eq['step_s']:.2f} s): {verdict}; and "
-        f"{vine['vs_dapo']:.2f}× DAPO's step at its own budget ({dapo['step_s']:.2f} s). Where the time goes: "
-        f"vine {split(vine)} (its continuations' branch calls {vine['branch_s']:.2f} s of the rollout); "
-        f"equal-budget DAPO {split(eq)}; DAPO {split(dapo)}. Vine updates on its {prompts * group} roots only "
-        f"({vine['update_s']:.2f} s against DAPO's {dapo['update_s']:.2f} s), the equal-budget DAPO arm on all "
-        f"{eq['samples']:.0f} samples; vine's continuations re-make only the tokens after their branch point "
-        f"(section `branch_cost`). The presets without extra samples, against DAPO's step: {others}"
+        f"{prompts * group} roots and {vine['samples'] / (prompts * group) - 1:.0f} continuations of "
+        f"it), so the equal-budget DAPO arm samples groups of {equal_group}. Vine's step takes "
+        f"{vine['step_s']:.2f} s, {ratio:.2f}× the equal-budget DAPO step ({eq['step_s']:.2f} s): "
+        f"{verdict}; and {vine['vs_dapo']:.2f}× DAPO's step at its own budget ({dapo['step_s']:.2f} s). "
+        f"Where the time goes: vine {split(vine)} (its continuations' branch calls {vine['branch_s']:.2f} s "
+        f"of the rollout); equal-budget DAPO {split(eq)}; DAPO {split(dapo)}. Vine updates on its "
+        f"{prompts * group} roots only ({vine['update_s']:.2f} s against DAPO's {dapo['update_s']:.2f} s), "
+        f"the equal-budget DAPO arm on all {eq['samples']:.0f} samples; vine's continuations re-make only "
+        f"the tokens after their branch point (section `branch_cost`). The presets without extra samples, "
+        f"against DAPO's step: {others}"
         + (" (the same samples per step)." if same_budget else " (samples per step differ from DAPO's).")
     )
     if ctx.device == "cpu":
         reading += shared_cpu_note(load)
     return {
         "title": TITLE,
-        "timing": f"median of {plural(steps, 'step')} per arm after {plural(warmup, 'warm-up step')} (vine: one "
-        f"more, untimed, to size the equal-budget arm), arms round-robin; the trainer's own time/* metrics",
+        "timing": f"median of {plural(steps, 'step')} per arm after {plural(warmup, 'warm-up step')} "
+        f"(vine: one more, untimed, to size the equal-budget arm), arms round-robin; the trainer's "
+        f"own time/* metrics",
         "columns": [
             ("arm", "arm"),
             ("group", "group size"),

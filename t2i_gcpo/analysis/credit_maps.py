@@ -1,9 +1,10 @@
 """Credit maps and credit lift outside training: sample a group per prompt, reward it, compute every
-scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text, token heatmaps and
-step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With a scheme that needs
-branches (vine) the samples are branched (train/branches.grow) and each gets a value map (docs/concepts/tree_credit.md#value-maps);
-with one that needs step rewards (stepwise, masked models) every reveal step's prediction is scored and each sample
-gets its reward trajectory (docs/concepts/tree_credit.md#stepwise-rewards)."""
+scheme's token weights, draw them, and measure credit lift (docs/worlds/shapeworld.md#credit-lift); for text,
+token heatmaps and step lift against the first wrong step (docs/worlds/arithmetic.md#step-lift). With a scheme
+that needs branches (vine) the samples are branched (train/branches.grow) and each gets a value map
+(docs/concepts/tree_credit.md#value-maps); with one that needs step rewards (stepwise, masked models) every
+reveal step's prediction is scored and each sample gets its reward trajectory
+(docs/concepts/tree_credit.md#stepwise-rewards)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,14 @@ def branches_needed(schemes: tuple[str, ...]) -> bool:
 
 
 def step_rewards_needed(schemes: tuple[str, ...]) -> bool:
-    """Whether any of `schemes` reads r(x̂_s), the rewards of the predictions over the reveal steps (stepwise)."""
+    """Whether any of `schemes` reads r(x̂_s), the rewards of the predictions over the reveal
+    steps (stepwise)."""
     return any("step_rewards" in get_scheme(s).needs for s in schemes)
 
 
 def servable(schemes: tuple[str, ...], policy, given: bool) -> tuple[str, ...]:
-    """The schemes the policy's family can serve (`PolicyCapabilities`): all of those `given`, else an error."""
+    """The schemes the policy's family can serve (`PolicyCapabilities`): all of those
+    `given`, else an error."""
     from t2i_gcpo.train.credit import check_capabilities
 
     kept = []
@@ -133,8 +136,9 @@ def run_credit_maps(
     reference = reference or base_model(policy)
     if any("ref_dists" in get_scheme(s).needs for s in schemes):
         ref = load_policy(reference).eval()
-    reward = build_reward(reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid,
-                          output=policy.output)  # fmt: skip
+    reward = build_reward(
+        reward_spec or task.default_reward or "shapeworld", grid=policy.layout.grid, output=policy.output
+    )
     sampling = dataclasses.replace(
         policy.default_sampling(), guidance_scale=resolve_guidance_scale(policy, cfg_scale)
     )
@@ -146,8 +150,20 @@ def run_credit_maps(
 
         write_settings_record(out_dir, "credit-map", settings)
     if policy.output == "text":
-        summary = _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir,
-                             batch_prompts, model)  # fmt: skip
+        summary = _text_maps(
+            policy,
+            task,
+            reward,
+            prompts,
+            ref,
+            schemes,
+            group_size,
+            sampling,
+            seed,
+            out_dir,
+            batch_prompts,
+            model,
+        )
         return summary + _self_reference_note(ref, reference, model)
     rows, cols = policy.layout.grid
     lifts: dict[str, list[float]] = {s: [] for s in schemes}
@@ -160,8 +176,9 @@ def run_credit_maps(
     for start in tqdm(starts, desc="credit maps", unit="batch"):
         chunk = prompts[start : start + batch_prompts]
         keys = range(start, start + len(chunk))
-        scored = sample_and_score(policy, reward, chunk, group_size, sampling,
-                                  group_generators(seed, "credit-map", keys))  # fmt: skip
+        scored = sample_and_score(
+            policy, reward, chunk, group_size, sampling, group_generators(seed, "credit-map", keys)
+        )
         ro, rew, images = scored.rollout, scored.reward, scored.outputs
         adv = group_advantages(rew.scores, group_size)
         tree, values = None, [{}] * len(ro)
@@ -202,8 +219,11 @@ def run_credit_maps(
             fig = credit_figure(samples, list(weights), out_dir / f"{n:05d}.png", title=record.text)
             group = {"prompt": record.text, "samples": samples, "schemes": list(weights), "figure": fig}
             if stepwise:
-                group["step_figure"] = step_figure(samples, out_dir / f"{n:05d}_steps.png",
-                                                   title=f"{record.text}: the prediction after each reveal step")  # fmt: skip
+                group["step_figure"] = step_figure(
+                    samples,
+                    out_dir / f"{n:05d}_steps.png",
+                    title=f"{record.text}: the prediction after each reveal step",
+                )
             groups.append(group)
     html = write_credit_html(out_dir, groups, title=f"Credit maps — {model}")
     lifts = {k: v for k, v in lifts.items() if v}
@@ -222,7 +242,8 @@ def run_credit_maps(
 
 def step_fields(policy, reward, ro, scores, images) -> tuple[list[dict], int]:
     """Score the rollout's predictions over the reveal steps (train/credit.score_step_predictions; r(x̂_s) into
-    ``ro.state``) → (each sample's ``step_rewards`` and ``step_images`` for `viz.credit_map`, predictions scored)."""
+    ``ro.state``) → (each sample's ``step_rewards`` and ``step_images`` for `viz.credit_map`,
+    predictions scored)."""
     from t2i_gcpo.policies.base import STEP_REWARDS
     from t2i_gcpo.train.credit import score_step_predictions
     from t2i_gcpo.train.visuals import to_uint8
@@ -250,8 +271,20 @@ def _self_reference_note(ref, reference: str, model: str) -> str:
     return ""
 
 
-def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling, seed, out_dir: Path,
-               batch_prompts: int, model: str) -> str:  # fmt: skip
+def _text_maps(
+    policy,
+    task,
+    reward,
+    prompts,
+    ref,
+    schemes,
+    group_size,
+    sampling,
+    seed,
+    out_dir: Path,
+    batch_prompts: int,
+    model: str,
+) -> str:
     """Token heatmaps of every group (one HTML page) and step lift per scheme over the failed samples."""
     from tqdm import tqdm
 
@@ -271,8 +304,14 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
     continuations = 0
     for start in tqdm(range(0, len(prompts), batch_prompts), desc="credit maps", unit="batch"):
         chunk = prompts[start : start + batch_prompts]
-        scored = sample_and_score(policy, reward, chunk, group_size, sampling,
-                                  group_generators(seed, "credit-map", range(start, start + len(chunk))))  # fmt: skip
+        scored = sample_and_score(
+            policy,
+            reward,
+            chunk,
+            group_size,
+            sampling,
+            group_generators(seed, "credit-map", range(start, start + len(chunk))),
+        )
         ro, rew = scored.rollout, scored.reward
         adv = group_advantages(rew.scores, group_size)
         tree = values = None
@@ -289,8 +328,11 @@ def _text_maps(policy, task, reward, prompts, ref, schemes, group_size, sampling
         if values is not None:
             attach_text_values(group, ro, values)
         for p, record in enumerate(chunk):  # a picture of each prompt's first samples
-            text_heatmap_figure(group[p * group_size : p * group_size + 4], out_dir / f"{start + p:05d}.png",
-                                title=record.text)  # fmt: skip
+            text_heatmap_figure(
+                group[p * group_size : p * group_size + 4],
+                out_dir / f"{start + p:05d}.png",
+                title=record.text,
+            )
         samples += group
     page = write_text_heatmap(out_dir / "credit_maps.html", samples, title=f"Token credit — {model}")
     write_file(out_dir / "lift.json", json.dumps(lifts))

@@ -129,16 +129,20 @@ def default_train_prompts(model: str) -> str:
     "--jobs",
     default=1,
     show_default=True,
-    help="Runs trained side by side, each with cores/jobs threads (2 on a 2-core machine: ≈1.5× the throughput).",
+    help=(
+        "Runs trained side by side, each with cores/jobs threads (2 on a 2-core machine: ≈1.5× "
+        "the throughput)."
+    ),
 )
 @click.option(
     "--match-budget",
     default=None,
     metavar="UNITS",
-    help="Also train the baseline at the budget of every algorithm that scores extra samples (vine, tree, pods, "
-    "knapsack), measured from its first two steps: 'samples' (arm <baseline>-at-<algo>-budget), 'tokens' "
-    "(arm <baseline>-at-<algo>-tokens: a continuation from t counts its L − t tokens) or 'samples,tokens'; "
-    "the table then reads the algorithm against it at equal samples (tokens), and every arm at equal time.",
+    help="Also train the baseline at the budget of every algorithm that scores extra samples (vine, "
+    "tree, pods, knapsack), measured from its first two steps: 'samples' (arm <baseline>-at-<algo>-budget), "
+    "'tokens' (arm <baseline>-at-<algo>-tokens: a continuation from t counts its L − t tokens) or "
+    "'samples,tokens'; the table then reads the algorithm against it at equal samples (tokens), and every "
+    "arm at equal time.",
 )
 @click.option(
     "--match-by",
@@ -149,9 +153,21 @@ def default_train_prompts(model: str) -> str:
 )
 @click.option("--out", required=True, help="Directory: <algo>/seed<k>/ runs, comparison.md/json, curves.png.")
 def compare_cmd(
-    algos, seeds, steps, prompts, model, reward, baseline, eval_every, overrides, report_to, jobs,
-    match_budget, match_by, out,
-) -> None:  # fmt: skip
+    algos,
+    seeds,
+    steps,
+    prompts,
+    model,
+    reward,
+    baseline,
+    eval_every,
+    overrides,
+    report_to,
+    jobs,
+    match_budget,
+    match_by,
+    out,
+) -> None:
     """Train each algorithm with several seeds and compare held-out scores: mean and 95 % interval
     (image tasks: strict score per tag, credit lift and overall; text: accuracy, pass@k, format rate
     and step lift), steps to reach the baseline's final score, each algorithm's final score minus the
@@ -175,8 +191,21 @@ def compare_cmd(
     if report_to is not None:
         overrides = (*overrides, f"report_to={report_to}")
     lock_out(check_writable_dir(out, "--out"))  # each run's own folder is locked by its training
-    result = run_comparison(names, seed_lists, steps, Path(out), prompts, model, reward, eval_every,
-                            tuple(overrides), jobs, baseline, match_budget, match_by)  # fmt: skip
+    result = run_comparison(
+        names,
+        seed_lists,
+        steps,
+        Path(out),
+        prompts,
+        model,
+        reward,
+        eval_every,
+        tuple(overrides),
+        jobs,
+        baseline,
+        match_budget,
+        match_by,
+    )
     leave_process_group()
     click.echo(format_table(result))
     click.echo(f"curves: {Path(out) / 'curves.png'}")

@@ -38,10 +38,12 @@ Examples:
     "--reference", default=None, help="Reference policy for DGPO [default: the shipped base model]."
 )
 @click.option(
-    "--schemes", default=None, metavar="NAMES",
-    help=f"Comma-separated credit schemes: {', '.join(CREDIT_SCHEMES)} (critical = Group Critical-token PO, not "
-    "GCPO), or your own as path/to/file.py:function  [default: all of them]",
-)  # fmt: skip
+    "--schemes",
+    default=None,
+    metavar="NAMES",
+    help=f"Comma-separated credit schemes: {', '.join(CREDIT_SCHEMES)} (critical = Group Critical-token "
+    f"PO, not GCPO), or your own as path/to/file.py:function  [default: all of them]",
+)
 @click.option(
     "--group",
     "group_size",
@@ -55,7 +57,10 @@ Examples:
 @click.option(
     "--negative",
     default=None,
-    help="Text models: GCPO's negative context, 'empty', 'wrong_answer' or a {question} template [default: empty].",
+    help=(
+        "Text models: GCPO's negative context, 'empty', 'wrong_answer' or a {question} template "
+        "[default: empty]."
+    ),
 )
 @click.option("--reward", default=None, help="Reward spec, as for train [default: the task's own].")
 @seed_option
@@ -93,8 +98,19 @@ def credit_map_cmd(
 
     names = schemes.split(",") if schemes is not None else None
     # a Path is a file, never a prompt
-    table = credit_maps(list(prompt_texts), out, model, prompt_file=Path(prompt_file) if prompt_file else None,
-                        limit=limit, reference=reference, schemes=names, group_size=group_size,
-                        cfg_scale=cfg_scale, reward=reward, negative=negative, seed=seed,
-                        overwrite=overwrite)  # fmt: skip
+    table = credit_maps(
+        list(prompt_texts),
+        out,
+        model,
+        prompt_file=Path(prompt_file) if prompt_file else None,
+        limit=limit,
+        reference=reference,
+        schemes=names,
+        group_size=group_size,
+        cfg_scale=cfg_scale,
+        reward=reward,
+        negative=negative,
+        seed=seed,
+        overwrite=overwrite,
+    )
     click.echo(table)

@@ -23,7 +23,8 @@ CTX = {"help_option_names": ["-h", "--help"]}
 @click.group("eval", context_settings=CTX)
 def eval_cmd() -> None:
     """Evaluate a model on GenEval, GenEval 2, DPG-Bench, a judge-scored suite (WISE, TIIF-Bench,
-    UniGenBench++), T2I-CompBench or the ShapeWorld held-out prompts, and compare two evaluations item by item.
+    UniGenBench++), T2I-CompBench or the ShapeWorld held-out prompts, and compare two
+    evaluations item by item.
 
     \b
     Examples:
@@ -31,7 +32,8 @@ def eval_cmd() -> None:
       t2i-gcpo eval geneval --model janus:/ckpt/Janus-Pro-1B --detector /ckpt/mask2former-swin-s \\
           --clip /ckpt/clip-vit-l-14.bin --out eval/janus1b
       t2i-gcpo eval geneval --score-only my_images/ --detector /ckpt/mask2former-swin-s --clip … --out eval/x
-      t2i-gcpo eval dpg --model janus:/ckpt/Janus-Pro-1B --csv dpg_bench.csv --vqa /ckpt/blip-vqa-base --out eval/dpg
+      t2i-gcpo eval dpg --model janus:/ckpt/Janus-Pro-1B --csv dpg_bench.csv --vqa /ckpt/blip-vqa-base \\
+          --out eval/dpg
       t2i-gcpo eval geneval2 --data geneval2_data.jsonl --model janus:/ckpt/Janus-Pro-1B \\
           --vqa /ckpt/Qwen3-VL-8B-Instruct --device cuda --out eval/g2
       t2i-gcpo eval judge --suite wise --data merge.json --model janus:/ckpt/Janus-Pro-1B \\
@@ -103,12 +105,16 @@ def _generation_options(batch: int):
     """--batch, --cfg-scale, --steps, --reveal-order and --seed: how an evaluation generates its images."""
 
     def add(command):
-        for option in reversed((
-            click.option("--batch", default=batch, show_default=True, help="Prompts per generation call."),
-            cfg_option(help="CFG scale [default: the model's]."),
-            masked_sampling_options,
-            seed_option,
-        )):  # fmt: skip
+        for option in reversed(
+            (
+                click.option(
+                    "--batch", default=batch, show_default=True, help="Prompts per generation call."
+                ),
+                cfg_option(help="CFG scale [default: the model's]."),
+                masked_sampling_options,
+                seed_option,
+            )
+        ):
             command = option(command)
         return command
 
@@ -167,16 +173,41 @@ def _print_summary(out: Path, summary: dict, partial: bool = False) -> None:
 )
 @_overwrite_option("prompt folders")
 def geneval_cmd(
-    model, score_only, detector, clip_ckpt, clip_model, images_per_prompt, batch, cfg_scale, steps, reveal_order,
-    seed, device, out, overwrite,
-):  # fmt: skip
+    model,
+    score_only,
+    detector,
+    clip_ckpt,
+    clip_model,
+    images_per_prompt,
+    batch,
+    cfg_scale,
+    steps,
+    reveal_order,
+    seed,
+    device,
+    out,
+    overwrite,
+):
     """GenEval's 553 prompts: generate 4 images each (resumable), then score them with Mask2Former and
     CLIP colour classification through GenEval's rules. Output as GenEval's summary."""
     from t2i_gcpo.api import evaluate_geneval
 
-    summary = evaluate_geneval(out, detector, model, clip=clip_ckpt, clip_model=clip_model, score_only=score_only,
-                               n=images_per_prompt, batch=batch, cfg_scale=cfg_scale, steps=steps,
-                               reveal_order=reveal_order, seed=seed, device=device, overwrite=overwrite)  # fmt: skip
+    summary = evaluate_geneval(
+        out,
+        detector,
+        model,
+        clip=clip_ckpt,
+        clip_model=clip_model,
+        score_only=score_only,
+        n=images_per_prompt,
+        batch=batch,
+        cfg_scale=cfg_scale,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        device=device,
+        overwrite=overwrite,
+    )
     _print_summary(Path(out), summary)
 
 
@@ -207,9 +238,18 @@ def shapeworld_cmd(
     from t2i_gcpo.api import evaluate_shapeworld
 
     # a Path is a file, never a prompt
-    summary = evaluate_shapeworld(out, model, Path(prompts) if prompts else None, images_per_prompt, batch=batch,
-                                  cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
-                                  overwrite=overwrite)  # fmt: skip
+    summary = evaluate_shapeworld(
+        out,
+        model,
+        Path(prompts) if prompts else None,
+        images_per_prompt,
+        batch=batch,
+        cfg_scale=cfg_scale,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        overwrite=overwrite,
+    )
     _print_summary(Path(out), summary, partial=True)
 
 
@@ -284,9 +324,26 @@ def shapeworld_cmd(
 )
 @_overwrite_option("prompt folders")
 def compbench_cmd(
-    data, model, score_only, categories, split, vqa, clip_ckpt, clip_model, detector, noun_phrases,
-    images_per_prompt, batch, cfg_scale, steps, reveal_order, seed, device, out, overwrite,
-):  # fmt: skip
+    data,
+    model,
+    score_only,
+    categories,
+    split,
+    vqa,
+    clip_ckpt,
+    clip_model,
+    detector,
+    noun_phrases,
+    images_per_prompt,
+    batch,
+    cfg_scale,
+    steps,
+    reveal_order,
+    seed,
+    device,
+    out,
+    overwrite,
+):
     """T2I-CompBench(++): colour / shape / texture by BLIP-VQA, non-spatial by CLIPScore, spatial and numeracy
     by the detector here in place of UniDet (labelled 'detector substitute, not the official number').
     Generates 10 images per prompt of each category's val split (resumable), or scores a folder.
@@ -302,11 +359,28 @@ def compbench_cmd(
     from t2i_gcpo.eval.compbench import run_compbench
 
     summary = run_compbench(
-        data, out, model=model, score_only=score_only, categories=categories, split=split, vqa=vqa,
-        clip=clip_ckpt, clip_model=clip_model, detector=detector, noun_phrases=noun_phrases, n=images_per_prompt,
-        batch=batch, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed, device=device,
-        overwrite=overwrite, check_out=_check_out, load_policy=_policy,
-    )  # fmt: skip
+        data,
+        out,
+        model=model,
+        score_only=score_only,
+        categories=categories,
+        split=split,
+        vqa=vqa,
+        clip=clip_ckpt,
+        clip_model=clip_model,
+        detector=detector,
+        noun_phrases=noun_phrases,
+        n=images_per_prompt,
+        batch=batch,
+        cfg_scale=cfg_scale,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        device=device,
+        overwrite=overwrite,
+        check_out=_check_out,
+        load_policy=_policy,
+    )
     from t2i_gcpo.eval.compbench import format_summary
 
     click.echo(format_summary(summary))
@@ -324,8 +398,8 @@ def _print_partial(out: Path) -> None:
     cells = ", ".join(f"{t} {sum(v) / len(v):.3f}" for t, v in by_tag.items())
     mean = sum(sum(v) / len(v) for v in by_tag.values()) / max(len(by_tag), 1)
     click.echo(
-        f"partial credit, the reward's score, not GenEval's (docs/evaluation/geneval.md#geneval-as-a-reward): "
-        f"{cells}; mean of the tags {mean:.3f}"
+        f"partial credit, the reward's score, not GenEval's "
+        f"(docs/evaluation/geneval.md#geneval-as-a-reward): {cells}; mean of the tags {mean:.3f}"
     )
 
 
@@ -372,9 +446,14 @@ def dpg_cmd(
     check_settings_record(out, "eval dpg", source, redo="--overwrite", redoing=overwrite)
     prompts = load_dpg_prompts() if model else None
     if model and not overwrite:  # refuse grids of other prompts or settings before loading any model
-        known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0,
-                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
-                 **masked_asked(steps, reveal_order)}  # fmt: skip
+        known = {
+            "model": model_identity(model),
+            "seed": seed,
+            "temperature": 1.0,
+            "top_k": 0,
+            **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+            **masked_asked(steps, reveal_order),
+        }
         check_dpg_resumable(out / "images", prompts, known)
     read_dpg_csv(csv_path)  # fail on a bad CSV before generating anything
     vqa_model = VQAModel.from_pretrained(vqa, device=device)
@@ -383,16 +462,32 @@ def dpg_cmd(
     if model:
         policy = _policy(model)
         sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
-        generate_dpg(policy, prompts, root, sampling, batch=batch, seed=seed, model=model_identity(model),
-                     overwrite=overwrite)  # fmt: skip
+        generate_dpg(
+            policy,
+            prompts,
+            root,
+            sampling,
+            batch=batch,
+            seed=seed,
+            model=model_identity(model),
+            overwrite=overwrite,
+        )
     items = [str(p["item_id"]) for p in prompts] if model else None
     result = score_dpg_folder(root, csv_path, vqa_model, out, items=items)
     from t2i_gcpo.eval.dpg import dpg_protocol_fields
     from t2i_gcpo.eval.records.protocol import protocol_record, scorer_record, write_protocol
 
-    write_protocol(out, protocol_record("dpg", data=[csv_path], scorer=scorer_record("vqa", os.path.realpath(vqa),
-                   label=result["label"]), aggregate="items", images=str(root.resolve()),
-                   **dpg_protocol_fields(root)))  # fmt: skip
+    write_protocol(
+        out,
+        protocol_record(
+            "dpg",
+            data=[csv_path],
+            scorer=scorer_record("vqa", os.path.realpath(vqa), label=result["label"]),
+            aggregate="items",
+            images=str(root.resolve()),
+            **dpg_protocol_fields(root),
+        ),
+    )
     click.echo(format_dpg_summary(result))
     _print_files(out)
 
@@ -401,23 +496,53 @@ def _n_option(default: int | None, help: str):
     """--n: images per prompt, checked as eval_images_per_prompt."""
     from t2i_gcpo.commands.options import config_value
 
-    return click.option("--n", "n", type=int, default=default, show_default=default is not None, help=help,
-                        callback=config_value("eval_images_per_prompt"))  # fmt: skip
+    return click.option(
+        "--n",
+        "n",
+        type=int,
+        default=default,
+        show_default=default is not None,
+        help=help,
+        callback=config_value("eval_images_per_prompt"),
+    )
 
 
 def _judge_options(command):
     """--judge-model, --concurrency, --timeout, --retries, --backoff: how the judge is asked."""
-    for option in reversed((
-        click.option("--judge-model", default=None, metavar="NAME", help="The model name the judge serves "
-                     "[default: its only one]. An API key is read from $OPENAI_API_KEY."),
-        click.option("--concurrency", default=8, show_default=True, help="Judge requests in flight at most."),
-        click.option("--timeout", type=float, default=None, help="Seconds a judge request may take [default: 60; "
-                     "eval judge: 120]."),
-        click.option("--retries", default=2, show_default=True, help="Tries after the first for a failed request "
-                     "or an answer that cannot be read; then the evaluation stops, its answers kept."),
-        click.option("--backoff", type=float, default=1.0, show_default=True, help="Seconds before the first "
-                     "retry (doubling)."),
-    )):  # fmt: skip
+    for option in reversed(
+        (
+            click.option(
+                "--judge-model",
+                default=None,
+                metavar="NAME",
+                help="The model name the judge serves "
+                "[default: its only one]. An API key is read from $OPENAI_API_KEY.",
+            ),
+            click.option(
+                "--concurrency", default=8, show_default=True, help="Judge requests in flight at most."
+            ),
+            click.option(
+                "--timeout",
+                type=float,
+                default=None,
+                help="Seconds a judge request may take [default: 60; eval judge: 120].",
+            ),
+            click.option(
+                "--retries",
+                default=2,
+                show_default=True,
+                help="Tries after the first for a failed request "
+                "or an answer that cannot be read; then the evaluation stops, its answers kept.",
+            ),
+            click.option(
+                "--backoff",
+                type=float,
+                default=1.0,
+                show_default=True,
+                help="Seconds before the first retry (doubling).",
+            ),
+        )
+    ):
         command = option(command)
     return command
 
@@ -427,29 +552,89 @@ GENEVAL2_METHODS = ("soft_tifa_gm", "soft_tifa_am", "tifa", "vqascore")
 
 
 @eval_cmd.command("geneval2", context_settings=CTX)
-@click.option("--data", required=True, metavar="FILE", help="GenEval 2's geneval2_data.jsonl, your copy "
-              "(github.com/facebookresearch/GenEval2; CC BY-NC 4.0, so not shipped).")  # fmt: skip
+@click.option(
+    "--data",
+    required=True,
+    metavar="FILE",
+    help="GenEval 2's geneval2_data.jsonl, your copy "
+    "(github.com/facebookresearch/GenEval2; CC BY-NC 4.0, so not shipped).",
+)
 @click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
-@click.option("--score-only", "score_only", default=None, metavar="DIR",
-              help="Score a GenEval-layout folder of these prompts instead (e.g. OUT/images of an earlier run).")  # fmt: skip
-@click.option("--images", "images", default=None, metavar="MAP.json",
-              help="Score the reference's image map instead: a JSON object {prompt: image path}.")  # fmt: skip
-@click.option("--vqa", default=None, metavar="DIR", help="A local VLM folder that answers the questions "
-              "(transformers image-text-to-text: Qwen3-VL-8B-Instruct is the reference's; Qwen2.5-VL …).")  # fmt: skip
-@click.option("--judge", default=None, metavar="URL", help="Or an OpenAI-compatible server (vLLM, SGLang: "
-              "http://127.0.0.1:8000/v1) serving a VLM with log-probabilities.")  # fmt: skip
-@click.option("--method", type=click.Choice(GENEVAL2_METHODS), default="soft_tifa_gm", show_default=True,
-              help="The headline score (Soft-TIFA AM, GM and TIFA come from the same questions; VQAScore asks its own).")  # fmt: skip
+@click.option(
+    "--score-only",
+    "score_only",
+    default=None,
+    metavar="DIR",
+    help="Score a GenEval-layout folder of these prompts instead (e.g. OUT/images of an earlier run).",
+)
+@click.option(
+    "--images",
+    "images",
+    default=None,
+    metavar="MAP.json",
+    help="Score the reference's image map instead: a JSON object {prompt: image path}.",
+)
+@click.option(
+    "--vqa",
+    default=None,
+    metavar="DIR",
+    help="A local VLM folder that answers the questions "
+    "(transformers image-text-to-text: Qwen3-VL-8B-Instruct is the reference's; Qwen2.5-VL …).",
+)
+@click.option(
+    "--judge",
+    default=None,
+    metavar="URL",
+    help="Or an OpenAI-compatible server (vLLM, SGLang: "
+    "http://127.0.0.1:8000/v1) serving a VLM with log-probabilities.",
+)
+@click.option(
+    "--method",
+    type=click.Choice(GENEVAL2_METHODS),
+    default="soft_tifa_gm",
+    show_default=True,
+    help=(
+        "The headline score (Soft-TIFA AM, GM and TIFA come from the same questions; VQAScore asks its own)."
+    ),
+)
 @_n_option(1, "Images per prompt (the reference scores one).")
 @_generation_options(batch=4)
 @click.option("--device", default="cpu", show_default=True, help="Device of the VQA model.")
-@click.option("--vqa-dtype", type=click.Choice(("auto", "float32", "bfloat16", "float16")), default="auto",
-              show_default=True, help="The VQA model's dtype (auto: its checkpoint's, as the reference loads it).")  # fmt: skip
+@click.option(
+    "--vqa-dtype",
+    type=click.Choice(("auto", "float32", "bfloat16", "float16")),
+    default="auto",
+    show_default=True,
+    help="The VQA model's dtype (auto: its checkpoint's, as the reference loads it).",
+)
 @click.option("--vqa-batch", default=8, show_default=True, help="Questions per VQA forward pass.")
 @_judge_options
 @_asked_out_options
-def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, cfg_scale, steps, reveal_order, seed,
-                 device, vqa_dtype, vqa_batch, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
+def geneval2_cmd(
+    data,
+    model,
+    score_only,
+    images,
+    vqa,
+    judge,
+    method,
+    n,
+    batch,
+    cfg_scale,
+    steps,
+    reveal_order,
+    seed,
+    device,
+    vqa_dtype,
+    vqa_batch,
+    judge_model,
+    concurrency,
+    timeout,
+    retries,
+    backoff,
+    out,
+    overwrite,
+):
     """GenEval 2's 800 compositional prompts: generate (resumable), ask a VQA model each atom's question
     and score Soft-TIFA (AM per atom, GM per prompt) as the reference does, with TIFA, per-skill and
     per-atom-count tables. The answers' probabilities are read from the model's logits (or the judge's
@@ -464,11 +649,31 @@ def geneval2_cmd(data, model, score_only, images, vqa, judge, method, n, batch, 
     """
     from t2i_gcpo.api import evaluate_geneval2
 
-    summary = evaluate_geneval2(out, data, model, vqa=vqa, judge=judge, judge_model=judge_model, method=method,
-                                score_only=score_only, images=images, n=n, batch=batch, cfg_scale=cfg_scale,
-                                steps=steps, reveal_order=reveal_order, seed=seed, device=device, vqa_dtype=vqa_dtype,
-                                vqa_batch=vqa_batch, concurrency=concurrency, timeout=60.0 if timeout is None else timeout,
-                                retries=retries, backoff=backoff, overwrite=overwrite)  # fmt: skip
+    summary = evaluate_geneval2(
+        out,
+        data,
+        model,
+        vqa=vqa,
+        judge=judge,
+        judge_model=judge_model,
+        method=method,
+        score_only=score_only,
+        images=images,
+        n=n,
+        batch=batch,
+        cfg_scale=cfg_scale,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        device=device,
+        vqa_dtype=vqa_dtype,
+        vqa_batch=vqa_batch,
+        concurrency=concurrency,
+        timeout=60.0 if timeout is None else timeout,
+        retries=retries,
+        backoff=backoff,
+        overwrite=overwrite,
+    )
     from t2i_gcpo.eval.suites.geneval2 import format_summary
 
     click.echo(format_summary(summary))
@@ -486,11 +691,22 @@ def _suites_help() -> str:
     "--suite", required=True, metavar="NAME", help="The suite: " + _suites_help() + "."
 )
 @click.option("--data", required=True, metavar="PATH", help="The suite's data file or folder (see --suite).")
-@click.option("--judge", required=True, metavar="URL", help="The judge: an OpenAI-compatible server's URL "
-              "(vLLM, SGLang: http://127.0.0.1:8000/v1), or a hosted API's.")  # fmt: skip
+@click.option(
+    "--judge",
+    required=True,
+    metavar="URL",
+    help="The judge: an OpenAI-compatible server's URL "
+    "(vLLM, SGLang: http://127.0.0.1:8000/v1), or a hosted API's.",
+)
 @click.option("--model", default=None, help="Model to generate with: " + models_help() + ".")
-@click.option("--score-only", "score_only", default=None, metavar="DIR", help="Judge existing images instead: a "
-              "GenEval-layout folder of these prompts, or a folder in the suite's own layout (docs).")  # fmt: skip
+@click.option(
+    "--score-only",
+    "score_only",
+    default=None,
+    metavar="DIR",
+    help="Judge existing images instead: a "
+    "GenEval-layout folder of these prompts, or a folder in the suite's own layout (docs).",
+)
 @_n_option(None, "Images per prompt [default: the suite's: UniGenBench 4, WISE and TIIF 1].")
 @_generation_options(batch=4)
 @click.option(
@@ -504,8 +720,28 @@ def _suites_help() -> str:
 )
 @_judge_options
 @_asked_out_options
-def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps, reveal_order, seed, temperature,
-              max_tokens, judge_model, concurrency, timeout, retries, backoff, out, overwrite):  # fmt: skip
+def judge_cmd(
+    suite,
+    data,
+    judge,
+    model,
+    score_only,
+    n,
+    batch,
+    cfg_scale,
+    steps,
+    reveal_order,
+    seed,
+    temperature,
+    max_tokens,
+    judge_model,
+    concurrency,
+    timeout,
+    retries,
+    backoff,
+    out,
+    overwrite,
+):
     """A question-based suite scored by a VLM judge: generate (resumable), send every image with the suite's
     question, read the judge's answer with the suite's rule and aggregate as its paper does. Every answer is
     recorded with the score it gave (answers.jsonl); a resumed evaluation asks nothing it has; a judge that
@@ -514,7 +750,8 @@ def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps,
 
     \b
     Examples:
-      t2i-gcpo eval judge --suite wise --data WISE/data_verified/merge.json --model janus:/ckpt/Janus-Pro-1B \\
+      t2i-gcpo eval judge --suite wise --data WISE/data_verified/merge.json \\
+          --model janus:/ckpt/Janus-Pro-1B \\
           --judge http://127.0.0.1:8000/v1 --judge-model Qwen3.5-35B-A3B --out eval/wise-janus1b
       t2i-gcpo eval judge --suite unigenbench --data UniGenBench/data/test_prompts_en.csv \\
           --score-only my_images/ --judge http://127.0.0.1:8080/v1 --judge-model QwenVL --out eval/ugb
@@ -522,10 +759,27 @@ def judge_cmd(suite, data, judge, model, score_only, n, batch, cfg_scale, steps,
     from t2i_gcpo.api import evaluate_judge
     from t2i_gcpo.eval.suites.driver import format_summary
 
-    summary = evaluate_judge(out, suite, data, judge, model, judge_model=judge_model, score_only=score_only, n=n,
-                             batch=batch, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order, seed=seed,
-                             temperature=temperature, max_tokens=max_tokens, concurrency=concurrency,
-                             timeout=120.0 if timeout is None else timeout, retries=retries, backoff=backoff,
-                             overwrite=overwrite)  # fmt: skip
+    summary = evaluate_judge(
+        out,
+        suite,
+        data,
+        judge,
+        model,
+        judge_model=judge_model,
+        score_only=score_only,
+        n=n,
+        batch=batch,
+        cfg_scale=cfg_scale,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        timeout=120.0 if timeout is None else timeout,
+        retries=retries,
+        backoff=backoff,
+        overwrite=overwrite,
+    )
     click.echo(format_summary(summary))
     _print_files(Path(out), "summary.json")

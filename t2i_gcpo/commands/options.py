@@ -66,5 +66,12 @@ def seed_option(command: Callable) -> Callable:
 
 def images_option(name: str, default: int = 4) -> Callable:
     """--n: images per prompt, checked as eval_images_per_prompt (1 to its ceiling)."""
-    return click.option("--n", name, type=int, default=default, show_default=True, help="Images per prompt.",
-                        callback=config_value("eval_images_per_prompt"))  # fmt: skip
+    return click.option(
+        "--n",
+        name,
+        type=int,
+        default=default,
+        show_default=True,
+        help="Images per prompt.",
+        callback=config_value("eval_images_per_prompt"),
+    )

@@ -96,8 +96,13 @@ from t2i_gcpo.hardware import check_threads, usable_cpus
     help="Train a fresh VQ tokenizer instead of reusing the shipped one (--size 32; --size 64 always does).",
 )
 @seed_option
-@click.option("--threads", default=lambda: min(2, usable_cpus()), show_default="2, or 1 on a machine of one CPU",
-              type=click.IntRange(min=1), help="torch threads (at most the CPUs this process may use).")  # fmt: skip
+@click.option(
+    "--threads",
+    default=lambda: min(2, usable_cpus()),
+    show_default="2, or 1 on a machine of one CPU",
+    type=click.IntRange(min=1),
+    help="torch threads (at most the CPUs this process may use).",
+)
 @click.option("--no-eval", is_flag=True, help="Skip scoring the result on the held-out test prompts.")
 def pretrain_cmd(
     world: str,
@@ -161,14 +166,29 @@ def pretrain_cmd(
     check_writable_dir(out, "--out")  # bad input fails now, not after minutes of training
     if max_minutes is not None:
         check_finite("--minutes", max_minutes)
-    settings = {"--world": world, "--arch": arch, "--size": image_size, "--vq-steps": vq_steps, "--steps": prior_steps,
-                "--scenes": n_scenes, "--minutes": max_minutes, "--cfg": cfg_scale,
-                "--vq": vq_path and os.path.realpath(vq_path), "--new-vq": new_vq, "--seed": seed}  # fmt: skip
+    settings = {
+        "--world": world,
+        "--arch": arch,
+        "--size": image_size,
+        "--vq-steps": vq_steps,
+        "--steps": prior_steps,
+        "--scenes": n_scenes,
+        "--minutes": max_minutes,
+        "--cfg": cfg_scale,
+        "--vq": vq_path and os.path.realpath(vq_path),
+        "--new-vq": new_vq,
+        "--seed": seed,
+    }
     if world == "arithmetic":
-        given = [("--arch masked", arch == "masked"), ("--vq-steps", vq_steps is not None),
-                 ("--scenes", n_scenes is not None), ("--cfg", cfg_scale is not None),
-                 ("--vq", vq_path is not None), ("--size", image_size is not None),
-                 ("--new-vq", new_vq)]  # fmt: skip
+        given = [
+            ("--arch masked", arch == "masked"),
+            ("--vq-steps", vq_steps is not None),
+            ("--scenes", n_scenes is not None),
+            ("--cfg", cfg_scale is not None),
+            ("--vq", vq_path is not None),
+            ("--size", image_size is not None),
+            ("--new-vq", new_vq),
+        ]
         bad = [name for name, used in given if used]
         if bad:
             raise UserError(
@@ -248,13 +268,16 @@ def claim_out(out: str, settings: dict) -> None:
     if not check_settings_record(folder, "pretrain", settings):
         entries = [e for e in foreign_entries(folder) if e != SETTINGS_RECORD]
         if entries:
-            raise UserError(f"--out {out} is not empty (it holds {shorten(entries[0], 60)}) and not a model "
-                            "pretrain built there; pick a new or empty folder")  # fmt: skip
+            raise UserError(
+                f"--out {out} is not empty (it holds {shorten(entries[0], 60)}) and not a model "
+                "pretrain built there; pick a new or empty folder"
+            )
     write_settings_record(folder, "pretrain", settings)
 
 
-def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None, seed: int, threads: int,
-                         no_eval: bool) -> None:  # fmt: skip
+def _pretrain_arithmetic(
+    out: str, steps: int | None, max_minutes: float | None, seed: int, threads: int, no_eval: bool
+) -> None:
     import torch
 
     from t2i_gcpo.pretrain.arithmetic import ArithmeticPretrainConfig, pretrain
@@ -267,9 +290,10 @@ def _pretrain_arithmetic(out: str, steps: int | None, max_minutes: float | None,
     if "eval" in stats:
         ev = stats["eval"]
         click.echo(
-            f"held-out accuracy on {ev['problems']} problems: sampled (T=1, {ev['sampled']['samples_per_problem']} "
-            f"each) {ev['sampled']['accuracy']:.3f}, greedy {ev['greedy']['accuracy']:.3f}; format "
-            f"{ev['sampled']['format']:.3f} / {ev['greedy']['format']:.3f}"
+            f"held-out accuracy on {ev['problems']} problems: sampled (T=1, "
+            f"{ev['sampled']['samples_per_problem']} each) {ev['sampled']['accuracy']:.3f}, greedy "
+            f"{ev['greedy']['accuracy']:.3f}; format {ev['sampled']['format']:.3f} / "
+            f"{ev['greedy']['format']:.3f}"
         )
     _say_wrote(out, stats)
 

@@ -74,16 +74,28 @@ def sample_cmd(
     \b
     Example:
       t2i-gcpo sample --prompts prompts/shapeworld_test.txt --out samples/ --n 4 --cfg 3
-      t2i-gcpo sample --model shapeworld-masked --steps 16 --prompts prompts/shapeworld_test.txt --out masked16/
+      t2i-gcpo sample --model shapeworld-masked --steps 16 --prompts prompts/shapeworld_test.txt \\
+          --out masked16/
     """
     from pathlib import Path
 
     from t2i_gcpo.api import sample
 
     # a Path is a file, never a prompt
-    result = sample(Path(prompts_path), out, model, n_images, cfg_scale=cfg_scale, temperature=temperature,
-                    top_k=top_k, steps=steps, reveal_order=reveal_order, seed=seed, grid_scale=grid_scale,
-                    overwrite=overwrite)  # fmt: skip
+    result = sample(
+        Path(prompts_path),
+        out,
+        model,
+        n_images,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        steps=steps,
+        reveal_order=reveal_order,
+        seed=seed,
+        grid_scale=grid_scale,
+        overwrite=overwrite,
+    )
     kept = len(result.prompts) * n_images - result.written
     made = f"wrote {result.written} image(s)" + (
         f", kept {kept} made earlier with the same settings," if kept else ""

@@ -29,7 +29,7 @@ Examples:
       --credit examples/custom_credit.py:prompt_sensitivity --set credit.options.power=2   # your own scheme
   t2i-gcpo train --resume runs/gcpo-20261121-120000          # continue a stopped run
   t2i-gcpo train --resume runs/gcpo-20261121-120000 --steps 400   # train it longer
-  t2i-gcpo train --resume runs/mine --credit examples/custom_credit.py:prompt_sensitivity  # name your code again
+  t2i-gcpo train --resume runs/mine --credit examples/custom_credit.py:prompt_sensitivity  # name it again
   accelerate launch --multi_gpu --num_processes 2 -m t2i_gcpo.cli train \\
       --prompts prompts/shapeworld_train.txt
   t2i-gcpo train --help-config                               # every config key, default and meaning
@@ -89,7 +89,10 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     type=str,
     default=None,
     metavar="TRACKERS",
-    help="tensorboard | wandb | mlflow | trackio | all | none, or a comma-separated list  [default: tensorboard]",
+    help=(
+        "tensorboard | wandb | mlflow | trackio | all | none, or a comma-separated list  "
+        "[default: tensorboard]"
+    ),
 )
 @click.option("--steps", type=int, default=None, help="Optimizer steps  [default: 200]")
 @click.option("--seed", type=int, default=None, help="Seed  [default: 0]")
@@ -122,12 +125,30 @@ def print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) 
     help="With --resume: continue although a prompt, credit or reward file changed since the run started "
     "(the new content is recorded); without it that is an error naming the file.",
 )
-@click.option("--help-config", is_flag=True, expose_value=False, is_eager=True, callback=print_config_help,
-              help="List every config key with its default and meaning.")  # fmt: skip
+@click.option(
+    "--help-config",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_config_help,
+    help="List every config key with its default and meaning.",
+)
 def train_cmd(
-    prompts, algo, credit, config_file, model, reward, out, report_to, steps, seed, overrides, resume,
-    trust_run_code, allow_changed_inputs,
-) -> None:  # fmt: skip
+    prompts,
+    algo,
+    credit,
+    config_file,
+    model,
+    reward,
+    out,
+    report_to,
+    steps,
+    seed,
+    overrides,
+    resume,
+    trust_run_code,
+    allow_changed_inputs,
+) -> None:
     """Train a text-to-image policy: an algorithm preset (--algo) and its token credit, or any other
     credit scheme, a function of your own included (--credit).
 
@@ -149,9 +170,22 @@ def train_cmd(
         raise UserError("missing --prompts FILE (e.g. --prompts prompts/shapeworld_train.txt)")
     try:
         # prints each held-out evaluation and the run directory; a Path is a file, never a prompt
-        train(model, Path(prompts) if prompts else None, reward, config_file, algo=algo, overrides=overrides,
-              out=out, report_to=report_to, steps=steps, seed=seed, resume=resume, credit=credit,
-              trust_run_code=trust_run_code, allow_changed_inputs=allow_changed_inputs)  # fmt: skip
+        train(
+            model,
+            Path(prompts) if prompts else None,
+            reward,
+            config_file,
+            algo=algo,
+            overrides=overrides,
+            out=out,
+            report_to=report_to,
+            steps=steps,
+            seed=seed,
+            resume=resume,
+            credit=credit,
+            trust_run_code=trust_run_code,
+            allow_changed_inputs=allow_changed_inputs,
+        )
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: the checkpoint is saved, resume prints
         from t2i_gcpo.train.distributed import leave_process_group
 

@@ -2,7 +2,8 @@
 
 advantages — GRPO/DAPO sequence advantages; losses — clipped surrogate, aggregation, k3 KL;
 credit — token weights (uniform, GCPO, DGPO, STAGE); critical — the critical-token weights; schemes — the
-registry the train step reads, one module per scheme (what each needs, its options). See docs/concepts/algorithms.md and docs/concepts/credit.md.
+registry the train step reads, one module per scheme (what each needs, its options). See
+docs/concepts/algorithms.md and docs/concepts/credit.md.
 
 The names below are imported from their module when first asked for: the scheme registry (what
 `--help` lists) loads without torch, the maths with it.

@@ -40,7 +40,8 @@ def _unbiased_std(x: Tensor, dim: int | None = None) -> Tensor:
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: Scale = "group", eps: float = 1e-4) -> Tensor:
-    """GRPO outcome advantages, A_i = (r_i − mean_g r) / (σ + ε)  (GRPO §4.1.2; docs/concepts/algorithms.md#sequence-advantages).
+    """GRPO outcome advantages, A_i = (r_i − mean_g r) / (σ + ε)  (GRPO §4.1.2;
+    docs/concepts/algorithms.md#sequence-advantages).
 
     scale: "group" → σ = unbiased std of the group (GRPO default); "batch" → σ = unbiased std of the
     whole batch; "none" → no division (Dr. GRPO, arXiv 2503.20783). A group of one sample has no
@@ -82,8 +83,9 @@ def decoupled_advantages(
         raise ValueError(
             f"parts must be [B, K] and weights [K], got {tuple(parts.shape)} and {tuple(weights.shape)}"
         )
-    per_reward = torch.stack([group_advantages(parts[:, k], group_size, "group", eps)
-                              for k in range(parts.shape[1])], dim=1)  # fmt: skip  # [B, K]
+    per_reward = torch.stack(
+        [group_advantages(parts[:, k], group_size, "group", eps) for k in range(parts.shape[1])], dim=1
+    )  # [B, K]
     terms = per_reward * weights.to(per_reward)  # [B, K]
     total = terms.sum(dim=1)  # [B]
     if (total == total[0]).all():  # flat: no spread to normalise (and no NaN from a 1-sample batch)
@@ -92,8 +94,8 @@ def decoupled_advantages(
 
 
 def decoupled_rewards(parts: Tensor, weights: Tensor, groups: Tensor, eps: float = 1e-4) -> Tensor:
-    """GDPO's per-reward normalisation (arXiv 2601.05242, §3) of the rewards a credit scheme reads, continuations
-    included (docs/concepts/algorithms.md#gdpo-and-credit-schemes):
+    """GDPO's per-reward normalisation (arXiv 2601.05242, §3) of the rewards a credit scheme reads,
+    continuations included (docs/concepts/algorithms.md#gdpo-and-credit-schemes):
 
         r̂_j = Σ_k w_k (r_k,j − mean_g r_k) / (std_g r_k + ε)
 
@@ -145,7 +147,8 @@ def dynamic_sampling_filter(rewards: Tensor, group_size: int, tol: float = 0.0) 
 
 
 class PerPromptStatTracker:
-    """Running per-prompt reward statistics (the flow_grpo option of docs/concepts/algorithms.md#sequence-advantages, not the default).
+    """Running per-prompt reward statistics (the flow_grpo option of
+    docs/concepts/algorithms.md#sequence-advantages, not the default).
 
     Each prompt string keeps the rewards seen for it (the last ``history`` of them, or all when
     ``history`` is None); a new reward's advantage is (r − mean) / (std + eps) over that history,

@@ -48,7 +48,8 @@ def _average_ranks(d: Tensor, m: Tensor) -> Tensor:
 def hist_alpha(x: float = 0.4, y: float = 0.8) -> float:
     """α such that w ∝ p^α puts mass y on the top fraction x of tokens: 1 − (1−x)^(α+1) = y.
 
-    GCPO hist normalisation (docs/concepts/credit.md#gcpo): α = ln(1 − y)/ln(1 − x) − 1; α ≈ 2.151 for x = 0.4, y = 0.8.
+    GCPO hist normalisation (docs/concepts/credit.md#gcpo): α = ln(1 − y)/ln(1 − x) − 1; α ≈ 2.151
+    for x = 0.4, y = 0.8.
     """
     if not (0 < x < 1 and x <= y < 1):
         raise ValueError(f"need 0 < top_fraction <= top_mass < 1, got x={x}, y={y}")
@@ -64,7 +65,8 @@ def normalize_credit(
     top_mass: float = 0.8,
     tau: float = 1.0,
 ) -> Tensor:
-    """Turn per-token scores d ≥ 0 [B, T] into weights over each sequence's valid tokens (docs/concepts/credit.md#gcpo).
+    """Turn per-token scores d ≥ 0 [B, T] into weights over each sequence's valid tokens
+    (docs/concepts/credit.md#gcpo).
 
     hist: p = rank(d)/N (ascending, ties averaged so equal scores get equal weight and a constant
     row is uniform), w = N·p^α/Σp^α.  softmax: N·softmax(d/τ).  mean: d/mean(d), ones where
@@ -117,8 +119,9 @@ def gcpo_weights(
     top_mass: float = 0.8,
     tau: float = 1.0,
 ) -> Tensor:
-    """GCPO credit (arXiv 2605.29198; docs/concepts/credit.md#gcpo): d from the positive/negative-context log-probs of the
-    sampled tokens, normalised per sequence (default "hist", the official scheme). Inputs [B, T]."""
+    """GCPO credit (arXiv 2605.29198; docs/concepts/credit.md#gcpo): d from the positive/negative-context
+    log-probs of the sampled tokens, normalised per sequence (default "hist", the official
+    scheme). Inputs [B, T]."""
     _check(mask, logp_pos=logp_pos, logp_neg=logp_neg)
     d = gcpo_divergence(logp_pos, logp_neg)  # [B, T]
     return normalize_credit(d, mask, normalization, top_fraction, top_mass, tau)
@@ -142,7 +145,8 @@ def hellinger_sq(logits_p: Tensor, logits_q: Tensor) -> Tensor:
 def dgpo_scores(
     logits_policy: Tensor, logits_ref: Tensor, kappa: float = 1.0, squared: bool = False
 ) -> Tensor:
-    """DGPO per-token score s_t = h_t · g_t (docs/concepts/credit.md#dgpo) for any leading shape: logits [..., V] → [...].
+    """DGPO per-token score s_t = h_t · g_t (docs/concepts/credit.md#dgpo) for any leading shape:
+    logits [..., V] → [...].
 
     h = Hellinger distance between π_θ and π_ref (H² if ``squared``), g = (Entropy(π_θ)/ln|V|)^κ.
     Positions are independent, so callers may pass the sequence in chunks to bound memory.
@@ -174,8 +178,9 @@ def dgpo_weights(
     kappa: float = 1.0,
     squared: bool = False,
 ) -> Tensor:
-    """DGPO credit (arXiv 2605.03327; docs/concepts/credit.md#dgpo, reconstructed): s_t = h_t · g_t with h = Hellinger
-    distance (H² if ``squared``) between π_θ and π_ref and g = (Entropy(π_θ)/ln|V|)^κ; w = N·softmax(s/τ).
+    """DGPO credit (arXiv 2605.03327; docs/concepts/credit.md#dgpo, reconstructed): s_t = h_t · g_t with h =
+    Hellinger distance (H² if ``squared``) between π_θ and π_ref and g =
+    (Entropy(π_θ)/ln|V|)^κ; w = N·softmax(s/τ).
 
     logits: [B, T, V]. Rows are processed one at a time to bound memory at [T, V].
     """
@@ -194,8 +199,8 @@ def dgpo_weights(
 
 @torch.no_grad()
 def stage_weights(code_embeddings: Tensor, advantages: Tensor, group_size: int, mask: Tensor) -> Tensor:
-    """STAGE similarity credit (docs/concepts/credit.md#stage): a token that looks like the same position in opposite-sign
-    group members (A_i·A_j ≤ 0, j ≠ i, j valid there) is not what made the difference.
+    """STAGE similarity credit (docs/concepts/credit.md#stage): a token that looks like the same position in
+    opposite-sign group members (A_i·A_j ≤ 0, j ≠ i, j valid there) is not what made the difference.
 
     sim_it = mean_j cos(e_it, e_jt); raw w_it = clamp((1 − sim_it)/2, 0, 1). A position with no such j
     (e.g. a group of one) gets the neutral raw value 0.5 (= orthogonal). The raw form gives the shape;

@@ -1,5 +1,5 @@
-"""Critical-token credit (docs/concepts/credit.md#critical-token): Group Critical-token Policy Optimization (zghhui/GCPO, ICLR 2026).
-The maths; the scheme is registered in core/schemes/critical.py.
+"""Critical-token credit (docs/concepts/credit.md#critical-token): Group Critical-token Policy Optimization
+(zghhui/GCPO, ICLR 2026). The maths; the scheme is registered in core/schemes/critical.py.
 
 Not this package's GCPO (Guidance Contrastive Policy Optimization, arXiv 2605.29198): the two methods
 share an acronym, so this one is called ``critical`` everywhere (scheme name, config section, files).
@@ -54,7 +54,8 @@ def _first_k(key: Tensor, m: Tensor, k: Tensor, descending: bool) -> Tensor:
 
 @torch.no_grad()
 def entropy_gradient(entropy: Tensor, mask: Tensor, layout: tuple[int, int] | None = None) -> Tensor:
-    """|H_t − mean of H over t's valid neighbours| [B, T] (docs/concepts/credit.md#critical-token, criterion 2); padding → 0.
+    """|H_t − mean of H over t's valid neighbours| [B, T] (docs/concepts/credit.md#critical-token,
+    criterion 2); padding → 0.
 
     Neighbours: up/down/left/right on the (rows, cols) grid (rows·cols must equal T), or t − 1 and t + 1
     for a sequence (layout None). Only valid neighbours count; a token with none gets 0. Computed in float64
@@ -89,9 +90,10 @@ def entropy_gradient(entropy: Tensor, mask: Tensor, layout: tuple[int, int] | No
 @torch.no_grad()
 def group_similarity(features: Tensor, mask: Tensor, group_size: int) -> Tensor:
     """Mean cosine similarity of e_it to e_jt over the other members j of i's group that are valid at t
-    [B, T] (docs/concepts/credit.md#critical-token, criterion 3). Groups are rows g·G … g·G + G − 1. A position with no such j (a group
-    of one, or all others padded there) gets 1, so this criterion never selects it. Padding → 1.
-    Cosines are computed in float64 and rounded to 1e-9 so that equal ones tie; a zero vector has cosine 0.
+    [B, T] (docs/concepts/credit.md#critical-token, criterion 3). Groups are rows g·G … g·G + G − 1. A
+    position with no such j (a group of one, or all others padded there) gets 1, so this criterion never
+    selects it. Padding → 1. Cosines are computed in float64 and rounded to 1e-9 so that equal ones tie; a
+    zero vector has cosine 0.
     """
     m = _check(mask, features=features)
     B, T = m.shape
@@ -124,7 +126,8 @@ def critical_weights(
     entropy_fraction: float = 0.1,
     similarity_fraction: float = 0.1,
 ) -> Tensor:
-    """Critical-token credit (zghhui/GCPO, ICLR 2026; docs/concepts/credit.md#critical-token) — see the module docstring.
+    """Critical-token credit (zghhui/GCPO, ICLR 2026; docs/concepts/credit.md#critical-token) — see
+    the module docstring.
 
     entropy: [B, T] policy entropy per position; features: [B, T, D]; step: [B, T] decision step (None:
     position); mask: [B, T]; group_size G divides B; layout: (rows, cols) with rows·cols = T, or None.

@@ -1,4 +1,5 @@
-"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term (docs/concepts/algorithms.md#policy-loss).
+"""Policy loss: clipped surrogate, aggregation modes and the k3 KL term
+(docs/concepts/algorithms.md#policy-loss).
 
 Symbols: ρ_it = π_θ(y_it)/π_old(y_it), Â_it token advantage, m_it ∈ {0,1} valid-token mask,
 w_it credit weights (core/credit.py). The surrogate and aggregation are separate named functions so
@@ -68,7 +69,8 @@ def aggregate(
     max_len: int | None = None,
     denom: Tensor | float | None = None,
 ) -> Tensor:
-    """Reduce a per-token quantity [B, T] to a scalar over valid tokens (docs/concepts/algorithms.md#aggregation).
+    """Reduce a per-token quantity [B, T] to a scalar over valid tokens
+    (docs/concepts/algorithms.md#aggregation).
 
     - "seq-mean-token-mean" (GRPO Eq. 3): (1/|S|) Σ_{i∈S} (1/N_i) Σ_t m·L, S = sequences with N_i > 0
       (fully-masked sequences are left out of the count, not averaged in as zeros).
@@ -174,7 +176,8 @@ def policy_loss(
     denom: Tensor | float | None = None,
     is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped policy-gradient loss with token credit and optional k3 KL (docs/concepts/algorithms.md#policy-loss, docs/concepts/credit.md).
+    """Clipped policy-gradient loss with token credit and optional k3 KL
+    (docs/concepts/algorithms.md#policy-loss, docs/concepts/credit.md).
 
     logp, logp_old, mask, weights, logp_ref: [B, T]; advantages: [B] (sequence advantage A_i) or [B, T]
     (token advantages A_it, from a scheme that computes them: docs/concepts/tree_credit.md).
@@ -186,9 +189,9 @@ def policy_loss(
     ``denom``: the whole batch's normaliser when this is one of several minibatches.
     ``is_weights`` [B, T]: per-token importance weights (`tis_weights`) multiplying the surrogate,
     L_it = −w^IS_it · min(ρ Â, clip(ρ) Â); they enter no normaliser.
-    Computed in float32 at least. Returns (loss, stats); stats are detached scalars: loss/policy, loss/kl, clip_frac (share of valid
-    tokens whose gradient is zeroed by the clip or the dual clip), ratio/mean, and kl_k3 (mean k3 over
-    valid tokens) when logp_ref is given.
+    Computed in float32 at least. Returns (loss, stats); stats are detached scalars: loss/policy, loss/kl,
+    clip_frac (share of valid tokens whose gradient is zeroed by the clip or the dual clip), ratio/mean, and
+    kl_k3 (mean k3 over valid tokens) when logp_ref is given.
     """
     B, _ = _same_shape(logp=logp, logp_old=logp_old, mask=mask)
     if advantages.shape != (B,) and advantages.shape != logp.shape:

@@ -12,9 +12,9 @@ the gain of step s, and the tokens revealed at step s get the gain standardised 
     A_{i,s} = (g_{i,s} − mean_j g_{j,s}) / (σ + ε).
 
 The empty canvas before step 0 is one state for the whole group, so r_{i,−1} is one number per group; any such
-constant cancels in the centring. The centred gains telescope: Σ_s (g_{i,s} − mean_j g_{j,s}) = r_i − mean_j r_j,
-GRPO's centred reward, so with σ = the std of the group's final rewards (``normalisation="group"``) a sample's
-step advantages sum to its GRPO advantage A_i.
+constant cancels in the centring. The centred gains telescope: Σ_s (g_{i,s} − mean_j g_{j,s}) = r_i − mean_j
+r_j, GRPO's centred reward, so with σ = the std of the group's final rewards (``normalisation="group"``) a
+sample's step advantages sum to its GRPO advantage A_i.
 
 Groups are contiguous rows (``rewards.view(P, G)``), as everywhere in core/.
 """
@@ -55,20 +55,28 @@ def _std(x: Tensor, dim: int) -> Tensor:
 
 
 @torch.no_grad()
-def stepwise_advantages(step_rewards: Tensor, group_size: int, step: Tensor, mask: Tensor,
-                        normalisation: Normalisation = "step", eps: float = 1e-4) -> Tensor:  # fmt: skip
+def stepwise_advantages(
+    step_rewards: Tensor,
+    group_size: int,
+    step: Tensor,
+    mask: Tensor,
+    normalisation: Normalisation = "step",
+    eps: float = 1e-4,
+) -> Tensor:
     """Token advantages Â [B, T]: every valid token gets A_{i,s} of the step s that revealed it.
 
     step_rewards [B, S]: r(x̂_s) of every sample and reveal step (NaN: not scored — the zero-loss stand-in
-    group of a process without signal; every token of a group holding a NaN gets 0); step [B, T] long (the reveal step of each token, 0 … S − 1); mask [B, T].
+    group of a process without signal; every token of a group holding a NaN gets 0); step [B, T] long (the
+    reveal step of each token, 0 … S − 1); mask [B, T].
     normalisation: σ is ``"step"`` the unbiased std of the group's gains at step s (each step standardised
-    across the group), ``"group"`` the unbiased std of the group's final rewards r_{j,S−1} (the step advantages
-    of a sample then sum to its GRPO advantage; a group whose final rewards are all equal gets 0 everywhere,
-    as GRPO gives it, not gains divided by ε), ``"none"`` no division (centred gains). A step whose gains are
-    all equal across the group gets 0."""
+    across the group), ``"group"`` the unbiased std of the group's final rewards r_{j,S−1} (the step
+    advantages of a sample then sum to its GRPO advantage; a group whose final rewards are all equal gets 0
+    everywhere, as GRPO gives it, not gains divided by ε), ``"none"`` no division (centred gains). A step
+    whose gains are all equal across the group gets 0."""
     if mask.shape != step.shape or mask.dim() != 2 or mask.shape[0] != step_rewards.shape[0]:
         raise ValueError(
-            f"mask {tuple(mask.shape)} and step {tuple(step.shape)} must be [B, T] with B = {step_rewards.shape[0]}"
+            f"mask {tuple(mask.shape)} and step {tuple(step.shape)} must be [B, T] with B = "
+            f"{step_rewards.shape[0]}"
         )
     B, S = step_rewards.shape
     if bool(((step < 0) | (step >= S))[mask.bool()].any()):

@@ -11,8 +11,8 @@ by scoring continuations of a sample's prefixes, or by reading the group as a pr
   leading tokens form the nodes of a tree, V(node) = mean reward of the samples below it, and a token gets
   V(child) − V(parent), which is 0 wherever its node does not branch (docs/concepts/tree_credit.md#tempo).
 
-The advantages are linear in the rewards, so ``scale="group"`` (dividing by a std σ of the prompt's rewards) is the
-same as computing them on the standardised rewards (r − μ)/σ, as GRPO does. Groups are contiguous rows
+The advantages are linear in the rewards, so ``scale="group"`` (dividing by a std σ of the prompt's rewards)
+is the same as computing them on the standardised rewards (r − μ)/σ, as GRPO does. Groups are contiguous rows
 (``rewards.view(P, G)``), as everywhere in core/.
 """
 
@@ -63,7 +63,8 @@ def _continuations(tree: Tree) -> Tensor:
 
 @torch.no_grad()
 def segment_values(rewards: Tensor, group_size: int, tree: Tree, include_root: bool = True) -> Tensor:
-    """The value of every prefix of every sample, V [B, K + 2] float64 (docs/concepts/tree_credit.md#segment-advantages).
+    """The value of every prefix of every sample, V [B, K + 2] float64
+    (docs/concepts/tree_credit.md#segment-advantages).
 
     V[:, 0] = V(prefix_0) = the mean reward of the sample's group (the prompt's value, estimated by its G
     samples, the sample itself included, as GRPO's baseline); V[:, k] (1 ≤ k ≤ K_i) = the mean reward of

@@ -36,7 +36,8 @@ def _checked(rewards: Tensor, group_size: int, leaves: Leaves, mask: Tensor, ste
         )
     if len(leaves) != B or mask.shape != step.shape or mask.dim() != 2 or mask.shape[0] != B:
         raise ValueError(
-            f"leaves ({len(leaves)} rows), mask {tuple(mask.shape)} and step {tuple(step.shape)} must all have B = {B}"
+            f"leaves ({len(leaves)} rows), mask {tuple(mask.shape)} and step {tuple(step.shape)} must "
+            f"all have B = {B}"
         )
     r = leaves.root.view(-1, group_size)
     if ((r < 0) | (r >= group_size)).any():
@@ -56,8 +57,15 @@ def own_segment(leaves: Leaves, mask: Tensor, step: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def tree_group_advantages(rewards: Tensor, group_size: int, leaves: Leaves, mask: Tensor, step: Tensor,
-                          scale: Literal["group", "none"] = "group", eps: float = 1e-4) -> Tensor:  # fmt: skip
+def tree_group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    leaves: Leaves,
+    mask: Tensor,
+    step: Tensor,
+    scale: Literal["group", "none"] = "group",
+    eps: float = 1e-4,
+) -> Tensor:
     """Token advantages [B, T] float32 of tree groups (module doc), 0 outside each row's `own_segment`.
 
     rewards: [B] every leaf's reward; leaves: each row's root (index within its group) and branch point;

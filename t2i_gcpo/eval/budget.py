@@ -13,7 +13,8 @@ from t2i_gcpo.stats import mean_ci95
 
 MATCH_BY = ("group", "prompts")  # what a matched arm scales: rollout.group_size or rollout.prompts_per_step
 # the equal-sample reading counts two runs as equal within this share of the thriftier one's samples: their
-# dynamic sampling never spends to the sample alike, and a 2 % overspend must not push a run back one evaluation
+# dynamic sampling never spends to the sample alike, and a 2 % overspend must not push a
+# run back one evaluation
 SAMPLES_TOLERANCE = 0.05
 
 
@@ -37,8 +38,9 @@ def matched_name(baseline: str, arm: str, unit: str = "samples") -> str:
     return f"{baseline}-at-{arm}-budget" if unit == "samples" else f"{baseline}-at-{arm}-{unit}"
 
 
-def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], steps: int = 2,
-                           metric: str = M.BUDGET_SAMPLES) -> float:  # fmt: skip
+def probe_samples_per_step(
+    algo: str, flags: dict, overrides: tuple[str, ...], steps: int = 2, metric: str = M.BUDGET_SAMPLES
+) -> float:
     """Mean samples scored per step (`budget/samples`: every dynamic-sampling round and every
     continuation; or another budget `metric`, e.g. tokens) over the first `steps` steps of a run of `algo`
     with seed flags["seed"], drawn exactly as training draws them, from the base model (no update between
@@ -60,8 +62,10 @@ def probe_samples_per_step(algo: str, flags: dict, overrides: tuple[str, ...], s
     policy.to(device)
     collector = BatchCollector(cfg, PromptStream(job.prompts, cfg.seed), 0, 1)
     sampling = sampling_params(cfg)
-    counts = [collector.collect(step, policy, job.reward, sampling).metrics()[metric]
-              for step in range(1, steps + 1)]  # fmt: skip
+    counts = [
+        collector.collect(step, policy, job.reward, sampling).metrics()[metric]
+        for step in range(1, steps + 1)
+    ]
     return float(np.mean(counts))
 
 
@@ -73,8 +77,9 @@ def matched_size(samples_per_step: float, group_size: int, prompts_per_step: int
     return "rollout.prompts_per_step", max(prompts_per_step, round(samples_per_step / group_size))
 
 
-def plan_match(arm: str, baseline: str, flags: dict, overrides: tuple[str, ...], by: str,
-               unit: str = "samples") -> dict[str, Any]:  # fmt: skip
+def plan_match(
+    arm: str, baseline: str, flags: dict, overrides: tuple[str, ...], by: str, unit: str = "samples"
+) -> dict[str, Any]:
     """How to train `baseline` at `arm`'s budget of samples (or tokens, `unit`): `arm`'s samples (tokens)
     per step measured (`probe_samples_per_step`), the baseline sized to spend as many in one round (samples:
     `matched_size`; tokens: its own size scaled by the ratio of what the two spend), then probed at that
@@ -95,8 +100,14 @@ def plan_match(arm: str, baseline: str, flags: dict, overrides: tuple[str, ...],
         )
     drawn = probe_samples_per_step(baseline, flags, (*overrides, f"{key}={first}"), metric=metric)
     size = max(own, round(first * target / drawn))
-    return {"of": arm, "unit": unit, f"{unit}_per_step": target, "first_size": first, "first_size_drew": drawn,
-            "set": f"{key}={size}"}  # fmt: skip
+    return {
+        "of": arm,
+        "unit": unit,
+        f"{unit}_per_step": target,
+        "first_size": first,
+        "first_size_drew": drawn,
+        "set": f"{key}={size}",
+    }
 
 
 def totals(rows: list[dict]) -> dict[str, float]:
@@ -140,8 +151,9 @@ def score_at(curve: list[tuple[int, float]], clock: dict[int, float], seconds: f
     return reached[-1] if reached else np.nan
 
 
-def equal_time(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, dict[int, float]]],
-               baseline: str) -> dict[str, Any]:  # fmt: skip
+def equal_time(
+    curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, dict[int, float]]], baseline: str
+) -> dict[str, Any]:
     """The equal-time reading: per seed, the training time of the fastest arm's whole run; every arm's
     score at that time (its last evaluation by then); each arm minus the baseline, paired by seed."""
     seeds = sorted({s for runs in curves.values() for s in runs})
@@ -164,8 +176,11 @@ def equal_time(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, d
     }
 
 
-def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int, dict[int, float]]],
-                  matches: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+def equal_samples(
+    curves: dict[str, dict[int, list]],
+    clocks: dict[str, dict[int, dict[int, float]]],
+    matches: dict[str, str],
+) -> dict[str, Any]:
     """The equal-sample reading of each arm against the baseline trained at its budget (`matches`:
     matched arm → arm; `clocks`: arm → seed → step → samples scored so far). Per seed, both runs are
     read at their last evaluation by the samples the thriftier of the two scored in its whole run (+ 5 %,
@@ -190,10 +205,13 @@ def equal_samples(curves: dict[str, dict[int, list]], clocks: dict[str, dict[int
             ratio.append(max(clocks[matched][s].values()) / max(max(clocks[arm][s].values()), 1.0))
         ok = [d for d in diffs if np.isfinite(d)]
         out[arm] = {
-            "against": matched, "paired": mean_ci95(ok), "ahead": int(sum(d > 0 for d in ok)),
+            "against": matched,
+            "paired": mean_ci95(ok),
+            "ahead": int(sum(d > 0 for d in ok)),
             "read_at_step": {x: _nanmean(v) for x, v in at.items()},
-            "final": mean_ci95(finals), "spent_ratio": float(np.mean(ratio)) if ratio else np.nan,
-        }  # fmt: skip
+            "final": mean_ci95(finals),
+            "spent_ratio": float(np.mean(ratio)) if ratio else np.nan,
+        }
     return out
 
 

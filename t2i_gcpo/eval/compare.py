@@ -82,7 +82,8 @@ def run_comparison(
     one list for every algorithm, or each algorithm's own list. `match_budget="samples"`: the baseline
     is also trained, as arm `<baseline>-at-<algo>-budget` with the same seeds, at the sample budget of
     every algorithm that scores extra samples (its group size or prompt count scaled, `match_by`);
-    "tokens": as arm `<baseline>-at-<algo>-tokens`, at its budget of tokens sampled; "samples,tokens": both."""
+    "tokens": as arm `<baseline>-at-<algo>-tokens`, at its budget of tokens sampled;
+    "samples,tokens": both."""
     from t2i_gcpo.train.run import prepare, run
 
     named = named_code(reward, overrides)  # a resumed run runs only the code this command names
@@ -142,13 +143,19 @@ def comparison_settings(flags: dict, eval_every: int, overrides: tuple[str, ...]
     from t2i_gcpo.resources import prompt_file
 
     sets = {k: v for k, v in override_values(overrides).items() if k != "report_to"}
-    return {"--steps": flags["steps"], "--prompts": os.path.realpath(prompt_file(flags["prompts"])),
-            "--model": model_identity(flags["model"]), "--reward": flags["reward"], "--eval-every": eval_every,
-            "--set": sets}  # fmt: skip
+    return {
+        "--steps": flags["steps"],
+        "--prompts": os.path.realpath(prompt_file(flags["prompts"])),
+        "--model": model_identity(flags["model"]),
+        "--reward": flags["reward"],
+        "--eval-every": eval_every,
+        "--set": sets,
+    }
 
 
-def claim_comparison(out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...],
-                     named: Any = None) -> None:  # fmt: skip
+def claim_comparison(
+    out: Path, algos: list[str], flags: dict, eval_every: int, overrides: tuple[str, ...], named: Any = None
+) -> None:
     """Before any run and before anything is written in `out`: `out` holds no runs of a comparison with
     other settings (`comparison_settings`, recorded by `outdir.write_settings_record`; a comparison with other
     settings is one line naming them), every arm's run is planned as `train` plans it (its config, the
@@ -183,9 +190,9 @@ def claim_comparison(out: Path, algos: list[str], flags: dict, eval_every: int, 
         if job.eval_prompts is None:
             held_out = job.task.default_eval_prompts() or "FILE"
             raise UserError(
-                f"compare reads each run's held-out score, and a run with --reward {flags['reward']} (not the "
-                f"task's own reward, {job.task.default_reward}) has no held-out prompts: give them with "
-                f"--set eval_prompts={held_out} (scored with your reward)"
+                f"compare reads each run's held-out score, and a run with --reward {flags['reward']} "
+                f"(not the task's own reward, {job.task.default_reward}) has no held-out prompts: give "
+                f"them with --set eval_prompts={held_out} (scored with your reward)"
             )
     write_settings_record(out, COMMAND, settings)
 
@@ -215,11 +222,19 @@ def match_units(match: str, match_by: str, algos: list[str], baseline: str) -> l
     return units
 
 
-def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str, flags: dict,
-                 overrides: tuple[str, ...], match_by: str, units: list[str] | str = "samples") -> dict[str, dict]:  # fmt: skip
-    """The matched arms of `--match-budget` (`units`, checked by `match_units`): for every algorithm that scores
-    extra samples, the baseline sized to its measured samples (tokens) per step (`budget.plan_match`, its
-    first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
+def plan_matches(
+    out: Path,
+    algos: list[str],
+    seeds: dict[str, list[int]],
+    baseline: str,
+    flags: dict,
+    overrides: tuple[str, ...],
+    match_by: str,
+    units: list[str] | str = "samples",
+) -> dict[str, dict]:
+    """The matched arms of `--match-budget` (`units`, checked by `match_units`): for every algorithm that
+    scores extra samples, the baseline sized to its measured samples (tokens) per step (`budget.plan_match`,
+    its first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
     resumed comparison trains the same arms without probing again."""
     from t2i_gcpo.errors import UserError
     from t2i_gcpo.eval import budget as B
@@ -228,14 +243,20 @@ def plan_matches(out: Path, algos: list[str], seeds: dict[str, list[int]], basel
     arms = [a for a in algos if a != baseline and B.samples_extra(a)]
     path = out / "budget.json"
     # the model and the --set values are the comparison's own settings, which `claim_comparison` checked
-    key = {"match": ",".join(units), "by": match_by, "baseline": baseline, "model": flags["model"],
-           "overrides": list(overrides)}  # fmt: skip
+    key = {
+        "match": ",".join(units),
+        "by": match_by,
+        "baseline": baseline,
+        "model": flags["model"],
+        "overrides": list(overrides),
+    }
     if path.exists() or path.is_symlink():
         saved = read_json(path, BudgetPlans)
         if any(saved.get(k) != key[k] for k in ("match", "by", "baseline")):
             raise UserError(
-                f"{path} was written by a comparison with other settings (--match-budget {saved.get('match')}, "
-                f"--match-by {saved.get('by')}, baseline {saved.get('baseline')}): use another --out"
+                f"{path} was written by a comparison with other settings (--match-budget "
+                f"{saved.get('match')}, --match-by {saved.get('by')}, baseline {saved.get('baseline')}): "
+                f"use another --out"
             )
         arms_done = saved["arms"]
     else:
@@ -283,14 +304,26 @@ def named_code(reward: str | None, overrides: tuple[str, ...]) -> Any:
     sets = dict(parse_set(item) for item in overrides)
     reward = reward if reward is not None else sets.get("reward")
     credit = sets.get("credit.scheme")
-    remedy = ("compare runs only the code its own --reward and --set credit.scheme=… name; remove {folder} and "
-              "run the same command again to train that run anew")  # fmt: skip
-    return ResumeOptions(credit=credit if isinstance(credit, str) else None,
-                         reward=reward if isinstance(reward, str) else None, remedy=remedy)  # fmt: skip
+    remedy = (
+        "compare runs only the code its own --reward and --set credit.scheme=… name; remove {folder} and "
+        "run the same command again to train that run anew"
+    )
+    return ResumeOptions(
+        credit=credit if isinstance(credit, str) else None,
+        reward=reward if isinstance(reward, str) else None,
+        remedy=remedy,
+    )
 
 
-def train_command(algo: str, run_dir: Path, resumable: bool, flags: dict, steps: int,
-                  overrides: tuple[str, ...], named: Any = None) -> list[str]:  # fmt: skip
+def train_command(
+    algo: str,
+    run_dir: Path,
+    resumable: bool,
+    flags: dict,
+    steps: int,
+    overrides: tuple[str, ...],
+    named: Any = None,
+) -> list[str]:
     """The `t2i-gcpo train` arguments that start (or resume) one run of a comparison (`algo`: its preset;
     `named`: the code a resumed run may run, `named_code`)."""
     if resumable:
@@ -337,8 +370,12 @@ def run_side_by_side(
 
     def train_one(preset: str, run_dir: Path, resumable: bool, flags: dict, own: tuple) -> int | None:
         """One run, its exit status (None: stopped before it started)."""
-        cmd = [sys.executable, "-m", "t2i_gcpo.cli",
-               *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own), named)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "t2i_gcpo.cli",
+            *train_command(preset, run_dir, resumable, flags, steps, (*overrides, *own), named),
+        ]
         with starting:  # no child starts once the comparison is stopping
             if stopping.is_set():
                 return None
@@ -415,12 +452,16 @@ def final_scores(run_dir: Path) -> dict:
 
     path = run_dir / "eval.json"
     if not path.exists() and not path.is_symlink():
-        raise UserError(f"{run_dir} has no eval.json (its final held-out scores); remove {run_dir} and run the "
-                        "same command again to train it anew")  # fmt: skip
+        raise UserError(
+            f"{run_dir} has no eval.json (its final held-out scores); remove {run_dir} and run the "
+            "same command again to train it anew"
+        )
     final = read_json(path, dict[str, float | None])
     if headline_key(final) is None:
-        raise UserError(f"{path} holds no held-out score ({' or '.join(k for k, _ in HEADLINES)}): a run without "
-                        "held-out prompts cannot be compared (give --set eval_prompts=FILE)")  # fmt: skip
+        raise UserError(
+            f"{path} holds no held-out score ({' or '.join(k for k, _ in HEADLINES)}): a run without "
+            "held-out prompts cannot be compared (give --set eval_prompts=FILE)"
+        )
     return final
 
 
@@ -430,8 +471,9 @@ def training_mean(rows: list[dict], key: str) -> float:
     return float(np.mean(vals)) if vals else np.nan
 
 
-def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int]],
-              baseline: str | None = None) -> dict[str, Any]:  # fmt: skip
+def summarise(
+    out: Path, algos: list[str], seeds: list[int] | dict[str, list[int]], baseline: str | None = None
+) -> dict[str, Any]:
     """Tabulate the finished runs out/<algo>/seed<k> (metrics.jsonl, eval.json) against `baseline`;
     write comparison.json, comparison.md and curves.png in `out`. `seeds`: one list for every
     algorithm, or each algorithm's own list (the paired differences use the seeds both runs have)."""
@@ -480,13 +522,21 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     }
     label = dict(HEADLINES)[key]
     by_seed = {a: dict(zip(seeds[a], curves[a])) for a in algos}
-    result = {"metric": label, "columns": list(columns), "table": table, "baseline": baseline,
-              "steps_to_baseline_final": reach, "seeds_reaching_baseline_final": reaching,
-              "paired": paired_differences(headline, baseline),
-              "paired_by_step": paired_by_step(by_seed, baseline), "gain_over_start": gain_over_start(by_seed),
-              "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
-              "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])), "seeds_of": seeds,
-              "same_runs": same}  # fmt: skip
+    result = {
+        "metric": label,
+        "columns": list(columns),
+        "table": table,
+        "baseline": baseline,
+        "steps_to_baseline_final": reach,
+        "seeds_reaching_baseline_final": reaching,
+        "paired": paired_differences(headline, baseline),
+        "paired_by_step": paired_by_step(by_seed, baseline),
+        "gain_over_start": gain_over_start(by_seed),
+        "curves": {a: {str(s): c for s, c in by_seed[a].items()} for a in algos},
+        "seeds": list(dict.fromkeys(s for a in algos for s in seeds[a])),
+        "seeds_of": seeds,
+        "same_runs": same,
+    }
     result.update(budget_readings(out, algos, seeds, baseline, metric_rows, by_seed, headline))
     write_file(
         out / "comparison.json", json.dumps(strict_json(result), indent=1, allow_nan=False), within=out
@@ -496,9 +546,15 @@ def summarise(out: Path, algos: list[str], seeds: list[int] | dict[str, list[int
     return result
 
 
-def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], baseline: str,
-                    metric_rows: dict[str, list[list[dict]]], by_seed: dict[str, dict[int, list]],
-                    headline: dict[str, dict[int, float]]) -> dict[str, Any]:  # fmt: skip
+def budget_readings(
+    out: Path,
+    algos: list[str],
+    seeds: dict[str, list[int]],
+    baseline: str,
+    metric_rows: dict[str, list[list[dict]]],
+    by_seed: dict[str, dict[int, list]],
+    headline: dict[str, dict[int, float]],
+) -> dict[str, Any]:
     """What each arm spent (samples, tokens, reward calls, training seconds: means over its seeds), the
     equal-time reading, and — for a comparison with matched arms (out/budget.json) — the equal-sample and
     equal-token ones."""
@@ -519,8 +575,10 @@ def budget_readings(out: Path, algos: list[str], seeds: dict[str, list[int]], ba
                 m: p["of"] for m, p in plans.items() if m in algos and p.get("unit", "samples") == unit
             }
             if matches:
-                clocks = {a: {s: B.samples_clock(rows, metric) for s, rows in zip(seeds[a], metric_rows[a])}
-                          for a in algos}  # fmt: skip
+                clocks = {
+                    a: {s: B.samples_clock(rows, metric) for s, rows in zip(seeds[a], metric_rows[a])}
+                    for a in algos
+                }
                 readings[f"equal_{unit}"] = B.equal_samples(by_seed, clocks, matches)
     return readings
 
@@ -530,9 +588,14 @@ def format_budget(result: dict[str, Any]) -> list[str]:
     if "budget" not in result:
         return []
     baseline = result["baseline"]
-    lines = ["", "What each run spent (mean over its seeds): samples scored, tokens sampled and reward calls "
-             "(continuations included), and training time (held-out evaluations excluded):", "",
-             "| algorithm | samples | tokens | reward calls | training time (s) |", "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "What each run spent (mean over its seeds): samples scored, tokens sampled and reward calls "
+        "(continuations included), and training time (held-out evaluations excluded):",
+        "",
+        "| algorithm | samples | tokens | reward calls | training time (s) |",
+        "|---|---|---|---|---|",
+    ]
     for algo, b in result["budget"].items():
         cells = [_count(b[M.BUDGET_SAMPLES]), _count(b[M.BUDGET_TOKENS]), _count(b[M.BUDGET_REWARD_CALLS])]
         lines.append(f"| {algo} | " + " | ".join(cells) + f" | {b['seconds']:.0f} |")
@@ -544,24 +607,37 @@ def format_budget(result: dict[str, Any]) -> list[str]:
             if unit == "samples"
             else "tokens the thriftier run of the seed sampled"
         )
-        lines += ["", f"**At equal {unit}**: the algorithm minus the baseline trained at its {unit[:-1]} budget, "
-                  f"paired by seed, both read at their last evaluation by the {what} in all, + 5 % (the steps "
-                  f"read, mean over seeds), and at their last evaluations with what the matched arm spent there "
-                  f"(× the algorithm's {unit}):", "",
-                  "| algorithm | against | at equal " + unit + " | read at steps | seeds ahead | last evaluations "
-                  "| matched arm spent |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"**At equal {unit}**: the algorithm minus the baseline trained at its {unit[:-1]} budget, "
+            f"paired by seed, both read at their last evaluation by the {what} in all, + 5 % (the steps "
+            f"read, mean over seeds), and at their last evaluations with what the matched arm spent there "
+            f"(× the algorithm's {unit}):",
+            "",
+            "| algorithm | against | at equal " + unit + " | read at steps | seeds ahead | last evaluations "
+            "| matched arm spent |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for algo, r in result[f"equal_{unit}"].items():
-            steps = " / ".join("—" if v is None or not np.isfinite(v) else f"{v:.0f}"
-                               for v in r["read_at_step"].values())  # fmt: skip
+            steps = " / ".join(
+                "—" if v is None or not np.isfinite(v) else f"{v:.0f}" for v in r["read_at_step"].values()
+            )
             spent = "—" if r["spent_ratio"] is None else f"{r['spent_ratio']:.2f}×"
-            lines.append(f"| {algo} | {r['against']} | {_cell(*r['paired'][:3], sign=True)} | {steps} "
-                         f"| {r['ahead']}/{r['paired'][3]} | {_cell(*r['final'][:3], sign=True)} | {spent} |")  # fmt: skip
+            lines.append(
+                f"| {algo} | {r['against']} | {_cell(*r['paired'][:3], sign=True)} | {steps} "
+                f"| {r['ahead']}/{r['paired'][3]} | {_cell(*r['final'][:3], sign=True)} | {spent} |"
+            )
     if result.get("equal_time"):
         t = result["equal_time"]
         secs = ", ".join(f"seed {s}: {v:.0f} s" for s, v in t["seconds"].items())
-        lines += ["", f"**At equal training time** — the fastest run's of each seed ({secs}); each run read at "
-                  f"its last evaluation by then, minus {baseline}'s, paired by seed:", "",
-                  "| algorithm | score | paired Δ | seeds ahead |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"**At equal training time** — the fastest run's of each seed ({secs}); each run read at "
+            f"its last evaluation by then, minus {baseline}'s, paired by seed:",
+            "",
+            "| algorithm | score | paired Δ | seeds ahead |",
+            "|---|---|---|---|",
+        ]
         for algo, score in t["score"].items():
             p = t["paired"].get(algo)
             delta = "—" if p is None else _cell(*p["paired"][:3], sign=True)
@@ -632,18 +708,27 @@ def format_curves(result: dict[str, Any]) -> list[str]:
     steps = sorted({step for runs in curves.values() for c in runs.values() for step, _ in c})
     if not steps:
         return []
-    lines = ["", f"{result['metric']} per run at each evaluation:", "",
-             "| run | " + " | ".join(f"step {s}" for s in steps) + " |", "|" + "---|" * (len(steps) + 1)]  # fmt: skip
+    lines = [
+        "",
+        f"{result['metric']} per run at each evaluation:",
+        "",
+        "| run | " + " | ".join(f"step {s}" for s in steps) + " |",
+        "|" + "---|" * (len(steps) + 1),
+    ]
     for algo, runs in curves.items():
         for seed, curve in runs.items():
             points = dict(curve)
             cells = [_cell(points[s], np.nan, np.nan) if s in points else "—" for s in steps]
             lines.append(f"| {algo} seed {seed} | " + " | ".join(cells) + " |")
-    lines += ["", f"Paired with {baseline} at each evaluation (mean of the per-seed differences ± half-width "
-              "of its 95 % interval; step 0 reads +0.000 when the runs of a seed share their start and "
-              "their held-out draws), and each algorithm's last evaluation minus its own step 0:", "",
-              "| algorithm | " + " | ".join(f"step {s}" for s in steps) + " | gain over its own start |",
-              "|" + "---|" * (len(steps) + 2)]  # fmt: skip
+    lines += [
+        "",
+        f"Paired with {baseline} at each evaluation (mean of the per-seed differences ± half-width "
+        "of its 95 % interval; step 0 reads +0.000 when the runs of a seed share their start and "
+        "their held-out draws), and each algorithm's last evaluation minus its own step 0:",
+        "",
+        "| algorithm | " + " | ".join(f"step {s}" for s in steps) + " | gain over its own start |",
+        "|" + "---|" * (len(steps) + 2),
+    ]
     for algo, gain in result["gain_over_start"].items():
         by_step = {int(s): v for s, v in result["paired_by_step"].get(algo, {}).items()}  # JSON keys: str
         cells = [
@@ -672,8 +757,8 @@ def format_table(result: dict[str, Any]) -> str:
     if fewer:  # algorithms given fewer seeds (--algos NAME@N)
         lines[-1] += "; " + "; ".join(f"{a}: {len(s)} ({', '.join(map(str, s))})" for a, s in fewer.items())
     lines[-1] += (
-        f". Steps to {baseline}'s final: the first evaluation step at or above {baseline}'s mean final score, "
-        "averaged over the seeds that reach it (how many do, in brackets)."
+        f". Steps to {baseline}'s final: the first evaluation step at or above {baseline}'s mean "
+        f"final score, averaged over the seeds that reach it (how many do, in brackets)."
     )
     for algo, source in result.get("same_runs", {}).items():
         lines[-1] += f" {algo}: the runs of {source} (the same settings and seeds, trained once)."
@@ -691,15 +776,16 @@ def format_table(result: dict[str, Any]) -> str:
             )
         lines.append(
             f"\nΔ: final overall minus {baseline}'s. Paired: mean over seeds of the difference between the "
-            f"two runs with the same seed, which share the prompt stream, the sampling seeds and the held-out "
-            f"draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % interval). "
-            f"Seeds ahead: seeds where the algorithm ends above {baseline}."
+            f"two runs with the same seed, which share the prompt stream, the sampling seeds and the "
+            f"held-out draws (Student-t 95 % interval); unpaired: difference of the means (Welch 95 % "
+            f"interval). Seeds ahead: seeds where the algorithm ends above {baseline}."
         )
     return "\n".join(lines + format_budget(result) + format_curves(result))
 
 
-def plot_curves(curves: dict[str, list[list[tuple[int, float]]]], path: Path,
-                label: str = "held-out strict score") -> None:  # fmt: skip
+def plot_curves(
+    curves: dict[str, list[list[tuple[int, float]]]], path: Path, label: str = "held-out strict score"
+) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

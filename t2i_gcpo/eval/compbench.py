@@ -45,14 +45,28 @@ from t2i_gcpo.scoring.detections import Detection
 DETECTOR_LABEL = "detector substitute, not the official number"
 SOURCE = "Karine-Huang/T2I-CompBench 1b70949"
 # category → the scorer of the reference that scores it
-SCORERS = {"color": "blip-vqa", "shape": "blip-vqa", "texture": "blip-vqa", "non_spatial": "clipscore",
-           "spatial": "detector", "numeracy": "detector"}  # fmt: skip
+SCORERS = {
+    "color": "blip-vqa",
+    "shape": "blip-vqa",
+    "texture": "blip-vqa",
+    "non_spatial": "clipscore",
+    "spatial": "detector",
+    "numeracy": "detector",
+}
 CATEGORIES = tuple(SCORERS)
 SPLITS = ("val", "train", "all")
 MAX_NOUN_PHRASES = 8  # BLIP_vqa.py --np_num
 EXCLUDED_PHRASES = ("top", "the side", "the left", "the right")
-SPATIAL_WORDS = ("on side of", "next to", "near", "on the left of", "on the right of", "on the bottom of",
-                 "on the top of", "on top of")  # fmt: skip
+SPATIAL_WORDS = (
+    "on side of",
+    "next to",
+    "near",
+    "on the left of",
+    "on the right of",
+    "on the bottom of",
+    "on the top of",
+    "on top of",
+)
 PERSON = ("girl", "boy", "man", "woman")
 NUMBERS = {
     "a": 1,
@@ -67,8 +81,16 @@ NUMBERS = {
     "eight": 8,
 }
 # numeracy_eval.py's renames of prompt objects to detector labels
-NUMERACY_RENAMES = {"boy": "person", "girl": "person", "man": "person", "woman": "person", "ship": "boat",
-                    "telivision": "tv", "goldfish": "fish", "painting": "picture"}  # fmt: skip
+NUMERACY_RENAMES = {
+    "boy": "person",
+    "girl": "person",
+    "man": "person",
+    "woman": "person",
+    "ship": "boat",
+    "telivision": "tv",
+    "goldfish": "fish",
+    "painting": "picture",
+}
 CONFIDENCE = 0.5  # UniDet's --confidence-threshold in the reference
 
 
@@ -91,8 +113,9 @@ def read_prompts(data: str | os.PathLike, category: str, split: str = "val") -> 
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     path = prompt_file(data, category, split)
     if not path.is_file():
-        raise UserError(f"{path}: not found; --data is T2I-CompBench's examples/dataset folder "
-                        f"(<category>_val.txt …)")  # fmt: skip
+        raise UserError(
+            f"{path}: not found; --data is T2I-CompBench's examples/dataset folder (<category>_val.txt …)"
+        )
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
@@ -152,8 +175,10 @@ class PromptParser:
             raise UserError(f"--noun-phrases must be one of {', '.join(CHUNKERS)}, got {kind!r}")
         self.nlp = load_spacy() if kind in ("auto", "spacy") else None
         if kind == "spacy" and self.nlp is None:
-            raise UserError("--noun-phrases spacy: spaCy with en_core_web_sm is not installed "
-                            "(pip install spacy, then its en_core_web_sm model); or use --noun-phrases simple")  # fmt: skip
+            raise UserError(
+                "--noun-phrases spacy: spaCy with en_core_web_sm is not installed "
+                "(pip install spacy, then its en_core_web_sm model); or use --noun-phrases simple"
+            )
         self.kind = "spacy" if self.nlp is not None else "simple"
 
     def name(self) -> str:
@@ -226,8 +251,9 @@ class BlipVQAScorer:
         self.enc = enc if enc < int(text.vocab_size) else None
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, *, device: str | torch.device = "cpu",
-                        batch_size: int = 16) -> BlipVQAScorer:  # fmt: skip
+    def from_pretrained(
+        cls, folder: str | os.PathLike, *, device: str | torch.device = "cpu", batch_size: int = 16
+    ) -> BlipVQAScorer:
         from t2i_gcpo.rewards.forms.vqa import load_blip_vqa
 
         return cls(*load_blip_vqa(str(folder), device), name=Path(folder).name, batch_size=batch_size)
@@ -260,8 +286,9 @@ class BlipVQAScorer:
                 )
                 image_embeds = m.vision_model(pixel_values=pix["pixel_values"].to(self.device))[0]
                 q = torch.stack([ids[i] for i in which]).to(self.device)
-                states = m.text_encoder(input_ids=q, attention_mask=torch.ones_like(q),
-                                        encoder_hidden_states=image_embeds)[0]  # fmt: skip
+                states = m.text_encoder(
+                    input_ids=q, attention_mask=torch.ones_like(q), encoder_hidden_states=image_embeds
+                )[0]
                 bos = torch.full((len(which), 1), self.bos, dtype=torch.long, device=self.device)
                 logits = m.text_decoder(input_ids=bos, encoder_hidden_states=states).logits[:, 0].float()
                 prob = torch.softmax(logits, dim=-1)
@@ -271,9 +298,11 @@ class BlipVQAScorer:
         return out
 
 
-def blip_vqa_scores(scorer: BlipVQAScorer, images: Sequence[Image.Image], prompts: Sequence[str],
-                    parser: PromptParser) -> list[dict[str, Any]]:  # fmt: skip
-    """Each image's BLIP-VQA score (the product of its noun phrases' answers) with its questions and answers."""
+def blip_vqa_scores(
+    scorer: BlipVQAScorer, images: Sequence[Image.Image], prompts: Sequence[str], parser: PromptParser
+) -> list[dict[str, Any]]:
+    """Each image's BLIP-VQA score (the product of its noun phrases' answers) with its
+    questions and answers."""
     questions = [[blip_question(p) for p in parser.noun_phrases(t)[:MAX_NOUN_PHRASES]] for t in prompts]
     flat = [(i, q) for i, qs in enumerate(questions) for q in qs]
     answers = scorer.yes_probability([images[i] for i, _ in flat], [q for _, q in flat]) if flat else []
@@ -289,8 +318,13 @@ def blip_vqa_scores(scorer: BlipVQAScorer, images: Sequence[Image.Image], prompt
 # ---------------------------------------------------------------------------------------------
 
 
-def position_score(relation: str | None, box1: Sequence[float], box2: Sequence[float], iou_threshold: float = 0.1,
-                   distance_threshold: float = 150.0) -> float:  # fmt: skip
+def position_score(
+    relation: str | None,
+    box1: Sequence[float],
+    box2: Sequence[float],
+    iou_threshold: float = 0.1,
+    distance_threshold: float = 150.0,
+) -> float:
     """2D_spatial_eval.py's ``determine_position`` of object 1 (box1) against object 2 (box2), boxes
     (x0, y0, x1, y1) in pixels, y down: "next to" / "near" / "on side of" 1 within 150 px on either axis
     (else 150 / the larger distance); left / right / top / bottom 1 where the centres' offset is mostly
@@ -335,8 +369,9 @@ def _class_of(word: str | None, names: set[str]) -> str | None:
     return to_geneval_name(word, names) or word
 
 
-def spatial_score(prompt: str, detections: Sequence[Detection], parser: PromptParser, names: set[str]
-                  ) -> dict[str, Any]:  # fmt: skip
+def spatial_score(
+    prompt: str, detections: Sequence[Detection], parser: PromptParser, names: set[str]
+) -> dict[str, Any]:
     """One image's spatial score (module docstring) with the relation and objects it read."""
     relation = next((w for w in SPATIAL_WORDS if w in prompt), None)
     word1, word2 = parser.spatial_objects(prompt, relation)
@@ -355,8 +390,12 @@ def spatial_score(prompt: str, detections: Sequence[Detection], parser: PromptPa
     else:
         score = 0.0
     score = 0.0 if score < 0.5 else score
-    return {"score": float(score), "relation": relation, "objects": [obj1, obj2],
-            "detected": [d is not None for d in (d1, d2)]}  # fmt: skip
+    return {
+        "score": float(score),
+        "relation": relation,
+        "objects": [obj1, obj2],
+        "detected": [d is not None for d in (d1, d2)],
+    }
 
 
 def _same_object(b1: Sequence[float], b2: Sequence[float]) -> bool:
@@ -370,8 +409,9 @@ def _same_object(b1: Sequence[float], b2: Sequence[float]) -> bool:
     return inter / (a1 + a2 - inter) > 0.9 or inter / a1 > 0.9 or inter / a2 > 0.9
 
 
-def counted_objects(prompt: str, parser: PromptParser, singular: Sequence[str], plural: Sequence[str]
-                    ) -> list[tuple[str, int]]:  # fmt: skip
+def counted_objects(
+    prompt: str, parser: PromptParser, singular: Sequence[str], plural: Sequence[str]
+) -> list[tuple[str, int]]:
     """The (object, count) pairs of a numeracy prompt as numeracy_eval.py reads them: a number word followed
     by a one- or two-word object of new_objects.txt (a plural names its singular)."""
     t = parser.tokens(prompt)
@@ -394,8 +434,13 @@ def counted_objects(prompt: str, parser: PromptParser, singular: Sequence[str], 
     return out
 
 
-def numeracy_score(prompt: str, detections: Sequence[Detection], parser: PromptParser,
-                   objects: tuple[Sequence[str], Sequence[str]], names: set[str]) -> dict[str, Any]:  # fmt: skip
+def numeracy_score(
+    prompt: str,
+    detections: Sequence[Detection],
+    parser: PromptParser,
+    objects: tuple[Sequence[str], Sequence[str]],
+    names: set[str],
+) -> dict[str, Any]:
     """One image's numeracy score (module docstring) with the objects and counts it read and found."""
     kept = [d for d in detections if d.score >= CONFIDENCE]
     found: list[str] = []
@@ -430,10 +475,18 @@ def category_metadata(category: str, prompts: Sequence[str]) -> list[dict]:
     return [{"prompt": p, "tag": category, "include": []} for p in prompts]
 
 
-def score_images(category: str, items: Sequence[tuple[str, str, Path]], *, blip: BlipVQAScorer | None = None,
-                 clip: Any = None, detector: Callable[[Image.Image], list[Detection]] | None = None,
-                 parser: PromptParser | None = None, objects: tuple[Sequence[str], Sequence[str]] | None = None,
-                 batch: int = 16, progress: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+def score_images(
+    category: str,
+    items: Sequence[tuple[str, str, Path]],
+    *,
+    blip: BlipVQAScorer | None = None,
+    clip: Any = None,
+    detector: Callable[[Image.Image], list[Detection]] | None = None,
+    parser: PromptParser | None = None,
+    objects: tuple[Sequence[str], Sequence[str]] | None = None,
+    batch: int = 16,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Result rows of one category's images, `items` (key, prompt, path): ``key``, ``category``, ``score``,
     ``prompt``, ``filename``, ``scorer`` and what the scorer read (questions and answers, relation and
     objects, objects and counts; the detector's rows say `DETECTOR_LABEL`)."""
@@ -461,14 +514,27 @@ def score_images(category: str, items: Sequence[tuple[str, str, Path]], *, blip:
             tensors = torch.stack([pil_to_tensor(im).float() / 255 for im in images])
             scored = [{"score": float(c)} for c in clip.cosine(tensors, prompts).tolist()]
         elif category == "spatial":
-            scored = [spatial_score(p, detector(im), parser, names) | {"label": DETECTOR_LABEL}
-                      for p, im in zip(prompts, images)]  # fmt: skip
+            scored = [
+                spatial_score(p, detector(im), parser, names) | {"label": DETECTOR_LABEL}
+                for p, im in zip(prompts, images)
+            ]
         else:
-            scored = [numeracy_score(p, detector(im), parser, objects, names) | {"label": DETECTOR_LABEL}
-                      for p, im in zip(prompts, images)]  # fmt: skip
+            scored = [
+                numeracy_score(p, detector(im), parser, objects, names) | {"label": DETECTOR_LABEL}
+                for p, im in zip(prompts, images)
+            ]
         for (key, prompt, path), r in zip(part, scored):
-            rows.append({"key": key, "category": category, "score": r.pop("score"), "prompt": prompt,
-                         "filename": str(path), "scorer": scorer, **r})  # fmt: skip
+            rows.append(
+                {
+                    "key": key,
+                    "category": category,
+                    "score": r.pop("score"),
+                    "prompt": prompt,
+                    "filename": str(path),
+                    "scorer": scorer,
+                    **r,
+                }
+            )
         bar.update(len(part))
     bar.close()
     return rows
@@ -511,8 +577,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 _REFERENCE_NAME = re.compile(r"^(?P<prompt>.+)_(?P<index>\d{6})\.(?:png|jpg|jpeg|webp)$", re.IGNORECASE)
 
 
-def folder_items(root: str | os.PathLike, category: str, prompts: Sequence[str] | None = None
-                 ) -> list[tuple[str, str, Path]]:  # fmt: skip
+def folder_items(
+    root: str | os.PathLike, category: str, prompts: Sequence[str] | None = None
+) -> list[tuple[str, str, Path]]:
     """(key, prompt, path) of a category's images under `root/<category>/`: GenEval layout (this toolkit's
     generation: key "category/PPPPP/SSSS"; with `prompts`, the folders must hold exactly those, in order),
     or the reference's ``samples/<prompt>_<NNNNNN>.png`` (key "category/NNNNNN")."""
@@ -520,14 +587,18 @@ def folder_items(root: str | os.PathLike, category: str, prompts: Sequence[str] 
 
     folder = Path(root) / category
     if not folder.is_dir():
-        raise UserError(f"{folder}: no images of category {category} (expected {folder}/00000/samples/0000.png "
-                        f"or {folder}/samples/<prompt>_000000.png)")  # fmt: skip
+        raise UserError(
+            f"{folder}: no images of category {category} (expected {folder}/00000/samples/0000.png "
+            f"or {folder}/samples/<prompt>_000000.png)"
+        )
     if prompt_folders(folder):
         items = []
         for index, metadata, paths in iter_layout(folder):
             if prompts is not None and (index >= len(prompts) or metadata["prompt"] != prompts[index]):
-                raise UserError(f"{folder}/{index:05d} holds prompt {metadata['prompt']!r}, not this run's "
-                                "(use --overwrite to regenerate, or another --out)")  # fmt: skip
+                raise UserError(
+                    f"{folder}/{index:05d} holds prompt {metadata['prompt']!r}, not this run's "
+                    "(use --overwrite to regenerate, or another --out)"
+                )
             items += [(f"{category}/{index:05d}/{p.stem}", metadata["prompt"], p) for p in paths]
         if prompts is not None and len(prompt_folders(folder)) != len(prompts):
             raise UserError(
@@ -541,8 +612,10 @@ def folder_items(root: str | os.PathLike, category: str, prompts: Sequence[str] 
         else []
     )
     if not found:
-        raise UserError(f"{folder}: no images (expected {folder}/00000/samples/0000.png or "
-                        f"{folder}/samples/<prompt>_000000.png)")  # fmt: skip
+        raise UserError(
+            f"{folder}: no images (expected {folder}/00000/samples/0000.png or "
+            f"{folder}/samples/<prompt>_000000.png)"
+        )
     return [(f"{category}/{m['index']}", m["prompt"], p) for m, p in found]
 
 
@@ -557,13 +630,31 @@ def write_outputs(out: Path, rows: Sequence[dict[str, Any]], summary: dict[str, 
     write_file(out / "summary.txt", format_summary(summary) + "\n", within=out)
 
 
-def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None,
-                  score_only: str | os.PathLike | None = None, categories: str | Sequence[str] | None = None,
-                  split: str = "val", vqa: str | None = None, clip: str | None = None, clip_model: str = "ViT-B-32",
-                  detector: str | None = None, noun_phrases: str = "auto", n: int = 10, batch: int = 4,
-                  cfg_scale: float | None = None, steps: int | None = None, reveal_order: str | None = None,
-                  seed: int = 0, device: str = "cpu", overwrite: bool = False, check_out: Callable | None = None,
-                  load_policy: Callable | None = None, progress: bool = True) -> dict[str, Any]:  # fmt: skip
+def run_compbench(
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    model: str | None = None,
+    score_only: str | os.PathLike | None = None,
+    categories: str | Sequence[str] | None = None,
+    split: str = "val",
+    vqa: str | None = None,
+    clip: str | None = None,
+    clip_model: str = "ViT-B-32",
+    detector: str | None = None,
+    noun_phrases: str = "auto",
+    n: int = 10,
+    batch: int = 4,
+    cfg_scale: float | None = None,
+    steps: int | None = None,
+    reveal_order: str | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    overwrite: bool = False,
+    check_out: Callable | None = None,
+    load_policy: Callable | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """``t2i-gcpo eval compbench``: every check first (the data files, the scorers each category needs, a
     folder of other prompts or settings to resume into), then generation into out/images/<category>/
     (resumable, GenEval layout), then scoring; writes results.jsonl, summary.json/txt and protocol.json.
@@ -585,21 +676,27 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     if categories is None:
         chosen = [c for c in CATEGORIES if given[SCORERS[c]]]
         if not chosen:
-            raise UserError("give a scorer: --vqa (color, shape, texture), --clip (non_spatial) or --detector "
-                            "(spatial, numeracy)")  # fmt: skip
+            raise UserError(
+                "give a scorer: --vqa (color, shape, texture), --clip (non_spatial) or --detector "
+                "(spatial, numeracy)"
+            )
         if score_only is not None:  # the categories of the folder that a scorer given scores
             present = [c for c in chosen if (Path(score_only) / c).is_dir()]
             if not present:
-                raise UserError(f"{score_only} holds no folder of {', '.join(chosen)} (the categories the "
-                                "scorers given score): expected <DIR>/<category>/")  # fmt: skip
+                raise UserError(
+                    f"{score_only} holds no folder of {', '.join(chosen)} (the categories the "
+                    "scorers given score): expected <DIR>/<category>/"
+                )
             chosen = present
     else:
         chosen = [c.strip() for c in (categories.split(",") if isinstance(categories, str) else categories)]
         chosen = [c for c in chosen if c]
         unknown = [c for c in chosen if c not in SCORERS]
         if unknown or not chosen:
-            raise UserError(f"--categories: unknown {unknown[0] if unknown else '(none given)'!r}; "
-                            f"of {', '.join(CATEGORIES)}")  # fmt: skip
+            raise UserError(
+                f"--categories: unknown {unknown[0] if unknown else '(none given)'!r}; "
+                f"of {', '.join(CATEGORIES)}"
+            )
         for c in chosen:
             if not given[SCORERS[c]]:
                 raise UserError(f"category {c} is scored by {SCORERS[c]}: give {flags[SCORERS[c]]}")
@@ -613,8 +710,15 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     if (
         model is not None and not overwrite
     ):  # refuse a folder of other prompts or settings before any model loads
-        known = {"model": model_identity(model), "seed": seed, "temperature": 1.0, "top_k": 0, "n": n,
-                 **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}), **masked_asked(steps, reveal_order)}  # fmt: skip
+        known = {
+            "model": model_identity(model),
+            "seed": seed,
+            "temperature": 1.0,
+            "top_k": 0,
+            "n": n,
+            **({"cfg_scale": cfg_scale} if cfg_scale is not None else {}),
+            **masked_asked(steps, reveal_order),
+        }
         for c in chosen:
             check_resumable(root / c, category_metadata(c, prompts[c]), known)
     if score_only is not None:  # the images to score, read before any scorer loads
@@ -636,15 +740,36 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
         policy = load_policy(model)
         sampling = image_sampling(policy, cfg_scale=cfg_scale, steps=steps, reveal_order=reveal_order)
         for c in chosen:
-            generate_geneval(policy, category_metadata(c, prompts[c]), root / c, sampling, n=n, batch=batch,
-                             seed=seed, model=model_identity(model), overwrite=overwrite, progress=progress)  # fmt: skip
+            generate_geneval(
+                policy,
+                category_metadata(c, prompts[c]),
+                root / c,
+                sampling,
+                n=n,
+                batch=batch,
+                seed=seed,
+                model=model_identity(model),
+                overwrite=overwrite,
+                progress=progress,
+            )
     rows: list[dict[str, Any]] = []
     for c in chosen:
         items = folder_items(root, c, prompts[c]) if model is not None else scored[c]
-        rows += score_images(c, items, blip=blip, clip=clip_scorer, detector=det, parser=parser, objects=objects,
-                             progress=progress)  # fmt: skip
-    names = {"blip-vqa": f"BLIP-VQA ({Path(vqa).name})" if vqa else "", "clipscore": f"CLIPScore ({clip_model})",
-             "detector": f"Mask2Former ({Path(detector).name})" if detector else ""}  # fmt: skip
+        rows += score_images(
+            c,
+            items,
+            blip=blip,
+            clip=clip_scorer,
+            detector=det,
+            parser=parser,
+            objects=objects,
+            progress=progress,
+        )
+    names = {
+        "blip-vqa": f"BLIP-VQA ({Path(vqa).name})" if vqa else "",
+        "clipscore": f"CLIPScore ({clip_model})",
+        "detector": f"Mask2Former ({Path(detector).name})" if detector else "",
+    }
     summary = summarize(rows, names)
     write_outputs(out, rows, summary)
     scorer: dict[str, Any] = {"kind": "compbench", "categories": chosen, "noun_phrases": parser.name()}
@@ -655,8 +780,9 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     if clip_scorer is not None:
         scorer["clipscore"] = scorer_record("clip", os.path.realpath(clip), model=clip_model)
     if det is not None:
-        scorer["detector"] = scorer_record("detector", os.path.realpath(detector), label=DETECTOR_LABEL,
-                                           confidence=CONFIDENCE)  # fmt: skip
+        scorer["detector"] = scorer_record(
+            "detector", os.path.realpath(detector), label=DETECTOR_LABEL, confidence=CONFIDENCE
+        )
     first = root / chosen[0]
     from t2i_gcpo.eval.layout import prompt_folders
 
@@ -664,10 +790,21 @@ def run_compbench(data: str | os.PathLike, out: str | os.PathLike, *, model: str
     files = [prompt_file(data, c, split) for c in chosen] + (
         [Path(data) / "new_objects.txt"] if objects else []
     )
-    write_protocol(out, protocol_record(
-        "compbench", data=files, model=fields.get("model"), scorer=scorer, seeds=fields.get("seeds"),
-        images_per_prompt=fields.get("images_per_prompt"), sampling=fields.get("sampling"), aggregate="categories",
-        split=split, images=str(root.resolve()), reference=SOURCE,
-        **({"label": f"spatial / numeracy: {DETECTOR_LABEL}"} if det is not None else {}),
-    ))  # fmt: skip
+    write_protocol(
+        out,
+        protocol_record(
+            "compbench",
+            data=files,
+            model=fields.get("model"),
+            scorer=scorer,
+            seeds=fields.get("seeds"),
+            images_per_prompt=fields.get("images_per_prompt"),
+            sampling=fields.get("sampling"),
+            aggregate="categories",
+            split=split,
+            images=str(root.resolve()),
+            reference=SOURCE,
+            **({"label": f"spatial / numeracy: {DETECTOR_LABEL}"} if det is not None else {}),
+        ),
+    )
     return summary

@@ -123,7 +123,8 @@ def read_dpg_csv(path: str | os.PathLike) -> list[DPGQuestion]:
                     raise UserError(f"{path}:{line}: malformed dependency {row['dependency']!r}")
                 if (item, pid) in seen:
                     raise UserError(
-                        f"{path}:{line}: duplicate proposition {pid} of {item} (first on line {seen[item, pid]})"
+                        f"{path}:{line}: duplicate proposition {pid} of {item} (first on line "
+                        f"{seen[item, pid]})"
                     )
                 seen[item, pid] = line
                 questions.append(
@@ -277,7 +278,8 @@ def score_dpg(
     *,
     progress: bool = True,
 ) -> dict:
-    """DPG-Bench scores (docs/evaluation/dpg-bench.md) for 2×2 grids keyed by item_id (PIL images or paths to them).
+    """DPG-Bench scores (docs/evaluation/dpg-bench.md) for 2×2 grids keyed by item_id (PIL
+    images or paths to them).
 
     Returns {"label", "vqa_model", "score" (×100), "n_items", "n_missing" (items with questions but
     no image), "category_broad", "category_detailed" (×100), "per_item": {item: {"score" (×100),
@@ -360,7 +362,8 @@ def score_dpg_folder(
     progress: bool = True,
 ) -> dict:
     """Score `<root>/<item_id>.png` against `csv_path`; write results.jsonl (one row per prompt: ``key`` and
-    ``item_id`` its item id, ``category`` "all", ``score`` ×100, ``tile_scores``, ``answers``), summary.txt/json.
+    ``item_id`` its item id, ``category`` "all", ``score`` ×100, ``tile_scores``,
+    ``answers``), summary.txt/json.
 
     After a generation, pass its item ids as `items`: exactly those grids are scored, and a missing
     one or a stale grid of another run in `root` is a UserError."""
@@ -382,9 +385,12 @@ def score_dpg_folder(
         paths = {i: paths[i] for i in items}
     result = score_dpg(paths, questions, vqa, progress=progress)
     out_dir = Path(out_dir)
-    # key, category and score: the fields every evaluation's rows share (eval/records/paired.py); score ×100 as DPG's
-    rows = "".join(json.dumps({"key": item, "category": "all", "item_id": item, **r}) + "\n"
-                   for item, r in result["per_item"].items())  # fmt: skip
+    # key, category and score: the fields every evaluation's rows share
+    # (eval/records/paired.py); score ×100 as DPG's
+    rows = "".join(
+        json.dumps({"key": item, "category": "all", "item_id": item, **r}) + "\n"
+        for item, r in result["per_item"].items()
+    )
     write_file(out_dir / "results.jsonl", rows)
     summary = {k: v for k, v in result.items() if k != "per_item"}
     write_file(out_dir / "summary.txt", format_dpg_summary(result) + "\n")
@@ -402,14 +408,16 @@ def _prompt_hash(prompt: str) -> str:
 
 
 class DpgRecord(TypedDict):
-    """<root>/generation.json of DPG-Bench grids: the settings they were made with, each item's prompt hash."""
+    """<root>/generation.json of DPG-Bench grids: the settings they were made with, each
+    item's prompt hash."""
 
     settings: dict[str, str | int | float | bool | None]
     items: dict[str, str]
 
 
-def check_dpg_resumable(root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None,
-                        complete: bool = False) -> None:  # fmt: skip
+def check_dpg_resumable(
+    root: str | os.PathLike, prompts: Sequence[dict], settings: dict | None, complete: bool = False
+) -> None:
     """Refuse (UserError, one line) to generate into `root` unless its grids were made for this run's
     prompts (item id → same prompt text) with the same `settings` (only the keys given are compared;
     `complete`: the recorded ones too, `layout.settings_mismatch`), as recorded in
@@ -498,8 +506,13 @@ def generate_dpg(
         bar.update(len(chunk) - sum(todo))
         if not any(todo):
             continue
-        per_prompt = generate_images(policy, [p["prompt"] for p in chunk], 4, sampling,
-                                     group_generators(seed, "generate", range(start, start + len(chunk))))  # fmt: skip
+        per_prompt = generate_images(
+            policy,
+            [p["prompt"] for p in chunk],
+            4,
+            sampling,
+            group_generators(seed, "generate", range(start, start + len(chunk))),
+        )
         for path, images, needed in zip(paths, per_prompt, todo):
             if needed:
                 atomic_save_image(tile_2x2(images), path, within=root)

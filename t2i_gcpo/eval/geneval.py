@@ -1,4 +1,5 @@
-"""GenEval on real images (docs/evaluation/geneval.md): generate into GenEval's folder layout, then score any such folder.
+"""GenEval on real images (docs/evaluation/geneval.md): generate into GenEval's folder layout, then
+score any such folder.
 
 GenEval (Ghosh et al., 2023) asks 553 prompts (6 tags) for 4 images each, detects objects with
 Mask2Former, classifies colours with CLIP, and checks counts, colours and positions against each
@@ -8,9 +9,10 @@ classifier with ``color_of(image)``; the rules live in t2i_gcpo/scoring/geneval_
 Outputs of `score_geneval_folder` (in ``out_dir``):
   results.jsonl   one line per image, fields as GenEval's results.jsonl (filename, tag, prompt,
                   correct, reason, metadata, details) plus ``partial``, the RL reward's partial
-                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation reports it),
-                  and the fields every evaluation's rows share (eval/records/paired.py): ``key`` (prompt folder
-                  and sample, "00012/0003"), ``category`` (the tag) and ``score`` (1.0 correct, else 0.0)
+                  credit (docs/evaluation/geneval.md#geneval-as-a-reward, as training's held-out evaluation
+                  reports it), and the fields every evaluation's rows share (eval/records/paired.py): ``key``
+                  (prompt folder and sample, "00012/0003"), ``category`` (the tag) and ``score``
+                  (1.0 correct, else 0.0)
   summary.txt     GenEval's per-tag table and the overall score
   summary.json    the same numbers as JSON
 """
@@ -133,8 +135,12 @@ def image_sampling(
     steps and reveal order, left None) — never a resumed folder's: one made otherwise is refused, naming
     the flag that continues it (`layout.settings_mismatch`). UserError for steps or a reveal order asked
     of a model that does not decode in steps."""
-    return SamplingParams(temperature=temperature, top_k=top_k, guidance_scale=resolve_guidance_scale(policy, cfg_scale),
-                          **masked_sampling(policy, steps, reveal_order))  # fmt: skip
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        guidance_scale=resolve_guidance_scale(policy, cfg_scale),
+        **masked_sampling(policy, steps, reveal_order),
+    )
 
 
 def image_settings(policy: Policy, model: str | None, seed: int, sampling: SamplingParams, n: int) -> dict:
@@ -166,13 +172,13 @@ def generate_geneval(
 ) -> int:
     """Generate `n` images per prompt into GenEval's layout under `root`; returns images written.
 
-    `sampling`: as `image_sampling` builds it (None: the model's). `batch` prompts go to one ``policy.rollout`` call (batch × n images). Each prompt folder
-    records the settings (`model`, an identity such as `layout.model_identity(--model)`, default the
-    policy's class name; seed, CFG scale, temperature, top-k, n, and a masked model's steps / reveal
-    order when given) in generation.json. Resumable: prompts that already
-    have `n` samples are skipped, and a partly written batch is regenerated with the same generators
-    (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming is
-    refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
+    `sampling`: as `image_sampling` builds it (None: the model's). `batch` prompts go to one
+    ``policy.rollout`` call (batch × n images). Each prompt folder records the settings (`model`, an identity
+    such as `layout.model_identity(--model)`, default the policy's class name; seed, CFG scale, temperature,
+    top-k, n, and a masked model's steps / reveal order when given) in generation.json. Resumable: prompts
+    that already have `n` samples are skipped, and a partly written batch is regenerated with the same
+    generators (prompt i's is seeded by (seed, "generate", i)), only its missing files being written. Resuming
+    is refused (UserError) when a folder under `root` holds another prompt or was made with other settings,
     or lies beyond this run's prompts; ``overwrite=True`` removes all prompt folders first instead.
     """
     if n < 1 or batch < 1:
@@ -197,8 +203,13 @@ def generate_geneval(
         bar.update(sum(min(have[i], n) for i in idx))
         if not todo:
             continue
-        per_prompt = generate_images(policy, [metadata_list[i]["prompt"] for i in idx], n, sampling,
-                                     group_generators(seed, "generate", idx))  # fmt: skip
+        per_prompt = generate_images(
+            policy,
+            [metadata_list[i]["prompt"] for i in idx],
+            n,
+            sampling,
+            group_generators(seed, "generate", idx),
+        )
         for i, images in zip(idx, per_prompt):
             if i in todo:
                 write_prompt_folder(
@@ -230,8 +241,8 @@ def _details(detections: list[Detection], colors: dict[int, str]) -> dict[str, l
 def score_image(
     image: Image.Image, metadata: dict, detector: Detector, color_classifier: ColorClassifier | None
 ) -> tuple[geneval_rules.ImageResult, float, dict[str, list[dict]]]:
-    """GenEval's verdict on one image, its partial credit (docs/evaluation/geneval.md#geneval-as-a-reward), and the detections (with the colours
-    asked for) as details."""
+    """GenEval's verdict on one image, its partial credit (docs/evaluation/geneval.md#geneval-as-a-reward),
+    and the detections (with the colours asked for) as details."""
     detections = detector(image)
     colors: dict[int, str] = {}  # id(detection) → colour, for the details of the colours asked for
     classify = color_classifier.color_of(image) if color_classifier is not None else None
@@ -315,7 +326,8 @@ def score_geneval_folder(
                 result, partial, details = score_image(image, metadata, detector, color_classifier)
                 by_tag.setdefault(metadata["tag"], []).append(bool(result.correct))
                 record = {
-                    "key": f"{index:05d}/{path.stem}",  # the prompt and sample: the same in every model's folder
+                    # the prompt and sample: the same in every model's folder
+                    "key": f"{index:05d}/{path.stem}",
                     "category": metadata["tag"],
                     "score": float(bool(result.correct)),
                     "filename": str(path),

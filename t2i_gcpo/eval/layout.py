@@ -79,8 +79,16 @@ def generation_settings(
 
 
 # the option that sets each recorded setting (named in the message that refuses a folder made otherwise)
-SETTING_FLAGS = {"model": "--model", "seed": "--seed", "cfg_scale": "--cfg", "temperature": "--temperature",
-                 "top_k": "--top-k", "n": "--n", "steps": "--steps", "reveal_order": "--reveal-order"}  # fmt: skip
+SETTING_FLAGS = {
+    "model": "--model",
+    "seed": "--seed",
+    "cfg_scale": "--cfg",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "n": "--n",
+    "steps": "--steps",
+    "reveal_order": "--reveal-order",
+}
 
 
 def settings_mismatch(recorded: Mapping, wanted: Mapping, complete: bool = False) -> str | None:
@@ -101,8 +109,14 @@ def settings_mismatch(recorded: Mapping, wanted: Mapping, complete: bool = False
 
 
 # the config key each recorded setting's option is checked as (commands/options.py), for `_accepted`
-SETTING_KEYS = {"cfg_scale": "rollout.cfg_scale", "temperature": "rollout.temperature", "top_k": "rollout.top_k",
-                "n": "eval_images_per_prompt", "seed": "seed", "steps": "rollout.steps"}  # fmt: skip
+SETTING_KEYS = {
+    "cfg_scale": "rollout.cfg_scale",
+    "temperature": "rollout.temperature",
+    "top_k": "rollout.top_k",
+    "n": "eval_images_per_prompt",
+    "seed": "seed",
+    "steps": "rollout.steps",
+}
 
 
 def _accepted(key: str, value: object) -> bool:
@@ -179,7 +193,10 @@ def metadata_mismatch(folder: Path, found: dict | None, wanted: dict) -> str | N
     if not isinstance(found, dict) or "prompt" not in found:
         return f"{folder} holds no readable {METADATA_NAME}"
     if found.get("prompt") != wanted.get("prompt"):
-        return f"{folder} holds prompt {found.get('prompt')!r}, this run's prompt {folder.name} is {wanted.get('prompt')!r}"
+        return (
+            f"{folder} holds prompt {found.get('prompt')!r}, this run's prompt {folder.name} is "
+            f"{wanted.get('prompt')!r}"
+        )
     return f"{folder} holds {found.get('prompt')!r} with other metadata than this run's"
 
 
@@ -383,8 +400,13 @@ def layout_protocol(root: str | os.PathLike) -> dict:
     records = [read_settings(folder) for _, folder in folders]
     shared = records[0] if records and all(r == records[0] for r in records) else None
     n = max((len(folder_images(folder)) for _, folder in folders), default=0)
-    out: dict = {"data": [content_record("prompt metadata of the images scored", metadata)],
-                 "model": None, "seeds": None, "images_per_prompt": n, "sampling": None}  # fmt: skip
+    out: dict = {
+        "data": [content_record("prompt metadata of the images scored", metadata)],
+        "model": None,
+        "seeds": None,
+        "images_per_prompt": n,
+        "sampling": None,
+    }
     if shared:
         out["model"] = shared.get("model")
         out["seeds"] = {"seed": shared.get("seed"), "rule": "prompt i's images from (seed, 'generate', i)"}

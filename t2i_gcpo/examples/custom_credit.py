@@ -2,7 +2,7 @@
 
     t2i-gcpo train --prompts prompts/shapeworld_train.txt --algo dapo \\
         --credit examples/custom_credit.py:prompt_sensitivity --set credit.options.power=2
-    python examples/custom_credit.py [OUT]        # two steps from Python; default OUT: runs/example-custom-credit
+    python examples/custom_credit.py [OUT]   # two steps from Python (OUT: runs/example-custom-credit)
 
 `prompt_sensitivity` gives each token a share of its sample's advantage that grows with how much the
 prompt changed the model's belief in it, |log π(y_t | c⁺) − log π(y_t | c⁻)|^power (GCPO's idea, in
@@ -38,15 +38,17 @@ def main(out: str = "runs/example-custom-credit") -> None:
             "rollout.group_size": 4,
             "sample_every": 0,
             "eval_every": -1,
-        },  # fmt: skip
+        },
         steps=2,
         seed=0,
         out=out,
     )
     for row in result.metrics:
         if "credit/weight_max" in row:
-            print(f"step {row['step']}: reward {row['reward/mean']:.4f}, mean largest token weight "
-                  f"{row['credit/weight_max']:.2f} (uniform: 1)")  # fmt: skip
+            print(
+                f"step {row['step']}: reward {row['reward/mean']:.4f}, mean largest token weight "
+                f"{row['credit/weight_max']:.2f} (uniform: 1)"
+            )
         else:  # DAPO's dynamic sampling: every group scored alike, nothing to learn from
             print(f"step {row['step']}: reward {row['reward/mean']:.4f}, no update")
     print(f"run directory: {result.run_dir}; resume with: t2i-gcpo train --resume {result.run_dir} --steps 4")

@@ -33,7 +33,8 @@ SUPPORTED_DIFFUSERS = "diffusers 0.25 – 0.42.1 (tested with 0.42.1)"
 
 
 def import_amused() -> tuple[Any, Any, Any]:
-    """(UVit2DModel, VQModel, AmusedScheduler) from diffusers, or a UserError naming the versions that work."""
+    """(UVit2DModel, VQModel, AmusedScheduler) from diffusers, or a UserError naming the
+    versions that work."""
     try:
         import diffusers
         from diffusers import AmusedScheduler, UVit2DModel, VQModel
@@ -70,14 +71,24 @@ class AmusedPolicy(muse.MuseMembers, nn.Module):
     CROP_COORD = muse.CROP_COORD  # micro_conditioning_crop_coord
     default_steps, default_guidance_scale = DEFAULT_STEPS, DEFAULT_GUIDANCE_SCALE  # (muse_common.MuseAdapter)
 
-    def __init__(self, transformer: nn.Module, vqvae: nn.Module, text_encoder: nn.Module, tokenizer: Any,
-                 scheduler_config: dict, estimator: str = "trajectory", remask_count: int = 2,
-                 replay_rows: int = 0, negative_prompt: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        transformer: nn.Module,
+        vqvae: nn.Module,
+        text_encoder: nn.Module,
+        tokenizer: Any,
+        scheduler_config: dict,
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        replay_rows: int = 0,
+        negative_prompt: str = "",
+    ) -> None:
         super().__init__()
         mlm = getattr(transformer, "mlm_layer", None)
         if mlm is None or not isinstance(getattr(mlm, "conv2", None), nn.Conv2d):
             raise UserError(
-                f"this UVit2DModel has no mlm_layer.conv2 codebook projection ({SUPPORTED_DIFFUSERS} have one)"
+                f"this UVit2DModel has no mlm_layer.conv2 codebook projection "
+                f"({SUPPORTED_DIFFUSERS} have one)"
             )
         if not getattr(vqvae.config, "lookup_from_codebook", False):
             raise UserError("the aMUSEd VQModel must have lookup_from_codebook=true to decode token ids")
@@ -108,8 +119,14 @@ class AmusedPolicy(muse.MuseMembers, nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
-                        remask_count: int = 2, negative_prompt: str | None = None) -> AmusedPolicy:  # fmt: skip
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        negative_prompt: str | None = None,
+    ) -> AmusedPolicy:
         """Load a local aMUSEd pipeline folder (never the Hub); `negative_prompt`: the default negative prompt
         (None: the one the folder was trained with, else the pipeline's "")."""
         path = muse.check_pipeline_folder(path, "aMUSEd")
@@ -128,8 +145,16 @@ class AmusedPolicy(muse.MuseMembers, nn.Module):
                 f"cannot load the aMUSEd checkpoint '{path}': {' '.join(str(e).split())[:300]}"
             ) from None
         vqvae, text_encoder, tokenizer = muse.load_frozen_parts(path, torch_dtype, vq_cls, "aMUSEd")
-        policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count,
-                     negative_prompt=muse.negative_prompt(path, negative_prompt))  # fmt: skip
+        policy = cls(
+            transformer,
+            vqvae,
+            text_encoder,
+            tokenizer,
+            scheduler_config,
+            estimator,
+            remask_count,
+            negative_prompt=muse.negative_prompt(path, negative_prompt),
+        )
         muse.read_reveal_order(path, policy)
         return policy
 
@@ -174,9 +199,11 @@ class AmusedPolicy(muse.MuseMembers, nn.Module):
             states = torch.where(null[:, None, None], states_u[rows], states_c[rows])
             with self._features_only():
                 h = self.transformer(
-                    canvas.view(n, side, side), micro_conds=self.micro_conds(n, states.dtype),
-                    pooled_text_emb=pooled, encoder_hidden_states=states,
-                )  # [N, C, side, side]  # fmt: skip
+                    canvas.view(n, side, side),
+                    micro_conds=self.micro_conds(n, states.dtype),
+                    pooled_text_emb=pooled,
+                    encoder_hidden_states=states,
+                )  # [N, C, side, side]
             return h.flatten(2).transpose(1, 2)  # [N, T, C]
 
         return hidden_fn

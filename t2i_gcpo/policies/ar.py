@@ -215,8 +215,15 @@ class ARPolicy(LogprobsForward, nn.Module):
             return self.head(cache.forward(x, position))
         return self._logits(x, cache)[:, -1]
 
-    def decode_n_tokens(self, logits: torch.Tensor, cache, tokens: torch.Tensor, logps: torch.Tensor,
-                        sampling: SamplingParams, uniforms: torch.Tensor) -> None:  # fmt: skip
+    def decode_n_tokens(
+        self,
+        logits: torch.Tensor,
+        cache,
+        tokens: torch.Tensor,
+        logps: torch.Tensor,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+    ) -> None:
         """Fill the preallocated `tokens` [B, T] and `logps` [3, B, T] (pos, neg, guided) step by step."""
         for t in range(tokens.shape[1]):
             lc, lu = logits.chunk(2)
@@ -225,21 +232,29 @@ class ARPolicy(LogprobsForward, nn.Module):
             if t + 1 < tokens.shape[1]:
                 logits = self.decode_one_token(tokens[:, t], cache, self.prefix_len + t)
 
-    def decode_static(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
-                      mode: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def decode_static(
+        self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor, mode: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate` through the run's static decode loop (policies/decode_loop.py; mode static, graph or
         compile): its decoder prefilled with the B prompts padded to the loop's rows → tokens [B, T],
         log-probs [3, B, T]. With `sampling.keep_cache` a copy of the prompts' cache rows is kept."""
         b, P, T = prompt_ids.shape[0], self.prefix_len, self.num_tokens
-        loop = self.decode_session.loop(self.llama, self._feed_ids, self.head, self.guidance, rows=b,
-                                        length=P + T - 1, steps=T, cfg=True)  # fmt: skip
+        loop = self.decode_session.loop(
+            self.llama, self._feed_ids, self.head, self.guidance, rows=b, length=P + T - 1, steps=T, cfg=True
+        )
         n, dev = loop.n, prompt_ids.device
         pid = pad_rows(prompt_ids, n)
         null = torch.arange(2 * n, device=dev) >= n
         logits = self.prefill(self.prefix(torch.cat([pid, pid]), null), loop.decoder)
         positions = torch.full((2 * n,), P, dtype=torch.long, device=dev)
-        loop.begin(sampling, pad_rows(uniforms, n), positions, torch.ones(2 * n, P, dtype=torch.bool, device=dev),
-                   P, rows=b)  # fmt: skip
+        loop.begin(
+            sampling,
+            pad_rows(uniforms, n),
+            positions,
+            torch.ones(2 * n, P, dtype=torch.bool, device=dev),
+            P,
+            rows=b,
+        )
         tokens, _, logps = loop.run(logits, mode)
         self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
         if sampling.keep_cache:  # the next pass overwrites the loop's cache: keep the rows as [cond; null]
@@ -248,8 +263,13 @@ class ARPolicy(LogprobsForward, nn.Module):
         return tokens, logps
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
-                 cache: CacheKind = "fused") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+        cache: CacheKind = "fused",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample image tokens for word ids [B, L] with uniforms [B, T] → (tokens [B, T], log-probs
         [3, B, T] of pos / neg / guided). ``cache`` picks the loop: "fused" (ours, the default; its decode
         loop eager or static as ``sampling.decode`` says), "static" / "dynamic" (transformers' layers and
@@ -288,8 +308,13 @@ class ARPolicy(LogprobsForward, nn.Module):
             self.kept_caches.keep(kv, self._weights_stamp())
         return tokens, logps
 
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
         check_records(prompts, generators, "the ShapeWorld prior")
         pid = self.encode_prompts([p.text for p in prompts]).repeat_interleave(group_size, dim=0)  # [B·G, L]
@@ -298,8 +323,10 @@ class ARPolicy(LogprobsForward, nn.Module):
         b = tokens.shape[0]
         state = {"prompt_ids": pid}
         if sampling.keep_cache:  # each row's place in the kept cache (`_continue`)
-            state.update(cache_key=torch.full((b,), self.kept_caches.latest, dtype=torch.long),
-                         cache_row=torch.arange(b))  # fmt: skip
+            state.update(
+                cache_key=torch.full((b,), self.kept_caches.latest, dtype=torch.long),
+                cache_row=torch.arange(b),
+            )
         return Rollout(
             tokens=tokens,
             mask=torch.ones_like(tokens, dtype=torch.float),
@@ -318,17 +345,25 @@ class ARPolicy(LogprobsForward, nn.Module):
         return (self.decode_session.generation, *(x for p in weights for x in (p._version, p.data_ptr())))
 
     # ---- branched rollouts (docs/concepts/tree_credit.md#branched-rollouts) -----------------------
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+    def branch(
+        self, rollout: Rollout, points: torch.Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
         """`n` continuations of every row from each of its branch points (token positions)."""
         return branched(rollout, points, n, generators, self._continue)
 
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+    def _continue(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        n: int,
+    ) -> Rollout:
         """The continuations from t copy the first P + t slots of their root's KV cache (both CFG halves)
         and decode T − t tokens through the rollout's static loop (policies/decode_loop.py), in the rollout's
-        precision, batched over every (root, c) that branches at the same t. The cache is the rollout's own where it was kept (`SamplingParams.keep_cache`, these weights), else one teacher-forced
-        prefill of [prefix; root tokens] for all the roots."""
+        precision, batched over every (root, c) that branches at the same t. The cache is the rollout's own
+        where it was kept (`SamplingParams.keep_cache`, these weights), else one teacher-forced prefill of
+        [prefix; root tokens] for all the roots."""
         dev, T, P, sampling = self.device, self.num_tokens, self.prefix_len, rollout.sampling
         roots = root.unique()  # sorted
         tok = rollout.tokens.to(dev)[roots]
@@ -338,8 +373,13 @@ class ARPolicy(LogprobsForward, nn.Module):
             pid = rollout.state["prompt_ids"].to(dev)[roots]
             null = torch.arange(2 * R, device=dev) >= R
             # [2R, P + t_max]: cond rows then null rows, each its prefix and the root's first t_max tokens
-            seq = torch.cat([self.prefix(torch.cat([pid, pid]), null),
-                             (tok[:, : int(point.max())] + self.image_offset).repeat(2, 1)], 1)  # fmt: skip
+            seq = torch.cat(
+                [
+                    self.prefix(torch.cat([pid, pid]), null),
+                    (tok[:, : int(point.max())] + self.image_offset).repeat(2, 1),
+                ],
+                1,
+            )
             cache, rows = FusedLlamaDecoder(self.llama, 2 * R, bucket(P + T - 1)), torch.arange(R, device=dev)
             cache.forward(seq, 0)
         half = cache.rows // 2  # a cache's rows: cond rows, then null rows

@@ -2,8 +2,8 @@
 
 One contract for the three families (autoregressive images, masked images, text). Adapters (ar.py,
 janus.py, …) implement `Policy` without inheriting from each other. Each adapter is a
-``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs`` (`LogprobsForward`), so accelerate/DDP
-wrapping synchronises gradients (DDP only hooks ``__call__``/``forward``).
+``torch.nn.Module`` whose ``forward`` is its differentiable ``logprobs`` (`LogprobsForward`), so
+accelerate/DDP wrapping synchronises gradients (DDP only hooks ``__call__``/``forward``).
 
 Contexts (the keys of `Rollout.logp`):
 - ``pos``    — the prompt (c⁺; the conditional branch of CFG)
@@ -23,9 +23,10 @@ import torch
 
 from t2i_gcpo.core.tree import Tree
 
-# `Rollout.state` keys of stepwise credit (docs/concepts/tree_credit.md#stepwise-rewards): x̂_s [B, S, T] long, the
-# canvas after reveal step s with every still-masked position filled by that step's sampled prediction (recorded
-# by the masked samplers when `SamplingParams.record_predictions`), and r(x̂_s) [B, S] float (the train step)
+# `Rollout.state` keys of stepwise credit (docs/concepts/tree_credit.md#stepwise-rewards): x̂_s [B, S, T] long,
+# the canvas after reveal step s with every still-masked position filled by that step's sampled prediction
+# (recorded by the masked samplers when `SamplingParams.record_predictions`), and r(x̂_s) [B, S]
+# float (the train step)
 STEP_PREDICTIONS = "step_predictions"
 STEP_REWARDS = "step_rewards"
 Context = Literal["pos", "neg", "guided"]
@@ -265,8 +266,13 @@ class Policy(Protocol):
     def check_prompts(self, prompts: list[str]) -> None:
         """Raise UserError naming any words (or inputs) this model cannot take."""
 
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """Sample `group_size` outputs per prompt. `generators[i]` drives prompt i's group alone, so a
         sample does not depend on its batch-mates, the batch size or the number of processes."""
 
@@ -286,8 +292,9 @@ class Policy(Protocol):
     def decode(self, rollout: Rollout) -> Decoded:
         """Images [B, 3, H, W] in [0, 1] (output "image") or a list of B strings (output "text")."""
 
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+    def branch(
+        self, rollout: Rollout, points: torch.Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
         """`n` continuations of every row of `rollout` from each of its branch points (points [B, K] long,
         −1 padding; one generator per continuation, keyed by policies/branching.continuation_keys): where
         `capabilities.branching` (each adapter's own sampling from a prefix, laid out by
@@ -306,9 +313,9 @@ class Policy(Protocol):
 
 
 class LogprobsForward:
-    """The ``forward`` every family's ``nn.Module`` has (listed before ``nn.Module`` among its bases): `logprobs`,
-    or with ``dists`` `logprobs_and_dists` — what a DDP/FSDP-wrapped policy calls, as ``policy(rollout, context=…)``
-    (DDP hooks only ``__call__``/``forward``)."""
+    """The ``forward`` every family's ``nn.Module`` has (listed before ``nn.Module`` among its bases):
+    `logprobs`, or with ``dists`` `logprobs_and_dists` — what a DDP/FSDP-wrapped policy calls, as
+    ``policy(rollout, context=…)`` (DDP hooks only ``__call__``/``forward``)."""
 
     def forward(
         self, rollout: Rollout, context: Context = "pos", dists: bool = False

@@ -36,8 +36,8 @@ What is shared from the root's sampling, per family:
   sampler's log-probs (``state["sampled_logp"]``); the continuations are trajectory rollouts.
 
 Text and Janus sample a point's continuations in passes of at most the adapter's `max_rollout_batch`
-rows (`passes`) (the rollout's own limit, so branching fits where sampling fits; the ShapeWorld priors have none).
-The fused text path's one prefill still holds every root's context: the roots of one rollout batch.
+rows (`passes`) (the rollout's own limit, so branching fits where sampling fits; the ShapeWorld priors have
+none). The fused text path's one prefill still holds every root's context: the roots of one rollout batch.
 
 Run it under the rollout's precision context (tasks/loop.sampler_precision) to sample as the rollout did.
 """
@@ -64,8 +64,9 @@ def decision_steps(rollout: Rollout) -> Tensor:
     return torch.where(valid, rollout.step, -1).amax(dim=1) + 1
 
 
-def continuation_keys(slots: Sequence[int | tuple[int, ...]], group_size: int, points: Tensor,
-                      n: int) -> list[tuple[int, ...]]:  # fmt: skip
+def continuation_keys(
+    slots: Sequence[int | tuple[int, ...]], group_size: int, points: Tensor, n: int
+) -> list[tuple[int, ...]]:
     """The generator keys of the continuations, in `Branches` row order: (*slot, g, t, c) for root g of the
     group in prompt slot `slot`, branch point t, continuation c (tasks/loop.group_generators takes them)."""
     keys = []
@@ -76,8 +77,9 @@ def continuation_keys(slots: Sequence[int | tuple[int, ...]], group_size: int, p
     return keys
 
 
-def branch_rollout(policy, rollout: Rollout, points: Tensor, n: int,
-                   generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+def branch_rollout(
+    policy, rollout: Rollout, points: Tensor, n: int, generators: Sequence[torch.Generator]
+) -> Branches:
     """`n` continuations of every root row from each of its branch points, through the policy's declared
     capability (`Policy.branch`; `PolicyCapabilities.branching`; TypeError for a family without it)."""
     if not policy.capabilities.branching:
@@ -90,8 +92,9 @@ ContinueFn = Callable[[Rollout, Tensor, Tensor, Sequence[torch.Generator], int],
 
 
 @torch.no_grad()
-def branched(rollout: Rollout, points: Tensor, n: int, generators: Sequence[torch.Generator],
-             continue_from: ContinueFn) -> Branches:  # fmt: skip
+def branched(
+    rollout: Rollout, points: Tensor, n: int, generators: Sequence[torch.Generator], continue_from: ContinueFn
+) -> Branches:
     """What every family's `Policy.branch` does: check the points, lay out the continuations (root by root,
     point by point, n each) and sample them with the family's `continue_from`.
 
@@ -121,8 +124,15 @@ def continuation_uniforms(generators: Sequence[torch.Generator], shape: tuple[in
     return torch.stack([torch.rand(shape, generator=g) for g in generators]).to(device)
 
 
-def assemble(rollout: Rollout, root: Tensor, point: Tensor, new: dict[str, Tensor], tokens: Tensor,
-             valid: Tensor, step: Tensor | None = None) -> Rollout:  # fmt: skip
+def assemble(
+    rollout: Rollout,
+    root: Tensor,
+    point: Tensor,
+    new: dict[str, Tensor],
+    tokens: Tensor,
+    valid: Tensor,
+    step: Tensor | None = None,
+) -> Rollout:
     """The continuations as a Rollout: the roots' rows with positions ≥ point (AR / text; masked: where
     `step` ≥ point) replaced by the new tokens / mask / log-probs (`new`: context → [N, T'])."""
     base = rollout.select(root)

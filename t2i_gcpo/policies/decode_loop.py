@@ -85,8 +85,10 @@ def resolve_mode(asked: str, device: torch.device, supported: bool, why: str = "
             "use auto, eager, static or compile"
         )
     if asked != "eager" and not supported:
-        warnings.warn(f"rollout.decode={asked}: {why or 'unsupported model'}; sampling with the eager loop",
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"rollout.decode={asked}: {why or 'unsupported model'}; sampling with the eager loop",
+            stacklevel=3,
+        )
         return "eager"
     return asked
 
@@ -129,9 +131,18 @@ class StaticDecodeLoop:
     Text (`eos` given): a row stops at its first EOS token, then holds `pad_id` with mask 0 and
     log-probs 0, as the eager loop records it."""
 
-    def __init__(self, decoder: FusedLlamaDecoder, embed: Callable[[Tensor], Tensor],
-                 head: Callable[[Tensor], Tensor], guidance: str, steps: int, cfg: bool,
-                 eos: Tensor | None = None, pad_id: int = 0, session: DecodeSession | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        decoder: FusedLlamaDecoder,
+        embed: Callable[[Tensor], Tensor],
+        head: Callable[[Tensor], Tensor],
+        guidance: str,
+        steps: int,
+        cfg: bool,
+        eos: Tensor | None = None,
+        pad_id: int = 0,
+        session: DecodeSession | None = None,
+    ) -> None:
         rows = decoder.rows
         n = rows // 2 if cfg else rows
         dev = decoder.kv[0].device
@@ -165,11 +176,21 @@ class StaticDecodeLoop:
         self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0, "fallback": ""}
 
     # ---- a pass -----------------------------------------------------------------------------------
-    def begin(self, sampling: SamplingParams, uniforms: Tensor, positions: Tensor, key_mask: Tensor, slot: int,
-              rows: int | None = None, start: int = 0, scales: Tensor | None = None) -> None:  # fmt: skip
+    def begin(
+        self,
+        sampling: SamplingParams,
+        uniforms: Tensor,
+        positions: Tensor,
+        key_mask: Tensor,
+        slot: int,
+        rows: int | None = None,
+        start: int = 0,
+        scales: Tensor | None = None,
+    ) -> None:
         """Fill the buffers for a pass (shapes as the loop's: pad smaller passes with `pad_rows`); `rows` of
-        the N are real (the outputs), token `start` is sampled first from the prefill's logits. `scales` [T]: the
-        guidance scale of each token (LlamaGen's cfg_interval: 1 after it); default `sampling.guidance_scale`."""
+        the N are real (the outputs), token `start` is sampled first from the prefill's logits. `scales` [T]:
+        the guidance scale of each token (LlamaGen's cfg_interval: 1 after it); default
+        `sampling.guidance_scale`."""
         with torch.no_grad():
             self.uniforms.copy_(uniforms)
             self.positions.copy_(positions)
@@ -190,8 +211,14 @@ class StaticDecodeLoop:
             self.top_p.fill_(sampling.top_p)
         self.top_k, self.nucleus = int(sampling.top_k), sampling.top_p < 1.0
         self.rows, self.first_slot, self.start = self.n if rows is None else rows, slot, start
-        self.stats = {"mode": "", "captures": 0, "replays": 0, "steps": 0, "compiles": 0,
-                      "fallback": self.fallback}  # fmt: skip
+        self.stats = {
+            "mode": "",
+            "captures": 0,
+            "replays": 0,
+            "steps": 0,
+            "compiles": 0,
+            "fallback": self.fallback,
+        }
 
     # ---- the captured unit ----------------------------------------------------------------------
     def _sample(self, logits: Tensor) -> None:
@@ -284,9 +311,9 @@ class StaticDecodeLoop:
         return self.compiled
 
     def _count_compiles(self, new: int) -> None:
-        """Count dynamo's compilations of this pass; after the loop's first compiled pass (a loop may run static
-        passes before, as the benchmarks do), warn: each costs compile time again, and past dynamo's recompile
-        limit it would sample eagerly without a word."""
+        """Count dynamo's compilations of this pass; after the loop's first compiled pass (a loop may run
+        static passes before, as the benchmarks do), warn: each costs compile time again, and past dynamo's
+        recompile limit it would sample eagerly without a word."""
         if not new:
             return
         self.stats["compiles"] = new
@@ -294,10 +321,13 @@ class StaticDecodeLoop:
             self.session.stats["compiles"] += new
         if self.compiled_passes:
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            warnings.warn(f"rollout.decode=compile: the decode step compiled again in compiled pass "
-                          f"{self.compiled_passes + 1} of its loop ({new} graphs; top_k {self.top_k}, "
-                          f"top_p {'on' if self.nucleus else 'off'}, {self.n} rows, cache {self.decoder.max_len}); "
-                          f"dynamo's recompile limit is {limit}", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"rollout.decode=compile: the decode step compiled again in compiled pass "
+                f"{self.compiled_passes + 1} of its loop ({new} graphs; top_k {self.top_k}, "
+                f"top_p {'on' if self.nucleus else 'off'}, {self.n} rows, cache {self.decoder.max_len}); "
+                f"dynamo's recompile limit is {limit}",
+                stacklevel=3,
+            )
 
     def capture(self, step: Callable[[int], None], span: int) -> Callable[[], None] | None:
         """Run `step(span)` once for real on a side stream (the warm-up a capture needs: lazy
@@ -324,8 +354,11 @@ class StaticDecodeLoop:
             self.fallback = self.stats["fallback"] = f"{type(e).__name__}: {e}"[:300]
             if self.session is not None:
                 self.session.stats["fallbacks"] += 1
-            warnings.warn(f"CUDA graph capture of the decode step failed ({self.fallback}); sampling "
-                          "uncaptured from here on (rollout/decode_fallback)", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"CUDA graph capture of the decode step failed ({self.fallback}); sampling "
+                "uncaptured from here on (rollout/decode_fallback)",
+                stacklevel=3,
+            )
             return None
         self.stats["captures"] += 1
         if self.session is not None:
@@ -333,8 +366,8 @@ class StaticDecodeLoop:
         return graph.replay
 
     def drop_graphs(self) -> None:
-        """Drop the captured graphs (each releases its share of the pool): the next pass captures again, from a
-        fresh pool (a pool every graph of which is gone may not be captured into again)."""
+        """Drop the captured graphs (each releases its share of the pool): the next pass captures again, from
+        a fresh pool (a pool every graph of which is gone may not be captured into again)."""
         self.graphs.clear()
         self._pool = None
 
@@ -342,8 +375,8 @@ class StaticDecodeLoop:
 def release_failed_capture(pool: tuple | None, device: torch.device) -> None:
     """After a capture that raised: end the allocator's allocation to the capture's pool and release the pool,
     where ``capture_end`` threw before doing so (it checks ``cudaStreamEndCapture``'s error first: a capture
-    invalidated by an operation CUDA does not allow in it leaves the caching allocator routing to the pool, and
-    the next ``torch.cuda.empty_cache()`` fails an internal assert). Where the capture had ended the pool
+    invalidated by an operation CUDA does not allow in it leaves the caching allocator routing to the pool,
+    and the next ``torch.cuda.empty_cache()`` fails an internal assert). Where the capture had ended the pool
     (it failed later) ending it again raises, and the graph releases its pool itself: nothing to do."""
     if pool is None:
         return
@@ -370,8 +403,8 @@ def step_addresses(*fns: Callable) -> tuple[int, ...]:
 
 
 def weights_changed(policy: object) -> None:
-    """Tell `policy`'s decode loop (its `decode_session`, where it has one) that its weights changed: the trainer
-    calls it after every optimizer step."""
+    """Tell `policy`'s decode loop (its `decode_session`, where it has one) that its weights changed: the
+    trainer calls it after every optimizer step."""
     session = getattr(policy, "decode_session", None)
     if session is not None:
         session.weights_changed()
@@ -415,13 +448,27 @@ class DecodeSession:
     def __deepcopy__(self, memo: dict) -> DecodeSession:
         return DecodeSession()  # a copied policy (a frozen reference) samples with its own
 
-    def loop(self, llama, embed: Callable[[Tensor], Tensor], head: Callable[[Tensor], Tensor], guidance: str,
-             rows: int, length: int, steps: int, cfg: bool, eos: Tensor | None = None,
-             pad_id: int = 0) -> StaticDecodeLoop:  # fmt: skip
+    def loop(
+        self,
+        llama,
+        embed: Callable[[Tensor], Tensor],
+        head: Callable[[Tensor], Tensor],
+        guidance: str,
+        rows: int,
+        length: int,
+        steps: int,
+        cfg: bool,
+        eos: Tensor | None = None,
+        pad_id: int = 0,
+    ) -> StaticDecodeLoop:
         """The loop for a pass of `rows` samples whose cache needs `length` slots (built under the rollout's
         autocast: its weight copies and cache in that dtype)."""
         dev = llama.embed_tokens.weight.device
-        low = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else llama.embed_tokens.weight.dtype  # fmt: skip
+        low = (
+            torch.get_autocast_dtype(dev.type)
+            if torch.is_autocast_enabled(dev.type)
+            else llama.embed_tokens.weight.dtype
+        )
         eos_key = None if eos is None else tuple(eos.tolist())
         key = (
             id(llama),

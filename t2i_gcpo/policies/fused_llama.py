@@ -128,10 +128,10 @@ class FusedLlamaDecoder:
         # the matmuls' dtype: the weights', or the autocast dtype when built under torch.autocast
         low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else dtype
         self.compute_dtype = low
-        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each. On the CPU F.rms_norm is a composite
-        # of more ops, and for one query SDPA's kernel is slower than plain matmuls (1.5–5× at 20–80 slots): the
-        # eager loop's one-token forward uses them there (`step` keeps SDPA: what CUDA runs, and what inductor
-        # compiles best)
+        # CUDA: F.rms_norm and scaled_dot_product_attention, one kernel each. On the CPU F.rms_norm is a
+        # composite of more ops, and for one query SDPA's kernel is slower than plain matmuls (1.5–5× at 20–80
+        # slots): the eager loop's one-token forward uses them there (`step` keeps SDPA: what CUDA runs, and
+        # what inductor compiles best)
         self.fused_kernels = device.type == "cuda"
         # owned: the storages of the parameters, which the decoder copies rather than keeps (`_held`)
         self._storages = {p.untyped_storage().data_ptr() for p in llama.parameters()} if owned else set()
@@ -189,11 +189,11 @@ class FusedLlamaDecoder:
 
     @torch.no_grad()
     def refresh(self, generation: int = 0) -> bool | None:
-        """An owned decoder: copy the current weights into its copies in place (the same tensors, so a captured
-        graph or a compiled step reads the new values) if they changed since the last copy — by `weights_stamp`,
-        or by `generation`, a counter the trainer bumps after every optimizer step (`DecodeSession.generation`)
-        → whether they had; None where they cannot be copied in place (a weight of another shape or dtype) —
-        then build a new decoder."""
+        """An owned decoder: copy the current weights into its copies in place (the same tensors, so a
+        captured graph or a compiled step reads the new values) if they changed since the last copy — by
+        `weights_stamp`, or by `generation`, a counter the trainer bumps after every optimizer step
+        (`DecodeSession.generation`) → whether they had; None where they cannot be copied in place (a weight
+        of another shape or dtype) — then build a new decoder."""
         if not self.owned:
             raise ValueError("only a decoder that owns its weight copies (owned=True) is refreshed")
         stamp = weights_stamp(self.llama)
@@ -231,7 +231,8 @@ class FusedLlamaDecoder:
 
     @staticmethod
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """x·cos + rotate_half(x)·sin, with `sin` signed (`__init__`): rotate_half(x) = roll(x, half)·(−1 | 1)."""
+        """x·cos + rotate_half(x)·sin, with `sin` signed (`__init__`): rotate_half(x) =
+        roll(x, half)·(−1 | 1)."""
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
     def _input(self, x: Tensor) -> Tensor:
@@ -240,8 +241,8 @@ class FusedLlamaDecoder:
         return x.to(embed.dtype) if x.is_floating_point() else F.embedding(x, embed)
 
     def _qkv(self, x: Tensor, norm: Tensor, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """x [N, n, D] → q [N, heads, n, hd] (compute dtype) and the new keys | values [2, N, kv, n, hd]; q and k
-        rotated together, in float32."""
+        """x [N, n, D] → q [N, heads, n, hd] (compute dtype) and the new keys | values [2, N, kv, n, hd]; q
+        and k rotated together, in float32."""
         rows, n = x.shape[:2]
         h = self._rms(x, norm).to(self.compute_dtype) @ qkv.T
         h = h.view(rows, n, -1, self.head_dim).transpose(1, 2)  # [N, heads + 2 kv, n, hd]
@@ -249,11 +250,13 @@ class FusedLlamaDecoder:
         q, k = qk.split((self.heads, self.kv_heads), dim=1)
         return q, torch.stack([k, h[:, self.heads + self.kv_heads :]])
 
-    def _attend(self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False,
-                plain: bool = False) -> Tensor:  # fmt: skip
+    def _attend(
+        self, q: Tensor, kv: Tensor, mask: Tensor | None, causal: bool = False, plain: bool = False
+    ) -> Tensor:
         """q [N, heads, n, hd] over keys / values kv [2, N, kv_heads, S, hd] (mask: boolean, True: attend, or
-        additive) → [N, n, heads·hd], through SDPA or (`plain`, one query) plain matmuls of the keys in float32.
-        The scores q·kᵀ are float32 either way, also from bf16 inputs (SDPA's kernels accumulate them so)."""
+        additive) → [N, n, heads·hd], through SDPA or (`plain`, one query) plain matmuls of the keys in
+        float32. The scores q·kᵀ are float32 either way, also from bf16 inputs (SDPA's kernels
+        accumulate them so)."""
         rows, n = q.shape[0], q.shape[2]
         if plain and n == 1:
             grouped = q.reshape(rows, self.kv_heads, -1, self.head_dim).float()  # [N, kv_heads, g, hd]
@@ -263,8 +266,9 @@ class FusedLlamaDecoder:
                     scores + mask if mask.is_floating_point() else scores.masked_fill(~mask, float("-inf"))
                 )
             return (scores.softmax(-1).to(kv.dtype) @ kv[1]).reshape(rows, 1, -1)
-        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, is_causal=causal,
-                                             enable_gqa=self.kv_heads != self.heads)  # fmt: skip
+        out = F.scaled_dot_product_attention(
+            q, kv[0], kv[1], attn_mask=mask, is_causal=causal, enable_gqa=self.kv_heads != self.heads
+        )
         return out.transpose(1, 2).reshape(rows, n, -1)
 
     def _mlp(self, x: Tensor, norm2: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
@@ -283,8 +287,9 @@ class FusedLlamaDecoder:
         return (causal & key_mask[:, None, None, :end]) | eye
 
     # ---- the forwards -----------------------------------------------------------------------------
-    def forward(self, ids: Tensor, start: int, positions: Tensor | None = None,
-                key_mask: Tensor | None = None) -> Tensor:  # fmt: skip
+    def forward(
+        self, ids: Tensor, start: int, positions: Tensor | None = None, key_mask: Tensor | None = None
+    ) -> Tensor:
         rows, n = ids.shape[:2]
         if n > 1 and start != 0:
             raise ValueError("a multi-token forward (prefill) must start at position 0")
@@ -298,20 +303,32 @@ class FusedLlamaDecoder:
         for i, (norm1, qkv, out, norm2, gate_up, down) in enumerate(self.layers):
             q, new = self._qkv(x, norm1, qkv, cos, sin)
             self.kv[i][:, :, :, start:end] = new
-            attn = self._attend(q, self.kv[i][:, :, :, :end], mask, causal=n > 1 and mask is None,
-                                plain=not self.fused_kernels)  # fmt: skip
+            attn = self._attend(
+                q,
+                self.kv[i][:, :, :, :end],
+                mask,
+                causal=n > 1 and mask is None,
+                plain=not self.fused_kernels,
+            )
             x = self._mlp(x + attn @ out.T, norm2, gate_up, down)
         return self._rms(x[:, -1], self.final_norm)
 
-    def step(self, x: Tensor, slot: Tensor, positions: Tensor, bias: Tensor, span: int | None = None,
-             plain: bool = False) -> Tensor:  # fmt: skip
+    def step(
+        self,
+        x: Tensor,
+        slot: Tensor,
+        positions: Tensor,
+        bias: Tensor,
+        span: int | None = None,
+        plain: bool = False,
+    ) -> Tensor:
         """`forward` of one token per row in static shapes: ids [N] (or embeddings [N, D]) written to cache
         slot `slot` ([1] long tensor), at rotary `positions` [N] (long tensor), attending over the first
         `span` slots (default: all) with the additive mask `bias` [N, max_len] (0 at filled slots, this one
         included, −inf elsewhere; the compute dtype) → final-norm hidden state [N, D]. Nothing in it depends
         on a Python value that changes between steps, so one capture of it serves every step whose filled
-        slots lie within `span`. `plain`: the attention through plain matmuls (`_attend`), where a CPU runs the
-        step uncaptured over exactly the filled slots (continuations of an eager rollout)."""
+        slots lie within `span`. `plain`: the attention through plain matmuls (`_attend`), where a CPU runs
+        the step uncaptured over exactly the filled slots (continuations of an eager rollout)."""
         span = span or self.max_len
         x = self._input(x)[:, None]  # [N, 1, D]
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [N, 1, 1, hd]

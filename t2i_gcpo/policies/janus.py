@@ -3,7 +3,8 @@
 transformers' image `generate` runs without gradient and returns only the last step's scores, so this
 adapter adds a batched KV-cache CFG sampler over one doubled batch [cond; null] that records each
 token's conditional, unconditional and guided log-probs, and a teacher-forced `logprobs` with gradient.
-The null branch (GCPO's c⁻) is built exactly as transformers' CFG path builds it (docs/concepts/credit.md#gcpo).
+The null branch (GCPO's c⁻) is built exactly as transformers' CFG path builds it
+(docs/concepts/credit.md#gcpo).
 Details: docs/concepts/adapters.md#janus.
 """
 
@@ -76,7 +77,8 @@ def _read_config(path: Path) -> dict:
         if model_type == "multi_modality":
             hint = (
                 " — this is DeepSeek's original format; convert it with transformers' "
-                "models/janus/convert_janus_weights_to_hf.py or use the deepseek-community/Janus-Pro-* checkpoints"
+                "models/janus/convert_janus_weights_to_hf.py or use the deepseek-community/Janus-Pro-* "
+                "checkpoints"
             )
         raise UserError(
             f"'{path}' is not a Janus checkpoint: config.json has model_type {model_type!r} "
@@ -339,7 +341,8 @@ class JanusPolicy(LogprobsForward, nn.Module):
         return StaticCache(config=self.model.config.text_config, max_cache_len=max_len)
 
     def _prefill(self, ids2: torch.Tensor, mask2: torch.Tensor, cache: Any) -> torch.Tensor:
-        """Run the doubled prompt batch [cond; null] through the LM; logits of the first image token. [2N, K]"""
+        """Run the doubled prompt batch [cond; null] through the LM; logits of the first
+        image token. [2N, K]"""
         pos = (mask2.cumsum(-1) - 1).clamp(min=0)  # [2N, L]
         embeds = self.model.get_input_embeddings()(ids2)  # [2N, L, D]
         if isinstance(cache, FusedLlamaDecoder):
@@ -371,8 +374,9 @@ class JanusPolicy(LogprobsForward, nn.Module):
         """
         n, length = ids.shape
         steps = self.num_image_tokens
-        mode = resolve_mode(sampling.decode, ids.device, self.samples_fused,
-                            "not a plain Llama language model")  # fmt: skip
+        mode = resolve_mode(
+            sampling.decode, ids.device, self.samples_fused, "not a plain Llama language model"
+        )
         if mode != "eager":
             return self._decode_static(ids, mask, sampling, uniforms, mode)
         ids2 = torch.cat([ids, self.null_ids(ids)])  # [2N, L] — rows N.. are the null branch
@@ -398,14 +402,27 @@ class JanusPolicy(LogprobsForward, nn.Module):
                 )
         return out[0].long(), out[1], out[2], out[3]
 
-    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams,
-                       uniforms: torch.Tensor, mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
-        """`_decode_n_tokens` through the run's static decode loop (policies/decode_loop.py; mode static, graph
-        or compile): the N prompt rows padded to the loop's rows, prefilled into its decoder."""
+    def _decode_static(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+        mode: str,
+    ) -> tuple[torch.Tensor, ...]:
+        """`_decode_n_tokens` through the run's static decode loop (policies/decode_loop.py; mode static,
+        graph or compile): the N prompt rows padded to the loop's rows, prefilled into its decoder."""
         n, length = ids.shape
-        loop = self.decode_session.loop(self.model.model.language_model, self._feed_embeds, self._head,
-                                        self.guidance, rows=n, length=length + self.num_image_tokens,
-                                        steps=self.num_image_tokens, cfg=True)  # fmt: skip
+        loop = self.decode_session.loop(
+            self.model.model.language_model,
+            self._feed_embeds,
+            self._head,
+            self.guidance,
+            rows=n,
+            length=length + self.num_image_tokens,
+            steps=self.num_image_tokens,
+            cfg=True,
+        )
         ids, mask = pad_rows(ids, loop.n), pad_rows(mask, loop.n)
         ids2, mask2 = torch.cat([ids, self.null_ids(ids)]), mask.repeat(2, 1)  # rows loop.n.. the null branch
         logits2 = self._prefill(ids2, mask2, loop.decoder)
@@ -415,8 +432,13 @@ class JanusPolicy(LogprobsForward, nn.Module):
         return tokens, logps[0], logps[1], logps[2]
 
     @torch.no_grad()
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """Sample `group_size` images per prompt with CFG (rows grouped: prompt 0's G samples first).
 
         Prompt i's uniforms come from generators[i] alone, so the same seeds give the same samples
@@ -450,14 +472,21 @@ class JanusPolicy(LogprobsForward, nn.Module):
         )
 
     # ------------------------------------------------------------------ branched rollouts
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+    def branch(
+        self, rollout: Rollout, points: torch.Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
         """`n` continuations of every image from each of its branch points (token positions;
         docs/concepts/tree_credit.md#branched-rollouts)."""
         return branched(rollout, points, n, generators, self._continue)
 
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+    def _continue(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        n: int,
+    ) -> Rollout:
         """One prefill of [prompt; root tokens < t] per (root, point), its cache rows repeated across the n
         continuations, then the rollout's static loop from token t (policies/decode_loop.py), in the
         rollout's precision; in passes of at most `max_rollout_batch` rows. A language model the fused
@@ -500,9 +529,19 @@ class JanusPolicy(LogprobsForward, nn.Module):
         new = dict(zip(CONTEXTS, logps))
         return assemble(rollout, root, point, new, tokens, torch.ones(N, T, device=dev))
 
-    def _continue_transformers(self, rollout: Rollout, root: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
-                               t: int, rows: torch.Tensor, n: int, uniforms: torch.Tensor, tokens: torch.Tensor,
-                               logps: torch.Tensor) -> None:  # fmt: skip
+    def _continue_transformers(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        t: int,
+        rows: torch.Tensor,
+        n: int,
+        uniforms: torch.Tensor,
+        tokens: torch.Tensor,
+        logps: torch.Tensor,
+    ) -> None:
         """`_continue`'s pass for a language model the fused decoder does not reproduce: a StaticCache prefill
         of [prompt; root tokens < t] per head, repeated n times, then transformers' layers token by token (the
         rollout's loop; such a model samples in float32, as its rollouts do)."""
@@ -536,7 +575,8 @@ class JanusPolicy(LogprobsForward, nn.Module):
 
     # ------------------------------------------------------------------ teacher forcing
     def _context_hidden(self, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """LM hidden states at the T image positions given prompt rows `ids` and image tokens [N, T]. → [N, T, D]"""
+        """LM hidden states at the T image positions given prompt rows `ids` and image tokens
+        [N, T]. → [N, T, D]"""
         length, steps = ids.shape[1], tokens.shape[1]
         embeds = torch.cat(
             [self.model.get_input_embeddings()(ids), self._image_embeds(tokens[:, :-1])], dim=1

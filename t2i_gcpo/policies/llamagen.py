@@ -1,19 +1,20 @@
 """LlamaGen-T2I (Sun et al. 2024, arXiv 2406.06525) from its released files, as a `Policy`.
 
-The release is three artifacts (FoundationVision/LlamaGen, FoundationVision/LlamaGen on the Hub, google/flan-t5-xl):
-the GPT (``t2i_XL_stage1_256.pt`` / ``t2i_XL_stage2_512.pt``: a torch file holding ``{"model": state_dict, …}``),
-the VQ tokenizer ``vq_ds16_t2i.pt``, and a FLAN-T5-XL folder whose encoder gives the caption features. ``llamagen:DIR``
-reads them from one folder (or ``llamagen:DIR/t2i_….pt`` names the GPT file); the model is policies/llamagen_gpt.py,
-the VQ tokenizers/llamagen_vq.py, the captions policies/llamagen_t5.py. Details: docs/concepts/adapters.md#llamagen.
+The release is three artifacts (FoundationVision/LlamaGen, FoundationVision/LlamaGen on the Hub,
+google/flan-t5-xl): the GPT (``t2i_XL_stage1_256.pt`` / ``t2i_XL_stage2_512.pt``: a torch file holding
+``{"model": state_dict, …}``), the VQ tokenizer ``vq_ds16_t2i.pt``, and a FLAN-T5-XL folder whose encoder
+gives the caption features. ``llamagen:DIR`` reads them from one folder (or ``llamagen:DIR/t2i_….pt`` names
+the GPT file); the model is policies/llamagen_gpt.py, the VQ tokenizers/llamagen_vq.py, the captions
+policies/llamagen_t5.py. Details: docs/concepts/adapters.md#llamagen.
 
-Sampling follows the reference's ``autoregressive/models/generate.py`` and ``sample/sample_t2i.py``: one doubled
-batch [cond; null] (the null rows take the learned ``uncond_embedding`` as their caption under the same padding
-mask), CFG ℓ = ℓ_u + s(ℓ_c − ℓ_u) on every token including the first one, drawn from the prefill; with
-``cfg_interval`` k ≥ 0, tokens after the first k + 2 are drawn from ℓ_c alone (s = 1). Defaults: s = 7.5,
+Sampling follows the reference's ``autoregressive/models/generate.py`` and ``sample/sample_t2i.py``: one
+doubled batch [cond; null] (the null rows take the learned ``uncond_embedding`` as their caption under the
+same padding mask), CFG ℓ = ℓ_u + s(ℓ_c − ℓ_u) on every token including the first one, drawn from the prefill;
+with ``cfg_interval`` k ≥ 0, tokens after the first k + 2 are drawn from ℓ_c alone (s = 1). Defaults: s = 7.5,
 top-k 1000, temperature 1 (sample_t2i.py's). Every token's log-prob under pos, neg and guided is recorded
-(policies/sampling.sample_step: the same inverse-CDF draw from the prompt's own uniforms as every adapter), and
-``logprobs`` recomputes them teacher-forced. Without guidance (s = 1) and nothing reading the contrast, only the
-conditional rows run (the reference's cfg_scale 1), and the rollout has no "neg".
+(policies/sampling.sample_step: the same inverse-CDF draw from the prompt's own uniforms as every adapter),
+and ``logprobs`` recomputes them teacher-forced. Without guidance (s = 1) and nothing reading the contrast,
+only the conditional rows run (the reference's cfg_scale 1), and the rollout has no "neg".
 """
 
 from __future__ import annotations
@@ -110,12 +111,17 @@ def find_files(path: str | Path) -> ReleaseFiles:
         t5 = root / T5_DIR if (root / T5_DIR).is_dir() else Path(str(saved.get("t5", "")))
         if not t5.is_dir():
             raise UserError(
-                f"{root / CONFIG_FILE} names the T5 folder {str(t5)!r}, which does not exist: copy the FLAN-T5 "
-                f"folder (google/flan-t5-xl) to {root / T5_DIR}"
+                f"{root / CONFIG_FILE} names the T5 folder {str(t5)!r}, which does not exist: copy the "
+                f"FLAN-T5 folder (google/flan-t5-xl) to {root / T5_DIR}"
             )
         size = saved.get("image_size")
-        return ReleaseFiles(root / GPT_FILE, root / VQ_FILE, t5, size if isinstance(size, int) else None,
-                            saved.get("gpt_size") if isinstance(saved.get("gpt_size"), str) else None)  # fmt: skip
+        return ReleaseFiles(
+            root / GPT_FILE,
+            root / VQ_FILE,
+            t5,
+            size if isinstance(size, int) else None,
+            saved.get("gpt_size") if isinstance(saved.get("gpt_size"), str) else None,
+        )
     weights = sorted(p for p in root.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
     vqs = [p for p in weights if p.name.lower().startswith("vq")]
     if gpt is None:
@@ -175,8 +181,9 @@ def load_t5(folder: Path, dtype: torch.dtype, caption_len: int, caption_dim: int
 
 
 class _Frozen:
-    """The frozen T5 encoder and VQ decoder, outside the module tree: never trained, saved by reference (the T5)
-    or as loaded (the VQ), and shared by every copy of the policy (the trainer's frozen references deep-copy the
+    """The frozen T5 encoder and VQ decoder, outside the module tree: never trained, saved by reference (the
+    T5) or as loaded (the VQ), and shared by every copy of the policy (the trainer's frozen
+    references deep-copy the
     policy: one T5-XL, 4.9 GB in float32, not three)."""
 
     def __init__(self, captions: T5Captions, vq: LlamaGenVQ, t5_folder: Path) -> None:
@@ -193,8 +200,8 @@ class _Frozen:
 
 
 class LlamaGenPolicy(LogprobsForward, nn.Module):
-    """Policy protocol (t2i_gcpo.policies.base) for a LlamaGen text-to-image GPT; ``forward`` is ``logprobs`` so
-    that DDP/accelerate wrapping synchronises gradients."""
+    """Policy protocol (t2i_gcpo.policies.base) for a LlamaGen text-to-image GPT; ``forward`` is ``logprobs``
+    so that DDP/accelerate wrapping synchronises gradients."""
 
     output = "image"
     default_task = "geneval"
@@ -202,8 +209,16 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
     DEFAULT_GUIDANCE_SCALE = 7.5  # sample_t2i.py's --cfg-scale
     DEFAULT_TOP_K = 1000  # sample_t2i.py's --top-k (temperature 1, top-p 1)
 
-    def __init__(self, gpt: LlamaGenGPT, vq: LlamaGenVQ, captions: T5Captions, t5_folder: Path,
-                 max_rollout_batch: int | None = None, cfg_interval: int = -1, decode_batch: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        gpt: LlamaGenGPT,
+        vq: LlamaGenVQ,
+        captions: T5Captions,
+        t5_folder: Path,
+        max_rollout_batch: int | None = None,
+        cfg_interval: int = -1,
+        decode_batch: int = 16,
+    ) -> None:
         super().__init__()
         self.gpt = gpt
         self.frozen = _Frozen(captions, vq, Path(t5_folder))
@@ -227,13 +242,23 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False,
-                        lora: dict | None = None, max_rollout_batch: int | None = None, gpt_size: str | None = None,
-                        image_size: int | None = None, cfg_interval: int = -1) -> LlamaGenPolicy:  # fmt: skip
-        """Load ``llamagen:PATH`` (`find_files`). The GPT's size comes from its shapes and the released size table
-        (`gpt_size` names it), the image size from the GPT file's name (``…_256.pt``; `image_size` names it).
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        lora: dict | None = None,
+        max_rollout_batch: int | None = None,
+        gpt_size: str | None = None,
+        image_size: int | None = None,
+        cfg_interval: int = -1,
+    ) -> LlamaGenPolicy:
+        """Load ``llamagen:PATH`` (`find_files`). The GPT's size comes from its shapes and the released size
+        table (`gpt_size` names it), the image size from the GPT file's name (``…_256.pt``;
+        `image_size` names it).
         lora: ``{"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": [...]}`` — peft LoRA on the GPT's
-        attention (``wqkv``, ``wo``); the base GPT is then frozen. The T5 encoder and the VQ are always frozen."""
+        attention (``wqkv``, ``wo``); the base GPT is then frozen. The T5 encoder and the VQ
+        are always frozen."""
         from t2i_gcpo.weights import read_torch_weights
 
         if dtype not in DTYPES:
@@ -245,8 +270,8 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         size = image_size or files.image_size
         if size is None:
             raise UserError(
-                f"cannot tell the image size of {files.gpt.name} (the released names end in _256 or _512): set "
-                "model_options.image_size (256 for stage 1, 512 for stage 2)"
+                f"cannot tell the image size of {files.gpt.name} (the released names end in _256 or "
+                f"_512): set model_options.image_size (256 for stage 1, 512 for stage 2)"
             )
         step = vq.config.downsample
         if size % step or size < step:
@@ -256,13 +281,20 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         config = config_from_state(state, size // step, gpt_size or files.gpt_size, what)
         if config.vocab != vq.config.codebook_size:
             raise UserError(
-                f"{what} predicts {config.vocab} codes, the VQ tokenizer {files.vq.name} has {vq.config.codebook_size}"
+                f"{what} predicts {config.vocab} codes, the VQ tokenizer {files.vq.name} has "
+                f"{vq.config.codebook_size}"
             )
         captions = load_t5(files.t5, DTYPES[dtype], config.caption_len, config.caption_dim)
         gpt = build_gpt(state, config, DTYPES[dtype])
         del state
-        policy = cls(gpt, vq, captions, files.t5.resolve(), max_rollout_batch=max_rollout_batch,
-                     cfg_interval=cfg_interval)  # fmt: skip
+        policy = cls(
+            gpt,
+            vq,
+            captions,
+            files.t5.resolve(),
+            max_rollout_batch=max_rollout_batch,
+            cfg_interval=cfg_interval,
+        )
         policy.gpt.requires_grad_(True)
         policy.gpt.cls_embedding.uncond_embedding.requires_grad_(False)
         if lora:
@@ -291,7 +323,8 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
             raise UserError(f"LlamaGen prompts must be non-empty strings, got {bad[:3]!r}")
 
     def captions(self, texts: list[str]) -> tuple[Tensor, Tensor]:
-        """Left-padded T5 features [N, L, C] and their mask [N, L] (policies/llamagen_t5.py), on the GPT's device."""
+        """Left-padded T5 features [N, L, C] and their mask [N, L] (policies/llamagen_t5.py), on
+        the GPT's device."""
         return self.frozen.on(self.device).captions.features(texts)
 
     def uses_cfg(self, sampling: SamplingParams) -> bool:
@@ -306,7 +339,8 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         return s
 
     def _prefix(self, feats: Tensor, mask: Tensor, cfg: bool) -> tuple[Tensor, Tensor]:
-        """Caption embeddings [R, L, D] and key mask [R, L] of the rows: cond, then (cfg) null under the same mask."""
+        """Caption embeddings [R, L, D] and key mask [R, L] of the rows: cond, then (cfg) null
+        under the same mask."""
         cond = self.gpt.caption_embeds(feats)
         if not cfg:
             return cond, mask
@@ -324,10 +358,11 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         return tok
 
     # ------------------------------------------------------------------ sampling (gpt-fast style)
-    def _decode(self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor,
-                cfg: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
-        """T tokens for N caption rows (uniforms [N, T]) through the loop `sampling.decode` resolves to → tokens
-        [N, T], log-probs [3, N, T] (pos, neg — zeros without the null rows —, guided)."""
+    def _decode(
+        self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor, cfg: bool
+    ) -> tuple[Tensor, Tensor]:
+        """T tokens for N caption rows (uniforms [N, T]) through the loop `sampling.decode` resolves to →
+        tokens [N, T], log-probs [3, N, T] (pos, neg — zeros without the null rows —, guided)."""
         mode = resolve_mode(sampling.decode, feats.device, True)
         if mode != "eager":
             return self._decode_static(feats, mask, sampling, uniforms, mode, cfg)
@@ -357,27 +392,41 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
                 )
         return tokens, logps
 
-    def _decode_static(self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor, mode: str,
-                       cfg: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
-        """`_decode` through the run's static decode loop (policies/decode_loop.py; static, graph or compile): the
-        rows padded to the loop's, prefilled into its decoder."""
+    def _decode_static(
+        self, feats: Tensor, mask: Tensor, sampling: SamplingParams, uniforms: Tensor, mode: str, cfg: bool
+    ) -> tuple[Tensor, Tensor]:
+        """`_decode` through the run's static decode loop (policies/decode_loop.py; static, graph or compile):
+        the rows padded to the loop's, prefilled into its decoder."""
         n, L, T = len(feats), self.caption_len, self.num_image_tokens
         feed = self._feed_pair if cfg else self._feed_one
-        loop = self.decode_session.loop(self.fused, feed, self._head, self.guidance, rows=n, length=L + T, steps=T,
-                                        cfg=cfg)  # fmt: skip
+        loop = self.decode_session.loop(
+            self.fused, feed, self._head, self.guidance, rows=n, length=L + T, steps=T, cfg=cfg
+        )
         embeds, mask2 = self._prefix(pad_rows(feats, loop.n), pad_rows(mask, loop.n), cfg)
         rows = len(embeds)
         positions = torch.arange(L, device=feats.device).expand(rows, L)
         logits = self._head(loop.decoder.forward(embeds, 0, positions=positions, key_mask=mask2))
-        loop.begin(sampling, pad_rows(uniforms, loop.n), torch.full((rows,), L, device=feats.device), mask2, L,
-                   rows=n, scales=self.guidance_scales(sampling.guidance_scale))  # fmt: skip
+        loop.begin(
+            sampling,
+            pad_rows(uniforms, loop.n),
+            torch.full((rows,), L, device=feats.device),
+            mask2,
+            L,
+            rows=n,
+            scales=self.guidance_scales(sampling.guidance_scale),
+        )
         tokens, _, logps = loop.run(logits, mode)
         self.last_decode = loop.stats  # what ran: captures, replays (benchmarks, checks)
         return tokens, logps
 
     @torch.no_grad()
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """Sample `group_size` images per prompt (prompt 0's G samples first); prompt i's uniforms come from
         generators[i] alone, so a sample does not depend on ``max_rollout_batch`` or its batch-mates."""
         check_records(prompts, generators, "LlamaGen")
@@ -394,8 +443,11 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         parts = []
         with eval_mode(self):
             for s in range(0, len(rows), chunk):
-                parts.append(self._decode(feats[s : s + chunk], mask[s : s + chunk], sampling,
-                                          uniforms[s : s + chunk], cfg))  # fmt: skip
+                parts.append(
+                    self._decode(
+                        feats[s : s + chunk], mask[s : s + chunk], sampling, uniforms[s : s + chunk], cfg
+                    )
+                )
         tokens, logps = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1)
         logp = {"pos": logps[0], "guided": logps[2], **({"neg": logps[1]} if cfg else {})}
         return Rollout(
@@ -416,11 +468,13 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         docs/concepts/tree_credit.md#branched-rollouts)."""
         return branched(rollout, points, n, generators, self._continue)
 
-    def _continue(self, rollout: Rollout, root: Tensor, point: Tensor, generators: Sequence[torch.Generator],
-                  n: int) -> Rollout:  # fmt: skip
-        """One prefill of [caption; root tokens < t] per (root, point) (both halves when the rollout ran them), its
-        cache rows repeated across the n continuations, then the static loop from token t (policies/decode_loop.py),
-        in the rollout's precision; in passes of at most `max_rollout_batch` rows."""
+    def _continue(
+        self, rollout: Rollout, root: Tensor, point: Tensor, generators: Sequence[torch.Generator], n: int
+    ) -> Rollout:
+        """One prefill of [caption; root tokens < t] per (root, point) (both halves when the rollout ran
+        them), its cache rows repeated across the n continuations, then the static loop from token t
+        (policies/decode_loop.py), in the rollout's precision; in passes of at most
+        `max_rollout_batch` rows."""
         sampling, dev, T, L = rollout.sampling, self.device, self.num_image_tokens, self.caption_len
         cfg = "neg" in rollout.logp
         uniforms = continuation_uniforms(generators, (T,), dev)
@@ -445,11 +499,24 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
                 logits = self._head(decoder.forward(embeds, 0, positions=positions, key_mask=filled))
                 each = torch.arange(m, device=dev).repeat_interleave(n)
                 idx = torch.cat([each, each + m]) if cfg else each
-                loop = StaticDecodeLoop(decoder.fork(idx), self._feed_pair if cfg else self._feed_one, self._head,
-                                        self.guidance, T, cfg=cfg)  # fmt: skip
+                loop = StaticDecodeLoop(
+                    decoder.fork(idx),
+                    self._feed_pair if cfg else self._feed_one,
+                    self._head,
+                    self.guidance,
+                    T,
+                    cfg=cfg,
+                )
                 rd = rows.to(dev)
-                loop.begin(sampling, uniforms[rd], torch.full((len(idx),), L + t, device=dev), filled[idx], L + t,
-                           start=t, scales=scales)  # fmt: skip
+                loop.begin(
+                    sampling,
+                    uniforms[rd],
+                    torch.full((len(idx),), L + t, device=dev),
+                    filled[idx],
+                    L + t,
+                    start=t,
+                    scales=scales,
+                )
                 got, _, lp = loop.run(logits[idx], mode)
                 tokens[rd, t:], logps[:, rd, t:] = got[:, t:], lp[:, :, t:]
         new = dict(zip(CONTEXTS, logps))
@@ -459,8 +526,9 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
 
     # ------------------------------------------------------------------ teacher forcing
     def _context_hidden(self, caption: Tensor, mask: Tensor, tokens: Tensor) -> Tensor:
-        """Final-norm hidden states at the T image positions [N, T, D]: [caption embeddings [N, L, D] under the key
-        mask [N, L]; tokens 0 … T − 2] through the GPT, read from position L − 1 (which predicts token 0) on."""
+        """Final-norm hidden states at the T image positions [N, T, D]: [caption embeddings [N, L, D] under
+        the key mask [N, L]; tokens 0 … T − 2] through the GPT, read from position L − 1 (which
+        predicts token 0) on."""
         x = torch.cat([caption, self.gpt.tok_embeddings(tokens[:, :-1])], dim=1)  # [N, L + T − 1, D]
         key_mask = torch.cat([mask, mask.new_ones(len(tokens), tokens.shape[1] - 1)], dim=1)
         return self.gpt(x, key_mask)[:, self.caption_len - 1 :]
@@ -468,13 +536,13 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
     def logprobs(self, rollout: Rollout, context: Context = "pos") -> Tensor:
         """Teacher-forced log π(y_t | context, y_<t) at temperature T, with gradient, in chunks over T. [B, T]
 
-        context: ``pos`` (the caption), ``neg`` (the null caption) or ``guided`` (log_softmax of the guided logits
-        at each token's scale s_t, both contexts in one doubled batch)."""
+        context: ``pos`` (the caption), ``neg`` (the null caption) or ``guided`` (log_softmax of the guided
+        logits at each token's scale s_t, both contexts in one doubled batch)."""
         return self.logprobs_and_dists(rollout, context)[0]
 
     def logprobs_and_dists(self, rollout: Rollout, context: Context = "pos") -> tuple[Tensor, ChunkedDists]:
-        """`logprobs` and the full distributions of that forward (`ChunkedDists`: temperature-scaled logits, no
-        gradient)."""
+        """`logprobs` and the full distributions of that forward (`ChunkedDists`: temperature-scaled logits,
+        no gradient)."""
         if context not in ("pos", "neg", "guided"):
             raise ValueError(f"context must be pos, neg or guided, got {context!r}")
         tokens = rollout.tokens.to(self.device)  # [B, T]
@@ -515,8 +583,10 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         """Images [B, 3, H, W] in [0, 1] through the VQ decoder (256 or 512 px), float32."""
         vq, tokens = self.vq, rollout.tokens.to(self.device)
         with torch.autocast(self.device.type, enabled=False):
-            images = [vq.decode_code(tokens[s : s + self.decode_batch], self.grid_shape)
-                      for s in range(0, len(tokens), self.decode_batch)]  # fmt: skip
+            images = [
+                vq.decode_code(tokens[s : s + self.decode_batch], self.grid_shape)
+                for s in range(0, len(tokens), self.decode_batch)
+            ]
         return ((torch.cat(images).float() + 1) / 2).clamp(0, 1)  # the decoder's output is in [−1, 1]
 
     @torch.no_grad()
@@ -537,11 +607,12 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         return merged_state_dict(self.gpt, self.lora_adapter)
 
     def save_pretrained(self, path: str | Path) -> None:
-        """``gpt.safetensors`` (the GPT under its released key names, LoRA merged, in its dtype), ``vq.safetensors``
-        (the VQ decoder as loaded) and ``llamagen.json`` (the size, the image size and the T5 folder, which is
-        referred to, not copied: a T5-XL is 4.9 GB; a ``t5/`` folder beside them is used first). Reloads with
-        ``llamagen:PATH`` or the path alone; ``torch.save({"model": safetensors.torch.load_file(".../gpt.safetensors")},
-        "t2i.pt")`` gives a file the reference's sample_t2i.py loads."""
+        """``gpt.safetensors`` (the GPT under its released key names, LoRA merged, in its dtype),
+        ``vq.safetensors`` (the VQ decoder as loaded) and ``llamagen.json`` (the size, the image size and the
+        T5 folder, which is referred to, not copied: a T5-XL is 4.9 GB; a ``t5/`` folder beside them is used
+        first). Reloads with ``llamagen:PATH`` or the path alone; ``torch.save({"model":
+        safetensors.torch.load_file(".../gpt.safetensors")}, "t2i.pt")`` gives a file the reference's
+        sample_t2i.py loads."""
         from safetensors.torch import save
 
         from t2i_gcpo.outdir import write_file
@@ -551,6 +622,10 @@ class LlamaGenPolicy(LogprobsForward, nn.Module):
         vq = {k: v.detach().contiguous() for k, v in self.frozen.vq.state_dict().items()}
         write_file(path / GPT_FILE, save(gpt))
         write_file(path / VQ_FILE, save(vq), within=path)
-        meta = {"format": "t2i-gcpo llamagen", "gpt_size": self.config.size, "image_size": self.image_size,
-                "t5": str(self.frozen.t5_folder)}  # fmt: skip
+        meta = {
+            "format": "t2i-gcpo llamagen",
+            "gpt_size": self.config.size,
+            "image_size": self.image_size,
+            "t5": str(self.frozen.t5_folder),
+        }
         write_file(path / CONFIG_FILE, json.dumps(meta, indent=2), within=path)

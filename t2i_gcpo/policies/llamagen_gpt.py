@@ -13,15 +13,16 @@ is a two-layer MLP with tanh-GELU (``cap_proj.fc1``, ``fc2``) over the caption f
 Positions: 2D rotary embeddings over the image grid. Each head's dimensions are taken in pairs (x_2i, x_2i+1)
 (gpt-fast's complex layout, not transformers' half split); the first hd/4 pairs turn by row·θ_i, the last hd/4
 by column·θ_i, θ_i = base^(−4i/hd) (i < hd/4). The table has L + T rows: the L caption positions get cos = sin
-= 0 (so their queries and keys are zero: every score against a caption key is 0, the reference's layout), image
-token k sits at position L + k with grid cell k's angles. Position L − 1 (the last caption slot) predicts token 0.
+= 0 (so their queries and keys are zero: every score against a caption key is 0, the reference's layout),
+image token k sits at position L + k with grid cell k's angles. Position L − 1 (the last caption
+slot) predicts token 0.
 
 Attention mask: causal, with the caption's padding slots masked as keys for every query, and the diagonal kept
 (a padding query sees itself, so no row is empty) — ``generate.py``'s ``emb_masks`` rule, also its training's.
 
 `FusedGPT` presents this model to the fused decoder (policies/fused_llama.py) as the Llama it reads: the q and
-k rows of ``wqkv`` permuted per head from the pair layout to the half split (q·k is unchanged by permuting both
-alike), its rotary tables the 2D ones, so the static / graph-captured decode loop serves LlamaGen.
+k rows of ``wqkv`` permuted per head from the pair layout to the half split (q·k is unchanged by permuting
+both alike), its rotary tables the 2D ones, so the static / graph-captured decode loop serves LlamaGen.
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ class LlamaGenGPT(nn.Module):
         super().__init__()
         self.config = config
         self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.caption_len)
-        # no initialisation: the weights are loaded (and Embedding's init on the meta device costs seconds of imports)
+        # no initialisation: the weights are loaded (and Embedding's init on the meta device
+        # costs seconds of imports)
         self.tok_embeddings = nn.Embedding(
             config.vocab, config.dim, _weight=torch.empty(config.vocab, config.dim)
         )
@@ -248,11 +250,19 @@ def config_from_state(state: dict[str, Tensor], grid: int, size: str | None, wha
     a class-conditional checkpoint, missing tensors, or shapes no size has."""
     if C2I_KEY in state:
         raise UserError(
-            f"{what} is a class-conditional (C2I) LlamaGen checkpoint (it has {C2I_KEY}, a class-label table, "
-            "where a text-to-image one has the caption projection): use a t2i_*.pt checkpoint"
+            f"{what} is a class-conditional (C2I) LlamaGen checkpoint (it has {C2I_KEY}, a "
+            f"class-label table, where a text-to-image one has the caption projection): use a "
+            f"t2i_*.pt checkpoint"
         )
-    need = ["tok_embeddings.weight", "cls_embedding.cap_proj.fc1.weight", "cls_embedding.uncond_embedding",
-            "layers.0.attention.wqkv.weight", "layers.0.feed_forward.w1.weight", "norm.weight", "output.weight"]  # fmt: skip
+    need = [
+        "tok_embeddings.weight",
+        "cls_embedding.cap_proj.fc1.weight",
+        "cls_embedding.uncond_embedding",
+        "layers.0.attention.wqkv.weight",
+        "layers.0.feed_forward.w1.weight",
+        "norm.weight",
+        "output.weight",
+    ]
     missing = [k for k in need if k not in state]
     if missing:
         raise UserError(
@@ -288,16 +298,26 @@ def config_from_state(state: dict[str, Tensor], grid: int, size: str | None, wha
         raise UserError(
             f"{what}: wqkv has {qkv_rows} rows, which {size} ({heads} heads of {head_dim}) cannot split"
         )
-    config = GPTConfig(size=size, dim=dim, layers=layers, heads=heads, kv_heads=kv_heads,
-                       ffn=state["layers.0.feed_forward.w1.weight"].shape[0], vocab=vocab, caption_len=caption_len,
-                       caption_dim=caption_dim, grid=grid)  # fmt: skip
+    config = GPTConfig(
+        size=size,
+        dim=dim,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn=state["layers.0.feed_forward.w1.weight"].shape[0],
+        vocab=vocab,
+        caption_len=caption_len,
+        caption_dim=caption_dim,
+        grid=grid,
+    )
     check_shapes(state, config, what)
     return config
 
 
 def check_shapes(state: dict[str, Tensor], config: GPTConfig, what: str) -> None:
     """Every tensor the model needs is in `state` with its shape (keys the model does not hold — a KV cache
-    saved by the reference's sampler, an optimizer's — are ignored, as the reference's non-strict load does)."""
+    saved by the reference's sampler, an optimizer's — are ignored, as the reference's
+    non-strict load does)."""
     with torch.device("meta"):
         own = LlamaGenGPT(config)
     for name, t in own.state_dict().items():
@@ -321,8 +341,8 @@ def build_gpt(state: dict[str, Tensor], config: GPTConfig, dtype: torch.dtype) -
 
 # ---------------------------------------------------------------------------------------------- fused decoder
 class _Rows:
-    """One of q, k, v of a block's fused ``wqkv`` for the fused decoder: `weight` is rows `index` of its effective
-    weight (LoRA deltas merged), recomputed at each read (the decoder copies it)."""
+    """One of q, k, v of a block's fused ``wqkv`` for the fused decoder: `weight` is rows `index` of its
+    effective weight (LoRA deltas merged), recomputed at each read (the decoder copies it)."""
 
     def __init__(self, attention: Attention, index: Tensor) -> None:
         self.attention, self.index = attention, index
@@ -377,19 +397,25 @@ class _Layer:
 
 
 class FusedGPT:
-    """A `LlamaGenGPT` as the transformers ``LlamaModel`` `FusedLlamaDecoder` reads (config, embed_tokens, layers
-    with q/k/v/o and gate/up/down projections, norm, rotary_emb, parameters, modules): q and k rows in the half
-    split, the rotary tables the 2D ones (module docstring). Not a module: it holds the GPT's own modules, which
-    stay the policy's."""
+    """A `LlamaGenGPT` as the transformers ``LlamaModel`` `FusedLlamaDecoder` reads (config, embed_tokens,
+    layers with q/k/v/o and gate/up/down projections, norm, rotary_emb, parameters, modules): q and k rows in
+    the half split, the rotary tables the 2D ones (module docstring). Not a module: it holds the GPT's own
+    modules, which stay the policy's."""
 
     def __init__(self, gpt: LlamaGenGPT) -> None:
         c = gpt.config
         self.gpt = gpt
         self.config = SimpleNamespace(
             model_type="llama",  # a Llama decoder, whose rotary tables `rotary_emb` gives
-            num_attention_heads=c.heads, num_key_value_heads=c.kv_heads, head_dim=c.head_dim, hidden_size=c.dim,
-            rms_norm_eps=c.norm_eps, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        )  # fmt: skip
+            num_attention_heads=c.heads,
+            num_key_value_heads=c.kv_heads,
+            head_dim=c.head_dim,
+            hidden_size=c.dim,
+            rms_norm_eps=c.norm_eps,
+            hidden_act="silu",
+            attention_bias=False,
+            mlp_bias=False,
+        )
         self.embed_tokens, self.norm = gpt.tok_embeddings, gpt.norm
         self.layers = [_Layer(block, c) for block in gpt.layers]
 
@@ -400,7 +426,8 @@ class FusedGPT:
         return self.gpt.modules()
 
     def rotary_emb(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, sin) [1, n, hd] in the half-split layout at `positions` [1, n] (0 past the table), float32."""
+        """(cos, sin) [1, n, hd] in the half-split layout at `positions` [1, n] (0 past
+        the table), float32."""
         c = self.gpt.config
         table = self.gpt.freqs(positions.device)
         n = int(positions.max()) + 1

@@ -1,10 +1,11 @@
 """LlamaGen's captions: FLAN-T5 encoder features of the cleaned prompt, left-padded (FoundationVision/LlamaGen
 ``language/t5.py`` and ``autoregressive/sample/sample_t2i.py``; the facts, written here).
 
-- Cleaning (`clean_caption`, T5Embedder's ``text_preprocessing``, applied twice as there): unquote ``+``/``%xx``,
-  lower-case, strip; drop URLs, HTML tags, @names, CJK blocks, file names, long digit runs and shop phrases;
-  unify dashes and quotes; spaces for bad punctuation; collapse whitespace. ``ftfy.fix_text`` (mojibake repair)
-  is the one step not reproduced: it changes nothing in well-formed text, and ftfy is not a dependency.
+- Cleaning (`clean_caption`, T5Embedder's ``text_preprocessing``, applied twice as there): unquote
+  ``+``/``%xx``, lower-case, strip; drop URLs, HTML tags, @names, CJK blocks, file names, long digit runs and
+  shop phrases; unify dashes and quotes; spaces for bad punctuation; collapse whitespace. ``ftfy.fix_text``
+  (mojibake repair) is the one step not reproduced: it changes nothing in well-formed text, and ftfy
+  is not a dependency.
 - Tokens: the T5 tokenizer, padded and truncated to L = 120 (``t5_feature_max_len``), EOS added.
 - Features: ``T5EncoderModel(...).last_hidden_state`` under the attention mask, [N, L, C] (C = 2048 for
   flan-t5-xl), then left-padded: the n valid rows moved to the end, the padding rows zeroed, and the mask
@@ -35,8 +36,15 @@ _DASHES = (
     "\ufe31\ufe32\ufe58\ufe63\uff0d]+"
 )
 # CJK strokes, katakana extensions, enclosed letters, compatibility, unified ideographs (ext. A), hexagrams
-_CJK = [("\u31c0", "\u31ef"), ("\u31f0", "\u31ff"), ("\u3200", "\u32ff"), ("\u3300", "\u33ff"),
-        ("\u3400", "\u4dbf"), ("\u4dc0", "\u4dff"), ("\u4e00", "\u9fff")]  # fmt: skip
+_CJK = [
+    ("\u31c0", "\u31ef"),
+    ("\u31f0", "\u31ff"),
+    ("\u3200", "\u32ff"),
+    ("\u3300", "\u33ff"),
+    ("\u3400", "\u4dbf"),
+    ("\u4dc0", "\u4dff"),
+    ("\u4e00", "\u9fff"),
+]
 _URL_TAIL = r"[a-zA-Z0-9.\-]+[.](?:com|co|ru|net|org|edu|gov|it)[\w/-]*\b\/?(?!@)"
 _FILES = r"(?:png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4)"
 
@@ -148,9 +156,15 @@ class T5Captions:
 
     def tokens(self, texts: list[str]) -> tuple[Tensor, Tensor]:
         """Cleaned, tokenised prompts: ids and attention mask [N, L] (right-padded, as T5 reads them)."""
-        batch = self.tokenizer([clean_caption(t) for t in texts], max_length=self.length, padding="max_length",
-                               truncation=True, return_attention_mask=True, add_special_tokens=True,
-                               return_tensors="pt")  # fmt: skip
+        batch = self.tokenizer(
+            [clean_caption(t) for t in texts],
+            max_length=self.length,
+            padding="max_length",
+            truncation=True,
+            return_attention_mask=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+        )
         return batch["input_ids"], batch["attention_mask"]
 
     @torch.no_grad()

@@ -78,8 +78,15 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
     default_task = "shapeworld"
     guidance = "u + s(c − u)"  # CFG on the logits, as the AR prior
 
-    def __init__(self, config: MaskedConfig, tokenizer: PromptTokenizer, vq: VQTokenizer,
-                 estimator: str = "trajectory", remask_count: int = 2, replay_rows: int = 512) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: MaskedConfig,
+        tokenizer: PromptTokenizer,
+        vq: VQTokenizer,
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        replay_rows: int = 512,
+    ) -> None:
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
@@ -150,15 +157,17 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         boi = ids.new_full((b, 1), self.tokenizer.boi_id)
         return torch.cat([bos, ids, boi], dim=1)
 
-    def hidden(self, prompt_ids: torch.Tensor, canvas: torch.Tensor,
-               null: torch.Tensor | bool = False) -> torch.Tensor:  # fmt: skip
+    def hidden(
+        self, prompt_ids: torch.Tensor, canvas: torch.Tensor, null: torch.Tensor | bool = False
+    ) -> torch.Tensor:
         """Word ids [N, L] and canvases [N, T] (codes, `mask_id` where masked) → hidden states of the
         image positions [N, T, D] (one bidirectional forward)."""
         seq = torch.cat([self.prefix(prompt_ids, null), canvas + self.image_offset], dim=1)  # [N, P+T]
         return self.llama(input_ids=seq).last_hidden_state[:, self.prefix_len :]
 
-    def logits(self, prompt_ids: torch.Tensor, canvas: torch.Tensor,
-               null: torch.Tensor | bool = False) -> torch.Tensor:  # fmt: skip
+    def logits(
+        self, prompt_ids: torch.Tensor, canvas: torch.Tensor, null: torch.Tensor | bool = False
+    ) -> torch.Tensor:
         """Raw codebook logits [N, T, K] at every image position (pretraining's forward)."""
         return self.head(self.hidden(prompt_ids, canvas, null))
 
@@ -173,18 +182,33 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
             raise UserError(f"steps must be ≥ 1, got {steps}")
         return steps
 
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+    def _continue(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        n: int,
+    ) -> Rollout:
         sampling = rollout.sampling
         steps = self.resolve_steps(sampling)
         root = root.to(self.device)
         counts = reveal_counts(self.num_tokens, steps, self.config.mask_schedule)
         uniforms = continuation_uniforms(generators, (len(counts), self.num_tokens, 2), self.device)
         return maskgit_branch(
-            rollout, root, point, uniforms, self._hidden_fn(rollout.state["prompt_ids"].to(self.device)[root]), self.head, self.mask_id,
-            counts, self.choice_temperatures(steps), self._scale_fn(sampling)(step_progress(steps)), self.guidance,
+            rollout,
+            root,
+            point,
+            uniforms,
+            self._hidden_fn(rollout.state["prompt_ids"].to(self.device)[root]),
+            self.head,
+            self.mask_id,
+            counts,
+            self.choice_temperatures(steps),
+            self._scale_fn(sampling)(step_progress(steps)),
+            self.guidance,
             self.resolve_reveal_order(rollout.sampling),
-        )  # fmt: skip
+        )
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (config.json)."""
@@ -210,16 +234,30 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         steps = self.resolve_steps(sampling)
         scale_fn = self._scale_fn(sampling)
         return masked_logprobs(
-            self._hidden_fn(rollout.state["prompt_ids"]), self.head, rollout, context, dists,
-            mask_id=self.mask_id, vocab=self.config.codebook_size, dim=self.config.hidden_size,
-            guidance=self.guidance, step_scales=scale_fn(step_progress(steps)), scale_fn=scale_fn,
-            device=self.device, replay_rows=self.replay_rows,
-        )  # fmt: skip
+            self._hidden_fn(rollout.state["prompt_ids"]),
+            self.head,
+            rollout,
+            context,
+            dists,
+            mask_id=self.mask_id,
+            vocab=self.config.codebook_size,
+            dim=self.config.hidden_size,
+            guidance=self.guidance,
+            step_scales=scale_fn(step_progress(steps)),
+            scale_fn=scale_fn,
+            device=self.device,
+            replay_rows=self.replay_rows,
+        )
 
     # ---- sampler --------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
-                 predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+        predictions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample image tokens for word ids [B, L] with uniforms [B, S, T, 2] → (tokens [B, T], reveal
         steps [B, T], log-probs [3, B, T] of pos / neg / guided at each token's reveal step); `predictions`
         [B, S, T], when given, receives each step's full prediction x̂_s (maskgen.maskgit_continue)."""
@@ -229,13 +267,28 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         counts = reveal_counts(self.num_tokens, steps, self.config.mask_schedule)
         scales = self._scale_fn(sampling)(step_progress(steps))
         return maskgit_generate(
-            self._hidden_fn(prompt_ids), self.head, self.num_tokens, self.mask_id, counts, sampling,
-            uniforms, self.choice_temperatures(steps), scales, self.guidance, self.device,
-            self.resolve_reveal_order(sampling), predictions,
-        )  # fmt: skip
+            self._hidden_fn(prompt_ids),
+            self.head,
+            self.num_tokens,
+            self.mask_id,
+            counts,
+            sampling,
+            uniforms,
+            self.choice_temperatures(steps),
+            scales,
+            self.guidance,
+            self.device,
+            self.resolve_reveal_order(sampling),
+            predictions,
+        )
 
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """`group_size` samples per prompt, prompt i's samples contiguous (rows i·G … i·G+G−1)."""
         check_records(prompts, generators, "the ShapeWorld masked prior")
         steps = self.resolve_steps(sampling)
@@ -250,10 +303,18 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
             record_remasks(
-                ro, generators, self.remask_count, self.config.mask_schedule, self._hidden_fn(pid), self.head,
-                self.mask_id, self.config.codebook_size, self.config.hidden_size, self.guidance,
+                ro,
+                generators,
+                self.remask_count,
+                self.config.mask_schedule,
+                self._hidden_fn(pid),
+                self.head,
+                self.mask_id,
+                self.config.codebook_size,
+                self.config.hidden_size,
+                self.guidance,
                 self._scale_fn(sampling),
-            )  # fmt: skip
+            )
         return ro
 
     # ---- images ---------------------------------------------------------------------------------
@@ -288,8 +349,9 @@ class MaskedPolicy(MaskedPolicyMembers, nn.Module):
         )
 
 
-def load_masked_policy(path: str, estimator: str = "trajectory", remask_count: int = 2,
-                       name: str | None = None) -> MaskedPolicy:  # fmt: skip
+def load_masked_policy(
+    path: str, estimator: str = "trajectory", remask_count: int = 2, name: str | None = None
+) -> MaskedPolicy:
     """A `MaskedPolicy.save_pretrained` directory (a shipped name is resolved to its folder by the family
     registration, policies/families/masked.py); `name` is what the user wrote, for the error."""
     if not os.path.isdir(path):

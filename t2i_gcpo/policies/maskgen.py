@@ -1,6 +1,6 @@
 """Pieces every masked-image-token adapter shares (masked.py, showo.py; amused.py and meissonic.py through
-muse_common.py): the mask schedule, the MaskGIT sampler with per-prompt noise, the two log-prob estimators of a
-sample, and the `Policy` members the families have alike (`MaskedPolicyMembers`).
+muse_common.py): the mask schedule, the MaskGIT sampler with per-prompt noise, the two log-prob estimators of
+a sample, and the `Policy` members the families have alike (`MaskedPolicyMembers`).
 
 A masked generator decodes T tokens in S steps, revealing a share of the masked positions at each
 (by confidence, or a random subset whose order does not depend on the weights). `trajectory` replays
@@ -98,8 +98,9 @@ def guidance_scales(scale: float, schedule: str, progress: torch.Tensor) -> torc
     )
 
 
-def step_predictions(sampling: SamplingParams, rows: int, steps: int, num_tokens: int, mask_id: int,
-                     device: torch.device) -> torch.Tensor | None:  # fmt: skip
+def step_predictions(
+    sampling: SamplingParams, rows: int, steps: int, num_tokens: int, mask_id: int, device: torch.device
+) -> torch.Tensor | None:
     """The buffer [B, S, T] long the sampler fills with x̂_s where `sampling.record_predictions`, else None."""
     if not sampling.record_predictions:
         return None
@@ -128,10 +129,21 @@ def check_estimator(estimator: str, remask_count: int) -> None:
 
 
 @torch.no_grad()
-def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: int, counts: Sequence[int],
-                     sampling: SamplingParams, uniforms: torch.Tensor, choice_temperatures: torch.Tensor,
-                     scales: torch.Tensor, guidance: str, device: torch.device, reveal_order: str = "confidence",
-                     predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def maskgit_generate(
+    hidden_fn: HiddenFn,
+    head: Head,
+    num_tokens: int,
+    mask_id: int,
+    counts: Sequence[int],
+    sampling: SamplingParams,
+    uniforms: torch.Tensor,
+    choice_temperatures: torch.Tensor,
+    scales: torch.Tensor,
+    guidance: str,
+    device: torch.device,
+    reveal_order: str = "confidence",
+    predictions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Parallel decoding with CFG (one doubled batch [cond; null] per step), revealing the most
     confident masked positions or (``reveal_order="random"``) a uniformly random subset of them.
 
@@ -143,19 +155,40 @@ def maskgit_generate(hidden_fn: HiddenFn, head: Head, num_tokens: int, mask_id: 
     tokens = torch.full((b, num_tokens), mask_id, dtype=torch.long, device=device)  # the canvas
     step = torch.full((b, num_tokens), -1, dtype=torch.long, device=device)
     logps = torch.zeros(3, b, num_tokens, device=device)
-    tokens, step, logps = maskgit_continue(hidden_fn, head, tokens, step, logps, 0, counts, sampling, uniforms,
-                                           choice_temperatures, scales, guidance, reveal_order, predictions)  # fmt: skip
+    tokens, step, logps = maskgit_continue(
+        hidden_fn,
+        head,
+        tokens,
+        step,
+        logps,
+        0,
+        counts,
+        sampling,
+        uniforms,
+        choice_temperatures,
+        scales,
+        guidance,
+        reveal_order,
+        predictions,
+    )
     if bool((step < 0).any()):
         raise RuntimeError("masked sampler left tokens unrevealed")  # the schedule reveals all T
     return tokens, step, logps
 
 
-def sampled_rollout(tokens: torch.Tensor, step: torch.Tensor, logps: torch.Tensor, prompts: Sequence[PromptRecord],
-                    group_size: int, sampling: SamplingParams, state: dict[str, Any],
-                    predictions: torch.Tensor | None) -> Rollout:  # fmt: skip
-    """The `Rollout` of `maskgit_generate`'s samples: tokens and reveal steps [B, T] (every token valid), their
-    log-probs [3, B, T] (pos, neg, guided), prompt i's record in its G rows, the adapter's `state` (its prompt ids
-    and ``"estimator"``) and, where recorded, the step predictions (`STEP_PREDICTIONS`)."""
+def sampled_rollout(
+    tokens: torch.Tensor,
+    step: torch.Tensor,
+    logps: torch.Tensor,
+    prompts: Sequence[PromptRecord],
+    group_size: int,
+    sampling: SamplingParams,
+    state: dict[str, Any],
+    predictions: torch.Tensor | None,
+) -> Rollout:
+    """The `Rollout` of `maskgit_generate`'s samples: tokens and reveal steps [B, T] (every token valid),
+    their log-probs [3, B, T] (pos, neg, guided), prompt i's record in its G rows, the adapter's `state` (its
+    prompt ids and ``"estimator"``) and, where recorded, the step predictions (`STEP_PREDICTIONS`)."""
     ro = Rollout(
         tokens=tokens,
         mask=torch.ones_like(tokens, dtype=torch.float),
@@ -171,11 +204,22 @@ def sampled_rollout(tokens: torch.Tensor, step: torch.Tensor, logps: torch.Tenso
     return ro
 
 
-def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step: torch.Tensor,
-                     logps: torch.Tensor, start: int, counts: Sequence[int], sampling: SamplingParams,
-                     uniforms: torch.Tensor, choice_temperatures: torch.Tensor, scales: torch.Tensor, guidance: str,
-                     reveal_order: str = "confidence",
-                     predictions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def maskgit_continue(
+    hidden_fn: HiddenFn,
+    head: Head,
+    tokens: torch.Tensor,
+    step: torch.Tensor,
+    logps: torch.Tensor,
+    start: int,
+    counts: Sequence[int],
+    sampling: SamplingParams,
+    uniforms: torch.Tensor,
+    choice_temperatures: torch.Tensor,
+    scales: torch.Tensor,
+    guidance: str,
+    reveal_order: str = "confidence",
+    predictions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The decoding loop from reveal step `start` on: tokens [N, T] (mask id where unrevealed), step
     [N, T] (−1 where unrevealed) and logps [3, N, T] hold the canvas after step start − 1 (an empty
     canvas for start = 0: `maskgit_generate`; a root's canvas for a branched rollout, `maskgit_branch`);
@@ -224,10 +268,20 @@ def maskgit_continue(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, step
     return tokens, step, logps
 
 
-def maskgit_branch(rollout: Rollout, root: torch.Tensor, point: torch.Tensor, uniforms: torch.Tensor,
-                   hidden_fn: HiddenFn, head: Head, mask_id: int, counts: Sequence[int],
-                   choice_temperatures: torch.Tensor, scales: torch.Tensor, guidance: str,
-                   reveal_order: str) -> Rollout:  # fmt: skip
+def maskgit_branch(
+    rollout: Rollout,
+    root: torch.Tensor,
+    point: torch.Tensor,
+    uniforms: torch.Tensor,
+    hidden_fn: HiddenFn,
+    head: Head,
+    mask_id: int,
+    counts: Sequence[int],
+    choice_temperatures: torch.Tensor,
+    scales: torch.Tensor,
+    guidance: str,
+    reveal_order: str,
+) -> Rollout:
     """Continuations of rows `root` of a masked rollout (docs/concepts/tree_credit.md#branched-rollouts):
     continuation j starts on its root's canvas after reveal step point[j] − 1 and re-runs steps point[j] …
     S − 1 with its uniforms [N, S, T, 2] (`maskgit_continue`). `hidden_fn` runs over the continuations' rows.
@@ -247,18 +301,31 @@ def maskgit_branch(rollout: Rollout, root: torch.Tensor, point: torch.Tensor, un
             return hidden_fn(canvas, rows[rr], null)  # group row → continuation row
 
         out = maskgit_continue(
-            group_fn, head,
-            torch.where(kept, r_tok[rows], mask_id), torch.where(kept, r_step[rows], -1),
-            torch.where(kept, r_lp[:, rows], 0.0), s, counts, rollout.sampling, uniforms[rows], choice_temperatures,
-            scales, guidance, reveal_order,
-        )  # fmt: skip
+            group_fn,
+            head,
+            torch.where(kept, r_tok[rows], mask_id),
+            torch.where(kept, r_step[rows], -1),
+            torch.where(kept, r_lp[:, rows], 0.0),
+            s,
+            counts,
+            rollout.sampling,
+            uniforms[rows],
+            choice_temperatures,
+            scales,
+            guidance,
+            reveal_order,
+        )
         tokens[rows], step[rows], logps[:, rows] = out
     dropped = ("remask", "remask_t", "sampled_logp", STEP_PREDICTIONS, STEP_REWARDS)  # the root's, not theirs
     state = {k: v for k, v in base.state.items() if k not in dropped}
     return dataclasses.replace(
-        base, tokens=tokens, step=step, mask=torch.ones_like(tokens, dtype=torch.float),
-        logp=dict(zip(("pos", "neg", "guided"), logps)), state={**state, "estimator": "trajectory"},
-    )  # fmt: skip
+        base,
+        tokens=tokens,
+        step=step,
+        mask=torch.ones_like(tokens, dtype=torch.float),
+        logp=dict(zip(("pos", "neg", "guided"), logps)),
+        state={**state, "estimator": "trajectory"},
+    )
 
 
 # ---------------------------------------------------------------------------- estimators
@@ -270,8 +337,13 @@ def _pack(h: torch.Tensor, rows: int, scale: torch.Tensor) -> torch.Tensor:
     return torch.cat([hc, hu, scale.to(h)[..., None]], dim=-1)
 
 
-def context_hidden(hidden_fn: HiddenFn, canvas: torch.Tensor, rows: torch.Tensor, context: Context,
-                   scale: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def context_hidden(
+    hidden_fn: HiddenFn,
+    canvas: torch.Tensor,
+    rows: torch.Tensor,
+    context: Context,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Hidden states of `canvas` [N, T] under `context`: [N, T, D] for pos / neg; for guided the cond
     and null states with the per-token scale packed as [N, T, 2D + 1] (one doubled forward)."""
     n = canvas.shape[0]
@@ -283,8 +355,9 @@ def context_hidden(hidden_fn: HiddenFn, canvas: torch.Tensor, rows: torch.Tensor
     return _pack(hidden_fn(torch.cat([canvas, canvas]), torch.cat([rows, rows]), null), n, scale)
 
 
-def make_to_logits(head: Head, context: Context, guidance: str, temperature: float,
-                   dim: int) -> Callable[[torch.Tensor], torch.Tensor]:  # fmt: skip
+def make_to_logits(
+    head: Head, context: Context, guidance: str, temperature: float, dim: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """Hidden chunk [B, t, D] (or packed [B, t, 2D + 1]) → temperature-scaled logits [B, t, K]."""
     if context != "guided":
         return lambda h: head(h) / temperature
@@ -297,8 +370,15 @@ def make_to_logits(head: Head, context: Context, guidance: str, temperature: flo
     return to_logits
 
 
-def trajectory_hidden(hidden_fn: HiddenFn, tokens: torch.Tensor, step: torch.Tensor, mask_id: int,
-                      context: Context, step_scales: torch.Tensor, replay_rows: int) -> torch.Tensor:  # fmt: skip
+def trajectory_hidden(
+    hidden_fn: HiddenFn,
+    tokens: torch.Tensor,
+    step: torch.Tensor,
+    mask_id: int,
+    context: Context,
+    step_scales: torch.Tensor,
+    replay_rows: int,
+) -> torch.Tensor:
     """Hidden states [B, T, D′] with token t taken from the replay of the step that revealed it: the
     canvas of step s holds the tokens revealed before s, the rest masked. Steps are stacked along
     the batch, ``replay_rows`` rows per forward (at least one step per forward)."""
@@ -311,8 +391,13 @@ def trajectory_hidden(hidden_fn: HiddenFn, tokens: torch.Tensor, step: torch.Ten
         group = present[i : i + per]
         canvas = torch.cat([torch.where(step < s, tokens, mask_id) for s in group])  # [n·B, T]
         scale = step_scales.to(tokens.device)[step].float() if context == "guided" else None
-        h = context_hidden(hidden_fn, canvas, rows.repeat(len(group)),
-                           context, None if scale is None else scale.repeat(len(group), 1))  # fmt: skip
+        h = context_hidden(
+            hidden_fn,
+            canvas,
+            rows.repeat(len(group)),
+            context,
+            None if scale is None else scale.repeat(len(group), 1),
+        )
         h = h.view(len(group), b, *h.shape[1:])  # [n, B, T, D′]
         if out is None:
             out = h.new_zeros(h.shape[1:])
@@ -338,10 +423,21 @@ def remask_scored(mask: torch.Tensor, remasks: torch.Tensor) -> torch.Tensor:
     return mask * remasks.any(1).to(mask)
 
 
-def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: Context, dists: bool,
-                    mask_id: int, vocab: int, dim: int, guidance: str, step_scales: torch.Tensor,
-                    scale_fn: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-                    replay_rows: int = 512) -> tuple[torch.Tensor, ChunkedDists | None]:  # fmt: skip
+def masked_logprobs(
+    hidden_fn: HiddenFn,
+    head: Head,
+    rollout: Rollout,
+    context: Context,
+    dists: bool,
+    mask_id: int,
+    vocab: int,
+    dim: int,
+    guidance: str,
+    step_scales: torch.Tensor,
+    scale_fn: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+    replay_rows: int = 512,
+) -> tuple[torch.Tensor, ChunkedDists | None]:
     """(log softmax(ℓ/T) of the rollout's tokens [B, T] under `context`, with gradient, by the estimator
     recorded in the rollout (``state["estimator"]``); with `dists` the full distributions
     (`ChunkedDists`, no gradient), else None). `step_scales` [S]: the sampler's guidance scale per
@@ -375,9 +471,19 @@ def masked_logprobs(hidden_fn: HiddenFn, head: Head, rollout: Rollout, context: 
 
 
 @torch.no_grad()
-def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: torch.Tensor,
-                  times: torch.Tensor, mask_id: int, vocab: int, dim: int, guidance: str,
-                  temperature: float, scale_fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:  # fmt: skip
+def remask_record(
+    hidden_fn: HiddenFn,
+    head: Head,
+    tokens: torch.Tensor,
+    masks: torch.Tensor,
+    times: torch.Tensor,
+    mask_id: int,
+    vocab: int,
+    dim: int,
+    guidance: str,
+    temperature: float,
+    scale_fn: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """The remask estimator's log-probs {pos, neg, guided} [B, T] of sampled tokens under the rollout
     policy (the ratio's old log-probs), from one doubled forward per re-mask."""
     rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -397,9 +503,19 @@ def remask_record(hidden_fn: HiddenFn, head: Head, tokens: torch.Tensor, masks: 
     return {c: torch.where(count > 0, v / count.clamp_min(1), torch.zeros_like(v)) for c, v in total.items()}
 
 
-def record_remasks(rollout: Rollout, generators: Sequence[torch.Generator], remask_count: int, mask_schedule: str,
-                   hidden_fn: HiddenFn, head: Head, mask_id: int, vocab: int, dim: int, guidance: str,
-                   scale_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:  # fmt: skip
+def record_remasks(
+    rollout: Rollout,
+    generators: Sequence[torch.Generator],
+    remask_count: int,
+    mask_schedule: str,
+    hidden_fn: HiddenFn,
+    head: Head,
+    mask_id: int,
+    vocab: int,
+    dim: int,
+    guidance: str,
+    scale_fn: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
     """Make a freshly sampled rollout one of the remask estimator: K = `remask_count` re-masks of each sample
     drawn from its prompt's generator after the sampler's draws (`draw_remasks`), kept in its state with the
     sampler's own log-probs (``sampled_logp``, what its continuations start from); its log-probs become those
@@ -409,8 +525,9 @@ def record_remasks(rollout: Rollout, generators: Sequence[torch.Generator], rema
     masks, times = draw_remasks(u, mask_schedule)
     rollout.state.update(remask=masks, remask_t=times, sampled_logp=rollout.logp)
     temperature = rollout.sampling.temperature
-    rollout.logp = remask_record(hidden_fn, head, tokens, masks, times, mask_id, vocab, dim, guidance, temperature,
-                                 scale_fn)  # fmt: skip
+    rollout.logp = remask_record(
+        hidden_fn, head, tokens, masks, times, mask_id, vocab, dim, guidance, temperature, scale_fn
+    )
     rollout.scored = remask_scored(rollout.mask, masks)
 
 
@@ -418,9 +535,10 @@ def record_remasks(rollout: Rollout, generators: Sequence[torch.Generator], rema
 
 
 class MaskedPolicyMembers(LogprobsForward):
-    """The `Policy` members every masked family (masked.py, showo.py, muse_common.py's) has alike, from the two
-    it writes itself: ``_logprobs(rollout, context, dists)`` (its `masked_logprobs`) and ``_continue(rollout,
-    root, point, generators, n)`` (its `maskgit_branch`). Listed before ``nn.Module`` among its bases."""
+    """The `Policy` members every masked family (masked.py, showo.py, muse_common.py's) has alike, from the
+    two it writes itself: ``_logprobs(rollout, context, dists)`` (its `masked_logprobs`) and
+    ``_continue(rollout, root, point, generators, n)`` (its `maskgit_branch`). Listed before
+    ``nn.Module`` among its bases."""
 
     def set_estimator(self, estimator: str, remask_count: int = 2) -> None:
         """``trajectory`` or ``remask`` (with K = `remask_count` re-masks) for the next rollouts."""
@@ -440,8 +558,10 @@ class MaskedPolicyMembers(LogprobsForward):
         assert dists is not None
         return logp, dists
 
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+    def branch(
+        self, rollout: Rollout, points: torch.Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
         """`n` continuations of every sample from each of its branch points (reveal steps): each re-runs the
-        reveal schedule from its step on the root's canvas (docs/concepts/tree_credit.md#branched-rollouts)."""
+        reveal schedule from its step on the root's canvas
+        (docs/concepts/tree_credit.md#branched-rollouts)."""
         return branched(rollout, points, n, generators, self._continue)

@@ -73,7 +73,8 @@ DEFAULT_LORA_TARGETS = (
 
 def clip_text_widths(folder: Path) -> tuple[int, int, int]:
     """(hidden width, projection width, positions) of ``text_encoder/config.json``, read before any weight: a
-    CLIP text model with projection, or a whole CLIP model (laion/CLIP-ViT-H-14-laion2B-s32B-b79K's layout)."""
+    CLIP text model with projection, or a whole CLIP model
+    (laion/CLIP-ViT-H-14-laion2B-s32B-b79K's layout)."""
     file = folder / "config.json"
     raw = read_json(file, dict[str, Any], follow=True)
     kind = raw.get("model_type")
@@ -107,9 +108,18 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
     default_guidance_scale = 9.0  # inference.py CFG = 9; src/pipeline.py guidance_scale=9.0
     text_length = TEXT_LENGTH
 
-    def __init__(self, transformer: MeissonicTransformer, vqvae: nn.Module, text_encoder: nn.Module,
-                 tokenizer: Any, scheduler_config: dict, estimator: str = "trajectory", remask_count: int = 2,
-                 replay_rows: int = 0, negative_prompt: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        transformer: MeissonicTransformer,
+        vqvae: nn.Module,
+        text_encoder: nn.Module,
+        tokenizer: Any,
+        scheduler_config: dict,
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        replay_rows: int = 0,
+        negative_prompt: str = "",
+    ) -> None:
         super().__init__()
         cfg = transformer.config
         mask_id = int(scheduler_config["mask_token_id"])
@@ -148,9 +158,16 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str = "float32", estimator: str = "trajectory",
-                        remask_count: int = 2, gradient_checkpointing: bool = False, lora_rank: int = 0,
-                        negative_prompt: str | None = None) -> MeissonicPolicy:  # fmt: skip
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        gradient_checkpointing: bool = False,
+        lora_rank: int = 0,
+        negative_prompt: str | None = None,
+    ) -> MeissonicPolicy:
         """Load a local Meissonic folder (never the Hub; nothing of the folder is executed: weights are read
         from safetensors, configs from JSON). Every part is checked against the others before a weight is
         read: a missing part, a text encoder of another width, a config the reference does not run are one
@@ -166,8 +183,8 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
         hidden, projection, positions = clip_text_widths(path / "text_encoder")
         if hidden != config.joint_attention_dim or projection != config.pooled_projection_dim:
             raise UserError(
-                f"{path / 'text_encoder'}: a text encoder of width {hidden} (projection {projection}), but the "
-                f"transformer takes {config.joint_attention_dim} (joint_attention_dim) and "
+                f"{path / 'text_encoder'}: a text encoder of width {hidden} (projection {projection}), "
+                f"but the transformer takes {config.joint_attention_dim} (joint_attention_dim) and "
                 f"{config.pooled_projection_dim} (pooled_projection_dim): not this transformer's text encoder"
             )
         if positions < TEXT_LENGTH:
@@ -178,8 +195,16 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
         check_weight_files(path)  # the loading check of every family: readable, number dtypes, finite
         transformer = load_transformer(path / "transformer", torch_dtype)
         vqvae, text_encoder, tokenizer = muse.load_frozen_parts(path, torch_dtype, VQModel, "Meissonic")
-        policy = cls(transformer, vqvae, text_encoder, tokenizer, scheduler_config, estimator, remask_count,
-                     negative_prompt=muse.negative_prompt(path, negative_prompt))  # fmt: skip
+        policy = cls(
+            transformer,
+            vqvae,
+            text_encoder,
+            tokenizer,
+            scheduler_config,
+            estimator,
+            remask_count,
+            negative_prompt=muse.negative_prompt(path, negative_prompt),
+        )
         muse.read_reveal_order(path, policy)
         if lora_rank:
             policy.add_lora(lora_rank)
@@ -203,10 +228,10 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
         """Any text: the CLIP tokenizer truncates to 77 ids, as the pipeline does."""
 
     def timesteps(self, masked: torch.Tensor, steps: int) -> torch.Tensor:
-        """The pipeline's timestep for canvases with `masked` [N] masked tokens in a decoding of `steps` steps:
-        S − 1 − s for the canvas reveal step s sees (its masked count fixes s: every step reveals at least one
-        token); a count no step sees (a re-mask of the remask estimator) gets S − 1 − S·γ⁻¹(masked / T),
-        clamped to [0, S − 1] — the step whose canvas it would be under the schedule γ."""
+        """The pipeline's timestep for canvases with `masked` [N] masked tokens in a decoding of `steps`
+        steps: S − 1 − s for the canvas reveal step s sees (its masked count fixes s: every step reveals at
+        least one token); a count no step sees (a re-mask of the remask estimator) gets S − 1 − S·γ⁻¹(masked /
+        T), clamped to [0, S − 1] — the step whose canvas it would be under the schedule γ."""
         t_len = self.num_tokens
         counts = torch.tensor(reveal_counts(t_len, steps, self.mask_schedule), device=masked.device)
         before = t_len - torch.cumsum(counts, 0) + counts  # masked tokens before each step [S]
@@ -228,10 +253,12 @@ class MeissonicPolicy(muse.MuseMembers, nn.Module):
             pooled = torch.where(null[:, None], pooled_u[rows], pooled_c[rows])
             states = torch.where(null[:, None, None], states_u[rows], states_c[rows])
             h = self.transformer.features(
-                canvas.view(n, rows_, cols), micro_conds=self.micro_conds(n, states.dtype),
-                pooled_projections=pooled, encoder_hidden_states=states,
+                canvas.view(n, rows_, cols),
+                micro_conds=self.micro_conds(n, states.dtype),
+                pooled_projections=pooled,
+                encoder_hidden_states=states,
                 timestep=self.timesteps((canvas == self.mask_id).sum(1), steps),
-            )  # [N, D, rows, cols]  # fmt: skip
+            )  # [N, D, rows, cols]
             return h.flatten(2).transpose(1, 2)  # [N, T, D]
 
         return hidden_fn

@@ -1,5 +1,5 @@
-"""Meissonic's transformer (Bai et al. 2024, arXiv 2410.08261; viiika/Meissonic ``src/transformer.py``), written
-here on diffusers' building blocks, with the released checkpoint's module names, so that the released
+"""Meissonic's transformer (Bai et al. 2024, arXiv 2410.08261; viiika/Meissonic ``src/transformer.py``),
+written here on diffusers' building blocks, with the released checkpoint's module names, so that the released
 ``transformer/diffusion_pytorch_model.safetensors`` loads key for key (`load_transformer`) and a trained one
 saves the same way (`save_transformer`). Nothing of the checkpoint folder's own ``transformer.py`` is read.
 
@@ -92,8 +92,9 @@ class MeissonicTransformerConfig:
             )
         if self.pooled_projection_dim != self.inner_dim:
             problems.append(
-                f"pooled_projection_dim {self.pooled_projection_dim} ≠ num_attention_heads × attention_head_dim "
-                f"{self.inner_dim} (the reference feeds cond_embed's output to the pooled-text projection)"
+                f"pooled_projection_dim {self.pooled_projection_dim} ≠ num_attention_heads × "
+                f"attention_head_dim {self.inner_dim} (the reference feeds cond_embed's output to the "
+                f"pooled-text projection)"
             )
         if self.codebook_size >= self.vocab_size:
             problems.append(
@@ -130,8 +131,9 @@ def read_config(path: Path) -> MeissonicTransformerConfig:
 # ---------------------------------------------------------------------------- attention
 
 
-def rope(config: MeissonicTransformerConfig, text_len: int, rows: int, cols: int,
-         device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def rope(
+    config: MeissonicTransformerConfig, text_len: int, rows: int, cols: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [L + rows·cols, head_dim] of the reference's FluxPosEmbed over ids (0, 0, 0) per text token
     and (0, r, c) per image token in raster order (src/pipeline.py `_prepare_latent_image_ids`)."""
     from diffusers.models.embeddings import get_1d_rotary_pos_embed
@@ -140,17 +142,24 @@ def rope(config: MeissonicTransformerConfig, text_len: int, rows: int, cols: int
     image = torch.stack([torch.zeros_like(r), r, c], -1).reshape(-1, 3)
     ids = torch.cat([torch.zeros(text_len, 3, dtype=image.dtype), image]).double()  # [S, 3]
     parts = [
-        get_1d_rotary_pos_embed(dim, ids[:, i], theta=ROPE_THETA, use_real=True, repeat_interleave_real=True,
-                                freqs_dtype=torch.float64)
+        get_1d_rotary_pos_embed(
+            dim,
+            ids[:, i],
+            theta=ROPE_THETA,
+            use_real=True,
+            repeat_interleave_real=True,
+            freqs_dtype=torch.float64,
+        )
         for i, dim in enumerate(config.axes_dims_rope)
-    ]  # fmt: skip
+    ]
     cos = torch.cat([p[0] for p in parts], -1).to(device)
     sin = torch.cat([p[1] for p in parts], -1).to(device)
     return cos, sin
 
 
-def attention(attn: nn.Module, x: torch.Tensor, context: torch.Tensor | None,
-              pos: tuple[torch.Tensor, torch.Tensor]) -> Any:  # fmt: skip
+def attention(
+    attn: nn.Module, x: torch.Tensor, context: torch.Tensor | None, pos: tuple[torch.Tensor, torch.Tensor]
+) -> Any:
     """The reference's attention (diffusers' Flux processor of its day) on a diffusers ``Attention``: per-head
     RMSNorm on q and k, [context; x] joint when `context` is given, RoPE, SDPA; → x's output projected
     (and the context's), or for a one-stream block the attention output without projection."""
@@ -196,16 +205,29 @@ class JointBlock(nn.Module):
         self.norm1 = AdaLayerNormZero(dim)
         self.norm1_context = AdaLayerNormZero(dim)
         self.attn = Attention(
-            query_dim=dim, cross_attention_dim=None, added_kv_proj_dim=dim, dim_head=head_dim, heads=heads,
-            out_dim=dim, context_pre_only=False, bias=True, qk_norm="rms_norm", eps=EPS,
-        )  # fmt: skip
+            query_dim=dim,
+            cross_attention_dim=None,
+            added_kv_proj_dim=dim,
+            dim_head=head_dim,
+            heads=heads,
+            out_dim=dim,
+            context_pre_only=False,
+            bias=True,
+            qk_norm="rms_norm",
+            eps=EPS,
+        )
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=EPS)
         self.ff = FeedForward(dim=dim, dim_out=dim, activation_fn="gelu-approximate")
         self.norm2_context = nn.LayerNorm(dim, elementwise_affine=False, eps=EPS)
         self.ff_context = FeedForward(dim=dim, dim_out=dim, activation_fn="gelu-approximate")
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, emb: torch.Tensor,
-                pos: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        emb: torch.Tensor,
+        pos: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         nx, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(x, emb=emb)
         nc, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(context, emb=emb)
         attn_x, attn_c = attention(self.attn, nx, nc, pos)
@@ -232,9 +254,16 @@ class SingleBlock(nn.Module):
         self.act_mlp = nn.GELU(approximate="tanh")
         self.proj_out = nn.Linear(dim + hidden, dim)
         self.attn = Attention(
-            query_dim=dim, cross_attention_dim=None, dim_head=head_dim, heads=heads, out_dim=dim, bias=True,
-            qk_norm="rms_norm", eps=EPS, pre_only=True,
-        )  # fmt: skip
+            query_dim=dim,
+            cross_attention_dim=None,
+            dim_head=head_dim,
+            heads=heads,
+            out_dim=dim,
+            bias=True,
+            qk_norm="rms_norm",
+            eps=EPS,
+            pre_only=True,
+        )
 
     def forward(
         self, x: torch.Tensor, emb: torch.Tensor, pos: tuple[torch.Tensor, torch.Tensor]
@@ -263,7 +292,8 @@ class TokenEmbed(nn.Module):
 
 
 class CodebookHead(nn.Module):
-    """[N, D, H, W] → codebook logits [N, K, H, W]: 1×1 conv, RMSNorm, 1×1 conv (the reference's ConvMlmLayer)."""
+    """[N, D, H, W] → codebook logits [N, K, H, W]: 1×1 conv, RMSNorm, 1×1 conv (the
+    reference's ConvMlmLayer)."""
 
     def __init__(self, dim: int, codebook_size: int) -> None:
         super().__init__()
@@ -350,15 +380,22 @@ class MeissonicTransformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.context_embedder.weight.dtype
 
-    def features(self, ids: torch.Tensor, micro_conds: torch.Tensor, pooled_projections: torch.Tensor,
-                 encoder_hidden_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Token ids [N, H, W], micro-conditioning [N, 5], pooled projected text [N, P], penultimate text states
-        [N, L, J], timesteps [N] (or [1]) → the codebook head's input [N, D, H, W]."""
+    def features(
+        self,
+        ids: torch.Tensor,
+        micro_conds: torch.Tensor,
+        pooled_projections: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+    ) -> torch.Tensor:
+        """Token ids [N, H, W], micro-conditioning [N, 5], pooled projected text [N, P], penultimate text
+        states [N, L, J], timesteps [N] (or [1]) → the codebook head's input [N, D, H, W]."""
         from diffusers.models.embeddings import get_timestep_embedding
 
         n = ids.shape[0]
-        micro = get_timestep_embedding(micro_conds.flatten(), MICRO_COND_DIM, flip_sin_to_cos=True,
-                                       downscale_freq_shift=0).reshape(n, -1)  # fmt: skip
+        micro = get_timestep_embedding(
+            micro_conds.flatten(), MICRO_COND_DIM, flip_sin_to_cos=True, downscale_freq_shift=0
+        ).reshape(n, -1)
         cond = self.cond_embed(torch.cat([pooled_projections, micro], dim=1).to(self.dtype))
         cond = cond.to(encoder_hidden_states.dtype)
         x = self.down_block(self.embed(ids))  # [N, D, h, w]
@@ -383,8 +420,14 @@ class MeissonicTransformer(nn.Module):
     def _checkpointed(block: nn.Module, *args: Any) -> Any:
         return checkpoint(block, *args, use_reentrant=False)
 
-    def forward(self, ids: torch.Tensor, micro_conds: torch.Tensor, pooled_projections: torch.Tensor,
-                encoder_hidden_states: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        ids: torch.Tensor,
+        micro_conds: torch.Tensor,
+        pooled_projections: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+    ) -> torch.Tensor:
         """Codebook logits [N, K, H, W] (the reference's output)."""
         h = self.features(ids, micro_conds, pooled_projections, encoder_hidden_states, timestep)
         return self.mlm_layer.conv2(h)
@@ -418,7 +461,8 @@ def load_transformer(path: Path, dtype: torch.dtype) -> MeissonicTransformer:
     if shapes:
         k = shapes[0]
         raise UserError(
-            f"{file}: {k} has shape {tuple(state[k].shape)}, config.json gives {tuple(model.state_dict()[k].shape)}"
+            f"{file}: {k} has shape {tuple(state[k].shape)}, config.json gives "
+            f"{tuple(model.state_dict()[k].shape)}"
             + (f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else "")
         )
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)

@@ -111,8 +111,8 @@ class MuseAdapter(Protocol):
         """Features [..., C] → codebook logits [..., K] in float32."""
 
     def conditioned_features(self, pos_ids: torch.Tensor, neg_ids: torch.Tensor, steps: int) -> HiddenFn:
-        """The maskgen ``hidden_fn(canvas, rows, null)`` → features [N, T, C] of the transformer conditioned on
-        CLIP ids `pos_ids` (rows where ``null`` is false) or `neg_ids`, for a decoding of `steps` steps."""
+        """The maskgen ``hidden_fn(canvas, rows, null)`` → features [N, T, C] of the transformer conditioned
+        on CLIP ids `pos_ids` (rows where ``null`` is false) or `neg_ids`, for a decoding of `steps` steps."""
 
 
 # ---------------------------------------------------------------------------- the folder
@@ -279,8 +279,13 @@ def keep_reveal_order(adapter: MuseAdapter, order: str) -> None:
 # ---------------------------------------------------------------------------- the reveal loop
 
 
-def rollout(adapter: MuseAdapter, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-            generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+def rollout(
+    adapter: MuseAdapter,
+    prompts: Sequence[PromptRecord],
+    group_size: int,
+    sampling: SamplingParams,
+    generators: Sequence[torch.Generator],
+) -> Rollout:
     """`group_size` samples per prompt (rows i·G … i·G+G−1); ``PromptRecord.negative`` is honoured."""
     if len(generators) != len(prompts):
         raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
@@ -299,22 +304,47 @@ def rollout(adapter: MuseAdapter, prompts: Sequence[PromptRecord], group_size: i
     predictions = step_predictions(sampling, len(pos_ids), steps, t_len, adapter.mask_id, dev)
     with torch.no_grad():
         tokens, step, logps = maskgit_generate(
-            hidden_fn, adapter.head, t_len, adapter.mask_id, reveal_counts(t_len, steps, adapter.mask_schedule),
-            sampling, uniforms, choice_temperatures(steps), scales(step_progress(steps)), GUIDANCE, dev, order,
+            hidden_fn,
+            adapter.head,
+            t_len,
+            adapter.mask_id,
+            reveal_counts(t_len, steps, adapter.mask_schedule),
+            sampling,
+            uniforms,
+            choice_temperatures(steps),
+            scales(step_progress(steps)),
+            GUIDANCE,
+            dev,
+            order,
             predictions,
-        )  # fmt: skip
+        )
     state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": adapter.estimator}
     ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
     if adapter.estimator == "remask":
         record_remasks(
-            ro, generators, adapter.remask_count, adapter.mask_schedule, hidden_fn, adapter.head, adapter.mask_id,
-            adapter.codebook_size, adapter.feature_dim, GUIDANCE, scales,
-        )  # fmt: skip
+            ro,
+            generators,
+            adapter.remask_count,
+            adapter.mask_schedule,
+            hidden_fn,
+            adapter.head,
+            adapter.mask_id,
+            adapter.codebook_size,
+            adapter.feature_dim,
+            GUIDANCE,
+            scales,
+        )
     return ro
 
 
-def continue_rollout(adapter: MuseAdapter, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                     generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+def continue_rollout(
+    adapter: MuseAdapter,
+    rollout: Rollout,
+    root: torch.Tensor,
+    point: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    n: int,
+) -> Rollout:
     """Continuations of rows `root` from reveal steps `point` (`Policy.branch` through branching.branched)."""
     sampling = rollout.sampling
     steps = resolve_steps(adapter, sampling)
@@ -325,16 +355,27 @@ def continue_rollout(adapter: MuseAdapter, rollout: Rollout, root: torch.Tensor,
         rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root], steps
     )
     return maskgit_branch(
-        rollout, root, point, uniforms, hidden_fn, adapter.head, adapter.mask_id, counts,
-        choice_temperatures(steps), scale_fn(sampling)(step_progress(steps)), GUIDANCE,
+        rollout,
+        root,
+        point,
+        uniforms,
+        hidden_fn,
+        adapter.head,
+        adapter.mask_id,
+        counts,
+        choice_temperatures(steps),
+        scale_fn(sampling)(step_progress(steps)),
+        GUIDANCE,
         sampling.reveal_order or adapter.reveal_order,
-    )  # fmt: skip
+    )
 
 
-def logprobs(adapter: MuseAdapter, rollout: Rollout, context: Context,
-             dists: bool) -> tuple[torch.Tensor, ChunkedDists | None]:  # fmt: skip
-    """log softmax(ℓ/T) of the rollout's tokens [B, T] by its estimator, with gradient (maskgen.masked_logprobs;
-    0 where the remask estimator scores nothing), and with `dists` the full distributions."""
+def logprobs(
+    adapter: MuseAdapter, rollout: Rollout, context: Context, dists: bool
+) -> tuple[torch.Tensor, ChunkedDists | None]:
+    """log softmax(ℓ/T) of the rollout's tokens [B, T] by its estimator, with gradient
+    (maskgen.masked_logprobs; 0 where the remask estimator scores nothing), and with `dists` the
+    full distributions."""
     sampling = rollout.sampling
     steps = resolve_steps(adapter, sampling)
     scales = scale_fn(sampling)
@@ -342,10 +383,20 @@ def logprobs(adapter: MuseAdapter, rollout: Rollout, context: Context,
         rollout.state["prompt_ids"], rollout.state["negative_ids"], steps
     )
     return masked_logprobs(
-        hidden_fn, adapter.head, rollout, context, dists, mask_id=adapter.mask_id, vocab=adapter.codebook_size,
-        dim=adapter.feature_dim, guidance=GUIDANCE, step_scales=scales(step_progress(steps)), scale_fn=scales,
-        device=adapter.device, replay_rows=adapter.replay_rows,
-    )  # fmt: skip
+        hidden_fn,
+        adapter.head,
+        rollout,
+        context,
+        dists,
+        mask_id=adapter.mask_id,
+        vocab=adapter.codebook_size,
+        dim=adapter.feature_dim,
+        guidance=GUIDANCE,
+        step_scales=scales(step_progress(steps)),
+        scale_fn=scales,
+        device=adapter.device,
+        replay_rows=adapter.replay_rows,
+    )
 
 
 # ---------------------------------------------------------------------------- images
@@ -369,9 +420,10 @@ def token_features(adapter: MuseAdapter, rollout: Rollout) -> torch.Tensor:
 
 
 class MuseMembers(MaskedPolicyMembers):
-    """The `Policy` members aMUSEd and Meissonic have alike: the functions above, each bound to the adapter (its
-    first argument), and maskgen.MaskedPolicyMembers's `logprobs`, `branch` and `forward` over two of them.
-    Listed before ``nn.Module`` among an adapter's bases; what differs is the adapter's own (`MuseAdapter`)."""
+    """The `Policy` members aMUSEd and Meissonic have alike: the functions above, each bound to the adapter
+    (its first argument), and maskgen.MaskedPolicyMembers's `logprobs`, `branch` and `forward` over two of
+    them. Listed before ``nn.Module`` among an adapter's bases; what differs is the adapter's
+    own (`MuseAdapter`)."""
 
     default_sampling = default_sampling
     keep_reveal_order = keep_reveal_order

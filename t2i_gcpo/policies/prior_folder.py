@@ -47,8 +47,13 @@ def save_prior_folder(policy: Any, path: str, model_type: str, family: str) -> N
     )
 
 
-def load_prior_folder(path: str, model_type: str, config_cls: type, what: str,
-                      build: Callable[[Any, PromptTokenizer, VQTokenizer], nn.Module]) -> nn.Module:  # fmt: skip
+def load_prior_folder(
+    path: str,
+    model_type: str,
+    config_cls: type,
+    what: str,
+    build: Callable[[Any, PromptTokenizer, VQTokenizer], nn.Module],
+) -> nn.Module:
     """The model `build(config, tokenizer, vq)` makes from a `save_prior_folder` folder, weights loaded,
     in eval mode; `what` names the family in errors ("an AR policy")."""
     prior = os.path.join(path, "prior")

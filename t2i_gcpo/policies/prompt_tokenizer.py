@@ -1,8 +1,8 @@
 """Word-level prompt tokenizer of the built-in prior.
 
 Lowercase, split on whitespace, a comma its own word ("a circle, a square" reads as "a circle , a
-square", as the compositional grammar's separators); the vocabulary is the set of words of the training prompts,
-after three special tokens. Prompts are right-padded with ``<pad>`` to a fixed length, so the
+square", as the compositional grammar's separators); the vocabulary is the set of words of the training
+prompts, after three special tokens. Prompts are right-padded with ``<pad>`` to a fixed length, so the
 null prompt of classifier-free guidance is simply ``max_len`` pads. Saved as ``vocab.json``.
 """
 

@@ -36,8 +36,8 @@ LOGIT_BUDGET = 1 << 24  # elements of one logits chunk [B, t, V] (64 MB in fp32)
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """`module` in eval mode for the block (dropout off; gradient checkpointing would otherwise turn a decoder's
-    KV cache off), its training flag restored after."""
+    """`module` in eval mode for the block (dropout off; gradient checkpointing would otherwise turn a
+    decoder's KV cache off), its training flag restored after."""
     was = module.training
     module.eval()
     try:
@@ -67,16 +67,21 @@ def check_records(
         )
 
 
-def group_uniforms(generators: Sequence[torch.Generator], group_size: int, shape: tuple[int, ...],
-                   device: torch.device | str = "cpu") -> torch.Tensor:  # fmt: skip
+def group_uniforms(
+    generators: Sequence[torch.Generator],
+    group_size: int,
+    shape: tuple[int, ...],
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """U(0, 1) noise [P·G, *shape]: prompt i's G rows drawn from generators[i] (on the CPU, so a seed
     gives the same samples on every device), then moved to `device`."""
     parts = [torch.rand((group_size, *shape), generator=g) for g in generators]
     return torch.cat(parts).to(device) if parts else torch.empty((0, *shape), device=device)
 
 
-def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float | torch.Tensor = 1.0,
-                  nucleus: bool | None = None) -> torch.Tensor:  # fmt: skip
+def filter_logits(
+    z: torch.Tensor, top_k: int = 0, top_p: float | torch.Tensor = 1.0, nucleus: bool | None = None
+) -> torch.Tensor:
     """Top-k then top-p (nucleus) truncation of logits [N, V]: the rest set to −inf. `top_p` may be a
     tensor (the static decode loop's), with `nucleus` saying whether it truncates (no host sync)."""
     if top_k and top_k < z.shape[-1]:
@@ -90,8 +95,13 @@ def filter_logits(z: torch.Tensor, top_k: int = 0, top_p: float | torch.Tensor =
     return z
 
 
-def sample_step(pos: torch.Tensor, neg: torch.Tensor | None, sampling: SamplingParams, uniforms: torch.Tensor,
-                guidance: str = "u + s(c − u)") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def sample_step(
+    pos: torch.Tensor,
+    neg: torch.Tensor | None,
+    sampling: SamplingParams,
+    uniforms: torch.Tensor,
+    guidance: str = "u + s(c − u)",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Positive logits [N, V] (and negative ones, or None without guidance) → tokens [N] and their
     log-probs {pos, neg, guided} [N] at temperature T. `uniforms` [N] drive the draws."""
     pos = pos.float()
@@ -120,14 +130,16 @@ def chunk_size(batch: int, vocab: int, length: int) -> int:
     return max(1, min(length, LOGIT_BUDGET // max(batch * vocab, 1)))
 
 
-def _token_logprobs(to_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                    tokens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _token_logprobs(
+    to_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
     z = to_logits(hidden)  # [B, t, V], temperature-scaled
     return z.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
 
 
-def chunked_logprobs(hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor],
-                     tokens: torch.Tensor, vocab: int) -> torch.Tensor:  # fmt: skip
+def chunked_logprobs(
+    hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, vocab: int
+) -> torch.Tensor:
     """log softmax(to_logits(h))[y] for hidden states [B, T, …] and tokens [B, T] → [B, T].
 
     With one chunk this is a plain forward; with several, each chunk's logits are recomputed in the

@@ -11,7 +11,8 @@ training/prompting_utils.py); nothing of a checkpoint folder is executed:
   129 = 128 + 1 tokens (text beyond is cut and an ``<eos>`` put last), then ``<|soi|>``, the T image
   tokens (mask id where masked), ``<|eoi|>``; positions 0 … L − 1 over the whole row, pads included.
 - Omni-attention (``create_attention_mask_predict_next(…, rm_pad_in_image=True)``): text rows causal and
-  blind to the left padding, image rows (``<|soi|>`` … ``<|eoi|>``) see every non-pad token (`omni_attention_mask`).
+  blind to the left padding, image rows (``<|soi|>`` … ``<|eoi|>``) see every non-pad token
+  (`omni_attention_mask`).
 - Negative context c⁻ (CFG's unconditional row and GCPO's contrast): the same format around ``""``
   (`PromptRecord.negative` where given).
 - Guidance (1 + s)·ℓ_c − s·ℓ_u on the image-code logits (the lm_head rows of the 8192 codes, the
@@ -76,8 +77,16 @@ VQ_FOLDER = "magvitv2"  # showlab/magvitv2, the VQ every Show-o config names (mo
 # then these (add_tokens) — ids llm_vocab_size, llm_vocab_size + 1, …
 PAD_TOKEN = "[PAD]"
 SPECIAL_TOKENS = (
-    "<|soi|>", "<|eoi|>", "<|sov|>", "<|eov|>", "<|t2i|>", "<|mmu|>", "<|t2v|>", "<|v2v|>", "<|lvg|>",
-)  # fmt: skip
+    "<|soi|>",
+    "<|eoi|>",
+    "<|sov|>",
+    "<|eov|>",
+    "<|t2i|>",
+    "<|mmu|>",
+    "<|t2v|>",
+    "<|v2v|>",
+    "<|lvg|>",
+)
 NEW_TOKENS = 1 + len(SPECIAL_TOKENS)  # num_new_special_tokens: 10
 MAX_TEXT_TOKENS = 128  # dataset.preprocessing.max_seq_length of configs/showo_demo*.yaml
 # the reveal order a checkpoint was trained under, beside the released files (Show-o's own code ignores it)
@@ -86,10 +95,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "dense")  # Phi's attention projections
 # config.json keys of the released checkpoints (showlab/show-o, show-o-512x512, …) and their types
 CONFIG_KEYS: dict[str, type | tuple[type, ...]] = {
-    "_class_name": str, "_diffusers_version": str, "_name_or_path": str,
-    "codebook_size": int, "llm_model_path": str, "llm_vocab_size": int, "load_from_showo": bool,
-    "mask_token_id": int, "num_vq_tokens": int, "vocab_size": int, "w_clip_vit": bool,
-}  # fmt: skip
+    "_class_name": str,
+    "_diffusers_version": str,
+    "_name_or_path": str,
+    "codebook_size": int,
+    "llm_model_path": str,
+    "llm_vocab_size": int,
+    "load_from_showo": bool,
+    "mask_token_id": int,
+    "num_vq_tokens": int,
+    "vocab_size": int,
+    "w_clip_vit": bool,
+}
 REQUIRED_KEYS = ("codebook_size", "llm_model_path", "llm_vocab_size", "num_vq_tokens", "vocab_size")
 
 
@@ -143,14 +160,14 @@ def read_showo_config(path: Path) -> dict:
         raise UserError(f"{cfg_file}: missing config key(s) {', '.join(missing)}")
     if raw.get("w_clip_vit"):
         raise UserError(
-            f"{cfg_file}: w_clip_vit is true (a Show-o with a CLIP-ViT understanding branch); use a checkpoint "
-            "without it (showlab/show-o, showlab/show-o-512x512)"
+            f"{cfg_file}: w_clip_vit is true (a Show-o with a CLIP-ViT understanding branch); use a "
+            f"checkpoint without it (showlab/show-o, showlab/show-o-512x512)"
         )
     k, llm, vocab = raw["codebook_size"], raw["llm_vocab_size"], raw["vocab_size"]
     if min(k, llm, raw["num_vq_tokens"]) < 1 or vocab != llm + NEW_TOKENS + k + 1:
         raise UserError(
-            f"{cfg_file}: vocab_size {vocab} must be llm_vocab_size + {NEW_TOKENS} special tokens + codebook_size + "
-            f"1 mask = {llm + NEW_TOKENS + k + 1}"
+            f"{cfg_file}: vocab_size {vocab} must be llm_vocab_size + {NEW_TOKENS} special tokens + "
+            f"codebook_size + 1 mask = {llm + NEW_TOKENS + k + 1}"
         )
     if raw.get("mask_token_id", vocab - 1) != vocab - 1:
         raise UserError(
@@ -180,13 +197,14 @@ def read_phi_config(folder: Path, vocab_size: int) -> tuple[Any, dict]:
     if not cfg_file.is_file():
         raise UserError(
             f"'{folder}' has no config.json: Show-o needs microsoft/phi-1_5's config and tokenizer there "
-            f"(hf download microsoft/phi-1_5 --exclude '*.safetensors' --exclude '*.bin' --local-dir {folder})"
+            f"(hf download microsoft/phi-1_5 --exclude '*.safetensors' --exclude '*.bin' "
+            f"--local-dir {folder})"
         )
     raw = read_json(cfg_file, dict, follow=True)
     if raw.get("model_type") != "phi":
         raise UserError(
-            f"{cfg_file}: model_type {raw.get('model_type')!r}, expected 'phi' (transformers' Phi; the remote-code "
-            "'phi-msft' revisions of phi-1_5 are not read)"
+            f"{cfg_file}: model_type {raw.get('model_type')!r}, expected 'phi' (transformers' Phi; the "
+            f"remote-code 'phi-msft' revisions of phi-1_5 are not read)"
         )
     try:
         config = PhiConfig.from_dict({k: v for k, v in raw.items() if k != "auto_map"})
@@ -215,8 +233,8 @@ def load_phi_weights(model: nn.Module, path: Path) -> None:
                 tensor = f.get_tensor(name)
                 if tuple(tensor.shape) != tuple(own[key].shape):
                     raise UserError(
-                        f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the model built from the Phi "
-                        f"config expects {tuple(own[key].shape)} (a Phi config of another width?)"
+                        f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the model built from "
+                        f"the Phi config expects {tuple(own[key].shape)} (a Phi config of another width?)"
                     )
                 with torch.no_grad():
                     own[key].copy_(tensor)
@@ -264,9 +282,18 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
     DEFAULT_STEPS = 50  # generation_timesteps of the same commands
     CHOICE_TEMPERATURE = 1.0  # τ₀: training.generation_temperature, default 1.0
 
-    def __init__(self, phi: nn.Module, vq: MagvitV2, tokenizer: Any, showo_config: dict, phi_config: dict,
-                 estimator: str = "trajectory", remask_count: int = 2, max_rollout_batch: int | None = None,
-                 decode_batch: int = 8) -> None:  # fmt: skip
+    def __init__(
+        self,
+        phi: nn.Module,
+        vq: MagvitV2,
+        tokenizer: Any,
+        showo_config: dict,
+        phi_config: dict,
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        max_rollout_batch: int | None = None,
+        decode_batch: int = 8,
+    ) -> None:
         super().__init__()
         self.phi = phi  # PhiForCausalLM
         self.vq = vq.eval().requires_grad_(False)
@@ -307,17 +334,24 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
         got = self.tokenizer.convert_tokens_to_ids(token)
         if got != expected:
             raise UserError(
-                f"the Phi tokenizer puts {token} at id {got}, Show-o's config expects {expected} (llm_vocab_size "
-                f"{self.image_offset - NEW_TOKENS} + its place among the added tokens): a tokenizer other than "
-                "microsoft/phi-1_5's?"
+                f"the Phi tokenizer puts {token} at id {got}, Show-o's config expects {expected} "
+                f"(llm_vocab_size {self.image_offset - NEW_TOKENS} + its place among the added tokens): a "
+                f"tokenizer other than microsoft/phi-1_5's?"
             )
         return got
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str = "float32", gradient_checkpointing: bool = False,
-                        lora: dict | None = None, estimator: str = "trajectory", remask_count: int = 2,
-                        max_rollout_batch: int | None = None) -> ShowoPolicy:  # fmt: skip
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        lora: dict | None = None,
+        estimator: str = "trajectory",
+        remask_count: int = 2,
+        max_rollout_batch: int | None = None,
+    ) -> ShowoPolicy:
         """A LOCAL Show-o folder (never the Hub): the released ``config.json`` and weights, ``magvitv2/``
         (showlab/magvitv2) and ``phi-1_5/`` (microsoft/phi-1_5's config.json and tokenizer files).
 
@@ -346,8 +380,8 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
         vq = MagvitV2.from_pretrained(path / VQ_FOLDER)
         if vq.codebook_size != int(cfg["codebook_size"]):
             raise UserError(
-                f"{path / VQ_FOLDER}: a MAGVIT-v2 of {vq.codebook_size} codes, the Show-o config says codebook_size "
-                f"{cfg['codebook_size']}"
+                f"{path / VQ_FOLDER}: a MAGVIT-v2 of {vq.codebook_size} codes, the Show-o config says "
+                f"codebook_size {cfg['codebook_size']}"
             )
         tokenizer = load_tokenizer(llm)
         from transformers import PhiForCausalLM
@@ -475,8 +509,13 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
         return lambda p: s * p.float()
 
     # ------------------------------------------------------------------ sampling
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """`group_size` samples per prompt (rows i·G … i·G+G−1); ``PromptRecord.negative`` is honoured."""
         if len(generators) != len(prompts):
             raise ValueError(f"need one generator per prompt, got {len(generators)} for {len(prompts)}")
@@ -497,34 +536,70 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
         for lo in range(0, b, per):
             rows = slice(lo, lo + per)
             with torch.no_grad():
-                parts.append(maskgit_generate(
-                    self._hidden_fn(pos_ids[rows], neg_ids[rows]), self.head, self.num_tokens, self.mask_id,
-                    counts, sampling, uniforms[rows], temps, scales, self.guidance, self.device, order,
-                    None if predictions is None else predictions[rows],
-                ))  # fmt: skip
+                parts.append(
+                    maskgit_generate(
+                        self._hidden_fn(pos_ids[rows], neg_ids[rows]),
+                        self.head,
+                        self.num_tokens,
+                        self.mask_id,
+                        counts,
+                        sampling,
+                        uniforms[rows],
+                        temps,
+                        scales,
+                        self.guidance,
+                        self.device,
+                        order,
+                        None if predictions is None else predictions[rows],
+                    )
+                )
         tokens, step = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         logps = torch.cat([p[2] for p in parts], dim=1)
         state = {"prompt_ids": pos_ids, "negative_ids": neg_ids, "estimator": self.estimator}
         ro = sampled_rollout(tokens, step, logps, prompts, group_size, sampling, state, predictions)
         if self.estimator == "remask":
             record_remasks(
-                ro, generators, self.remask_count, "cosine", self._hidden_fn(pos_ids, neg_ids), self.head,
-                self.mask_id, self.codebook_size, self.feature_dim, self.guidance, scale_fn,
-            )  # fmt: skip
+                ro,
+                generators,
+                self.remask_count,
+                "cosine",
+                self._hidden_fn(pos_ids, neg_ids),
+                self.head,
+                self.mask_id,
+                self.codebook_size,
+                self.feature_dim,
+                self.guidance,
+                scale_fn,
+            )
         return ro
 
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+    def _continue(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        n: int,
+    ) -> Rollout:
         sampling = rollout.sampling
         steps = self.resolve_steps(sampling)
         root = root.to(self.device)
         uniforms = continuation_uniforms(generators, (steps, self.num_tokens, 2), self.device)
         hidden_fn = self._hidden_fn(rollout.state["prompt_ids"][root], rollout.state["negative_ids"][root])
         return maskgit_branch(
-            rollout, root, point, uniforms, hidden_fn, self.head, self.mask_id,
-            reveal_counts(self.num_tokens, steps, "cosine"), self.choice_temperatures(steps),
-            self._scale_fn(sampling)(step_progress(steps)), self.guidance, sampling.reveal_order or self.reveal_order,
-        )  # fmt: skip
+            rollout,
+            root,
+            point,
+            uniforms,
+            hidden_fn,
+            self.head,
+            self.mask_id,
+            reveal_counts(self.num_tokens, steps, "cosine"),
+            self.choice_temperatures(steps),
+            self._scale_fn(sampling)(step_progress(steps)),
+            self.guidance,
+            sampling.reveal_order or self.reveal_order,
+        )
 
     def keep_reveal_order(self, order: str) -> None:
         """Make `order` this model's default reveal order, saved with it (`SAMPLING_FILE`)."""
@@ -539,11 +614,20 @@ class ShowoPolicy(MaskedPolicyMembers, nn.Module):
         scale_fn = self._scale_fn(sampling)
         state = rollout.state
         return masked_logprobs(
-            self._hidden_fn(state["prompt_ids"], state["negative_ids"]), self.head, rollout, context, dists,
-            mask_id=self.mask_id, vocab=self.codebook_size, dim=self.feature_dim, guidance=self.guidance,
-            step_scales=scale_fn(step_progress(self.resolve_steps(sampling))), scale_fn=scale_fn, device=self.device,
+            self._hidden_fn(state["prompt_ids"], state["negative_ids"]),
+            self.head,
+            rollout,
+            context,
+            dists,
+            mask_id=self.mask_id,
+            vocab=self.codebook_size,
+            dim=self.feature_dim,
+            guidance=self.guidance,
+            step_scales=scale_fn(step_progress(self.resolve_steps(sampling))),
+            scale_fn=scale_fn,
+            device=self.device,
             replay_rows=0,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ images
     @torch.no_grad()

@@ -258,8 +258,10 @@ class TextPolicy(LogprobsForward, nn.Module):
                     w for w in p.split() if unk in self.tokenizer(w, add_special_tokens=False)["input_ids"]
                 )
         if unknown:
-            raise UserError(f"the model's tokenizer cannot express {', '.join(sorted(unknown))} "
-                            f"(first in prompt {shorten(first)!r})")  # fmt: skip
+            raise UserError(
+                f"the model's tokenizer cannot express {', '.join(sorted(unknown))} "
+                f"(first in prompt {shorten(first)!r})"
+            )
 
     def format_prompt(self, user: str) -> str:
         """The text the model is conditioned on for user message `user` (chat template or raw)."""
@@ -357,8 +359,13 @@ class TextPolicy(LogprobsForward, nn.Module):
             return FusedLlamaDecoder(self.model.base_model, rows, max_len)
         return StaticCache(config=self.model.config, max_cache_len=max_len)
 
-    def decode_n_tokens(self, rows: Sequence[Sequence[int]], sampling: SamplingParams, uniforms: torch.Tensor,
-                        neg_rows: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def decode_n_tokens(
+        self,
+        rows: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+        neg_rows: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, ...]:
         """Sample up to n = uniforms.shape[1] tokens for N contexts; with `neg_rows`, guided sampling
         over the doubled batch [c⁺; c⁻]. → tokens [N, n] (pad after EOS), mask [N, n], and the log-probs
         pos, neg (zeros without guidance), guided, each [N, n] (0 at padding)."""
@@ -399,17 +406,33 @@ class TextPolicy(LogprobsForward, nn.Module):
         """Sampled tokens [N] → what both contexts [c⁺; c⁻] are fed [2N]."""
         return tok.repeat(2)
 
-    def _decode_static(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor,
-                       guided: bool, mode: str) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def _decode_static(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor,
+        guided: bool,
+        mode: str,
+    ) -> tuple[torch.Tensor, ...]:
         """`decode_n_tokens` through the run's static decode loop (policies/decode_loop.py; mode static, graph
         or compile), from the left-padded contexts `ids` / `mask` [N', L] (N' = 2N guided: c⁺ rows, c⁻ rows),
         padded to the loop's rows."""
         (n, steps), width = uniforms.shape, ids.shape[1]
         eos = torch.as_tensor(self.eos_ids, dtype=torch.long, device=ids.device)
         feed = self._feed_guided if guided else torch.Tensor.clone
-        loop = self.decode_session.loop(self.model.base_model, feed, self._head, self.guidance, rows=n,
-                                        length=width + steps, steps=steps, cfg=guided, eos=eos,
-                                        pad_id=self.pad_id)  # fmt: skip
+        loop = self.decode_session.loop(
+            self.model.base_model,
+            feed,
+            self._head,
+            self.guidance,
+            rows=n,
+            length=width + steps,
+            steps=steps,
+            cfg=guided,
+            eos=eos,
+            pad_id=self.pad_id,
+        )
         halves = (ids.chunk(2), mask.chunk(2)) if guided else ((ids,), (mask,))
         ids, mask = (torch.cat([pad_rows(h, loop.n) for h in x]) for x in halves)
         logits = self.prefill(ids, mask, loop.decoder)
@@ -419,8 +442,13 @@ class TextPolicy(LogprobsForward, nn.Module):
         return tokens, valid, logps[0], logps[1], logps[2]
 
     @torch.no_grad()
-    def rollout(self, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                generators: Sequence[torch.Generator]) -> Rollout:  # fmt: skip
+    def rollout(
+        self,
+        prompts: Sequence[PromptRecord],
+        group_size: int,
+        sampling: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> Rollout:
         """`group_size` completions per prompt (rows i·G … i·G+G−1). Prompt i's uniforms come from
         generators[i] alone. ``state``: ``prompt_ids`` / ``negative_ids`` (unpadded id lists per row),
         what `logprobs` rebuilds both contexts from."""
@@ -473,14 +501,21 @@ class TextPolicy(LogprobsForward, nn.Module):
         return ro
 
     # ------------------------------------------------------------------ branched rollouts
-    def branch(self, rollout: Rollout, points: torch.Tensor, n: int,
-               generators: Sequence[torch.Generator]) -> Branches:  # fmt: skip
+    def branch(
+        self, rollout: Rollout, points: torch.Tensor, n: int, generators: Sequence[torch.Generator]
+    ) -> Branches:
         """`n` continuations of every completion from each of its branch points (token positions;
         docs/concepts/tree_credit.md#branched-rollouts)."""
         return branched(rollout, points, n, generators, self._continue)
 
-    def _continue(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor,
-                  generators: Sequence[torch.Generator], n: int) -> Rollout:  # fmt: skip
+    def _continue(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        n: int,
+    ) -> Rollout:
         """A fused prefill per root shared by its continuations (`_continue_fused`), or (other
         architectures) the prefix re-run for every continuation through `decode_n_tokens`, one batched
         prefill per pass."""
@@ -508,15 +543,28 @@ class TextPolicy(LogprobsForward, nn.Module):
         new = {"pos": logps[0], "guided": logps[2], **({"neg": logps[1]} if guided else {})}
         ro = assemble(rollout, root, point, new, tokens, valid)
         width = int(ro.mask.sum(0).nonzero().max()) + 1  # the longest continuation, as `rollout` trims
-        ro = dataclasses.replace(ro, tokens=ro.tokens[:, :width], mask=ro.mask[:, :width], step=ro.step[:, :width],
-                                 logp={c: v[:, :width] for c, v in ro.logp.items()})  # fmt: skip
+        ro = dataclasses.replace(
+            ro,
+            tokens=ro.tokens[:, :width],
+            mask=ro.mask[:, :width],
+            step=ro.step[:, :width],
+            logp={c: v[:, :width] for c, v in ro.logp.items()},
+        )
         if "neg" in rollout.logp and not guided:  # as the rollout: c⁻ scored by teacher forcing
             with eval_mode(self):
                 ro.logp["neg"] = self.logprobs(ro, "neg")
         return ro
 
-    def _continue_fused(self, rollout: Rollout, root: torch.Tensor, point: torch.Tensor, uniforms: torch.Tensor,
-                        tokens: torch.Tensor, valid: torch.Tensor, logps: torch.Tensor) -> None:  # fmt: skip
+    def _continue_fused(
+        self,
+        rollout: Rollout,
+        root: torch.Tensor,
+        point: torch.Tensor,
+        uniforms: torch.Tensor,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logps: torch.Tensor,
+    ) -> None:
         """Fill tokens / valid / logps [3, N, steps] from positions ≥ point: every root's contexts (c⁺, and c⁻
         when guided) are left-padded to one width W, its tokens follow, so position t sits at cache slot
         W + t in every row and the continuations of one t step together."""
@@ -547,11 +595,18 @@ class TextPolicy(LogprobsForward, nn.Module):
             cache = decoder.fork(src)
             mask, pos = full_mask[src], positions[src]
             slot = W + t - 1  # re-feed the prefix's last input to get position t's logits
-            logits = self._head(cache.forward(seq[src, slot : slot + 1], slot, positions=pos[:, slot : slot + 1],
-                                              key_mask=mask[:, : slot + 1]))  # fmt: skip
+            logits = self._head(
+                cache.forward(
+                    seq[src, slot : slot + 1],
+                    slot,
+                    positions=pos[:, slot : slot + 1],
+                    key_mask=mask[:, : slot + 1],
+                )
+            )
             # then the rollout's static loop from token t (slots ≥ W + t masked: the root's later tokens)
-            loop = StaticDecodeLoop(cache, feed, self._head, self.guidance, steps, cfg=guided, eos=eos,
-                                    pad_id=self.pad_id)  # fmt: skip
+            loop = StaticDecodeLoop(
+                cache, feed, self._head, self.guidance, steps, cfg=guided, eos=eos, pad_id=self.pad_id
+            )
             loop.begin(sampling, uniforms[rows], pos[:, W + t], mask[:, : W + t], W + t, start=t)
             got, ok, lp = loop.run(logits, mode)
             tokens[rows, t:], valid[rows, t:], logps[:, rows, t:] = got[:, t:], ok[:, t:], lp[:, :, t:]

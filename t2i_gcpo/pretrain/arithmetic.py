@@ -104,8 +104,13 @@ def encode_batch(
     return ids, mask, target
 
 
-def train_lm(model: Any, tokenizer: Any, train: list[Problem], cfg: ArithmeticPretrainConfig,
-             max_seconds: float | None = None) -> dict[str, float]:  # fmt: skip
+def train_lm(
+    model: Any,
+    tokenizer: Any,
+    train: list[Problem],
+    cfg: ArithmeticPretrainConfig,
+    max_seconds: float | None = None,
+) -> dict[str, float]:
     """Completion-only next-token cross-entropy on noisy solutions of `train` problems."""
     from tqdm.auto import tqdm
 

@@ -8,15 +8,16 @@
    prompts grew, the images did not, so the image tokens stay those of every earlier run); every
    render is then encoded to 8×8 ids (16×16 at 64 px).
 3. Prior (t2i_gcpo.policies.ar): next-token cross-entropy on the image tokens, prompt replaced by
-   the null prompt with probability `cfg_dropout` (the unconditional branch of CFG, docs/worlds/shapeworld.md).
-   Its prompt length is that of the longest prompt the grammar accepts (`longest_prompt_words`), so
-   it reads every prompt `parse_prompt` takes.
+   the null prompt with probability `cfg_dropout` (the unconditional branch of CFG,
+   docs/worlds/shapeworld.md). Its prompt length is that of the longest prompt the grammar accepts
+   (`longest_prompt_words`), so it reads every prompt `parse_prompt` takes.
 4. Save (fp16 safetensors), reload from disk, score the reloaded model on the template and the
    compositional test prompts.
 
 The shipped model is deliberately under-trained: its strict score must leave RL room to improve
-(docs/worlds/shapeworld.md: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs. `PretrainConfig.for_size(64)`
-gives the 64 px scale's defaults (render.py: 4×4-token objects with a rim and a pale core).
+(docs/worlds/shapeworld.md: roughly 0.3–0.7). `steps` and `n_scenes` are the knobs.
+`PretrainConfig.for_size(64)` gives the 64 px scale's defaults (render.py: 4×4-token objects with a
+rim and a pale core).
 """
 
 from __future__ import annotations
@@ -80,8 +81,16 @@ class PretrainConfig:
             return cls(**overrides)
         if image_size == 64:
             vq = VQConfig(image_size=64, codebook_size=1024)
-            scale = {"image_size": 64, "vq": vq, "vq_steps": 1_500, "vq_batch": 32, "vq_path": None,
-                     "tags": list(TAGS), "prior_steps": 1_500, "cfg_scale": 3.0}  # fmt: skip
+            scale = {
+                "image_size": 64,
+                "vq": vq,
+                "vq_steps": 1_500,
+                "vq_batch": 32,
+                "vq_path": None,
+                "tags": list(TAGS),
+                "prior_steps": 1_500,
+                "cfg_scale": 3.0,
+            }
             return cls(**{**scale, **overrides})
         raise UserError(f"ShapeWorld pretraining supports image sizes 32 and 64, not {image_size}")
 
@@ -165,9 +174,12 @@ def train_prior(
     return {"loss": ema, "steps": step + 1, "seconds": time.time() - t0}
 
 
-def pretrain(out: str, cfg: PretrainConfig | None = None,
-             evaluate: Callable[[ARPolicy, list[dict], int, int], dict] | None = None,
-             callback: Callable[[int, ARPolicy], None] | None = None) -> dict[str, Any]:  # fmt: skip
+def pretrain(
+    out: str,
+    cfg: PretrainConfig | None = None,
+    evaluate: Callable[[ARPolicy, list[dict], int, int], dict] | None = None,
+    callback: Callable[[int, ARPolicy], None] | None = None,
+) -> dict[str, Any]:
     """Build, save to `out` and (optionally) evaluate the ShapeWorld model. Returns statistics,
     also written to ``out/pretrain.json`` (timings per stage, losses, the evaluation).
 

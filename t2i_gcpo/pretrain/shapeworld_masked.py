@@ -8,8 +8,9 @@
 2. MaskGIT training (Chang et al. 2022, arXiv 2202.04200, §3.1): per row a time t ~ U(0, 1), the
    mask ratio γ(t) = cos(πt/2) of the sampler's cosine schedule, ⌈γ(t)·T⌉ positions (≥ 1) chosen
    uniformly and replaced by [MASK]; cross-entropy on the masked positions only. The prompt is
-   replaced by the null prompt with probability `cfg_dropout` (CFG's unconditional branch, docs/worlds/shapeworld.md).
-   AdamW, linear warm-up then cosine decay to 10 %, bf16 autocast where the CPU has native bf16.
+   replaced by the null prompt with probability `cfg_dropout` (CFG's unconditional branch,
+   docs/worlds/shapeworld.md). AdamW, linear warm-up then cosine decay to 10 %, bf16 autocast where the
+   CPU has native bf16.
 3. Save (fp16 safetensors), reload from disk, score the reloaded model on the held-out test prompts
    through the `evaluate` callback (this module stays below tasks/, as `shapeworld_ar` does).
 
@@ -58,8 +59,9 @@ class MaskedPretrainConfig:
     model: MaskedConfig | None = None  # prior shape; prompt_len is set from the vocabulary
 
 
-def mask_batch(tokens: torch.Tensor, mask_id: int, gen: torch.Generator,
-               schedule: str = "cosine") -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def mask_batch(
+    tokens: torch.Tensor, mask_id: int, gen: torch.Generator, schedule: str = "cosine"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """MaskGIT's training corruption: tokens [B, T] → (canvas [B, T] with ⌈γ(t)·T⌉ ≥ 1 uniformly
     chosen positions set to `mask_id`, t ~ U(0, 1) per row; masked bool [B, T])."""
     b, t_len = tokens.shape
@@ -69,8 +71,13 @@ def mask_batch(tokens: torch.Tensor, mask_id: int, gen: torch.Generator,
     return torch.where(masked, mask_id, tokens), masked
 
 
-def train_masked_prior(policy: MaskedPolicy, prompt_ids: torch.Tensor, tokens: torch.Tensor,
-                       cfg: MaskedPretrainConfig, max_seconds: float | None = None) -> dict[str, float]:  # fmt: skip
+def train_masked_prior(
+    policy: MaskedPolicy,
+    prompt_ids: torch.Tensor,
+    tokens: torch.Tensor,
+    cfg: MaskedPretrainConfig,
+    max_seconds: float | None = None,
+) -> dict[str, float]:
     """Masked-token cross-entropy; prompt_ids [N, L], tokens [N, T]."""
     from tqdm.auto import tqdm
 
@@ -102,8 +109,11 @@ def train_masked_prior(policy: MaskedPolicy, prompt_ids: torch.Tensor, tokens: t
     return {"loss": ema, "steps": step + 1, "seconds": time.time() - t0}
 
 
-def pretrain_masked(out_dir: str, cfg: MaskedPretrainConfig | None = None,
-                    evaluate: Callable[[MaskedPolicy, list[dict], int, int], dict] | None = None) -> dict[str, Any]:  # fmt: skip
+def pretrain_masked(
+    out_dir: str,
+    cfg: MaskedPretrainConfig | None = None,
+    evaluate: Callable[[MaskedPolicy, list[dict], int, int], dict] | None = None,
+) -> dict[str, Any]:
     """Build, save to `out_dir` and (optionally) evaluate the ShapeWorld masked prior; the folder loads
     with ``MaskedPolicy.from_pretrained(out_dir)``. Returns statistics (timings, loss, evaluation),
     also written to ``out_dir/pretrain.json``.

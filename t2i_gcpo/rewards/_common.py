@@ -48,8 +48,9 @@ def chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, n))
 
 
-def clip_center_crop(image: Image.Image, size: int, mean: Sequence[float] = OPENAI_MEAN,
-                     std: Sequence[float] = OPENAI_STD) -> torch.Tensor:  # fmt: skip
+def clip_center_crop(
+    image: Image.Image, size: int, mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD
+) -> torch.Tensor:
     """OpenAI CLIP's preprocessing of one image → [3, size, size] (module docstring)."""
     import torchvision.transforms.functional as TF
     from torchvision.transforms import InterpolationMode
@@ -59,8 +60,13 @@ def clip_center_crop(image: Image.Image, size: int, mean: Sequence[float] = OPEN
     return TF.normalize(TF.to_tensor(image), mean, std)
 
 
-def pad_to_square(image: Image.Image, size: int, mean: Sequence[float] = OPENAI_MEAN,
-                  std: Sequence[float] = OPENAI_STD, antialias: bool = True) -> torch.Tensor:  # fmt: skip
+def pad_to_square(
+    image: Image.Image,
+    size: int,
+    mean: Sequence[float] = OPENAI_MEAN,
+    std: Sequence[float] = OPENAI_STD,
+    antialias: bool = True,
+) -> torch.Tensor:
     """HPSv2's preprocessing of one image → [3, size, size] (module docstring). The reference resizes only
     when the long side is not already `size` (and then leaves a non-square image unpadded, which its
     model cannot take); here an image whose long side is `size` is padded all the same."""
@@ -117,16 +123,26 @@ def load_strict(module: torch.nn.Module, state: dict[str, Any], what: str, path:
     module.load_state_dict(state)
 
 
-def load_processor_model(reward: str, what: str, folder: str | Path, model_type: str, model_class: str,
-                         image_processor_class: str, *, architecture: str | None = None,
-                         processor: str | Path | None = None, expected: str = "",
-                         device: str | torch.device = "cpu") -> tuple[Any, Any, Any]:  # fmt: skip
+def load_processor_model(
+    reward: str,
+    what: str,
+    folder: str | Path,
+    model_type: str,
+    model_class: str,
+    image_processor_class: str,
+    *,
+    architecture: str | None = None,
+    processor: str | Path | None = None,
+    expected: str = "",
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any, Any]:
     """(model, image processor, tokenizer) of the transformers model in the local `folder` (`what` names it in
     messages: "BLIP VQA model"), in float32 on
     `device` and in eval mode: `model_class` (a transformers class name) read from it, `image_processor_class`
     and the tokenizer from `processor` (default: the same folder). Its ``config.json`` must say `model_type`
     (and, where it lists architectures, `architecture`); anything else, or files that do not load, is a
-    one-line UserError naming `reward` and saying what was `expected` ("use e.g. Salesforce/blip-vqa-base")."""
+    one-line UserError naming `reward` and saying what was `expected` ("use e.g.
+    Salesforce/blip-vqa-base")."""
     import transformers
 
     from t2i_gcpo.outdir import read_json

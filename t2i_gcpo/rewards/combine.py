@@ -2,7 +2,8 @@
 
 - `call_reward`: call any reward, coerce its output to `RewardOutput` and check it: an exception
   inside the reward, a wrong number of scores, or a NaN/inf score raises `RewardError` naming the
-  reward (a NaN reward would silently poison the group advantages of docs/concepts/algorithms.md#sequence-advantages).
+  reward (a NaN reward would silently poison the group advantages of
+  docs/concepts/algorithms.md#sequence-advantages).
 - `WeightedSum([(reward, weight), …])`: r = Σ_k w_k r_k.
 - `FunctionReward(fn)`: a Python callable (the API's ``reward=``), checked the same way.
 - `CallableReward("module:function")`: a user function ``f(images, prompts, metadata)`` returning
@@ -299,6 +300,18 @@ class CallableReward(FunctionReward):
         self.spec = spec
 
 
-__all__ = ["RewardError", "Checked", "WeightedSum", "Placed", "FunctionReward", "CallableReward", "call_reward",
-           "as_reward_output", "check_prompts", "probes", "runs_user_code", "reward_terms",
-           "requests_in_flight"]  # fmt: skip
+__all__ = [
+    "RewardError",
+    "Checked",
+    "WeightedSum",
+    "Placed",
+    "FunctionReward",
+    "CallableReward",
+    "call_reward",
+    "as_reward_output",
+    "check_prompts",
+    "probes",
+    "runs_user_code",
+    "reward_terms",
+    "requests_in_flight",
+]

@@ -1,9 +1,9 @@
-"""The HTTP client of the rewards that call a server (`remote:`, `judge:`; docs/guides/rewards.md#server), which
-trusts nothing it is answered.
+"""The HTTP client of the rewards that call a server (`remote:`, `judge:`; docs/guides/rewards.md#server),
+which trusts nothing it is answered.
 
-- **A whole-request deadline.** Connecting, the TLS handshake, sending and reading the answer share one deadline
-  (`timeout` seconds from the start): every socket operation waits at most for the time left, so a server that
-  answers a byte a second is cut at the deadline, not at `timeout` per read.
+- **A whole-request deadline.** Connecting, the TLS handshake, sending and reading the answer share one
+  deadline (`timeout` seconds from the start): every socket operation waits at most for the time left, so a
+  server that answers a byte a second is cut at the deadline, not at `timeout` per read.
 - **An answer size bound.** An answer larger than `max_bytes` (declared, or as it arrives) is refused
   (`AnswerTooLarge`); the head (status line and headers) is bounded by `HEAD_BYTES`.
 - **No redirects.** A 3xx is returned as an answer and never followed: credentials (an ``Authorization``
@@ -90,8 +90,10 @@ def split_url(url: str, what: str, example: str = "http://127.0.0.1:8100") -> Sp
     if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in text):
         raise UserError(f"{what}: {shorten(text)!r} is not an http(s) URL (e.g. {example})")
     if parts.username is not None or parts.password is not None:
-        raise UserError(f"{what}: the URL holds credentials (user:password@), which a run records in its config: "
-                        "remove them (a judge's key goes in the environment variable api_key_env)")  # fmt: skip
+        raise UserError(
+            f"{what}: the URL holds credentials (user:password@), which a run records in its config: "
+            "remove them (a judge's key goes in the environment variable api_key_env)"
+        )
     if parts.fragment:
         raise UserError(f"{what}: the URL {shorten(text)!r} has a fragment (#…); remove it")
     if port == 0:
@@ -106,7 +108,8 @@ def origin_of(parts: SplitResult) -> Origin:
 
 
 def check_proxy(proxy: str | None, what: str) -> None:
-    """A proxy given to a reward is an http:// URL of a host and port, nothing more; else a one-line UserError."""
+    """A proxy given to a reward is an http:// URL of a host and port, nothing more; else a
+    one-line UserError."""
     if proxy is None:
         return
     parts = split_url(proxy, f"{what}: proxy", "http://proxy.internal:3128")
@@ -180,8 +183,11 @@ def _tunnel(sock: socket.socket, origin: Origin, deadline: Deadline) -> None:
 
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_BYTES)
     authority = f"[{origin.host}]:{origin.port}" if ":" in origin.host else f"{origin.host}:{origin.port}"
-    head = conn.send(h11.Request(method="CONNECT", target=authority, headers=[("Host", authority),
-                                                                              ("User-Agent", USER_AGENT)]))  # fmt: skip
+    head = conn.send(
+        h11.Request(
+            method="CONNECT", target=authority, headers=[("Host", authority), ("User-Agent", USER_AGENT)]
+        )
+    )
     _send(sock, head + conn.send(h11.EndOfMessage()), deadline)
     while True:
         try:
@@ -198,16 +204,28 @@ def _tunnel(sock: socket.socket, origin: Origin, deadline: Deadline) -> None:
             raise NoAnswer("the proxy closed the connection before answering CONNECT")
 
 
-def request(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
-            timeout: float, max_bytes: int, proxy: str | None = None) -> Answer:  # fmt: skip
+def request(
+    url: str,
+    *,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float,
+    max_bytes: int,
+    proxy: str | None = None,
+) -> Answer:
     """One HTTP request to `url` (module docstring): its complete answer, whatever its status; NoAnswer or
     AnswerTooLarge otherwise. `url` and `proxy` are checked by the caller (`split_url`, `check_proxy`)."""
     import h11
 
     origin = origin_of(urlsplit(url))
     deadline = Deadline(timeout)
-    fields = [("Host", origin.netloc), ("User-Agent", USER_AGENT), ("Accept-Encoding", "identity"),
-              ("Connection", "close")]  # fmt: skip
+    fields = [
+        ("Host", origin.netloc),
+        ("User-Agent", USER_AGENT),
+        ("Accept-Encoding", "identity"),
+        ("Connection", "close"),
+    ]
     fields += list((headers or {}).items())
     if body is not None:
         fields.append(("Content-Length", str(len(body))))
@@ -236,8 +254,16 @@ def request(url: str, *, method: str = "GET", body: bytes | None = None, headers
         sock.close()
 
 
-def _exchange(sock: socket.socket, h11: Any, method: str, target: str, fields: list[tuple[str, str]],
-              body: bytes | None, deadline: Deadline, max_bytes: int) -> Answer:  # fmt: skip
+def _exchange(
+    sock: socket.socket,
+    h11: Any,
+    method: str,
+    target: str,
+    fields: list[tuple[str, str]],
+    body: bytes | None,
+    deadline: Deadline,
+    max_bytes: int,
+) -> Answer:
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_BYTES)
     try:
         _send(sock, conn.send(h11.Request(method=method, target=target, headers=fields)), deadline)

@@ -7,9 +7,10 @@ A spec is one term or a weighted sum of terms, ``0.7*pickscore:/models/PickScore
 - ``NAME[:FIELD,FIELD,…]`` — a registered reward. Its FIELDs are, in any order: its positional arguments
   in order (weights folders and files, a URL), bare flags (a value of one of its choice options, e.g.
   ``flow_grpo``) and ``key=value`` options — its own, and the two every form takes (`PLACEMENT`):
-  ``device=`` (where its model runs and its images go) and ``batch_size=`` (images per call). A field may be quoted ('…' or "…") to hold a comma, a plus
-  or a colon (``aesthetic:CLIP,'/models/sac+logos+ava1-l14-linearMSE.pth'``; a '+' that does not start
-  another term needs no quotes either);
+  ``device=`` (where its model runs and its images go) and ``batch_size=`` (images per call). A field may be
+  quoted ('…' or "…") to hold a comma, a plus or a colon
+  (``aesthetic:CLIP,'/models/sac+logos+ava1-l14-linearMSE.pth'``; a '+' that does not start another term
+  needs no quotes either);
 - ``module:function`` / ``file.py:function`` — a user function f(images, prompts, metadata): user code,
   imported and run (on ``--resume`` only when named again or trusted).
 
@@ -57,7 +58,8 @@ from t2i_gcpo.usercode import PYTHON_OBJECT, canonical_spec, is_function_spec
 
 KINDS = ("dir", "file", "local", "path", "url", "text")
 # keyword parameters a loader takes from the run, never from the spec: the device its model goes to (the
-# policy's, or reward_options.device, or the term's device=), the policy's token grid, a text policy's tokenizer
+# policy's, or reward_options.device, or the term's device=), the policy's token grid, a
+# text policy's tokenizer
 CONTEXT = ("device", "grid", "tokenizer")
 SCORES = ("image", "text")
 PLURAL = {"image": "images", "text": "text"}
@@ -125,13 +127,19 @@ class RewardOption:
         return Bounds(info.low, info.high, info.low_open, info.high_open, info.why)
 
 
-# the options every form takes, besides its own (docs/guides/rewards.md#at-scale); a form that declares its own
-# batch_size (images per forward pass) gets that one, and its loader the value
+# the options every form takes, besides its own (docs/guides/rewards.md#at-scale); a form that declares its
+# own batch_size (images per forward pass) gets that one, and its loader the value
 PLACEMENT = (
-    RewardOption("device", str, None, Option("where this term's model runs and its images go: cpu, cuda, cuda:N")),
-    RewardOption("batch_size", int, None, Option("images per call of this term (all at once by default)", low=1,
-                                                 high=4096)),
-)  # fmt: skip
+    RewardOption(
+        "device", str, None, Option("where this term's model runs and its images go: cpu, cuda, cuda:N")
+    ),
+    RewardOption(
+        "batch_size",
+        int,
+        None,
+        Option("images per call of this term (all at once by default)", low=1, high=4096),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -185,19 +193,34 @@ class RewardForm:
         return {c: o.name for o in self.options for c in o.choices}
 
 
-# every form, one module each in t2i_gcpo/rewards/forms/ (its machinery stays in rewards/): t2i_gcpo/extensions.py
+# every form, one module each in t2i_gcpo/rewards/forms/ (its machinery stays in rewards/):
+# t2i_gcpo/extensions.py
 REWARDS: Registry[RewardForm] = Registry("reward form", builtins="t2i_gcpo.rewards.forms")
 
 
 # ----------------------------------------------------------------------------- registering
-def register_reward(name: str, *, scores: str, doc: str, weights: str = "", source: str = "", licence: str = "",
-                    usage: str | None = None, example: str | None = None, split: Callable | None = None,
-                    join: Callable | None = None, requires: tuple[str, ...] = (), install: str = "",
-                    check: Callable | None = None, replace: bool = False) -> Callable:  # fmt: skip
+def register_reward(
+    name: str,
+    *,
+    scores: str,
+    doc: str,
+    weights: str = "",
+    source: str = "",
+    licence: str = "",
+    usage: str | None = None,
+    example: str | None = None,
+    split: Callable | None = None,
+    join: Callable | None = None,
+    requires: tuple[str, ...] = (),
+    install: str = "",
+    check: Callable | None = None,
+    replace: bool = False,
+) -> Callable:
     """Decorator: add the loader `fn` to `REWARDS` as the form `name` (module docstring: the signature
     declares its arguments and options; `scores` is "image" or "text"; `requires`: modules beyond the
     package's dependencies, checked before anything loads, with `install` saying how to get them; `check`, a
-    function of the read `Term` that raises a UserError, runs with the other checks before the model loads)."""
+    function of the read `Term` that raises a UserError, runs with the other checks before
+    the model loads)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"reward name {name!r}: lower-case letters, digits and underscores")
     if scores not in SCORES:
@@ -205,8 +228,28 @@ def register_reward(name: str, *, scores: str, doc: str, weights: str = "", sour
 
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
         args, options, context = _read_signature(name, fn)
-        REWARDS.add(RewardForm(name, scores, fn, doc, args, options, context, weights, source, licence, usage,
-                               example, split, join, tuple(requires), install, check), replace=replace)  # fmt: skip
+        REWARDS.add(
+            RewardForm(
+                name,
+                scores,
+                fn,
+                doc,
+                args,
+                options,
+                context,
+                weights,
+                source,
+                licence,
+                usage,
+                example,
+                split,
+                join,
+                tuple(requires),
+                install,
+                check,
+            ),
+            replace=replace,
+        )
         return fn
 
     return add
@@ -217,7 +260,9 @@ def unregister_reward(name: str) -> None:
     REWARDS.remove(name)
 
 
-def _read_signature(name: str, fn: Callable) -> tuple[tuple[RewardArg, ...], tuple[RewardOption, ...], tuple[str, ...]]:  # fmt: skip
+def _read_signature(
+    name: str, fn: Callable
+) -> tuple[tuple[RewardArg, ...], tuple[RewardOption, ...], tuple[str, ...]]:
     """The positional arguments, options and context names of loader `fn` (module docstring)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -334,23 +379,26 @@ def terms(spec: str) -> list[tuple[float | None, str]]:
                 weight = float(written)
             except ValueError:
                 raise UserError(
-                    f"reward term '{shorten(written)}*{shorten(term)}': the weight {written!r} is not a number"
+                    f"reward term '{shorten(written)}*{shorten(term)}': the weight "
+                    f"{written!r} is not a number"
                 ) from None
             if not math.isfinite(weight):
                 raise UserError(
-                    f"reward term '{shorten(written)}*{shorten(term)}': the weight must be a finite number, got {written}"
+                    f"reward term '{shorten(written)}*{shorten(term)}': the weight must be a finite "
+                    f"number, got {written}"
                 )
             if weight == 0 and re.search(r"[1-9]", written.lower().split("e")[0]):  # 1e-400: 0.0 as a float
                 raise UserError(
-                    f"reward term '{shorten(written)}*{shorten(term)}': the weight {written} is 0 in floating "
-                    "point (below 5e-324, the smallest float): the term would count for nothing; write a larger "
-                    "weight, or 0 to log the term without training on it"
+                    f"reward term '{shorten(written)}*{shorten(term)}': the weight {written} is 0 in "
+                    f"floating point (below 5e-324, the smallest float): the term would count for nothing; "
+                    f"write a larger weight, or 0 to log the term without training on it"
                 )
         out.append((weight, term))
     if out and all(w == 0 for w, _ in out):
         raise UserError(
-            f"reward '{shorten(spec)}': every term has weight 0, so every sample would score 0 and no step would "
-            "learn anything: give a term a weight (a term of weight 0 beside others is logged, not trained on)"
+            f"reward '{shorten(spec)}': every term has weight 0, so every sample would score 0 and no "
+            f"step would learn anything: give a term a weight (a term of weight 0 beside others is "
+            f"logged, not trained on)"
         )
     return out
 
@@ -593,8 +641,8 @@ def _spec_terms(spec: str) -> list[tuple[float | None, str]]:
             )
         if re.match(r"^https?://", text):
             raise UserError(
-                f"reward '{shorten(unquote(term))}' is an address: write remote:URL for a t2i-gcpo reward-server, "
-                "or judge:URL for a chat VLM behind an OpenAI-compatible server"
+                f"reward '{shorten(unquote(term))}' is an address: write remote:URL for a t2i-gcpo "
+                f"reward-server, or judge:URL for a chat VLM behind an OpenAI-compatible server"
             )
     return found
 
@@ -605,8 +653,8 @@ def _check_output(term: Term, output: str | None) -> None:
             f"'{f.name}'" for f in forms().values() if f.scores == output
         )  # `--help` has their usage
         raise UserError(
-            f"reward '{shorten(term.text)}' scores {PLURAL[term.form.scores]}, but the model writes {PLURAL[output]}: "
-            f"use {fits} (or a module:function of your own)"
+            f"reward '{shorten(term.text)}' scores {PLURAL[term.form.scores]}, but the model writes "
+            f"{PLURAL[output]}: use {fits} (or a module:function of your own)"
         )
 
 
@@ -767,6 +815,24 @@ def _canonical_term(form: RewardForm, term: str) -> str:
     return f"{name}:{form.join(fields) if form.join else ','.join(fields)}"
 
 
-__all__ = ["Arg", "Option", "RewardForm", "REWARDS", "register_reward", "unregister_reward", "forms", "forms_text",
-           "build_reward", "check_reward_spec", "canonical_reward", "user_code_specs", "terms", "read_term",
-           "record_reward", "check_device", "spec_context", "spec_outputs", "PLACEMENT"]  # fmt: skip
+__all__ = [
+    "Arg",
+    "Option",
+    "RewardForm",
+    "REWARDS",
+    "register_reward",
+    "unregister_reward",
+    "forms",
+    "forms_text",
+    "build_reward",
+    "check_reward_spec",
+    "canonical_reward",
+    "user_code_specs",
+    "terms",
+    "read_term",
+    "record_reward",
+    "check_device",
+    "spec_context",
+    "spec_outputs",
+    "PLACEMENT",
+]

@@ -81,7 +81,10 @@ class Health(BaseModel):
     version: Annotated[str, Field(min_length=1, max_length=100)]
     spec: Annotated[str, Field(min_length=1, max_length=20_000)]
     name: Name
-    terms: Annotated[list[Annotated[tuple[Name, Finite], BeforeValidator(_as_tuple)]], Field(max_length=256)] | None = None  # fmt: skip
+    terms: (
+        Annotated[list[Annotated[tuple[Name, Finite], BeforeValidator(_as_tuple)]], Field(max_length=256)]
+        | None
+    ) = None
     bounds: Annotated[tuple[Finite, Finite], BeforeValidator(_as_tuple)] | None = None
     context: Annotated[list[Annotated[str, Field(max_length=100)]], Field(max_length=16)] = []
     max_images: Annotated[int, Field(ge=1, le=1 << 20)]
@@ -122,8 +125,9 @@ def check_answer(answer: ScoreAnswer, n: int, info: Health) -> None:
         slack = 1e-5 * max(1.0, abs(low), abs(high))  # float32 sums on the server, float64 bounds
         for i, score in enumerate(answer.scores):
             if not low - slack <= score <= high + slack:
-                raise ValueError(f"'scores.{i}' is {score:g}, outside the bounds the server declares "
-                                 f"[{low:g}, {high:g}]")  # fmt: skip
+                raise ValueError(
+                    f"'scores.{i}' is {score:g}, outside the bounds the server declares [{low:g}, {high:g}]"
+                )
     if info.terms:
         names = [name for name, _ in info.terms]
         if answer.terms is None:
@@ -132,8 +136,10 @@ def check_answer(answer: ScoreAnswer, n: int, info: Health) -> None:
             raise ValueError(f"'terms' holds {len(answer.terms)} rows for the {n} images sent")
         for i, row in enumerate(answer.terms):
             if len(row) != len(names):
-                raise ValueError(f"'terms.{i}' holds {len(row)} scores for the {len(names)} declared terms "
-                                 f"({', '.join(names)})")  # fmt: skip
+                raise ValueError(
+                    f"'terms.{i}' holds {len(row)} scores for the {len(names)} declared terms "
+                    f"({', '.join(names)})"
+                )
 
 
 def base_url(url: str) -> str:
@@ -146,7 +152,8 @@ def base_url(url: str) -> str:
 
 
 def encode_images(images: torch.Tensor) -> list[str]:
-    """[B, 3, H, W] in [0, 1] → B base64 PNGs of their 8-bit pixels (fast compression: lossless all the same)."""
+    """[B, 3, H, W] in [0, 1] → B base64 PNGs of their 8-bit pixels (fast compression:
+    lossless all the same)."""
     from t2i_gcpo.rewards._common import images_to_pil
 
     out = []
@@ -180,7 +187,8 @@ def error_of(raw: bytes) -> str:
 
 
 class Failed(Exception):
-    """A request without a usable answer: `status` the HTTP status of a refusal (0: no answer after the tries)."""
+    """A request without a usable answer: `status` the HTTP status of a refusal (0: no answer
+    after the tries)."""
 
     def __init__(self, why: str, status: int = 0):
         super().__init__(why)
@@ -190,8 +198,15 @@ class Failed(Exception):
 class Client:
     """Requests to a reward server with bounded tries (module docstring), and its checked ``/health``."""
 
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
-                 proxy: str | None = None, max_answer_mb: float = 64.0):  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 300.0,
+        retries: int = 2,
+        backoff: float = 2.0,
+        proxy: str | None = None,
+        max_answer_mb: float = 64.0,
+    ):
         self.url, self.timeout = base_url(url), float(timeout)
         self.retries, self.backoff = int(retries), float(backoff)
         http_client.check_proxy(proxy, "reward 'remote'")
@@ -207,10 +222,14 @@ class Client:
                 wait *= 2
             try:
                 answer = http_client.request(
-                    self.url + path, method="GET" if body is None else "POST", body=body, timeout=timeout,
-                    headers={"Content-Type": "application/json"}, max_bytes=max_bytes or self.max_answer,
+                    self.url + path,
+                    method="GET" if body is None else "POST",
+                    body=body,
+                    timeout=timeout,
+                    headers={"Content-Type": "application/json"},
+                    max_bytes=max_bytes or self.max_answer,
                     proxy=self.proxy,
-                )  # fmt: skip
+                )
             except http_client.NoAnswer as e:
                 last = str(e)
                 continue
@@ -232,35 +251,43 @@ class Client:
             raw = self.send("/health", None, min(self.timeout, 10.0), HEALTH_BYTES)
         except Failed as e:
             if e.status == 200 or 300 <= e.status < 400:
-                raise UserError(f"reward 'remote': the server at {self.url} answered /health with "
-                                f"{shorten(e.why, 200)}") from None  # fmt: skip
+                raise UserError(
+                    f"reward 'remote': the server at {self.url} answered /health with {shorten(e.why, 200)}"
+                ) from None
             port = self.url.rsplit(":", 1)[-1] if re.search(r":\d+$", self.url) else "N"
             why = f"HTTP {e.status}: {e.why}" if e.status else f"{e.why}, {self.retries + 1} tries"
             raise UserError(
-                f"reward 'remote': no reward server answers at {self.url} ({shorten(why, 200)}); start one with: "
-                f"t2i-gcpo reward-server --reward SPEC --port {port}"
+                f"reward 'remote': no reward server answers at {self.url} ({shorten(why, 200)}); start "
+                f"one with: t2i-gcpo reward-server --reward SPEC --port {port}"
             ) from None
         try:
             head = json.loads(raw)
         except (ValueError, RecursionError):
             head = None
         if not isinstance(head, dict) or head.get("service") != SERVICE:
-            raise UserError(f"reward 'remote': {self.url} is not a t2i-gcpo reward server (its /health answered "
-                            f"{shorten(raw.decode('utf-8', 'replace'), 60)!r})")  # fmt: skip
+            raise UserError(
+                f"reward 'remote': {self.url} is not a t2i-gcpo reward server (its /health answered "
+                f"{shorten(raw.decode('utf-8', 'replace'), 60)!r})"
+            )
         protocol = head.get("protocol")
         if protocol != PROTOCOL or isinstance(protocol, bool):
-            raise UserError(f"reward 'remote': the server at {self.url} speaks protocol {shorten(repr(protocol), 20)} "
-                            f"(t2i-gcpo {shorten(str(head.get('version')), 40)}), this client {PROTOCOL} "
-                            f"(t2i-gcpo {__version__})")  # fmt: skip
+            raise UserError(
+                f"reward 'remote': the server at {self.url} speaks protocol {shorten(repr(protocol), 20)} "
+                f"(t2i-gcpo {shorten(str(head.get('version')), 40)}), this client {PROTOCOL} "
+                f"(t2i-gcpo {__version__})"
+            )
         try:
             info = http_client.parse_answer(raw, Health)
         except ValueError as e:
-            raise UserError(f"reward 'remote': the reward server at {self.url} answered /health with a malformed "
-                            f"field: {e}") from None  # fmt: skip
+            raise UserError(
+                f"reward 'remote': the reward server at {self.url} answered /health with a malformed "
+                f"field: {e}"
+            ) from None
         if serves is not None and serves != info.spec:
             raise UserError(
-                f"reward 'remote': the server at {self.url} serves '{shorten(info.spec, 120)}', but this run was "
-                f"trained with '{shorten(serves, 120)}': serve that spec there (t2i-gcpo reward-server --reward …)"
+                f"reward 'remote': the server at {self.url} serves '{shorten(info.spec, 120)}', but this "
+                f"run was trained with '{shorten(serves, 120)}': serve that spec there (t2i-gcpo "
+                f"reward-server --reward …)"
             )
         return info
 
@@ -271,8 +298,14 @@ def client_of(term: Any) -> Client:
     def option(name: str) -> Any:
         return term.options.get(name, term.form.all_options[name].default)
 
-    return Client(term.args[0], option("timeout"), option("retries"), option("backoff"), option("proxy"),
-                  option("max_answer_mb"))  # fmt: skip
+    return Client(
+        term.args[0],
+        option("timeout"),
+        option("retries"),
+        option("backoff"),
+        option("proxy"),
+        option("max_answer_mb"),
+    )
 
 
 def check_server(term: Any) -> None:
@@ -286,18 +319,32 @@ class RemoteReward:
 
     probe = True  # a dry sample is scored before a run starts (rewards.combine.probes)
 
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 2, backoff: float = 2.0,
-                 batch_size: int | None = None, concurrency: int = 2, proxy: str | None = None,
-                 max_answer_mb: float = 64.0, serves: str | None = None, version: str | None = None,
-                 grid: tuple[int, int] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 300.0,
+        retries: int = 2,
+        backoff: float = 2.0,
+        batch_size: int | None = None,
+        concurrency: int = 2,
+        proxy: str | None = None,
+        max_answer_mb: float = 64.0,
+        serves: str | None = None,
+        version: str | None = None,
+        grid: tuple[int, int] | None = None,
+    ):
         self.client = Client(url, timeout, retries, backoff, proxy, max_answer_mb)
         self.url = self.client.url
         self.in_flight = int(concurrency)  # the overlapped scorer may have this many calls running
         self.info = info = self.client.health(serves)
         self.served, self.server_version = info.spec, info.version
         if version is not None and version != self.server_version:
-            print(f"note: the reward server at {self.url} runs t2i-gcpo {self.server_version}; this run started "
-                  f"with {version}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"note: the reward server at {self.url} runs t2i-gcpo {self.server_version}; this run "
+                f"started with {version}",
+                file=sys.stderr,
+                flush=True,
+            )
         self.name = info.name
         self.terms = [(n, w) for n, w in info.terms] if info.terms else None
         self.bounds = info.bounds
@@ -320,20 +367,25 @@ class RemoteReward:
             data["context"] = {"grid": self.grid}
         return json.dumps(data).encode()
 
-    def requests(self, pngs: list[str], prompts: list[str], metadata: list[dict],
-                 size: tuple[int, int]) -> list[tuple[int, int, bytes]]:  # fmt: skip
+    def requests(
+        self, pngs: list[str], prompts: list[str], metadata: list[dict], size: tuple[int, int]
+    ) -> list[tuple[int, int, bytes]]:
         """(first sample, count, body) of each request of a call: at most `batch_size` images, at most the
         server's decoded pixels, and bodies of at most its bytes (halved until they fit)."""
         height, width = size
         info, per = self.info, self.batch_size
         if info.max_side is not None and max(height, width) > info.max_side:
-            raise RewardError(f"{self.where(0, len(pngs))}: images of {width}×{height} px, larger than the server "
-                              f"takes ({info.max_side} px a side)")  # fmt: skip
+            raise RewardError(
+                f"{self.where(0, len(pngs))}: images of {width}×{height} px, larger than the server "
+                f"takes ({info.max_side} px a side)"
+            )
         if info.max_pixels is not None:
             per = min(per, info.max_pixels // (height * width))
             if per < 1:
-                raise RewardError(f"{self.where(0, len(pngs))}: one image of {width}×{height} px holds more pixels "
-                                  f"than the server takes in a request ({info.max_pixels})")  # fmt: skip
+                raise RewardError(
+                    f"{self.where(0, len(pngs))}: one image of {width}×{height} px holds more pixels "
+                    f"than the server takes in a request ({info.max_pixels})"
+                )
         out: list[tuple[int, int, bytes]] = []
         pending = [(s, min(per, len(pngs) - s)) for s in range(0, len(pngs), per)]
         while pending:
@@ -346,12 +398,15 @@ class RemoteReward:
             elif n > 1:
                 pending[:0] = [(first, n // 2), (first + n // 2, n - n // 2)]
             else:
-                raise RewardError(f"{self.where(first, 1)}: one image's request is {len(body)} bytes, more than the "
-                                  f"server takes ({info.max_bytes}; its --max-mb)")  # fmt: skip
+                raise RewardError(
+                    f"{self.where(first, 1)}: one image's request is {len(body)} bytes, more than the "
+                    f"server takes ({info.max_bytes}; its --max-mb)"
+                )
         return out
 
     def score_part(self, first: int, n: int, body: bytes) -> ScoreAnswer:
-        """The server's checked answer for one request (samples `first` …); a RewardError naming them otherwise."""
+        """The server's checked answer for one request (samples `first` …); a RewardError
+        naming them otherwise."""
         tic = time.perf_counter()
         where = self.where(first, n)
         try:
@@ -364,8 +419,10 @@ class RemoteReward:
                 raise RewardError(
                     f"{where}: the server {what} (HTTP {e.status}): {shorten(e.why, 200)}"
                 ) from None
-            raise RewardError(f"{where}: no answer after {self.client.retries + 1} tries in "
-                              f"{time.perf_counter() - tic:.1f} s: {shorten(e.why, 160)}") from None  # fmt: skip
+            raise RewardError(
+                f"{where}: no answer after {self.client.retries + 1} tries in "
+                f"{time.perf_counter() - tic:.1f} s: {shorten(e.why, 160)}"
+            ) from None
         try:
             answer = http_client.parse_answer(raw, ScoreAnswer)
             check_answer(answer, n, self.info)

@@ -11,14 +11,15 @@ What a client can hold, and for how long:
   bodies being received hold at most `pending_bytes` together, counted as their bytes arrive (a request that
   would take more is answered 503): a slow client holds what it has sent, no slot;
 - **a slot**: a request whose body has arrived takes one of `PENDING` slots to be decoded, waits its turn and
-  is scored; the decoded pixels of a request are bounded by `max_pixels` (and each image by `MAX_SIDE` a side),
-  read from each PNG's header before anything is decoded. A request whose client has hung up is not scored.
+  is scored; the decoded pixels of a request are bounded by `max_pixels` (and each image by `MAX_SIDE` a
+  side), read from each PNG's header before anything is decoded. A request whose client has
+  hung up is not scored.
 
 A request is checked before anything is scored, and one it cannot take is answered 4xx with one line —
 411 without a Content-Length, 413 when it is larger than `max_bytes`, holds more than `max_images` images or
-more than `max_pixels` pixels, 408 for a body that does not arrive in time, 400 for a body that is not JSON (or
-nests deeper than the tool's reader takes: t2i_gcpo/outdir.py), fields of the wrong kind, prompts or metadata
-whose count is not the images', an image that is not a readable PNG (truncated, corrupt, larger than
+more than `max_pixels` pixels, 408 for a body that does not arrive in time, 400 for a body that is not JSON
+(or nests deeper than the tool's reader takes: t2i_gcpo/outdir.py), fields of the wrong kind, prompts or
+metadata whose count is not the images', an image that is not a readable PNG (truncated, corrupt, larger than
 `MAX_SIDE`) or images of different sizes — and the server goes on serving. A reward that fails on a valid
 request (`RewardError`, an exception) is answered 500 with its line. Batches are scored one at a time, in the
 order their decoding ends, in one thread (a reward model is not asked to run two batches at once; a user
@@ -74,7 +75,8 @@ class Refused(Exception):
 
 
 def check_servable(spec: str) -> None:
-    """A one-line UserError for a spec the server cannot serve: a text reward (it reads the policy's tokenizer)."""
+    """A one-line UserError for a spec the server cannot serve: a text reward (it reads the
+    policy's tokenizer)."""
     from t2i_gcpo.rewards.registry import spec_context, spec_outputs
 
     if "text" in spec_outputs(spec) or "tokenizer" in spec_context(spec):
@@ -94,9 +96,16 @@ class Batch:
 class RewardService:
     """The served reward and its limits: `health`, `read` of one request's body, `score_batch` of it."""
 
-    def __init__(self, spec: str, device: str | None = None, max_images: int = 512, max_bytes: int = 256 << 20,
-                 max_pixels: int = MAX_PIXELS, body_timeout: float = 60.0,
-                 pending_bytes: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        spec: str,
+        device: str | None = None,
+        max_images: int = 512,
+        max_bytes: int = 256 << 20,
+        max_pixels: int = MAX_PIXELS,
+        body_timeout: float = 60.0,
+        pending_bytes: int | None = None,
+    ):
         from t2i_gcpo.rewards.registry import build_reward, canonical_reward, spec_context
 
         check_servable(spec)
@@ -116,10 +125,20 @@ class RewardService:
         from t2i_gcpo.rewards.combine import reward_bounds, reward_name, reward_terms
 
         reward = self.default
-        return {"service": SERVICE, "protocol": PROTOCOL, "version": __version__, "spec": self.spec,
-                "name": reward_name(reward), "terms": reward_terms(reward), "bounds": reward_bounds(reward),
-                "context": ["grid"] if self.reads_grid else [], "max_images": self.max_images,
-                "max_bytes": self.max_bytes, "max_pixels": self.max_pixels, "max_side": MAX_SIDE}  # fmt: skip
+        return {
+            "service": SERVICE,
+            "protocol": PROTOCOL,
+            "version": __version__,
+            "spec": self.spec,
+            "name": reward_name(reward),
+            "terms": reward_terms(reward),
+            "bounds": reward_bounds(reward),
+            "context": ["grid"] if self.reads_grid else [],
+            "max_images": self.max_images,
+            "max_bytes": self.max_bytes,
+            "max_pixels": self.max_pixels,
+            "max_side": MAX_SIDE,
+        }
 
     def reward_for(self, grid: tuple[int, int] | None) -> Any:
         """The reward built for a request's grid (where the spec reads one): the last `GRIDS` are kept."""
@@ -137,7 +156,8 @@ class RewardService:
             return self.rewards[grid]
 
     def score(self, body: bytes) -> dict[str, Any]:
-        """The answer to one ``POST /score`` body (`read`, then `score_batch`); `Refused` for one it does not take."""
+        """The answer to one ``POST /score`` body (`read`, then `score_batch`); `Refused` for one
+        it does not take."""
         return self.score_batch(self.read(body))
 
     def score_batch(self, batch: Batch) -> dict[str, Any]:
@@ -172,8 +192,11 @@ class RewardService:
         if not isinstance(images, list) or not all(isinstance(x, str) for x in images):
             raise Refused(400, "'images' must be a list of base64 PNG strings")
         if len(images) > self.max_images:
-            raise Refused(413, f"{len(images)} images in one request, more than this server takes "
-                               f"({self.max_images}): send at most that many at a time")  # fmt: skip
+            raise Refused(
+                413,
+                f"{len(images)} images in one request, more than this server takes "
+                f"({self.max_images}): send at most that many at a time",
+            )
         if not images:
             raise Refused(400, "no images to score")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
@@ -191,8 +214,9 @@ class RewardService:
         if not isinstance(context, dict):
             raise Refused(400, "'context' must be an object")
         grid = context.get("grid")
-        if grid is not None and not (isinstance(grid, list) and len(grid) == 2 and all(
-                type(g) is int and 0 < g <= 1024 for g in grid)):  # fmt: skip
+        if grid is not None and not (
+            isinstance(grid, list) and len(grid) == 2 and all(type(g) is int and 0 < g <= 1024 for g in grid)
+        ):
             raise Refused(400, "'context.grid' must be [rows, cols], two integers in [1, 1024]")
         pixels = decode_images(images, self.max_pixels)
         return Batch(pixels, prompts, metadata, tuple(grid) if grid is not None else None)
@@ -227,12 +251,17 @@ def decode_images(images: list[str], max_pixels: int = MAX_PIXELS) -> Any:
         if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
             raise Refused(400, f"image {i} is {width}×{height}, larger than {MAX_SIDE} px (or empty)")
         if sizes and size != sizes[0]:
-            raise Refused(400, f"image {i} is {width}×{height}, image 0 {sizes[0][0]}×{sizes[0][1]}: one size per "
-                               "request")  # fmt: skip
+            raise Refused(
+                400,
+                f"image {i} is {width}×{height}, image 0 {sizes[0][0]}×{sizes[0][1]}: one size per request",
+            )
         total += width * height
         if total > max_pixels:
-            raise Refused(413, f"the images hold more than {max_pixels} pixels ({len(images)} of {width}×{height}), "
-                               "more than this server decodes in one request: send fewer at a time")  # fmt: skip
+            raise Refused(
+                413,
+                f"the images hold more than {max_pixels} pixels ({len(images)} of {width}×{height}), "
+                "more than this server decodes in one request: send fewer at a time",
+            )
         raws.append(raw)
         sizes.append(size)
     arrays = []
@@ -256,8 +285,9 @@ def decode_images(images: list[str], max_pixels: int = MAX_PIXELS) -> Any:
 def error(status: int, message: str, close: bool = False) -> Any:
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": one_line(message)}, status_code=status,
-                        headers={"Connection": "close"} if close else None)  # fmt: skip
+    return JSONResponse(
+        {"error": one_line(message)}, status_code=status, headers={"Connection": "close"} if close else None
+    )
 
 
 class Log:
@@ -275,8 +305,8 @@ class Log:
 
 
 class StderrLines(logging.StreamHandler):
-    """uvicorn's log records as one line each on the `sys.stderr` of the moment (an exception it logs by its type
-    and message: the app answers and logs the reward's failures itself)."""
+    """uvicorn's log records as one line each on the `sys.stderr` of the moment (an exception it logs by its
+    type and message: the app answers and logs the reward's failures itself)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -322,16 +352,21 @@ def make_app(service: RewardService, quiet: bool = False) -> Any:
             with anyio.fail_after(service.body_timeout):
                 async for chunk in request.stream():
                     if held["bytes"] + len(chunk) > service.pending_bytes:
-                        raise Refused(503, f"the server holds {held['bytes'] >> 20} MB of requests already: "
-                                           "send again shortly")  # fmt: skip
+                        raise Refused(
+                            503,
+                            f"the server holds {held['bytes'] >> 20} MB of requests already: "
+                            "send again shortly",
+                        )
                     held["bytes"] += len(chunk)
                     mine[0] += len(chunk)
                     body += chunk
                     if len(body) > length:
                         raise Refused(400, f"the body is longer than its Content-Length ({length})")
         except TimeoutError:
-            raise Refused(408, f"the body did not arrive within {service.body_timeout:g} s ({len(body)} of "
-                               f"{length} bytes)") from None  # fmt: skip
+            raise Refused(
+                408,
+                f"the body did not arrive within {service.body_timeout:g} s ({len(body)} of {length} bytes)",
+            ) from None
         return bytes(body)
 
     async def score(request: Request) -> Any:
@@ -345,8 +380,11 @@ def make_app(service: RewardService, quiet: bool = False) -> Any:
                 raise Refused(400, f"Content-Length {shorten(length, 30)!r} is not a number")
             n = int(length)
             if n > service.max_bytes:
-                raise Refused(413, f"a request of {n} bytes, more than this server takes ({service.max_bytes}): "
-                                   "send fewer images at a time")  # fmt: skip
+                raise Refused(
+                    413,
+                    f"a request of {n} bytes, more than this server takes ({service.max_bytes}): "
+                    "send fewer images at a time",
+                )
             body = await receive(request, n, mine)
             async with slots:  # decoded and scored holding one of PENDING slots
                 if await request.is_disconnected():
@@ -395,7 +433,8 @@ def make_app(service: RewardService, quiet: bool = False) -> Any:
 
 def protocol_class() -> type:
     """uvicorn's h11 protocol with a deadline on each request's line and headers (`HEAD_SECONDS`): uvicorn
-    bounds the time between requests (timeout_keep_alive) and the head's size, not the time a head may take."""
+    bounds the time between requests (timeout_keep_alive) and the head's size, not the
+    time a head may take."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -457,10 +496,19 @@ class RewardServer:
         logger.setLevel(logging.WARNING)
         logger.propagate = False
         config = uvicorn.Config(
-            self.app, loop="asyncio", http=protocol_class(), lifespan="off", log_config=None, access_log=False,
-            backlog=BACKLOG, limit_concurrency=CONNECTIONS, timeout_keep_alive=KEEP_ALIVE,
-            timeout_graceful_shutdown=3, server_header=False, headers=[("server", f"t2i-gcpo/{__version__}")],
-        )  # fmt: skip
+            self.app,
+            loop="asyncio",
+            http=protocol_class(),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            backlog=BACKLOG,
+            limit_concurrency=CONNECTIONS,
+            timeout_keep_alive=KEEP_ALIVE,
+            timeout_graceful_shutdown=3,
+            server_header=False,
+            headers=[("server", f"t2i-gcpo/{__version__}")],
+        )
         self.uvicorn = uvicorn.Server(config)
         self.stopped = threading.Event()
 
@@ -483,5 +531,6 @@ class RewardServer:
 def make_server(
     service: RewardService, host: str = "127.0.0.1", port: int = 8100, quiet: bool = False
 ) -> RewardServer:
-    """The HTTP server of `service` on (host, port), listening (port 0: a free one); serve_forever() serves."""
+    """The HTTP server of `service` on (host, port), listening (port 0: a free one);
+    serve_forever() serves."""
     return RewardServer(service, host, port, quiet)

@@ -1,4 +1,5 @@
-"""GenEval's colour classifier: CLIP zero-shot over 10 colours on the masked object (docs/evaluation/geneval.md).
+"""GenEval's colour classifier: CLIP zero-shot over 10 colours on the masked object
+(docs/evaluation/geneval.md).
 
 GenEval (Ghosh et al., 2023) classifies the colour of each counted object with open_clip ViT-L-14
 (`openai` weights): the object is pasted through its mask onto a #999999 background, cropped to its

@@ -1,4 +1,5 @@
-"""GenEval's object detector on PyPI packages: transformers Mask2Former (COCO instance) (docs/evaluation/geneval.md).
+"""GenEval's object detector on PyPI packages: transformers Mask2Former (COCO instance)
+(docs/evaluation/geneval.md).
 
 GenEval (Ghosh et al., 2023) runs Mask2Former Swin-S trained on COCO instance segmentation and
 keeps, per class, detections above 0.3 (0.9 for counting prompts), at most 16, without NMS. This

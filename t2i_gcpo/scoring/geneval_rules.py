@@ -57,7 +57,8 @@ class ImageResult:
 
 
 def default_threshold(metadata: dict) -> float:
-    """GenEval's detection score threshold: 0.9 for counting prompts, 0.3 otherwise (docs/evaluation/geneval.md)."""
+    """GenEval's detection score threshold: 0.9 for counting prompts, 0.3 otherwise
+    (docs/evaluation/geneval.md)."""
     return COUNTING_THRESHOLD if metadata.get("tag") == "counting" else DETECTION_THRESHOLD
 
 
@@ -87,7 +88,10 @@ def _position_ok(found: list[Detection], targets: list[Detection], relation: str
             if relation not in rels:
                 return (
                     False,
-                    f"expected {det.cls} {relation} target, found {' and '.join(sorted(rels)) or 'no relation'} target",
+                    (
+                        f"expected {det.cls} {relation} target, found "
+                        f"{' and '.join(sorted(rels)) or 'no relation'} target"
+                    ),
                 )
     return True, ""
 
@@ -197,7 +201,8 @@ def reward_detections(
     mean of per-clause terms, in one of two variants (the strict verdict is the same in both, but
     for flow_grpo's cap of 16 detections per class):
 
-    ``variant="spec"`` (default) — the terms of docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0, 1]; no per-class cap:
+    ``variant="spec"`` (default) — the terms of docs/evaluation/geneval.md#geneval-as-a-reward, kept in [0,
+    1]; no per-class cap:
     - per include: count term 1 − |count − found| / count, clipped at 0 (one dog asked, two or three
       seen: 0 either way);
     - per colour clause: 1 − |count − n_colour| / count with a right count, else 0;

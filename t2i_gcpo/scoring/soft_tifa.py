@@ -1,15 +1,16 @@
 """Soft-TIFA, TIFA and VQAScore as GenEval 2 computes them (Kamath et al. 2025, "GenEval 2: Addressing
 Benchmark Drift in Text-to-Image Evaluation", arXiv 2512.16853; facebookresearch/GenEval2 evaluation.py and
-soft_tifa_analysis.py, commit a6e82d2289e8d418f27f0adee77908b07060eea3, written anew): the questions, the answer
-lists and the per-image scores, shared by the ``eval geneval2`` benchmark (t2i_gcpo/eval/suites/geneval2.py) and
-the ``soft_tifa`` reward (t2i_gcpo/rewards/forms/soft_tifa.py). docs/evaluation/geneval2.md has the formulas.
+soft_tifa_analysis.py, commit a6e82d2289e8d418f27f0adee77908b07060eea3, written anew): the questions, the
+answer lists and the per-image scores, shared by the ``eval geneval2`` benchmark
+(t2i_gcpo/eval/suites/geneval2.py) and the ``soft_tifa`` reward (t2i_gcpo/rewards/forms/soft_tifa.py).
+docs/evaluation/geneval2.md has the formulas.
 
 A prompt carries its atoms as GenEval 2's data does: ``vqa_list``, [question, answer] pairs (and, for the
-benchmark's tables, ``skills`` and ``atom_count``). Atom k is asked as "<question> Answer in one word." with its
-answer list A_k: for a question starting "How many", the answer as written, capitalised, each with a leading
-space, and its digits ("four" → four, Four, " four", " Four", 4, " 4"; a word outside one … ten gives "other");
-otherwise Yes, yes, " yes", " Yes". VQAScore asks 'Does this image show "<prompt>"? Answer the question with Yes
-or No.' with the yes list. A VQA model gives each question's
+benchmark's tables, ``skills`` and ``atom_count``). Atom k is asked as "<question> Answer in one word." with
+its answer list A_k: for a question starting "How many", the answer as written, capitalised, each with a
+leading space, and its digits ("four" → four, Four, " four", " Four", 4, " 4"; a word outside one … ten gives
+"other"); otherwise Yes, yes, " yes", " Yes". VQAScore asks 'Does this image show "<prompt>"? Answer the
+question with Yes or No.' with the yes list. A VQA model gives each question's
 
     s_k = P(A_k | image, question_k) = Σ_{a ∈ A_k} P(first answer token = a)       (soft score)
     t_k = 1[argmax token, lower-cased, ∈ A_k]                                        (TIFA's hard score)
@@ -30,8 +31,18 @@ from t2i_gcpo.errors import UserError, shorten
 
 SKILLS = ("object", "attribute", "count", "position", "verb")
 YES = ("Yes", "yes", " yes", " Yes")
-NUMBERS = {"one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7",
-           "eight": "8", "nine": "9", "ten": "10"}  # fmt: skip
+NUMBERS = {
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
 ATOM_QUESTION = "{} Answer in one word."
 VQASCORE_QUESTION = 'Does this image show "{}"? Answer the question with Yes or No.'
 KEYS = ("prompt", "atom_count", "vqa_list", "skills")
@@ -82,8 +93,14 @@ def numeric(word: str) -> str:
 def answer_list(question: str, answer: str) -> tuple[str, ...]:
     """The answers whose probability is an atom's soft score (module docstring)."""
     if question.startswith("How many"):
-        return (answer, answer.capitalize(), " " + answer, " " + answer.capitalize(), numeric(answer),
-                " " + numeric(answer))  # fmt: skip
+        return (
+            answer,
+            answer.capitalize(),
+            " " + answer,
+            " " + answer.capitalize(),
+            numeric(answer),
+            " " + numeric(answer),
+        )
     return YES
 
 

@@ -49,17 +49,34 @@ class LocalVLM:
 
     kind = "vqa"
 
-    def __init__(self, model: Any, processor: Any, *, name: str, revision: str | None = None,
-                 dtype: str = "auto", batch_size: int = 8):  # fmt: skip
-        """`name` the folder, `revision` its revision where the caller knows it (eval.protocol.folder_revision)."""
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        *,
+        name: str,
+        revision: str | None = None,
+        dtype: str = "auto",
+        batch_size: int = 8,
+    ):
+        """`name` the folder, `revision` its revision where the caller knows it
+        (eval.protocol.folder_revision)."""
         self.model, self.processor = model.eval(), processor
         self.name, self.revision, self.dtype, self.batch_size = name, revision, dtype, int(batch_size)
         self.tokenizer = processor.tokenizer
         self.tokenizer.padding_side = "left"
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, *, device: str = "cpu", dtype: str = "auto",
-                        batch_size: int = 8, revision: str | None = None, what: str = "--vqa") -> LocalVLM:  # fmt: skip
+    def from_pretrained(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        batch_size: int = 8,
+        revision: str | None = None,
+        what: str = "--vqa",
+    ) -> LocalVLM:
         """Load a local VLM folder (config.json, weights, processor files with a chat template); a one-line
         UserError for anything that is not one."""
         import torch
@@ -92,8 +109,14 @@ class LocalVLM:
             raise UserError(
                 f"{what} {path}: its processor has no chat template (an instruction-tuned VLM is needed)"
             )
-        return cls(model.to(device), processor, name=str(path.resolve()), revision=revision, dtype=dtype,
-                   batch_size=batch_size)  # fmt: skip
+        return cls(
+            model.to(device),
+            processor,
+            name=str(path.resolve()),
+            revision=revision,
+            dtype=dtype,
+            batch_size=batch_size,
+        )
 
     @property
     def device(self) -> Any:
@@ -101,8 +124,13 @@ class LocalVLM:
 
     def record(self) -> dict[str, Any]:
         """The scorer as a protocol records it (the fields of eval.protocol.scorer_record)."""
-        return {"kind": "vqa", "name": self.name, "revision": self.revision, "dtype": self.dtype,
-                "model_type": getattr(self.model.config, "model_type", None)}  # fmt: skip
+        return {
+            "kind": "vqa",
+            "name": self.name,
+            "revision": self.revision,
+            "dtype": self.dtype,
+            "model_type": getattr(self.model.config, "model_type", None),
+        }
 
     def messages(self, image: Any, question: str) -> list[dict]:
         """The reference's message: one user turn, the image then the text."""
@@ -119,16 +147,22 @@ class LocalVLM:
         import torch
 
         conversations = [self.messages(im.convert("RGB"), q) for im, q in zip(images, questions)]
-        inputs = self.processor.apply_chat_template(conversations, tokenize=True, add_generation_prompt=True,
-                                                    return_dict=True, return_tensors="pt",
-                                                    processor_kwargs={"padding": True})  # fmt: skip
+        inputs = self.processor.apply_chat_template(
+            conversations,
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=True,
+            return_tensors="pt",
+            processor_kwargs={"padding": True},
+        )
         inputs = inputs.to(self.device)
         with torch.no_grad():
             logits = self.model(**inputs).logits[:, -1]  # [n, V]: left padding, every row ends at its prompt
         return torch.softmax(logits.float(), dim=-1).cpu()
 
-    def probabilities(self, images: Sequence[Any], questions: Sequence[str],
-                      answers: Sequence[Sequence[str]]) -> list[tuple[float, str]]:  # fmt: skip
+    def probabilities(
+        self, images: Sequence[Any], questions: Sequence[str], answers: Sequence[Sequence[str]]
+    ) -> list[tuple[float, str]]:
         """(Σ of the answers' first-token probabilities, the decoded argmax token) per question."""
         out: list[tuple[float, str]] = []
         for s in range(0, len(images), self.batch_size):

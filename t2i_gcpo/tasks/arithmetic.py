@@ -1,4 +1,5 @@
-"""The arithmetic task (docs/worlds/arithmetic.md): the text-reasoning path's prompts, reward, metrics and held-out score.
+"""The arithmetic task (docs/worlds/arithmetic.md): the text-reasoning path's prompts, reward,
+metrics and held-out score.
 
 Prompts are problem files (GSM8K-style .jsonl or .txt); step metrics are accuracy, format rate and
 length; the credit metric is step lift, the share of credit on the first wrong step's tokens over their
@@ -140,8 +141,14 @@ def step_lift(weights: torch.Tensor, rollout: Rollout, details: list[dict], toke
     return credit_lift(weights, steps, rollout.loss_mask)  # over the tokens that can carry credit
 
 
-def heatmap_samples(tokenizer: Any, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                    scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+def heatmap_samples(
+    tokenizer: Any,
+    rollout: Rollout,
+    weights: dict[str, torch.Tensor],
+    details: list[dict],
+    scores: Any = None,
+    advantages: Any = None,
+) -> list[TextSample]:
     """`viz.text_heatmap.TextSample`s of a scored text rollout: each sample's valid tokens as text
     (special tokens by name), each scheme's weights [B, T] on them, the first wrong step outlined."""
     from t2i_gcpo.viz.text_heatmap import TextSample  # matplotlib: only when drawing
@@ -209,8 +216,14 @@ class ArithmeticTask:
         """Step lift of every sample [B] (NaN where undefined: correct, or no first wrong step)."""
         return step_lift(weights, rollout, details, self._tokenizer())
 
-    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+    def text_samples(
+        self,
+        rollout: Rollout,
+        weights: dict[str, torch.Tensor],
+        details: list[dict],
+        scores: Any = None,
+        advantages: Any = None,
+    ) -> list[TextSample]:
         """Token heatmap samples (`viz.text_heatmap.TextSample`) with the first wrong step outlined."""
         return heatmap_samples(self._tokenizer(), rollout, weights, details, scores, advantages)
 
@@ -256,9 +269,18 @@ class ArithmeticTask:
         return {STEP_LIFT: lift, STEP_LIFT_N: float(np.isfinite(lifts).sum())}
 
     @torch.no_grad()
-    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
-                 sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
-                 prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+    def evaluate(
+        self,
+        policy: Policy,
+        reward: Reward,
+        prompts: list[PromptRecord],
+        samples_per_prompt: int,
+        sampling: SamplingParams,
+        seed: int,
+        accelerator: Any = None,
+        progress: bool = False,
+        prompts_per_batch: int = 16,
+    ) -> dict[str, Any]:
         """Sample `samples_per_prompt` completions per prompt and score them; prompts are split across
         processes, prompt i seeded by (seed, "eval", i) alone. Correctness is the reward's "correct"
         detail (its score for a reward without one).
@@ -274,13 +296,28 @@ class ArithmeticTask:
             rows = []  # (prompt index, correct, format, length) per sample
             for b, (d, s) in enumerate(zip(scored.reward.details, scored.reward.scores.tolist())):
                 correct, fmt, length = (_get(d, k) for k in ("correct", "format", "length"))
-                rows.append((chunk[b // samples_per_prompt], float(s if correct is None else correct),
-                             math.nan if fmt is None else float(fmt),
-                             math.nan if length is None else float(length)))  # fmt: skip
+                rows.append(
+                    (
+                        chunk[b // samples_per_prompt],
+                        float(s if correct is None else correct),
+                        math.nan if fmt is None else float(fmt),
+                        math.nan if length is None else float(length),
+                    )
+                )
             return rows
 
-        rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
-                             progress, prompts_per_batch)  # fmt: skip
+        rows = held_out_rows(
+            policy,
+            reward,
+            prompts,
+            samples_per_prompt,
+            sampling,
+            seed,
+            rows_of,
+            accelerator,
+            progress,
+            prompts_per_batch,
+        )
         return summarize(rows, samples_per_prompt)
 
 
@@ -303,7 +340,16 @@ def summarize(rows: list[tuple[int, float, float, float]], k: int) -> dict[str, 
         {k_: v for k_, v in ((EVAL_FORMAT_RATE, fmt), (EVAL_LENGTH_MEAN, length)) if math.isfinite(v)}
     )
     items = item_rows(item_keys(int(r[0]) for r in rows), ["all"] * len(rows), [float(r[1]) for r in rows])
-    return {"accuracy": acc, "pass_at_k": pass_k, "k": k, "format_rate": fmt, "length": length,
-            "samples": len(rows), "prompts": len(by_prompt), "metrics": metrics,
-            "headline": f"held-out accuracy {acc:.3f} (pass@{k} {pass_k:.3f})", "rows": items,
-            "aggregate": "items"}  # fmt: skip
+    return {
+        "accuracy": acc,
+        "pass_at_k": pass_k,
+        "k": k,
+        "format_rate": fmt,
+        "length": length,
+        "samples": len(rows),
+        "prompts": len(by_prompt),
+        "metrics": metrics,
+        "headline": f"held-out accuracy {acc:.3f} (pass@{k} {pass_k:.3f})",
+        "rows": items,
+        "aggregate": "items",
+    }

@@ -55,14 +55,29 @@ class Task(Protocol):
     def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
         """Per-sample credit lift [B] of weights [B, T] (NaN where undefined); `lays_out_text` tasks."""
 
-    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+    def text_samples(
+        self,
+        rollout: Rollout,
+        weights: dict[str, torch.Tensor],
+        details: list[dict],
+        scores: Any = None,
+        advantages: Any = None,
+    ) -> list[TextSample]:
         """Token heatmap samples of a scored text rollout under each scheme's weights; `lays_out_text`
         tasks."""
 
-    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
-                 sampling: SamplingParams, seed: int, accelerator: Any = None,
-                 progress: bool = False, prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+    def evaluate(
+        self,
+        policy: Policy,
+        reward: Reward,
+        prompts: list[PromptRecord],
+        samples_per_prompt: int,
+        sampling: SamplingParams,
+        seed: int,
+        accelerator: Any = None,
+        progress: bool = False,
+        prompts_per_batch: int = 16,
+    ) -> dict[str, Any]:
         """Held-out score; the result's "metrics" are logged, its "headline" printed. A prompt's
         samples must not depend on `prompts_per_batch` or the number of processes. Optionally "rows", one
         per sample (`loop.item_rows`: "key" — prompt and sample index, `loop.item_keys` —, "category",

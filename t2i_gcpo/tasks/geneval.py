@@ -1,10 +1,11 @@
-"""GenEval-style text-to-image tasks (docs/worlds/shapeworld.md, docs/evaluation/geneval.md): prompts in GenEval's templates or metadata
-schema, scored by the GenEval rules; `shapeworld` parses against ShapeWorld's shapes, `geneval`
-against GenEval's 80 COCO classes.
+"""GenEval-style text-to-image tasks (docs/worlds/shapeworld.md, docs/evaluation/geneval.md): prompts in
+GenEval's templates or metadata schema, scored by the GenEval rules; `shapeworld` parses against ShapeWorld's
+shapes, `geneval` against GenEval's 80 COCO classes.
 
-Step metrics: strict GenEval correctness per tag and overall, partial credit (docs/evaluation/geneval.md#geneval-as-a-reward). Credit metric:
-credit lift against the object masks the ShapeWorld reward reports (docs/worlds/shapeworld.md#credit-lift). Held-out score: per-tag
-strict and partial, overall as the unweighted mean of the tag scores (GenEval's convention).
+Step metrics: strict GenEval correctness per tag and overall, partial credit
+(docs/evaluation/geneval.md#geneval-as-a-reward). Credit metric: credit lift against the object masks the
+ShapeWorld reward reports (docs/worlds/shapeworld.md#credit-lift). Held-out score: per-tag strict and partial,
+overall as the unweighted mean of the tag scores (GenEval's convention).
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ class GenEvalTask:
     def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
         raise ValueError(f"task '{self.name}' scores images: it has no text samples")
 
-    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+    def text_samples(
+        self,
+        rollout: Rollout,
+        weights: dict[str, torch.Tensor],
+        details: list[dict],
+        scores: Any = None,
+        advantages: Any = None,
+    ) -> list[TextSample]:
         raise ValueError(f"task '{self.name}' scores images: it has no text samples")
 
     def _classes(self) -> list[str] | None:
@@ -107,9 +114,18 @@ class GenEvalTask:
         return {M.CREDIT_LIFT: lift} if math.isfinite(lift) else {}
 
     @torch.no_grad()
-    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
-                 sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
-                 prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+    def evaluate(
+        self,
+        policy: Policy,
+        reward: Reward,
+        prompts: list[PromptRecord],
+        samples_per_prompt: int,
+        sampling: SamplingParams,
+        seed: int,
+        accelerator: Any = None,
+        progress: bool = False,
+        prompts_per_batch: int = 16,
+    ) -> dict[str, Any]:
         """Sample `samples_per_prompt` images per prompt and score them; prompts are split across
         processes. Prompt i's samples come from its own generator (seed, "eval", i): the result does
         not depend on the batch size or the number of processes.
@@ -122,11 +138,28 @@ class GenEvalTask:
         def rows_of(chunk: list[int], scored: Scored) -> list[tuple[str, float, float, int]]:
             # (tag, strict, partial, prompt index) per image; a prompt's images are consecutive rows
             out, n = scored.reward, samples_per_prompt
-            return [(p.meta.get("tag", "all"), float(d.get("strict", s)), float(d.get("partial", s)), chunk[b // n])
-                    for b, (d, s, p) in enumerate(zip(out.details, out.scores.tolist(), scored.rollout.prompts))]  # fmt: skip
+            return [
+                (
+                    p.meta.get("tag", "all"),
+                    float(d.get("strict", s)),
+                    float(d.get("partial", s)),
+                    chunk[b // n],
+                )
+                for b, (d, s, p) in enumerate(zip(out.details, out.scores.tolist(), scored.rollout.prompts))
+            ]
 
-        rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
-                             progress, prompts_per_batch)  # fmt: skip
+        rows = held_out_rows(
+            policy,
+            reward,
+            prompts,
+            samples_per_prompt,
+            sampling,
+            seed,
+            rows_of,
+            accelerator,
+            progress,
+            prompts_per_batch,
+        )
         return summarize(rows)
 
 
@@ -153,10 +186,22 @@ def summarize(rows: list[tuple[str, float, float] | tuple[str, float, float, int
     metrics[M.EVAL_STRICT_SE] = proportions_se((v["strict"], v["images"]) for v in per_tag.values())
     items = []
     if rows and all(len(r) > 3 for r in rows):
-        items = item_rows(item_keys(r[3] for r in rows), [r[0] for r in rows], [r[1] for r in rows],
-                          partial=[r[2] for r in rows])  # fmt: skip
-    return {"per_tag": per_tag, "strict": strict, "partial": partial, "images": len(rows), "metrics": metrics,
-            "headline": f"held-out strict {strict:.3f}", "rows": items, "aggregate": "categories"}  # fmt: skip
+        items = item_rows(
+            item_keys(r[3] for r in rows),
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            partial=[r[2] for r in rows],
+        )
+    return {
+        "per_tag": per_tag,
+        "strict": strict,
+        "partial": partial,
+        "images": len(rows),
+        "metrics": metrics,
+        "headline": f"held-out strict {strict:.3f}",
+        "rows": items,
+        "aggregate": "categories",
+    }
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -181,9 +226,15 @@ def object_grids(details: list[dict], num_tokens: int) -> torch.Tensor | None:
     return torch.stack(grids).bool()
 
 
-def evaluate_shapeworld(policy: Policy, metadata: list[dict], images_per_prompt: int = 4,
-                        cfg_scale: float | None = None, seed: int = 0, prompts_per_batch: int = 16,
-                        progress: bool = False) -> dict[str, Any]:  # fmt: skip
+def evaluate_shapeworld(
+    policy: Policy,
+    metadata: list[dict],
+    images_per_prompt: int = 4,
+    cfg_scale: float | None = None,
+    seed: int = 0,
+    prompts_per_batch: int = 16,
+    progress: bool = False,
+) -> dict[str, Any]:
     """GenEval-style score of a policy on ShapeWorld prompts (GenEval metadata dicts) with the
     ShapeWorld reward at the checkpoint's own sampling settings (`cfg_scale` overrides its guidance).
     Adds ``cfg_scale`` to the result."""
@@ -198,6 +249,7 @@ def evaluate_shapeworld(policy: Policy, metadata: list[dict], images_per_prompt:
     task = GenEvalTask("shapeworld", "shapeworld", default_reward="shapeworld")
     prompts = [PromptRecord(m["prompt"], meta=m) for m in metadata]
     reward = ShapeWorldReward(grid=tuple(policy.layout.grid))
-    result = task.evaluate(policy, reward, prompts, images_per_prompt, sampling, seed, None, progress,
-                           prompts_per_batch)  # fmt: skip
+    result = task.evaluate(
+        policy, reward, prompts, images_per_prompt, sampling, seed, None, progress, prompts_per_batch
+    )
     return {**result, "cfg_scale": sampling.guidance_scale}

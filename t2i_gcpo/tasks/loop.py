@@ -61,8 +61,13 @@ def sampler_precision(policy: Policy, sampling: SamplingParams) -> contextlib.Ab
 
 
 @torch.no_grad()
-def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_size: int, sampling: SamplingParams,
-                      generators: Sequence[torch.Generator]) -> tuple[Rollout, Decoded]:  # fmt: skip
+def sample_and_decode(
+    policy: Policy,
+    prompts: Sequence[PromptRecord],
+    group_size: int,
+    sampling: SamplingParams,
+    generators: Sequence[torch.Generator],
+) -> tuple[Rollout, Decoded]:
     """Sample a group per prompt and decode it: (rollout, images [B, 3, H, W] on the CPU or B strings)."""
     with sampler_precision(policy, sampling):
         ro = policy.rollout(list(prompts), group_size, sampling, generators)
@@ -71,8 +76,14 @@ def sample_and_decode(policy: Policy, prompts: Sequence[PromptRecord], group_siz
 
 
 @torch.no_grad()
-def sample_and_score(policy: Policy, reward: Reward, prompts: Sequence[PromptRecord], group_size: int,
-                     sampling: SamplingParams, generators: Sequence[torch.Generator]) -> Scored:  # fmt: skip
+def sample_and_score(
+    policy: Policy,
+    reward: Reward,
+    prompts: Sequence[PromptRecord],
+    group_size: int,
+    sampling: SamplingParams,
+    generators: Sequence[torch.Generator],
+) -> Scored:
     """Sample a group per prompt, decode, and score (a failing or NaN reward raises RewardError)."""
     tic = time.perf_counter()
     with sampler_precision(policy, sampling):
@@ -97,10 +108,12 @@ def item_keys(prompt_indices: Iterable[int]) -> list[str]:
     return keys
 
 
-def item_rows(keys: Sequence[str], categories: Sequence[str], scores: Sequence[float],
-              **fields: Sequence[Any]) -> list[dict[str, Any]]:  # fmt: skip
+def item_rows(
+    keys: Sequence[str], categories: Sequence[str], scores: Sequence[float], **fields: Sequence[Any]
+) -> list[dict[str, Any]]:
     """Held-out result rows ``{"key", "category", "score", **fields}``, one per sample: what a task's
-    `evaluate` returns as "rows" and a run writes to eval/step_NNNNNN.jsonl (eval/records/paired.py reads them)."""
+    `evaluate` returns as "rows" and a run writes to eval/step_NNNNNN.jsonl
+    (eval/records/paired.py reads them)."""
     out = []
     for i, (k, c, s) in enumerate(zip(keys, categories, scores)):
         out.append({"key": k, "category": c, "score": float(s), **{f: v[i] for f, v in fields.items()}})
@@ -108,9 +121,18 @@ def item_rows(keys: Sequence[str], categories: Sequence[str], scores: Sequence[f
 
 
 @torch.no_grad()
-def held_out_rows(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], samples_per_prompt: int,
-                  sampling: SamplingParams, seed: int, rows_of: Callable[[list[int], Scored], list[Any]],
-                  accelerator: Any = None, progress: bool = False, prompts_per_batch: int = 16) -> list[Any]:  # fmt: skip
+def held_out_rows(
+    policy: Policy,
+    reward: Any,
+    prompts: Sequence[PromptRecord],
+    samples_per_prompt: int,
+    sampling: SamplingParams,
+    seed: int,
+    rows_of: Callable[[list[int], Scored], list[Any]],
+    accelerator: Any = None,
+    progress: bool = False,
+    prompts_per_batch: int = 16,
+) -> list[Any]:
     """The held-out loop of every task's `evaluate`: this process's share of the prompts (every
     world-th from its rank), `prompts_per_batch` at a time, prompt i's group drawn from its own
     generator (seed, "eval", i), the policy in eval mode meanwhile. `rows_of(chunk, scored)` turns a
@@ -130,8 +152,14 @@ def held_out_rows(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], 
         policy.eval()
     try:
         for chunk in chunks:
-            scored = sample_and_score(policy, reward, [prompts[i] for i in chunk], samples_per_prompt, sampling,
-                                      group_generators(seed, "eval", chunk))  # fmt: skip
+            scored = sample_and_score(
+                policy,
+                reward,
+                [prompts[i] for i in chunk],
+                samples_per_prompt,
+                sampling,
+                group_generators(seed, "eval", chunk),
+            )
             rows += rows_of(chunk, scored)
     finally:
         if isinstance(policy, torch.nn.Module):

@@ -95,21 +95,46 @@ class PromptsTask:
     def sample_lifts(self, weights: torch.Tensor, rollout: Rollout, details: list[dict]) -> np.ndarray:
         raise ValueError(f"task '{self.name}' has no marked tokens to lift")
 
-    def text_samples(self, rollout: Rollout, weights: dict[str, torch.Tensor], details: list[dict],
-                     scores: Any = None, advantages: Any = None) -> list[TextSample]:  # fmt: skip
+    def text_samples(
+        self,
+        rollout: Rollout,
+        weights: dict[str, torch.Tensor],
+        details: list[dict],
+        scores: Any = None,
+        advantages: Any = None,
+    ) -> list[TextSample]:
         raise ValueError(f"task '{self.name}' has no text samples")
 
-    def evaluate(self, policy: Policy, reward: Reward, prompts: list[PromptRecord], samples_per_prompt: int,
-                 sampling: SamplingParams, seed: int, accelerator: Any = None, progress: bool = False,
-                 prompts_per_batch: int = 16) -> dict[str, Any]:  # fmt: skip
+    def evaluate(
+        self,
+        policy: Policy,
+        reward: Reward,
+        prompts: list[PromptRecord],
+        samples_per_prompt: int,
+        sampling: SamplingParams,
+        seed: int,
+        accelerator: Any = None,
+        progress: bool = False,
+        prompts_per_batch: int = 16,
+    ) -> dict[str, Any]:
         """The mean reward of `samples_per_prompt` samples per held-out prompt, prompt i seeded by
         (seed, "eval", i) alone; ``{"reward", "reward_se", "samples", "metrics", "headline"}``."""
 
         def rows_of(chunk: list[int], scored: Scored) -> list[tuple[int, float]]:
             return [(chunk[b // samples_per_prompt], s) for b, s in enumerate(scored.reward.scores.tolist())]
 
-        rows = held_out_rows(policy, reward, prompts, samples_per_prompt, sampling, seed, rows_of, accelerator,
-                             progress, prompts_per_batch)  # fmt: skip
+        rows = held_out_rows(
+            policy,
+            reward,
+            prompts,
+            samples_per_prompt,
+            sampling,
+            seed,
+            rows_of,
+            accelerator,
+            progress,
+            prompts_per_batch,
+        )
         return summarize(rows)
 
 
@@ -129,5 +154,12 @@ def summarize(rows: list[tuple[int, float]]) -> dict[str, Any]:
     if math.isfinite(se):
         metrics[M.EVAL_REWARD_SE] = se
     items = item_rows(item_keys(p for p, _ in rows), ["all"] * len(rows), [s for _, s in rows])
-    return {"reward": mean, "reward_se": se, "samples": len(rows), "metrics": metrics,
-            "headline": f"held-out reward {mean:.4g}", "rows": items, "aggregate": "items"}  # fmt: skip
+    return {
+        "reward": mean,
+        "reward_se": se,
+        "samples": len(rows),
+        "metrics": metrics,
+        "headline": f"held-out reward {mean:.4g}",
+        "rows": items,
+        "aggregate": "items",
+    }

@@ -1,15 +1,17 @@
 """LlamaGen's VQ tokenizer (``vq_ds16_t2i.pt``), its decoding half: codes → images. Written here from the
-definition in FoundationVision/LlamaGen ``tokenizer/tokenizer_image/vq_model.py``, state-dict keys as released.
+definition in FoundationVision/LlamaGen ``tokenizer/tokenizer_image/vq_model.py``,
+state-dict keys as released.
 
-Decoding (``VQModel.decode_code``): each token's codebook entry, **l2-normalised** (the codebook is trained with
-``codebook_l2_norm``), laid out as code vectors [B, C, h, w] (C = 8 for VQ-16), then ``post_quant_conv`` (1×1,
-C → z) and the convolutional decoder: conv_in, a middle of ResNet / attention / ResNet blocks, then one level per
-channel multiplier from the top (each num_res_blocks + 1 ResNet blocks, attention after each at the top level,
-a ×2 nearest-neighbour upsample and a 3×3 conv between levels), GroupNorm(32, ε 1e-6), swish, conv_out. The
-output is in [−1, 1] (the reference saves it with ``normalize=True, value_range=(-1, 1)``, i.e. clamped).
+Decoding (``VQModel.decode_code``): each token's codebook entry, **l2-normalised** (the codebook is trained
+with ``codebook_l2_norm``), laid out as code vectors [B, C, h, w] (C = 8 for VQ-16), then ``post_quant_conv``
+(1×1, C → z) and the convolutional decoder: conv_in, a middle of ResNet / attention / ResNet blocks, then one
+level per channel multiplier from the top (each num_res_blocks + 1 ResNet blocks, attention after each at the
+top level, a ×2 nearest-neighbour upsample and a 3×3 conv between levels), GroupNorm(32, ε 1e-6), swish,
+conv_out. The output is in [−1, 1] (the reference saves it with ``normalize=True, value_range=(-1,
+1)``, i.e. clamped).
 
-The encoder is not built (RL never encodes images): its tensors in the file are read, checked and left out. The
-architecture is read from the decoder's shapes (levels, widths, blocks), so VQ-16 and VQ-8 both load.
+The encoder is not built (RL never encodes images): its tensors in the file are read, checked and left out.
+The architecture is read from the decoder's shapes (levels, widths, blocks), so VQ-16 and VQ-8 both load.
 """
 
 from __future__ import annotations
@@ -187,12 +189,21 @@ def config_from_state(state: dict[str, Tensor], what: str) -> VQConfig:
             f"{what}: the decoder's levels (decoder.conv_blocks.N) are missing or not numbered 0…"
         )
     levels = tuple(
-        Level(channels=state[f"decoder.conv_blocks.{j}.res.0.conv1.weight"].shape[0], blocks=counts[j]["res"],
-              attention=counts[j]["attn"] > 0, upsample=f"decoder.conv_blocks.{j}.upsample.conv.weight" in state)
+        Level(
+            channels=state[f"decoder.conv_blocks.{j}.res.0.conv1.weight"].shape[0],
+            blocks=counts[j]["res"],
+            attention=counts[j]["attn"] > 0,
+            upsample=f"decoder.conv_blocks.{j}.upsample.conv.weight" in state,
+        )
         for j in sorted(counts)
-    )  # fmt: skip
-    config = VQConfig(codebook_size=k, code_dim=c, z_channels=state["post_quant_conv.weight"].shape[0],
-                      mid_channels=state["decoder.conv_in.weight"].shape[0], levels=levels)  # fmt: skip
+    )
+    config = VQConfig(
+        codebook_size=k,
+        code_dim=c,
+        z_channels=state["post_quant_conv.weight"].shape[0],
+        mid_channels=state["decoder.conv_in.weight"].shape[0],
+        levels=levels,
+    )
     with torch.device("meta"):
         own = LlamaGenVQ(config).state_dict()
     for name, t in own.items():

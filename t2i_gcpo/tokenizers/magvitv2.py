@@ -348,7 +348,7 @@ def load_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(own[key].shape):
             raise UserError(
-                f"{source}: tensor {key} has shape {tuple(tensor.shape)}, the model expects {tuple(own[key].shape)} "
-                "(a different width: check config.json)"
+                f"{source}: tensor {key} has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(own[key].shape)} (a different width: check config.json)"
             )
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)

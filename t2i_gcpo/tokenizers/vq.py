@@ -95,8 +95,11 @@ class VQTokenizer(nn.Module):
             raise ValueError(f"channels {c.channels} needs one width per stride-2 stage ({c.num_down})")
         # a checkpoint's sizes are bounded before anything is allocated (a crafted image_size of 10⁹ would
         # size the prior's token grid and cache); MAX_IMAGE_SIZE is 16× the largest shipped world's
-        if not (isinstance(c.image_size, int) and 0 < c.image_size <= MAX_IMAGE_SIZE
-                and c.image_size % 2**c.num_down == 0):  # fmt: skip
+        if not (
+            isinstance(c.image_size, int)
+            and 0 < c.image_size <= MAX_IMAGE_SIZE
+            and c.image_size % 2**c.num_down == 0
+        ):
             raise ValueError(
                 f"image_size must be a multiple of 2^num_down up to {MAX_IMAGE_SIZE}, got {c.image_size!r}"
             )
@@ -259,8 +262,9 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def read_config(path: str, type_key: str | None = None, expected: str | None = None,
-                schema: type | None = None) -> dict:  # fmt: skip
+def read_config(
+    path: str, type_key: str | None = None, expected: str | None = None, schema: type | None = None
+) -> dict:
     """A checkpoint's ``config.json`` as a dict, the `type_key` entry removed (and checked against
     `expected` when it is there), each key checked against the dataclass `schema` when given
     (weights.check_config_types); a `UserError` naming the file if it is missing, a directory or not

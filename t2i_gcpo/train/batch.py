@@ -36,8 +36,14 @@ class Batch:
         outputs = self.outputs[index] if torch.is_tensor(self.outputs) else [self.outputs[i] for i in ids]
         tree = None if self.tree is None else self.tree.select(index)
         leaves = None if self.leaves is None else self.leaves.select(index)
-        return Batch(self.rollout.select(index), self.advantages[index],
-                     self.reward.select(index), outputs, tree, leaves)  # fmt: skip
+        return Batch(
+            self.rollout.select(index),
+            self.advantages[index],
+            self.reward.select(index),
+            outputs,
+            tree,
+            leaves,
+        )
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch | None:
@@ -55,4 +61,4 @@ class Batch:
             torch.cat(outs) if torch.is_tensor(outs[0]) else [o for x in outs for o in x],
             None if trees[0] is None else Tree.concat(trees),
             None if leaves[0] is None else Leaves.concat(leaves),
-        )  # fmt: skip
+        )

@@ -95,7 +95,8 @@ def decision_steps_of(policy: Any, sampling: SamplingParams) -> int | None:
 
 def check_spacing(policy: Any, branching: BranchingConfig, sampling: SamplingParams) -> None:
     """Before a run: images decide a fixed number of steps (AR: every token; masked: the reveal steps), so
-    every_k's spacing can be checked without sampling (text is checked on its first samples, `pick_points`)."""
+    every_k's spacing can be checked without sampling (text is checked on its first
+    samples, `pick_points`)."""
     if branching.rule != "every_k" or policy.output == "text":
         return
     steps = decision_steps_of(policy, sampling)
@@ -106,8 +107,9 @@ def check_spacing(policy: Any, branching: BranchingConfig, sampling: SamplingPar
 def pick_points(
     policy: Any, ro: Rollout, rule: str, k: int, context: str, strict: bool = True
 ) -> torch.Tensor:
-    """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding. `strict`: every_k
-    whose spacing puts no point in any sample is an error (a run's first samples), else no points (K = 0)."""
+    """[B, K] branch points of `rule` (core/branch_points.py), in decision steps, −1 padding. `strict`:
+    every_k whose spacing puts no point in any sample is an error (a run's first samples), else
+    no points (K = 0)."""
     if rule == "every_k":
         steps = decision_steps(ro)
         if int(steps.max()) <= k:  # a silent no-op otherwise: vine would train as plain group credit
@@ -130,8 +132,17 @@ def pick_points(
     raise ValueError(f"unknown branch rule {rule!r}")
 
 
-def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], branching: BranchingConfig, seed: int,
-         sampling: SamplingParams, context: str, strict: bool = True) -> Grown:  # fmt: skip
+def grow(
+    policy: Any,
+    reward: Any,
+    ro: Rollout,
+    slots: list[int],
+    branching: BranchingConfig,
+    seed: int,
+    sampling: SamplingParams,
+    context: str,
+    strict: bool = True,
+) -> Grown:
     """Branch every row of `ro` (whole groups, the group of slot `slots[i]` in rows i·G … i·G + G − 1)
     at the points of `branching.rule`, sample `branching.continuations` from each, score them. `strict`:
     see `pick_points`."""
@@ -149,10 +160,14 @@ def grow(policy: Any, reward: Any, ro: Rollout, slots: list[int], branching: Bra
     scored = call_reward(reward, outputs, cont.texts, [p.meta for p in cont.prompts])
     fresh = (cont.step >= br.point.to(cont.step.device)[:, None]) & (cont.mask > 0)
     return Grown(
-        br.tree(points, scored.scores), len(cont), int(fresh.sum()),
+        br.tree(points, scored.scores),
+        len(cont),
+        int(fresh.sum()),
         {"rollout": mid - tic, "reward": time.perf_counter() - mid},
-        br.root.cpu(), per_term_scores(reward, scored), lambda values: br.tree(points, values),
-    )  # fmt: skip
+        br.root.cpu(),
+        per_term_scores(reward, scored),
+        lambda values: br.tree(points, values),
+    )
 
 
 def per_term_scores(reward: Any, out: Any) -> torch.Tensor:
@@ -204,8 +219,18 @@ class LeafGroups:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_reward: Any, slots: list[int],
-                branching: BranchingConfig, seed: int, sampling: SamplingParams, context: str) -> LeafGroups:  # fmt: skip
+def grow_leaves(
+    policy: Any,
+    reward: Any,
+    roots: Rollout,
+    outputs: Any,
+    root_reward: Any,
+    slots: list[int],
+    branching: BranchingConfig,
+    seed: int,
+    sampling: SamplingParams,
+    context: str,
+) -> LeafGroups:
     """Branch every root of `roots` (groups of G₀, the group of slot `slots[i]` in rows i·G₀ …) at `k`
     points, sample `continuations` from each, score them, and lay each group out as its roots then its
     continuations — a tree group of G₀·(1 + k·n) leaves, all trained on."""
@@ -227,10 +252,17 @@ def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_rew
     cont = dataclasses.replace(cont, scored=own.to(cont.mask.dtype), group_size=G0)
     # per group: its G₀ roots, then the k·n continuations of each of them (Branches order: root by root)
     P, per_root = len(roots) // G0, points.shape[1] * n
-    order = torch.cat([
-        torch.cat([torch.arange(p * G0, (p + 1) * G0), len(roots) + torch.arange(p * G0 * per_root, (p + 1) * G0 * per_root)])
-        for p in range(P)
-    ])  # fmt: skip
+    order = torch.cat(
+        [
+            torch.cat(
+                [
+                    torch.arange(p * G0, (p + 1) * G0),
+                    len(roots) + torch.arange(p * G0 * per_root, (p + 1) * G0 * per_root),
+                ]
+            )
+            for p in range(P)
+        ]
+    )
     both = Rollout.concat([roots, cont]).select(order)
     both = dataclasses.replace(both, group_size=G0 * (1 + per_root))
     root_index = torch.cat([torch.arange(len(roots)), br.root.cpu()]) % G0
@@ -241,7 +273,11 @@ def grow_leaves(policy: Any, reward: Any, roots: Rollout, outputs: Any, root_rew
         outs = [(list(outputs) + list(cont_out))[i] for i in order.tolist()]
     reward = RewardOutput.concat([root_reward, cont_reward]).select(order)
     return LeafGroups(
-        both, outs, reward,
-        Leaves(root_index[order], point[order]), len(cont), int(own.sum()),
+        both,
+        outs,
+        reward,
+        Leaves(root_index[order], point[order]),
+        len(cont),
+        int(own.sum()),
         {"rollout": mid - tic, "reward": end - mid},
-    )  # fmt: skip
+    )

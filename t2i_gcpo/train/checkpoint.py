@@ -1,11 +1,11 @@
 """Checkpoints of a run: policy weights (safetensors, via the adapter's save_pretrained), optimizer
 state and carried groups (safetensors + JSON, `tensor_tree`: a run directory may come from someone
-else, and nothing in it is a pickle) and the trainer state. Each is written to a temporary directory and renamed into place, so a
-crash or Ctrl-C never leaves a half-written checkpoint behind; the ``checkpoints/latest`` pointer
-is replaced atomically, and a missing or damaged pointer falls back to the newest complete step.
-The last `keep` checkpoints are kept (config key keep_checkpoints). Nothing is written through a link:
-``checkpoints`` must be a plain folder (outdir.real_dir), and a save that fails (a full disk) leaves
-the previous checkpoints as they were and raises `CheckpointError`.
+else, and nothing in it is a pickle) and the trainer state. Each is written to a temporary directory and
+renamed into place, so a crash or Ctrl-C never leaves a half-written checkpoint behind; the
+``checkpoints/latest`` pointer is replaced atomically, and a missing or damaged pointer falls back to the
+newest complete step. The last `keep` checkpoints are kept (config key keep_checkpoints). Nothing is written
+through a link: ``checkpoints`` must be a plain folder (outdir.real_dir), and a save that fails (a full disk)
+leaves the previous checkpoints as they were and raises `CheckpointError`.
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def load_carry(ckpt: Path, device: Any = "cpu") -> list | None:
     if legacy.exists():
         raise UserError(
             f"{legacy} is a pickle (written by an earlier version) and is not read: it could run code; "
-            f"if you trust this run, delete it to resume without the carried groups (the next step draws new ones)"
+            f"if you trust this run, delete it to resume without the carried groups (the next "
+            f"step draws new ones)"
         )
     return None
 

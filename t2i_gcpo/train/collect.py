@@ -100,8 +100,8 @@ class Tally:
     term_advantages: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # GDPO: each round's w_k A_k
 
     def add_step_predictions(self, seconds: float, predictions: int, calls: int) -> None:
-        """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time and
-        calls, nothing sampled."""
+        """Intermediate predictions decoded and scored (stepwise credit) in `calls` reward calls: reward time
+        and calls, nothing sampled."""
         self.seconds[M.TIME_REWARD] += seconds
         self.spent[M.BUDGET_STEP_PREDICTIONS] += predictions
         self.spent[M.BUDGET_REWARD_CALLS] += calls
@@ -209,13 +209,31 @@ class BatchCollector:
         drawn = RewardOutput.concat(tally.rewards) if tally.rewards else RewardOutput(torch.zeros(0))
         terms = term_metrics(reward_terms(reward), drawn.terms, tally.term_advantages)
         after = decode_fallbacks(policy)
-        return Collected(batch, carried, last_round, drawn.scores, drawn.details,
-                         groups_drawn=tally.drawn, groups_without_signal=tally.without_signal,
-                         seconds=tally.seconds, budget=tally.spent, budget_total=dict(self.spent), terms=terms,
-                         decode_fallbacks=None if after is None else after - (fallbacks or 0))  # fmt: skip
+        return Collected(
+            batch,
+            carried,
+            last_round,
+            drawn.scores,
+            drawn.details,
+            groups_drawn=tally.drawn,
+            groups_without_signal=tally.without_signal,
+            seconds=tally.seconds,
+            budget=tally.spent,
+            budget_total=dict(self.spent),
+            terms=terms,
+            decode_fallbacks=None if after is None else after - (fallbacks or 0),
+        )
 
-    def complete(self, kept: list[Batch], fresh: dict[int, list[int]], last_round: Batch | None, policy: Any,
-                 reward: Any, sampling: SamplingParams, tally: Tally) -> None:  # fmt: skip
+    def complete(
+        self,
+        kept: list[Batch],
+        fresh: dict[int, list[int]],
+        last_round: Batch | None,
+        policy: Any,
+        reward: Any,
+        sampling: SamplingParams,
+        tally: Tally,
+    ) -> None:
         """What the scheme needs beyond the groups, for the groups drawn this step (carried ones got theirs
         when they were drawn): continuations from their branch points (`branch`), the scores of every
         reveal step's prediction (`score_steps`)."""
@@ -230,10 +248,18 @@ class BatchCollector:
             unscored = torch.full(last_round.rollout.state[STEP_PREDICTIONS].shape[:2], float("nan"))
             last_round.rollout.state[STEP_REWARDS] = unscored
 
-    def draw(self, policy: Any, reward: Any, prompts: list[PromptRecord], slots: list[int],
-             sampling: SamplingParams, tally: Tally) -> tuple[Batch, torch.Tensor]:  # fmt: skip
+    def draw(
+        self,
+        policy: Any,
+        reward: Any,
+        prompts: list[PromptRecord],
+        slots: list[int],
+        sampling: SamplingParams,
+        tally: Tally,
+    ) -> tuple[Batch, torch.Tensor]:
         """One round: a group per prompt, sampled, decoded and scored, with its group advantages → (the
-        round's groups, [B] bool: the rows of the groups with signal, all of them without dynamic sampling)."""
+        round's groups, [B] bool: the rows of the groups with signal, all of them without
+        dynamic sampling)."""
         adv_cfg, G = self.cfg.advantage, self.cfg.rollout.group_size
         scored = self.sample(policy, reward, prompts, slots, sampling, tally)
         r = scored.reward.scores  # NaN/raise → RewardError
@@ -241,8 +267,9 @@ class BatchCollector:
         tally.drawn += len(prompts)
         if self.decoupled and self.leaves is None:  # the samples' r̂; `branch` pools continuations in
             rows = torch.arange(len(r))
-            scored.rollout.state[CREDIT_REWARDS] = self.decouple([per_term_scores(reward, scored.reward)],
-                                                                 [rows // G], reward)  # fmt: skip
+            scored.rollout.state[CREDIT_REWARDS] = self.decouple(
+                [per_term_scores(reward, scored.reward)], [rows // G], reward
+            )
         batch = Batch(scored.rollout, adv, scored.reward, scored.outputs)
         if self.leaves is not None:  # tree groups: every group grows into its prefix tree, every leaf kept
             batch = self.tree_groups(batch, slots, policy, reward, sampling, tally)
@@ -255,16 +282,26 @@ class BatchCollector:
         tally.without_signal += len(prompts) - int(keep.sum()) // G
         return batch, keep
 
-    def sample(self, policy: Any, reward: Any, prompts: list[PromptRecord], slots: list[int],
-               sampling: SamplingParams, tally: Tally) -> Scored:  # fmt: skip
+    def sample(
+        self,
+        policy: Any,
+        reward: Any,
+        prompts: list[PromptRecord],
+        slots: list[int],
+        sampling: SamplingParams,
+        tally: Tally,
+    ) -> Scored:
         """The round's groups of G, sampled and scored; with rollout.allocation, more drawn and each prompt's
         draws down-sampled to the G whose rewards vary most (docs/concepts/algorithms.md#budget-allocation).
         A prompt's first G draws are the same samples with and without allocation (its own generator)."""
         rollout_cfg, G = self.cfg.rollout, self.cfg.rollout.group_size
         first = round(rollout_cfg.draw_factor * G) if rollout_cfg.allocation == "pods" else G
         self.charge("a round's groups", samples=len(prompts) * first, reward_calls=1)
-        parts = [self.sample_and_score(policy, reward, prompts, first, sampling,
-                                       group_generators(self.cfg.seed, "train", slots))]  # fmt: skip
+        parts = [
+            self.sample_and_score(
+                policy, reward, prompts, first, sampling, group_generators(self.cfg.seed, "train", slots)
+            )
+        ]
         rows = [list(range(i * first, (i + 1) * first)) for i in range(len(prompts))]  # each prompt's draws
         if rollout_cfg.allocation == "knapsack":
             r = parts[0].reward.scores.view(len(prompts), G)
@@ -275,8 +312,16 @@ class BatchCollector:
                 which = (extra == units).nonzero().flatten().tolist()
                 self.charge("knapsack's extra draws", samples=len(which) * units * G, reward_calls=1)
                 offset = sum(len(part.rollout) for part in parts)
-                parts.append(self.sample_and_score(policy, reward, [prompts[i] for i in which], units * G, sampling,
-                                                   group_generators(self.cfg.seed, "train-more", [slots[i] for i in which])))  # fmt: skip
+                parts.append(
+                    self.sample_and_score(
+                        policy,
+                        reward,
+                        [prompts[i] for i in which],
+                        units * G,
+                        sampling,
+                        group_generators(self.cfg.seed, "train-more", [slots[i] for i in which]),
+                    )
+                )
                 for j, i in enumerate(which):
                     rows[i] += list(range(offset + j * units * G, offset + (j + 1) * units * G))
         for part in parts:
@@ -312,14 +357,25 @@ class BatchCollector:
                 tally.term_advantages.setdefault(name, []).append(values)
         return adv
 
-    def tree_groups(self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
-                    tally: Tally) -> Batch:  # fmt: skip
+    def tree_groups(
+        self, roots: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams, tally: Tally
+    ) -> Batch:
         """The round's groups grown into tree groups (train/branches.grow_leaves): roots then continuations,
         the group advantages over every leaf."""
         cont = len(roots.rollout) * self.leaves.k * self.leaves.continuations
         self.charge("tree groups' continuations", samples=cont, continuations=cont, reward_calls=1)
-        grown = grow_leaves(policy, reward, roots.rollout, roots.outputs, roots.reward, slots, self.leaves,
-                            self.cfg.seed, sampling, TRAIN_CONTEXT[self.cfg.rollout.train_logp])  # fmt: skip
+        grown = grow_leaves(
+            policy,
+            reward,
+            roots.rollout,
+            roots.outputs,
+            roots.reward,
+            slots,
+            self.leaves,
+            self.cfg.seed,
+            sampling,
+            TRAIN_CONTEXT[self.cfg.rollout.train_logp],
+        )
         self.charge("tree groups' tokens", tokens=grown.tokens)
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
         new = ~grown.leaves.is_root
@@ -328,8 +384,9 @@ class BatchCollector:
         adv = self.advantages(grown.reward, G, reward, tally)
         if self.decoupled:  # every leaf of a tree group pooled
             rows = torch.arange(len(grown.rollout))
-            grown.rollout.state[CREDIT_REWARDS] = self.decouple([per_term_scores(reward, grown.reward)],
-                                                                [rows // G], reward)  # fmt: skip
+            grown.rollout.state[CREDIT_REWARDS] = self.decouple(
+                [per_term_scores(reward, grown.reward)], [rows // G], reward
+            )
         return Batch(grown.rollout, adv, grown.reward, grown.outputs, leaves=grown.leaves)
 
     def within_cap(self, kept: list[Batch]) -> list[Batch]:
@@ -345,22 +402,38 @@ class BatchCollector:
             room -= n
         return out
 
-    def branch(self, part: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams,
-               tally: Tally) -> None:  # fmt: skip
+    def branch(
+        self, part: Batch, slots: list[int], policy: Any, reward: Any, sampling: SamplingParams, tally: Tally
+    ) -> None:
         """Sample and score the continuations of `part`'s groups (drawn from prompt `slots`) at the run's
         branch points: its `tree` (train/branches.grow)."""
-        grown = grow(policy, reward, part.rollout, slots, self.branching, self.cfg.seed, sampling,
-                     TRAIN_CONTEXT[self.cfg.rollout.train_logp], strict=not self.branched_once)  # fmt: skip
+        grown = grow(
+            policy,
+            reward,
+            part.rollout,
+            slots,
+            self.branching,
+            self.cfg.seed,
+            sampling,
+            TRAIN_CONTEXT[self.cfg.rollout.train_logp],
+            strict=not self.branched_once,
+        )
         self.branched_once = True
         # charged as drawn: where they branch is the samples' (pick_points)
-        self.charge("continuations", samples=grown.samples, continuations=grown.samples, tokens=grown.tokens,
-                    reward_calls=1 if grown.samples else 0)  # fmt: skip
+        self.charge(
+            "continuations",
+            samples=grown.samples,
+            continuations=grown.samples,
+            tokens=grown.tokens,
+            reward_calls=1 if grown.samples else 0,
+        )
         part.tree = grown.tree
         if self.decoupled and grown.root is not None:  # a group's samples and their continuations pooled
             G = part.rollout.group_size
             rows = torch.arange(len(part.rollout))
-            both = self.decouple([per_term_scores(reward, part.reward), grown.terms],
-                                 [rows // G, grown.root // G], reward)  # fmt: skip
+            both = self.decouple(
+                [per_term_scores(reward, part.reward), grown.terms], [rows // G, grown.root // G], reward
+            )
             part.rollout.state[CREDIT_REWARDS] = both[: len(rows)]
             part.tree = grown.tree_of(both[len(rows) :])
         tally.add(grown.seconds, samples=grown.samples, tokens=grown.tokens)
@@ -371,8 +444,9 @@ class BatchCollector:
         return dict.fromkeys(keys, 0.0)
 
     def score_steps(self, part: Batch, policy: Any, reward: Any, tally: Tally) -> None:
-        """Decode and score the prediction x̂_s every reveal step of `part`'s samples made (recorded by the sampler):
-        r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions; stepwise credit)."""
+        """Decode and score the prediction x̂_s every reveal step of `part`'s samples made (recorded by the
+        sampler): r(x̂_s) [B, S] into their ``state[STEP_REWARDS]`` (train/credit.score_step_predictions;
+        stepwise credit)."""
         tic = time.perf_counter()
         ro = part.rollout
         S = int(ro.state[STEP_PREDICTIONS].shape[1])
@@ -395,13 +469,17 @@ class BatchCollector:
             self.ledger.charge(what, **counts)
 
     def decouple(self, parts: list[torch.Tensor], groups: list[torch.Tensor], reward: Any) -> torch.Tensor:
-        """GDPO's decoupled rewards r̂ (core/advantages.decoupled_rewards) of the rows of `parts` ([N_i, K] per-term
-        scores) laid end to end, each row's group in `groups`: what a scheme that reads the rewards gets under
-        advantage.reward_norm=per_reward (docs/concepts/algorithms.md#gdpo-and-credit-schemes)."""
+        """GDPO's decoupled rewards r̂ (core/advantages.decoupled_rewards) of the rows of `parts` ([N_i, K]
+        per-term scores) laid end to end, each row's group in `groups`: what a scheme that reads the rewards
+        gets under advantage.reward_norm=per_reward (docs/concepts/algorithms.md#gdpo-and-credit-schemes)."""
         terms = reward_terms(reward)
         weights = torch.tensor([w for _, w in terms] if terms and len(terms) > 1 else [1.0])
-        return decoupled_rewards(torch.cat([p.float().cpu() for p in parts]), weights,
-                                 torch.cat([g.long().cpu() for g in groups]), eps=self.cfg.advantage.eps)  # fmt: skip
+        return decoupled_rewards(
+            torch.cat([p.float().cpu() for p in parts]),
+            weights,
+            torch.cat([g.long().cpu() for g in groups]),
+            eps=self.cfg.advantage.eps,
+        )
 
     def prompts_for(self, step: int, round_: int, count: int) -> tuple[list[int], list[PromptRecord]]:
         """This process's first `count` prompts for (step, round), with their positions in the prompt
@@ -465,8 +543,8 @@ def select_scored(parts: list[Scored], order: torch.Tensor, group_size: int) -> 
 
 
 def decode_fallbacks(policy: Any) -> int | None:
-    """The failed decode-step captures of the policy's run so far (policies/decode_loop.DecodeSession), or None
-    where its rollouts have captured nothing (eager or uncaptured loops, masked families)."""
+    """The failed decode-step captures of the policy's run so far (policies/decode_loop.DecodeSession), or
+    None where its rollouts have captured nothing (eager or uncaptured loops, masked families)."""
     session = policy.decode_session
     if session is None or not (session.stats["captures"] or session.stats["fallbacks"]):
         return None

@@ -67,13 +67,22 @@ def check_capabilities(name: str, policy: Any, needs: Iterable[str] | None = Non
         flag = NEED_CAPABILITY.get(need)
         if flag is not None and not getattr(model.capabilities, flag):
             raise UserError(
-                f"credit scheme {name!r} needs {CAPABILITY_WORDS[flag]}, which this {type(model).__name__} does "
-                f"not give (PolicyCapabilities.{flag}); choose another scheme or model"
+                f"credit scheme {name!r} needs {CAPABILITY_WORDS[flag]}, which this "
+                f"{type(model).__name__} does not give (PolicyCapabilities.{flag}); choose "
+                f"another scheme or model"
             )
 
 
-def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
-                 credit_cfg: Any, context: str, dists: Any = None) -> CreditInputs:  # fmt: skip
+def fetch_inputs(
+    name: str,
+    ro: Rollout,
+    advantages: torch.Tensor | None,
+    policy: Any,
+    reference: Any,
+    credit_cfg: Any,
+    context: str,
+    dists: Any = None,
+) -> CreditInputs:
     """CreditInputs for scheme `name` on rollout `ro`, filled only where the scheme needs it.
 
     `dists`: the policy's distributions from a forward already made (else one is made on demand);
@@ -110,17 +119,25 @@ def fetch_inputs(name: str, ro: Rollout, advantages: torch.Tensor | None, policy
 
 
 def needs_step_rewards(name: str) -> bool:
-    """Whether scheme `name` reads r(x̂_s): the train step then records and scores every reveal step's prediction."""
+    """Whether scheme `name` reads r(x̂_s): the train step then records and scores every reveal
+    step's prediction."""
     return "step_rewards" in get_scheme(name).needs
 
 
 @torch.no_grad()
-def score_step_predictions(policy: Any, reward: Any, ro: Rollout, final: torch.Tensor,
-                           keep_outputs: bool = False, terms: list | None = None) -> tuple[torch.Tensor, int, list]:  # fmt: skip
-    """r(x̂_s) [B, S] float (CPU) of the rollout's recorded predictions (``state[STEP_PREDICTIONS]``, [B, S, T]),
-    each decoded and scored with `reward` as the samples were: one reward call of B outputs per step before the
-    last; x̂_{S−1} is the sample itself, whose score `final` [B] is reused (docs/concepts/tree_credit.md#stepwise-rewards).
-    → (step rewards, reward calls made, the decoded outputs of steps 0 … S − 2 when `keep_outputs`, else []).
+def score_step_predictions(
+    policy: Any,
+    reward: Any,
+    ro: Rollout,
+    final: torch.Tensor,
+    keep_outputs: bool = False,
+    terms: list | None = None,
+) -> tuple[torch.Tensor, int, list]:
+    """r(x̂_s) [B, S] float (CPU) of the rollout's recorded predictions (``state[STEP_PREDICTIONS]``, [B, S,
+    T]), each decoded and scored with `reward` as the samples were: one reward call of B outputs per step
+    before the last; x̂_{S−1} is the sample itself, whose score `final` [B] is reused
+    (docs/concepts/tree_credit.md#stepwise-rewards). → (step rewards, reward calls made, the decoded outputs
+    of steps 0 … S − 2 when `keep_outputs`, else []).
     `terms` (a list): each step's per-term scores [B, K] are appended to it (steps 0 … S − 2; GDPO)."""
     from t2i_gcpo.rewards.combine import call_reward
     from t2i_gcpo.train.branches import per_term_scores
@@ -153,8 +170,14 @@ def step_reward_note(name: str, steps: int) -> str:
     )
 
 
-def add_tree_inputs(inp: CreditInputs, name: str, ro: Rollout, rewards: torch.Tensor | None,
-                    tree: Tree | None, leaves: Leaves | None = None) -> CreditInputs:  # fmt: skip
+def add_tree_inputs(
+    inp: CreditInputs,
+    name: str,
+    ro: Rollout,
+    rewards: torch.Tensor | None,
+    tree: Tree | None,
+    leaves: Leaves | None = None,
+) -> CreditInputs:
     """Fill the sampled tokens, and the "rewards" / "branches" inputs where scheme `name` needs them: the
     batch's scores and its continuations' rewards per branch point (train/branches.py)."""
     needs = get_scheme(name).needs
@@ -185,9 +208,19 @@ def credit_share(token_advantages: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return torch.where(total > 0, a * n / total.clamp_min(1e-30), mask.float())
 
 
-def compute_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor | None, policy: Any, reference: Any,
-                    context: str, dists: Any = None, name: str | None = None, rewards: torch.Tensor | None = None,
-                    tree: Tree | None = None, leaves: Leaves | None = None) -> torch.Tensor:  # fmt: skip
+def compute_weights(
+    credit_cfg: Any,
+    ro: Rollout,
+    advantages: torch.Tensor | None,
+    policy: Any,
+    reference: Any,
+    context: str,
+    dists: Any = None,
+    name: str | None = None,
+    rewards: torch.Tensor | None = None,
+    tree: Tree | None = None,
+    leaves: Leaves | None = None,
+) -> torch.Tensor:
     """w [B, T] of the configured scheme (or of `name`), without gradient; token advantages [B, T] for a
     scheme that returns them (`returns_advantages`). `rewards` [B], `tree` and `leaves` (`Batch.tree`,
     `Batch.leaves`): the batch's scores, continuations and tree groups, for schemes that need them."""
@@ -252,11 +285,21 @@ def check_user_credit(cfg: Any, policy: Any, prompts: list, dry: Callable[[], An
         raise UserError(f"{e} (on a dry sample, before the run started)") from e.__cause__
 
 
-def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, policy: Any, reference: Any,
-                   context: str, names: tuple[str, ...], rewards: torch.Tensor | None = None,
-                   tree: Tree | None = None, leaves: Leaves | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+def scheme_weights(
+    credit_cfg: Any,
+    ro: Rollout,
+    advantages: torch.Tensor,
+    policy: Any,
+    reference: Any,
+    context: str,
+    names: tuple[str, ...],
+    rewards: torch.Tensor | None = None,
+    tree: Tree | None = None,
+    leaves: Leaves | None = None,
+) -> dict[str, torch.Tensor]:
     """Weights under each named scheme, for figures (a scheme returning token advantages: their
-    `credit_share`); a scheme that needs a reference, rewards, continuations or step rewards is skipped without them."""
+    `credit_share`); a scheme that needs a reference, rewards, continuations or step rewards is
+    skipped without them."""
     out = {}
     for name in names:
         needs = get_scheme(name).needs
@@ -266,7 +309,17 @@ def scheme_weights(credit_cfg: Any, ro: Rollout, advantages: torch.Tensor, polic
             continue
         if "step_rewards" in needs and STEP_REWARDS not in ro.state:
             continue
-        w = compute_weights(credit_cfg, ro, advantages, policy, reference, context, name=name, rewards=rewards,
-                            tree=tree, leaves=leaves)  # fmt: skip
+        w = compute_weights(
+            credit_cfg,
+            ro,
+            advantages,
+            policy,
+            reference,
+            context,
+            name=name,
+            rewards=rewards,
+            tree=tree,
+            leaves=leaves,
+        )
         out[name] = credit_share(w, ro.loss_mask) if returns_advantages(name) else w
     return out

@@ -28,8 +28,9 @@ def check_launch(accelerator: Any = None) -> None:
         main = int(os.environ.get("RANK", "0")) == 0  # set by the launcher in every process
         if asked("ACCELERATE_USE_DEEPSPEED"):
             problem = (
-                "DeepSpeed launches are not supported (never run with this trainer, see docs/distributed.md): "
-                "launch with configs/accelerate/ddp.yaml or configs/accelerate/fsdp.yaml"
+                "DeepSpeed launches are not supported (never run with this trainer, see "
+                "docs/distributed.md): launch with configs/accelerate/ddp.yaml or "
+                "configs/accelerate/fsdp.yaml"
             )
     else:
         from accelerate.utils import DistributedType
@@ -37,8 +38,9 @@ def check_launch(accelerator: Any = None) -> None:
         main, given = accelerator.is_main_process, accelerator.distributed_type
         if asked("ACCELERATE_USE_FSDP") and given != DistributedType.FSDP:
             problem = (
-                f"the launch asked for FSDP but accelerate set up {given.value} (it selects FSDP only on GPUs "
-                "and other accelerators, not on CPU processes); for data parallel on CPU launch with --multi_gpu"
+                f"the launch asked for FSDP but accelerate set up {given.value} (it selects FSDP only "
+                f"on GPUs and other accelerators, not on CPU processes); for data parallel on CPU launch "
+                f"with --multi_gpu"
             )
         elif given == DistributedType.DEEPSPEED:
             problem = "DeepSpeed is not supported (never run with this trainer, see docs/distributed.md)"

@@ -1,18 +1,18 @@
 """What one step draws, and the memory it holds, in one place (docs/performance.md#step-memory).
 
-The plan bounds a step with it before the run (train/plan.py: `step_draws` against ``rollout.max_step_samples``,
-`step_memory` against ``rollout.max_step_memory``), and the collector charges every draw against the same
-counts while it draws (train/collect.py, a `Ledger`): a count the plan did not allow is a bug that stops the
-step, so the plan and what the collector does cannot drift apart.
+The plan bounds a step with it before the run (train/plan.py: `step_draws` against
+``rollout.max_step_samples``, `step_memory` against ``rollout.max_step_memory``), and the collector charges
+every draw against the same counts while it draws (train/collect.py, a `Ledger`): a count the plan did not
+allow is a bug that stops the step, so the plan and what the collector does cannot drift apart.
 
 **Counts** (one process, one step, at most): `groups` groups drawn (P, or dynamic sampling's ⌊draw_budget·P⌋),
 each of `roots` samples drawn from its prompt (G; pods draw_factor·G; knapsack G + (draw_factor − 1)·G on
 average, and a group a round more at most: the fraction it owes is carried to the next round), `continuations`
 continued from their prefixes (tree groups G₀·k·n, vine and tree credit G·points·n) and `predictions`
-intermediate predictions decoded and scored (stepwise G·(S − 1)); every one of them decoded and scored. Tokens:
-each sample's positions (budget/tokens). Reward calls: one a round for its groups (and one per distinct count
-of knapsack's extra draws), one for a round's continuations, one per reveal step before the last for its
-predictions. The update trains P groups: a round's surplus is carried to the next step.
+intermediate predictions decoded and scored (stepwise G·(S − 1)); every one of them decoded and scored.
+Tokens: each sample's positions (budget/tokens). Reward calls: one a round for its groups (and one per
+distinct count of knapsack's extra draws), one for a round's continuations, one per reveal step before the
+last for its predictions. The update trains P groups: a round's surplus is carried to the next step.
 
 **Memory** (`MemoryProfile`, `step_memory`): the peak a step reaches, from a profile measured on the run's own
 policy before the run (`measure_profile`: a rollout, its decoding, a continuation and an update's forward and
@@ -82,7 +82,8 @@ class StepDraws:
 
     @property
     def sample_tokens(self) -> int | None:
-        """Tokens sampled at most (budget/tokens counts them: positions, a continuation's from its point on)."""
+        """Tokens sampled at most (budget/tokens counts them: positions, a continuation's
+        from its point on)."""
         return None if self.positions is None else self.samples * self.positions
 
 
@@ -108,35 +109,83 @@ def step_draws(cfg: TrainConfig, policy: Policy | None, num_processes: int | Non
     G, n = r.group_size, br.continuations
     g_name = "⌊draw_budget·P⌋" if dyn else "P"
     shown = f"{groups}" if groups == P or not dyn else f"⌊{adv.draw_budget:g}·{P}⌋"
-    common = {"groups": groups, "trained_groups": P, "tokens": steps, "rounds": rounds,
-              "positions": positions_of(policy, steps)}  # fmt: skip
+    common = {
+        "groups": groups,
+        "trained_groups": P,
+        "tokens": steps,
+        "rounds": rounds,
+        "positions": positions_of(policy, steps),
+    }
     if "leaves" in needs:
         cont = G * br.k * n
-        return StepDraws(roots=G, continuations=cont, predictions=0, trained=G + cont,
-                         formula=f"{g_name}·G₀·(1 + k·n) = {shown}·{G}·(1 + {br.k}·{n})",
-                         reward_calls=2 * rounds, per_point=n, **common)  # fmt: skip
+        return StepDraws(
+            roots=G,
+            continuations=cont,
+            predictions=0,
+            trained=G + cont,
+            formula=f"{g_name}·G₀·(1 + k·n) = {shown}·{G}·(1 + {br.k}·{n})",
+            reward_calls=2 * rounds,
+            per_point=n,
+            **common,
+        )
     if "branches" in needs:
         points = branch_points(policy, br, steps)
-        return StepDraws(roots=G, continuations=G * points * n, predictions=0, trained=G,
-                         formula=f"{g_name}·G·(1 + points·n) = {shown}·{G}·(1 + {points}·{n})",
-                         reward_calls=2 * rounds, per_point=n, **common)  # fmt: skip
+        return StepDraws(
+            roots=G,
+            continuations=G * points * n,
+            predictions=0,
+            trained=G,
+            formula=f"{g_name}·G·(1 + points·n) = {shown}·{G}·(1 + {points}·{n})",
+            reward_calls=2 * rounds,
+            per_point=n,
+            **common,
+        )
     if r.allocation == "pods":
         drawn = round(r.draw_factor * G)
-        return StepDraws(roots=drawn, continuations=0, predictions=0, trained=G,
-                         formula=f"{g_name}·draw_factor·G = {shown}·{drawn}", reward_calls=rounds, **common)  # fmt: skip
+        return StepDraws(
+            roots=drawn,
+            continuations=0,
+            predictions=0,
+            trained=G,
+            formula=f"{g_name}·draw_factor·G = {shown}·{drawn}",
+            reward_calls=rounds,
+            **common,
+        )
     if r.allocation == "knapsack":
         drawn = G + math.ceil((r.draw_factor - 1) * G - 1e-9)  # G, and (draw_factor − 1)·G more on average
         # a round's extra draws are whole groups, the fraction owed carried to the next round (below one
-        # group): a round draws at most one group more than its average; a reward call per distinct extra count
+        # group): a round draws at most one group more than its average; a reward call per
+        # distinct extra count
         formula = f"{g_name}·draw_factor·G + G a round = {shown}·{drawn} + {rounds}·{G}"
-        return StepDraws(roots=drawn, continuations=0, predictions=0, trained=G, formula=formula,
-                         reward_calls=rounds * (1 + groups), spare=rounds * G, **common)  # fmt: skip
+        return StepDraws(
+            roots=drawn,
+            continuations=0,
+            predictions=0,
+            trained=G,
+            formula=formula,
+            reward_calls=rounds * (1 + groups),
+            spare=rounds * G,
+            **common,
+        )
     if "step_rewards" in needs:  # every reveal step's prediction decoded and scored
-        return StepDraws(roots=G, continuations=0, predictions=G * (steps - 1), trained=G,
-                         formula=f"{g_name}·G·S = {shown}·{G}·{steps}",
-                         reward_calls=rounds * steps, **common)  # fmt: skip
-    return StepDraws(roots=G, continuations=0, predictions=0, trained=G, formula=f"{g_name}·G = {shown}·{G}",
-                     reward_calls=rounds, **common)  # fmt: skip
+        return StepDraws(
+            roots=G,
+            continuations=0,
+            predictions=G * (steps - 1),
+            trained=G,
+            formula=f"{g_name}·G·S = {shown}·{G}·{steps}",
+            reward_calls=rounds * steps,
+            **common,
+        )
+    return StepDraws(
+        roots=G,
+        continuations=0,
+        predictions=0,
+        trained=G,
+        formula=f"{g_name}·G = {shown}·{G}",
+        reward_calls=rounds,
+        **common,
+    )
 
 
 def positions_of(policy: Policy | None, steps: int | None) -> int | None:
@@ -176,8 +225,8 @@ COUNTS = ("samples", "tokens", "continuations", "predictions", "reward_calls")
 
 @dataclass
 class Ledger:
-    """What a step has drawn so far against what its plan allows (`StepDraws`): the collector charges each draw
-    before it makes it; more than the plan allows raises (a bug: the plan and the collector disagree)."""
+    """What a step has drawn so far against what its plan allows (`StepDraws`): the collector charges each
+    draw before it makes it; more than the plan allows raises (a bug: the plan and the collector disagree)."""
 
     draws: StepDraws
     spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0.0))
@@ -185,8 +234,13 @@ class Ledger:
     def allowed(self) -> dict[str, float]:
         d = self.draws
         tokens = math.inf if d.sample_tokens is None else d.sample_tokens
-        return {"samples": d.samples, "tokens": tokens, "continuations": d.groups * d.continuations,
-                "predictions": d.groups * d.predictions, "reward_calls": d.reward_calls}  # fmt: skip
+        return {
+            "samples": d.samples,
+            "tokens": tokens,
+            "continuations": d.groups * d.continuations,
+            "predictions": d.groups * d.predictions,
+            "reward_calls": d.reward_calls,
+        }
 
     def charge(self, what: str, **counts: float) -> None:
         """Charge `counts` (of `COUNTS`) for `what` the collector is about to draw."""
@@ -195,8 +249,9 @@ class Ledger:
             self.spent[key] += value
             if self.spent[key] > allowed[key] + 1e-9:
                 raise RuntimeError(
-                    f"the collector would draw {self.spent[key]:g} {key} this step ({what}), more than the plan's "
-                    f"{allowed[key]:g} ({self.draws.formula}): train/draws.step_draws and train/collect.py disagree"
+                    f"the collector would draw {self.spent[key]:g} {key} this step ({what}), more than "
+                    f"the plan's {allowed[key]:g} ({self.draws.formula}): train/draws.step_draws and "
+                    f"train/collect.py disagree"
                 )
 
 
@@ -256,7 +311,7 @@ def step_memory(cfg: TrainConfig, draws: StepDraws, profile: MemoryProfile) -> M
         "sampling": profile.sampling(per_pass),
         "decoding": profile.decoding(
             max(per_pass, groups * draws.continuations, groups * draws.roots if draws.predictions else 0)
-        ),  # fmt: skip
+        ),
         "update": profile.update(math.ceil(trained / max(1, cfg.optim.minibatches))),
     }
     if draws.continuations and profile.continuing is not None:  # a pass: every root's n from one point
@@ -343,10 +398,11 @@ def _trim() -> None:
 
 
 def _peak(device: str, fn: Any, tensors: bool = False) -> tuple[float, Any]:
-    """(the peak bytes `fn` adds while it runs, its result): the CUDA allocator's peak; on the CPU the process's
-    peak resident size (VmHWM, reset through /proc/self/clear_refs) above its size before, the heap trimmed
-    first — what the step is measured by —, or (`tensors`, and where /proc cannot do that) the bytes of the
-    tensors alive (`LiveBytes`: exact, and steady where the resident size of a few rows is not, but slow per
+    """(the peak bytes `fn` adds while it runs, its result): the CUDA allocator's peak; on the CPU the
+    process's peak resident size (VmHWM, reset through /proc/self/clear_refs) above its size before, the heap
+    trimmed first — what the step is measured by —, or (`tensors`, and where /proc cannot do that) the bytes
+    of the tensors alive (`LiveBytes`: exact, and steady where the resident size of a few rows
+    is not, but slow per
     operation: the update's forward and backward, a few thousand operations)."""
     import torch
 
@@ -389,9 +445,10 @@ def _nbytes(value: Any) -> int:
 def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> MemoryProfile:
     """The policy's `MemoryProfile` under the run's sampling: a rollout of one group of the `PROBE_ROWS` sizes
     from `prompt` (the eager loop: the run's kept decode loop is not touched; a scheme that branches keeps the
-    rollout's cache, as the collector asks), its decoding, one continuation of each row from half-way (a scheme
-    that branches), and an update's forward and backward of its rows (the gradients it leaves are dropped).
-    Nothing the run keeps changes (the caches kept are put back as they were); a few seconds on the CPU."""
+    rollout's cache, as the collector asks), its decoding, one continuation of each row from half-way (a
+    scheme that branches), and an update's forward and backward of its rows (the gradients it leaves are
+    dropped). Nothing the run keeps changes (the caches kept are put back as they were); a few
+    seconds on the CPU."""
     import copy
     import dataclasses
     import functools
@@ -412,14 +469,16 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
     branches = bool(needs & {"branches", "leaves"}) and policy.capabilities.branching
     # as the collector samples: a scheme that branches keeps the rollout's cache for its continuations
     sampling = dataclasses.replace(sampling_params(resolved), decode="eager", keep_cache=branches)
-    precision = torch.autocast(torch.device(device).type, dtype=torch.bfloat16,
-                               enabled=resolved.optim.autocast == "bf16")  # fmt: skip
+    precision = torch.autocast(
+        torch.device(device).type, dtype=torch.bfloat16, enabled=resolved.optim.autocast == "bf16"
+    )
     context = TRAIN_CONTEXT[cfg.rollout.train_logp]
     kept = getattr(policy, "kept_caches", None)  # the AR prior's kept caches: put back as they were
     saved = None if kept is None else (dict(kept.caches), kept.latest)
 
     def probe(rows: int) -> tuple[dict[str, float], float]:
-        """The peaks of one group of `rows` (rollout, decoding, continuations, update), and what a row holds."""
+        """The peaks of one group of `rows` (rollout, decoding, continuations, update), and
+        what a row holds."""
         peaks = {}
         gens = group_generators(cfg.seed, "memory-probe", [0])
         with torch.no_grad(), sampler_precision(policy, sampling):
@@ -435,8 +494,9 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
             keys = [(0, b, 0, int(t), 0) for b, t in enumerate(points[:, 0].tolist())]
             gens = group_generators(cfg.seed, "memory-probe", keys)
             with torch.no_grad(), sampler_precision(policy, sampling):
-                peaks["continuing"], _ = _peak(device, functools.partial(policy.branch, ro, points, 1, gens),
-                                               tensors=True)  # fmt: skip
+                peaks["continuing"], _ = _peak(
+                    device, functools.partial(policy.branch, ro, points, 1, gens), tensors=True
+                )
 
         def update() -> None:
             with precision:
@@ -458,8 +518,15 @@ def measure_profile(cfg: TrainConfig, policy: Policy, prompt: PromptRecord) -> M
             kept.caches, kept.latest = saved
     fits = {k: Fit.of(PROBE_ROWS, (small[k], large[k])) for k in small}
     output = max(held_small, held_large)
-    return MemoryProfile(fits["sampling"], fits["decoding"], output, fits.get("continuing"), fits["update"],
-                         device, "the CUDA allocator's peak" if device.startswith("cuda") else "the resident size's peak")  # fmt: skip
+    return MemoryProfile(
+        fits["sampling"],
+        fits["decoding"],
+        output,
+        fits.get("continuing"),
+        fits["update"],
+        device,
+        "the CUDA allocator's peak" if device.startswith("cuda") else "the resident size's peak",
+    )
 
 
 def size_text(nbytes: float) -> str:
@@ -470,27 +537,33 @@ def size_text(nbytes: float) -> str:
 def check_memory(
     cfg: TrainConfig, draws: StepDraws, estimate: MemoryEstimate, free: tuple[float | None, str]
 ) -> None:
-    """A step whose memory estimate is above ``rollout.max_step_memory`` (GB; null: what `free` says this process
-    has, read at the start) is refused, naming the product, the estimate and the setting."""
+    """A step whose memory estimate is above ``rollout.max_step_memory`` (GB; null: what `free` says this
+    process has, read at the start) is refused, naming the product, the estimate and the setting."""
     setting = cfg.rollout.max_step_memory
     if setting is None:
         cap, source = free
         if cap is None:
             return
-        cap_text = (f"the {size_text(cap)} this process has free ({source}; config key "
-                    "'rollout.max_step_memory' = null)")  # fmt: skip
+        cap_text = (
+            f"the {size_text(cap)} this process has free ({source}; config key "
+            "'rollout.max_step_memory' = null)"
+        )
     else:
         cap = float(setting) * 1e9
         cap_text = f"config key 'rollout.max_step_memory' = {float(setting):g} GB"
     if estimate.bytes <= cap:
         return
     what = "a step of each process" if processes() > 1 else "a step"
-    part = {"update": f"the update's {draws.trained_groups * draws.trained:,} trained rows",
-            "continuing": f"{draws.groups * draws.continuations:,} continuations",
-            "sampling": "a rollout pass", "decoding": "decoding"}[estimate.largest]  # fmt: skip
+    part = {
+        "update": f"the update's {draws.trained_groups * draws.trained:,} trained rows",
+        "continuing": f"{draws.groups * draws.continuations:,} continuations",
+        "sampling": "a rollout pass",
+        "decoding": "decoding",
+    }[estimate.largest]
     advice = "raise optim.minibatches, " if estimate.largest == "update" else ""
     raise UserError(
-        f"{what} would decode and score {draws.formula} = {draws.samples:,} samples, ≈ {size_text(estimate.bytes)} by the "
-        f"memory model (mostly {part}; docs/performance.md#step-memory), more than {cap_text}: lower those "
-        f"counts, {advice}or set rollout.max_step_memory (GB) if this machine holds it"
+        f"{what} would decode and score {draws.formula} = {draws.samples:,} samples, ≈ "
+        f"{size_text(estimate.bytes)} by the memory model (mostly {part}; docs/performance.md#step-memory), "
+        f"more than {cap_text}: lower those counts, {advice}or set rollout.max_step_memory (GB) if this "
+        f"machine holds it"
     )

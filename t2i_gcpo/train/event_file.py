@@ -14,9 +14,9 @@ from t2i_gcpo.config import PROJECT
 
 class EventFile(GeneralTracker):
     """TensorBoard's event file of a run, <run>/tb/t2i-gcpo/events.out.tfevents.…: one scalar event per logged
-    row, in TensorBoard's record format (its own `RecordWriter` and protocol buffers). The file is opened once,
-    through `outdir.open_append` (its folders checked, never through a link, kept open: a link planted at
-    its name later changes nothing), and flushed after each row; a failed write is one line (WriteError).
+    row, in TensorBoard's record format (its own `RecordWriter` and protocol buffers). The file is opened
+    once, through `outdir.open_append` (its folders checked, never through a link, kept open: a link planted
+    at its name later changes nothing), and flushed after each row; a failed write is one line (WriteError).
     `purge_step`: a resumed run's first step (0: it starts over) — TensorBoard then drops the events a killed
     run logged from there on, as torch's SummaryWriter(purge_step=…) does."""
 
@@ -42,14 +42,22 @@ class EventFile(GeneralTracker):
 
         from t2i_gcpo.outdir import open_append
 
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(3)}"
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+            f"{secrets.token_hex(3)}"
+        )
         self.file = open_append(self.run_dir / "tb" / PROJECT / name, within=self.run_dir, binary=True)
         self.records = RecordWriter(self.file)
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         if self.purge_step is not None:
             self._write(Event(wall_time=time.time(), step=self.purge_step, file_version="brain.Event:2"))
-            self._write(Event(wall_time=time.time(), step=self.purge_step,
-                              session_log=SessionLog(status=SessionLog.START)))  # fmt: skip
+            self._write(
+                Event(
+                    wall_time=time.time(),
+                    step=self.purge_step,
+                    session_log=SessionLog(status=SessionLog.START),
+                )
+            )
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
         import time

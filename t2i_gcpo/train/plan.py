@@ -60,10 +60,10 @@ def plan_config(cfg: TrainConfig, trackers: list[str] | None = None) -> list[str
 
 
 def check_reward_norm(cfg: TrainConfig) -> None:
-    """GDPO (advantage.reward_norm=per_reward) with a scheme of the user's that reads the rewards (its needs name
-    rewards, branches, leaves or step_rewards): refused. The shipped schemes then read GDPO's decoupled rewards
-    r̂ (docs/concepts/algorithms.md#gdpo-and-credit-schemes), normalised per reward — values whose meaning a
-    scheme must be written for; whether a user's is cannot be known."""
+    """GDPO (advantage.reward_norm=per_reward) with a scheme of the user's that reads the rewards (its needs
+    name rewards, branches, leaves or step_rewards): refused. The shipped schemes then read GDPO's decoupled
+    rewards r̂ (docs/concepts/algorithms.md#gdpo-and-credit-schemes), normalised per reward — values whose
+    meaning a scheme must be written for; whether a user's is cannot be known."""
     from t2i_gcpo.core.schemes import CREDIT_SCHEMES, REWARD_NEEDS, get_scheme
 
     scheme = cfg.credit.scheme
@@ -72,9 +72,9 @@ def check_reward_norm(cfg: TrainConfig) -> None:
     reads = sorted(get_scheme(scheme).needs & REWARD_NEEDS)
     if reads:
         raise UserError(
-            f"config key 'advantage.reward_norm': per_reward (GDPO) would hand credit scheme '{scheme}', which "
-            f"reads {', '.join(reads)}, each reward normalised within its group instead of the rewards it was "
-            "written for: use advantage.reward_norm=sum with it, or a shipped scheme"
+            f"config key 'advantage.reward_norm': per_reward (GDPO) would hand credit scheme "
+            f"'{scheme}', which reads {', '.join(reads)}, each reward normalised within its group instead of "
+            f"the rewards it was written for: use advantage.reward_norm=sum with it, or a shipped scheme"
         )
 
 
@@ -106,9 +106,9 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepDraws | None) -> Non
     sampling = decisions(cfg)
     if "branches" in needs and cfg.branching.rule == "boundary" and policy.capabilities.reveal_order:
         raise UserError(
-            f"config key 'branching.rule': boundary branches where a task's line or row starts, which needs a "
-            f"model that decides its tokens in order (AR images, text); this {type(policy).__name__} reveals "
-            "them in steps: use every_k or entropy"
+            f"config key 'branching.rule': boundary branches where a task's line or row starts, which "
+            f"needs a model that decides its tokens in order (AR images, text); this {type(policy).__name__} "
+            f"reveals them in steps: use every_k or entropy"
         )
     if cost is not None:  # before the branch points: a typo's 64 × 64 is named by what it costs
         check_cost(cfg, cost)
@@ -121,7 +121,8 @@ def check_model(cfg: TrainConfig, policy: Policy, cost: StepDraws | None) -> Non
         )
         raise UserError(
             f"config key 'branching.k': tree groups branch each sample at k distinct points of its {steps} "
-            f"decision steps (the first is the prompt's), so k must be below {steps}, got {cfg.branching.k}{hint}"
+            f"decision steps (the first is the prompt's), so k must be below {steps}, got "
+            f"{cfg.branching.k}{hint}"
         )
 
 

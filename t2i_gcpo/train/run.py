@@ -62,10 +62,19 @@ def is_python_object(spec: str | None) -> bool:
     return bool(spec) and spec.split(":", 1)[0] == PYTHON_OBJECT
 
 
-def prepare(algo: str | None = None, config_file: str | None = None, flags: dict | None = None,
-            overrides: tuple[str, ...] = (), resume_dir: Path | None = None, steps: int | None = None, *,
-            cfg: TrainConfig | None = None, policy: Policy | None = None,
-            reward: Reward | None = None, resume_options: ResumeOptions = ResumeOptions()) -> Job:  # fmt: skip
+def prepare(
+    algo: str | None = None,
+    config_file: str | None = None,
+    flags: dict | None = None,
+    overrides: tuple[str, ...] = (),
+    resume_dir: Path | None = None,
+    steps: int | None = None,
+    *,
+    cfg: TrainConfig | None = None,
+    policy: Policy | None = None,
+    reward: Reward | None = None,
+    resume_options: ResumeOptions = ResumeOptions(),
+) -> Job:
     """Everything a run needs, checked and loaded; the run directory locked (released by `run`). `cfg`
     replaces the config built from the other arguments; `policy` and `reward` objects (from the Python
     API) replace loading ``cfg.model`` and building ``cfg.reward``, which then name them (`PYTHON_OBJECT`
@@ -107,8 +116,9 @@ def prepare(algo: str | None = None, config_file: str | None = None, flags: dict
         raise
 
 
-def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, reward: Reward | None,
-                    lock: Any) -> Job:  # fmt: skip
+def _prepare_resume(
+    run_dir: Path, steps: int | None, options: ResumeOptions, reward: Reward | None, lock: Any
+) -> Job:
     """`prepare` for ``--resume``: the saved config read with `steps` applied and checked, the code it names
     imported only as `options` allow (usercode.run_code_guard), the prompt files checked against their
     fingerprints, then the plan of the run as it will continue."""
@@ -124,8 +134,9 @@ def _prepare_resume(run_dir: Path, steps: int | None, options: ResumeOptions, re
         check_writable_dir(run_dir, "run directory")
         if reward is None and is_python_object(cfg.reward):
             raise UserError(
-                f"cannot resume {run_dir} here: it was trained with the Python reward '{cfg.reward.split(':', 1)[1]}'; "
-                f"resume it from Python with the same function: t2i_gcpo.train(resume='{run_dir}', reward=…)"
+                f"cannot resume {run_dir} here: it was trained with the Python reward "
+                f"'{cfg.reward.split(':', 1)[1]}'; resume it from Python with the same function: "
+                f"t2i_gcpo.train(resume='{run_dir}', reward=…)"
             )
         check_unchanged(cfg, recorded, options.allow_changed_inputs)
         from t2i_gcpo.train.plan import plan_config
@@ -194,11 +205,15 @@ def _named_again(run_dir: Path, data: dict, options: ResumeOptions) -> frozenset
     from t2i_gcpo.rewards.registry import canonical_reward
 
     credit = data.get("credit")
-    saved = {"credit scheme": credit.get("scheme") if isinstance(credit, dict) else None,
-             "reward": data.get("reward")}  # fmt: skip
+    saved = {
+        "credit scheme": credit.get("scheme") if isinstance(credit, dict) else None,
+        "reward": data.get("reward"),
+    }
     named = set()
-    for what, option, given, canonical in (("credit scheme", "--credit", options.credit, canonical_spec),
-                                           ("reward", "--reward", options.reward, canonical_reward)):  # fmt: skip
+    for what, option, given, canonical in (
+        ("credit scheme", "--credit", options.credit, canonical_spec),
+        ("reward", "--reward", options.reward, canonical_reward),
+    ):
         if given is None:
             continue
         own = saved[what]
@@ -267,8 +282,15 @@ def _continue(run_dir: Path) -> str:
     return resume_command(run_dir, *(c if isinstance(c, str) else None for c in code))
 
 
-def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, policy: Policy | None,
-          reward: Reward | None, trackers: list[str] | None = None) -> Job:  # fmt: skip
+def _load(
+    cfg: TrainConfig,
+    run_dir: Path | None,
+    resume: bool,
+    lock: Any,
+    policy: Policy | None,
+    reward: Reward | None,
+    trackers: list[str] | None = None,
+) -> Job:
     """Load the model, task, prompts and reward of a run and check its plan (everything checked before the
     first step and before the run directory is written); a `policy` or `reward` object given is used as it
     is."""
@@ -302,9 +324,14 @@ def _load(cfg: TrainConfig, run_dir: Path | None, resume: bool, lock: Any, polic
     plan = plan_memory(cfg, policy, plan, prompts[0])  # the memory a step holds, measured on the model
     if reward is None:
         placed = cfg.reward_options.device
-        reward = build_reward(cfg.reward, grid=policy.layout.grid, device=local_device(), output=policy.output,
-                              reward_device=None if placed == "auto" else placed,
-                              batch_size=cfg.reward_options.batch_size)  # fmt: skip
+        reward = build_reward(
+            cfg.reward,
+            grid=policy.layout.grid,
+            device=local_device(),
+            output=policy.output,
+            reward_device=None if placed == "auto" else placed,
+            batch_size=cfg.reward_options.batch_size,
+        )
         cfg.reward = record_reward(cfg.reward, reward)  # a reward server's spec and version, in config.yaml
     dry = dry_sample(cfg, policy, reward, prompts)
     check_reward(cfg, reward, prompts, None if eval_suite else eval_prompts, dry)  # a suite scores its own
@@ -433,8 +460,12 @@ def _absolute_paths(cfg: TrainConfig) -> None:
     prompt file named by its short name stays so: it is found in the installed package)."""
     from t2i_gcpo.rewards.registry import canonical_reward
 
-    for owner, key in ((cfg, "prompts"), (cfg, "eval_prompts"), (cfg.eval_suite_options, "data"),
-                       (cfg.eval_suite_options, "vqa")):  # fmt: skip
+    for owner, key in (
+        (cfg, "prompts"),
+        (cfg, "eval_prompts"),
+        (cfg.eval_suite_options, "data"),
+        (cfg.eval_suite_options, "vqa"),
+    ):
         value = getattr(owner, key)
         if value and Path(value).expanduser().exists():
             setattr(owner, key, str(Path(value).expanduser().resolve()))
@@ -460,8 +491,17 @@ def run(job: Job) -> dict:
         if not job.resume:
             _absolute_paths(job.cfg)  # before config.yaml is written: a resume elsewhere reads the same files
         inputs = fingerprints(job.cfg)  # what the run reads now, recorded once its directory exists
-        trainer = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts,
-                          job.resume, eval_suite=job.eval_suite)  # fmt: skip
+        trainer = Trainer(
+            job.cfg,
+            job.run_dir,
+            job.prompts,
+            job.policy,
+            job.reward,
+            job.task,
+            job.eval_prompts,
+            job.resume,
+            eval_suite=job.eval_suite,
+        )
         if main:
             write_record(trainer.run_dir, inputs)
         return trainer.fit()

@@ -13,9 +13,9 @@ from t2i_gcpo.train.distributed import unwrap
 
 def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
     """rollout.autocast / optim.autocast 'auto' → 'bf16' where `device_type` multiplies bf16 natively,
-    else 'none'; the rollout only for a policy whose sampler declares bf16 support (`capabilities.bf16_sampling`:
-    the ShapeWorld priors, the fused text decoder). In place: the run's config.yaml then says what ran,
-    and a resumed run keeps it."""
+    else 'none'; the rollout only for a policy whose sampler declares bf16 support
+    (`capabilities.bf16_sampling`: the ShapeWorld priors, the fused text decoder). In place: the run's
+    config.yaml then says what ran, and a resumed run keeps it."""
     from t2i_gcpo.hardware import native_bf16
 
     native = native_bf16(device_type)
@@ -29,9 +29,15 @@ def resolve_autocast(cfg: TrainConfig, device_type: str, policy: Any) -> None:
 def sampling_params(cfg: TrainConfig) -> SamplingParams:
     """How the run samples (rollouts and held-out evaluation); rollout.cfg_scale already resolved."""
     return SamplingParams(
-        temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
-        guidance_scale=float(cfg.rollout.cfg_scale), steps=cfg.rollout.steps,
-        guidance_schedule=cfg.rollout.guidance_schedule, max_new_tokens=cfg.rollout.max_new_tokens,
-        reveal_order=cfg.rollout.reveal_order, score_negative=reads_recorded_contrast(cfg.credit),
-        autocast=cfg.rollout.autocast, decode=cfg.rollout.decode,
-    )  # fmt: skip
+        temperature=cfg.rollout.temperature,
+        top_k=cfg.rollout.top_k,
+        top_p=cfg.rollout.top_p,
+        guidance_scale=float(cfg.rollout.cfg_scale),
+        steps=cfg.rollout.steps,
+        guidance_schedule=cfg.rollout.guidance_schedule,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        reveal_order=cfg.rollout.reveal_order,
+        score_negative=reads_recorded_contrast(cfg.credit),
+        autocast=cfg.rollout.autocast,
+        decode=cfg.rollout.decode,
+    )

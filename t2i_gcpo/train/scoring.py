@@ -72,9 +72,16 @@ class _Inline:
 
 
 @torch.no_grad()
-def sample_and_score_chunked(policy: Policy, reward: Any, prompts: Sequence[PromptRecord], group_size: int,
-                             sampling: SamplingParams, generators: Sequence[torch.Generator],
-                             chunk: int | None = None, overlap: bool = True) -> Scored:  # fmt: skip
+def sample_and_score_chunked(
+    policy: Policy,
+    reward: Any,
+    prompts: Sequence[PromptRecord],
+    group_size: int,
+    sampling: SamplingParams,
+    generators: Sequence[torch.Generator],
+    chunk: int | None = None,
+    overlap: bool = True,
+) -> Scored:
     """`sample_and_score`, the rollout in chunks of whole groups, each scored while the next samples
     (`overlap`) or when it is sampled.
 
@@ -121,8 +128,9 @@ def term_scores(terms: list[tuple[str, float]] | None, out: RewardOutput) -> tor
     return out.terms.float()
 
 
-def sequence_advantages(cfg: AdvantageConfig, out: RewardOutput, group_size: int,
-                        terms: list[tuple[str, float]] | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+def sequence_advantages(
+    cfg: AdvantageConfig, out: RewardOutput, group_size: int, terms: list[tuple[str, float]] | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(A [B], each term's weighted advantage w_k A_k [B] by name — GDPO only, else empty) of a round's
     rewards: GRPO's normalisation of the total (advantage.reward_norm=sum), or GDPO's per reward
     (per_reward; a single reward counts as one term: core/advantages.decoupled_advantages)."""
@@ -136,8 +144,11 @@ def sequence_advantages(cfg: AdvantageConfig, out: RewardOutput, group_size: int
     return adv, {name: per_term[:, k] for k, (name, _) in enumerate(terms)}
 
 
-def term_metrics(terms: list[tuple[str, float]] | None, scores: torch.Tensor | None,
-                 advantages: dict[str, list[torch.Tensor]]) -> dict[str, float]:  # fmt: skip
+def term_metrics(
+    terms: list[tuple[str, float]] | None,
+    scores: torch.Tensor | None,
+    advantages: dict[str, list[torch.Tensor]],
+) -> dict[str, float]:
     """``reward/<term>/mean`` of each term of a weighted sum over the step's samples (`scores` [N, K], the
     columns in the order of `terms`; None when none was drawn), and under GDPO ``advantage/<term>/mean_abs``
     (metrics.py)."""

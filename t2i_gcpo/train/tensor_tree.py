@@ -108,8 +108,9 @@ def tree_files(folder: Path, name: str) -> tuple[Path, Path]:
     return folder / f"{name}.safetensors", folder / f"{name}.json"
 
 
-def load_tree(folder: Path, name: str, what: str, classes: Mapping[str, type] | None = None,
-              device: Any = "cpu") -> Any:  # fmt: skip
+def load_tree(
+    folder: Path, name: str, what: str, classes: Mapping[str, type] | None = None, device: Any = "cpu"
+) -> Any:
     """The value `save_tree` wrote; a damaged or foreign file is a UserError naming `what` it held."""
     from safetensors.torch import load_file
 

@@ -78,9 +78,18 @@ class StopRequested(Interrupted):
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_dir: Path | None, prompts: list[PromptRecord], policy: Policy,
-                 reward: Reward, task: Task, eval_prompts: list[PromptRecord] | None = None,
-                 resume: bool = False, eval_suite: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path | None,
+        prompts: list[PromptRecord],
+        policy: Policy,
+        reward: Reward,
+        task: Task,
+        eval_prompts: list[PromptRecord] | None = None,
+        resume: bool = False,
+        eval_suite: Any = None,
+    ):
         """A run of `cfg` whose plan was checked (train/run.prepare → train/plan.plan_run: the trackers
         start, the scheme fits the model, a step's cost is bounded) before anything is written. `eval_suite`
         (train/eval_suite.SuiteEvaluation): a benchmark suite that scores the held-out prompts instead of the
@@ -159,8 +168,17 @@ class Trainer:
 
     def update(self, batch: Batch, loss_scale: float = 1.0, stale_rows: int = 0) -> tuple[dict, torch.Tensor]:
         """train/update.py `update` with this run's policy, references, optimizer and processes."""
-        return update_policy(self.cfg, batch, self.policy, self.ref, self.credit_ref, self.optimizer, self.accelerator,
-                      loss_scale, stale_rows)  # fmt: skip
+        return update_policy(
+            self.cfg,
+            batch,
+            self.policy,
+            self.ref,
+            self.credit_ref,
+            self.optimizer,
+            self.accelerator,
+            loss_scale,
+            stale_rows,
+        )
 
     def refresh_credit_reference(self) -> None:
         """credit.reference=rollout: snapshot the weights that sampled this step (no cached logits)."""
@@ -226,7 +244,8 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        # stepped once per training step, by the loop (not prepared: accelerate would step it once per process)
+        # stepped once per training step, by the loop (not prepared: accelerate would step
+        # it once per process)
         self.scheduler = build_scheduler(cfg.optim, optimizer, cfg.steps)
         configured = optimizer.state_dict()["param_groups"]  # a checkpoint's must agree (train/checkpoint.py)
         if resume and self.ckpt is not None and not self.fsdp:
@@ -253,8 +272,13 @@ class Trainer:
 
         cfg, acc = self.cfg, self.accelerator
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
-        bar = tqdm(total=cfg.steps, initial=self.start_step, desc=f"{cfg.algo}", disable=not acc.is_main_process,
-                   dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.start_step,
+            desc=f"{cfg.algo}",
+            disable=not acc.is_main_process,
+            dynamic_ncols=True,
+        )
         step = self.start_step
         if cfg.eval_every > 0 and self.start_step == 0 and cfg.steps > 0 and self.eval_prompts:
             base, headline = self.evaluate(0)
@@ -345,12 +369,18 @@ class Trainer:
         """What a run stopped by the NaN guard can do: end at its last good checkpoint (a command that works:
         the steps it names pass the config's checks), or start over with other settings in a new --out (the
         run's own folder is refused to a new run: it holds this one)."""
-        over = f"start over with other settings (e.g. a lower optim.lr) in a new --out ({self.run_dir} keeps this run)"
+        over = (
+            f"start over with other settings (e.g. a lower optim.lr) in a new --out "
+            f"({self.run_dir} keeps this run)"
+        )
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return f"no checkpoint was written before it: {over}"
         saved = load_trainer_state(ckpt)["step"]
-        kept = f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming repeats the same steps"
+        kept = (
+            f"the last good checkpoint (step {saved}) is kept in {self.run_dir}; resuming "
+            f"repeats the same steps"
+        )
         warmup = self.cfg.optim.warmup_steps
         if warmup and warmup >= saved:  # --steps {saved} would end the run in its warmup: refused
             return f"{kept}: {over}"
@@ -366,7 +396,10 @@ class Trainer:
         if ckpt is None:
             return f"interrupted before the first checkpoint; start it again from step 0 with: {resume}"
         where = " during the final evaluation" if self.final_phase else ""
-        return f"interrupted{where}: checkpoint at step {load_trainer_state(ckpt)['step']}; continue with: {resume}"
+        return (
+            f"interrupted{where}: checkpoint at step {load_trainer_state(ckpt)['step']}; "
+            f"continue with: {resume}"
+        )
 
     def _report_as_far_as_possible(self) -> None:
         """report.html from what the run logged so far (stopped in its final evaluation)."""
@@ -391,17 +424,30 @@ class Trainer:
         """The task's held-out score of the current policy: (metrics to log, the lines to print). Where the
         task returns its items ("rows": key, category, score), the main process writes them to
         eval/step_NNNNNN.jsonl and, from step 1 on, adds each category's paired change from step 0 with its
-        95 % interval (eval/records/paired.py; metrics.EVAL_CHANGE): the held-out prompts and their samples' noise
-        are the same at every step, so each item pairs with itself at step 0."""
+        95 % interval (eval/records/paired.py; metrics.EVAL_CHANGE): the held-out prompts and their samples'
+        noise are the same at every step, so each item pairs with itself at step 0."""
         cfg = self.cfg
         if (
             self.eval_suite is not None
         ):  # a benchmark suite's score (eval_suite), rows of key, category, score
-            res = self.eval_suite.evaluate(unwrap(self.policy), self.eval_prompts, cfg.eval_images_per_prompt,
-                                           self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
+            res = self.eval_suite.evaluate(
+                unwrap(self.policy),
+                self.eval_prompts,
+                cfg.eval_images_per_prompt,
+                self.sampling,
+                seed=cfg.seed,
+                accelerator=self.accelerator,
+            )
             return res["metrics"], res["headline"]
-        res = self.task.evaluate(unwrap(self.policy), self.reward, self.eval_prompts, cfg.eval_images_per_prompt,
-                                 self.sampling, seed=cfg.seed, accelerator=self.accelerator)  # fmt: skip
+        res = self.task.evaluate(
+            unwrap(self.policy),
+            self.reward,
+            self.eval_prompts,
+            cfg.eval_images_per_prompt,
+            self.sampling,
+            seed=cfg.seed,
+            accelerator=self.accelerator,
+        )
         metrics, headline = dict(res["metrics"]), res["headline"]
         rows = res.get("rows") or []
         if not rows or not self.accelerator.is_main_process:
@@ -436,8 +482,11 @@ class Trainer:
         from t2i_gcpo.eval.records.paired import strict_json
 
         folder = self.run_dir / "eval"
-        write_file(folder / f"step_{step:06d}.jsonl",
-                   "".join(json.dumps(strict_json(r)) + "\n" for r in rows), within=self.run_dir)  # fmt: skip
+        write_file(
+            folder / f"step_{step:06d}.jsonl",
+            "".join(json.dumps(strict_json(r)) + "\n" for r in rows),
+            within=self.run_dir,
+        )
         if not (folder / "protocol.json").is_file():
             write_file(
                 folder / "protocol.json",
@@ -454,12 +503,26 @@ class Trainer:
         cfg, s = self.cfg, self.sampling
         data = [cfg.eval_prompts] if cfg.eval_prompts and Path(cfg.eval_prompts).is_file() else []
         return protocol_record(
-            f"held-out:{self.task.name}", data=data, model=cfg.model, scorer=scorer_record("reward", str(cfg.reward)),
-            seeds={"seed": cfg.seed, "rule": "prompt i's samples from a generator seeded by (seed, 'eval', i)"},
-            images_per_prompt=cfg.eval_images_per_prompt, aggregate=aggregate,
-            sampling={"guidance_scale": s.guidance_scale, "temperature": s.temperature, "top_k": s.top_k,
-                      "top_p": s.top_p, "steps": s.steps, "reveal_order": s.reveal_order, "autocast": s.autocast},
-        )  # fmt: skip
+            f"held-out:{self.task.name}",
+            data=data,
+            model=cfg.model,
+            scorer=scorer_record("reward", str(cfg.reward)),
+            seeds={
+                "seed": cfg.seed,
+                "rule": "prompt i's samples from a generator seeded by (seed, 'eval', i)",
+            },
+            images_per_prompt=cfg.eval_images_per_prompt,
+            aggregate=aggregate,
+            sampling={
+                "guidance_scale": s.guidance_scale,
+                "temperature": s.temperature,
+                "top_k": s.top_k,
+                "top_p": s.top_p,
+                "steps": s.steps,
+                "reveal_order": s.reveal_order,
+                "autocast": s.autocast,
+            },
+        )
 
     def _base_rows(self, step: int, rows: list[dict]) -> list[dict] | None:
         """The held-out items of step 0: these at step 0, else those kept since (a resumed run reads them
@@ -525,13 +588,32 @@ class Trainer:
         from t2i_gcpo.train.visuals import save_credit_maps, save_sample_grid, save_text_heatmap
 
         if not torch.is_tensor(batch.outputs):  # text: a token heatmap page instead of image grids
-            save_text_heatmap(self.run_dir / "credit_maps" / f"step_{step:06d}.html", batch, unwrap(self.policy),
-                              self.credit_ref, self.cfg, step, self.task, within=self.run_dir)  # fmt: skip
+            save_text_heatmap(
+                self.run_dir / "credit_maps" / f"step_{step:06d}.html",
+                batch,
+                unwrap(self.policy),
+                self.credit_ref,
+                self.cfg,
+                step,
+                self.task,
+                within=self.run_dir,
+            )
             return
-        save_sample_grid(self.run_dir / "samples" / f"step_{step:06d}.png", batch, batch.rollout.group_size,
-                         within=self.run_dir)  # fmt: skip
-        save_credit_maps(self.run_dir / "credit_maps" / f"step_{step:06d}.png", batch, unwrap(self.policy),
-                         self.credit_ref, self.cfg, step, within=self.run_dir)  # fmt: skip
+        save_sample_grid(
+            self.run_dir / "samples" / f"step_{step:06d}.png",
+            batch,
+            batch.rollout.group_size,
+            within=self.run_dir,
+        )
+        save_credit_maps(
+            self.run_dir / "credit_maps" / f"step_{step:06d}.png",
+            batch,
+            unwrap(self.policy),
+            self.credit_ref,
+            self.cfg,
+            step,
+            within=self.run_dir,
+        )
 
     def _report(self) -> None:
         """Write report.html, unless it already shows every logged row (a run whose last step drew its
@@ -563,17 +645,24 @@ class Trainer:
             state = {"algo": self.cfg.algo, **collected, **({"metrics_row": row} if row else {})}
             try:
                 sync_file(self.run_dir / "metrics.jsonl")  # the rows up to this checkpoint are on disk first
-                save_checkpoint(self.run_dir, step, policy, optimizer_state, state,
-                                carry=carry, scheduler_state=self.scheduler.state_dict(),
-                                keep=self.cfg.keep_checkpoints)  # fmt: skip
+                save_checkpoint(
+                    self.run_dir,
+                    step,
+                    policy,
+                    optimizer_state,
+                    state,
+                    carry=carry,
+                    scheduler_state=self.scheduler.state_dict(),
+                    keep=self.cfg.keep_checkpoints,
+                )
             except CheckpointError as e:
                 failed = e
         if any_process(failed is not None, acc):  # every process stops together, the main one says why
             ckpt = latest_checkpoint(self.run_dir)
             kept = f"the checkpoint of step {int(ckpt.name[5:])} is kept" if ckpt else "no checkpoint yet"
             raise CheckpointError(
-                f"{failed or 'the main process could not write the checkpoint'}; {kept}; free space, then continue "
-                f"with: {self._resume_command()}"
+                f"{failed or 'the main process could not write the checkpoint'}; {kept}; free space, then "
+                f"continue with: {self._resume_command()}"
             )
 
     def _load_resume(self, policy: Any) -> Any:
@@ -589,7 +678,8 @@ class Trainer:
         )
         if self.start_step > self.cfg.steps:
             raise UserError(
-                f"cannot resume: {self.run_dir} has trained {self.start_step} steps, more than steps={self.cfg.steps}"
+                f"cannot resume: {self.run_dir} has trained {self.start_step} steps, more than "
+                f"steps={self.cfg.steps}"
             )
         resumed = load_policy(str(self.ckpt / "model"), self.cfg.model_options)
         policy.load_state_dict(resumed.state_dict())

@@ -22,8 +22,17 @@ from t2i_gcpo.train.credit import TRAIN_CONTEXT, compute_weights, credit_share, 
 from t2i_gcpo.train.distributed import gather_params, global_denominator, unwrap
 
 
-def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, optimizer: Any,
-           accelerator: Any, loss_scale: float = 1.0, stale_rows: int = 0) -> tuple[dict, torch.Tensor]:  # fmt: skip
+def update(
+    cfg: TrainConfig,
+    batch: Batch,
+    policy: Any,
+    ref: Any,
+    credit_ref: Any,
+    optimizer: Any,
+    accelerator: Any,
+    loss_scale: float = 1.0,
+    stale_rows: int = 0,
+) -> tuple[dict, torch.Tensor]:
     """Clipped policy-gradient update(s) on one batch → (loss/credit statistics, weights [B, T]).
 
     Credit weights come from the scheme's registry entry with exactly the inputs it declares. When the
@@ -78,8 +87,17 @@ def update(cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: An
 class UpdateJob:
     """One `update` call's batch and models: the credit of any rows, π_old, and the loss of a minibatch."""
 
-    def __init__(self, cfg: TrainConfig, batch: Batch, policy: Any, ref: Any, credit_ref: Any, accelerator: Any,
-                 loss_scale: float, stale_rows: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        batch: Batch,
+        policy: Any,
+        ref: Any,
+        credit_ref: Any,
+        accelerator: Any,
+        loss_scale: float,
+        stale_rows: int,
+    ) -> None:
         self.cfg, self.batch, self.policy, self.ref, self.credit_ref = cfg, batch, policy, ref, credit_ref
         self.accelerator, self.loss_scale = accelerator, loss_scale
         self.ctx = TRAIN_CONTEXT[cfg.rollout.train_logp]
@@ -97,8 +115,9 @@ class UpdateJob:
     def recompute_old_logprobs(self, chunks: list[torch.Tensor]) -> None:
         """rollout.old_logprobs=recompute over several epochs: π_old fixed before the first update."""
         if self.cfg.rollout.old_logprobs == "recompute" and self.cfg.optim.update_epochs > 1:
-            self.logp_old = recompute_old_logprobs(self.cfg, self.batch.rollout, chunks, self.policy,
-                                                   self.accelerator, self.ctx)  # fmt: skip
+            self.logp_old = recompute_old_logprobs(
+                self.cfg, self.batch.rollout, chunks, self.policy, self.accelerator, self.ctx
+            )
 
     def credit(
         self, idx: torch.Tensor | None = None, dists: Any = None, rows: Rollout | None = None
@@ -112,8 +131,18 @@ class UpdateJob:
             rows = rows if rows is not None else batch.rollout.select(idx)
             rewards, adv = None if rewards is None else rewards[idx], adv[idx]
             tree, leaves = (None if x is None else x.select(idx) for x in (tree, leaves))
-        return compute_weights(self.cfg.credit, batch.rollout if idx is None else rows, adv, self.policy,
-                               self.credit_ref, self.ctx, dists, rewards=rewards, tree=tree, leaves=leaves)  # fmt: skip
+        return compute_weights(
+            self.cfg.credit,
+            batch.rollout if idx is None else rows,
+            adv,
+            self.policy,
+            self.credit_ref,
+            self.ctx,
+            dists,
+            rewards=rewards,
+            tree=tree,
+            leaves=leaves,
+        )
 
     def whole_batch_credit(self, chunks: list[torch.Tensor], per_step: bool) -> tuple[Any, Any]:
         """(weights of the whole batch, its loss normaliser) when it is split into minibatches (schemes may
@@ -128,8 +157,9 @@ class UpdateJob:
             self.cfg.loss.aggregation, mask, None if self.token_adv else whole
         )
 
-    def loss(self, idx: torch.Tensor, epoch: int, whole: Any, denom: Any,
-                       global_norm: bool) -> tuple[torch.Tensor, dict, torch.Tensor, Any]:  # fmt: skip
+    def loss(
+        self, idx: torch.Tensor, epoch: int, whole: Any, denom: Any, global_norm: bool
+    ) -> tuple[torch.Tensor, dict, torch.Tensor, Any]:
         """Rows `idx`: the forward with gradient, π_old, credit, normaliser and clipped loss → (loss, its
         statistics, the credit shown as weights [b, T], the normaliser used). `global_norm`: this minibatch
         sets the normaliser of the global batch (several processes)."""
@@ -174,8 +204,18 @@ def minibatch_rows(cfg: TrainConfig, ro: Rollout, advantages: torch.Tensor) -> l
     raise ValueError(f"unknown minibatch split {split!r}")
 
 
-def minibatch_loss(cfg: TrainConfig, mb: Rollout, adv: torch.Tensor, logp: torch.Tensor, old: torch.Tensor,
-                   w: torch.Tensor, denom: Any, ref: Any, ctx: str, accelerator: Any) -> tuple[torch.Tensor, dict]:  # fmt: skip
+def minibatch_loss(
+    cfg: TrainConfig,
+    mb: Rollout,
+    adv: torch.Tensor,
+    logp: torch.Tensor,
+    old: torch.Tensor,
+    w: torch.Tensor,
+    denom: Any,
+    ref: Any,
+    ctx: str,
+    accelerator: Any,
+) -> tuple[torch.Tensor, dict]:
     """The clipped loss of one minibatch (core.losses.policy_loss) with the KL term to the frozen
     reference when loss.beta > 0 and TIS weights min(π_old/π_rollout, C) when loss.tis_cap = C."""
     loss_cfg, recorded = cfg.loss, mb.logp[ctx]
@@ -185,12 +225,22 @@ def minibatch_loss(cfg: TrainConfig, mb: Rollout, adv: torch.Tensor, logp: torch
         with torch.no_grad(), precision(cfg, accelerator):
             logp_ref = ref(mb, context=ctx)
     loss, st = policy_loss(
-        logp, old, adv, mb.loss_mask,
-        weights=w, eps_low=loss_cfg.eps_low, eps_high=loss_cfg.eps_high,
-        dual_clip=loss_cfg.dual_clip, aggregation=loss_cfg.aggregation,
-        logp_ref=logp_ref, beta=loss_cfg.beta, kl_reweight=loss_cfg.kl_reweight,
-        max_len=mb.max_len, denom=denom, is_weights=is_w,
-    )  # fmt: skip
+        logp,
+        old,
+        adv,
+        mb.loss_mask,
+        weights=w,
+        eps_low=loss_cfg.eps_low,
+        eps_high=loss_cfg.eps_high,
+        dual_clip=loss_cfg.dual_clip,
+        aggregation=loss_cfg.aggregation,
+        logp_ref=logp_ref,
+        beta=loss_cfg.beta,
+        kl_reweight=loss_cfg.kl_reweight,
+        max_len=mb.max_len,
+        denom=denom,
+        is_weights=is_w,
+    )
     if is_w is not None:
         st.update(tis_stats(is_w, old, recorded, mb.loss_mask))
     return loss, st
@@ -242,8 +292,9 @@ class MismatchMeter:
         }
 
 
-def recompute_old_logprobs(cfg: TrainConfig, ro: Rollout, chunks: Any, policy: Any, accelerator: Any,
-                           ctx: str) -> torch.Tensor:  # fmt: skip
+def recompute_old_logprobs(
+    cfg: TrainConfig, ro: Rollout, chunks: Any, policy: Any, accelerator: Any, ctx: str
+) -> torch.Tensor:
     """π_old [B, T] of the trained context: a teacher-forced no-grad forward of the weights that sampled,
     minibatch by minibatch in the update's precision (the same numbers its first pass computes)."""
     out = torch.zeros_like(ro.mask, dtype=torch.float32)

@@ -1,9 +1,9 @@
 """Pictures a run writes every `sample_every` steps: a grid of the step's samples and the credit
 maps of one group under every credit scheme (the trained one first); for text, one HTML page of the
 group's completions with every token coloured by its weight under each scheme. A run whose batches carry
-continuations (`Batch.tree`, a scheme that needs "branches": vine) also draws value maps: V(prefix) along the decoding order
-(docs/concepts/tree_credit.md#value-maps); one trained with stepwise rewards adds each sample's reward
-trajectory over the reveal steps (docs/concepts/tree_credit.md#stepwise-rewards)."""
+continuations (`Batch.tree`, a scheme that needs "branches": vine) also draws value maps: V(prefix) along the
+decoding order (docs/concepts/tree_credit.md#value-maps); one trained with stepwise rewards adds each sample's
+reward trajectory over the reveal steps (docs/concepts/tree_credit.md#stepwise-rewards)."""
 
 from __future__ import annotations
 
@@ -61,12 +61,14 @@ def sample_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, include_root: 
     for i in range(len(ro)):
         used = points[i] >= 0
         k = int(used.sum())
-        out.append({
-            "value_tokens": values.token[i].numpy(),
-            "value_centre": float(values.path[i, 0]),
-            "value_path": [*values.path[i, : k + 1].tolist(), float(values.path[i, -1])],
-            "value_points": points[i, used].tolist(),
-        })  # fmt: skip
+        out.append(
+            {
+                "value_tokens": values.token[i].numpy(),
+                "value_centre": float(values.path[i, 0]),
+                "value_path": [*values.path[i, : k + 1].tolist(), float(values.path[i, -1])],
+                "value_points": points[i, used].tolist(),
+            }
+        )
     return out
 
 
@@ -80,8 +82,9 @@ def tree_include_root(cfg: TrainConfig) -> bool:
     return bool(scheme_options(cfg.credit, cfg.credit.scheme).get("include_root", True))
 
 
-def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int = 4,
-                     within: Path | None = None) -> Path:  # fmt: skip
+def save_sample_grid(
+    path: Path, batch: Batch, group_size: int, max_groups: int = 4, within: Path | None = None
+) -> Path:
     """The step's first groups side by side, each row captioned with its prompt, written as a PNG at `path`
     (outdir.write_file: never through a link; `within`: the run directory)."""
     from PIL import Image, ImageDraw, ImageFont
@@ -104,8 +107,9 @@ def save_sample_grid(path: Path, batch: Batch, group_size: int, max_groups: int 
     return write_file(path, lambda f: canvas.save(f, format="PNG"), within)
 
 
-def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
-                  cfg: TrainConfig) -> tuple[Rollout, dict[str, torch.Tensor]]:  # fmt: skip
+def group_weights(
+    batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig
+) -> tuple[Rollout, dict[str, torch.Tensor]]:
     """The first group's rollout and its weights under every registered scheme (the trained one first;
     schemes that compare with a reference only when the run has one, those that read continuations only
     when the batch has them)."""
@@ -115,14 +119,31 @@ def group_weights(batch: Batch, policy: Policy, reference: Policy | None,
     first = cfg.credit.scheme
     order = (first, *[x for x in CREDIT_SCHEMES if x != first])
     ro = batch.rollout.select(idx)
-    weights = scheme_weights(cfg.credit, ro, batch.advantages[idx].to(ro.mask.device), policy, reference,
-                             TRAIN_CONTEXT[cfg.rollout.train_logp], order, rewards=batch.reward.scores[idx],
-                             tree=batch_tree(batch, idx), leaves=None if batch.leaves is None else batch.leaves.select(idx))  # fmt: skip
+    weights = scheme_weights(
+        cfg.credit,
+        ro,
+        batch.advantages[idx].to(ro.mask.device),
+        policy,
+        reference,
+        TRAIN_CONTEXT[cfg.rollout.train_logp],
+        order,
+        rewards=batch.reward.scores[idx],
+        tree=batch_tree(batch, idx),
+        leaves=None if batch.leaves is None else batch.leaves.select(idx),
+    )
     return ro.to("cpu"), {name: w.cpu() for name, w in weights.items()}  # drawn on the CPU
 
 
-def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
-                      step: int, task: Task, within: Path | None = None) -> Path | None:  # fmt: skip
+def save_text_heatmap(
+    path: Path,
+    batch: Batch,
+    policy: Policy,
+    reference: Policy | None,
+    cfg: TrainConfig,
+    step: int,
+    task: Task,
+    within: Path | None = None,
+) -> Path | None:
     """The first group's completions as a token heatmap page (`viz.text_heatmap`), with the task's
     marks (the first wrong step for arithmetic); None when the task cannot lay out text samples."""
     from t2i_gcpo.viz.text_heatmap import write_text_heatmap
@@ -131,8 +152,9 @@ def save_text_heatmap(path: Path, batch: Batch, policy: Policy, reference: Polic
         return None
     G = batch.rollout.group_size
     ro, weights = group_weights(batch, policy, reference, cfg)
-    samples = task.text_samples(ro, weights, batch.reward.details[:G], batch.reward.scores[:G],
-                                batch.advantages[:G])  # fmt: skip
+    samples = task.text_samples(
+        ro, weights, batch.reward.details[:G], batch.reward.scores[:G], batch.advantages[:G]
+    )
     if batch.tree is not None:  # the value map: one more column, V(prefix) of each token
         tree = batch_tree(batch, torch.arange(G))
         attach_text_values(
@@ -147,8 +169,9 @@ def attach_text_values(samples: list, ro: Rollout, values: list[dict]) -> None:
         s.values, s.value_centre = v["value_tokens"][m.numpy()], v["value_centre"]
 
 
-def image_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, rows: int, cols: int,
-                 include: bool) -> list[dict]:  # fmt: skip
+def image_values(
+    ro: Rollout, rewards: torch.Tensor, tree: Tree, rows: int, cols: int, include: bool
+) -> list[dict]:
     """`sample_values` with each sample's values as its [rows, cols] token grid (``value_grid``)."""
     out = sample_values(ro, rewards, tree, include)
     for v in out:
@@ -156,8 +179,15 @@ def image_values(ro: Rollout, rewards: torch.Tensor, tree: Tree, rows: int, cols
     return out
 
 
-def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy | None, cfg: TrainConfig,
-                     step: int, within: Path | None = None) -> Path:  # fmt: skip
+def save_credit_maps(
+    path: Path,
+    batch: Batch,
+    policy: Policy,
+    reference: Policy | None,
+    cfg: TrainConfig,
+    step: int,
+    within: Path | None = None,
+) -> Path:
     """The first group's samples with their weights under every registered scheme (the trained one
     first); schemes that compare with a reference are drawn when the run has one. A batch with
     continuations (`Batch.tree`) adds each sample's value map as a column, and writes the value maps of the
@@ -185,13 +215,23 @@ def save_credit_maps(path: Path, batch: Batch, policy: Policy, reference: Policy
     if batch.tree is not None:
         n = min(len(batch.rollout), MAX_VALUE_GROUPS * G)
         idx = torch.arange(n)
-        values = image_values(batch.rollout.select(idx), batch.reward.scores[:n], batch_tree(batch, idx),
-                              rows, cols, tree_include_root(cfg))  # fmt: skip
+        values = image_values(
+            batch.rollout.select(idx),
+            batch.reward.scores[:n],
+            batch_tree(batch, idx),
+            rows,
+            cols,
+            tree_include_root(cfg),
+        )
         for s, v in zip(samples, values):
             s.update(v)
         drawn = [{"image": images[i], "reward": float(batch.reward.scores[i]), **values[i]} for i in range(n)]
-        value_figure([drawn[g : g + G] for g in range(0, n, G)], path.parent.parent / "value_maps" / path.name,
-                     title=f"step {step}: V(prefix) of the first groups", within=within)  # fmt: skip
+        value_figure(
+            [drawn[g : g + G] for g in range(0, n, G)],
+            path.parent.parent / "value_maps" / path.name,
+            title=f"step {step}: V(prefix) of the first groups",
+            within=within,
+        )
     return credit_figure(
         samples, list(weights), path, title=f"step {step}: {ro.prompts[0].text}", within=within
     )

@@ -275,14 +275,27 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
     fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=12, y=1 - 0.12 / height, va="top")
-    axes = fig.subplots(nrows, ncols, squeeze=False, gridspec_kw=dict(
-        left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
-        wspace=0.12, hspace=0.18))  # fmt: skip
+    axes = fig.subplots(
+        nrows,
+        ncols,
+        squeeze=False,
+        gridspec_kw=dict(
+            left=left / width,
+            right=1 - right / width,
+            top=1 - top / height,
+            bottom=bottom / height,
+            wspace=0.12,
+            hspace=0.18,
+        ),
+    )
     mappables: list[Any] = [None] * len(columns)
     for i, sample in enumerate(samples):
         ax = axes[i, 0]
         ax.imshow(to_uint8_image(sample["image"]), interpolation="nearest")
-        label = f"r = {float(sample.get('reward', float('nan'))):.3f}\nA = {float(sample.get('advantage', float('nan'))):+.3f}"
+        label = (
+            f"r = {float(sample.get('reward', float('nan'))):.3f}\n"
+            f"A = {float(sample.get('advantage', float('nan'))):+.3f}"
+        )
         ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=10, labelpad=6)
         if i == 0:
             ax.set_title("image", fontsize=10)
@@ -299,8 +312,9 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
                 ax.set_facecolor("#f2f2f2")
             elif column == VALUE_COLUMN:
                 dev = grid - float(sample["value_centre"]) + centre  # drawn around the figure's V_0
-                mappables[j] = ax.imshow(dev, cmap=VALUE_CMAP, vmin=centre - span, vmax=centre + span,
-                                         interpolation="nearest")  # fmt: skip
+                mappables[j] = ax.imshow(
+                    dev, cmap=VALUE_CMAP, vmin=centre - span, vmax=centre + span, interpolation="nearest"
+                )
             else:
                 cmap = "viridis" if column == REVEAL_COLUMN else "magma"
                 mappables[j] = ax.imshow(grid, cmap=cmap, vmin=0.0, vmax=vmax[j], interpolation="nearest")
@@ -321,8 +335,13 @@ def _figure_png(samples: Sequence[dict], schemes: Sequence[str], title: str, dpi
     return buf.getvalue()
 
 
-def credit_figure(samples: list[dict], schemes: list[str], out_path: str | os.PathLike, title: str = "",
-                  within: str | os.PathLike | None = None) -> Path:  # fmt: skip
+def credit_figure(
+    samples: list[dict],
+    schemes: list[str],
+    out_path: str | os.PathLike,
+    title: str = "",
+    within: str | os.PathLike | None = None,
+) -> Path:
     """Draw credit maps of several samples under several schemes; save a PNG (Agg, no display).
 
     Each sample: ``{"image": uint8 [H, W, 3], "reward": float, "advantage": float,
@@ -420,9 +439,9 @@ def write_credit_html(
     "figure": PNG path or bytes (optional; drawn with credit_figure when absent),
     "step_figure": PNG path or bytes (optional: the predictions over the reveal steps, `step_figure`)}``.
     A sample may carry ``"object_grid"``: bool [rows, cols] of tokens covering prompt objects, which
-    adds a credit-lift column per scheme (docs/worlds/shapeworld.md#credit-lift). The table shows reward, advantage and, per scheme,
-    max w and the normalised weight entropy H/ln N (1 = uniform); samples with a value map add their values
-    along the branch points (``value_path``).
+    adds a credit-lift column per scheme (docs/worlds/shapeworld.md#credit-lift). The table shows reward,
+    advantage and, per scheme, max w and the normalised weight entropy H/ln N (1 = uniform); samples with a
+    value map add their values along the branch points (``value_path``).
 
     Returns the path of the page (``<out_dir>/<filename>``), written atomically.
     """
@@ -451,9 +470,11 @@ def write_credit_html(
 # ---------------------------------------------------------------------------------------------
 
 
-def _panels(nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[float, float],
-            title: str) -> tuple[Figure, Any]:  # fmt: skip
-    """A constrained-layout figure of nrows × ncols panels, `cell` inches each plus `margin`, with its title."""
+def _panels(
+    nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[float, float], title: str
+) -> tuple[Figure, Any]:
+    """A constrained-layout figure of nrows × ncols panels, `cell` inches each plus
+    `margin`, with its title."""
     fig = Figure(
         figsize=(cell[0] * ncols + margin[0], cell[1] * nrows + margin[1]), dpi=100, layout="constrained"
     )
@@ -463,8 +484,14 @@ def _panels(nrows: int, ncols: int, cell: tuple[float, float], margin: tuple[flo
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, title: str = "",
-                 scale: int = 4, alpha: float = 0.6, within: str | os.PathLike | None = None) -> Path:  # fmt: skip
+def value_figure(
+    groups: Sequence[Sequence[dict]],
+    out_path: str | os.PathLike,
+    title: str = "",
+    scale: int = 4,
+    alpha: float = 0.6,
+    within: str | os.PathLike | None = None,
+) -> Path:
     """Value maps of several groups (docs/concepts/tree_credit.md#value-maps), one row per group: each
     sample's image with its ``value_grid`` as a translucent diverging layer centred on the group's V_0
     (``value_centre``; red: the prefix a token was decided under is worth less than V_0, blue: more), its
@@ -489,8 +516,13 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
             dev = np.nan_to_num(_as_grid(s["value_grid"]) - float(s["value_centre"]))  # no value: V_0's tint
             ax.imshow(weight_overlay(s["image"], dev, scale, -span, span, VALUE_CMAP, alpha))
             ax.set_title(f"r = {float(s.get('reward', float('nan'))):.3f}", fontsize=9)
-        cb = fig.colorbar(ScalarMappable(Normalize(centre - span, centre + span), VALUE_CMAP), ax=axes[i, :],
-                          shrink=0.85, aspect=12, pad=0.01)  # fmt: skip
+        cb = fig.colorbar(
+            ScalarMappable(Normalize(centre - span, centre + span), VALUE_CMAP),
+            ax=axes[i, :],
+            shrink=0.85,
+            aspect=12,
+            pad=0.01,
+        )
         cb.set_label(_value_label(group, centre), fontsize=8)
         cb.ax.tick_params(labelsize=7)
     return _html.save_png(fig, out_path, within)
@@ -501,11 +533,15 @@ def value_figure(groups: Sequence[Sequence[dict]], out_path: str | os.PathLike, 
 # ---------------------------------------------------------------------------------------------
 
 
-def step_figure(samples: Sequence[dict], out_path: str | os.PathLike, title: str = "",
-                within: str | os.PathLike | None = None) -> Path:  # fmt: skip
-    """The model's full prediction after every reveal step (docs/concepts/tree_credit.md#stepwise-rewards), one
-    row per sample: ``"step_images"`` [x̂_0 … x̂_{S−1}] (images as in `credit_figure`; x̂_{S−1} is the sample),
-    each titled with its reward from ``"step_rewards"`` and the gain over the step before."""
+def step_figure(
+    samples: Sequence[dict],
+    out_path: str | os.PathLike,
+    title: str = "",
+    within: str | os.PathLike | None = None,
+) -> Path:
+    """The model's full prediction after every reveal step (docs/concepts/tree_credit.md#stepwise-rewards),
+    one row per sample: ``"step_images"`` [x̂_0 … x̂_{S−1}] (images as in `credit_figure`; x̂_{S−1} is the
+    sample), each titled with its reward from ``"step_rewards"`` and the gain over the step before."""
     shown = [s for s in samples if s.get("step_images")]
     if not shown:
         raise UserError("step_figure needs at least one sample with step_images")

@@ -1,7 +1,7 @@
 """Credit lift: does a credit scheme put its weight on the tokens that draw the prompt's objects?
 
-See docs/worlds/shapeworld.md#credit-lift. For sample i with valid tokens V_i (mask), object tokens O_i ⊆ V_i (token-grid cells that
-cover a prompt object) and weights w_it ≥ 0:
+See docs/worlds/shapeworld.md#credit-lift. For sample i with valid tokens V_i (mask), object tokens O_i ⊆ V_i
+(token-grid cells that cover a prompt object) and weights w_it ≥ 0:
 
     lift_i = (Σ_{t∈O_i} w_it / Σ_{t∈V_i} w_it) / (|O_i| / |V_i|)
 
@@ -38,7 +38,8 @@ def _flat(x: Any, name: str) -> np.ndarray:
 
 
 def credit_lift(weights: Any, object_grids: Any, mask: Any = None) -> np.ndarray:
-    """Credit lift per sample (docs/worlds/shapeworld.md#credit-lift), float64 [B]; nan where undefined (see module docstring).
+    """Credit lift per sample (docs/worlds/shapeworld.md#credit-lift), float64 [B]; nan where undefined
+    (see module docstring).
 
     Args:
         weights: token weights w ≥ 0, [B, T] or [B, rows, cols] (numpy or torch).

@@ -194,8 +194,15 @@ def held_out_figure(s: Series, key: str, se_key: str, label: str) -> Figure:
         se = dict(zip(*s[se_key]))
         half = np.array([Z95 * se.get(step, np.nan) for step in x])
         ok = np.isfinite(half)
-        ax.fill_between(x[ok], np.clip(y - half, 0, 1)[ok], np.clip(y + half, 0, 1)[ok], alpha=0.2, lw=0,
-                        color=ax.lines[-1].get_color(), label="95 % interval (images sampled)")  # fmt: skip
+        ax.fill_between(
+            x[ok],
+            np.clip(y - half, 0, 1)[ok],
+            np.clip(y + half, 0, 1)[ok],
+            alpha=0.2,
+            lw=0,
+            color=ax.lines[-1].get_color(),
+            label="95 % interval (images sampled)",
+        )
     for step, value in zip(x, y):
         ax.annotate(
             f"{value:.3f}", (step, value), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8
@@ -270,7 +277,10 @@ def _panel_svg(key: str, x: np.ndarray, y: np.ndarray) -> str:
 
     def line(ys: np.ndarray, style: str, dots: bool = False) -> str:
         py = h - bottom - (ys - lo) / (hi - lo) * (h - top - bottom)
-        drawn = f'<polyline points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))}" fill="none" stroke="#1f77b4" {style}/>'
+        drawn = (
+            f'<polyline points="{" ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))}" fill="none" '
+            f'stroke="#1f77b4" {style}/>'
+        )
         marks = "".join(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2"/>' for a, b in zip(px, py)) if dots else ""
         return drawn + (f'<g fill="#1f77b4">{marks}</g>' if marks else "")
 
@@ -282,10 +292,15 @@ def _panel_svg(key: str, x: np.ndarray, y: np.ndarray) -> str:
     name = _html.esc(key)
     smooth = f" (bold: the average of {k})" if k else ""
     if y.max() == y.min():  # one value: labelled once, beside the line
-        values = f'<text x="{left - 4}" y="{(top + h - bottom) / 2 + 4:.0f}" text-anchor="end">{_number(float(y[0]))}</text>'
+        values = (
+            f'<text x="{left - 4}" y="{(top + h - bottom) / 2 + 4:.0f}" '
+            f'text-anchor="end">{_number(float(y[0]))}</text>'
+        )
     else:
-        values = (f'<text x="{left - 4}" y="{top + 9}" text-anchor="end">{_number(hi)}</text>'
-                  f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">{_number(lo)}</text>')  # fmt: skip
+        values = (
+            f'<text x="{left - 4}" y="{top + 9}" text-anchor="end">{_number(hi)}</text>'
+            f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">{_number(lo)}</text>'
+        )
     return (
         f'<svg class="spark" viewBox="0 0 {w} {h}" role="img" aria-label="{name}">'
         f"<title>{name}: {_number(float(y[-1]))} at step {int(x[-1])}{smooth}</title>"
@@ -381,21 +396,27 @@ def _change_table(s: Series, key: str) -> str:
     def num(v: float, sign: bool = False) -> str:
         return "—" if not math.isfinite(v) else (f"{v:+.3f}" if sign else f"{v:.3f}")
 
-    head = (f"<tr><th class='l'>category</th><th>step 0</th><th>step {last}</th><th>paired change</th>"
-            "<th>95 % interval</th><th>unpaired 95 %</th></tr>")  # fmt: skip
+    head = (
+        f"<tr><th class='l'>category</th><th>step 0</th><th>step {last}</th><th>paired change</th>"
+        "<th>95 % interval</th><th>unpaired 95 %</th></tr>"
+    )
     rows = []
     for c in cats:
         score_key = key if c == "overall" else f"{prefix}{c}"
         change, ci = at(M.EVAL_CHANGE.format(category=c), last), at(M.EVAL_CHANGE_CI.format(category=c), last)
         unpaired = at(M.EVAL_CHANGE_UNPAIRED_CI, last) if c == "overall" else math.nan
         interval = "—" if not math.isfinite(ci) else f"± {ci:.3f}"
-        rows.append(f"<tr><th class='l'>{_html.esc(c)}</th><td>{num(at(score_key, 0))}</td><td>{num(at(score_key, last))}</td>"
-                    f"<td><b>{num(change, True)}</b></td><td>{interval}</td>"
-                    f"<td>{'' if not math.isfinite(unpaired) else f'± {unpaired:.3f}'}</td></tr>")  # fmt: skip
-    note = ("<p class=\"meta\">Paired change: the mean over the held-out items (a prompt and its sample index) of "
-            "the item's score at this step minus its score at step 0 — the same prompts and the same sampling "
-            "noise at every evaluation — with its Student-t 95 % interval; the unpaired interval treats the two "
-            "evaluations as independent draws (docs/evaluation/index.md#a-runs-gain).</p>")  # fmt: skip
+        rows.append(
+            f"<tr><th class='l'>{_html.esc(c)}</th><td>{num(at(score_key, 0))}</td><td>"
+            f"{num(at(score_key, last))}</td><td><b>{num(change, True)}</b></td><td>{interval}</td>"
+            f"<td>{'' if not math.isfinite(unpaired) else f'± {unpaired:.3f}'}</td></tr>"
+        )
+    note = (
+        '<p class="meta">Paired change: the mean over the held-out items (a prompt and its sample index) of '
+        "the item's score at this step minus its score at step 0 — the same prompts and the same sampling "
+        "noise at every evaluation — with its Student-t 95 % interval; the unpaired interval treats the two "
+        "evaluations as independent draws (docs/evaluation/index.md#a-runs-gain).</p>"
+    )
     return f"<table>{head}{''.join(rows)}</table>\n{note}"
 
 
@@ -423,7 +444,10 @@ def _held_out_section(s: Series, eval_every: int | None) -> str:
         )
         parts = [
             "<h2>Held-out score</h2>",
-            f'<p class="headline"><b>{y[-1]:.3f}{interval}</b> {_html.esc(label)} at step {int(x[-1])}{start}</p>',  # start: ours
+            (
+                f'<p class="headline"><b>{y[-1]:.3f}{interval}</b> {_html.esc(label)} at step '
+                f"{int(x[-1])}{start}</p>"
+            ),  # start: ours
             f'<p class="meta">{note} The curves further down are scored on the training batches.</p>',
             _html.img_tag(_png(held_out_figure(s, key, se_key, label)), alt=label),
         ]
@@ -494,8 +518,10 @@ def write_run_report(
             shown_as = figure if isinstance(figure, str) else _html.img_tag(figure, alt=name)
             parts.append(f"<h2>{_html.esc(name)}</h2>\n" + shown_as)
             if name.startswith("Reward"):
-                parts.append('<p class="meta">Scored on each step\'s own samples, of the prompts being trained '
-                             "on: not a held-out score.</p>")  # fmt: skip
+                parts.append(
+                    '<p class="meta">Scored on each step\'s own samples, of the prompts being trained '
+                    "on: not a held-out score.</p>"
+                )
     others = [k for k in s if k not in shown]
     if others:
         parts.append("<h2>Other metrics</h2>\n" + _multiples(s, others[:_MAX_OTHER]))
@@ -527,9 +553,11 @@ def write_run_report(
     if pages:
         page = pages[-1]
         text = _text(page)
-        parts.append(f"<h2>Latest token credit ({_html.esc(page.name)})</h2>\n"
-                     f'<iframe title="token credit" srcdoc="{_html.esc(text)}" '
-                     'style="width:100%;height:70vh;border:1px solid #ccc"></iframe>')  # fmt: skip
+        parts.append(
+            f"<h2>Latest token credit ({_html.esc(page.name)})</h2>\n"
+            f'<iframe title="token credit" srcdoc="{_html.esc(text)}" '
+            'style="width:100%;height:70vh;border:1px solid #ccc"></iframe>'
+        )
 
     # config
     cfg = run_dir / "config.yaml"

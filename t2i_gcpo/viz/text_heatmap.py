@@ -1,4 +1,5 @@
-"""Token credit over text completions, side by side per credit scheme (docs/concepts/credit.md, docs/worlds/arithmetic.md).
+"""Token credit over text completions, side by side per credit scheme (docs/concepts/credit.md,
+docs/worlds/arithmetic.md).
 
 `text_heatmap_html` renders a self-contained HTML page: per sample its prompt, reward and advantage,
 then one column per credit scheme in which every token's background is cmap(w_t / vmax). The tokens
@@ -179,9 +180,10 @@ def text_heatmap_html(
     if any(s.values is not None for s in samples):
         stops = ", ".join(_hex(matplotlib.colormaps[VALUE_CMAP](x)) for x in np.linspace(0.0, 1.0, 7))
         head += (
-            f'\n<p class="meta">{VALUE_COLUMN}: the value of the prefix each token was decided under, centred on '
-            f'its group\'s mean V₀: <span class="meta">V₀ − {span:.3g} </span><span class="legend" '
-            f'style="background: linear-gradient(to right, {stops});"></span><span class="meta"> V₀ + {span:.3g}'
+            f'\n<p class="meta">{VALUE_COLUMN}: the value of the prefix each token was decided under, '
+            f'centred on its group\'s mean V₀: <span class="meta">V₀ − {span:.3g} </span><span '
+            f'class="legend" style="background: linear-gradient(to right, {stops});"></span><span '
+            f'class="meta"> V₀ + {span:.3g}'
             "</span> (red: worse than the prompt's value, blue: better).</p>"
         )
     body = [f"<style>{_CSS}</style>", head]
@@ -189,19 +191,30 @@ def text_heatmap_html(
     return _html.page(title, "\n".join(body))
 
 
-def write_text_heatmap(path: str | os.PathLike, samples: Sequence[TextSample], title: str = "Token credit",
-                       within: str | os.PathLike | None = None, **kwargs: Any) -> Path:  # fmt: skip
+def write_text_heatmap(
+    path: str | os.PathLike,
+    samples: Sequence[TextSample],
+    title: str = "Token credit",
+    within: str | os.PathLike | None = None,
+    **kwargs: Any,
+) -> Path:
     """Write `text_heatmap_html(samples, title, **kwargs)` to `path` whole, never through a link
     (`_html.atomic_write_text`, `within`)."""
     return _html.atomic_write_text(path, text_heatmap_html(samples, title, **kwargs), within)
 
 
-def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, title: str = "",
-                        vmax: float | None = None, cmap: str = DEFAULT_CMAP,
-                        within: str | os.PathLike | None = None) -> Path:  # fmt: skip
+def text_heatmap_figure(
+    samples: Sequence[TextSample],
+    path: str | os.PathLike,
+    title: str = "",
+    vmax: float | None = None,
+    cmap: str = DEFAULT_CMAP,
+    within: str | os.PathLike | None = None,
+) -> Path:
     """A PNG of the samples (one column each) × schemes (one row each): every token a box coloured by
     its weight on the scheme's own scale (0 … max(2, its largest weight), or `vmax`), laid out as the text is
-    (a newline token ends a line), the first wrong step's tokens outlined — the picture of a token heatmap for places that show no HTML (a README)."""
+    (a newline token ends a line), the first wrong step's tokens outlined — the picture of a token heatmap for
+    places that show no HTML (a README)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -220,8 +233,10 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
     if any(s.values is not None for s in samples):
         schemes.append(VALUE_COLUMN)
     lines = [max(1, 1 + sum(t.endswith("\n") for t in s.tokens)) for s in samples]
-    width = [max(len(line) for line in "".join(t if t.endswith("\n") else t or "∅" for t in s.tokens).split("\n"))
-             for s in samples]  # fmt: skip
+    width = [
+        max(len(line) for line in "".join(t if t.endswith("\n") else t or "∅" for t in s.tokens).split("\n"))
+        for s in samples
+    ]
     cw, lh = 0.13, 0.24  # inches per character and per line
     col_w = [max(w, 12) * cw + 0.3 for w in width]
     row_h = max(lines) * lh + 0.45
@@ -262,11 +277,27 @@ def text_heatmap_figure(samples: Sequence[TextSample], path: str | os.PathLike, 
                     face = _value_rgb(wi, s.value_centre, span)
                 else:
                     face = cm(min(max(wi / scale[scheme], 0.0), 1.0))
-                ax.add_patch(Rectangle((x, y), cw * len(shown), lh * 0.9, facecolor=face,
-                                       edgecolor="#1f5fbf" if i in marked else "none", lw=1.2))  # fmt: skip
+                ax.add_patch(
+                    Rectangle(
+                        (x, y),
+                        cw * len(shown),
+                        lh * 0.9,
+                        facecolor=face,
+                        edgecolor="#1f5fbf" if i in marked else "none",
+                        lw=1.2,
+                    )
+                )
                 ink = "#000" if isinstance(face, str) else _text_colour(face)
-                ax.text(x + cw * len(shown) / 2, y + lh * 0.45, shown, fontsize=8, family="monospace",
-                        ha="center", va="center", color=ink)  # fmt: skip
+                ax.text(
+                    x + cw * len(shown) / 2,
+                    y + lh * 0.45,
+                    shown,
+                    fontsize=8,
+                    family="monospace",
+                    ha="center",
+                    va="center",
+                    color=ink,
+                )
                 x += cw * len(shown)
                 if tok.endswith("\n"):
                     x, y = x_col, y + lh

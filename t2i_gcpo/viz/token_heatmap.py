@@ -1,4 +1,5 @@
-"""Token heatmaps for text sequences: each token's background shows its credit weight w_t (docs/concepts/credit.md, docs/worlds/arithmetic.md).
+"""Token heatmaps for text sequences: each token's background shows its credit weight w_t
+(docs/concepts/credit.md, docs/worlds/arithmetic.md).
 
 `token_heatmap_html` renders one sequence as an HTML fragment (one <span> per token, coloured by
 weight, the exact value in the `title` attribute so it shows on hover); `write_token_heatmaps`

@@ -45,15 +45,26 @@ def test_sampling_and_update_flops_by_hand():
 
 
 def test_linear_params_counts_matmul_weights_only():
-    net = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
-                              torch.nn.Linear(16, 4, bias=False))  # fmt: skip
+    net = torch.nn.Sequential(
+        torch.nn.Embedding(100, 8),
+        torch.nn.Linear(8, 16),
+        torch.nn.LayerNorm(16),
+        torch.nn.Linear(16, 4, bias=False),
+    )
     assert linear_params(net) == 8 * 16 + 16 * 4
 
 
 def test_fmt_and_markdown_table():
     assert [report.fmt(v) for v in (1234.56, 12.345, 1.2345, 0.012345, 0.0, None, True, "x")] == [
-        "1,235", "12.3", "1.23", "0.0123", "0", "—", "yes", "x"
-    ]  # fmt: skip
+        "1,235",
+        "12.3",
+        "1.23",
+        "0.0123",
+        "0",
+        "—",
+        "yes",
+        "x",
+    ]
     rows = [{"algo": "dapo", "step_s": 3.5}, {"algo": "gcpo", "step_s": 3.25, "extra": 1}]
     table = report.markdown_table(rows, [("algo", "algo"), ("step_s", "step s"), ("extra", "extra")])
     assert table.splitlines() == [
@@ -65,9 +76,22 @@ def test_fmt_and_markdown_table():
 
 
 def section(value: float, command: str) -> dict:
-    return {"title": "T", "timing": "best of 1", "columns": [["x", "x"]], "rows": [{"x": value}],
-            "reading": "r", "summary": {}, "run": {"command": command, "quick": True, "threads": 2,
-                                                     "device": "cpu", "date": "d", "seconds": 1.0}}  # fmt: skip
+    return {
+        "title": "T",
+        "timing": "best of 1",
+        "columns": [["x", "x"]],
+        "rows": [{"x": value}],
+        "reading": "r",
+        "summary": {},
+        "run": {
+            "command": command,
+            "quick": True,
+            "threads": 2,
+            "device": "cpu",
+            "date": "d",
+            "seconds": 1.0,
+        },
+    }
 
 
 def test_only_merges_into_the_existing_results(tmp_path):
@@ -77,8 +101,12 @@ def test_only_merges_into_the_existing_results(tmp_path):
     }
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(old))
-    merged = report.merge(report.load(path), {"samplers": section(3.0, "only"), "peak": section(4.0, "only")},
-                          {"command": "only"}, SECTIONS)  # fmt: skip
+    merged = report.merge(
+        report.load(path),
+        {"samplers": section(3.0, "only"), "peak": section(4.0, "only")},
+        {"command": "only"},
+        SECTIONS,
+    )
     assert list(merged["sections"]) == ["peak", "samplers", "scaling"]  # suite order
     assert merged["sections"]["peak"]["rows"] == [{"x": 4.0}]  # re-measured
     assert merged["sections"]["scaling"]["rows"] == [{"x": 1.0}]  # kept
@@ -157,8 +185,9 @@ def test_gradient_snr_vine_trains_only_its_branched_rows_and_tempo_returns_token
     a, w = token_credit(vine, ro, adv, scores, policy, None, "pos", None, (rows, Grown(tree, 4, 12)))
     assert w is None and a.shape == (B, T)
     assert (a[:2] == 0).all()  # rows outside the branched groups: no credit at all
-    sub = compute_weights(vine.credit, ro.select(rows), adv[rows], policy, None, "pos", rewards=scores[rows],
-                          tree=tree)  # fmt: skip
+    sub = compute_weights(
+        vine.credit, ro.select(rows), adv[rows], policy, None, "pos", rewards=scores[rows], tree=tree
+    )
     assert torch.equal(a[2:], sub.float()) and (a[2:] != 0).any()
     # tempo: token advantages, whose sequence term is the group advantage where the prefixes never branch
     a, w = token_credit(load_config("tempo"), ro, adv, scores, policy, None, "pos", None, None)
@@ -254,8 +283,21 @@ def test_branch_cost_and_tree_step_quick_paths_write_what_the_page_reads(tmp_pat
     from benchmarks.suite.runner import main
 
     out, page = tmp_path / "suite.json", tmp_path / "performance.md"
-    main(["--quick", "--only", "branch_cost,tree_step", "--device", "cpu", "--threads", "1",
-          "--json", str(out), "--md", str(page)])  # fmt: skip
+    main(
+        [
+            "--quick",
+            "--only",
+            "branch_cost,tree_step",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+            "--md",
+            str(page),
+        ]
+    )
     sections = json.loads(out.read_text())["sections"]
     assert list(sections) == ["branch_cost", "tree_step"]
     for sec in sections.values():  # every column the table shows is in every row

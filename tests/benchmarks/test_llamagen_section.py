@@ -1,6 +1,7 @@
-"""Section `llamagen` of ``python -m benchmarks`` (benchmarks/suite/llamagen.py) at the tiny shape on the CPU: every
-loop gives a row, and the port of the reference's sampling loop agrees with ours — the same prefill logits and the
-same greedy tokens — so the comparison the section prints is between two samplers of one model."""
+"""Section `llamagen` of ``python -m benchmarks`` (benchmarks/suite/llamagen.py) at the tiny shape on the CPU:
+every loop gives a row, and the port of the reference's sampling loop agrees with ours — the same prefill
+logits and the same greedy tokens — so the comparison the section prints is between two
+samplers of one model."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def test_section_runs_tiny_and_the_reference_port_agrees_with_ours():
 
 
 def test_the_reference_port_samples_what_generate_py_samples():
-    """Top-k 1 is greedy in both; with sampling the port draws with torch.multinomial from its own generator, so
-    the same seed gives the same tokens and another seed others."""
+    """Top-k 1 is greedy in both; with sampling the port draws with torch.multinomial from its own generator,
+    so the same seed gives the same tokens and another seed others."""
     policy = llamagen.build("tiny", "cpu", torch.float32)
     feats, mask = policy.captions(llamagen.PROMPTS[:2])
     a, first = llamagen.reference_generate(policy.gpt, feats, mask, 6, seed=1)

@@ -1,6 +1,7 @@
 """Section meissonic_scale (benchmarks/suite/meissonic_scale.py) at a tiny shape on the CPU: its rows, the
-activation count it reports (checkpointing keeps less; the per-block scaling equals a count of the whole model),
-and its reading (what CI keeps alive; its real-shape figures come from `python -m benchmarks --only meissonic_scale`)."""
+activation count it reports (checkpointing keeps less; the per-block scaling equals a count of the whole
+model), and its reading (what CI keeps alive; its real-shape figures come from `python -m benchmarks --only
+meissonic_scale`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,17 @@ from benchmarks.suite import meissonic_scale as ms
 from benchmarks.suite.common import Context
 from t2i_gcpo.policies.meissonic_transformer import MeissonicTransformerConfig
 
-TINY = MeissonicTransformerConfig(attention_head_dim=16, axes_dims_rope=(4, 6, 6), num_attention_heads=2,
-                                  num_layers=2, num_single_layers=3, joint_attention_dim=24,
-                                  pooled_projection_dim=32, codebook_size=16, vocab_size=20)  # fmt: skip
+TINY = MeissonicTransformerConfig(
+    attention_head_dim=16,
+    axes_dims_rope=(4, 6, 6),
+    num_attention_heads=2,
+    num_layers=2,
+    num_single_layers=3,
+    joint_attention_dim=24,
+    pooled_projection_dim=32,
+    codebook_size=16,
+    vocab_size=20,
+)
 
 
 def test_the_section_runs_tiny_on_the_cpu():
@@ -43,8 +52,8 @@ def test_the_section_runs_tiny_on_the_cpu():
 
 
 def test_the_per_block_activation_count_equals_the_whole_models():
-    """activation_gib counts models of one and two blocks of each kind and extends them: equal to counting a model
-    of that depth."""
+    """activation_gib counts models of one and two blocks of each kind and extends them: equal to counting a
+    model of that depth."""
     deep = dataclasses.replace(TINY, num_layers=3, num_single_layers=2)
     for checkpointing in (False, True):
         model = ms.build(deep, "cpu")

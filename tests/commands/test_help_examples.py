@@ -52,8 +52,13 @@ EXTERNAL = {
     "/models/": "an aMUSEd checkpoint and a CLIP model on disk",
     "/ckpt/": "a Janus-Pro checkpoint and the GenEval / DPG-Bench scorers on disk",
     "--multi_gpu": "two GPUs",
-    "--port 8100": "a reward server, which serves until it is stopped (tests/rewards/test_server.py runs one)",
-    "--judge http": "a judge model behind an OpenAI-compatible server (tests/eval/test_judge_suites.py runs a loopback one)",
+    "--port 8100": (
+        "a reward server, which serves until it is stopped (tests/rewards/test_server.py runs one)"
+    ),
+    "--judge http": (
+        "a judge model behind an OpenAI-compatible server (tests/eval/test_judge_suites.py "
+        "runs a loopback one)"
+    ),
     "runs/dapo-seed0": "two runs with held-out evaluations (tests/e2e/test_eval_compare_cli.py compares two)",
 }
 # helps whose every example needs a benchmark's data, which is not shipped (its licence), and a VLM or a judge
@@ -104,8 +109,16 @@ def test_every_example_parses_and_its_config_resolves(where, example):
 
 # --- running them -------------------------------------------------------------------------------------
 
-TINY_TRAIN = ["--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2", "--set", "eval_every=-1",
-              "--set", "sample_every=0"]  # fmt: skip
+TINY_TRAIN = [
+    "--set",
+    "rollout.prompts_per_step=2",
+    "--set",
+    "rollout.group_size=2",
+    "--set",
+    "eval_every=-1",
+    "--set",
+    "sample_every=0",
+]
 
 
 def _with(args: list[str], option: str, value: str) -> list[str]:
@@ -189,7 +202,10 @@ def test_every_example_runs_at_tiny_settings(where, finished_run, tmp_path, monk
         if "wandb" in example:
             pytest.importorskip("wandb")
         args = shrink(command_args(example), finished_run)
-        if args[:2] == ["eval", "compare"]:  # two evaluations to compare, made as `eval shapeworld` makes them
+        if args[:2] == [
+            "eval",
+            "compare",
+        ]:  # two evaluations to compare, made as `eval shapeworld` makes them
             for folder in (a for a in args[2:4] if not Path(a).exists()):
                 made = ["eval", "shapeworld", "--model", "shapeworld", "--out", folder]
                 assert run_cli(capsys, *shrink(made, finished_run))[0] == 0, folder

@@ -40,8 +40,12 @@ def test_no_help_imports_torch_or_the_model_libraries():
     assert ["eval", "shapeworld", "--help"] in lines and len(lines) == 2 + 7 + 7
     loaded = {}
     for args in lines:
-        out = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{PROBE}", *args],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{PROBE}", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         loaded[" ".join(args)] = out.splitlines()[-1].removeprefix("loaded:").strip()
     assert {line: heavy for line, heavy in loaded.items() if heavy} == {}
 

@@ -57,9 +57,17 @@ def no_report(monkeypatch):
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
 
 
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=0",
-        "eval_every=-1", "save_every=1", "rollout.autocast=none", "optim.autocast=none",
-        "advantage.dynamic_sampling=false")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "sample_every=0",
+    "eval_every=-1",
+    "save_every=1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+    "advantage.dynamic_sampling=false",
+)
 
 
 @pytest.mark.parametrize("allocation", ["pods", "knapsack"])
@@ -76,8 +84,23 @@ def test_a_run_draws_more_than_it_trains_on_and_counts_both(allocation, tmp_path
     monkeypatch.setattr(trainer_mod, "update_policy", spy)
 
     def run(out, *sets):
-        args = ["train", "--prompts", prompts, "--model", model, "--reward", "train_fixtures:redness", "--algo",
-                "gcpo", "--out", out, "--steps", "2", "--seed", "0"]  # fmt: skip
+        args = [
+            "train",
+            "--prompts",
+            prompts,
+            "--model",
+            model,
+            "--reward",
+            "train_fixtures:redness",
+            "--algo",
+            "gcpo",
+            "--out",
+            out,
+            "--steps",
+            "2",
+            "--seed",
+            "0",
+        ]
         for s in (*FAST, *sets):
             args += ["--set", s]
         code, _, err = cli(capsys, *args)

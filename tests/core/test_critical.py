@@ -1,4 +1,5 @@
-"""Tests for the critical-token credit scheme, t2i_gcpo.core.critical (docs/concepts/credit.md#critical-token)."""
+"""Tests for the critical-token credit scheme, t2i_gcpo.core.critical
+(docs/concepts/credit.md#critical-token)."""
 
 import math
 
@@ -313,7 +314,8 @@ def test_credit_weights_through_registry(chunk):
 
 
 def test_registry_checks_needs():
-    inp = CreditInputs(mask=ones(), step=step(), layout=GRID, dists=lambda: iter(()), group_size=2,
-                       advantages=torch.zeros(2))  # fmt: skip
+    inp = CreditInputs(
+        mask=ones(), step=step(), layout=GRID, dists=lambda: iter(()), group_size=2, advantages=torch.zeros(2)
+    )
     with pytest.raises(ValueError, match="features"):
         credit_weights("critical", inp)

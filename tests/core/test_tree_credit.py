@@ -222,10 +222,12 @@ def test_segment_advantages_match_the_exact_values_in_expectation(p0, a, b):
     roots = chain.continue_from(torch.empty(0, dtype=torch.long), G, gen)  # [G, T]
     rewards = chain.reward(roots)
     points = every_k(torch.full((G,), chain.T), 2)  # t = 2, 4: segments [0, 2), [2, 4), [4, 6)
-    cont = torch.stack([
-        torch.stack([chain.reward(chain.continue_from(roots[i, :t], M, gen)) for t in points[i].tolist()])
-        for i in range(G)
-    ])  # fmt: skip  # [G, K, M]
+    cont = torch.stack(
+        [
+            torch.stack([chain.reward(chain.continue_from(roots[i, :t], M, gen)) for t in points[i].tolist()])
+            for i in range(G)
+        ]
+    )  # [G, K, M]
     mask = torch.ones(G, chain.T)
     group_mean = float(rewards.mean())
     for include_root in (False, True):
@@ -439,11 +441,18 @@ def test_vine_scheme_returns_hand_computed_segment_advantages():
 
     # one group of 2, 4 tokens each; sample 0 branched at t = 2 with continuations scoring 1 and 0
     mask = torch.ones(2, 4)
-    inp = CreditInputs(mask=mask, step=torch.arange(4).expand(2, 4), tokens=torch.zeros(2, 4, dtype=torch.long),
-                       rewards=torch.tensor([1.0, 0.0]), group_size=2,
-                       tree=Tree(torch.tensor([[2], [-1]]),
-                                 torch.tensor([[[1.0, 0.0]], [[float("nan")] * 2]], dtype=torch.float64),
-                                 torch.tensor([[[True, True]], [[False, False]]])))  # fmt: skip
+    inp = CreditInputs(
+        mask=mask,
+        step=torch.arange(4).expand(2, 4),
+        tokens=torch.zeros(2, 4, dtype=torch.long),
+        rewards=torch.tensor([1.0, 0.0]),
+        group_size=2,
+        tree=Tree(
+            torch.tensor([[2], [-1]]),
+            torch.tensor([[[1.0, 0.0]], [[float("nan")] * 2]], dtype=torch.float64),
+            torch.tensor([[[True, True]], [[False, False]]]),
+        ),
+    )
     assert get_scheme("vine").returns == "advantages"
     a = credit_weights("vine", inp, {"normalisation": "none", "include_root": True})
     # V(prompt) = 0.5; sample 0: V(t=2) = mean(1, 0, own 1) = 2/3, V(end) = 1; sample 1: 0 − 0.5 everywhere
@@ -459,8 +468,14 @@ def test_tempo_scheme_reads_the_group_in_decision_order():
     # the samples agree on position 2 (decided first) and differ at position 0: the tree branches there
     tokens = torch.tensor([[5, 7, 3], [6, 7, 3]])
     step = torch.tensor([[1, 2, 0], [1, 2, 0]])
-    inp = CreditInputs(mask=torch.ones(2, 3), step=step, tokens=tokens, rewards=torch.tensor([1.0, 0.0]),
-                       group_size=2, advantages=torch.tensor([0.7, -0.7]))  # fmt: skip
+    inp = CreditInputs(
+        mask=torch.ones(2, 3),
+        step=step,
+        tokens=tokens,
+        rewards=torch.tensor([1.0, 0.0]),
+        group_size=2,
+        advantages=torch.tensor([0.7, -0.7]),
+    )
     delta = credit_weights("tempo", inp, {"normalisation": "none", "sequence_term": False})
     # shared first decision: δ = 0; the branching decision (position 0): ±0.5; after it nothing branches
     torch.testing.assert_close(delta, torch.tensor([[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]]))
@@ -475,8 +490,14 @@ def test_minibatch_rows_keep_groups_whole_and_balance_them():
 
     cfg = TrainConfig()
     cfg.optim.minibatches = 2
-    ro = Rollout(torch.zeros(8, 3, dtype=torch.long), torch.ones(8, 3), torch.zeros(8, 3, dtype=torch.long),
-                 {}, [], group_size=2)  # fmt: skip
+    ro = Rollout(
+        torch.zeros(8, 3, dtype=torch.long),
+        torch.ones(8, 3),
+        torch.zeros(8, 3, dtype=torch.long),
+        {},
+        [],
+        group_size=2,
+    )
     adv = torch.tensor([1.0, -1.0, 2.0, 0.0, -2.0, 0.0, 0.5, -0.5])  # group nets 0, 2, −2, 0
     assert [r.tolist() for r in minibatch_rows(cfg, ro, adv)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     cfg.optim.minibatch_split = "query"

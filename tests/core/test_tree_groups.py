@@ -36,8 +36,16 @@ def test_tree_group_advantages_by_hand():
     # into node (0, 2) from the prompt: (2/3 − 2/3) + (2/3 − 2/3) = 0; its steps 2–3 into itself from (0, 2):
     # (1 − 2/3) + (1 − 2/3) = 2/3. Row 3 (r = 0) from (0, 2): −4/3; before its point: nothing (not its own).
     third = 1 / 3
-    expected = torch.tensor([[0, 0, 2 * third, 2 * third], [0, 0, 0, -4 * third], [0, 0, 2 * third, 2 * third],
-                             [0, 0, -4 * third, -4 * third], [0, 0, 0, 2 * third], [0, 0, 0, 2 * third]])  # fmt: skip
+    expected = torch.tensor(
+        [
+            [0, 0, 2 * third, 2 * third],
+            [0, 0, 0, -4 * third],
+            [0, 0, 2 * third, 2 * third],
+            [0, 0, -4 * third, -4 * third],
+            [0, 0, 0, 2 * third],
+            [0, 0, 0, 2 * third],
+        ]
+    )
     torch.testing.assert_close(a, expected)
     own = own_segment(LEAVES, MASK, STEP)
     assert own[:2].all() and own[2:4].tolist() == [[False, False, True, True]] * 2
@@ -67,10 +75,18 @@ def test_a_continuation_from_the_prompt_and_deeper_nodes():
 
 def test_the_scheme_reads_the_leaves_and_refuses_a_continuation_of_a_continuation():
     assert get_scheme("tree").needs == frozenset({"rewards", "leaves"})
-    inp = CreditInputs(mask=MASK, step=STEP, tokens=torch.zeros(6, 4, dtype=torch.long), rewards=REWARDS,
-                       group_size=6, leaves=LEAVES)  # fmt: skip
-    torch.testing.assert_close(credit_weights("tree", inp, {"normalisation": "none"}),
-                               tree_group_advantages(REWARDS, 6, LEAVES, MASK, STEP, scale="none"))  # fmt: skip
+    inp = CreditInputs(
+        mask=MASK,
+        step=STEP,
+        tokens=torch.zeros(6, 4, dtype=torch.long),
+        rewards=REWARDS,
+        group_size=6,
+        leaves=LEAVES,
+    )
+    torch.testing.assert_close(
+        credit_weights("tree", inp, {"normalisation": "none"}),
+        tree_group_advantages(REWARDS, 6, LEAVES, MASK, STEP, scale="none"),
+    )
     bad = Leaves(torch.tensor([0, 1, 2, 0, 1, 1]), LEAVES.point)
     with pytest.raises(ValueError, match="must continue a root of its group"):
         tree_group_advantages(REWARDS, 6, bad, MASK, STEP)
@@ -88,9 +104,17 @@ def no_report(monkeypatch):
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)  # matplotlib: seconds per run
 
 
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.cfg_scale=2", "sample_every=0",
-        "eval_every=-1", "save_every=1", "rollout.autocast=none", "optim.autocast=none",
-        "advantage.dynamic_sampling=false")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.cfg_scale=2",
+    "sample_every=0",
+    "eval_every=-1",
+    "save_every=1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+    "advantage.dynamic_sampling=false",
+)
 
 
 def test_a_tree_step_trains_on_every_leaf_and_counts_its_budget(tmp_path, capsys, monkeypatch):
@@ -104,8 +128,23 @@ def test_a_tree_step_trains_on_every_leaf_and_counts_its_budget(tmp_path, capsys
         return real(cfg, batch, *args, **kwargs)
 
     monkeypatch.setattr(trainer_mod, "update_policy", spy)
-    args = ["train", "--prompts", prompts, "--model", model, "--reward", "train_fixtures:redness", "--algo",
-            "tree", "--out", tmp_path / "run", "--steps", "1", "--seed", "0"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        "tree",
+        "--out",
+        tmp_path / "run",
+        "--steps",
+        "1",
+        "--seed",
+        "0",
+    ]
     for s in FAST:
         args += ["--set", s]
     code, _, err = cli(capsys, *args)
@@ -131,8 +170,25 @@ def test_the_tree_preset_trains_on_every_image_family(family, tmp_path, capsys):
     thing = "circle" if family in ("ar", "masked") else "cat"
     prompts.write_text(f"a photo of a red {thing}\na photo of two {thing}s\n")
     out = tmp_path / "run"
-    args = ["train", "--prompts", prompts, "--model", model, "--reward", "train_fixtures:redness", "--algo",
-            "tree", "--out", out, "--steps", "2", "--seed", "0", "--set", "branching.k=1"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        "tree",
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--seed",
+        "0",
+        "--set",
+        "branching.k=1",
+    ]
     for s in FAST:
         args += ["--set", s]
     code, _, err = cli(capsys, *args)
@@ -145,8 +201,21 @@ def test_the_tree_preset_trains_on_every_image_family(family, tmp_path, capsys):
 def test_tree_groups_refuse_settings_that_vary_the_leaves(tmp_path, capsys):
     model = str(tiny_policy_dir(tmp_path))
     prompts = write_prompt_file(tmp_path / "p.jsonl")
-    base = ["train", "--prompts", prompts, "--model", model, "--reward", "train_fixtures:redness", "--algo",
-            "tree", "--out", tmp_path / "run", "--steps", "1"]  # fmt: skip
+    base = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        "tree",
+        "--out",
+        tmp_path / "run",
+        "--steps",
+        "1",
+    ]
     code, _, err = cli(capsys, *base, "--set", "branching.rule=every_k")
     assert code == 2 and "branching.rule=spread or entropy" in error_line(err)
     assert not (tmp_path / "run").exists()

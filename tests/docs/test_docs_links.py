@@ -76,7 +76,8 @@ def test_anchor_reading_matches_mkdocs(tmp_path):
 
 def test_no_page_holds_a_control_character():
     """A TeX macro written in a Python string without r"" loses its backslash: "\\frac" becomes a form feed
-    and "rac" (docs/concepts/algorithms.md had two). Text files hold no control character but tab and newline."""
+    and "rac" (docs/concepts/algorithms.md had two). Text files hold no control character
+    but tab and newline."""
     pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
     bad = [
         f"{p.relative_to(REPO)}:{n}"

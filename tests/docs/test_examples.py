@@ -19,8 +19,14 @@ EXAMPLES = REPO / "examples"
 
 def run_example(name: str, out: Path, cwd: Path) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, str(EXAMPLES / name), str(out)], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), str(out)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
 

@@ -15,15 +15,36 @@ import pytest
 
 from t2i_gcpo.resources import PROMPTS_DIR
 
-ARGS = ["--prompts", str(PROMPTS_DIR / "shapeworld_train.txt"), "--steps", "4", "--seed", "3",
-        "--set", "rollout.prompts_per_step=4", "--set", "rollout.group_size=4", "--set", "sample_every=2",
-        "--set", "save_every=1", "--set", "eval_every=-1"]  # fmt: skip
+ARGS = [
+    "--prompts",
+    str(PROMPTS_DIR / "shapeworld_train.txt"),
+    "--steps",
+    "4",
+    "--seed",
+    "3",
+    "--set",
+    "rollout.prompts_per_step=4",
+    "--set",
+    "rollout.group_size=4",
+    "--set",
+    "sample_every=2",
+    "--set",
+    "save_every=1",
+    "--set",
+    "eval_every=-1",
+]
 
 
 def t2i(*args: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "t2i_gcpo.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def metrics(run: Path) -> list[dict]:
@@ -42,8 +63,14 @@ def test_train_cli_run_directory_ctrl_c_and_resume(tmp_path):
         assert math.isfinite(r["reward/mean"]) and 0 <= r["strict/overall"] <= 1
         if r["groups_kept"]:
             assert math.isfinite(r["loss/policy"]) and math.isfinite(r["credit/weight_max"])
-    for name in ("config.yaml", "report.html", "samples/step_000002.png", "credit_maps/step_000004.png",
-                 "checkpoints/latest", "processes.json"):  # fmt: skip
+    for name in (
+        "config.yaml",
+        "report.html",
+        "samples/step_000002.png",
+        "credit_maps/step_000004.png",
+        "checkpoints/latest",
+        "processes.json",
+    ):
         assert (full / name).is_file(), name
     assert list((full / "tb").iterdir())
 
@@ -96,9 +123,29 @@ def test_rl_raises_the_shipped_models_score_on_hard_prompts(tmp_path):
     hard = tmp_path / "position.jsonl"
     hard.write_text("".join(json.dumps(m) + "\n" for m in [m for m in rows if m["tag"] == "position"][:8]))
     run = tmp_path / "run"
-    p = t2i("train", "--prompts", str(hard), "--algo", "dapo", "--steps", "10", "--seed", "0", "--out", str(run),
-            "--set", f"eval_prompts={hard}", "--set", "eval_every=10", "--set", "eval_images_per_prompt=16",
-            "--set", "sample_every=0", "--set", "save_every=1000")  # fmt: skip
+    p = t2i(
+        "train",
+        "--prompts",
+        str(hard),
+        "--algo",
+        "dapo",
+        "--steps",
+        "10",
+        "--seed",
+        "0",
+        "--out",
+        str(run),
+        "--set",
+        f"eval_prompts={hard}",
+        "--set",
+        "eval_every=10",
+        "--set",
+        "eval_images_per_prompt=16",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "save_every=1000",
+    )
     out, err = p.communicate(timeout=1800)
     assert p.returncode == 0, err[-2000:]
     curve = {r["step"]: r["eval/strict/overall"] for r in metrics(run) if "eval/strict/overall" in r}
@@ -117,9 +164,25 @@ def test_tree_credit_presets_run_two_steps_on_the_shipped_prior(tmp_path, algo):
     the shipped model's own grid and the presets' own branching settings (the default tier trains every
     preset on the tiny prior: tests/train/test_train.py::test_every_algorithm_trains_and_logs)."""
     out = tmp_path / algo
-    p = t2i("train", "--algo", algo, "--prompts", str(PROMPTS_DIR / "shapeworld_train.txt"), "--steps", "2",
-            "--seed", "3", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-            "--set", "eval_every=-1", "--out", str(out))  # fmt: skip
+    p = t2i(
+        "train",
+        "--algo",
+        algo,
+        "--prompts",
+        str(PROMPTS_DIR / "shapeworld_train.txt"),
+        "--steps",
+        "2",
+        "--seed",
+        "3",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_every=-1",
+        "--out",
+        str(out),
+    )
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-2000:]
     rows = metrics(out)

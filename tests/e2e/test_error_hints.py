@@ -95,8 +95,23 @@ def test_compare_is_told_what_it_can_do_and_it_works(finished, tmp_path, capsys,
     (run / "eval.json").unlink(missing_ok=True)
     (run / "notes.py").write_text("def f(inputs):\n    return inputs.mask.float()\n")
     edit_config(run, credit__scheme=f"{run / 'notes.py'}:f")
-    args = ["compare", "--algos", "gcpo", "--seeds", 1, "--steps", 2, "--model", finished["model"], "--prompts",
-            finished["prompts"], "--out", out, "--report-to", "none"]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "gcpo",
+        "--seeds",
+        1,
+        "--steps",
+        2,
+        "--model",
+        finished["model"],
+        "--prompts",
+        finished["prompts"],
+        "--out",
+        out,
+        "--report-to",
+        "none",
+    ]
     code, _, err = cli(capsys, *args)
     line = error_line(err, ignore="%|")
     assert code == 2 and "--credit" not in line and "--trust-run-code" not in line, line
@@ -111,8 +126,16 @@ def test_an_unknown_need_names_the_scheme_not_the_decorator(tmp_path, capsys):
         "from t2i_gcpo import credit_scheme\n\n@credit_scheme(needs=('contrastt',))\n"
         "def late_tokens(inputs):\n    return inputs.mask.float()\n"
     )
-    code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--credit",
-                       f"{tmp_path / 'mine.py'}:late_tokens", "--out", tmp_path / "run")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--credit",
+        f"{tmp_path / 'mine.py'}:late_tokens",
+        "--out",
+        tmp_path / "run",
+    )
     line = error_line(err)
     assert code == 2 and "credit scheme 'late_tokens': unknown needs ['contrastt']" in line, line
     assert "'credit_scheme'" not in line and not (tmp_path / "run").exists()
@@ -143,8 +166,8 @@ def test_the_nan_guards_line_ends_on_a_command_that_works_or_on_starting_over(fi
     shutil.rmtree(run / "checkpoints")  # stopped at step 1: nothing to end the run at
     tail = trainer_mod.Trainer._after_nan(trainer)
     assert tail == (
-        "no checkpoint was written before it: start over with other settings (e.g. a lower optim.lr) in a new "
-        f"--out ({run} keeps this run)"
+        "no checkpoint was written before it: start over with other settings (e.g. a lower optim.lr) "
+        f"in a new --out ({run} keeps this run)"
     )
     cfg.optim.warmup_steps, cfg.steps = 1, 4  # a warmup the end command would stop in: not suggested
     shutil.copytree(finished["base"] / "checkpoints", run / "checkpoints")
@@ -199,9 +222,23 @@ def test_sample_never_suggests_a_cfg_it_would_refuse(finished, tmp_path, capsys)
     ids=["every_k-spacing", "tree-points", "pods-draws"],
 )
 def test_a_suggested_setting_plans(finished, tmp_path, capsys, no_training, extra, hint):
-    base = ["train", "--prompts", finished["prompts"], "--model", finished["model"], "--out", tmp_path / "run",
-            "--reward", "train_fixtures:redness", "--report-to", "none", "--set", "rollout.prompts_per_step=2",
-            "--set", "rollout.cfg_scale=2"]  # fmt: skip
+    base = [
+        "train",
+        "--prompts",
+        finished["prompts"],
+        "--model",
+        finished["model"],
+        "--out",
+        tmp_path / "run",
+        "--reward",
+        "train_fixtures:redness",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.cfg_scale=2",
+    ]
     code, _, err = cli(capsys, *base, *extra)
     line = error_line(err)
     suggested = re.search(hint, line).group(1)
@@ -211,9 +248,25 @@ def test_a_suggested_setting_plans(finished, tmp_path, capsys, no_training, extr
 
 def test_compares_held_out_hint_plans(finished, tmp_path, capsys, no_training):
     (tmp_path / "r.py").write_text("def ok(images, prompts, metadata):\n    return images.mean((1, 2, 3))\n")
-    args = ["compare", "--algos", "dapo", "--seeds", 1, "--steps", 1, "--model", finished["model"], "--prompts",
-            finished["prompts"], "--reward", f"{tmp_path / 'r.py'}:ok", "--out", tmp_path / "cmp",
-            "--report-to", "none"]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "dapo",
+        "--seeds",
+        1,
+        "--steps",
+        1,
+        "--model",
+        finished["model"],
+        "--prompts",
+        finished["prompts"],
+        "--reward",
+        f"{tmp_path / 'r.py'}:ok",
+        "--out",
+        tmp_path / "cmp",
+        "--report-to",
+        "none",
+    ]
     code, _, err = cli(capsys, *args)
     line = error_line(err)
     suggested = re.search(r"--set (eval_prompts=\S+)", line).group(1)
@@ -224,15 +277,36 @@ def test_compares_held_out_hint_plans(finished, tmp_path, capsys, no_training):
 def test_nothing_to_match_suggests_algorithms_that_plan(finished, tmp_path, capsys, no_training, monkeypatch):
     import t2i_gcpo.eval.budget as budget
 
-    args = ["compare", "--algos", "dapo,gcpo", "--seeds", 1, "--steps", 1, "--model", finished["model"],
-            "--prompts", finished["prompts"], "--match-budget", "samples", "--out", tmp_path / "cmp",
-            "--report-to", "none", "--set", "rollout.prompts_per_step=2"]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "dapo,gcpo",
+        "--seeds",
+        1,
+        "--steps",
+        1,
+        "--model",
+        finished["model"],
+        "--prompts",
+        finished["prompts"],
+        "--match-budget",
+        "samples",
+        "--out",
+        tmp_path / "cmp",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+    ]
     code, _, err = cli(capsys, *args)
     line = error_line(err)
     suggested = re.search(r"--algos (\S+)\)", line).group(1)
     assert code == 2 and suggested == "dapo,gcpo,tree", line
-    monkeypatch.setattr(budget, "plan_match", lambda arm, *a, **k: {"of": arm, "unit": "samples",
-                                                                     "set": "rollout.group_size=20"})  # fmt: skip
+    monkeypatch.setattr(
+        budget,
+        "plan_match",
+        lambda arm, *a, **k: {"of": arm, "unit": "samples", "set": "rollout.group_size=20"},
+    )
     code, _, err = cli(capsys, *[suggested if a == "dapo,gcpo" else a for a in args])
     assert code == 0 and no_training == ["dapo", "gcpo", "tree", "dapo"], err
 
@@ -246,9 +320,17 @@ def test_every_continue_line_names_the_runs_own_code(tmp_path):
     (run / "notes.py").write_text("def f(inputs):\n    return inputs.mask.float()\n")
     assert resume_command(run, "gcpo", "shapeworld") == f"t2i-gcpo train --resume '{run}'"
     line = resume_command(run, f"{run / 'notes.py'}:f", "0.5*shapeworld+0.5*train_fixtures:redness", steps=3)
-    assert shlex.split(line.split(" (")[0])[1:] == ["train", "--resume", str(run), "--steps", "3", "--credit",
-                                                   f"{run / 'notes.py'}:f", "--reward",
-                                                   "0.5*shapeworld+0.5*train_fixtures:redness"]  # fmt: skip
+    assert shlex.split(line.split(" (")[0])[1:] == [
+        "train",
+        "--resume",
+        str(run),
+        "--steps",
+        "3",
+        "--credit",
+        f"{run / 'notes.py'}:f",
+        "--reward",
+        "0.5*shapeworld+0.5*train_fixtures:redness",
+    ]
     assert "a file inside the run folder: read it first" in line
     assert resume_command(run, "<python>:mine", None).startswith("t2i_gcpo.train(resume=")
     assert Path(tiny_policy_dir(tmp_path)).is_dir()

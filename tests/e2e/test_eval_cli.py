@@ -42,8 +42,16 @@ def test_eval_shapeworld_then_score_only_gives_the_same_summary(tmp_path):
             np.asarray(Image.open(r["filename"]).convert("RGB")), json.loads(r["metadata"])
         )
         assert r["partial"] == pytest.approx(expected["partial"]), r["filename"]
-    invoke("eval", "geneval", "--score-only", str(tmp_path / "ev" / "images"), "--detector", "shapeworld",
-           "--out", str(tmp_path / "ev2"))  # fmt: skip
+    invoke(
+        "eval",
+        "geneval",
+        "--score-only",
+        str(tmp_path / "ev" / "images"),
+        "--detector",
+        "shapeworld",
+        "--out",
+        str(tmp_path / "ev2"),
+    )
     a = json.loads((tmp_path / "ev" / "summary.json").read_text())
     b = json.loads((tmp_path / "ev2" / "summary.json").read_text())
     assert a == b
@@ -57,8 +65,19 @@ def test_eval_geneval_needs_clip_with_a_real_detector_and_one_source(tmp_path):
     runner = CliRunner()
     r = runner.invoke(cli, ["eval", "geneval", "--detector", "shapeworld", "--out", str(tmp_path)])
     assert r.exit_code != 0 and "either --model" in str(r.exception)
-    r = runner.invoke(cli, ["eval", "geneval", "--score-only", str(tmp_path), "--detector", str(tmp_path / "nope"),
-                            "--out", str(tmp_path / "o")])  # fmt: skip
+    r = runner.invoke(
+        cli,
+        [
+            "eval",
+            "geneval",
+            "--score-only",
+            str(tmp_path),
+            "--detector",
+            str(tmp_path / "nope"),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert r.exit_code != 0 and "nope" in str(r.exception)
 
 
@@ -66,10 +85,31 @@ def test_eval_geneval_needs_clip_with_a_real_detector_and_one_source(tmp_path):
 def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "cmp"
-    args = ["compare", "--algos", "grpo,gcpo", "--seeds", "2", "--steps", "2", "--eval-every", "1",
-            "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"), "--out", str(out),
-            "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "eval_images_per_prompt=1",
-            "--set", "sample_every=0"]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "grpo,gcpo",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--model",
+        str(model),
+        "--prompts",
+        str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+        "--out",
+        str(out),
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_images_per_prompt=1",
+        "--set",
+        "sample_every=0",
+    ]
     text = invoke(*args)
     assert "| grpo |" in text and "| gcpo |" in text and "steps to grpo's final" in text  # no dapo: the first
     result = json.loads((out / "comparison.json").read_text())
@@ -95,10 +135,29 @@ def test_compare_two_algorithms_writes_table_plot_and_resumes(tmp_path):
 def test_compare_with_two_jobs_trains_the_same_runs_side_by_side(tmp_path):
     """--jobs 2 trains each run in its own process, one thread each: the same runs, the same table."""
     model = tiny_policy_dir(tmp_path)
-    common = ["compare", "--algos", "grpo,gcpo", "--seeds", "1", "--steps", "2", "--eval-every", "1",
-              "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
-              "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-              "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
+    common = [
+        "compare",
+        "--algos",
+        "grpo,gcpo",
+        "--seeds",
+        "1",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--model",
+        str(model),
+        "--prompts",
+        str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_images_per_prompt=1",
+        "--set",
+        "sample_every=0",
+    ]
     invoke(*common, "--out", str(tmp_path / "one"))
     text = invoke(*common, "--jobs", "2", "--out", str(tmp_path / "two"))
     assert "| grpo |" in text and "| gcpo |" in text
@@ -130,11 +189,36 @@ def test_a_terminated_compare_stops_its_runs_and_they_keep_a_checkpoint(tmp_path
     import time
 
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "compare", "--algos", "dapo,gcpo", "--seeds", "1",
-           "--steps", "100000", "--eval-every", "100000", "--jobs", "2", "--out", str(out),
-           "--model", str(tiny_policy_dir(tmp_path)), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
-           "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-           "--set", "eval_images_per_prompt=1", "--set", "sample_every=0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "compare",
+        "--algos",
+        "dapo,gcpo",
+        "--seeds",
+        "1",
+        "--steps",
+        "100000",
+        "--eval-every",
+        "100000",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_policy_dir(tmp_path)),
+        "--prompts",
+        str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_images_per_prompt=1",
+        "--set",
+        "sample_every=0",
+    ]
     parent = subprocess.Popen(
         cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stderr=subprocess.PIPE, text=True
     )
@@ -300,7 +384,8 @@ def test_paired_table_on_hand_written_runs(tmp_path):
     assert f"| gcpo | +0.020 ± {half:.3f} | +0.020 ± {unpaired_half:.3f} | 3/3 |" in md
     assert "| grpo | -0.067 ± " in md and "| 1/3 |" in md
     assert "over 3 seed(s) (0, 3, 5)" in md and "Paired:" in md
-    # every evaluation: per run, and paired (step 0 is the pairing's own check: the same start, the same draws)
+    # every evaluation: per run, and paired (step 0 is the pairing's own check: the same
+    # start, the same draws)
     assert "| run | step 0 | step 10 | step 20 |" in md and "| gcpo seed 3 | 0.300 | 0.600 | 0.630 |" in md
     by_step = result["paired_by_step"]["gcpo"]
     assert by_step[0] == (0.0, 0.0, 0.0, 3)

@@ -29,8 +29,22 @@ def evals(tmp_path_factory):
 
     for name, model, seed in (("a", models[0], 0), ("b", models[1], 0), ("c", models[0], 1)):
         try:
-            main(["eval", "shapeworld", "--model", str(model), "--prompts", str(prompts), "--n", "2", "--seed",
-                  str(seed), "--out", str(root / name)])  # fmt: skip
+            main(
+                [
+                    "eval",
+                    "shapeworld",
+                    "--model",
+                    str(model),
+                    "--prompts",
+                    str(prompts),
+                    "--n",
+                    "2",
+                    "--seed",
+                    str(seed),
+                    "--out",
+                    str(root / name),
+                ]
+            )
         except SystemExit as e:
             assert e.code in (0, None)
     return root

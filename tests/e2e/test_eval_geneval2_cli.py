@@ -1,7 +1,7 @@
-"""`t2i-gcpo eval geneval2` and `eval judge` from the command line, end to end: a tiny ShapeWorld prior generates,
-a tiny random Qwen3-VL (or a loopback judge) answers, and the files every evaluation writes (results.jsonl,
-summary.json, protocol.json, answers.jsonl) hold what the reference's formulas give on the saved images; running
-again asks nothing; bad input is one line with no folder left behind."""
+"""`t2i-gcpo eval geneval2` and `eval judge` from the command line, end to end: a tiny ShapeWorld prior
+generates, a tiny random Qwen3-VL (or a loopback judge) answers, and the files every evaluation writes
+(results.jsonl, summary.json, protocol.json, answers.jsonl) hold what the reference's formulas give on the
+saved images; running again asks nothing; bad input is one line with no folder left behind."""
 
 from __future__ import annotations
 
@@ -35,8 +35,24 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
     policy, vlm = models
     data = write_geneval2_data(tmp_path / "geneval2_data.jsonl")
     out = tmp_path / "g2"
-    args = ("eval", "geneval2", "--data", data, "--model", policy, "--vqa", vlm, "--vqa-dtype", "float32", "--n", "2",
-            "--vqa-batch", "3", "--out", out)  # fmt: skip
+    args = (
+        "eval",
+        "geneval2",
+        "--data",
+        data,
+        "--model",
+        policy,
+        "--vqa",
+        vlm,
+        "--vqa-dtype",
+        "float32",
+        "--n",
+        "2",
+        "--vqa-batch",
+        "3",
+        "--out",
+        out,
+    )
     code, stdout, err = cli(capsys, *args)
     assert code == 0, err
     assert "GenEval 2 score (Soft-TIFA GM):" in stdout and "per skill (Soft-TIFA AM):" in stdout
@@ -52,8 +68,10 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
         image = Image.open(r["image"]).convert("RGB")
         from t2i_gcpo.scoring.soft_tifa import answer_list
 
-        soft = [reference_probability(model, processor, image, f"{q} Answer in one word.", answer_list(q, a))[0]
-                for q, a in row["vqa_list"]]  # fmt: skip
+        soft = [
+            reference_probability(model, processor, image, f"{q} Answer in one word.", answer_list(q, a))[0]
+            for q, a in row["vqa_list"]
+        ]
         assert r["soft_tifa"] == pytest.approx(soft, rel=1e-4, abs=1e-8)
         assert r["score"] == pytest.approx(float(gmean(soft)), rel=1e-4)
     summary = json.loads((out / "summary.json").read_text())
@@ -80,8 +98,23 @@ def test_geneval2_generates_scores_resumes_and_rescores(tmp_path, capsys, models
     assert (out / "answers.jsonl").read_text() == answers and read_rows(out / "results.jsonl") == rows
     assert stamps == sorted((p.name, p.stat().st_mtime_ns) for p in (out / "images").rglob("*.png"))
     # the same images scored into another folder, TIFA the headline: the same atoms' scores
-    code, stdout, err = cli(capsys, "eval", "geneval2", "--data", data, "--score-only", out / "images", "--vqa", vlm,
-                            "--vqa-dtype", "float32", "--method", "tifa", "--out", tmp_path / "g2b")  # fmt: skip
+    code, stdout, err = cli(
+        capsys,
+        "eval",
+        "geneval2",
+        "--data",
+        data,
+        "--score-only",
+        out / "images",
+        "--vqa",
+        vlm,
+        "--vqa-dtype",
+        "float32",
+        "--method",
+        "tifa",
+        "--out",
+        tmp_path / "g2b",
+    )
     assert code == 0, err
     again = json.loads((tmp_path / "g2b" / "summary.json").read_text())
     assert (
@@ -117,11 +150,21 @@ def test_geneval2_bad_input_is_one_line_and_leaves_no_folder(tmp_path, capsys, m
 
 
 WISE_SHAPES = [  # WISE_Verified's format, prompts in ShapeWorld's words so the tiny prior can draw them
-    {"Prompt": "a photo of a circle", "Explanation": "a round shape", "Category": "Cultural knowledge",
-     "Subcategory": "Art", "prompt_id": 1},
-    {"Prompt": "a photo of two squares", "Explanation": "two squares", "Category": "Biology", "Subcategory": "State",
-     "prompt_id": 650},
-]  # fmt: skip
+    {
+        "Prompt": "a photo of a circle",
+        "Explanation": "a round shape",
+        "Category": "Cultural knowledge",
+        "Subcategory": "Art",
+        "prompt_id": 1,
+    },
+    {
+        "Prompt": "a photo of two squares",
+        "Explanation": "two squares",
+        "Category": "Biology",
+        "Subcategory": "State",
+        "prompt_id": 650,
+    },
+]
 
 
 def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_path, capsys, models):
@@ -134,8 +177,24 @@ def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_pat
         return completion(f"Score: {1 if 'circle' in message_text(body) else 0}")
 
     with LoopbackJudge(answer) as judge:
-        args = ("eval", "judge", "--suite", "wise", "--data", data, "--model", policy, "--judge", judge.url,
-                "--judge-model", "Qwen3.5-35B-A3B", "--n", "2", "--out", out)  # fmt: skip
+        args = (
+            "eval",
+            "judge",
+            "--suite",
+            "wise",
+            "--data",
+            data,
+            "--model",
+            policy,
+            "--judge",
+            judge.url,
+            "--judge-model",
+            "Qwen3.5-35B-A3B",
+            "--n",
+            "2",
+            "--out",
+            out,
+        )
         code, stdout, err = cli(capsys, *args)
         assert code == 0, err
         assert len(judge.bodies) == 4 and "wise overall:" in stdout
@@ -143,8 +202,11 @@ def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_pat
         assert code == 0 and len(judge.bodies) == 4, err  # resumed: nothing asked again
     rows = read_rows(out / "results.jsonl")
     assert [(r["key"], r["category"], r["score"], r["id"]) for r in rows] == [
-        ("00000/0000", "CULTURE", 1.0, "1"), ("00000/0001", "CULTURE", 1.0, "1"),
-        ("00001/0000", "BIOLOGY", 0.0, "650"), ("00001/0001", "BIOLOGY", 0.0, "650")]  # fmt: skip
+        ("00000/0000", "CULTURE", 1.0, "1"),
+        ("00000/0001", "CULTURE", 1.0, "1"),
+        ("00001/0000", "BIOLOGY", 0.0, "650"),
+        ("00001/0001", "BIOLOGY", 0.0, "650"),
+    ]
     assert all(r["answer"].startswith("Score: ") for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["categories"] == {"CULTURE": 1.0, "BIOLOGY": 0.0} and summary["overall"] == pytest.approx(
@@ -159,11 +221,37 @@ def test_eval_judge_on_a_loopback_judge_records_every_answer_and_resumes(tmp_pat
     for r in rows[::2]:
         Image.open(r["image"]).save(ref / f"{r['id']}.png")
     with LoopbackJudge(answer) as judge:
-        code, _, err = cli(capsys, "eval", "judge", "--suite", "wise", "--data", data, "--score-only", ref,
-                           "--judge", judge.url, "--out", tmp_path / "wise-ref")  # fmt: skip
+        code, _, err = cli(
+            capsys,
+            "eval",
+            "judge",
+            "--suite",
+            "wise",
+            "--data",
+            data,
+            "--score-only",
+            ref,
+            "--judge",
+            judge.url,
+            "--out",
+            tmp_path / "wise-ref",
+        )
         assert code == 0 and len(judge.bodies) == 2, err
-    code, _, err = cli(capsys, "eval", "judge", "--suite", "wise", "--data", tmp_path / "missing.json", "--model", policy,
-                       "--judge", "http://127.0.0.1:1/v1", "--out", tmp_path / "never")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "judge",
+        "--suite",
+        "wise",
+        "--data",
+        tmp_path / "missing.json",
+        "--model",
+        policy,
+        "--judge",
+        "http://127.0.0.1:1/v1",
+        "--out",
+        tmp_path / "never",
+    )
     assert code == 2 and "does not exist" in error_line(err) and not (tmp_path / "never").exists()
 
 
@@ -179,8 +267,19 @@ def test_geneval2_scores_the_references_image_map_through_a_judge(tmp_path, caps
         return completion("Yes", [("Yes", -0.2), ("one", -2.5), (" 4", -3.0)])
 
     with LoopbackJudge(answer) as judge:
-        code, stdout, err = cli(capsys, "eval", "geneval2", "--data", data, "--images", tmp_path / "map.json",
-                                "--judge", judge.url, "--out", tmp_path / "g2")  # fmt: skip
+        code, stdout, err = cli(
+            capsys,
+            "eval",
+            "geneval2",
+            "--data",
+            data,
+            "--images",
+            tmp_path / "map.json",
+            "--judge",
+            judge.url,
+            "--out",
+            tmp_path / "g2",
+        )
         assert code == 0, err
         assert len(judge.bodies) == sum(len(r["vqa_list"]) for r in GENEVAL2_ROWS)
     rows = read_rows(tmp_path / "g2" / "results.jsonl")
@@ -198,7 +297,18 @@ def test_geneval2_scores_the_references_image_map_through_a_judge(tmp_path, caps
     assert protocol["source"].endswith("map.json") and protocol["model"] is None
     del images[GENEVAL2_ROWS[1]["prompt"]]
     (tmp_path / "map.json").write_text(json.dumps(images))
-    code, _, err = cli(capsys, "eval", "geneval2", "--data", data, "--images", tmp_path / "map.json", "--judge",
-                       "http://127.0.0.1:1/v1", "--out", tmp_path / "never")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "geneval2",
+        "--data",
+        data,
+        "--images",
+        tmp_path / "map.json",
+        "--judge",
+        "http://127.0.0.1:1/v1",
+        "--out",
+        tmp_path / "never",
+    )
     assert code == 2 and "no image for the prompt 'a photo of a circle above a triangle'" in error_line(err)
     assert not (tmp_path / "never").exists()

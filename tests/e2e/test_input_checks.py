@@ -33,9 +33,26 @@ def test_wandb_without_a_key_is_one_line_before_the_run_folder(tmp_path, monkeyp
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
     out = tmp_path / "run"
     # a process of its own: a W&B session started in this one (another test's offline run) would be reused
-    done = subprocess.run([sys.executable, "-m", "t2i_gcpo.cli", "train", "--prompts", str(TRAIN_PROMPTS),
-                           "--report-to", "wandb", "--out", str(out), "--steps", "1"],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "t2i_gcpo.cli",
+            "train",
+            "--prompts",
+            str(TRAIN_PROMPTS),
+            "--report-to",
+            "wandb",
+            "--out",
+            str(out),
+            "--steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     line = error_line(done.stderr)
     assert (
         done.returncode == 2

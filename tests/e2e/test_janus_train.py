@@ -23,10 +23,33 @@ def test_train_janus_from_the_cli_changes_and_saves_parameters(tmp_path):
         "a photo of a cat\na photo of two dogs\na photo of a red cat\na photo of a dog left of a cat\n"
     )
     out = tmp_path / "run"
-    args = ["train", "--prompts", str(prompts), "--model", f"janus:{ckpt}", "--reward", "train_fixtures:redness",
-            "--out", str(out), "--steps", "2", "--algo", "gcpo-official",
-            "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "optim.lr=1e-3",
-            "--set", "save_every=2", "--set", "sample_every=2", "--set", "eval_every=-1"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        str(prompts),
+        "--model",
+        f"janus:{ckpt}",
+        "--reward",
+        "train_fixtures:redness",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--algo",
+        "gcpo-official",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "optim.lr=1e-3",
+        "--set",
+        "save_every=2",
+        "--set",
+        "sample_every=2",
+        "--set",
+        "eval_every=-1",
+    ]
     try:
         main(args)
     except SystemExit as e:

@@ -27,8 +27,17 @@ from train_fixtures import write_prompt_file
 
 TESTS = Path(__file__).resolve().parents[1]
 STEPS = 3
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=1", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 EXTRA = {
     "vine": ["branching.k=5"],
     "tree": ["branching.k=2"],
@@ -38,13 +47,20 @@ EXTRA = {
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
-    return {"ar": str(tiny_policy_dir(root)), "masked": "masked:" + build_tiny_masked(root),
-            "prompts": str(write_prompt_file(root / "p.jsonl"))}  # fmt: skip
+    return {
+        "ar": str(tiny_policy_dir(root)),
+        "masked": "masked:" + build_tiny_masked(root),
+        "prompts": str(write_prompt_file(root / "p.jsonl")),
+    }
 
 
 def environment(slow: bool) -> dict:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads()),
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     if slow:
         env["T2I_TEST_SLOW_REWARD"] = "1"
     else:
@@ -53,14 +69,24 @@ def environment(slow: bool) -> dict:
 
 
 def cli(*args: str, slow: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "t2i_gcpo.cli", *args], env=environment(slow), capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "t2i_gcpo.cli", *args],
+        env=environment(slow),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def killed(args: list[str], out: Path, after: int) -> None:
     """`t2i-gcpo train ARGS`, killed with SIGKILL once the checkpoint of step `after` is complete."""
-    p = subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", "train", *args], env=environment(slow=True),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "t2i_gcpo.cli", "train", *args],
+        env=environment(slow=True),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600
     while time.time() < deadline and p.poll() is None:
         saved = latest_checkpoint(out) if out.exists() else None
@@ -105,8 +131,20 @@ def kill_and_resume(tmp_path: Path, args: list[str], resume_args: tuple[str, ...
 
 def base_args(tiny: dict, algo: str, reward: str = "repro_fixtures:slow_redness") -> list[str]:
     model = tiny["masked"] if algo == "stepwise" else tiny["ar"]
-    args = ["--algo", algo, "--prompts", tiny["prompts"], "--model", model, "--reward", reward, "--seed", "0",
-            "--report-to", "none"]  # fmt: skip
+    args = [
+        "--algo",
+        algo,
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        model,
+        "--reward",
+        reward,
+        "--seed",
+        "0",
+        "--report-to",
+        "none",
+    ]
     for kv in (*FAST, *EXTRA.get(algo, [])):
         args += ["--set", kv]
     return args
@@ -136,9 +174,25 @@ def test_a_run_scored_by_a_reward_server_resumes_bit_identically_after_kill_9(ti
     """`t2i-gcpo reward-server` serving the slow reward in its own process; the runs name it `remote:URL`, the
     killed one and its resume the same server, overlapped with sampling as well."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", "reward-server", "--reward",
-                               "repro_fixtures:slow_redness", "--port", str(port), "--device", "cpu", "--quiet"],
-                              env=environment(slow=True), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "t2i_gcpo.cli",
+            "reward-server",
+            "--reward",
+            "repro_fixtures:slow_redness",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        env=environment(slow=True),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
@@ -151,7 +205,8 @@ def test_a_run_scored_by_a_reward_server_resumes_bit_identically_after_kill_9(ti
                 time.sleep(0.2)
         else:
             pytest.fail(
-                f"the reward server did not answer: {server.stderr.read()[-2000:] if server.poll() is not None else ''}"
+                f"the reward server did not answer: "
+                f"{server.stderr.read()[-2000:] if server.poll() is not None else ''}"
             )
         args = [*base_args(tiny, "dapo", reward=f"remote:{url}"), "--set", "reward_options.overlap=true"]
         kill_and_resume(tmp_path, args)

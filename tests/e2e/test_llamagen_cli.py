@@ -1,6 +1,6 @@
 """`t2i-gcpo … --model llamagen:DIR` on a tiny random LlamaGen release written in the released layout
-(tests/llamagen_fixtures.py): train GCPO and `sample` the checkpoint, `eval dpg` with a tiny BLIP and `eval geneval`
-with the ShapeWorld detector (the default tier);
+(tests/llamagen_fixtures.py): train GCPO and `sample` the checkpoint, `eval dpg` with a tiny BLIP and `eval
+geneval` with the ShapeWorld detector (the default tier);
 DAPO, a branching scheme (vine), critical with LoRA, a resume, credit maps (in a run and `credit-map`) (slow);
 every refusal is one line, exit 2, with no run folder made."""
 
@@ -43,7 +43,7 @@ FAST = [
     "sample_every=0",
     "--set",
     "eval_every=-1",
-]  # fmt: skip (no figures: matplotlib's layout is most of a tiny run's time)
+]  # (no figures: matplotlib's layout is most of a tiny run's time)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,9 @@ def metrics(run: Path) -> list[dict]:
 
 
 def train(capsys, release, prompts, out: Path, *extra: str) -> list[dict]:
-    code, _, err = cli(capsys, "train", "--model", f"llamagen:{release}", "--prompts", prompts, "--out", out, *FAST,
-                       *extra)  # fmt: skip
+    code, _, err = cli(
+        capsys, "train", "--model", f"llamagen:{release}", "--prompts", prompts, "--out", out, *FAST, *extra
+    )
     assert code == 0, err[-3000:]
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
@@ -91,8 +92,20 @@ def test_train_gcpo_then_sample_the_checkpoint(capsys, release, prompts, tmp_pat
     assert all(torch.equal(v, vq[k]) for k, v in load_file(model / "vq.safetensors").items())
 
     samples = tmp_path / "samples"
-    code, _, err = cli(capsys, "sample", "--model", model, "--prompts", prompts, "--n", "2", "--out", samples,
-                       "--top-k", "1000")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "sample",
+        "--model",
+        model,
+        "--prompts",
+        prompts,
+        "--n",
+        "2",
+        "--out",
+        samples,
+        "--top-k",
+        "1000",
+    )
     assert code == 0, err[-3000:]
     settings = json.loads((samples / "00000" / "generation.json").read_text())
     assert settings["cfg_scale"] == 7.5 and settings["top_k"] == 1000  # the checkpoint's, sample_t2i.py's
@@ -107,9 +120,22 @@ def test_credit_maps_in_a_run_and_from_the_command_line(capsys, release, prompts
         out / "samples" / "step_000002.png"
     ).is_file()
     maps = tmp_path / "maps"
-    code, _, err = cli(capsys, "credit-map", "--model", out / "checkpoints" / "step_000002" / "model",
-                       "--prompt", PROMPTS[0], "--group", "2", "--reward", "train_fixtures:redness",
-                       "--schemes", "uniform,gcpo,critical,stage", "--out", maps)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "credit-map",
+        "--model",
+        out / "checkpoints" / "step_000002" / "model",
+        "--prompt",
+        PROMPTS[0],
+        "--group",
+        "2",
+        "--reward",
+        "train_fixtures:redness",
+        "--schemes",
+        "uniform,gcpo,critical,stage",
+        "--out",
+        maps,
+    )
     assert code == 0, err[-3000:]
     assert (maps / "credit_maps.html").is_file() and list(maps.glob("*.png"))
 
@@ -123,8 +149,9 @@ def test_credit_maps_in_a_run_and_from_the_command_line(capsys, release, prompts
         ("no_size", "match no LlamaGen size"),
     ],
 )
-def test_a_refused_model_is_one_line_exit_2_and_no_run_folder(capsys, release, prompts, tmp_path, damage,
-                                                               message):  # fmt: skip
+def test_a_refused_model_is_one_line_exit_2_and_no_run_folder(
+    capsys, release, prompts, tmp_path, damage, message
+):
     folder = tmp_path / "bad"
     shutil.copytree(release, folder)
     marker = tmp_path / "ran"
@@ -137,8 +164,10 @@ def test_a_refused_model_is_one_line_exit_2_and_no_run_folder(capsys, release, p
         torch.save({"model": fx.gpt_state(), "hook": Payload()}, folder / fx.GPT_NAME)
     elif damage == "c2i":
         state = {k: v for k, v in fx.gpt_state().items() if not k.startswith("cls_embedding.")}
-        torch.save({"model": {**state, "cls_embedding.embedding_table.weight": torch.zeros(1001, fx.DIM)}},
-                   folder / fx.GPT_NAME)  # fmt: skip
+        torch.save(
+            {"model": {**state, "cls_embedding.embedding_table.weight": torch.zeros(1001, fx.DIM)}},
+            folder / fx.GPT_NAME,
+        )
     elif damage == "no_t5":
         shutil.rmtree(folder / "flan-t5-xl")
     else:
@@ -154,8 +183,8 @@ def test_a_refused_model_is_one_line_exit_2_and_no_run_folder(capsys, release, p
 @pytest.mark.slow
 def test_train_dapo_vine_and_lora_then_resume(capsys, release, prompts, tmp_path):
     """DAPO (dynamic sampling redraws groups without spread), vine (continuations from every 4th token scored
-    as extra samples), critical with LoRA (the base frozen, the adapters merged into the saved weights); then a
-    DAPO run resumed from its step-1 checkpoint to step 2 trains as far as the uninterrupted one."""
+    as extra samples), critical with LoRA (the base frozen, the adapters merged into the saved weights); then
+    a DAPO run resumed from its step-1 checkpoint to step 2 trains as far as the uninterrupted one."""
     dapo = train(capsys, release, prompts, tmp_path / "dapo", "--algo", "dapo", "--set", "save_every=1")
     assert all(r["groups_drawn"] >= r["groups_kept"] for r in dapo)
     vine = train(capsys, release, prompts, tmp_path / "vine", "--algo", "vine", "--set", "branching.k=4")
@@ -204,11 +233,33 @@ def test_eval_dpg_on_the_release(capsys, release, tmp_path, monkeypatch):
         w = csv.writer(f)
         w.writerow(dpg.DPG_COLUMNS)
         for item in items:
-            w.writerow([item["item_id"], item["prompt"], "cat", "1", "0", "entity", "entity - whole",
-                        "entity - whole (cat)", "is there a red cat?"])  # fmt: skip
+            w.writerow(
+                [
+                    item["item_id"],
+                    item["prompt"],
+                    "cat",
+                    "1",
+                    "0",
+                    "entity",
+                    "entity - whole",
+                    "entity - whole (cat)",
+                    "is there a red cat?",
+                ]
+            )
     out = tmp_path / "dpg"
-    code, _, err = cli(capsys, "eval", "dpg", "--model", f"llamagen:{release}", "--csv", questions, "--vqa",
-                       tmp_path / "blip", "--out", out)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "dpg",
+        "--model",
+        f"llamagen:{release}",
+        "--csv",
+        questions,
+        "--vqa",
+        tmp_path / "blip",
+        "--out",
+        out,
+    )
     assert code == 0, err[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_items"] == 2 and 0 <= summary["score"] <= 100
@@ -223,8 +274,19 @@ def test_eval_geneval_on_the_release(capsys, release, tmp_path, monkeypatch):
     items = geneval.load_geneval_prompts()[:2]
     monkeypatch.setattr(geneval, "load_geneval_prompts", lambda: items)
     out = tmp_path / "geneval"
-    code, _, err = cli(capsys, "eval", "geneval", "--model", f"llamagen:{release}", "--detector", "shapeworld",
-                       "--n", "2", "--out", out)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "geneval",
+        "--model",
+        f"llamagen:{release}",
+        "--detector",
+        "shapeworld",
+        "--n",
+        "2",
+        "--out",
+        out,
+    )
     assert code == 0, err[-3000:]
     assert len(list((out / "images").glob("*/samples/*.png"))) == 4
     assert (out / "summary.json").is_file()

@@ -1,8 +1,8 @@
-"""`t2i-gcpo` on a tiny random Meissonic folder in the released layout (tests/meissonic_fixtures.py), as a user
-runs it: two training steps under GCPO, DAPO and `stepwise` (the transformer learns, the VQ and the text encoder
-stay frozen, the checkpoint is a Meissonic folder that resumes exactly), LoRA with gradient checkpointing,
-`credit-map`, `sample` and `eval` (slow: ≈ 10 s of CPU a run); a wrong folder is one line and exit 2 before
-any run folder exists (default tier)."""
+"""`t2i-gcpo` on a tiny random Meissonic folder in the released layout (tests/meissonic_fixtures.py), as a
+user runs it: two training steps under GCPO, DAPO and `stepwise` (the transformer learns, the VQ and the text
+encoder stay frozen, the checkpoint is a Meissonic folder that resumes exactly), LoRA with gradient
+checkpointing, `credit-map`, `sample` and `eval` (slow: ≈ 10 s of CPU a run); a wrong folder is one line and
+exit 2 before any run folder exists (default tier)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,17 @@ from cli_helpers import cli, error_line
 from meissonic_fixtures import SIDE, build_tiny_meissonic, marks
 
 # float32 whatever the machine; 4 reveal steps, 2 prompts × 4 samples a step
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=3", "rollout.steps=4",
-        "sample_every=1", "save_every=1", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=3",
+    "rollout.steps=4",
+    "sample_every=1",
+    "save_every=1",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 PROMPTS = "a photo of a cat\na photo of two dogs\na photo of a red car\na photo of a bench\n"
 
 
@@ -32,9 +41,25 @@ def tiny(tmp_path_factory):
 
 
 def train(capsys, tiny, out, algo, extra=(), steps=2, model=None):
-    args = ["train", "--prompts", tiny["prompts"], "--model", model or f"meissonic:{tiny['model']}", "--algo", algo,
-            "--reward", "train_fixtures:redness", "--out", out, "--steps", steps, "--seed", "0",
-            "--set", "optim.lr=1e-3"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        model or f"meissonic:{tiny['model']}",
+        "--algo",
+        algo,
+        "--reward",
+        "train_fixtures:redness",
+        "--out",
+        out,
+        "--steps",
+        steps,
+        "--seed",
+        "0",
+        "--set",
+        "optim.lr=1e-3",
+    ]
     for kv in (*FAST, *extra):
         args += ["--set", kv]
     return cli(capsys, *args)
@@ -90,8 +115,14 @@ def test_a_resumed_run_equals_the_uninterrupted_one(capsys, tiny, tmp_path):
 @pytest.mark.slow
 def test_lora_with_gradient_checkpointing_trains_and_saves_a_merged_folder(capsys, tiny, tmp_path):
     out = tmp_path / "lora"
-    code, _, err = train(capsys, tiny, out, "gcpo", ["model_options.lora_rank=2",
-                                                    "model_options.gradient_checkpointing=true"], steps=1)  # fmt: skip
+    code, _, err = train(
+        capsys,
+        tiny,
+        out,
+        "gcpo",
+        ["model_options.lora_rank=2", "model_options.gradient_checkpointing=true"],
+        steps=1,
+    )
     assert code == 0, err
     trained = load_policy(str(out / "checkpoints" / "step_000001" / "model"))
     base = load_policy(f"meissonic:{tiny['model']}")
@@ -108,8 +139,22 @@ def test_credit_map_sample_and_eval(capsys, tiny, tmp_path, monkeypatch):
 
     spec = f"meissonic:{tiny['model']}"
     maps = tmp_path / "maps"
-    code, stdout, err = cli(capsys, "credit-map", "--model", spec, "--prompt", "a photo of a red car", "--group", "3",
-                            "--schemes", "gcpo,stepwise,uniform", "--reward", "train_fixtures:redness", "--out", maps)  # fmt: skip
+    code, stdout, err = cli(
+        capsys,
+        "credit-map",
+        "--model",
+        spec,
+        "--prompt",
+        "a photo of a red car",
+        "--group",
+        "3",
+        "--schemes",
+        "gcpo,stepwise,uniform",
+        "--reward",
+        "train_fixtures:redness",
+        "--out",
+        maps,
+    )
     assert code == 0, err
     steps = load_policy(spec).default_sampling().steps
     assert f"stepwise: {3 * (steps - 1)} predictions over the reveal steps scored" in stdout
@@ -117,8 +162,20 @@ def test_credit_map_sample_and_eval(capsys, tiny, tmp_path, monkeypatch):
     assert "r(x̂_s) over the reveal steps" in (maps / "credit_maps.html").read_text()
 
     samples = tmp_path / "samples"
-    code, _, err = cli(capsys, "sample", "--model", spec, "--prompts", tiny["prompts"], "--out", samples, "--n", "2",
-                       "--steps", "4")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "sample",
+        "--model",
+        spec,
+        "--prompts",
+        tiny["prompts"],
+        "--out",
+        samples,
+        "--n",
+        "2",
+        "--steps",
+        "4",
+    )
     assert code == 0, err
     from PIL import Image
 
@@ -129,17 +186,33 @@ def test_credit_map_sample_and_eval(capsys, tiny, tmp_path, monkeypatch):
     prompts = [parse_prompt(p) for p in ("a photo of a red circle", "a photo of two squares")]
     monkeypatch.setattr(geneval, "load_geneval_prompts", lambda: prompts)  # GenEval's 553 → 2 prompts
     ev = tmp_path / "eval"
-    code, _, err = cli(capsys, "eval", "geneval", "--model", spec, "--detector", "shapeworld", "--n", "2",
-                       "--steps", "4", "--out", ev)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "geneval",
+        "--model",
+        spec,
+        "--detector",
+        "shapeworld",
+        "--n",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        ev,
+    )
     assert code == 0, err
     assert len((ev / "results.jsonl").read_text().splitlines()) == 4 and (ev / "summary.json").is_file()
 
 
-@pytest.mark.parametrize("change,message", [
-    ("no vqvae", "missing vqvae/"),
-    ("text encoder width", "a text encoder of width 40"),
-    ("unknown config", "unknown config key 'num_experts'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("no vqvae", "missing vqvae/"),
+        ("text encoder width", "a text encoder of width 40"),
+        ("unknown config", "unknown config key 'num_experts'"),
+    ],
+)
 def test_a_wrong_folder_is_one_line_and_no_run_folder(capsys, tiny, tmp_path, change, message):
     if change == "no vqvae":
         path = tmp_path / "m"
@@ -151,8 +224,16 @@ def test_a_wrong_folder_is_one_line_and_no_run_folder(capsys, tiny, tmp_path, ch
     out = tmp_path / "run"
     code, _, err = train(capsys, tiny, out, "gcpo", model=f"meissonic:{path}")
     assert code == 2 and message in error_line(err) and not out.exists()
-    code, _, err = cli(capsys, "sample", "--model", f"meissonic:{path}", "--prompts", tiny["prompts"],
-                       "--out", tmp_path / "s")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "sample",
+        "--model",
+        f"meissonic:{path}",
+        "--prompts",
+        tiny["prompts"],
+        "--out",
+        tmp_path / "s",
+    )
     assert code == 2 and message in error_line(err) and not (tmp_path / "s").exists()
 
 
@@ -161,9 +242,26 @@ def test_the_shipped_recipe_trains_the_tiny_folder(capsys, tiny, tmp_path):
     """configs/recipes/meissonic_geneval.yaml as shipped (remask × 6, gradient checkpointing, bf16 autocasts,
     4 minibatches, the negative prompt), only its model, reward, reveal steps and length replaced."""
     out = tmp_path / "recipe"
-    code, _, err = cli(capsys, "train", "--config", "configs/recipes/meissonic_geneval.yaml", "--model",
-                       f"meissonic:{tiny['model']}", "--prompts", tiny["prompts"], "--reward", "train_fixtures:redness",
-                       "--steps", "1", "--out", out, "--set", "rollout.steps=4", "--set", "eval_every=-1")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--config",
+        "configs/recipes/meissonic_geneval.yaml",
+        "--model",
+        f"meissonic:{tiny['model']}",
+        "--prompts",
+        tiny["prompts"],
+        "--reward",
+        "train_fixtures:redness",
+        "--steps",
+        "1",
+        "--out",
+        out,
+        "--set",
+        "rollout.steps=4",
+        "--set",
+        "eval_every=-1",
+    )
     assert code == 0, err
     (row,) = rows(out)
     assert row["budget/samples"] == 8 and math.isfinite(row["loss/kl"])

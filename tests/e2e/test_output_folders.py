@@ -269,8 +269,9 @@ def test_run_credit_maps_refuses_non_positive_limit(tmp_path):
 
     p = prompt_file(tmp_path / "p.txt", *RED)
     with pytest.raises(UserError, match="limit"):
-        run_credit_maps([], str(p), -1, "shapeworld", None, ("uniform",), 2, None, "shapeworld", 0,
-                        str(tmp_path / "m"))  # fmt: skip
+        run_credit_maps(
+            [], str(p), -1, "shapeworld", None, ("uniform",), 2, None, "shapeworld", 0, str(tmp_path / "m")
+        )
 
 
 # ---------------------------------------------------------------------------------------------

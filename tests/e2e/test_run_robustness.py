@@ -38,8 +38,15 @@ from repo_paths import TESTS
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=1", "eval_every=-1"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+]
 
 TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
 
@@ -62,8 +69,14 @@ def no_html_report(monkeypatch):
 
 
 def flags(tiny, out, steps, reward="train_fixtures:redness"):
-    return dict(prompts=tiny["prompts"], model=tiny["model"], reward=reward,
-                out=None if out is None else str(out), steps=steps, seed=0)  # fmt: skip
+    return dict(
+        prompts=tiny["prompts"],
+        model=tiny["model"],
+        reward=reward,
+        out=None if out is None else str(out),
+        steps=steps,
+        seed=0,
+    )
 
 
 def train(tiny, out, steps, extra=()):
@@ -76,8 +89,10 @@ def rows(run_dir: Path) -> list[dict]:
 
 def kinds(run_dir: Path) -> list[tuple[int, str]]:
     """(step, 'train' | 'eval') per metrics row: eval rows hold only eval/* keys."""
-    return [(r["step"], "eval" if all(k == "step" or k.startswith("eval/") for k in r) else "train")
-            for r in rows(run_dir)]  # fmt: skip
+    return [
+        (r["step"], "eval" if all(k == "step" or k.startswith("eval/") for k in r) else "train")
+        for r in rows(run_dir)
+    ]
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -240,8 +255,18 @@ def test_out_that_is_a_file_or_unwritable_fails_before_any_work(tiny, tmp_path):
 
 def test_pretrain_out_unwritable_fails_at_once():
     tic = time.perf_counter()
-    args = ["pretrain", "--out", "/proc/t2i-gcpo-test", "--vq-steps", "1", "--steps", "1", "--scenes", "100",
-            "--no-eval"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--out",
+        "/proc/t2i-gcpo-test",
+        "--vq-steps",
+        "1",
+        "--steps",
+        "1",
+        "--scenes",
+        "100",
+        "--no-eval",
+    ]
     err = CliRunner().invoke(cli, args).exception
     assert isinstance(err, UserError) and "not writable" in str(err), err
     assert time.perf_counter() - tic < 5, "checked before rendering and training"
@@ -341,9 +366,20 @@ def test_a_file_where_a_directory_belongs_and_back(tiny, tmp_path):
 # ---------------------------------------------------------------------------------------- 5. NaN config
 
 
-@pytest.mark.parametrize("override", ["rollout.cfg_scale=nan", "rollout.cfg_scale=.inf", "optim.lr=inf",
-                                      "advantage.eps=nan", "optim.grad_clip=nan", "loss.beta=.inf",
-                                      "credit.gcpo.tau=inf", "credit.dgpo.kappa=nan", "optim.weight_decay=-inf"])  # fmt: skip
+@pytest.mark.parametrize(
+    "override",
+    [
+        "rollout.cfg_scale=nan",
+        "rollout.cfg_scale=.inf",
+        "optim.lr=inf",
+        "advantage.eps=nan",
+        "optim.grad_clip=nan",
+        "loss.beta=.inf",
+        "credit.gcpo.tau=inf",
+        "credit.dgpo.kappa=nan",
+        "optim.weight_decay=-inf",
+    ],
+)
 def test_non_finite_config_values_are_refused_naming_the_key(override):
     key = override.split("=")[0]
     with pytest.raises(UserError, match=f"'{key}' must be a finite number"):
@@ -390,15 +426,36 @@ def test_sigterm_finishes_the_step_saves_and_resumes_bit_identically(tiny, tmp_p
     assert signal.getsignal(signal.SIGTERM) == previous, "the previous SIGTERM handler is restored"
 
     part = tmp_path / "part"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "T2I_TEST_SLOW_REWARD": "1",
-           "OMP_NUM_THREADS": str(torch.get_num_threads()),  # the same arithmetic as this process
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    args = ["--prompts", tiny["prompts"], "--model", tiny["model"], "--reward", "slowfix:slow_redness",
-            "--out", str(part), "--steps", "5", "--seed", "0"]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "T2I_TEST_SLOW_REWARD": "1",
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),  # the same arithmetic as this process
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--reward",
+        "slowfix:slow_redness",
+        "--out",
+        str(part),
+        "--steps",
+        "5",
+        "--seed",
+        "0",
+    ]
     for s in common:
         args += ["--set", s]
-    p = subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", "train", *args], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "t2i_gcpo.cli", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
         if (part / "metrics.jsonl").is_file() and len((part / "metrics.jsonl").read_text().splitlines()) >= 2:
@@ -503,8 +560,10 @@ def test_damaged_optimizer_or_carry_file_is_a_one_line_error_naming_it(tmp_path,
     loaded = []
     load_optimizer(ckpt, loaded.append)
     assert loaded == [_optimizer_state()]
-    for name, load, what in (("optimizer", lambda: load_optimizer(ckpt, loaded.append), "the optimizer state"),
-                             ("carry", lambda: load_carry(ckpt), "the carried groups")):  # fmt: skip
+    for name, load, what in (
+        ("optimizer", lambda: load_optimizer(ckpt, loaded.append), "the optimizer state"),
+        ("carry", lambda: load_carry(ckpt), "the carried groups"),
+    ):
         damage(ckpt / f"{name}.safetensors")
         with pytest.raises(UserError) as e:
             load()
@@ -538,7 +597,8 @@ def test_resume_keeps_the_groups_carried_into_the_next_step(tiny, tmp_path):
 def test_resume_keeps_the_allocation_history(tiny, tmp_path):
     """Knapsack allocation sizes each prompt's draws from the prompt's reward history: a resumed run
     reads the history its checkpoint saved and continues exactly as the uninterrupted run."""
-    # 4 prompts a step of the 8: steps 3 and 4 draw prompts steps 1 and 2 scored, whose history sizes their draws
+    # 4 prompts a step of the 8: steps 3 and 4 draw prompts steps 1 and 2 scored, whose
+    # history sizes their draws
     common = (*FAST, "rollout.prompts_per_step=4", "rollout.allocation=knapsack", "rollout.draw_factor=2")
     full, part = tmp_path / "full", tmp_path / "part"
     run(prepare(algo="dapo", flags=flags(tiny, full, 4), overrides=common))

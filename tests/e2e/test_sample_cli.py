@@ -107,7 +107,8 @@ def test_masked_steps_and_reveal_order_are_used_recorded_and_checked_on_resume(t
     assert res.exit_code == 0 and (seen[-1].steps, seen[-1].reveal_order) == (5, None)  # None: the model's
 
 
-# ---- the shipped prior reads what the grammar accepts (docs/results/shapeworld.md#the-shipped-prior-retrained)
+# ---- the shipped prior reads what the grammar accepts
+# (docs/results/shapeworld.md#the-shipped-prior-retrained)
 
 COMPOSITIONAL = [
     "a photo of a red circle left of a blue square",  # 11 words: the prior of 865e766 read 10
@@ -137,8 +138,19 @@ def test_the_shipped_prior_reads_every_word_and_length_the_grammar_accepts():
 
     policy = load_policy("shapeworld")
     assert policy.tokenizer.max_len == longest_prompt_words()
-    words = {"a", "an", "photo", "of", "and", ",", *SHAPES, *map(geneval_plural, SHAPES), *COLORS,
-             *NUMBER_WORDS.values(), *(w for r in RELATIONS for w in r.split())}  # fmt: skip
+    words = {
+        "a",
+        "an",
+        "photo",
+        "of",
+        "and",
+        ",",
+        *SHAPES,
+        *map(geneval_plural, SHAPES),
+        *COLORS,
+        *NUMBER_WORDS.values(),
+        *(w for r in RELATIONS for w in r.split()),
+    }
     assert words <= set(policy.tokenizer.vocab)
     subjects = ", and ".join(f"a red {c}" for c in SHAPES[:4])
     policy.check_prompts([f"a photo of {subjects} left of a red {SHAPES[4]}"])  # 26 words

@@ -18,9 +18,18 @@ from t2i_gcpo.policies.registry import load_policy, split_spec
 from cli_helpers import cli, error_line
 from showo_fixtures import build_tiny_showo
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.steps=4", "rollout.cfg_scale=5",
-        "sample_every=0", "save_every=1", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none",
-        "advantage.dynamic_sampling=false"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.steps=4",
+    "rollout.cfg_scale=5",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+    "advantage.dynamic_sampling=false",
+]
 GENEVAL = "a photo of a cat\na photo of two dogs\na photo of a red car\na photo of a bench\n"
 
 
@@ -32,9 +41,25 @@ def tiny(tmp_path_factory):
 
 
 def train(capsys, tiny, out, algo, extra=(), steps=2, model=None):
-    args = ["train", "--prompts", tiny["prompts"], "--model", f"showo:{model or tiny['model']}", "--reward",
-            "train_fixtures:redness", "--algo", algo, "--out", out, "--steps", str(steps), "--seed", "0",
-            "--set", "optim.lr=3e-3"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        f"showo:{model or tiny['model']}",
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        algo,
+        "--out",
+        out,
+        "--steps",
+        str(steps),
+        "--seed",
+        "0",
+        "--set",
+        "optim.lr=3e-3",
+    ]
     for kv in (*FAST, *extra):
         args += ["--set", kv]
     return cli(capsys, *args)
@@ -69,8 +94,12 @@ def test_two_training_steps_train_the_backbone_and_save_a_show_o_folder(capsys, 
 
 def test_lora_with_gradient_checkpointing_trains_the_adapters(capsys, tiny, tmp_path):
     out = tmp_path / "run"
-    extra = ["model_options.lora_rank=4", "model_options.gradient_checkpointing=true",
-             "model_options.estimator=remask", "model_options.remask_count=2"]  # fmt: skip
+    extra = [
+        "model_options.lora_rank=4",
+        "model_options.gradient_checkpointing=true",
+        "model_options.estimator=remask",
+        "model_options.remask_count=2",
+    ]
     code, _, err = train(capsys, tiny, out, "gcpo", extra, steps=1)
     assert code == 0, err
     before, after = weights(tiny["model"]), weights(out / "checkpoints" / "step_000001" / "model")
@@ -109,16 +138,41 @@ def test_credit_map_sample_and_eval(capsys, tiny, tmp_path, monkeypatch):
     from t2i_gcpo.worlds.shapeworld import parse_prompt
 
     model = f"showo:{tiny['model']}"
-    code, stdout, err = cli(capsys, "credit-map", "--model", model, "--prompt", "a photo of a cat", "--group", "3",
-                            "--schemes", "gcpo,stepwise,uniform", "--reward", "train_fixtures:redness",
-                            "--out", tmp_path / "maps")  # fmt: skip
+    code, stdout, err = cli(
+        capsys,
+        "credit-map",
+        "--model",
+        model,
+        "--prompt",
+        "a photo of a cat",
+        "--group",
+        "3",
+        "--schemes",
+        "gcpo,stepwise,uniform",
+        "--reward",
+        "train_fixtures:redness",
+        "--out",
+        tmp_path / "maps",
+    )
     assert code == 0, err
     assert "stepwise: 147 predictions over the reveal steps scored" in stdout  # 3 samples × (50 − 1) steps
     assert (tmp_path / "maps" / "00000.png").is_file()
     assert "gcpo" in (tmp_path / "maps" / "credit_maps.html").read_text()
 
-    code, _, err = cli(capsys, "sample", "--model", model, "--prompts", tiny["prompts"], "--n", "2", "--steps", "4",
-                       "--out", tmp_path / "samples")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "sample",
+        "--model",
+        model,
+        "--prompts",
+        tiny["prompts"],
+        "--n",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        tmp_path / "samples",
+    )
     assert code == 0, err
     from PIL import Image
 
@@ -127,10 +181,26 @@ def test_credit_map_sample_and_eval(capsys, tiny, tmp_path, monkeypatch):
     assert settings["steps"] == 4 and settings["cfg_scale"] == 5.0
 
     # GenEval's prompts replaced by two ShapeWorld ones, scored by the ShapeWorld detector
-    monkeypatch.setattr(geneval, "load_geneval_prompts", lambda: [parse_prompt("a photo of a red circle"),
-                                                                  parse_prompt("a photo of two squares")])  # fmt: skip
-    code, _, err = cli(capsys, "eval", "geneval", "--model", model, "--detector", "shapeworld", "--n", "2",
-                       "--steps", "4", "--out", tmp_path / "ev")  # fmt: skip
+    monkeypatch.setattr(
+        geneval,
+        "load_geneval_prompts",
+        lambda: [parse_prompt("a photo of a red circle"), parse_prompt("a photo of two squares")],
+    )
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "geneval",
+        "--model",
+        model,
+        "--detector",
+        "shapeworld",
+        "--n",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        tmp_path / "ev",
+    )
     assert code == 0, err
     rows = [json.loads(x) for x in (tmp_path / "ev" / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and (tmp_path / "ev" / "summary.json").is_file()
@@ -148,6 +218,7 @@ def test_a_missing_vq_or_an_unknown_config_is_one_line_before_any_run_folder(cap
     (bad / "config.json").write_text(json.dumps({**cfg, "num_layers": 4}))
     code, _, err = train(capsys, tiny, out, "dapo", model=bad)
     assert code == 2 and "unknown config key 'num_layers'" in error_line(err) and not out.exists()
-    code, _, err = cli(capsys, "sample", "--model", f"showo:{bad}", "--prompts", tiny["prompts"], "--out",
-                       tmp_path / "s")  # fmt: skip
+    code, _, err = cli(
+        capsys, "sample", "--model", f"showo:{bad}", "--prompts", tiny["prompts"], "--out", tmp_path / "s"
+    )
     assert code == 2 and "unknown config key" in error_line(err) and not (tmp_path / "s").exists()

@@ -1,5 +1,5 @@
-"""The small repros of issue 59, each as a user meets it from the command line: one line, exit 2, no traceback,
-no folder where the command was refused — and the NaN guard's advice, followed, works."""
+"""The small repros of issue 59, each as a user meets it from the command line: one line, exit 2, no
+traceback, no folder where the command was refused — and the NaN guard's advice, followed, works."""
 
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ def test_a_fifo_given_as_a_file_is_named_as_one(what, tmp_path, capsys):
     fifo = tmp_path / ("pipe.py" if what == "reward" else "pipe.txt")
     os.mkfifo(fifo)
     out = tmp_path / "run"
-    args = {"prompts": ["--prompts", fifo], "config": ["--config", fifo, "--prompts", "prompts/shapeworld_train.txt"],
-            "reward": ["--prompts", "prompts/shapeworld_train.txt", "--reward", f"{fifo}:score"]}[what]  # fmt: skip
+    args = {
+        "prompts": ["--prompts", fifo],
+        "config": ["--config", fifo, "--prompts", "prompts/shapeworld_train.txt"],
+        "reward": ["--prompts", "prompts/shapeworld_train.txt", "--reward", f"{fifo}:score"],
+    }[what]
     code, _, err = cli(capsys, "train", *args, "--out", out)
     line = error_line(err)
     assert code == 2 and f"{fifo}" in line and "is a named pipe (FIFO), not a regular file" in line, line
@@ -57,14 +60,28 @@ def test_a_comma_after_a_rewards_name_is_not_read_as_a_module(tmp_path, capsys):
 
 def test_the_nan_guards_advice_at_step_1_is_what_the_command_then_accepts(tmp_path, capsys, monkeypatch):
     """The NaN guard stopped step 1 with "start over with other settings", and the same --out was then refused
-    ("already holds a run"). The line now says to start over in a new --out; doing so trains, and the old folder
-    is refused as the line says."""
+    ("already holds a run"). The line now says to start over in a new --out; doing so trains, and the old
+    folder is refused as the line says."""
     import t2i_gcpo.train.trainer as trainer_mod
 
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
     model, prompts = tiny_policy_dir(tmp_path), write_prompt_file(tmp_path / "p.jsonl")
-    common = ["--prompts", prompts, "--model", model, "--steps", "1", "--report-to", "none", "--set",
-              "rollout.prompts_per_step=2", "--set", "rollout.group_size=4", "--set", "eval_every=-1"]  # fmt: skip
+    common = [
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_every=-1",
+    ]
     out = tmp_path / "run"
     code, _, err = cli(capsys, "train", *common, "--reward", "repro_fixtures:overflowing", "--out", out)
     line = error_line(err, ignore="%|")

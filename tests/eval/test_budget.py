@@ -84,8 +84,15 @@ def fake_runs(out: Path) -> None:
             run.mkdir(parents=True)
             rows = [{"step": 0, "eval/strict/overall": curve[0]}]
             for step in range(1, 21):
-                rows.append({"step": step, "time/step": seconds, "budget/samples_total": samples * step,
-                             "budget/tokens_total": 64 * samples * step, "budget/reward_calls_total": step})  # fmt: skip
+                rows.append(
+                    {
+                        "step": step,
+                        "time/step": seconds,
+                        "budget/samples_total": samples * step,
+                        "budget/tokens_total": 64 * samples * step,
+                        "budget/reward_calls_total": step,
+                    }
+                )
                 if step % 10 == 0:
                     rows.append({"step": step, "eval/strict/overall": curve[step // 10]})
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -197,8 +204,16 @@ def test_matched_arms_with_the_same_setting_are_one_set_of_runs(tmp_path, monkey
     trained = []
     monkeypatch.setattr(R, "prepare", lambda **kw: trained.append(kw))
     monkeypatch.setattr(R, "run", lambda prepared: None)
-    result = C.run_comparison(["dapo", "pods", "knapsack"], [0, 1], 20, tmp_path, "arithmetic_train.jsonl",
-                              model="arithmetic", eval_every=10, match_budget="samples")  # fmt: skip
+    result = C.run_comparison(
+        ["dapo", "pods", "knapsack"],
+        [0, 1],
+        20,
+        tmp_path,
+        "arithmetic_train.jsonl",
+        model="arithmetic",
+        eval_every=10,
+        match_budget="samples",
+    )
     assert trained == [] and not (tmp_path / "dapo-at-knapsack-budget").exists()
     assert list(result["table"]) == [
         "dapo",
@@ -218,11 +233,41 @@ def test_matched_arms_with_the_same_setting_are_one_set_of_runs(tmp_path, monkey
 
 
 def test_match_budget_without_an_arm_that_samples_extra_is_one_line(tmp_path):
-    r = CliRunner().invoke(cli, ["compare", "--algos", "dapo,gcpo", "--match-budget", "samples", "--seeds", "1",
-                                 "--steps", "1", "--out", str(tmp_path / "o")])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            "--algos",
+            "dapo,gcpo",
+            "--match-budget",
+            "samples",
+            "--seeds",
+            "1",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert r.exit_code != 0 and "no compared algorithm scores extra samples" in str(r.exception)
-    r = CliRunner().invoke(cli, ["compare", "--algos", "vine,gcpo", "--baseline", "vine", "--match-budget",
-                                 "samples", "--seeds", "1", "--steps", "1", "--out", str(tmp_path / "o")])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            "--algos",
+            "vine,gcpo",
+            "--baseline",
+            "vine",
+            "--match-budget",
+            "samples",
+            "--seeds",
+            "1",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert r.exit_code != 0 and "the baseline vine scores extra samples itself" in str(r.exception)
 
 
@@ -230,10 +275,35 @@ def test_match_budget_without_an_arm_that_samples_extra_is_one_line(tmp_path):
 def test_compare_trains_dapo_at_vines_measured_budget_and_resumes_without_probing(tmp_path):
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "cmp"
-    args = ["compare", "--algos", "dapo,vine", "--match-budget", "samples", "--seeds", "1", "--steps", "1",
-            "--eval-every", "1", "--model", str(model), "--prompts", str(PROMPTS_DIR / "shapeworld_train.jsonl"),
-            "--out", str(out), "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-            "--set", "eval_images_per_prompt=1", "--set", "sample_every=0", "--set", "branching.k=4"]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "dapo,vine",
+        "--match-budget",
+        "samples",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--model",
+        str(model),
+        "--prompts",
+        str(PROMPTS_DIR / "shapeworld_train.jsonl"),
+        "--out",
+        str(out),
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=4",
+        "--set",
+        "eval_images_per_prompt=1",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "branching.k=4",
+    ]
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     plan = json.loads((out / "budget.json").read_text())["arms"]["dapo-at-vine-budget"]
@@ -247,8 +317,9 @@ def test_compare_trains_dapo_at_vines_measured_budget_and_resumes_without_probin
     result = json.loads((out / "comparison.json").read_text())
     assert set(result["equal_samples"]) == {"vine"} and "equal_time" in result
     plan["samples_per_step"] = -1.0  # a resumed comparison reads budget.json instead of probing again
-    (out / "budget.json").write_text(json.dumps({**json.loads((out / "budget.json").read_text()),
-                                                 "arms": {"dapo-at-vine-budget": plan}}))  # fmt: skip
+    (out / "budget.json").write_text(
+        json.dumps({**json.loads((out / "budget.json").read_text()), "arms": {"dapo-at-vine-budget": plan}})
+    )
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert (
         r.exit_code == 0

@@ -64,8 +64,12 @@ def test_blip_vqa_score_equals_an_independent_computation(blip):
         assert g["score"] == pytest.approx(math.prod(answers), abs=1e-5)
     assert len({round(a, 4) for g in got for a in g["answers"]}) > 2, "the tiny BLIP's answers vary"
     # batching and batch-mates change nothing
-    alone = CB.blip_vqa_scores(CB.BlipVQAScorer.from_pretrained(blip, batch_size=1), ims[1:2], prompts[1:2],
-                               CB.PromptParser("simple"))  # fmt: skip
+    alone = CB.blip_vqa_scores(
+        CB.BlipVQAScorer.from_pretrained(blip, batch_size=1),
+        ims[1:2],
+        prompts[1:2],
+        CB.PromptParser("simple"),
+    )
     assert alone[0]["score"] == pytest.approx(got[1]["score"], abs=1e-6)
 
 
@@ -115,8 +119,9 @@ def test_spatial_score_follows_the_reference_rule():
     r = CB.spatial_score("a cat on the left of a dog", both, parser, names)
     assert r["score"] == pytest.approx(0.25 * 0.8 + 0.25 * 0.6 + 0.5) and r["relation"] == "on the left of"
     assert CB.spatial_score("a cat on the right of a dog", both, parser, names)["score"] == 0.0  # 0.35 < 0.5
-    assert CB.spatial_score("a girl next to a sofa", [det("person", (0, 0, 9, 9)), det("couch", (20, 0, 29, 9))],
-                            parser, names)["objects"] == ["person", "couch"]  # fmt: skip
+    assert CB.spatial_score(
+        "a girl next to a sofa", [det("person", (0, 0, 9, 9)), det("couch", (20, 0, 29, 9))], parser, names
+    )["objects"] == ["person", "couch"]
     assert CB.spatial_score("a cat next to a dog", both[:1], parser, names)["score"] == 0.0  # 0.2 < 0.5
 
 
@@ -154,14 +159,24 @@ class FakeDetector:
 def test_score_only_writes_rows_summary_and_protocol_and_labels_the_detector(blip, tmp_path, monkeypatch):
     from t2i_gcpo.scoring import detector_mask2former
 
-    monkeypatch.setattr(detector_mask2former.Mask2FormerDetector, "from_pretrained",
-                        classmethod(lambda cls, path, device="cpu": FakeDetector()))  # fmt: skip
+    monkeypatch.setattr(
+        detector_mask2former.Mask2FormerDetector,
+        "from_pretrained",
+        classmethod(lambda cls, path, device="cpu": FakeDetector()),
+    )
     data = write_compbench_data(tmp_path / "data")
     wanted = {c: PROMPTS[c] for c in ("color", "spatial", "numeracy")}
     write_layout(tmp_path / "imgs", wanted)
     (tmp_path / "m2f").mkdir()
-    summary = CB.run_compbench(data, tmp_path / "out", score_only=tmp_path / "imgs", vqa=str(blip),
-                               detector=str(tmp_path / "m2f"), noun_phrases="simple", progress=False)  # fmt: skip
+    summary = CB.run_compbench(
+        data,
+        tmp_path / "out",
+        score_only=tmp_path / "imgs",
+        vqa=str(blip),
+        detector=str(tmp_path / "m2f"),
+        noun_phrases="simple",
+        progress=False,
+    )
     out = tmp_path / "out"
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [r["key"] for r in rows][:3] == ["color/00000/0000", "color/00000/0001", "color/00001/0000"]
@@ -192,8 +207,12 @@ def test_score_only_writes_rows_summary_and_protocol_and_labels_the_detector(bli
         and CB.DETECTOR_LABEL in protocol["label"]
     )
     assert protocol["scorer"]["blip-vqa"]["question_start"] == "[ENC]"
-    assert [d["path"].rsplit("/", 1)[-1] for d in protocol["data"]] == ["color_val.txt", "spatial_val.txt",
-                                                                        "numeracy_val.txt", "new_objects.txt"]  # fmt: skip
+    assert [d["path"].rsplit("/", 1)[-1] for d in protocol["data"]] == [
+        "color_val.txt",
+        "spatial_val.txt",
+        "numeracy_val.txt",
+        "new_objects.txt",
+    ]
     assert protocol["images_per_prompt"] == 2
 
 
@@ -202,8 +221,14 @@ def test_reference_layout_is_scored_by_its_file_names(blip, tmp_path):
     (tmp_path / "imgs" / "color" / "samples").mkdir(parents=True)
     for k, im in enumerate(images(2)):
         im.save(tmp_path / "imgs" / "color" / "samples" / f"a blue circle_{k:06d}.png")
-    CB.run_compbench(data, tmp_path / "out", score_only=tmp_path / "imgs", vqa=str(blip), noun_phrases="simple",
-                     progress=False)  # fmt: skip
+    CB.run_compbench(
+        data,
+        tmp_path / "out",
+        score_only=tmp_path / "imgs",
+        vqa=str(blip),
+        noun_phrases="simple",
+        progress=False,
+    )
     rows = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert json.loads((tmp_path / "out" / "protocol.json").read_text())["images_per_prompt"] is None
     assert [(r["key"], r["prompt"], r["questions"]) for r in rows] == [
@@ -246,17 +271,30 @@ def test_non_spatial_is_the_plain_cosine_of_clip(tmp_path):
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [((), "give a scorer: --vqa"), (("--categories", "color", "--clip", "x"), "category color is scored by blip-vqa: give --vqa"),
-     (("--categories", "colour", "--vqa", "x"), "--categories: unknown 'colour'"),
-     (("--vqa", "x", "--categories", "color", "--split", "train"), "color_train.txt: not found"),
-     (("--vqa", "x"), "holds no folder of color, shape, texture")],
-)  # fmt: skip
+    [
+        ((), "give a scorer: --vqa"),
+        (("--categories", "color", "--clip", "x"), "category color is scored by blip-vqa: give --vqa"),
+        (("--categories", "colour", "--vqa", "x"), "--categories: unknown 'colour'"),
+        (("--vqa", "x", "--categories", "color", "--split", "train"), "color_train.txt: not found"),
+        (("--vqa", "x"), "holds no folder of color, shape, texture"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, message):
     from cli_helpers import cli, error_line
 
     data = write_compbench_data(tmp_path / "data")
-    code, _, err = cli(capsys, "eval", "compbench", "--data", data, "--score-only", tmp_path, "--out",
-                       tmp_path / "out", *args)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "compbench",
+        "--data",
+        data,
+        "--score-only",
+        tmp_path,
+        "--out",
+        tmp_path / "out",
+        *args,
+    )
     assert code == 2 and message in error_line(err), err
     assert not (tmp_path / "out").exists()
 
@@ -268,8 +306,16 @@ def test_generation_into_geneval_layout_resumes_and_scores(blip, tmp_path):
 
     data = write_compbench_data(tmp_path / "data")
     model = str(tiny_policy_dir(tmp_path))
-    args = dict(model=model, categories="color", vqa=str(blip), noun_phrases="simple", n=2, batch=2,
-                load_policy=lambda m: load_policy(m).eval(), progress=False)  # fmt: skip
+    args = dict(
+        model=model,
+        categories="color",
+        vqa=str(blip),
+        noun_phrases="simple",
+        n=2,
+        batch=2,
+        load_policy=lambda m: load_policy(m).eval(),
+        progress=False,
+    )
     summary = CB.run_compbench(data, tmp_path / "out", **args)
     made = sorted((tmp_path / "out" / "images" / "color").glob("*/samples/*.png"))
     assert len(made) == 2 * len(PROMPTS["color"]) and summary["categories"]["color"]["images"] == len(made)

@@ -31,10 +31,30 @@ from t2i_gcpo.policies.base import SamplingParams, TokenLayout
 # item b: 1 "is there a dog?" (entity)
 ROWS = [
     ("a", "a cat", "cat", "1", "0", "entity", "entity - whole", "entity - whole (cat)", "is there a cat?"),
-    ("a", "a cat", "black", "2", "1", "attribute", "attribute - color", "attribute (cat, black)", "is the cat black?"),
-    ("a", "a cat", "sofa", "3", "1,2", "relation", "relation - spatial", "relation (cat, sofa, on)", "is the cat on a sofa?"),
+    (
+        "a",
+        "a cat",
+        "black",
+        "2",
+        "1",
+        "attribute",
+        "attribute - color",
+        "attribute (cat, black)",
+        "is the cat black?",
+    ),
+    (
+        "a",
+        "a cat",
+        "sofa",
+        "3",
+        "1,2",
+        "relation",
+        "relation - spatial",
+        "relation (cat, sofa, on)",
+        "is the cat on a sofa?",
+    ),
     ("b", "a dog", "dog", "1", "0", "entity", "entity - whole", "entity - whole (dog)", "is there a dog?"),
-]  # fmt: skip
+]
 
 
 def write_csv(path, rows, header=DPG_COLUMNS):
@@ -54,8 +74,13 @@ def test_tile_and_split_2x2_offsets():
     assert grid.size == (12, 8)
     # row-major: [[0, 1], [2, 3]] at pixel offsets (0,0), (6,0), (0,4), (6,4)
     assert [grid.getpixel(xy) for xy in [(0, 0), (6, 0), (0, 4), (6, 4), (5, 3), (11, 7)]] == [
-        COLOURS[0], COLOURS[1], COLOURS[2], COLOURS[3], COLOURS[0], COLOURS[3]
-    ]  # fmt: skip
+        COLOURS[0],
+        COLOURS[1],
+        COLOURS[2],
+        COLOURS[3],
+        COLOURS[0],
+        COLOURS[3],
+    ]
     back = split_2x2(grid)
     for tile, colour in zip(back, COLOURS):
         assert tile.size == (6, 4)
@@ -67,8 +92,11 @@ def test_tile_and_split_2x2_offsets():
 def test_read_dpg_csv(tmp_path):
     qs = read_dpg_csv(write_csv(tmp_path / "q.csv", ROWS))
     assert [(q.item_id, q.proposition_id, q.parents) for q in qs] == [
-        ("a", "1", ()), ("a", "2", ("1",)), ("a", "3", ("1", "2")), ("b", "1", ()),
-    ]  # fmt: skip
+        ("a", "1", ()),
+        ("a", "2", ("1",)),
+        ("a", "3", ("1", "2")),
+        ("b", "1", ()),
+    ]
     assert qs[1].category_detailed == "attribute - color" and qs[1].question == "is the cat black?"
     assert qs[2].line == 4
 
@@ -167,11 +195,28 @@ def test_score_dpg_folder_writes_results(tmp_path):
     assert "DPG-Bench (proxy VQA: scripted)" in text and "50.00" in text
 
 
-def dpg(policy, prompts, root, *, cfg_scale=5.0, temperature=1.0, top_k=0, steps=None, reveal_order=None,
-        overwrite=False, **kw):  # fmt: skip
+def dpg(
+    policy,
+    prompts,
+    root,
+    *,
+    cfg_scale=5.0,
+    temperature=1.0,
+    top_k=0,
+    steps=None,
+    reveal_order=None,
+    overwrite=False,
+    **kw,
+):
     """generate_dpg as `eval dpg` calls it: the sampling built once from the flags."""
-    sampling = image_sampling(policy, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
-                              steps=steps, reveal_order=reveal_order)  # fmt: skip
+    sampling = image_sampling(
+        policy,
+        cfg_scale=cfg_scale,
+        temperature=temperature,
+        top_k=top_k,
+        steps=steps,
+        reveal_order=reveal_order,
+    )
     return generate_dpg(policy, prompts, root, sampling, overwrite=overwrite, **kw)
 
 
@@ -262,10 +307,17 @@ def save_tiny_blip(path):
     (path / "vocab.txt").write_text("\n".join(WORDS) + "\n")
     tok = BertTokenizer(str(path / "vocab.txt"), bos_token="[DEC]")
     text = BlipTextConfig(
-        vocab_size=len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        max_position_embeddings=32, bos_token_id=WORDS.index("[DEC]"), sep_token_id=3, pad_token_id=0,
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=WORDS.index("[DEC]"),
+        sep_token_id=3,
+        pad_token_id=0,
         encoder_hidden_size=32,
-    )  # fmt: skip
+    )
     vision = BlipVisionConfig(
         hidden_size=32,
         intermediate_size=64,
@@ -313,8 +365,18 @@ def test_eval_dpg_cli_score_only_with_tiny_blip(tmp_path):
     write_csv(tmp_path / "q.csv", ROWS)
     (tmp_path / "imgs").mkdir()
     grid().save(tmp_path / "imgs" / "a.png")
-    args = ["eval", "dpg", "--score-only", str(tmp_path / "imgs"), "--csv", str(tmp_path / "q.csv"),
-            "--vqa", str(tmp_path / "blip"), "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "eval",
+        "dpg",
+        "--score-only",
+        str(tmp_path / "imgs"),
+        "--csv",
+        str(tmp_path / "q.csv"),
+        "--vqa",
+        str(tmp_path / "blip"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "DPG-Bench (proxy VQA:" in result.output
@@ -333,16 +395,27 @@ DPG_PROMPTS = [{"item_id": f"p{i}", "prompt": f"prompt {i}"} for i in range(3)]
 
 @pytest.mark.parametrize(
     "change, word",
-    [({"seed": 2}, "seed"), ({"cfg_scale": 2.0}, "cfg_scale"), ({"model": "other"}, "model"),
-     ({"temperature": 0.5}, "temperature"), ({"top_k": 3}, "top_k")],
-)  # fmt: skip
+    [
+        ({"seed": 2}, "seed"),
+        ({"cfg_scale": 2.0}, "cfg_scale"),
+        ({"model": "other"}, "model"),
+        ({"temperature": 0.5}, "temperature"),
+        ({"top_k": 3}, "top_k"),
+    ],
+)
 def test_generate_dpg_refuses_grids_made_with_other_settings(tmp_path, change, word):
     policy = FakePolicy()
     args = dict(batch=2, seed=1, cfg_scale=5.0, model="fake", progress=False)
     dpg(policy, DPG_PROMPTS, tmp_path, **args)
     settings = json.loads((tmp_path / "generation.json").read_text())
-    assert settings["settings"] == {"model": "fake", "seed": 1, "cfg_scale": 5.0, "temperature": 1.0,
-                                    "top_k": 0, "n": 4}  # fmt: skip
+    assert settings["settings"] == {
+        "model": "fake",
+        "seed": 1,
+        "cfg_scale": 5.0,
+        "temperature": 1.0,
+        "top_k": 0,
+        "n": 4,
+    }
     before = (tmp_path / "p0.png").read_bytes()
     policy.calls = 0
     with pytest.raises(UserError, match=rf"{word}=.*--overwrite") as e:
@@ -383,10 +456,12 @@ def test_score_dpg_folder_scores_only_this_runs_items(tmp_path):
         )
     os.remove(tmp_path / "imgs" / "b.png")
     with pytest.raises(UserError, match=r"b\.png"):
-        score_dpg_folder(tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a", "b"],
-                         progress=False)  # fmt: skip
-    result = score_dpg_folder(tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a"],
-                              progress=False)  # fmt: skip
+        score_dpg_folder(
+            tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a", "b"], progress=False
+        )
+    result = score_dpg_folder(
+        tmp_path / "imgs", tmp_path / "q.csv", vqa, tmp_path / "out", items=["a"], progress=False
+    )
     assert result["n_items"] == 1
 
 

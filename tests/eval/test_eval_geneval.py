@@ -193,10 +193,17 @@ def test_crop_composites_on_grey_through_the_mask():
 
 
 REF_RGB = {
-    "red": (255, 0, 0), "orange": (255, 165, 0), "yellow": (255, 255, 0), "green": (0, 128, 0),
-    "blue": (0, 0, 255), "purple": (128, 0, 128), "pink": (255, 192, 203), "brown": (139, 69, 19),
-    "black": (0, 0, 0), "white": (255, 255, 255),
-}  # fmt: skip
+    "red": (255, 0, 0),
+    "orange": (255, 165, 0),
+    "yellow": (255, 255, 0),
+    "green": (0, 128, 0),
+    "blue": (0, 0, 255),
+    "purple": (128, 0, 128),
+    "pink": (255, 192, 203),
+    "brown": (139, 69, 19),
+    "black": (0, 0, 0),
+    "white": (255, 255, 255),
+}
 
 
 class RiggedClip(torch.nn.Module):
@@ -466,8 +473,13 @@ def test_packaged_geneval_prompts():
     for p in prompts:
         tags[p["tag"]] = tags.get(p["tag"], 0) + 1
     assert tags == {
-        "single_object": 80, "two_object": 99, "counting": 80, "colors": 94, "position": 100, "color_attr": 100,
-    }  # fmt: skip
+        "single_object": 80,
+        "two_object": 99,
+        "counting": 80,
+        "colors": 94,
+        "position": 100,
+        "color_attr": 100,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,16 +566,25 @@ def test_score_geneval_folder_scores_only_this_runs_prompts(tmp_path):
         write_prompt_folder(tmp_path, i, meta, [Image.new("RGB", (32, 32), (v, v, v)) for v in levels])
     out = tmp_path / "out"
     with pytest.raises(UserError, match=r"3 prompt folder\(s\).*00001"):
-        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS[:1],
-                             progress=False)  # fmt: skip
+        score_geneval_folder(
+            tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS[:1], progress=False
+        )
     with pytest.raises(UserError, match=r"00001.*'a photo of a blue cat'.*'a photo of a cat'"):
-        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out,
-                             metadata_list=[PROMPTS[0], PROMPTS[0], *PROMPTS[2:]], progress=False)  # fmt: skip
+        score_geneval_folder(
+            tmp_path,
+            scripted_detector,
+            ScriptedColours(),
+            out,
+            metadata_list=[PROMPTS[0], PROMPTS[0], *PROMPTS[2:]],
+            progress=False,
+        )
     with pytest.raises(UserError, match=r"00002.*3 image\(s\).*2"):
-        score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS, n=2,
-                             progress=False)  # fmt: skip
-    summary = score_geneval_folder(tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS,
-                                   progress=False)  # fmt: skip
+        score_geneval_folder(
+            tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS, n=2, progress=False
+        )
+    summary = score_geneval_folder(
+        tmp_path, scripted_detector, ScriptedColours(), out, metadata_list=PROMPTS, progress=False
+    )
     assert sum(t["total"] for t in summary["tags"].values()) == 9
 
 

@@ -1,7 +1,8 @@
-"""GenEval 2 (t2i_gcpo/eval/suites/geneval2.py, t2i_gcpo/scoring/soft_tifa.py): its data format, the reference's answer lists, and Soft-TIFA AM / GM,
-TIFA, VQAScore and the analysis tables against the reference's formulas written again here — on a tiny random
-Qwen3-VL whose probabilities come from its logits (checked against `generate`'s scores, as the reference reads
-them), and on a loopback judge's log-probabilities; asking resumes without asking again."""
+"""GenEval 2 (t2i_gcpo/eval/suites/geneval2.py, t2i_gcpo/scoring/soft_tifa.py): its data format, the
+reference's answer lists, and Soft-TIFA AM / GM, TIFA, VQAScore and the analysis tables against the
+reference's formulas written again here — on a tiny random Qwen3-VL whose probabilities come from its logits
+(checked against `generate`'s scores, as the reference reads them), and on a loopback judge's
+log-probabilities; asking resumes without asking again."""
 
 from __future__ import annotations
 
@@ -171,8 +172,10 @@ def test_soft_tifa_tifa_vqascore_and_tables_equal_the_reference_on_a_tiny_vlm(vl
         assert summary["atom_counts"][str(k)] == pytest.approx(
             np.mean([g for c, g in zip(counts, gm) if c == k]), rel=1e-4
         )
-    assert summary["categories"] == {"atoms_2": pytest.approx(summary["atom_counts"]["2"]),
-                                     "atoms_3": pytest.approx(summary["atom_counts"]["3"])}  # fmt: skip
+    assert summary["categories"] == {
+        "atoms_2": pytest.approx(summary["atom_counts"]["2"]),
+        "atoms_3": pytest.approx(summary["atom_counts"]["3"]),
+    }
     assert [r["key"] for r in rows] == [
         "00000/0000",
         "00000/0001",
@@ -198,8 +201,17 @@ def test_the_geometric_mean_is_zero_with_a_zero_atom():
 def judge_answer(body: dict) -> dict:
     """Log-probabilities that depend on the question: a few answer tokens and others."""
     h = zlib.crc32(message_text(body).encode())
-    weights = {"Yes": 1 + h % 7, " yes": 1 + h % 3, "No": 1 + h % 5, "four": 1 + h % 4, " 4": 2, "one": 1 + h % 6,
-               "One": 1, "1": 1 + h % 2, "maybe": 3}  # fmt: skip
+    weights = {
+        "Yes": 1 + h % 7,
+        " yes": 1 + h % 3,
+        "No": 1 + h % 5,
+        "four": 1 + h % 4,
+        " 4": 2,
+        "one": 1 + h % 6,
+        "One": 1,
+        "1": 1 + h % 2,
+        "maybe": 3,
+    }
     table = top_logprobs(weights)
     return completion(table[0][0], table)
 
@@ -228,8 +240,10 @@ def test_on_a_loopback_judge_the_scores_are_the_exp_sum_of_its_logprobs(tmp_path
                     {"role": "user", "content": [{"type": "text", "text": f"{question} Answer in one word."}]}
                 ]
             }
-            table = dict(judge_answer(body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"][i].values()
-                         for i in range(9))  # fmt: skip
+            table = dict(
+                judge_answer(body)["choices"][0]["logprobs"]["content"][0]["top_logprobs"][i].values()
+                for i in range(9)
+            )
             answers = st.answer_list(question, answer)
             soft.append(sum(math.exp(table[a]) for a in answers if a in table))
             top = max(table, key=table.get)
@@ -247,8 +261,10 @@ def test_a_judge_without_logprobs_serves_tifa_only():
         with pytest.raises(UserError, match="returns no log-probabilities: Soft-TIFA and VQAScore"):
             g2.score_entries(ents, client, "soft_tifa_gm", digest=digest, progress=False)
         rows = g2.score_entries(ents, client, "tifa", digest=digest, progress=False)
-    assert all(r["tifa_atoms"] == [1.0 if not q.startswith("How many") else 0.0 for q, _ in row["vqa_list"]]
-               for r, (_, row, _) in zip(rows, ents))  # fmt: skip
+    assert all(
+        r["tifa_atoms"] == [1.0 if not q.startswith("How many") else 0.0 for q, _ in row["vqa_list"]]
+        for r, (_, row, _) in zip(rows, ents)
+    )
     assert g2.summarize(rows, "tifa")["methods"] == {
         "tifa": pytest.approx(np.mean([r["tifa"] for r in rows]))
     }

@@ -28,15 +28,35 @@ from judge_fixtures import LoopbackJudge, closed_port_url, completion, message_t
 # ----------------------------------------------------------------------------- samples in the real formats
 
 WISE_ROWS = [
-    {"Prompt": "The pastry shared at the Mid-Autumn Festival", "Explanation": "Mooncakes", "Category": "Cultural knowledge",
-     "Subcategory": "Festival", "prompt_id": 7},
-    {"Prompt": "A street at noon when it is midnight in Beijing", "Explanation": "New York at noon", "Category": "time",
-     "Subcategory": "Horizontal time", "prompt_id": 402},
-    {"Prompt": "A plant by a one-sided window", "Explanation": "It bends toward the light", "Category": "Biology",
-     "Subcategory": "Behavior", "prompt_id": 700},
-    {"Prompt": "Iron left in rain for a month", "Explanation": "Rust", "Category": "Chemistry",
-     "Subcategory": "Metal Corrosion", "prompt_id": 990},
-]  # fmt: skip
+    {
+        "Prompt": "The pastry shared at the Mid-Autumn Festival",
+        "Explanation": "Mooncakes",
+        "Category": "Cultural knowledge",
+        "Subcategory": "Festival",
+        "prompt_id": 7,
+    },
+    {
+        "Prompt": "A street at noon when it is midnight in Beijing",
+        "Explanation": "New York at noon",
+        "Category": "time",
+        "Subcategory": "Horizontal time",
+        "prompt_id": 402,
+    },
+    {
+        "Prompt": "A plant by a one-sided window",
+        "Explanation": "It bends toward the light",
+        "Category": "Biology",
+        "Subcategory": "Behavior",
+        "prompt_id": 700,
+    },
+    {
+        "Prompt": "Iron left in rain for a month",
+        "Explanation": "Rust",
+        "Category": "Chemistry",
+        "Subcategory": "Metal Corrosion",
+        "prompt_id": 990,
+    },
+]
 
 
 def write_wise(path: Path, rows=WISE_ROWS) -> Path:
@@ -46,13 +66,25 @@ def write_wise(path: Path, rows=WISE_ROWS) -> Path:
 
 TIIF_EVAL = {  # dimension → eval lines, as data/testmini_eval_prompts/<dimension>_eval_prompts.jsonl
     "2d_spatial_relation": [
-        {"type": "2d_spatial_relation", "yn_question_list": ["Is there a cat in the image?  ", "Is the cat below the microwave?"],
-         "yn_answer_list": ["yes", "yes"]},
-        {"type": "2d_spatial_relation", "yn_question_list": ["Is there a cup?", "Is the cup left of the pig?", "Is there a pig?"],
-         "yn_answer_list": ["yes", "yes", "yes"]},
+        {
+            "type": "2d_spatial_relation",
+            "yn_question_list": ["Is there a cat in the image?  ", "Is the cat below the microwave?"],
+            "yn_answer_list": ["yes", "yes"],
+        },
+        {
+            "type": "2d_spatial_relation",
+            "yn_question_list": ["Is there a cup?", "Is the cup left of the pig?", "Is there a pig?"],
+            "yn_answer_list": ["yes", "yes", "yes"],
+        },
     ],
-    "negation": [{"type": "negation", "yn_question_list": ["Is there a dog?", "Is there no cat?"], "yn_answer_list": ["Yes", "no"]}],
-}  # fmt: skip
+    "negation": [
+        {
+            "type": "negation",
+            "yn_question_list": ["Is there a dog?", "Is there no cat?"],
+            "yn_answer_list": ["Yes", "no"],
+        }
+    ],
+}
 
 
 def write_tiif(root: Path, eval_lines=TIIF_EVAL) -> Path:
@@ -61,21 +93,44 @@ def write_tiif(root: Path, eval_lines=TIIF_EVAL) -> Path:
     pdir.mkdir(parents=True)
     for dim, lines in eval_lines.items():
         (qdir / f"{dim}_eval_prompts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        prompts = [{"type": dim, "short_description": f"short {dim} {i}", "long_description": f"a long description {dim} {i}"}
-                   for i in range(len(lines))]  # fmt: skip
+        prompts = [
+            {
+                "type": dim,
+                "short_description": f"short {dim} {i}",
+                "long_description": f"a long description {dim} {i}",
+            }
+            for i in range(len(lines))
+        ]
         (pdir / f"{dim}_prompts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in prompts))
     return qdir
 
 
 UGB_EN = [
-    ("0", "Two pandas in ink-painting style before the pyramids.",
-     {"Primary Categories": "Creative Divergence", "Secondary Categories": "Imaginative Thinking", "Subjects": "Animal",
-      "Sentence Structure": "Descriptive", "Testpoints": ["Style", "World Knowledge", "Attribute - Quantity"],
-      "Testpoint Description": ["ink painting", "Egyptian pyramids", "two pandas"]}),
-    ("1", "A gardener holding up a sunflower with a gloved hand.",
-     {"Primary Categories": "Art", "Secondary Categories": "Graphic Art", "Subjects": "Scene", "Sentence Structure": "Imperative",
-      "Testpoints": ["Action - Hand (Character/Anthropomorphic)", "Style"], "Testpoint Description": ["holding up", "picture book"]}),
-]  # fmt: skip
+    (
+        "0",
+        "Two pandas in ink-painting style before the pyramids.",
+        {
+            "Primary Categories": "Creative Divergence",
+            "Secondary Categories": "Imaginative Thinking",
+            "Subjects": "Animal",
+            "Sentence Structure": "Descriptive",
+            "Testpoints": ["Style", "World Knowledge", "Attribute - Quantity"],
+            "Testpoint Description": ["ink painting", "Egyptian pyramids", "two pandas"],
+        },
+    ),
+    (
+        "1",
+        "A gardener holding up a sunflower with a gloved hand.",
+        {
+            "Primary Categories": "Art",
+            "Secondary Categories": "Graphic Art",
+            "Subjects": "Scene",
+            "Sentence Structure": "Imperative",
+            "Testpoints": ["Action - Hand (Character/Anthropomorphic)", "Style"],
+            "Testpoint Description": ["holding up", "picture book"],
+        },
+    ),
+]
 
 
 def write_ugb(path: Path, rows=UGB_EN, lang: str = "en") -> Path:
@@ -133,17 +188,33 @@ def test_wise_reads_asks_parses_and_weights_as_its_reference(tmp_path):
     assert text.startswith(
         "Please evaluate this generated image for the WISE benchmark and return ONLY one binary score."
     )
-    assert text.endswith('PROMPT: "The pastry shared at the Mid-Autumn Festival"\nEXPLANATION: "Mooncakes"\n\n'
-                         "Return only `Score: 0` or `Score: 1`.")  # fmt: skip
+    assert text.endswith(
+        'PROMPT: "The pastry shared at the Mid-Autumn Festival"\nEXPLANATION: "Mooncakes"\n\n'
+        "Return only `Score: 0` or `Score: 1`."
+    )
     assert user["content"][1] == {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}
-    for answer, score in (("Score: 1", 1.0), ("**Score**: 0", 0.0), ("<think>Score: 1?</think>score:0", 0.0),
-                          ("The image shows it.\n1\n", 1.0)):  # fmt: skip
+    for answer, score in (
+        ("Score: 1", 1.0),
+        ("**Score**: 0", 0.0),
+        ("<think>Score: 1?</think>score:0", 0.0),
+        ("The image shows it.\n1\n", 1.0),
+    ):
         assert wise.parse(answer, items[0])["score"] == score
     for answer in ("Score: 2", "I cannot tell", "0\n1"):
         with pytest.raises(BadAnswer):
             wise.parse(answer, items[0])
-    rows = [{"category": c, "score": s} for c, s in (("CULTURE", 1), ("CULTURE", 0), ("TIME", 1), ("SPACE", 0),
-                                                        ("BIOLOGY", 1), ("PHYSICS", 1), ("CHEMISTRY", 0))]  # fmt: skip
+    rows = [
+        {"category": c, "score": s}
+        for c, s in (
+            ("CULTURE", 1),
+            ("CULTURE", 0),
+            ("TIME", 1),
+            ("SPACE", 0),
+            ("BIOLOGY", 1),
+            ("PHYSICS", 1),
+            ("CHEMISTRY", 0),
+        )
+    ]
     full = wise.summarize(rows)
     assert full["overall"] == pytest.approx(0.40 * 0.5 + 0.12 * (1 + 0 + 1 + 1 + 0)) and "note" not in full
     part = wise.summarize(rows[:3])  # CULTURE and TIME only: weights 0.4 and 0.12 renormalised
@@ -152,8 +223,11 @@ def test_wise_reads_asks_parses_and_weights_as_its_reference(tmp_path):
 
 def test_wise_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
     wise = get_suite("wise")
-    for change, field in (({"prompt_id": "7"}, "'prompt_id' must be an integer"), ({"prompt_id": 1200}, "'prompt_id' 1200 is outside"),
-                          ({"Explanation": ""}, "'Explanation' must be a non-empty string")):  # fmt: skip
+    for change, field in (
+        ({"prompt_id": "7"}, "'prompt_id' must be an integer"),
+        ({"prompt_id": 1200}, "'prompt_id' 1200 is outside"),
+        ({"Explanation": ""}, "'Explanation' must be a non-empty string"),
+    ):
         path = write_wise(tmp_path / "w.json", [WISE_ROWS[0], {**WISE_ROWS[1], **change}])
         with pytest.raises(UserError, match=rf"^{path}: entry 1: field {field}"):
             wise.read(path)
@@ -171,8 +245,14 @@ def test_wise_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
 def test_tiif_reads_both_descriptions_parses_and_groups_as_its_reference(tmp_path):
     tiif = get_suite("tiif")
     items = tiif.read(write_tiif(tmp_path))
-    assert [it.id for it in items] == ["2d_spatial_relation/short/0", "2d_spatial_relation/long/0", "2d_spatial_relation/short/1",
-                                       "2d_spatial_relation/long/1", "negation/short/0", "negation/long/0"]  # fmt: skip
+    assert [it.id for it in items] == [
+        "2d_spatial_relation/short/0",
+        "2d_spatial_relation/long/0",
+        "2d_spatial_relation/short/1",
+        "2d_spatial_relation/long/1",
+        "negation/short/0",
+        "negation/long/0",
+    ]
     assert (
         items[1].prompt == "a long description 2d_spatial_relation 0"
         and items[0].category == "2d_spatial_relation"
@@ -188,11 +268,31 @@ def test_tiif_reads_both_descriptions_parses_and_groups_as_its_reference(tmp_pat
     with pytest.raises(BadAnswer, match="1 yes/no answers to 2 questions"):
         tiif.parse("Yes.\nMaybe.", items[0])
     # a dimension's accuracy pools its questions; groups average dimensions; the overall averages groups
-    rows = [{"category": "2d_spatial_relation", "description": "short", "correct": 1, "questions": 2, "score": 0.5},
-            {"category": "2d_spatial_relation", "description": "short", "correct": 3, "questions": 3, "score": 1.0},
-            {"category": "negation", "description": "short", "correct": 0, "questions": 2, "score": 0.0},
-            {"category": "2d_spatial_relation", "description": "long", "correct": 2, "questions": 5, "score": 0.4},
-            {"category": "negation", "description": "long", "correct": 2, "questions": 2, "score": 1.0}]  # fmt: skip
+    rows = [
+        {
+            "category": "2d_spatial_relation",
+            "description": "short",
+            "correct": 1,
+            "questions": 2,
+            "score": 0.5,
+        },
+        {
+            "category": "2d_spatial_relation",
+            "description": "short",
+            "correct": 3,
+            "questions": 3,
+            "score": 1.0,
+        },
+        {"category": "negation", "description": "short", "correct": 0, "questions": 2, "score": 0.0},
+        {
+            "category": "2d_spatial_relation",
+            "description": "long",
+            "correct": 2,
+            "questions": 5,
+            "score": 0.4,
+        },
+        {"category": "negation", "description": "long", "correct": 2, "questions": 2, "score": 1.0},
+    ]
     s = tiif.summarize(rows)
     assert s["dimensions"]["short"] == {"2d_spatial_relation": 0.8, "negation": 0.0}
     assert s["groups"]["short"] == {"Basic Relation": 0.8, "Basic Reasoning": 0.0}
@@ -228,12 +328,16 @@ def test_tiif_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
 
 
 def reference_question(prompt: str, points: list[str], descs: list[str], definitions: dict[str, str]) -> str:
-    """The reference's build_system_prompt (English), written again: definitions and descriptions framed by 「」."""
+    """The reference's build_system_prompt (English), written again: definitions and
+    descriptions framed by 「」."""
     explanation = "Checkpoints Defination:「" + "".join(f"\n{p}: {definitions[p]}" for p in points) + "\n」"
     described = "Checkpoints Description:「" + "".join(f"\n{p}: {d}" for p, d in zip(points, descs)) + "\n」"
-    return (f"1. The prompt for the generated image is: 「{prompt}」. You are to analyze the image content in detail from "
-            f"the angles specified in {points!s}. Detailed definitions of these checkpoints are provided here: {explanation}. "
-            f"The specific description of each checkpoint in the context of the prompt is: {described}.")  # fmt: skip
+    return (
+        f"1. The prompt for the generated image is: 「{prompt}」. You are to analyze the image content in "
+        f"detail from the angles specified in {points!s}. Detailed definitions of these checkpoints are "
+        f"provided here: {explanation}. The specific description of each checkpoint in the context of the "
+        f"prompt is: {described}."
+    )
 
 
 def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path):
@@ -243,10 +347,12 @@ def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path)
     (user,) = ugb.messages(items[0], "data:,")
     assert user["content"][0]["type"] == "image_url"  # image first, as its vLLM client sends it
     text = user["content"][1]["text"]
-    definitions = {"Style": "Art, painting, photography, design styles, and corresponding artist names",
-                   "World Knowledge": "Covers knowledge of celebrities, architecture, basic domain knowledge, and internet "
-                   "slang. Celebrities with modern copyright risk should be avoided",
-                   "Attribute - Quantity": "Focuses on the challenge of depicting three or more items accurately"}  # fmt: skip
+    definitions = {
+        "Style": "Art, painting, photography, design styles, and corresponding artist names",
+        "World Knowledge": "Covers knowledge of celebrities, architecture, basic domain knowledge, and "
+        "internet slang. Celebrities with modern copyright risk should be avoided",
+        "Attribute - Quantity": "Focuses on the challenge of depicting three or more items accurately",
+    }
     points, descs = UGB_EN[0][2]["Testpoints"], UGB_EN[0][2]["Testpoint Description"]
     assert reference_question(UGB_EN[0][1], points, descs, definitions) in text
     assert text.startswith("You are a precise and objective English-language image description system.")
@@ -255,12 +361,28 @@ def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path)
     )
     got = ugb.parse(answer, items[0])
     assert got["score"] == pytest.approx(2 / 3) and got["testpoint_scores"] == [1, 0, 1]
-    for bad in ("<score>[1, 0, 1]</score>", "<analysis>['a','b','c']</analysis><score>[1, 0]</score>",
-                "<analysis>['a','b','c']</analysis><score>[1, 2, 1]</score>", "<analysis>[</analysis><score>[1]</score>"):  # fmt: skip
+    for bad in (
+        "<score>[1, 0, 1]</score>",
+        "<analysis>['a','b','c']</analysis><score>[1, 0]</score>",
+        "<analysis>['a','b','c']</analysis><score>[1, 2, 1]</score>",
+        "<analysis>[</analysis><score>[1]</score>",
+    ):
         with pytest.raises(BadAnswer):
             ugb.parse(bad, items[0])
-    rows = [{"category": "Creative Divergence", "score": 2 / 3, "testpoints": points, "testpoint_scores": [1, 0, 1]},
-            {"category": "Art", "score": 0.5, "testpoints": UGB_EN[1][2]["Testpoints"], "testpoint_scores": [0, 1]}]  # fmt: skip
+    rows = [
+        {
+            "category": "Creative Divergence",
+            "score": 2 / 3,
+            "testpoints": points,
+            "testpoint_scores": [1, 0, 1],
+        },
+        {
+            "category": "Art",
+            "score": 0.5,
+            "testpoints": UGB_EN[1][2]["Testpoints"],
+            "testpoint_scores": [0, 1],
+        },
+    ]
     s = ugb.summarize(rows)
     assert s["primary_dimensions"] == {"Style": 1.0, "World Knowledge": 0.0, "Attribute": 1.0, "Action": 0.0}
     assert s["overall"] == pytest.approx(0.5) and s["sub_dimensions"]["Attribute - Quantity"] == 1.0
@@ -282,8 +404,13 @@ def test_unigenbench_reads_asks_parses_and_averages_primary_dimensions(tmp_path)
 def test_unigenbench_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_path):
     ugb = get_suite("unigenbench")
     dims = dict(UGB_EN[0][2])
-    for change, expected in (({"Testpoints": ["Style", "Colour", "Style"]}, "field 'sub_dims_en.Testpoints': 'Colour' is not one of"),
-                             ({"Testpoint Description": ["one"]}, "field 'sub_dims_en.Testpoint Description' must hold one")):  # fmt: skip
+    for change, expected in (
+        (
+            {"Testpoints": ["Style", "Colour", "Style"]},
+            "field 'sub_dims_en.Testpoints': 'Colour' is not one of",
+        ),
+        ({"Testpoint Description": ["one"]}, "field 'sub_dims_en.Testpoint Description' must hold one"),
+    ):
         path = write_ugb(tmp_path / "p.csv", [UGB_EN[0], ("1", "x", {**dims, **change})])
         with pytest.raises(UserError, match=rf"^{path}:3: {expected}"):
             ugb.read(path)
@@ -295,7 +422,7 @@ def test_unigenbench_in_the_wrong_format_is_one_line_naming_file_and_field(tmp_p
         ugb.read(path)
 
 
-# ----------------------------------------------------------------------------- the driver, on a loopback judge
+# ---------------------------------------------------------------------------- the driver, on a loopback judge
 
 
 def wise_judge(body: dict) -> dict:
@@ -342,8 +469,11 @@ def test_every_answer_is_recorded_with_its_score_and_a_resume_asks_nothing(tmp_p
 def test_a_judge_that_stalls_lies_or_is_down_is_one_line_after_bounded_retries(tmp_path, mode):
     ugb = get_suite("unigenbench")
     items = ugb.read(write_ugb(tmp_path / "p.csv"))
-    answers = {"stall": lambda b: None, "lie": lambda b: completion("<analysis>['a','b','c']</analysis><score>[1, 7, 1]</score>"),
-               "garbage": lambda b: b"<html>busy</html>"}  # fmt: skip
+    answers = {
+        "stall": lambda b: None,
+        "lie": lambda b: completion("<analysis>['a','b','c']</analysis><score>[1, 7, 1]</score>"),
+        "garbage": lambda b: b"<html>busy</html>",
+    }
     log = tmp_path / "answers.jsonl"
     tic = time.perf_counter()
     if mode == "down":
@@ -380,8 +510,12 @@ def test_a_judge_that_stalls_lies_or_is_down_is_one_line_after_bounded_retries(t
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"judge {client.url}: question 0000")
     assert "/0000 has no usable answer after 3 tries: " in message  # the first to fail of the two in flight
-    reason = {"stall": "no complete answer within the deadline", "lie": "checkpoint scores must be 0 or 1", "garbage": "not a chat completion",
-              "down": "Connection refused"}[mode]  # fmt: skip
+    reason = {
+        "stall": "no complete answer within the deadline",
+        "lie": "checkpoint scores must be 0 or 1",
+        "garbage": "not a chat completion",
+        "down": "Connection refused",
+    }[mode]
     assert reason in message and "kept in" in message
     assert asked in (None, 3)  # the first question's 3 tries, then it stops: the second is never asked
     assert time.perf_counter() - tic < 5

@@ -1,5 +1,5 @@
-"""The paired change of two evaluations over the same items (eval/records/paired.py) against the formulas written
-out, the stratified overall, refusals, and the interval narrowing that pairing buys."""
+"""The paired change of two evaluations over the same items (eval/records/paired.py) against the formulas
+written out, the stratified overall, refusals, and the interval narrowing that pairing buys."""
 
 from __future__ import annotations
 
@@ -94,8 +94,11 @@ def test_the_prompt_is_the_unit_of_the_intervals():
     hard = rng.random(prompts)  # a prompt's difficulty, shared by its images and by both sides
     before = (rng.random((prompts, per)) < hard[:, None]).astype(float)
     after = np.where(rng.random((prompts, per)) < 0.15, 1 - before, before)
-    keyed = lambda s: [{"key": f"{p:05d}/{i:04d}", "category": "x", "score": float(s[p, i])}  # noqa: E731
-                       for p in range(prompts) for i in range(per)]  # fmt: skip
+    keyed = lambda s: [  # noqa: E731
+        {"key": f"{p:05d}/{i:04d}", "category": "x", "score": float(s[p, i])}
+        for p in range(prompts)
+        for i in range(per)
+    ]
     e = paired_change(keyed(before), keyed(after))["categories"]["x"]
     x, y = before.mean(1), after.mean(1)
     assert e["change"] == pytest.approx((y - x).mean()) and (e["n"], e["prompts"]) == (48, 12)

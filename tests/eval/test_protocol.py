@@ -60,8 +60,13 @@ def test_protocol_mismatch_names_the_first_field_and_ignores_paths(tmp_path):
         (tmp_path / d / "det" / "config.json").write_text("{}")
 
     def record(d, **kw):
-        args = dict(data=[tmp_path / d / "prompts.txt"], model=None, seeds={"seed": 0}, images_per_prompt=4,
-                    scorer=scorer_record("detector", str(tmp_path / d / "det")))  # fmt: skip
+        args = dict(
+            data=[tmp_path / d / "prompts.txt"],
+            model=None,
+            seeds={"seed": 0},
+            images_per_prompt=4,
+            scorer=scorer_record("detector", str(tmp_path / d / "det")),
+        )
         return protocol_record("geneval", **{**args, **kw})
 
     assert protocol_mismatch(record("one"), record("two")) is None  # the same bytes and revision elsewhere

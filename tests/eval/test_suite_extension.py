@@ -55,29 +55,74 @@ def test_the_guides_suite_runs_from_one_file(yesno, tmp_path, capsys):
     model = str(tiny_policy_dir(tmp_path / "model"))
     out = tmp_path / "eval"
     with LoopbackJudge(answer) as judge:
-        code, printed, err = cli(capsys, "eval", "judge", "--suite", "yesno", "--data", str(data), "--judge",
-                                 judge.url, "--model", model, "--n", "2", "--out", str(out))  # fmt: skip
+        code, printed, err = cli(
+            capsys,
+            "eval",
+            "judge",
+            "--suite",
+            "yesno",
+            "--data",
+            str(data),
+            "--judge",
+            judge.url,
+            "--model",
+            model,
+            "--n",
+            "2",
+            "--out",
+            str(out),
+        )
         assert code == 0, err
         assert len(judge.bodies) == 6  # one request per image: 3 prompts × 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["categories"] == {"counting": 0.0, "shapes": 0.5} and summary["overall"] == 0.25
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["key"] for r in rows) == ["00000/0000", "00000/0001", "00001/0000", "00001/0001",
-                                              "00002/0000", "00002/0001"]  # fmt: skip
+    assert sorted(r["key"] for r in rows) == [
+        "00000/0000",
+        "00000/0001",
+        "00001/0000",
+        "00001/0001",
+        "00002/0000",
+        "00002/0001",
+    ]
     assert json.loads((out / "protocol.json").read_text())["suite"] in ("yesno", "judge:yesno")
 
 
 def test_the_guides_suite_names_the_file_line_and_field(yesno, tmp_path, capsys):
     data = tmp_path / "bad.csv"
     data.write_text("prompt,question,category\na red circle,,shapes\n")
-    code, _, err = cli(capsys, "eval", "judge", "--suite", "yesno", "--data", str(data), "--judge",
-                       "http://127.0.0.1:9/v1", "--model", "shapeworld", "--out", str(tmp_path / "e"))  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "judge",
+        "--suite",
+        "yesno",
+        "--data",
+        str(data),
+        "--judge",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "shapeworld",
+        "--out",
+        str(tmp_path / "e"),
+    )
     assert code == 2 and f"{data}:2: field 'question' is missing or empty" in error_line(err)
     assert not (tmp_path / "e").exists()
 
 
 def test_an_unknown_suite_lists_the_registered_ones(capsys, tmp_path):
-    code, _, err = cli(capsys, "eval", "judge", "--suite", "nope", "--data", "x", "--judge", "http://x/v1",
-                       "--out", str(tmp_path / "e"))  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "eval",
+        "judge",
+        "--suite",
+        "nope",
+        "--data",
+        "x",
+        "--judge",
+        "http://x/v1",
+        "--out",
+        str(tmp_path / "e"),
+    )
     assert code == 2 and all(name in err for name in ("tiif", "unigenbench", "wise"))
     assert not (tmp_path / "e").exists()

@@ -109,9 +109,12 @@ def test_guided_logits_of_step_zero_equal_the_pipelines(folder, policy):
     from diffusers.pipelines import AmusedPipeline
 
     pipe = AmusedPipeline(
-        vqvae=policy.vqvae, tokenizer=policy.tokenizer, text_encoder=policy.text_encoder,
-        transformer=policy.transformer, scheduler=AmusedScheduler(mask_token_id=MASK_ID),
-    )  # fmt: skip
+        vqvae=policy.vqvae,
+        tokenizer=policy.tokenizer,
+        text_encoder=policy.text_encoder,
+        transformer=policy.transformer,
+        scheduler=AmusedScheduler(mask_token_id=MASK_ID),
+    )
     pipe.set_progress_bar_config(disable=True)
     seen = []
     step = pipe.scheduler.step
@@ -121,8 +124,13 @@ def test_guided_logits_of_step_zero_equal_the_pipelines(folder, policy):
         return step(model_output, *args, **kwargs)
 
     pipe.scheduler.step = spy
-    pipe(prompt=PROMPTS[:2], num_inference_steps=2, guidance_scale=3.0, output_type="latent",
-         generator=torch.Generator().manual_seed(0))  # fmt: skip
+    pipe(
+        prompt=PROMPTS[:2],
+        num_inference_steps=2,
+        guidance_scale=3.0,
+        output_type="latent",
+        generator=torch.Generator().manual_seed(0),
+    )
     want = seen[0].flatten(2).transpose(1, 2)  # [B, T, K]
     hidden_fn = policy._hidden_fn(policy.text_ids(PROMPTS[:2]), policy.text_ids(["", ""]))
     canvas = torch.full((2, T), MASK_ID)

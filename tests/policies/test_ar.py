@@ -150,8 +150,14 @@ def test_fused_decoder_matches_llama_forward(kv_heads):
     from t2i_gcpo.policies.fused_llama import FusedLlamaDecoder
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=kv_heads)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+    )
     llama = LlamaModel(cfg).eval()
     seq = torch.randint(0, 50, (4, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -180,8 +186,14 @@ def test_fused_decoder_refuses_configs_it_does_not_reproduce():
 
     kw = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
     assert supports(LlamaConfig(**kw)) and supports(LlamaConfig(**kw, num_key_value_heads=2))
-    llama3_rope = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    llama3_rope = {
+        "rope_type": "llama3",
+        "rope_theta": 5e5,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     for cfg in (
         LlamaConfig(**kw, attention_bias=True),
         LlamaConfig(**kw, mlp_bias=True),

@@ -1,5 +1,5 @@
-"""Branched rollouts (t2i_gcpo/policies/branching.py) on the shipped ShapeWorld priors and arithmetic LM and on
-tiny Janus / aMUSEd checkpoints: prefixes kept, recorded log-probs equal teacher forcing (float32), a
+"""Branched rollouts (t2i_gcpo/policies/branching.py) on the shipped ShapeWorld priors and arithmetic LM and
+on tiny Janus / aMUSEd checkpoints: prefixes kept, recorded log-probs equal teacher forcing (float32), a
 continuation fed the root's own uniforms reproduces the root (from t = 0: a fresh sample), and a
 continuation depends only on its key."""
 
@@ -57,8 +57,9 @@ def check_reproduces_root(policy, records_, sampling, points_per_row, masked=Fal
     seed s, draws the root's own uniforms from t on: it is the root, whatever t (t = 0: a fresh sample)."""
     ro = policy.rollout(records_, 1, sampling, seeded(SEEDS))
     points = torch.tensor(points_per_row)
-    br = branch_rollout(policy, ro, points, 1, seeded([s for s, row in zip(SEEDS, points_per_row)
-                                                       for t in row if t >= 0]))  # fmt: skip
+    br = branch_rollout(
+        policy, ro, points, 1, seeded([s for s, row in zip(SEEDS, points_per_row) for t in row if t >= 0])
+    )
     base = ro.select(br.root)
     width = min(base.tokens.shape[1], br.rollout.tokens.shape[1])
     assert torch.equal(br.rollout.tokens[:, :width], base.tokens[:, :width]), br.point

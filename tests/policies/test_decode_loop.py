@@ -50,8 +50,12 @@ def text():
 
 def roll(policy, texts, group, sampling, mode, seed=0):
     records = [PromptRecord(t) for t in texts]
-    return policy.rollout(records, group, dataclasses.replace(sampling, decode=mode),
-                          group_generators(seed, "test", range(len(texts))))  # fmt: skip
+    return policy.rollout(
+        records,
+        group,
+        dataclasses.replace(sampling, decode=mode),
+        group_generators(seed, "test", range(len(texts))),
+    )
 
 
 def assert_same(a, b, atol=1e-4):
@@ -63,7 +67,7 @@ def assert_same(a, b, atol=1e-4):
         torch.testing.assert_close(a.logp[c], b.logp[c], atol=atol, rtol=0, msg=c)
 
 
-# ---------------------------------------------------------------------------- the static step = the eager loop
+# --------------------------------------------------------------------------- the static step = the eager loop
 
 
 @pytest.mark.parametrize("name", list(SAMPLINGS))
@@ -138,8 +142,9 @@ def test_static_sample_depends_on_its_own_prompt_only(prior, janus):
         both = roll(policy, texts, 2, SAMPLINGS["cfg"], "static")
         # the second prompt alone, with the generator of its slot in the pair
         gens = group_generators(0, "test", [1])
-        alone = policy.rollout([PromptRecord(texts[1])], 2, dataclasses.replace(SAMPLINGS["cfg"], decode="static"),
-                               gens)  # fmt: skip
+        alone = policy.rollout(
+            [PromptRecord(texts[1])], 2, dataclasses.replace(SAMPLINGS["cfg"], decode="static"), gens
+        )
         assert_same(both.select(range(2, 4)), alone)
 
 

@@ -2,7 +2,8 @@
 
 1. a failed CUDA-graph capture changes no sample (a stand-in for torch.cuda's streams and graphs that
    behaves as a capture does: the captured body runs nothing, a replay runs it);
-2. branched rollouts run in the rollout's precision for every autoregressive family (Janus under bf16 crashed);
+2. branched rollouts run in the rollout's precision for every autoregressive family (Janus
+   under bf16 crashed);
 3. `rollout.decode=compile` serves a run with one compilation (no recompile for another prompt width or a
    smaller batch);
 4. the GPU check's `janus_scale` rows each record their own failure (a Janus `generate` that raises, as
@@ -75,8 +76,10 @@ def test_a_failed_capture_changes_no_sample_janus_and_text(janus, text, monkeypa
     """The same for left-padded prompts (Janus) and rows that stop at their EOS (text), the first capture
     failing."""
     fake = install_fake_cuda(monkeypatch, 0, janus, text)
-    for policy, texts, sampling, module in ((janus, JANUS, CFG, "janus"),
-                                            (text, SUMS, SamplingParams(max_new_tokens=24), "text")):  # fmt: skip
+    for policy, texts, sampling, module in (
+        (janus, JANUS, CFG, "janus"),
+        (text, SUMS, SamplingParams(max_new_tokens=24), "text"),
+    ):
         want = roll(policy, texts, 2, sampling, "eager")
         fake.captures = 0  # this policy's first capture fails
         with monkeypatch.context() as m:
@@ -109,8 +112,12 @@ def test_branching_runs_in_the_rollouts_precision(prior, janus, text, family):
     rounding allows — it runs through the same static loop, in the same precision. Before the fix Janus
     raised (transformers' StaticCache under autocast: index_copy_ of bf16 keys into a float32 cache)."""
     policy, texts = {"ar": (prior, SHAPES), "janus": (janus, JANUS), "text": (text, SUMS)}[family]
-    sampling = SamplingParams(guidance_scale=3.0, autocast="bf16", decode="static",
-                              **({"max_new_tokens": 16} if family == "text" else {}))  # fmt: skip
+    sampling = SamplingParams(
+        guidance_scale=3.0,
+        autocast="bf16",
+        decode="static",
+        **({"max_new_tokens": 16} if family == "text" else {}),
+    )
     runs = []
     real = StaticDecodeLoop.run
 
@@ -199,8 +206,9 @@ def test_janus_scale_rows_record_their_own_errors(monkeypatch):
         raise TypeError("stand-in: generate() got an unexpected keyword argument")
 
     monkeypatch.setattr(JanusForConditionalGeneration, "generate", broken)
-    rows = janus_scale.race(Context(quick=True, threads=1, device="cpu"), "tiny", [4], [4], janus_scale.LOOPS, 1,
-                            1e10)  # fmt: skip
+    rows = janus_scale.race(
+        Context(quick=True, threads=1, device="cpu"), "tiny", [4], [4], janus_scale.LOOPS, 1, 1e10
+    )
     by = {r["loop"]: r for r in rows}
     assert set(by) == set(janus_scale.LOOPS)
     assert by["graph"]["seconds"] > 0 and by["eager"]["seconds"] > 0

@@ -34,8 +34,12 @@ CFG = SamplingParams(guidance_scale=3.0, top_k=20, top_p=0.9)
 def roll(policy, mode, seed, texts=SHAPES, sampling=CFG):
     records = [PromptRecord(t) for t in texts]
     with torch.no_grad():
-        return policy.rollout(records, 2, dataclasses.replace(sampling, decode=mode),
-                              group_generators(seed, "refresh", range(len(texts))))  # fmt: skip
+        return policy.rollout(
+            records,
+            2,
+            dataclasses.replace(sampling, decode=mode),
+            group_generators(seed, "refresh", range(len(texts))),
+        )
 
 
 def assert_same(kept, fresh) -> None:
@@ -141,7 +145,8 @@ def test_new_values_at_the_same_address_are_caught_by_the_trainers_count(tmp_pat
 
 
 def test_the_trainer_tells_the_loop_after_every_optimizer_step(tmp_path, monkeypatch):
-    """A two-step run with the static loop: train/update.optimizer_step bumps the session's count each step."""
+    """A two-step run with the static loop: train/update.optimizer_step bumps the
+    session's count each step."""
     from t2i_gcpo.train.run import prepare, run
 
     from train_fixtures import write_prompt_file
@@ -152,10 +157,23 @@ def test_the_trainer_tells_the_loop_after_every_optimizer_step(tmp_path, monkeyp
         decode_loop.DecodeSession, "weights_changed", lambda self: (seen.append(1), real(self))
     )
     monkeypatch.setattr("t2i_gcpo.train.trainer.Trainer._report", lambda self: None)
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="train_fixtures:redness", out=str(tmp_path / "run"), steps=2, seed=0, report_to="none")  # fmt: skip
-    overrides = ("rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.decode=static", "sample_every=0",
-                 "eval_every=-1", "save_every=10")  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="train_fixtures:redness",
+        out=str(tmp_path / "run"),
+        steps=2,
+        seed=0,
+        report_to="none",
+    )
+    overrides = (
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.decode=static",
+        "sample_every=0",
+        "eval_every=-1",
+        "save_every=10",
+    )
     job = prepare(algo="grpo", flags=flags, overrides=overrides)
     run(job)
     assert len(seen) == 2 and job.policy.decode_session.generation == 2
@@ -205,8 +223,8 @@ def tied_text_policy(folder):
 def test_every_strategy_samples_the_stepped_weights_in_graph_mode(kind, tmp_path, monkeypatch):
     """Tied embeddings (a text LM whose head is its embedding: the decoder's embedding copy and the head the
     adapter reads both follow), LoRA (Janus: the adapters merged into the copies), bf16 autocast (the prior:
-    bf16 copies): after an optimizer step the kept graph-mode loop draws what a fresh eager loop draws (bf16: a
-    fresh static loop, whose sums are the graph's in the same order)."""
+    bf16 copies): after an optimizer step the kept graph-mode loop draws what a fresh eager loop draws (bf16:
+    a fresh static loop, whose sums are the graph's in the same order)."""
     texts, sampling, module = SHAPES, CFG, "ar"
     if kind == "tied":
         policy, texts, module = tied_text_policy(tmp_path / "tied"), ["What is 12+7*3 ?", "Solve 4*5"], "text"

@@ -1,8 +1,8 @@
-"""The static decode loop kept for a run (policies/decode_loop.DecodeSession), on the CPU with the stand-in for
-torch.cuda's graphs of tests/policies/test_decode_loop_regressions.py: one capture per span a run, not per pass; the weight
-copies refreshed in place after an optimizer step; a bigger pass allocates and captures again. And the fused
-decoder's fast path: LoRA adapters merged into its copies (tokens equal peft's own layers), its attention's
-scores formed in float32 from bf16 inputs."""
+"""The static decode loop kept for a run (policies/decode_loop.DecodeSession), on the CPU with the stand-in
+for torch.cuda's graphs of tests/policies/test_decode_loop_regressions.py: one capture per span a run, not per
+pass; the weight copies refreshed in place after an optimizer step; a bigger pass allocates and captures
+again. And the fused decoder's fast path: LoRA adapters merged into its copies (tokens equal peft's own
+layers), its attention's scores formed in float32 from bf16 inputs."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def test_bf16_weight_copies_are_refreshed_in_place(prior):
 def test_lora_samples_through_the_fused_decoder(janus_dir):
     """Janus with LoRA (model_options.lora_rank) samples through the fused decoder, the adapters' deltas
     merged into its weight copies: the static and eager fused loops draw the tokens of transformers' layers
-    with peft's adapters; after the adapters change (an optimizer step) the next pass draws from the new ones."""
+    with peft's adapters; after the adapters change (an optimizer step) the next pass draws
+    from the new ones."""
     from t2i_gcpo.policies.janus import JanusPolicy
 
     policy = JanusPolicy.from_pretrained(janus_dir, lora={"r": 4})
@@ -128,8 +129,14 @@ def test_one_query_attention_forms_its_scores_in_float32():
 
     from t2i_gcpo.policies.janus import JanusPolicy  # noqa: F401 (transformers' Llama config below)
 
-    cfg = LlamaConfig(vocab_size=16, hidden_size=256, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=16,
+        hidden_size=256,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
         dec = FusedLlamaDecoder(LlamaModel(cfg), rows=4, max_len=160)
     g = torch.Generator().manual_seed(0)

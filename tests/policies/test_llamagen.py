@@ -1,11 +1,12 @@
 """LlamaGenPolicy on a tiny random LlamaGen release (tests/llamagen_fixtures.py), offline.
 
-What is checked: the sampler's recorded log-probs equal a teacher-forced forward written here from the released
-state dict alone (T5 features left-padded with the padding masked and the diagonal kept, the 2D rotary table with
-zero caption positions, the null caption's learned embedding under the same mask, CFG on the first token too,
-cfg_interval), with CFG on and off; the static and (stand-in) graph loops draw the eager loop's tokens; the VQ decodes
-l2-normalised code vectors laid out [B, 8, h, w]; the loader refuses a pickle holding anything but tensors (nothing
-in it runs), a C2I checkpoint, a missing T5 folder, shapes no size has; LoRA, checkpointing, save → reload.
+What is checked: the sampler's recorded log-probs equal a teacher-forced forward written here from the
+released state dict alone (T5 features left-padded with the padding masked and the diagonal kept, the 2D
+rotary table with zero caption positions, the null caption's learned embedding under the same mask, CFG on the
+first token too, cfg_interval), with CFG on and off; the static and (stand-in) graph loops draw the eager
+loop's tokens; the VQ decodes l2-normalised code vectors laid out [B, 8, h, w]; the loader refuses a pickle
+holding anything but tensors (nothing in it runs), a C2I checkpoint, a missing T5 folder, shapes no size has;
+LoRA, checkpointing, save → reload.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ def policy(release):
 
 def roll(policy, texts=PROMPTS, group=2, seed=0, **sampling):
     base = dataclasses.replace(policy.default_sampling(), temperature=0.8)
-    return policy.rollout([PromptRecord(t) for t in texts], group, dataclasses.replace(base, **sampling),
-                          group_generators(seed, "llamagen", range(len(texts))))  # fmt: skip
+    return policy.rollout(
+        [PromptRecord(t) for t in texts],
+        group,
+        dataclasses.replace(base, **sampling),
+        group_generators(seed, "llamagen", range(len(texts))),
+    )
 
 
 def copy_release(release: Path, dest: Path) -> Path:
@@ -56,8 +61,8 @@ def copy_release(release: Path, dest: Path) -> Path:
 
 # ----------------------------------------------------------------------------- an independent forward
 def reference_features(release: Path, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample_t2i.py's caption input: T5 features of the (already clean) prompts, padded to L, then the valid rows
-    moved to the end and the rest zeroed; the mask flipped with them."""
+    """sample_t2i.py's caption input: T5 features of the (already clean) prompts, padded to L, then the valid
+    rows moved to the end and the rest zeroed; the mask flipped with them."""
     from transformers import AutoTokenizer, T5EncoderModel
 
     tok = AutoTokenizer.from_pretrained(release / "flan-t5-xl")
@@ -71,9 +76,11 @@ def reference_features(release: Path, texts: list[str]) -> tuple[torch.Tensor, t
     return feats, mask
 
 
-def reference_logits(state: dict, feats: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor,
-                     null: bool) -> torch.Tensor:  # fmt: skip
-    """gpt.py's teacher-forced forward spelled out on the state dict: logits [N, T, K] of the T image tokens."""
+def reference_logits(
+    state: dict, feats: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, null: bool
+) -> torch.Tensor:
+    """gpt.py's teacher-forced forward spelled out on the state dict: logits [N, T, K] of
+    the T image tokens."""
     L, heads, grid = fx.CAPTION_LEN, fx.HEADS, fx.GRID
     n, T = tokens.shape
     fc1, fc2 = state["cls_embedding.cap_proj.fc1.weight"], state["cls_embedding.cap_proj.fc2.weight"]
@@ -84,8 +91,8 @@ def reference_logits(state: dict, feats: torch.Tensor, mask: torch.Tensor, token
     )
     S, dim = x.shape[1], x.shape[2]
     hd = dim // heads
-    # the rotary angle of each position and pair: 0 for the caption (cos = sin = 0 there), image token k in grid
-    # cell (k // grid, k % grid): its first hd/4 pairs turn by row·θ_i, the last hd/4 by column·θ_i
+    # the rotary angle of each position and pair: 0 for the caption (cos = sin = 0 there), image token k in
+    # grid cell (k // grid, k % grid): its first hd/4 pairs turn by row·θ_i, the last hd/4 by column·θ_i
     cos, sin = torch.zeros(S, hd // 2), torch.zeros(S, hd // 2)
     for pos in range(L, S):
         row, col = divmod(pos - L, grid)
@@ -192,8 +199,9 @@ def test_static_loop_draws_the_eager_loops_tokens(policy, name):
 
 
 def test_graph_loop_captures_once_and_replays_the_eager_tokens(release, monkeypatch):
-    """rollout.decode=graph with a stand-in for the CUDA graph on the CPU (tests/capture_standin.py): spans of 4
-    slots captured after a real step each, then replayed; a second pass replays only; the tokens are eager's."""
+    """rollout.decode=graph with a stand-in for the CUDA graph on the CPU (tests/capture_standin.py): spans of
+    4 slots captured after a real step each, then replayed; a second pass replays only; the
+    tokens are eager's."""
     policy = load_policy(f"llamagen:{release}").eval()
     eager = roll(policy, seed=6)
     monkeypatch.setattr("t2i_gcpo.policies.llamagen.resolve_mode", lambda *args: "graph")
@@ -249,8 +257,9 @@ def test_captions_are_left_padded_t5_features_of_the_cleaned_prompt(release, pol
     assert clean_caption("  A  Photo of a RED+cat!  ") == "a photo of a red cat!"
     assert clean_caption("a dog (left) & a cat") == "a dog left a cat"
     assert clean_caption("a photo of a bench") == "a photo of a bench"
-    # the outputs of LlamaGen's own language/t5.py clean_caption (run once outside the suite, ftfy.fix_text stubbed as
-    # the identity; it and this code also gave the same text for all 1,618 DPG-Bench and GenEval prompts)
+    # the outputs of LlamaGen's own language/t5.py clean_caption (run once outside the suite, ftfy.fix_text
+    # stubbed as the identity; it and this code also gave the same text for all 1,618 DPG-Bench
+    # and GenEval prompts)
     cases = {
         "Visit http://x.com/a for <b>bold</b> cats": "visit for bold cats",
         "this-is-my-cute-cat_yes": "this is my cute cat yes",
@@ -306,8 +315,10 @@ def test_released_nestings_load_alike(release, policy, tmp_path):
 
     ro = roll(policy, seed=10)
     state = torch.load(release / fx.GPT_NAME, weights_only=False)["model"]
-    for name, write in (("bare", lambda p: torch.save(state, p.with_suffix(".pt"))),
-                        ("safetensors", lambda p: save_file(state, p.with_suffix(".safetensors")))):  # fmt: skip
+    for name, write in (
+        ("bare", lambda p: torch.save(state, p.with_suffix(".pt"))),
+        ("safetensors", lambda p: save_file(state, p.with_suffix(".safetensors"))),
+    ):
         folder = copy_release(release, tmp_path / name)
         os.remove(folder / fx.GPT_NAME)
         write(folder / Path(fx.GPT_NAME).stem)
@@ -353,7 +364,7 @@ def _gpt(folder: Path, state: dict) -> Path:
         ("gpt_size", "has dim 32 and 2 layers, but GPT-XL has dim 1280 and 36"),
         ("nan", "holds 1 NaN/inf values"),
     ],
-)  # fmt: skip
+)
 def test_what_is_not_a_t2i_release_is_one_line(release, tmp_path, change, message):
     folder = copy_release(release, tmp_path / change)
     options = ModelOptions()

@@ -412,9 +412,12 @@ def test_pretrain_masked_writes_a_loadable_checkpoint(tmp_path):
     from t2i_gcpo.pretrain.shapeworld_masked import MaskedPretrainConfig, pretrain_masked
 
     cfg = MaskedPretrainConfig(
-        n_scenes=150, steps=3, batch=8, warmup=1,
+        n_scenes=150,
+        steps=3,
+        batch=8,
+        warmup=1,
         model=MaskedConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
-    )  # fmt: skip
+    )
     seen = {}
 
     def evaluate(policy, test, n, seed):

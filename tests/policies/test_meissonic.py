@@ -1,8 +1,9 @@
-"""The Meissonic adapter (policies/meissonic.py, meissonic_transformer.py) on tiny random folders in the released
-layout (tests/meissonic_fixtures.py): the released parameter names and the real model's size, sampling equal to
-a reveal loop written out here (mask, schedule, timestep, micro-conditioning, guidance), the timestep of every
-canvas, both estimators, the negative prompt, LoRA and gradient checkpointing, saving in the released layout,
-the folder's own code never run, and a bad folder as one line (the Policy contract: test_policy_contract.py)."""
+"""The Meissonic adapter (policies/meissonic.py, meissonic_transformer.py) on tiny random folders in the
+released layout (tests/meissonic_fixtures.py): the released parameter names and the real model's size,
+sampling equal to a reveal loop written out here (mask, schedule, timestep, micro-conditioning, guidance), the
+timestep of every canvas, both estimators, the negative prompt, LoRA and gradient checkpointing, saving in the
+released layout, the folder's own code never run, and a bad folder as one line (the Policy contract:
+test_policy_contract.py)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_the_transformer_has_the_released_parameter_names_and_the_released_size(
 
     got = {k: tuple(v.shape) for k, v in policy.transformer.state_dict().items()}
     assert got == released_shapes(TRANSFORMER_CONFIG)
-    # MeissonFlow/Meissonic transformer/: 4.03 GB of float32 (2.01 GB in fp16) for its config.json (the defaults)
+    # MeissonFlow/Meissonic transformer/: 4.03 GB of float32 (2.01 GB in fp16) for its
+    # config.json (the defaults)
     n = parameter_count(MeissonicTransformerConfig())
     assert n == 1_006_946_304 and round(4 * n / 1e9, 2) == 4.03 and round(2 * n / 1e9, 2) == 2.01
 
@@ -98,8 +100,8 @@ def test_a_folder_without_sample_size_renders_the_pipelines_1024_px(tmp_path):
 
 
 def reveal_loop(policy, texts, negatives, group_size, seed, steps, scale, order="confidence"):
-    """Meissonic's sampling spelled out (src/pipeline.py + src/scheduler.py), drawn from the prompts' uniforms as
-    the adapter draws them: u[…, 0] picks each masked token by inverse CDF, u[…, 1] its Gumbel noise."""
+    """Meissonic's sampling spelled out (src/pipeline.py + src/scheduler.py), drawn from the prompts' uniforms
+    as the adapter draws them: u[…, 0] picks each masked token by inverse CDF, u[…, 1] its Gumbel noise."""
     tf, te, tok = policy.transformer, policy.text_encoder, policy.tokenizer
     gens = group_generators(seed, "m", range(len(texts)))
     u = torch.cat([torch.rand((group_size, steps, T, 2), generator=g) for g in gens])  # [B, S, T, 2]
@@ -134,8 +136,10 @@ def reveal_loop(policy, texts, negatives, group_size, seed, steps, scale, order=
         g = un + scale * (c - un) if scale > 1 else c
         cdf = g.softmax(-1).cumsum(-1)
         drawn = (cdf <= (u[:, s, :, 0] * cdf[..., -1])[..., None]).sum(-1).clamp(max=K - 1)  # [B, T]
-        pick = {name: z.log_softmax(-1).gather(-1, drawn[..., None])[..., 0] for name, z in
-                (("pos", c), ("neg", un), ("guided", g))}  # fmt: skip
+        pick = {
+            name: z.log_softmax(-1).gather(-1, drawn[..., None])[..., 0]
+            for name, z in (("pos", c), ("neg", un), ("guided", g))
+        }
         gumbel = -torch.log((-torch.log(u[:, s, :, 1].clamp(1e-20))).clamp(1e-20))
         conf = gumbel if order == "random" else pick["guided"] + tau[s] * gumbel
         conf = torch.where(masked, conf, torch.tensor(float("-inf")))
@@ -156,8 +160,16 @@ def reveal_loop(policy, texts, negatives, group_size, seed, steps, scale, order=
 @pytest.mark.parametrize("order", ["confidence", "random"])
 def test_sampled_tokens_and_log_probs_equal_the_reveal_loop_written_here(policy, order):
     texts, negatives, steps, scale = PROMPTS, ["", "blurry, ugly"], 5, 3.0
-    ro = roll(policy, texts, 2, 11, negatives=[None, negatives[1]], guidance_scale=scale, steps=steps,
-              reveal_order=order)  # fmt: skip
+    ro = roll(
+        policy,
+        texts,
+        2,
+        11,
+        negatives=[None, negatives[1]],
+        guidance_scale=scale,
+        steps=steps,
+        reveal_order=order,
+    )
     tokens, step, logp = reveal_loop(policy, texts, negatives, 2, 11, steps, scale, order)
     assert torch.equal(ro.tokens, tokens) and torch.equal(ro.step, step)
     for c in CONTEXTS:
@@ -221,8 +233,15 @@ def test_lora_trains_only_its_adapters_and_saves_merged(folder, tmp_path):
     trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert {n.split(".attn.")[1].split(".lora_")[0] for n in trainable} == {
-        "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"
-    }  # fmt: skip
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    }
     with torch.no_grad():  # peft's B starts at 0: move it, so the merge has something to merge
         for n, p in lora.named_parameters():
             if "lora_B" in n:
@@ -278,8 +297,8 @@ def test_save_pretrained_writes_the_released_layout(policy, tmp_path):
 
 
 def test_nothing_of_the_folder_is_executed(folder, tmp_path):
-    """The folder's transformer.py, scheduler.py and a pickle beside the weights leave a mark when run (shown by
-    running one); loading, sampling, scoring and saving leave none."""
+    """The folder's transformer.py, scheduler.py and a pickle beside the weights leave a mark when run (shown
+    by running one); loading, sampling, scoring and saving leave none."""
     pol = load_policy(f"meissonic:{folder}")
     ro = roll(pol, PROMPTS, 1, 0, guidance_scale=3.0, steps=3)
     pol.logprobs(ro, "pos")
@@ -332,8 +351,12 @@ def one_line(exc: pytest.ExceptionInfo) -> str:
 def test_a_wrong_folder_is_one_line(tmp_path, change, message):
     from safetensors.torch import load_file, save_file
 
-    over = {"unknown key": {"num_experts": 4}, "class": {"_class_name": "FluxTransformer2DModel"},
-            "guidance": {"guidance_embeds": True}, "rope": {"axes_dims_rope": [4, 6, 4]}}.get(change)  # fmt: skip
+    over = {
+        "unknown key": {"num_experts": 4},
+        "class": {"_class_name": "FluxTransformer2DModel"},
+        "guidance": {"guidance_embeds": True},
+        "rope": {"axes_dims_rope": [4, 6, 4]},
+    }.get(change)
     kw = {"text width": {"text_width": 40}, "projection": {"projection": 48}}.get(change, {})
     path = build_tiny_meissonic(tmp_path / "m", transformer=over, fp16_copy=False, **kw)
     if change == "no vqvae":

@@ -203,7 +203,8 @@ def test_a_registered_family_is_listed_and_its_options_checked(tmp_path):
     with pytest.raises(UserError) as err:
         load_policy(spec, ModelOptions(dtype="bfloat16"))  # the toy family reads no model option
     assert str(err.value) == (
-        f"model_options.dtype='bfloat16' applies to amused, janus, llamagen, meissonic, showo and text models only, not to the toy model '{spec}'"
+        f"model_options.dtype='bfloat16' applies to amused, janus, llamagen, meissonic, showo and text "
+        f"models only, not to the toy model '{spec}'"
     )
     with pytest.raises(UserError, match="'toy' is already registered"):
         toy_family.register()

@@ -137,8 +137,15 @@ def reference_reveal_loop(folder, texts, G, S, scale, seed, temperature=1.0, tau
     logp = {c: torch.zeros(b, T) for c in CONTEXTS}
     tau = tau0
     for s in range(S):
-        seq = torch.cat([torch.cat([cond, uncond]), torch.full((2 * b, 1), soi), image.repeat(2, 1),
-                         torch.full((2 * b, 1), eoi)], dim=1)  # fmt: skip
+        seq = torch.cat(
+            [
+                torch.cat([cond, uncond]),
+                torch.full((2 * b, 1), soi),
+                image.repeat(2, 1),
+                torch.full((2 * b, 1), eoi),
+            ],
+            dim=1,
+        )
         allowed = reference_mask(seq, tok.pad_token_id, soi, eoi)
         additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
         with torch.no_grad():
@@ -154,8 +161,10 @@ def reference_reveal_loop(folder, texts, G, S, scale, seed, temperature=1.0, tau
         cdf = probs.cumsum(-1)
         draw = torch.searchsorted(cdf, (uniforms[:, s, :, 0] * cdf[..., -1])[..., None], right=True)
         draw = draw.clamp(max=K - 1).squeeze(-1)  # [B, T]
-        lp = {n: (x / temperature).log_softmax(-1).gather(-1, draw[..., None]).squeeze(-1)
-              for n, x in (("pos", c), ("neg", u), ("guided", guided))}  # fmt: skip
+        lp = {
+            n: (x / temperature).log_softmax(-1).gather(-1, draw[..., None]).squeeze(-1)
+            for n, x in (("pos", c), ("neg", u), ("guided", guided))
+        }
         ratio = 1.0 * (s + 1) / S
         mask_ratio = torch.cos(torch.tensor(ratio) * math.pi * 0.5)
         mask_len = int((T * mask_ratio).floor())
@@ -198,8 +207,10 @@ def test_the_attention_mask_is_the_references_on_padded_prompts(folder, policy):
     long = reference_prompt(tok, "a cat " * 200)
     assert len(long) == 129 and long[-1] == tok.eos_token_id and tok.pad_token_id not in long
     seq = policy.sequence(torch.tensor([long]), canvas[:1])
-    assert torch.equal(omni_attention_mask(seq, policy.pad_id, policy.soi_id, policy.eoi_id),
-                       reference_mask(seq, policy.pad_id, policy.soi_id, policy.eoi_id))  # fmt: skip
+    assert torch.equal(
+        omni_attention_mask(seq, policy.pad_id, policy.soi_id, policy.eoi_id),
+        reference_mask(seq, policy.pad_id, policy.soi_id, policy.eoi_id),
+    )
 
 
 def test_the_prompt_format_and_the_token_ids(folder, policy):
@@ -474,20 +485,34 @@ def test_a_missing_or_wrong_part_of_the_folder_is_one_line(folder, tmp_path):
 
 def test_nothing_in_the_folder_is_executed(folder, tmp_path):
     """Python files and auto_map entries in the folder are never imported: the Phi config's auto_map is
-    dropped, the tokenizer is read with trust_remote_code=False (refused in one line when it asks for code)."""
+    dropped, the tokenizer is read with trust_remote_code=False (refused in one line when
+    it asks for code)."""
     from t2i_gcpo.policies.showo import ShowoPolicy
 
     bad = _copy(folder, tmp_path, "code")
     marker = tmp_path / "ran.txt"
     payload = f"open({str(marker)!r}, 'w').write('ran')\n"
-    for name in ("modeling_showo.py", "phi-1_5/modeling_phi.py", "phi-1_5/configuration_phi.py",
-                 "phi-1_5/tokenization_phi.py", "magvitv2/modeling_magvitv2.py"):  # fmt: skip
+    for name in (
+        "modeling_showo.py",
+        "phi-1_5/modeling_phi.py",
+        "phi-1_5/configuration_phi.py",
+        "phi-1_5/tokenization_phi.py",
+        "magvitv2/modeling_magvitv2.py",
+    ):
         (bad / name).write_text(payload)
-    _edit_json(bad / "phi-1_5" / "config.json",
-               auto_map={"AutoConfig": "configuration_phi.PhiConfig", "AutoModelForCausalLM": "modeling_phi.PhiForCausalLM"})  # fmt: skip
+    _edit_json(
+        bad / "phi-1_5" / "config.json",
+        auto_map={
+            "AutoConfig": "configuration_phi.PhiConfig",
+            "AutoModelForCausalLM": "modeling_phi.PhiForCausalLM",
+        },
+    )
     ShowoPolicy.from_pretrained(bad)  # loads, ignoring them
-    _edit_json(bad / "phi-1_5" / "tokenizer_config.json", auto_map={"AutoTokenizer": ["tokenization_phi.PhiTok", None]},
-               tokenizer_class="PhiTok")  # fmt: skip
+    _edit_json(
+        bad / "phi-1_5" / "tokenizer_config.json",
+        auto_map={"AutoTokenizer": ["tokenization_phi.PhiTok", None]},
+        tokenizer_class="PhiTok",
+    )
     with pytest.raises(UserError) as e:
         ShowoPolicy.from_pretrained(bad)
     assert "\n" not in str(e.value)

@@ -1,8 +1,8 @@
 """TextPolicy on tiny random causal LMs (tests/tiny_models.py), offline.
 
-What is checked: contexts are built exactly as docs/concepts/credit.md#gcpo says (token ids of pos / empty / wrong_answer
-/ template / per-prompt negatives, with and without a chat template); the KV-cache sampler's rollout
-(shapes, EOS and padding, the length limit) and its recorded pos / neg / guided log-probs equal the
+What is checked: contexts are built exactly as docs/concepts/credit.md#gcpo says (token ids of pos / empty /
+wrong_answer / template / per-prompt negatives, with and without a chat template); the KV-cache sampler's
+rollout (shapes, EOS and padding, the length limit) and its recorded pos / neg / guided log-probs equal the
 teacher-forced `logprobs`; a padded variable-length batch scores as its rows one by one; a sample
 depends on its own generator only; greedy sampling equals transformers' `generate`; dists, gradient,
 features, decode, gradient checkpointing and save → reload.

@@ -1,7 +1,8 @@
-"""The HTTP client of `remote:` and `judge:` (t2i_gcpo/rewards/http_client.py) against fake servers on loopback:
-one deadline for the whole request (a server answering a byte at a time is cut at it), an answer size bound (a
-stream of 200 MB is not read whole), no redirect followed (credentials stay with the URL's server), no proxy
-from the environment and the proxy given used (absolute-form for http, CONNECT for https), URLs checked."""
+"""The HTTP client of `remote:` and `judge:` (t2i_gcpo/rewards/http_client.py) against fake servers on
+loopback: one deadline for the whole request (a server answering a byte at a time is cut at it), an answer
+size bound (a stream of 200 MB is not read whole), no redirect followed (credentials stay with the URL's
+server), no proxy from the environment and the proxy given used (absolute-form for http, CONNECT for
+https), URLs checked."""
 
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ def test_a_redirect_is_returned_never_followed_and_credentials_stay_with_the_fir
     with fake_server(lambda seen: Reply(body={"ok": True})) as elsewhere:
         moved = Reply(status=307, headers={"Location": elsewhere.url + "/steal"})
         with fake_server(lambda seen: moved) as server:
-            answer = request(server.url + "/v1/chat/completions", method="POST", body=b"{}", timeout=5,
-                             max_bytes=1 << 20, headers={"Authorization": "Bearer secret"})  # fmt: skip
+            answer = request(
+                server.url + "/v1/chat/completions",
+                method="POST",
+                body=b"{}",
+                timeout=5,
+                max_bytes=1 << 20,
+                headers={"Authorization": "Bearer secret"},
+            )
             assert answer.status == 307 and elsewhere.seen == []  # nothing went to the other server
             line = http_client.redirect_line(server.url + "/v1/chat/completions", answer)
             assert f"a redirect to {elsewhere.url}/steal (another server; redirects are not followed)" in line
@@ -60,8 +67,10 @@ def test_a_redirect_is_returned_never_followed_and_credentials_stay_with_the_fir
 
 
 def test_the_environments_proxy_is_not_used_and_the_one_given_is(monkeypatch):
-    with fake_server(lambda seen: Reply(body={"via": "proxy"})) as proxy, \
-            fake_server(lambda seen: Reply(body={"via": "direct"})) as server:  # fmt: skip
+    with (
+        fake_server(lambda seen: Reply(body={"via": "proxy"})) as proxy,
+        fake_server(lambda seen: Reply(body={"via": "direct"})) as server,
+    ):
         for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
             monkeypatch.setenv(name, proxy.url)
         monkeypatch.delenv("NO_PROXY", raising=False)
@@ -80,8 +89,10 @@ def test_https_through_a_proxy_is_a_connect_tunnel_with_the_certificate_checked(
     if pair is None:
         pytest.skip("openssl is not installed")
     trusted = ssl.create_default_context(cafile=pair[0])
-    with fake_server(lambda seen: Reply(body={"tls": True}), tls=pair) as server, \
-            fake_server(lambda seen: Reply(status=500), tunnel=True) as proxy:  # fmt: skip
+    with (
+        fake_server(lambda seen: Reply(body={"tls": True}), tls=pair) as server,
+        fake_server(lambda seen: Reply(status=500), tunnel=True) as proxy,
+    ):
         with pytest.raises(NoAnswer, match="TLS"):  # the system does not trust the test's certificate
             request(server.url + "/v1", timeout=5, max_bytes=1 << 20)
         monkeypatch.setattr(http_client, "tls_context", lambda: trusted)
@@ -101,13 +112,16 @@ def test_no_server_and_a_server_that_hangs_up_are_no_answer():
             request(server.url, timeout=2, max_bytes=1 << 20)
 
 
-@pytest.mark.parametrize("url, needle", [
-    ("http://user:pw@127.0.0.1:8000/v1", "holds credentials"),
-    ("http://127.0.0.1:8000/v1#x", "fragment"),
-    ("ftp://127.0.0.1/v1", "not an http(s) URL"),
-    ("http://127.0.0.1:99999", "not a URL"),
-    ("http:///v1", "not an http(s) URL"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("http://user:pw@127.0.0.1:8000/v1", "holds credentials"),
+        ("http://127.0.0.1:8000/v1#x", "fragment"),
+        ("ftp://127.0.0.1/v1", "not an http(s) URL"),
+        ("http://127.0.0.1:99999", "not a URL"),
+        ("http:///v1", "not an http(s) URL"),
+    ],
+)
 def test_urls_are_checked(url, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         http_client.split_url(url, "reward 'x'")
@@ -127,8 +141,12 @@ def test_parse_answer_names_the_field():
         scores: list[float]
 
     assert http_client.parse_answer(b'{"scores": [1, 2.5]}', Answer).scores == [1.0, 2.5]
-    for raw, needle in [(b'{"scores": [1, "2"]}', "'scores.1': input should be a valid number"),
-                        (b'{"scores": [true]}', "'scores.0'"), (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
-                        (b"not json", "malformed JSON"), (b"\xff", "not UTF-8")]:  # fmt: skip
+    for raw, needle in [
+        (b'{"scores": [1, "2"]}', "'scores.1': input should be a valid number"),
+        (b'{"scores": [true]}', "'scores.0'"),
+        (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+        (b"not json", "malformed JSON"),
+        (b"\xff", "not UTF-8"),
+    ]:
         with pytest.raises(ValueError, match=needle):
             http_client.parse_answer(raw, Answer)

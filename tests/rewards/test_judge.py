@@ -126,7 +126,10 @@ def test_scores_are_parsed_from_the_answers(judge_server):
 
 def test_template_and_pattern_options(judge_server):
     server = judge_server("ok")
-    spec = f"judge:{server.url},template='Rate {{prompt}}, 1 to 5.',pattern='Score: (\\d)',max_score=10,image_size=null"
+    spec = (
+        f"judge:{server.url},template='Rate {{prompt}}, 1 to 5.',pattern='Score: "
+        f"(\\d)',max_score=10,image_size=null"
+    )
     out = build_reward(spec)(images(2), ["x", "yy"], [{}] * 2)
     asked = sorted(b["messages"][0]["content"][1]["text"] for _, b in server.bodies)  # concurrent: any order
     assert asked == ["Rate x, 1 to 5.", "Rate yy, 1 to 5."]
@@ -144,8 +147,15 @@ def test_template_and_pattern_options(judge_server):
             build_reward(bad)
 
 
-@pytest.mark.parametrize("mode, why", [("garbage", "not a chat completion"), ("noscore", "no score in the answer"),
-                                       ("stall", "within the deadline (0.5 s)"), ("http500", "HTTP 500 Internal Server Error")])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, why",
+    [
+        ("garbage", "not a chat completion"),
+        ("noscore", "no score in the answer"),
+        ("stall", "within the deadline (0.5 s)"),
+        ("http500", "HTTP 500 Internal Server Error"),
+    ],
+)
 def test_a_failing_server_is_one_line_after_the_retries(judge_server, mode, why):
     server = judge_server(mode)
     reward = build_reward(f"judge:{server.url},{FAST},concurrency=1")
@@ -175,9 +185,29 @@ def tiny(tmp_path_factory):
 
 def train_args(tiny, out, reward):
     model, prompts = tiny
-    return ["train", "--prompts", prompts, "--model", model, "--reward", reward, "--out", out, "--steps", "1",
-            "--report-to", "none", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2",
-            "--set", "sample_every=0", "--set", "eval_every=-1"]  # fmt: skip
+    return [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        reward,
+        "--out",
+        out,
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_every=-1",
+    ]
 
 
 @pytest.mark.parametrize("mode", ["down", "garbage", "stall"])

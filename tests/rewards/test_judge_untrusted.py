@@ -1,8 +1,8 @@
-"""`judge:` (t2i_gcpo/rewards/forms/judge.py) against fake chat servers on loopback that misbehave: a redirect to another
-host gets neither the request nor the API key (a run: exit 2 before its folder), the environment's proxy is
-not used and the one given is, a query string stays after the endpoint, the deadline is the whole request's,
-answers are bounded and read into a schema (a score outside [0, max_score] is no score), and `post_chat` is
-the request on its own."""
+"""`judge:` (t2i_gcpo/rewards/forms/judge.py) against fake chat servers on loopback that misbehave: a redirect
+to another host gets neither the request nor the API key (a run: exit 2 before its folder), the environment's
+proxy is not used and the one given is, a query string stays after the endpoint, the deadline is the whole
+request's, answers are bounded and read into a schema (a score outside [0, max_score] is no score), and
+`post_chat` is the request on its own."""
 
 from __future__ import annotations
 
@@ -45,9 +45,26 @@ def test_a_redirect_to_another_host_gets_neither_the_request_nor_the_key(capsys,
         with fake_server(lambda seen: moved) as judge:
             model, prompts = tiny
             out = tmp_path / "run"
-            code, _, err = cli(capsys, "train", "--prompts", prompts, "--model", model, "--out", out, "--steps", "1",
-                               "--reward", f"judge:{judge.url}/v1,{FAST}", "--report-to", "none", "--set",
-                               "rollout.prompts_per_step=2", "--set", "rollout.group_size=2")  # fmt: skip
+            code, _, err = cli(
+                capsys,
+                "train",
+                "--prompts",
+                prompts,
+                "--model",
+                model,
+                "--out",
+                out,
+                "--steps",
+                "1",
+                "--reward",
+                f"judge:{judge.url}/v1,{FAST}",
+                "--report-to",
+                "none",
+                "--set",
+                "rollout.prompts_per_step=2",
+                "--set",
+                "rollout.group_size=2",
+            )
             assert judge.seen and judge.seen[0].headers["authorization"] == "Bearer sk-secret"
     line = error_line(err)
     assert code == 2 and f"a redirect to {elsewhere.url}/v1/chat/completions (another server" in line, line
@@ -56,8 +73,10 @@ def test_a_redirect_to_another_host_gets_neither_the_request_nor_the_key(capsys,
 
 
 def test_the_environments_proxy_is_not_used_and_the_one_given_is(monkeypatch):
-    with fake_server(lambda seen: completion("Final Score: 2")) as proxy, \
-            fake_server(lambda seen: completion("Final Score: 4")) as judge:  # fmt: skip
+    with (
+        fake_server(lambda seen: completion("Final Score: 2")) as proxy,
+        fake_server(lambda seen: completion("Final Score: 4")) as judge,
+    ):
         for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
             monkeypatch.setenv(name, proxy.url)
         assert build_reward(f"judge:{judge.url}/v1,{FAST}")(
@@ -100,12 +119,19 @@ def test_the_deadline_is_the_whole_requests_and_answers_are_bounded():
 
 MALFORMED = {
     "no choices": (Reply(body={"choices": []}), "'choices': list should have at least 1 item"),
-    "content that is a number": (Reply(body={"choices": [{"message": {"content": 4}}]}),
-                                 "'choices.0.message.content': input should be a valid string"),
-    "a score above max_score": (completion("Final Score: 45", ), "outside [0, max_score=5]"),
+    "content that is a number": (
+        Reply(body={"choices": [{"message": {"content": 4}}]}),
+        "'choices.0.message.content': input should be a valid string",
+    ),
+    "a score above max_score": (
+        completion(
+            "Final Score: 45",
+        ),
+        "outside [0, max_score=5]",
+    ),
     "a score that is not finite": (completion("Final Score: nan"), "outside [0, max_score=5]"),
     "an HTML page": (Reply(body=b"<html>"), "not a chat completion: the answer is malformed JSON"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("what", list(MALFORMED))
@@ -121,8 +147,12 @@ def test_a_malformed_answer_is_no_score(what):
 
 def test_post_chat_is_the_request_on_its_own():
     with fake_server(lambda seen: completion("yes", usage={"total_tokens": 3})) as judge:
-        answer = post_chat(chat_url(judge.url + "/v1"), {"messages": [{"role": "user", "content": "ok?"}]},
-                           api_key="k", timeout=2)  # fmt: skip
+        answer = post_chat(
+            chat_url(judge.url + "/v1"),
+            {"messages": [{"role": "user", "content": "ok?"}]},
+            api_key="k",
+            timeout=2,
+        )
         assert (
             isinstance(answer, ChatCompletion)
             and answer.text == "yes"

@@ -1,5 +1,5 @@
-"""The OCR reward (t2i_gcpo/rewards/forms/ocr.py): flow_grpo's formula by hand, the prompt check, and — with the
-ocr extra installed (rapidocr-onnxruntime ships its PP-OCRv4 models in the wheel) — the real engine on
+"""The OCR reward (t2i_gcpo/rewards/forms/ocr.py): flow_grpo's formula by hand, the prompt check, and — with
+the ocr extra installed (rapidocr-onnxruntime ships its PP-OCRv4 models in the wheel) — the real engine on
 rendered text: an image of the prompt's phrase scores ≥ 0.9, one of another phrase ≤ 0.5."""
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def test_a_missing_extra_is_one_line(monkeypatch):
     )
     with pytest.raises(
         UserError,
-        match=r"reward 'ocr' needs the package rapidocr_onnxruntime, not installed: pip install 't2i-gcpo\[ocr\]'",
+        match=(
+            r"reward 'ocr' needs the package rapidocr_onnxruntime, not installed: pip install "
+            r"'t2i-gcpo\[ocr\]'"
+        ),
     ):
         check_reward_spec("0.5*shapeworld+0.5*ocr")
 

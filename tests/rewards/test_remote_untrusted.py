@@ -1,7 +1,8 @@
-"""`remote:` (t2i_gcpo/rewards/remote.py) against fake reward servers on loopback that answer what no server of
-ours would: every malformed answer and every malformed /health field is one line naming the field (a run: exit
-2 before its folder exists), never a reward; redirects are not followed, the environment's proxy is not used,
-the deadline is the whole request's and answers are bounded; a call is split to the server's declared limits."""
+"""`remote:` (t2i_gcpo/rewards/remote.py) against fake reward servers on loopback that answer what no server
+of ours would: every malformed answer and every malformed /health field is one line naming the field (a run:
+exit 2 before its folder exists), never a reward; redirects are not followed, the environment's proxy is not
+used, the deadline is the whole request's and answers are bounded; a call is split to the
+server's declared limits."""
 
 from __future__ import annotations
 
@@ -36,18 +37,39 @@ def answering(body, **info):
 
 MALFORMED_ANSWERS = {
     # the repro: a "scores" object of the right size had its keys read as scores (reward/mean 3.5, exit 0)
-    "scores as an object": ({"scores": {"3": 0, "4": 0}, "details": [{}, {}]}, "'scores': input should be a valid list"),
-    "scores as strings": ({"scores": ["0.5", "0.5"], "details": [{}, {}]}, "'scores.0': input should be a valid number"),
-    "scores as booleans": ({"scores": [True, False], "details": [{}, {}]}, "'scores.0': input should be a valid number"),
-    "a NaN score": (b'{"scores": [NaN, 0.5], "details": [{}, {}]}', "'scores.0': input should be a finite number"),
-    "a score out of bounds": ({"scores": [3.5, 0.5], "details": [{}, {}]}, "'scores.0' is 3.5, outside the bounds the server declares [0, 1]"),
-    "one score too few": ({"scores": [0.5], "details": [{}, {}]}, "'scores' holds 1 scores for the 2 images sent"),
+    "scores as an object": (
+        {"scores": {"3": 0, "4": 0}, "details": [{}, {}]},
+        "'scores': input should be a valid list",
+    ),
+    "scores as strings": (
+        {"scores": ["0.5", "0.5"], "details": [{}, {}]},
+        "'scores.0': input should be a valid number",
+    ),
+    "scores as booleans": (
+        {"scores": [True, False], "details": [{}, {}]},
+        "'scores.0': input should be a valid number",
+    ),
+    "a NaN score": (
+        b'{"scores": [NaN, 0.5], "details": [{}, {}]}',
+        "'scores.0': input should be a finite number",
+    ),
+    "a score out of bounds": (
+        {"scores": [3.5, 0.5], "details": [{}, {}]},
+        "'scores.0' is 3.5, outside the bounds the server declares [0, 1]",
+    ),
+    "one score too few": (
+        {"scores": [0.5], "details": [{}, {}]},
+        "'scores' holds 1 scores for the 2 images sent",
+    ),
     "details of the wrong count": ({"scores": [0.5, 0.5], "details": [{}]}, "'details' holds 1 entries"),
-    "details that are not objects": ({"scores": [0.5, 0.5], "details": [1, 2]}, "'details.0': input should be a valid dictionary"),
+    "details that are not objects": (
+        {"scores": [0.5, 0.5], "details": [1, 2]},
+        "'details.0': input should be a valid dictionary",
+    ),
     "no details": ({"scores": [0.5, 0.5]}, "'details': field required"),
     "deep JSON": (b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
     "not JSON": (b"<html>", "malformed JSON"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("what", list(MALFORMED_ANSWERS))
@@ -69,12 +91,14 @@ def test_the_declared_terms_of_a_sum_are_a_row_of_finite_scores_per_image():
         out = build_reward(f"remote:{server.url},{FAST}")(images(2), ["a", "b"], [{}, {}])
         assert out.scores.tolist() == [1.0, 1.0] and out.term_names == ("shapeworld", "clip")
         assert out.terms.tolist() == [[1.0, 0.25], [1.0, 0.25]] and out.details[1] == {"clip/cosine": 0.1}
-    for rows, needle in [(None, "'terms' is missing: the server declares a sum of shapeworld, clip"),
-                         ([[1.0, 0.25]], "'terms' holds 1 rows for the 2 images sent"),
-                         ([[1.0], [1.0]], "'terms.0' holds 1 scores for the 2 declared terms"),
-                         ([[1.0, "x"], [1.0, 0.0]], "'terms.0.1'"),
-                         ([[1.0, True], [1.0, 0.0]], "'terms.0.1'"),
-                         ([[1.0, float("nan")], [1.0, 0.0]], "'terms.0.1'")]:  # fmt: skip
+    for rows, needle in [
+        (None, "'terms' is missing: the server declares a sum of shapeworld, clip"),
+        ([[1.0, 0.25]], "'terms' holds 1 rows for the 2 images sent"),
+        ([[1.0], [1.0]], "'terms.0' holds 1 scores for the 2 declared terms"),
+        ([[1.0, "x"], [1.0, 0.0]], "'terms.0.1'"),
+        ([[1.0, True], [1.0, 0.0]], "'terms.0.1'"),
+        ([[1.0, float("nan")], [1.0, 0.0]], "'terms.0.1'"),
+    ]:
         bad = {"scores": [1.0, 1.0], "details": [{}, {}], **({"terms": rows} if rows is not None else {})}
         with fake_server(answering(bad, terms=terms, bounds=None)) as server:
             with pytest.raises(RewardError, match=re.escape(needle)):
@@ -97,7 +121,7 @@ MALFORMED_HEALTH = {
     "max_images true": ({"max_images": True}, "'max_images': input should be a valid integer"),
     "max_pixels negative": ({"max_pixels": -1}, "'max_pixels'"),
     "no spec": ({"spec": None}, "'spec': input should be a valid string"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("what", list(MALFORMED_HEALTH))
@@ -117,9 +141,30 @@ def tiny(tmp_path_factory):
 
 def train(capsys, tiny, out, reward):
     model, prompts = tiny
-    return cli(capsys, "train", "--prompts", prompts, "--model", model, "--reward", reward, "--out", out, "--steps",
-               "1", "--report-to", "none", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2",
-               "--set", "sample_every=0", "--set", "eval_every=-1")  # fmt: skip
+    return cli(
+        capsys,
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        reward,
+        "--out",
+        out,
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_every=-1",
+    )
 
 
 def test_a_run_against_a_server_answering_scores_as_an_object_stops_before_its_folder(capsys, tmp_path, tiny):
@@ -150,8 +195,11 @@ def test_a_redirect_is_not_followed(capsys):
     with fake_server(reward_server(health(), scores_for)) as elsewhere:
         moved = Reply(status=307, headers={"Location": elsewhere.url + "/health"})
         with fake_server(lambda seen: moved) as server:
-            with pytest.raises(UserError, match=rf"answered /health with HTTP 307, a redirect to {elsewhere.url}/health "
-                               r"\(another server; redirects are not followed\)"):  # fmt: skip
+            with pytest.raises(
+                UserError,
+                match=rf"answered /health with HTTP 307, a redirect to {elsewhere.url}/health "
+                r"\(another server; redirects are not followed\)",
+            ):
                 build_reward(f"remote:{server.url},{FAST}")
         assert elsewhere.seen == []
     with fake_server(reward_server(health(), lambda seen: moved)) as server:
@@ -177,8 +225,10 @@ def test_the_deadline_is_the_whole_requests_and_answers_are_bounded():
 
 
 def test_the_environments_proxy_is_not_used_and_the_one_given_is(monkeypatch):
-    with fake_server(reward_server(health(name="via proxy"), scores_for)) as proxy, \
-            fake_server(reward_server(health(), scores_for)) as server:  # fmt: skip
+    with (
+        fake_server(reward_server(health(name="via proxy"), scores_for)) as proxy,
+        fake_server(reward_server(health(), scores_for)) as server,
+    ):
         for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
             monkeypatch.setenv(name, proxy.url)
         out = build_reward(f"remote:{server.url},{FAST}")(images(2), ["a", "b"], [{}, {}])

@@ -89,7 +89,9 @@ def test_pickscore_is_the_readme_computation(pick_dir):
         text_embs = text_embs / torch.norm(text_embs, dim=-1, keepdim=True)
         want = model.logit_scale.exp() * (text_embs @ image_embs.T).diagonal()
     assert torch.allclose(out.scores, want, atol=1e-5)
-    assert out.scores.std() > 0 and [d["cosine"] for d in out.details] == pytest.approx((want / model.logit_scale.exp()).tolist(), abs=1e-5)  # fmt: skip
+    assert out.scores.std() > 0 and [d["cosine"] for d in out.details] == pytest.approx(
+        (want / model.logit_scale.exp()).tolist(), abs=1e-5
+    )
 
 
 def test_pickscore_folder_checks(tmp_path, pick_dir):
@@ -192,18 +194,31 @@ def test_aesthetic_is_simple_inference(aesthetic_files):
     out = reward(images, PROMPTS, [{}] * 3)
 
     # clip.load's preprocess: Resize(n, bicubic), CenterCrop(n), RGB, ToTensor, Normalize
-    preprocess = T.Compose([T.Resize(28, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(28),
-                            lambda im: im.convert("RGB"), T.ToTensor(),
-                            T.Normalize(OPENAI_MEAN.tolist(), OPENAI_STD.tolist())])  # fmt: skip
+    preprocess = T.Compose(
+        [
+            T.Resize(28, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(28),
+            lambda im: im.convert("RGB"),
+            T.ToTensor(),
+            T.Normalize(OPENAI_MEAN.tolist(), OPENAI_STD.tolist()),
+        ]
+    )
     pixels = torch.stack([preprocess(im) for im in as_pil(images)])
     assert torch.allclose(reward.inner.pixel_values(as_pil(images)), pixels, atol=1e-6)
 
     clip = open_clip.create_model(TINY_AESTHETIC_CLIP, pretrained=None)  # QuickGELU, as OpenAI's ViT-L/14
     clip.load_state_dict(torch.load(clip_path, weights_only=True))
     clip.eval()
-    mlp = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Dropout(0.2), torch.nn.Linear(24, 12),
-                              torch.nn.Dropout(0.2), torch.nn.Linear(12, 8), torch.nn.Dropout(0.1),
-                              torch.nn.Linear(8, 4), torch.nn.Linear(4, 1))  # fmt: skip
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(16, 24),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(24, 12),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(12, 8),
+        torch.nn.Dropout(0.1),
+        torch.nn.Linear(8, 4),
+        torch.nn.Linear(4, 1),
+    )
     mlp.load_state_dict(
         {k.removeprefix("layers."): v for k, v in torch.load(head_path, weights_only=True).items()}
     )
@@ -250,8 +265,12 @@ def test_vqa_is_the_answer_likelihood(blip_dir):
     out = reward(images, prompts, [{}] * 4)
 
     # BLIP's transform: Resize((384, 384), bicubic) on the PIL image, ToTensor, Normalize (CLIP's)
-    pixels = torch.stack([normalise(np.asarray(im.resize((BLIP_SIZE, BLIP_SIZE), Image.Resampling.BICUBIC)))
-                          for im in as_pil(images)])  # fmt: skip
+    pixels = torch.stack(
+        [
+            normalise(np.asarray(im.resize((BLIP_SIZE, BLIP_SIZE), Image.Resampling.BICUBIC)))
+            for im in as_pil(images)
+        ]
+    )
     assert torch.allclose(reward.inner.pixel_values(as_pil(images)), pixels, atol=1e-6)
 
     model = BlipForQuestionAnswering.from_pretrained(blip_dir).eval()
@@ -264,8 +283,11 @@ def test_vqa_is_the_answer_likelihood(blip_dir):
         for px, prompt in zip(pixels, prompts):
             q = tok(f'Does this figure show "{prompt}"? Please answer yes or no.', return_tensors="pt")
             image_embeds = model.vision_model(pixel_values=px[None])[0]
-            q_embeds = model.text_encoder(input_ids=q["input_ids"], attention_mask=q["attention_mask"],
-                                          encoder_hidden_states=image_embeds)[0]  # fmt: skip
+            q_embeds = model.text_encoder(
+                input_ids=q["input_ids"],
+                attention_mask=q["attention_mask"],
+                encoder_hidden_states=image_embeds,
+            )[0]
             answer = [tok.convert_tokens_to_ids("yes"), sep]
             prefix, logp = [bos], 0.0
             for a in answer:

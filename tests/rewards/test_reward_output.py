@@ -1,4 +1,5 @@
-"""RewardOutput: per-term scores typed as a [B, K] tensor beside their names, kept through select and concat."""
+"""RewardOutput: per-term scores typed as a [B, K] tensor beside their names, kept through
+select and concat."""
 
 import pytest
 import torch

@@ -58,7 +58,9 @@ def test_every_reward_file_registers_one_form_and_help_lists_them():
 
 def test_terms_weights_and_quotes():
     assert terms("0.7*my_rewards:length + 0.3*my_rewards:brightness") == [
-        (0.7, "my_rewards:length"), (0.3, "my_rewards:brightness")]  # fmt: skip
+        (0.7, "my_rewards:length"),
+        (0.3, "my_rewards:brightness"),
+    ]
     # a '+' that starts no term stays in its field: the aesthetic head's released file name
     head = "/m/sac+logos+ava1-l14-linearMSE.pth"
     assert terms(f"2*aesthetic:/m/clip.bin,{head}+shapeworld") == [
@@ -117,8 +119,10 @@ def test_canonical_reward_records_weights_paths_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = "0.70*pickscore:PickScore_v1,batch_size=4+0.30*aesthetic:clip.bin,sac+logos.pth+ocr"
     got = canonical_reward(spec)
-    assert got == (f"0.70*pickscore:{tmp_path}/PickScore_v1,batch_size=4+0.30*aesthetic:{tmp_path}/clip.bin,"
-                   f'"{tmp_path}/sac+logos.pth"+ocr')  # fmt: skip
+    assert got == (
+        f"0.70*pickscore:{tmp_path}/PickScore_v1,batch_size=4+0.30*aesthetic:{tmp_path}/clip.bin,"
+        f'"{tmp_path}/sac+logos.pth"+ocr'
+    )
     assert terms(got)[1] == (0.3, f'aesthetic:{tmp_path}/clip.bin,"{tmp_path}/sac+logos.pth"')
     assert canonical_reward(got) == got
     assert (
@@ -133,14 +137,38 @@ def test_canonical_reward_records_weights_paths_absolute(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("registry_train")
-    return {"model": str(tiny_policy_dir(root)), "prompts": str(write_prompt_file(root / "p.jsonl")),
-            "pickscore": str(build_tiny_pickscore(root / "PickScore_v1"))}  # fmt: skip
+    return {
+        "model": str(tiny_policy_dir(root)),
+        "prompts": str(write_prompt_file(root / "p.jsonl")),
+        "pickscore": str(build_tiny_pickscore(root / "PickScore_v1")),
+    }
 
 
 def train(capsys, tiny, out, reward, model=None):
-    return cli(capsys, "train", "--prompts", tiny["prompts"], "--model", model or tiny["model"], "--reward", reward,
-               "--out", out, "--steps", "1", "--report-to", "none", "--set", "rollout.prompts_per_step=2",
-               "--set", "rollout.group_size=2", "--set", "sample_every=0", "--set", "eval_every=-1")  # fmt: skip
+    return cli(
+        capsys,
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        model or tiny["model"],
+        "--reward",
+        reward,
+        "--out",
+        out,
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_every=-1",
+    )
 
 
 @pytest.mark.parametrize(
@@ -223,8 +251,9 @@ def test_adding_a_reward_is_one_file(capsys, tmp_path, tiny, toy_reward_file):
     code, _, err = train(capsys, tiny, tmp_path / "bad", "toy_brightness:gain=-1")
     assert code == 2 and "option gain must be ≥ 0, got -1" in error_line(err)
     images = torch.rand(2, 3, 8, 8)
-    assert build_reward("toy_brightness:gain=3")(images, ["a", "b"], [{}, {}]).scores.tolist() == pytest.approx(
-        [3 * float(x.mean()) for x in images])  # fmt: skip
+    assert build_reward("toy_brightness:gain=3")(
+        images, ["a", "b"], [{}, {}]
+    ).scores.tolist() == pytest.approx([3 * float(x.mean()) for x in images])
 
 
 def test_geneval_metadata_reaches_the_parts_of_a_sum_that_need_it(tiny, monkeypatch):

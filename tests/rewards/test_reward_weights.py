@@ -1,7 +1,7 @@
-"""Reward weights that train on nothing (issue 59): `0*shapeworld` and `1e-400*shapeworld` trained on a constant
-reward without a word. A sum whose every weight is 0 is refused (every sample scores 0: no step learns
-anything), as is a weight written non-zero that is 0 as a float (1e-400 underflows); a 0 beside other terms
-is kept: that term is logged (its reward/<name>/mean), not trained on — what a user writing it means."""
+"""Reward weights that train on nothing (issue 59): `0*shapeworld` and `1e-400*shapeworld` trained on a
+constant reward without a word. A sum whose every weight is 0 is refused (every sample scores 0: no step
+learns anything), as is a weight written non-zero that is 0 as a float (1e-400 underflows); a 0 beside other
+terms is kept: that term is logged (its reward/<name>/mean), not trained on — what a user writing it means."""
 
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def test_a_run_scored_by_the_server_is_the_run_scored_in_process(tiny, tmp_path)
 
 
 def test_the_server_builds_the_reward_for_the_clients_grid(tmp_path):
-    """ShapeWorld's object masks are on the policy's token grid: the client sends it, the server scores on it."""
+    """ShapeWorld's object masks are on the policy's token grid: the client sends it, the
+    server scores on it."""
     from t2i_gcpo.rewards.registry import build_reward
 
     images = torch.rand(2, 3, 16, 16)
@@ -182,8 +183,20 @@ def test_a_server_that_is_not_there_is_one_line_before_the_run_folder_exists(
     monkeypatch.setattr(policies, "load_policy", no_loading)
     out = tmp_path / "run"
     port = free_port()
-    code, _, err = cli(capsys, "train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--out", out,
-                       "--reward", f"remote:http://127.0.0.1:{port},retries=1,backoff=0.01", "--steps", "1")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--out",
+        out,
+        "--reward",
+        f"remote:http://127.0.0.1:{port},retries=1,backoff=0.01",
+        "--steps",
+        "1",
+    )
     line = error_line(err)
     assert code == 2 and f"no reward server answers at http://127.0.0.1:{port}" in line, line
     assert "2 tries" in line and "t2i-gcpo reward-server --reward SPEC --port" in line
@@ -191,8 +204,18 @@ def test_a_server_that_is_not_there_is_one_line_before_the_run_folder_exists(
 
 
 def test_a_bare_address_says_to_write_remote(tiny, tmp_path, capsys):
-    code, _, err = cli(capsys, "train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--out",
-                       tmp_path / "run", "--reward", "http://127.0.0.1:8100")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--out",
+        tmp_path / "run",
+        "--reward",
+        "http://127.0.0.1:8100",
+    )
     assert code == 2 and "write remote:URL" in error_line(err) and not (tmp_path / "run").exists()
 
 
@@ -257,8 +280,23 @@ def test_reward_server_check_prints_what_it_would_serve(capsys):
 def start_server(spec: str, port: int) -> subprocess.Popen:
     """`t2i-gcpo reward-server` in a process of its own, once it listens."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "SLOW_REWARD_SECONDS": "0.4"}
-    proc = subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", "reward-server", "--reward", spec, "--port",
-                             str(port), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "t2i_gcpo.cli",
+            "reward-server",
+            "--reward",
+            spec,
+            "--port",
+            str(port),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     line = proc.stdout.readline()
     assert "serving" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc

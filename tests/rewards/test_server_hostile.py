@@ -1,6 +1,6 @@
 """The reward server (t2i_gcpo/rewards/server.py) against hostile and careless clients on loopback, with small
-deadlines: slow clients hold no slot and are cut at the head and body deadlines, a PNG bomb is refused from its
-headers before anything is decoded, 64 clients at once are all answered, the grid cache is bounded, every
+deadlines: slow clients hold no slot and are cut at the head and body deadlines, a PNG bomb is refused from
+its headers before anything is decoded, 64 clients at once are all answered, the grid cache is bounded, every
 malformed body (deep JSON included) is a 4xx naming what is wrong, the bodies held in memory are bounded, and
 clients that hang up leave one line in the log and no traceback. After every hostile client the server still
 scores a good request."""
@@ -123,21 +123,40 @@ DEEP = b'{"images": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 MALFORMED = {
     "deep JSON": (DEEP, 400, "nested too deeply"),
     "JSON 65 levels deep in metadata": (
-        json.dumps({"images": [b64(png())], "prompts": ["p"], "metadata": [json.loads("[" * 64 + "]" * 64)]}).encode(),
-        400, "nested too deeply"),
+        json.dumps(
+            {"images": [b64(png())], "prompts": ["p"], "metadata": [json.loads("[" * 64 + "]" * 64)]}
+        ).encode(),
+        400,
+        "nested too deeply",
+    ),
     "not UTF-8": (b'{"images": "\xff"}', 400, "not UTF-8"),
     "a list body": (b"[1, 2]", 400, "must be a JSON object"),
     "images of numbers": (json.dumps({"images": [1], "prompts": ["p"]}).encode(), 400, "'images' must be"),
-    "prompts of numbers": (json.dumps({"images": [b64(png())], "prompts": [1]}).encode(), 400, "'prompts' must be"),
+    "prompts of numbers": (
+        json.dumps({"images": [b64(png())], "prompts": [1]}).encode(),
+        400,
+        "'prompts' must be",
+    ),
     "a boolean grid": (score_body(1, context={"grid": [True, 4]}), 400, "'context.grid'"),
     "a context list": (score_body(1, context=[1]), 400, "'context' must be an object"),
     "metadata of strings": (score_body(1, metadata=["x"]), 400, "'metadata' must be a list of objects"),
     "no images": (json.dumps({"images": [], "prompts": []}).encode(), 400, "no images"),
-    "a PNG of 0 pixels": (json.dumps({"images": [b64(bare_png(0, 0))], "prompts": ["p"]}).encode(), 400, "or empty"),
+    "a PNG of 0 pixels": (
+        json.dumps({"images": [b64(bare_png(0, 0))], "prompts": ["p"]}).encode(),
+        400,
+        "or empty",
+    ),
     "a PNG whose header lies": (
-        json.dumps({"images": [b64(bare_png(16, 16)[:16] + struct.pack(">II", 8, 8) + bare_png(16, 16)[24:])],
-                    "prompts": ["p"]}).encode(), 400, "image 0 is not a readable PNG"),
-}  # fmt: skip
+        json.dumps(
+            {
+                "images": [b64(bare_png(16, 16)[:16] + struct.pack(">II", 8, 8) + bare_png(16, 16)[24:])],
+                "prompts": ["p"],
+            }
+        ).encode(),
+        400,
+        "image 0 is not a readable PNG",
+    ),
+}
 
 
 @pytest.mark.parametrize("what", list(MALFORMED))

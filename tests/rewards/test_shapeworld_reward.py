@@ -1,4 +1,5 @@
-"""ShapeWorldReward: partial / strict scores, details, object grids (docs/worlds/shapeworld.md, docs/evaluation/geneval.md#geneval-as-a-reward)."""
+"""ShapeWorldReward: partial / strict scores, details, object grids (docs/worlds/shapeworld.md,
+docs/evaluation/geneval.md#geneval-as-a-reward)."""
 
 import numpy as np
 import pytest

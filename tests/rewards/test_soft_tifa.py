@@ -1,6 +1,7 @@
-"""The soft_tifa reward (t2i_gcpo/rewards/forms/soft_tifa.py): a tiny random Qwen3-VL's Soft-TIFA GM / AM of each image
-over its prompt's atoms equals the reference's computation written again here (generate's scores, their softmax
-summed over each answer's first token, scipy's geometric mean); a prompt without atoms is refused in one line."""
+"""The soft_tifa reward (t2i_gcpo/rewards/forms/soft_tifa.py): a tiny random Qwen3-VL's Soft-TIFA GM / AM of
+each image over its prompt's atoms equals the reference's computation written again here (generate's scores,
+their softmax summed over each answer's first token, scipy's geometric mean); a prompt without atoms is
+refused in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The GenEval rules engine (docs/evaluation/geneval.md) on scripted detections, with hand-computed answers."""
+"""The GenEval rules engine (docs/evaluation/geneval.md) on scripted detections, with
+hand-computed answers."""
 
 import pytest
 

@@ -1,5 +1,6 @@
 """The two partial-credit variants of `reward_detections` on scripted detections, hand-computed:
-"spec" (docs/evaluation/geneval.md#geneval-as-a-reward, clipped to [0, 1], the default) and "flow_grpo" (flow_grpo's reward code)."""
+"spec" (docs/evaluation/geneval.md#geneval-as-a-reward, clipped to [0, 1], the default) and "flow_grpo"
+(flow_grpo's reward code)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""The arithmetic task (docs/worlds/arithmetic.md#step-lift): prompt files, the reward, step lift, the text heatmap, and the
-held-out evaluation on a tiny random Llama over the world's character tokenizer."""
+"""The arithmetic task (docs/worlds/arithmetic.md#step-lift): prompt files, the reward, step lift, the text
+heatmap, and the held-out evaluation on a tiny random Llama over the world's character tokenizer."""
 
 from __future__ import annotations
 
@@ -87,8 +87,15 @@ def test_chat_template_gives_the_world_frame(tok):
 
     from t2i_gcpo.policies.text import TextPolicy
 
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     policy = TextPolicy(LlamaForCausalLM(cfg), tok)
     assert policy.format_prompt("12+7*3=?") == "Q: 12+7*3=?\nA:\n"
     assert tok.decode(policy.context_ids("12+7*3=?")) == "Q: 12+7*3=?\nA:\n"
@@ -231,8 +238,9 @@ def test_token_offsets_when_pieces_do_not_concatenate():
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["3*4=12\n2+12=14\n#### 14"] * 20, vocab_size=300, min_frequency=2,
-                            special_tokens=["<eos>"])  # fmt: skip
+    bpe.train_from_iterator(
+        ["3*4=12\n2+12=14\n#### 14"] * 20, vocab_size=300, min_frequency=2, special_tokens=["<eos>"]
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<eos>")
     text = "3*4=12 → 2+12=15\n#### 15"
     ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -271,7 +279,7 @@ def test_text_heatmap_html(tok):
             reward=0.0,
             advantage=-1.25,
             highlight=[2, 3],
-        ),  # fmt: skip
+        ),
         TextSample(["a", "b"], {"gcpo": torch.tensor([1.0, float("nan")])}, prompt="p", reward=1.0),
     ]
     html = text_heatmap_html(samples, title="credit <test>")
@@ -324,10 +332,18 @@ def tiny_policy(tok):
     from t2i_gcpo.policies.text import TextPolicy
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -343,8 +359,11 @@ def test_evaluate_on_a_tiny_random_lm(tiny_policy, monkeypatch):
     sampling = SamplingParams(max_new_tokens=12)
     contexts = []  # teacher-forced passes: evaluation reads only the completions, so none
     real = type(tiny_policy).logprobs_and_dists  # every teacher-forced pass goes through it
-    monkeypatch.setattr(type(tiny_policy), "logprobs_and_dists", lambda self, ro, context="pos": (
-        contexts.append(context) or real(self, ro, context)))  # fmt: skip
+    monkeypatch.setattr(
+        type(tiny_policy),
+        "logprobs_and_dists",
+        lambda self, ro, context="pos": contexts.append(context) or real(self, ro, context),
+    )
     res = task.evaluate(tiny_policy, reward, prompts, 3, sampling, seed=7, prompts_per_batch=2)
     assert contexts == []
     monkeypatch.undo()
@@ -359,8 +378,13 @@ def test_evaluate_on_a_tiny_random_lm(tiny_policy, monkeypatch):
         "metrics",
         "headline",
     } <= set(res)
-    assert set(res["metrics"]) == {A.EVAL_ACCURACY, A.EVAL_PASS_K, A.EVAL_FORMAT_RATE, A.EVAL_LENGTH_MEAN,
-                                   "eval/accuracy_se"}  # fmt: skip
+    assert set(res["metrics"]) == {
+        A.EVAL_ACCURACY,
+        A.EVAL_PASS_K,
+        A.EVAL_FORMAT_RATE,
+        A.EVAL_LENGTH_MEAN,
+        "eval/accuracy_se",
+    }
     assert (res["samples"], res["prompts"], res["k"]) == (15, 5, 3)
     assert 0.0 <= res["accuracy"] <= res["pass_at_k"] <= 1.0
     assert res["headline"].startswith("held-out accuracy")
@@ -405,10 +429,19 @@ def test_evaluate_split_across_processes_gives_the_single_process_rows(tiny_poli
     one = held_out_rows(tiny_policy, reward, prompts, 2, sampling, 7, rows_of, prompts_per_batch=2)
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda rows: rows)  # each rank's own rows
     ranks = [
-        held_out_rows(tiny_policy, reward, prompts, 2, sampling, 7, rows_of,
-                      accelerator=SimpleNamespace(process_index=r, num_processes=2), prompts_per_batch=1)
+        held_out_rows(
+            tiny_policy,
+            reward,
+            prompts,
+            2,
+            sampling,
+            7,
+            rows_of,
+            accelerator=SimpleNamespace(process_index=r, num_processes=2),
+            prompts_per_batch=1,
+        )
         for r in (0, 1)
-    ]  # fmt: skip
+    ]
     assert {i for i, _ in ranks[0]} == {0, 2, 4} and {i for i, _ in ranks[1]} == {1, 3}
     assert sorted(ranks[0] + ranks[1]) == sorted(one) and len(one) == 10
     assert not tiny_policy.training  # the eval mode it came in with is restored

@@ -21,17 +21,27 @@ PROMPTS_3 = [*PROMPTS, "a photo of a cross above a circle"]  # the in-memory pri
 def run_flags(tmp_path, reward: str, steps: int) -> dict:
     """`train` flags for a tiny random prior and a small prompt file under `tmp_path`."""
     return dict(
-        prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path / "m")),
-        reward=reward, out=str(tmp_path / "run"), steps=steps, seed=0,
-    )  # fmt: skip
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path / "m")),
+        reward=reward,
+        out=str(tmp_path / "run"),
+        steps=steps,
+        seed=0,
+    )
 
 
 def _llama():
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaModel(cfg).eval()
 
 
@@ -158,8 +168,15 @@ def test_trainer_samples_with_rollout_autocast(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "sampler_precision", spy)
 
     flags = run_flags(tmp_path, reward="shapeworld", steps=2)
-    sets = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.autocast=bf16",
-            "optim.autocast=bf16", "eval_every=2", "eval_images_per_prompt=1", "sample_every=0")  # fmt: skip
+    sets = (
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.autocast=bf16",
+        "optim.autocast=bf16",
+        "eval_every=2",
+        "eval_images_per_prompt=1",
+        "sample_every=0",
+    )
     job = prepare(algo="gcpo", flags=flags, overrides=sets)
     assert job.cfg.rollout.autocast == "bf16"
     run(job)

@@ -17,9 +17,13 @@ from t2i_gcpo.tokenizers.magvitv2 import AttnBlock, MagvitConfig, MagvitV2
 from showo_fixtures import MAGVIT_TINY, build_tiny_magvit, released_magvit_keys
 
 RELEASED = {  # the reference's constructor defaults, as a config.json would spell them
-    "ch": 128, "encoder_ch_mult": [1, 2, 2, 4, 4], "encoder_num_res_blocks": [4, 3, 4, 3, 4],
-    "decoder_ch_mult": [1, 1, 2, 2, 4], "decoder_num_res_blocks": [4, 4, 3, 4, 3], "z_channels": 13,
-}  # fmt: skip
+    "ch": 128,
+    "encoder_ch_mult": [1, 2, 2, 4, 4],
+    "encoder_num_res_blocks": [4, 3, 4, 3, 4],
+    "decoder_ch_mult": [1, 1, 2, 2, 4],
+    "decoder_num_res_blocks": [4, 4, 3, 4, 3],
+    "z_channels": 13,
+}
 
 
 def tiny_config() -> MagvitConfig:

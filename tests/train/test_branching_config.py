@@ -23,8 +23,16 @@ from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
 PACKAGE = Path(trainer_mod.__file__).resolve().parent.parent
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=0",
-        "eval_every=-1", "save_every=1", "rollout.autocast=none", "optim.autocast=none")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "sample_every=0",
+    "eval_every=-1",
+    "save_every=1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+)
 
 # a user's scheme that reads the branches: all of a sample's credit after its first branch point, the share
 # set by how far its continuations' mean reward is from its own (it records what it was given)
@@ -63,8 +71,23 @@ def no_report(monkeypatch):
 
 
 def train_args(tiny, out, *sets, credit=None, algo="dapo", model=None):
-    args = ["train", "--prompts", tiny["prompts"], "--model", model or tiny["model"], "--reward",
-            "train_fixtures:redness", "--algo", algo, "--out", str(out), "--steps", "2", "--seed", "0"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        model or tiny["model"],
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        algo,
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--seed",
+        "0",
+    ]
     if credit is not None:
         args += ["--credit", credit]
     for s in (*FAST, *sets):
@@ -199,9 +222,17 @@ def test_a_new_scheme_is_one_file_and_the_suite_stays_green(tmp_path):
     )
     tests = TESTS
     env = {**__import__("os").environ, "PYTHONPATH": f"{copy}:{tests}", "HF_HUB_OFFLINE": "1"}
-    probe = subprocess.run([sys.executable, "-c", "import t2i_gcpo, t2i_gcpo.core as c; "
-                            "print(t2i_gcpo.__file__, 'late_half' in c.CREDIT_SCHEMES)"],
-                           env=env, capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import t2i_gcpo, t2i_gcpo.core as c; print(t2i_gcpo.__file__, 'late_half' in c.CREDIT_SCHEMES)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert probe.stdout.split() == [str(copy / "t2i_gcpo" / "__init__.py"), "True"], probe.stderr
     selected = [
         f"{tests}/core/test_credit.py::test_registry_and_uniform",
@@ -210,7 +241,12 @@ def test_a_new_scheme_is_one_file_and_the_suite_stays_green(tmp_path):
         f"{tests}/core/schemes/test_user_schemes.py::test_a_scheme_that_cannot_be_loaded_is_one_line",
         f"{tests}/test_config.py",
     ]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selected],
-                          env=env, capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selected],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "late_half" in done.stdout or "passed" in done.stdout

@@ -89,8 +89,20 @@ def test_an_edited_lr_schedule_or_optimizer_state_is_refused(trained, tmp_path, 
 
 def test_a_warmup_as_long_as_the_run_is_refused_before_the_run_folder_exists(trained, tmp_path, capsys):
     out = tmp_path / "new"
-    code, _, err = cli(capsys, "train", "--prompts", trained["prompts"], "--model", trained["model"], "--out", out,
-                       "--steps", "5", "--set", "optim.warmup_steps=5")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        trained["prompts"],
+        "--model",
+        trained["model"],
+        "--out",
+        out,
+        "--steps",
+        "5",
+        "--set",
+        "optim.warmup_steps=5",
+    )
     line = error_line(err)
     assert code == 2 and "config key 'optim.warmup_steps': must be less than steps (5)" in line, line
     assert not out.exists()
@@ -220,8 +232,18 @@ def test_a_text_checkpoint_holding_only_pytorch_model_bin_is_one_line(tmp_path, 
     torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "train", "--model", f"text:{folder}", "--prompts", PROMPTS_DIR / "arithmetic_train.jsonl",
-                       "--reward", "arithmetic", "--out", out)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--model",
+        f"text:{folder}",
+        "--prompts",
+        PROMPTS_DIR / "arithmetic_train.jsonl",
+        "--reward",
+        "arithmetic",
+        "--out",
+        out,
+    )
     line = error_line(err, ignore="Writing")
     assert code == 2 and "pytorch_model.bin: weights saved as a pickle" in line, line
     assert not out.exists()

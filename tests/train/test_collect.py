@@ -33,8 +33,14 @@ def batch(groups: int, G: int = 2, first: int = 0) -> Batch:
     """`groups` groups of G samples whose scores, advantages and tokens count up from `first`."""
     n = groups * G
     rows = torch.arange(first, first + n, dtype=torch.float32)
-    ro = Rollout(tokens=rows.long()[:, None].repeat(1, 3), mask=torch.ones(n, 3), step=torch.zeros(n, 3).long(),
-                 logp={"pos": torch.zeros(n, 3)}, prompts=[PROMPTS[0]] * n, group_size=G)  # fmt: skip
+    ro = Rollout(
+        tokens=rows.long()[:, None].repeat(1, 3),
+        mask=torch.ones(n, 3),
+        step=torch.zeros(n, 3).long(),
+        logp={"pos": torch.zeros(n, 3)},
+        prompts=[PROMPTS[0]] * n,
+        group_size=G,
+    )
     return Batch(ro, rows + 1, RewardOutput(rows, [{"row": int(r)} for r in rows]), torch.zeros(n, 3, 2, 2))
 
 
@@ -96,8 +102,12 @@ def test_saved_state_comes_back_to_each_process_and_is_dropped_for_another_count
     for k, c in enumerate(ranks):
         c.observe_zero_std(0.25)
         c.carry = batch(1, first=10 * k) if k == 1 else None  # only process 1 carried a group
-        c.spent = {M.BUDGET_SAMPLES: 8.0 + k, M.BUDGET_TOKENS: 100.0 * (k + 1), M.BUDGET_REWARD_CALLS: 2.0,
-                   M.BUDGET_STEP_PREDICTIONS: 24.0 * k}  # fmt: skip
+        c.spent = {
+            M.BUDGET_SAMPLES: 8.0 + k,
+            M.BUDGET_TOKENS: 100.0 * (k + 1),
+            M.BUDGET_REWARD_CALLS: 2.0,
+            M.BUDGET_STEP_PREDICTIONS: 24.0 * k,
+        }
     entries, carry = collector_checkpoint([c.state_dict() for c in ranks])
     ckpt = save_checkpoint(
         tmp_path, 3, _Saved(), _optimizer_state(), {"algo": "dapo", **entries}, carry=carry
@@ -119,8 +129,12 @@ def test_saved_state_comes_back_to_each_process_and_is_dropped_for_another_count
         M.BUDGET_REWARD_CALLS: 4.0,
         M.BUDGET_STEP_PREDICTIONS: 24.0,
     }
-    assert load_collector_state(ckpt, 0, 1) == {"carry": None, "zero_std_estimate": 0.25, "budget": summed,
-                                                "history": {}}  # fmt: skip
+    assert load_collector_state(ckpt, 0, 1) == {
+        "carry": None,
+        "zero_std_estimate": 0.25,
+        "budget": summed,
+        "history": {},
+    }
     assert "note: 2 processes carried groups into step 4; dropped them" in capsys.readouterr().out
     _, none = collector_checkpoint([collector().state_dict()])
     assert none is None, "no process carried groups: no carry file"

@@ -39,10 +39,32 @@ from train_fixtures import write_prompt_file
 
 TINY = ["--reward", "train_fixtures:redness", "--set", "rollout.group_size=4", "--set", "optim.lr=3e-3"]
 # the shipped arithmetic LM: completions of different lengths, so each process's token count differs
-TEXT = ["--model", "arithmetic", "--prompts", str(PROMPTS_DIR / "arithmetic_train.jsonl"), "--reward",
-        "arithmetic", "--algo", "dapo", "--set", "rollout.group_size=8", "--set", "optim.lr=3e-4"]  # fmt: skip
-COMMON = ["--steps", "3", "--set", "rollout.prompts_per_step=4", "--set", "advantage.dynamic_sampling=false",
-          "--set", "eval_every=-1", "--set", "sample_every=0"]  # fmt: skip
+TEXT = [
+    "--model",
+    "arithmetic",
+    "--prompts",
+    str(PROMPTS_DIR / "arithmetic_train.jsonl"),
+    "--reward",
+    "arithmetic",
+    "--algo",
+    "dapo",
+    "--set",
+    "rollout.group_size=8",
+    "--set",
+    "optim.lr=3e-4",
+]
+COMMON = [
+    "--steps",
+    "3",
+    "--set",
+    "rollout.prompts_per_step=4",
+    "--set",
+    "advantage.dynamic_sampling=false",
+    "--set",
+    "eval_every=-1",
+    "--set",
+    "sample_every=0",
+]
 DDP = ["--multi_gpu"]
 FSDP = ["--config_file", str(CONFIG_DIR / "accelerate" / "fsdp.yaml")]  # the shipped file
 
@@ -54,8 +76,13 @@ def free_port() -> int:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    return {
+        **os.environ,
+        "ACCELERATE_USE_CPU": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def train(args: list[str], launch: list[str] | None = None) -> None:
@@ -67,9 +94,26 @@ def train(args: list[str], launch: list[str] | None = None) -> None:
         cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", *args]
     else:
         module = "test_distributed" if launch == FSDP else "t2i_gcpo.cli"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, "--num_processes", "2",
-               "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
-               "--dynamo_backend", "no", "-m", module, "train", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *launch,
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--main_process_port",
+            str(free_port()),
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            module,
+            "train",
+            *args,
+        ]
     proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -122,9 +166,33 @@ def test_two_process_ddp_run_keeps_replicas_equal(tmp_path):
     model = tiny_policy_dir(tmp_path)
     prompts = write_prompt_file(tmp_path / "p.jsonl")
     out = tmp_path / "run"
-    train(["--prompts", str(prompts), "--model", str(model), "--reward", "train_fixtures:redness", "--out", str(out),
-           "--steps", "3", "--algo", "gcpo", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=4",
-           "--set", "eval_every=-1", "--set", "optim.lr=3e-3", "--set", "sample_every=0"], DDP)  # fmt: skip
+    train(
+        [
+            "--prompts",
+            str(prompts),
+            "--model",
+            str(model),
+            "--reward",
+            "train_fixtures:redness",
+            "--out",
+            str(out),
+            "--steps",
+            "3",
+            "--algo",
+            "gcpo",
+            "--set",
+            "rollout.prompts_per_step=2",
+            "--set",
+            "rollout.group_size=4",
+            "--set",
+            "eval_every=-1",
+            "--set",
+            "optim.lr=3e-3",
+            "--set",
+            "sample_every=0",
+        ],
+        DDP,
+    )
     processes(out, "MULTI_CPU")
     assert [r["step"] for r in rows(out)] == [1, 2, 3]
 
@@ -138,8 +206,15 @@ def test_two_ddp_processes_train_like_one_on_the_global_batch(tmp_path, case):
     normaliser would not average to the global one."""
     if case == "image":
         model = tiny_policy_dir(tmp_path)
-        args = ["--model", str(model), "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), *TINY,
-                "--algo", "gcpo-official"]  # fmt: skip
+        args = [
+            "--model",
+            str(model),
+            "--prompts",
+            str(write_prompt_file(tmp_path / "p.jsonl")),
+            *TINY,
+            "--algo",
+            "gcpo-official",
+        ]
         initial = initial_weights(str(model))
     else:
         args = [*TEXT, "--set", "optim.minibatches=2"]
@@ -159,8 +234,20 @@ def test_fsdp2_two_processes_train_resume_and_match_one_process(tmp_path):
     saved, re-sharded). The result must equal one plain process training 3 steps."""
     model = tiny_policy_dir(tmp_path)
     prompts = write_prompt_file(tmp_path / "p.jsonl")
-    args = ["--model", str(model), "--prompts", str(prompts), *TINY, "--algo", "dgpo",
-            "--set", "credit.reference=rollout", "--set", "optim.minibatches=2", *COMMON]  # fmt: skip
+    args = [
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        *TINY,
+        "--algo",
+        "dgpo",
+        "--set",
+        "credit.reference=rollout",
+        "--set",
+        "optim.minibatches=2",
+        *COMMON,
+    ]
     run = tmp_path / "fsdp"
     train([*args, "--steps", "2", "--set", "sample_every=1", "--out", str(run)], FSDP)
     processes(run, "FSDP")
@@ -183,8 +270,22 @@ def test_a_strategy_accelerate_did_not_give_is_refused_in_one_line(tmp_path, ask
     and DeepSpeed (never run with this trainer). One line, exit 2, no run directory."""
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")),
-           "--model", str(model), "--reward", "train_fixtures:redness", "--steps", "1", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "train",
+        "--prompts",
+        str(write_prompt_file(tmp_path / "p.jsonl")),
+        "--model",
+        str(model),
+        "--reward",
+        "train_fixtures:redness",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(
         cmd, env={**environment(), asked: "true"}, capture_output=True, text=True, timeout=300
     )
@@ -205,24 +306,68 @@ def test_fsdp_config_on_cpu_processes_is_refused_not_trained_as_ddp(tmp_path):
     sets up MULTI_CPU (plain DDP); the trainer stops before any work, the main process saying so once."""
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *FSDP, "--num_processes", "2", "--num_machines", "1",
-           "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "t2i_gcpo.cli", "train", "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), "--model",
-           str(model), "--reward", "train_fixtures:redness", "--steps", "1", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *FSDP,
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "t2i_gcpo.cli",
+        "train",
+        "--prompts",
+        str(write_prompt_file(tmp_path / "p.jsonl")),
+        "--model",
+        str(model),
+        "--reward",
+        "train_fixtures:redness",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
     ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
     assert proc.returncode != 0
-    assert ours == ["error: the launch asked for FSDP but accelerate set up MULTI_CPU (it selects FSDP only on "
-                    "GPUs and other accelerators, not on CPU processes); for data parallel on CPU launch with "
-                    "--multi_gpu"], proc.stdout + proc.stderr  # fmt: skip
+    assert ours == [
+        "error: the launch asked for FSDP but accelerate set up MULTI_CPU (it selects FSDP only on "
+        "GPUs and other accelerators, not on CPU processes); for data parallel on CPU launch with "
+        "--multi_gpu"
+    ], proc.stdout + proc.stderr
     assert not out.exists()
 
 
 def launch_command(args: list[str], launch: list[str]) -> list[str]:
     module = "test_distributed" if launch == FSDP else "t2i_gcpo.cli"
-    return [sys.executable, "-m", "accelerate.commands.launch", *launch, "--num_processes", "2", "--num_machines",
-            "1", "--main_process_port", str(free_port()), "--mixed_precision", "no", "--dynamo_backend", "no",
-            "-m", module, "train", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launch,
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        module,
+        "train",
+        *args,
+    ]
 
 
 def kill_after_checkpoint(args: list[str], launch: list[str], run: Path, step: int) -> None:
@@ -233,8 +378,14 @@ def kill_after_checkpoint(args: list[str], launch: list[str], run: Path, step: i
 
     from t2i_gcpo.train.checkpoint import latest_checkpoint
 
-    proc = subprocess.Popen(launch_command(args, launch), env=environment(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        launch_command(args, launch),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
         ckpt = latest_checkpoint(run) if (run / "checkpoints").is_dir() else None
@@ -252,17 +403,32 @@ STEPS = 8  # room for the kill: a tiny step can take well under the poll interva
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_kill_9_and_resume_under_each_strategy_is_bit_identical(tmp_path, strategy):
-    """A 2-process run killed with SIGKILL after step 2's checkpoint (before its last step) and resumed ends exactly
-    as the same launch uninterrupted: every logged metric but the timings, and the final weights and
+    """A 2-process run killed with SIGKILL after step 2's checkpoint (before its last step) and resumed ends
+    exactly as the same launch uninterrupted: every logged metric but the timings, and the final weights and
     optimizer state, bit for bit. DDP: --multi_gpu; FSDP2: the shipped fsdp.yaml with `allow_fsdp_on_cpu`
     (sharded optimizer state gathered at each checkpoint, re-sharded on resume). Float32, as `train`."""
     import torch
 
     launch = FSDP if strategy == "fsdp" else DDP
     model = tiny_policy_dir(tmp_path)
-    args = ["--model", str(model), "--prompts", str(write_prompt_file(tmp_path / "p.jsonl")), *TINY,
-            "--algo", "gcpo", *COMMON, "--steps", str(STEPS), "--set", "save_every=1", "--set", "rollout.autocast=none",
-            "--set", "optim.autocast=none"]  # fmt: skip
+    args = [
+        "--model",
+        str(model),
+        "--prompts",
+        str(write_prompt_file(tmp_path / "p.jsonl")),
+        *TINY,
+        "--algo",
+        "gcpo",
+        *COMMON,
+        "--steps",
+        str(STEPS),
+        "--set",
+        "save_every=1",
+        "--set",
+        "rollout.autocast=none",
+        "--set",
+        "optim.autocast=none",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     train([*args, "--out", str(full)], launch)
     kill_after_checkpoint([*args, "--out", str(part)], launch, part, step=2)

@@ -35,9 +35,11 @@ SMALL = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scal
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("draws")
-    return {"ar": load_policy(str(tiny_policy_dir(root))).eval(),
-            "masked": load_policy("masked:" + build_tiny_masked(root)).eval(),
-            "prompts": read_prompts(write_prompt_file(root / "p.jsonl"))}  # fmt: skip
+    return {
+        "ar": load_policy(str(tiny_policy_dir(root))).eval(),
+        "masked": load_policy("masked:" + build_tiny_masked(root)).eval(),
+        "prompts": read_prompts(write_prompt_file(root / "p.jsonl")),
+    }
 
 
 def extra(algo: str) -> list[str]:
@@ -93,12 +95,29 @@ def test_a_collector_that_draws_more_than_its_plan_stops(tiny, monkeypatch):
 
 
 def test_the_tree_repro_is_refused_up_front_in_one_line(tmp_path, capsys):
-    """Tree groups at k = 63, n = 64 on one prompt: 8,066 samples, under max_step_samples; it ran out of an 8 GB
-    limit in 40 s with a traceback and a folder left. Now the plan estimates the step and refuses it."""
+    """Tree groups at k = 63, n = 64 on one prompt: 8,066 samples, under max_step_samples; it ran out of an 8
+    GB limit in 40 s with a traceback and a folder left. Now the plan estimates the step and refuses it."""
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--algo", "tree", "--out", out,
-                       "--set", "rollout.prompts_per_step=1", "--set", "rollout.group_size=2", "--set",
-                       "branching.k=63", "--set", "branching.continuations=64", "--set", "rollout.max_step_memory=8")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--algo",
+        "tree",
+        "--out",
+        out,
+        "--set",
+        "rollout.prompts_per_step=1",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "branching.k=63",
+        "--set",
+        "branching.continuations=64",
+        "--set",
+        "rollout.max_step_memory=8",
+    )
     line = error_line(err)
     assert code == 2 and "·G₀·(1 + k·n) = 1·2·(1 + 63·64) = 8,066 samples, ≈ " in line, line
     assert "GB by the memory model (mostly the update's 8,066 trained rows" in line, line  # ≈ 100 GB
@@ -110,18 +129,42 @@ def test_the_tree_repro_is_refused_up_front_in_one_line(tmp_path, capsys):
 
 @pytest.mark.slow  # loads the shipped prior and measures it in a fresh process: ≈ 30 s beside other jobs
 def test_under_an_8_gb_limit_the_default_cap_is_the_limit(tmp_path):
-    """The repro as it was met: the same command under an 8 GB address-space limit (ulimit -v), the cap left at
-    its default (the free memory read at the start): refused in one line naming the limit, no folder."""
+    """The repro as it was met: the same command under an 8 GB address-space limit (ulimit -v), the cap left
+    at its default (the free memory read at the start): refused in one line naming the limit, no folder."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", "--prompts", "prompts/shapeworld_train.txt", "--algo",
-           "tree", "--out", str(out), "--set", "rollout.prompts_per_step=1", "--set", "rollout.group_size=2",
-           "--set", "branching.k=63", "--set", "branching.continuations=64"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "t2i_gcpo.cli",
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--algo",
+        "tree",
+        "--out",
+        str(out),
+        "--set",
+        "rollout.prompts_per_step=1",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "branching.k=63",
+        "--set",
+        "branching.continuations=64",
+    ]
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
-    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, timeout=600, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=600,
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "8,066 samples" in lines[0] and "address-space limit (ulimit -v)" in lines[0], lines[0]
@@ -143,7 +186,7 @@ def paths(root: Path) -> dict[str, dict]:
             "model": ar,
             "prompts": prompts,
             "set": [*big[:1], "rollout.group_size=16", big[2]],
-        },  # fmt: skip
+        },
         "AR continuations": {"algo": "vine", "model": ar, "prompts": prompts, "set": [*mid, "branching.k=5"]},
         "AR tree groups": {"algo": "tree", "model": ar, "prompts": prompts, "set": [*mid, "branching.k=2"]},
         "masked groups": {"algo": "grpo", "model": masked, "prompts": prompts, "set": big},
@@ -153,7 +196,7 @@ def paths(root: Path) -> dict[str, dict]:
             "algo": "tree",
             "model": "arithmetic",
             "set": ["rollout.prompts_per_step=4", "rollout.group_size=4"],
-        },  # fmt: skip
+        },
     }
 
 
@@ -172,16 +215,30 @@ def test_the_memory_model_is_within_2x_of_a_measured_peak_on_each_path(tmp_path_
 
 
 def test_the_default_cap_is_this_machines_free_memory(tmp_path, monkeypatch, capsys):
-    """rollout.max_step_memory null (the default): the free memory `hardware.free_memory` reads at the start is
-    the cap; a machine of 10 MB free refuses a step the tiny prior holds in more, naming where the number came
-    from."""
+    """rollout.max_step_memory null (the default): the free memory `hardware.free_memory` reads at the start
+    is the cap; a machine of 10 MB free refuses a step the tiny prior holds in more, naming where the number
+    came from."""
     import t2i_gcpo.hardware as hardware
 
     monkeypatch.setattr(hardware, "free_memory", lambda device: (10e6, "the machine's available memory"))
     model, prompts = tiny_policy_dir(tmp_path), write_prompt_file(tmp_path / "p.jsonl")
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "train", "--prompts", prompts, "--model", model, "--out", out, "--set",
-                       "rollout.prompts_per_step=8", "--set", "rollout.group_size=64", "--set", "rollout.cfg_scale=2")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--out",
+        out,
+        "--set",
+        "rollout.prompts_per_step=8",
+        "--set",
+        "rollout.group_size=64",
+        "--set",
+        "rollout.cfg_scale=2",
+    )
     line = error_line(err)
     assert code == 2 and "= 768 samples, ≈ " in line and " MB by the memory model" in line, line
     assert "more than the 10 MB this process has free (the machine's available memory; config key " in line, (

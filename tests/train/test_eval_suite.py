@@ -1,8 +1,8 @@
-"""A benchmark suite as a run's held-out evaluation (config eval_suite, t2i_gcpo/train/eval_suite.py): the config's
-suite names are the registry's; a one-step run with eval_suite geneval2 (and the soft_tifa reward) logs
-eval/geneval2/overall at step 0 equal to the reference's Soft-TIFA GM of the base model's held-out images,
-regenerated here from the same generators; the judge suites run on a loopback judge, and a judge that is down stops
-the run before its folder exists, in one line."""
+"""A benchmark suite as a run's held-out evaluation (config eval_suite, t2i_gcpo/train/eval_suite.py): the
+config's suite names are the registry's; a one-step run with eval_suite geneval2 (and the soft_tifa reward)
+logs eval/geneval2/overall at step 0 equal to the reference's Soft-TIFA GM of the base model's held-out
+images, regenerated here from the same generators; the judge suites run on a loopback judge, and a judge that
+is down stops the run before its folder exists, in one line."""
 
 from __future__ import annotations
 
@@ -34,14 +34,36 @@ def test_the_configs_suite_names_are_the_registrys():
     assert EVAL_SUITES.names() == list(suite_names()) and GENEVAL2_METHODS == METHODS
 
 
-@pytest.mark.parametrize(("sets", "expected"), [
-    (("eval_suite=geneval", ), "config key 'eval_suite': must be one of geneval2, tiif, unigenbench, wise or null"),
-    (("eval_suite=wise",), "config key 'eval_suite_options.data': eval_suite wise reads its prompts from a data file"),
-    (("eval_suite=geneval2", "eval_suite_options.data=d.jsonl"), "config key 'eval_suite_options.vqa': eval_suite geneval2 needs"),
-    (("eval_suite=tiif", "eval_suite_options.data=d"), "config key 'eval_suite_options.judge': eval_suite tiif is scored by a VLM judge"),
-    (("eval_suite=wise", "eval_suite_options.data=d.json", "eval_suite_options.judge=http://x/v1", "eval_prompts=p.txt"),
-     "config key 'eval_prompts': eval_suite wise holds the held-out prompts"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            ("eval_suite=geneval",),
+            "config key 'eval_suite': must be one of geneval2, tiif, unigenbench, wise or null",
+        ),
+        (
+            ("eval_suite=wise",),
+            "config key 'eval_suite_options.data': eval_suite wise reads its prompts from a data file",
+        ),
+        (
+            ("eval_suite=geneval2", "eval_suite_options.data=d.jsonl"),
+            "config key 'eval_suite_options.vqa': eval_suite geneval2 needs",
+        ),
+        (
+            ("eval_suite=tiif", "eval_suite_options.data=d"),
+            "config key 'eval_suite_options.judge': eval_suite tiif is scored by a VLM judge",
+        ),
+        (
+            (
+                "eval_suite=wise",
+                "eval_suite_options.data=d.json",
+                "eval_suite_options.judge=http://x/v1",
+                "eval_prompts=p.txt",
+            ),
+            "config key 'eval_prompts': eval_suite wise holds the held-out prompts",
+        ),
+    ],
+)
 def test_an_eval_suite_missing_what_it_reads_is_one_line(sets, expected):
     with pytest.raises(UserError) as e:
         load_config(None, None, None, sets)
@@ -49,10 +71,32 @@ def test_an_eval_suite_missing_what_it_reads_is_one_line(sets, expected):
 
 
 def train_args(policy, prompts, out, reward, *sets):
-    return ["train", "--prompts", prompts, "--model", policy, "--reward", reward, "--out", out, "--steps", "1",
-            "--report-to", "none", "--set", "task=prompts", "--set", "rollout.prompts_per_step=2",
-            "--set", "rollout.group_size=2", "--set", "sample_every=0", "--set", "eval_images_per_prompt=2",
-            *[x for s in sets for x in ("--set", s)]]  # fmt: skip
+    return [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        policy,
+        "--reward",
+        reward,
+        "--out",
+        out,
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--set",
+        "task=prompts",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "sample_every=0",
+        "--set",
+        "eval_images_per_prompt=2",
+        *[x for s in sets for x in ("--set", s)],
+    ]
 
 
 @pytest.mark.slow  # a training run and a reference scoring: ≈ 9 s beside other jobs
@@ -62,15 +106,27 @@ def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_hel
     policy_dir, vlm = models
     data = write_geneval2_data(tmp_path / "geneval2_data.jsonl")
     out = tmp_path / "run"
-    code, stdout, err = cli(capsys, *train_args(policy_dir, data, out, f"soft_tifa:{vlm},float32", "eval_every=1",
-                                                "eval_suite=geneval2", f"eval_suite_options.data={data}",
-                                                f"eval_suite_options.vqa={vlm}", "eval_suite_options.dtype=float32"))  # fmt: skip
+    code, stdout, err = cli(
+        capsys,
+        *train_args(
+            policy_dir,
+            data,
+            out,
+            f"soft_tifa:{vlm},float32",
+            "eval_every=1",
+            "eval_suite=geneval2",
+            f"eval_suite_options.data={data}",
+            f"eval_suite_options.vqa={vlm}",
+            "eval_suite_options.dtype=float32",
+        ),
+    )
     assert code == 0, err
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/geneval2/overall" in r]
     assert [r["step"] for r in evals] == [0, 1] and "held-out geneval2 (Soft-TIFA GM)" in stdout + err
     assert set(evals[0]) >= {"eval/geneval2/atoms_2", "eval/geneval2/atoms_3"} and "reward/mean" in rows[1]
-    # step 0 is the base model: its held-out images regenerated from the same generators, scored the reference's way
+    # step 0 is the base model: its held-out images regenerated from the same generators,
+    # scored the reference's way
     from t2i_gcpo.config import from_dict
     from t2i_gcpo.outdir import read_yaml
     from t2i_gcpo.policies.base import PromptRecord
@@ -93,8 +149,10 @@ def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_hel
     gms, by_count = [], {}
     for j, image in enumerate(images_to_pil(images)):
         row = GENEVAL2_ROWS[j // 2]
-        soft = [reference_probability(model, processor, image, f"{q} Answer in one word.", answer_list(q, a))[0]
-                for q, a in row["vqa_list"]]  # fmt: skip
+        soft = [
+            reference_probability(model, processor, image, f"{q} Answer in one word.", answer_list(q, a))[0]
+            for q, a in row["vqa_list"]
+        ]
         gms.append(float(gmean(soft)))
         by_count.setdefault(row["atom_count"], []).append(gms[-1])
     assert evals[0]["eval/geneval2/overall"] == pytest.approx(sum(gms) / len(gms), rel=1e-4)
@@ -102,11 +160,21 @@ def test_a_run_with_eval_suite_geneval2_logs_the_references_soft_tifa_of_its_hel
 
 
 WISE_SHAPES = [
-    {"Prompt": "a photo of a circle", "Explanation": "a circle", "Category": "Cultural knowledge", "Subcategory": "Art",
-     "prompt_id": 3},
-    {"Prompt": "a photo of two squares", "Explanation": "two squares", "Category": "Physical Knowledge",
-     "Subcategory": "Optics", "prompt_id": 800},
-]  # fmt: skip
+    {
+        "Prompt": "a photo of a circle",
+        "Explanation": "a circle",
+        "Category": "Cultural knowledge",
+        "Subcategory": "Art",
+        "prompt_id": 3,
+    },
+    {
+        "Prompt": "a photo of two squares",
+        "Explanation": "two squares",
+        "Category": "Physical Knowledge",
+        "Subcategory": "Optics",
+        "prompt_id": 800,
+    },
+]
 
 
 def test_a_run_with_a_judge_suite_and_a_judge_that_is_down(tmp_path, capsys, models):
@@ -121,8 +189,19 @@ def test_a_run_with_a_judge_suite_and_a_judge_that_is_down(tmp_path, capsys, mod
         "eval_suite_options.backoff=0.01",
     )
     out = tmp_path / "down"
-    code, _, err = cli(capsys, *train_args(policy_dir, prompts, out, "shapeworld", "eval_suite=wise",
-                                           f"eval_suite_options.data={data}", f"eval_suite_options.judge={closed_port_url()}", *fast))  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        *train_args(
+            policy_dir,
+            prompts,
+            out,
+            "shapeworld",
+            "eval_suite=wise",
+            f"eval_suite_options.data={data}",
+            f"eval_suite_options.judge={closed_port_url()}",
+            *fast,
+        ),
+    )
     line = error_line(err)
     assert (
         code == 2
@@ -133,8 +212,20 @@ def test_a_run_with_a_judge_suite_and_a_judge_that_is_down(tmp_path, capsys, mod
     assert not out.exists()
     with LoopbackJudge(lambda body: completion(f"Score: {int('circle' in message_text(body))}")) as judge:
         out = tmp_path / "run"
-        code, _, err = cli(capsys, *train_args(policy_dir, prompts, out, "shapeworld", "eval_suite=wise", "eval_every=1",
-                                               f"eval_suite_options.data={data}", f"eval_suite_options.judge={judge.url}", *fast))  # fmt: skip
+        code, _, err = cli(
+            capsys,
+            *train_args(
+                policy_dir,
+                prompts,
+                out,
+                "shapeworld",
+                "eval_suite=wise",
+                "eval_every=1",
+                f"eval_suite_options.data={data}",
+                f"eval_suite_options.judge={judge.url}",
+                *fast,
+            ),
+        )
         assert code == 0, err
         asked = len(judge.bodies)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

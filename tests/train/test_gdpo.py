@@ -107,8 +107,19 @@ SUM = "0.5*reward_fixtures:scaled_red+0.5*reward_fixtures:green"
 
 
 def test_a_gdpo_run_logs_each_terms_reward_and_advantage(tiny, tmp_path):
-    assert train(tmp_path / "gdpo", tiny["model"], tiny["prompts"], "--reward", SUM,
-                 "--set", "advantage.reward_norm=per_reward", steps=1) == 0  # fmt: skip
+    assert (
+        train(
+            tmp_path / "gdpo",
+            tiny["model"],
+            tiny["prompts"],
+            "--reward",
+            SUM,
+            "--set",
+            "advantage.reward_norm=per_reward",
+            steps=1,
+        )
+        == 0
+    )
     row = rows(tmp_path / "gdpo")[0]
     for name in ("scaled_red", "green"):
         assert math.isfinite(row[f"reward/{name}/mean"]) and row[f"advantage/{name}/mean_abs"] > 0, row
@@ -120,7 +131,19 @@ def test_a_gdpo_run_logs_each_terms_reward_and_advantage(tiny, tmp_path):
 
 
 def test_gdpo_needs_the_groups_std(tiny, tmp_path, capsys):
-    code, _, err = cli(capsys, "train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--out",
-                       tmp_path / "run", "--set", "advantage.reward_norm=per_reward", "--set", "advantage.scale=none")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "advantage.reward_norm=per_reward",
+        "--set",
+        "advantage.scale=none",
+    )
     assert code == 2 and "it needs advantage.scale=group" in error_line(err)
     assert not (tmp_path / "run").exists()

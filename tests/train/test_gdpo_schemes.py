@@ -1,9 +1,9 @@
 """GDPO (advantage.reward_norm=per_reward) says what it does with every credit scheme (issue 59, item 3): a
 scheme that reads the rewards (vine and tree credit: its continuations'; tree groups: its leaves'; tempo: its
 group's; stepwise: its step predictions') reads GDPO's decoupled rewards r̂ = Σ_k w_k (r_k − mean_g r_k) /
-(std_g r_k + ε), each term normalised over every reward scored for the group; a scheme of the user's that reads
-the rewards is refused in one line (nothing tells what it expects of them); the others read GDPO's sequence
-advantage as before (tests/test_gdpo.py)."""
+(std_g r_k + ε), each term normalised over every reward scored for the group; a scheme of the user's that
+reads the rewards is refused in one line (nothing tells what it expects of them); the others read GDPO's
+sequence advantage as before (tests/test_gdpo.py)."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def tiny(tmp_path_factory):
 
 
 def test_the_collector_hands_vine_the_decoupled_rewards_of_samples_and_continuations(tiny, monkeypatch):
-    """A vine step on the tiny prior with r = red + blue_hundred under per_reward: the rewards the credit reads
-    (the samples' in the rollout's state, the continuations' in the tree) are r̂ of every sample and
+    """A vine step on the tiny prior with r = red + blue_hundred under per_reward: the rewards the credit
+    reads (the samples' in the rollout's state, the continuations' in the tree) are r̂ of every sample and
     continuation of the group, recomputed here from what the reward returned for each."""
     calls = []
     real = branches_mod.call_reward
@@ -107,10 +107,20 @@ def test_the_collector_hands_vine_the_decoupled_rewards_of_samples_and_continuat
 
     monkeypatch.setattr(branches_mod, "call_reward", spy)
     spec = "1*repro_fixtures:red+1*repro_fixtures:blue_hundred"
-    cfg = load_config("vine", overrides=["rollout.prompts_per_step=2", "rollout.group_size=2", "branching.k=6",
-                                         "rollout.cfg_scale=2", "rollout.autocast=none",
-                                         "branching.continuations=2", "advantage.reward_norm=per_reward",
-                                         "advantage.dynamic_sampling=false", f"reward={spec}"])  # fmt: skip
+    cfg = load_config(
+        "vine",
+        overrides=[
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "branching.k=6",
+            "rollout.cfg_scale=2",
+            "rollout.autocast=none",
+            "branching.continuations=2",
+            "advantage.reward_norm=per_reward",
+            "advantage.dynamic_sampling=false",
+            f"reward={spec}",
+        ],
+    )
     policy, reward = load_policy(tiny["model"]).eval(), build_reward(spec)
     collector = BatchCollector(cfg, PromptStream(read_prompts(tiny["prompts"]), 0))
     batch = collector.collect(1, policy, reward, sampling_params(cfg)).batch
@@ -137,11 +147,34 @@ def test_every_scheme_that_reads_rewards_trains_under_gdpo(algo, tiny, tmp_path,
 
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
     model = "masked:" + build_tiny_masked(tmp_path) if algo == "stepwise" else tiny["model"]
-    code, _, err = cli(capsys, "train", "--algo", algo, "--prompts", tiny["prompts"], "--model", model,
-                       "--reward", "1*repro_fixtures:red+1*repro_fixtures:blue_hundred", "--steps", "1",
-                       "--report-to", "none", "--out", tmp_path / "run", "--set", "advantage.reward_norm=per_reward",
-                       "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2", "--set",
-                       "eval_every=-1", "--set", "branching.k=2" if algo != "vine" else "branching.k=6")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--algo",
+        algo,
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        model,
+        "--reward",
+        "1*repro_fixtures:red+1*repro_fixtures:blue_hundred",
+        "--steps",
+        "1",
+        "--report-to",
+        "none",
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "advantage.reward_norm=per_reward",
+        "--set",
+        "rollout.prompts_per_step=2",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "eval_every=-1",
+        "--set",
+        "branching.k=2" if algo != "vine" else "branching.k=6",
+    )
     assert code == 0, err
 
 
@@ -160,9 +193,18 @@ def test_stepwise_reads_the_decoupled_rewards_of_its_step_predictions(tmp_path, 
 
     monkeypatch.setattr(combine, "call_reward", spy)
     spec = "1*repro_fixtures:red+1*repro_fixtures:blue_hundred"
-    cfg = load_config("stepwise", overrides=["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.cfg_scale=2",
-                                             "rollout.autocast=none", "advantage.reward_norm=per_reward",
-                                             "advantage.dynamic_sampling=false", f"reward={spec}"])  # fmt: skip
+    cfg = load_config(
+        "stepwise",
+        overrides=[
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.cfg_scale=2",
+            "rollout.autocast=none",
+            "advantage.reward_norm=per_reward",
+            "advantage.dynamic_sampling=false",
+            f"reward={spec}",
+        ],
+    )
     policy, reward = load_policy("masked:" + build_tiny_masked(tmp_path)).eval(), build_reward(spec)
     prompts = read_prompts(write_prompt_file(tmp_path / "p.jsonl"))
     batch = (
@@ -185,8 +227,18 @@ def test_a_scheme_of_the_users_that_reads_rewards_is_refused_in_one_line(tmp_pat
         "def by_reward(inputs):\n    return (inputs.rewards > 0.5).float()[:, None] * inputs.mask\n"
     )
     out = tmp_path / "run"
-    code, _, err = cli(capsys, "train", "--prompts", "prompts/shapeworld_train.txt", "--credit",
-                       f"{tmp_path / 'mine.py'}:by_reward", "--set", "advantage.reward_norm=per_reward", "--out", out)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        "prompts/shapeworld_train.txt",
+        "--credit",
+        f"{tmp_path / 'mine.py'}:by_reward",
+        "--set",
+        "advantage.reward_norm=per_reward",
+        "--out",
+        out,
+    )
     line = error_line(err)
     assert code == 2 and "per_reward (GDPO)" in line and "mine.py:by_reward', which reads rewards" in line, (
         line

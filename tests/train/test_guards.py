@@ -24,8 +24,15 @@ import train_fixtures
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=1", "eval_every=-1"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +64,19 @@ def one_line_error(code: int, err: str, needle: str, status: int = 2) -> None:
 
 
 def train_args(tiny, out, steps=1, reward="train_fixtures:redness", sets=()):
-    args = ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--reward", reward,
-            "--out", str(out), "--steps", str(steps)]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--reward",
+        reward,
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+    ]
     for s in (*FAST, *sets):
         args += ["--set", s]
     return args
@@ -131,7 +149,7 @@ def test_a_binary_config_file_is_one_line(tmp_path):
         ["sample", "--prompts", "prompts/shapeworld_test.txt"],
         ["eval", "shapeworld"],
         ["credit-map", "--prompt", "a photo of a red circle"],
-    ],  # fmt: skip
+    ],
     ids=["sample", "eval", "credit-map"],
 )
 def test_cfg_nan_or_inf_is_refused_before_any_work(tmp_path, command, value):
@@ -221,15 +239,25 @@ def test_text_checkpoints_get_the_check_image_ones_get(tmp_path, damage, needle)
     shutil.copytree(shipped_folder("arithmetic"), model)
     damage(model / "model.safetensors")
     out = tmp_path / "run"
-    code, err = cli("train", "--model", f"text:{model}", "--prompts", "prompts/arithmetic_train.jsonl",
-                    "--out", str(out), "--steps", "1")  # fmt: skip
+    code, err = cli(
+        "train",
+        "--model",
+        f"text:{model}",
+        "--prompts",
+        "prompts/arithmetic_train.jsonl",
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+    )
     one_line_error(code, err, f"{model / 'model.safetensors'}: ")
     assert needle in err and not out.exists()
 
 
 def test_every_family_goes_through_the_same_check():
     """One function reads the ShapeWorld priors' and VQ's files; the transformers / diffusers families
-    check their folders with its streaming twin before loading; LlamaGen's torch files pass its tensor check."""
+    check their folders with its streaming twin before loading; LlamaGen's torch files pass
+    its tensor check."""
     import inspect
 
     from t2i_gcpo.policies import amused, janus, meissonic, prior_folder, text
@@ -253,16 +281,35 @@ def test_every_family_goes_through_the_same_check():
 
 def test_a_reward_of_the_other_kind_is_one_line(tmp_path):
     out = tmp_path / "run"
-    code, err = cli("train", "--model", "arithmetic", "--reward", "shapeworld", "--prompts",
-                    "prompts/arithmetic_train.jsonl", "--out", str(out))  # fmt: skip
+    code, err = cli(
+        "train",
+        "--model",
+        "arithmetic",
+        "--reward",
+        "shapeworld",
+        "--prompts",
+        "prompts/arithmetic_train.jsonl",
+        "--out",
+        str(out),
+    )
     one_line_error(
         code, err, "reward 'shapeworld' scores images, but the model writes text: use 'arithmetic'"
     )
-    code, err = cli("train", "--reward", "arithmetic", "--prompts", "prompts/shapeworld_train.txt",
-                    "--out", str(out))  # fmt: skip
+    code, err = cli(
+        "train", "--reward", "arithmetic", "--prompts", "prompts/shapeworld_train.txt", "--out", str(out)
+    )
     one_line_error(code, err, "reward 'arithmetic' scores text, but the model writes images")
-    code, err = cli("credit-map", "--model", "arithmetic", "--reward", "shapeworld", "--prompt", "1+2=?",
-                    "--out", str(out))  # fmt: skip
+    code, err = cli(
+        "credit-map",
+        "--model",
+        "arithmetic",
+        "--reward",
+        "shapeworld",
+        "--prompt",
+        "1+2=?",
+        "--out",
+        str(out),
+    )
     one_line_error(code, err, "reward 'shapeworld' scores images")
     assert not out.exists()
 
@@ -348,14 +395,22 @@ def test_the_arithmetic_reward_reads_thousands_commas_as_problem_files_do():
 @pytest.mark.parametrize(
     "row, needle",
     [
-        ({"tag": "counting", "include": [{"class": "circle", "count": 10**9}], "prompt": "circles"},
-         "requires 1000000000 objects; a scene holds at most 6"),
-        ({"tag": "two_object", "include": [{"class": "circle", "count": 1}, {"class": "square", "count": 1}],
-          "exclude": [{"class": "circle", "count": 1}], "prompt": "a photo of a circle and a square"},
-         "include[0] requires 1 circle and exclude[0] allows fewer than 1"),
+        (
+            {"tag": "counting", "include": [{"class": "circle", "count": 10**9}], "prompt": "circles"},
+            "requires 1000000000 objects; a scene holds at most 6",
+        ),
+        (
+            {
+                "tag": "two_object",
+                "include": [{"class": "circle", "count": 1}, {"class": "square", "count": 1}],
+                "exclude": [{"class": "circle", "count": 1}],
+                "prompt": "a photo of a circle and a square",
+            },
+            "include[0] requires 1 circle and exclude[0] allows fewer than 1",
+        ),
     ],
     ids=["count-1e9", "required-and-excluded"],
-)  # fmt: skip
+)
 def test_impossible_shapeworld_metadata_is_refused(tmp_path, row, needle):
     from t2i_gcpo.tasks.registry import get_task
 
@@ -364,8 +419,12 @@ def test_impossible_shapeworld_metadata_is_refused(tmp_path, row, needle):
     with pytest.raises(UserError, match=None) as e:
         get_task("shapeworld", None).load_prompts(path)
     assert f"{path}:1: " in str(e.value) and needle in str(e.value), e.value
-    counting = {"tag": "counting", "include": [{"class": "circle", "count": 2}],
-                "exclude": [{"class": "circle", "count": 3}], "prompt": "a photo of two circles"}  # fmt: skip
+    counting = {
+        "tag": "counting",
+        "include": [{"class": "circle", "count": 2}],
+        "exclude": [{"class": "circle", "count": 3}],
+        "prompt": "a photo of two circles",
+    }
     path.write_text(json.dumps(counting) + "\n")  # exactly two: possible
     assert get_task("shapeworld", None).load_prompts(path)[0].meta["include"][0]["count"] == 2
 
@@ -393,9 +452,22 @@ def _annotations(obj=None, prefix: str = "") -> dict[str, object]:
 
 KEYS = _annotations()
 # integer keys whose valid values set a run's cost: the training property draws them small
-COST = {"steps", "rollout.prompts_per_step", "rollout.group_size", "rollout.steps", "rollout.max_new_tokens",
-        "advantage.max_resample", "optim.update_epochs", "optim.minibatches", "model_options.remask_count",
-        "eval_images_per_prompt", "sample_every", "save_every", "eval_every", "model_options.lora_rank"}  # fmt: skip
+COST = {
+    "steps",
+    "rollout.prompts_per_step",
+    "rollout.group_size",
+    "rollout.steps",
+    "rollout.max_new_tokens",
+    "advantage.max_resample",
+    "optim.update_epochs",
+    "optim.minibatches",
+    "model_options.remask_count",
+    "eval_images_per_prompt",
+    "sample_every",
+    "save_every",
+    "eval_every",
+    "model_options.lora_rank",
+}
 
 
 def _values(key: str, small: bool = False):

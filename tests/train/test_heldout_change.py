@@ -18,9 +18,18 @@ from train_fixtures import write_prompt_file
 TRUST = ResumeOptions(trust_run_code=True)  # the reward is a test module of ours
 
 # a high learning rate so two steps move the samples, float32
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=2", "eval_every=1", "eval_images_per_prompt=2", "rollout.autocast=none",
-        "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=2",
+    "eval_every=1",
+    "eval_images_per_prompt=2",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 
 
 def held_out(path):
@@ -43,10 +52,22 @@ def read(path):
 def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, capsys):
     """The tiny prior scored by red against green (strict: redder), per tag of the held-out prompts."""
     out = tmp_path / "run"
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="heldout_fixtures:red_over_green", out=str(out), steps=2, seed=0)  # fmt: skip
-    run(prepare(algo="dapo", flags=flags, overrides=(*FAST, f"eval_prompts={held_out(tmp_path / 'e.jsonl')}"),
-                resume_options=TRUST))  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="heldout_fixtures:red_over_green",
+        out=str(out),
+        steps=2,
+        seed=0,
+    )
+    run(
+        prepare(
+            algo="dapo",
+            flags=flags,
+            overrides=(*FAST, f"eval_prompts={held_out(tmp_path / 'e.jsonl')}"),
+            resume_options=TRUST,
+        )
+    )
     printed = capsys.readouterr().out
     assert "step 0: held-out strict" in printed and "step 2: held-out strict" in printed
     assert "change from step 0" in printed.split("step 1:")[1] and "(paired 95 %" in printed
@@ -60,8 +81,9 @@ def test_the_paired_change_from_step_0_is_logged_printed_and_reported(tmp_path, 
     final = json.loads((out / "eval.json").read_text())
     for tag, d in diffs.items():
         assert final[f"eval/change/{tag}"] == pytest.approx(sum(d) / len(d))
-        assert final[f"eval/strict/{tag}"] == pytest.approx(sum(last[k]["score"] for k in last
-                                                                if last[k]["category"] == tag) / len(d))  # fmt: skip
+        assert final[f"eval/strict/{tag}"] == pytest.approx(
+            sum(last[k]["score"] for k in last if last[k]["category"] == tag) / len(d)
+        )
     overall = sum(sum(d) / len(d) for d in diffs.values()) / len(diffs)
     assert final["eval/change/overall"] == pytest.approx(overall)
     assert final["eval/change/overall"] == pytest.approx(
@@ -102,9 +124,19 @@ def test_early_in_the_default_run_the_paired_interval_is_narrower_than_the_unpai
     paired interval is narrower than the unpaired one. (Later the samples decorrelate: on the full run the
     two are level at step 100, docs/evaluation/index.md#a-runs-gain.)"""
     flags = dict(prompts="prompts/shapeworld_train.txt", out=str(tmp_path / "run"), steps=2)
-    final = run(prepare(algo="gcpo", flags=flags, overrides=("eval_every=1", "eval_images_per_prompt=2",
-                                                             "sample_every=0", "rollout.autocast=none",
-                                                             "optim.autocast=none")))  # fmt: skip
+    final = run(
+        prepare(
+            algo="gcpo",
+            flags=flags,
+            overrides=(
+                "eval_every=1",
+                "eval_images_per_prompt=2",
+                "sample_every=0",
+                "rollout.autocast=none",
+                "optim.autocast=none",
+            ),
+        )
+    )
     paired, unpaired = final["eval/change_ci/overall"], final["eval/change_unpaired_ci/overall"]
     assert 0 <= paired < unpaired, (paired, unpaired)
 
@@ -115,10 +147,20 @@ def test_every_evaluation_draws_the_same_noise_for_the_same_item(tmp_path):
     0 with no spread."""
     from t2i_gcpo.train.trainer import Trainer
 
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="heldout_fixtures:red_over_green", out=str(tmp_path / "run"), steps=2, seed=0)  # fmt: skip
-    job = prepare(algo="dapo", flags=flags, overrides=(*FAST, f"eval_prompts={held_out(tmp_path / 'e.jsonl')}"),
-                  resume_options=TRUST)  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="heldout_fixtures:red_over_green",
+        out=str(tmp_path / "run"),
+        steps=2,
+        seed=0,
+    )
+    job = prepare(
+        algo="dapo",
+        flags=flags,
+        overrides=(*FAST, f"eval_prompts={held_out(tmp_path / 'e.jsonl')}"),
+        resume_options=TRUST,
+    )
     t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
     t.evaluate(0)
     metrics, headline = t.evaluate(5)

@@ -26,9 +26,17 @@ from train_fixtures import write_prompt_file
 
 # float32 whatever the machine ('auto' picks bf16 where native): recorded ≡ replayed log-probs is
 # asserted to float32 tolerances (tests/tasks/test_sampler_precision.py covers bf16)
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "rollout.steps=4",
-        "sample_every=1", "save_every=1", "eval_every=-1",
-        "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "rollout.steps=4",
+    "sample_every=1",
+    "save_every=1",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +62,25 @@ def cli_train(models, family, out, algo, extra=(), steps=1, capture=None, monkey
             return scored
 
         monkeypatch.setattr(scoring_module, "sample_and_score", keep)
-    args = ["train", "--prompts", prompts, "--model", f"{family}:{models[family]}",
-            "--reward", "train_fixtures:redness", "--out", str(out), "--steps", str(steps), "--algo", algo,
-            "--seed", "0", "--set", f"optim.lr={lr}"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        f"{family}:{models[family]}",
+        "--reward",
+        "train_fixtures:redness",
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--algo",
+        algo,
+        "--seed",
+        "0",
+        "--set",
+        f"optim.lr={lr}",
+    ]
     for kv in (*FAST, *extra):
         args += ["--set", kv]
     try:
@@ -111,8 +135,15 @@ def test_a_cli_step_trains_the_transformer_toward_positive_advantages(
     weights = compute_weights(cfg.credit, ro, adv, base, base, "pos")
 
     def loss(logp):
-        return policy_loss(logp, ro.logp["pos"], adv, ro.mask, weights=weights,
-                           aggregation=cfg.loss.aggregation, max_len=ro.max_len)[0]  # fmt: skip
+        return policy_loss(
+            logp,
+            ro.logp["pos"],
+            adv,
+            ro.mask,
+            weights=weights,
+            aggregation=cfg.loss.aggregation,
+            max_len=ro.max_len,
+        )[0]
 
     assert loss(after) < loss(before), (loss(after), loss(before))
     # … which, to first order, raises the advantage-weighted log-likelihood of the batch (Σ A·Δ log π:
@@ -178,8 +209,19 @@ def test_estimator_on_an_autoregressive_model_is_one_line_error(models, tmp_path
 
     ar = tiny_policy_dir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(["train", "--prompts", models["prompts"], "--model", str(ar), "--out", str(tmp_path / "r"),
-              "--set", "model_options.estimator=remask"])  # fmt: skip
+        main(
+            [
+                "train",
+                "--prompts",
+                models["prompts"],
+                "--model",
+                str(ar),
+                "--out",
+                str(tmp_path / "r"),
+                "--set",
+                "model_options.estimator=remask",
+            ]
+        )
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
     assert "applies to amused, masked, meissonic and showo models only" in err and len(err.splitlines()) == 1

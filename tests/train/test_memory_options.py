@@ -15,8 +15,15 @@ from t2i_gcpo.train.run import prepare
 from tiny_models import build_tiny_janus, tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.cfg_scale=2", "eval_every=-1",
-        "rollout.autocast=none", "optim.autocast=none", "loss.beta=0.03"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+    "rollout.cfg_scale=2",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+    "loss.beta=0.03",
+]
 
 
 @pytest.mark.parametrize("dtype", ["same", "bfloat16"])
@@ -25,8 +32,14 @@ def test_reference_dtype(tmp_path, dtype):
     step's KL term is finite and near the float32 reference's (0 before the first update)."""
     from t2i_gcpo.train.trainer import Trainer
 
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="train_fixtures:redness", out=str(tmp_path / "run"), steps=1, seed=0)  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="train_fixtures:redness",
+        out=str(tmp_path / "run"),
+        steps=1,
+        seed=0,
+    )
     job = prepare(algo="grpo", flags=flags, overrides=(*FAST, f"loss.reference_dtype={dtype}"))
     t = Trainer(job.cfg, job.run_dir, job.prompts, job.policy, job.reward, job.task, job.eval_prompts)
     try:

@@ -17,8 +17,16 @@ from t2i_gcpo.train.run import prepare, run
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=5", "eval_every=-1", "advantage.dynamic_sampling=false"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=5",
+    "eval_every=-1",
+    "advantage.dynamic_sampling=false",
+]
 FP32 = ["rollout.autocast=none", "optim.autocast=none"]
 BF16 = ["rollout.autocast=bf16", "optim.autocast=bf16"]
 
@@ -53,8 +61,14 @@ def test_is_weights_multiply_the_surrogate_and_its_gradient():
     """ρ = 1, A = 2, token-mean over two tokens: L = −(2·0.5 + 2·1.5)/2 = −2; ∂L/∂log π = −A·w/N."""
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     old = logp.detach().clone()
-    loss, _ = policy_loss(logp, old, torch.tensor([2.0]), torch.ones(1, 2), aggregation="token-mean",
-                          is_weights=torch.tensor([[0.5, 1.5]]))  # fmt: skip
+    loss, _ = policy_loss(
+        logp,
+        old,
+        torch.tensor([2.0]),
+        torch.ones(1, 2),
+        aggregation="token-mean",
+        is_weights=torch.tensor([[0.5, 1.5]]),
+    )
     assert loss.item() == pytest.approx(-2.0)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-0.5, -1.5])
@@ -78,8 +92,14 @@ def tiny(tmp_path_factory):
 
 
 def train(tiny, out, extra=(), steps=1) -> list[dict]:
-    flags = dict(prompts=tiny["prompts"], model=tiny["model"], reward="train_fixtures:redness", out=str(out),
-                 steps=steps, seed=0)  # fmt: skip
+    flags = dict(
+        prompts=tiny["prompts"],
+        model=tiny["model"],
+        reward="train_fixtures:redness",
+        out=str(out),
+        steps=steps,
+        seed=0,
+    )
     run(prepare(algo="gcpo", flags=flags, overrides=(*FAST, *extra)))
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

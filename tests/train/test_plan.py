@@ -23,8 +23,14 @@ from cli_helpers import cli, error_line
 from tiny_models import build_tiny_masked, tiny_policy_dir
 from train_fixtures import train_tiny_run, write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=0",
-        "eval_every=-1", "save_every=1"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "sample_every=0",
+    "eval_every=-1",
+    "save_every=1",
+]
 
 
 def tree(root: Path) -> set[Path]:
@@ -71,17 +77,37 @@ def _tiny_arithmetic_lm(path: Path) -> None:
 
     torch.manual_seed(0)
     tok = build_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
 
 
 def train_args(models: dict, out: Path, *extra: str, family: str = "ar") -> list:
     prompts = models["problems"] if family == "text" else models["prompts"]
-    args = ["train", "--prompts", prompts, "--model", models[family], "--out", out, "--steps", "2",
-            "--report-to", "none"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        models[family],
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--report-to",
+        "none",
+    ]
     if family == "text":
         args += ["--set", "rollout.max_new_tokens=16"]
     for s in FAST:
@@ -89,7 +115,7 @@ def train_args(models: dict, out: Path, *extra: str, family: str = "ar") -> list
     return [*args, *extra]
 
 
-# ------------------------------------------------------------------ the issue's repros, each before the folder
+# ----------------------------------------------------------------- the issue's repros, each before the folder
 
 
 def test_graph_decoding_without_cuda_is_refused_before_the_folder(models, tmp_path, capsys):
@@ -104,15 +130,23 @@ def test_weighted_token_mean_with_token_advantages_is_refused_before_the_folder(
     models, tmp_path, capsys, algo
 ):
     family = "masked" if algo == "stepwise" else "ar"
-    args = train_args(models, tmp_path / "run", "--algo", algo, "--set", "loss.aggregation=weighted-token-mean",
-                      family=family)  # fmt: skip
+    args = train_args(
+        models,
+        tmp_path / "run",
+        "--algo",
+        algo,
+        "--set",
+        "loss.aggregation=weighted-token-mean",
+        family=family,
+    )
     line = refused(capsys, tmp_path, *args)
     assert "config key 'loss.aggregation'" in line and "gives token advantages" in line, line
 
 
 def test_boundary_branching_on_a_masked_model_is_refused_before_the_folder(models, tmp_path, capsys):
-    args = train_args(models, tmp_path / "run", "--algo", "vine", "--set", "branching.rule=boundary",
-                      family="masked")  # fmt: skip
+    args = train_args(
+        models, tmp_path / "run", "--algo", "vine", "--set", "branching.rule=boundary", family="masked"
+    )
     line = refused(capsys, tmp_path, *args)
     assert "config key 'branching.rule': boundary" in line and "use every_k or entropy" in line, line
 
@@ -130,9 +164,11 @@ def branched(inputs):
 def test_vine_branching_at_spread_points_is_refused_before_the_folder(models, tmp_path, capsys, how):
     """`--algo vine --set branching.rule=spread`: a ValueError traceback at step 1 (pick_points knows
     every_k, entropy and boundary only), also through the old key and a user scheme that needs branches."""
-    extra = {"key": ["--algo", "vine", "--set", "branching.rule=spread"],
-             "old key": ["--algo", "vine", "--set", "credit.vine.rule=spread"],
-             "user scheme": ["--credit", f"{tmp_path / 'mine.py'}:branched", "--set", "branching.rule=spread"]}[how]  # fmt: skip
+    extra = {
+        "key": ["--algo", "vine", "--set", "branching.rule=spread"],
+        "old key": ["--algo", "vine", "--set", "credit.vine.rule=spread"],
+        "user scheme": ["--credit", f"{tmp_path / 'mine.py'}:branched", "--set", "branching.rule=spread"],
+    }[how]
     (tmp_path / "mine.py").write_text(CREDIT)
     line = refused(capsys, tmp_path, *train_args(models, tmp_path / "run", *extra))
     assert "config key 'branching.rule'" in line and "got spread" in line, line
@@ -155,15 +191,45 @@ def test_report_to_all_checks_every_tracker_before_the_folder(models, tmp_path, 
     args = [a if a != "none" else "all" for a in train_args(models, tmp_path / "run")]
     line = refused(capsys, tmp_path, *args)
     assert line.startswith("error: report_to=") and "cannot" in line, line
-    compare = ["compare", "--algos", "dapo", "--seeds", "1", "--steps", "1", "--model", models["ar"],
-               "--prompts", models["prompts"], "--report-to", "all", "--out", tmp_path / "cmp"]  # fmt: skip
+    compare = [
+        "compare",
+        "--algos",
+        "dapo",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--model",
+        models["ar"],
+        "--prompts",
+        models["prompts"],
+        "--report-to",
+        "all",
+        "--out",
+        tmp_path / "cmp",
+    ]
     line = refused(capsys, tmp_path, *compare)
     assert line.startswith("error: report_to=") and "cannot" in line, line
 
 
 def compare_args(models: dict, out: Path, *extra: str) -> list:
-    args = ["compare", "--seeds", "1", "--steps", "1", "--eval-every", "1", "--model", models["ar"],
-            "--prompts", models["prompts"], "--out", out, "--report-to", "none"]  # fmt: skip
+    args = [
+        "compare",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--model",
+        models["ar"],
+        "--prompts",
+        models["prompts"],
+        "--out",
+        out,
+        "--report-to",
+        "none",
+    ]
     for s in (
         "rollout.prompts_per_step=2",
         "rollout.group_size=4",
@@ -211,13 +277,17 @@ def test_compare_refusals_leave_no_out_and_train_nothing(
     assert no_training == []
 
 
-def test_compare_with_a_reward_that_is_not_the_tasks_scorer_is_refused_up_front(models, tmp_path, capsys,
-                                                                                 no_training):  # fmt: skip
+def test_compare_with_a_reward_that_is_not_the_tasks_scorer_is_refused_up_front(
+    models, tmp_path, capsys, no_training
+):
     """`compare --reward r.py:ok`: every run trained, then 'has no eval.json … run the same command again'
     forever. Refused before any run, with the option that gives the runs a held-out score."""
     (tmp_path / "r.py").write_text("def ok(images, prompts, metadata):\n    return images.mean((1, 2, 3))\n")
-    line = refused(capsys, tmp_path, *compare_args(models, tmp_path / "cmp", "--algos", "dapo", "--reward",
-                                                  f"{tmp_path / 'r.py'}:ok"))  # fmt: skip
+    line = refused(
+        capsys,
+        tmp_path,
+        *compare_args(models, tmp_path / "cmp", "--algos", "dapo", "--reward", f"{tmp_path / 'r.py'}:ok"),
+    )
     assert "has no held-out prompts" in line and "shapeworld_test.jsonl (scored with your reward)" in line, (
         line
     )

@@ -1,8 +1,9 @@
-"""Costs bounded up front (issue 52, "a cost nobody bounds"): the samples a step decodes and scores are computed
-before the run and refused above rollout.max_step_samples, naming the product and the cap (the tree 64 × 64
-run that the kernel killed at 20.5 GB: refused in under 5 s); tree groups' k is bounded by the samples'
-decision steps; knapsack's fractional budget is carried across rounds (and resumed bit for bit); pods'
-draw_factor·G must be a whole number; stepwise's group normalisation gives a flat group 0, as GRPO does."""
+"""Costs bounded up front (issue 52, "a cost nobody bounds"): the samples a step decodes and scores are
+computed before the run and refused above rollout.max_step_samples, naming the product and the cap (the tree
+64 × 64 run that the kernel killed at 20.5 GB: refused in under 5 s); tree groups' k is bounded by the
+samples' decision steps; knapsack's fractional budget is carried across rounds (and resumed bit for bit);
+pods' draw_factor·G must be a whole number; stepwise's group normalisation gives a flat
+group 0, as GRPO does."""
 
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ from train_fixtures import write_prompt_file
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("costs")
-    return {"model": str(tiny_policy_dir(root)), "masked": "masked:" + build_tiny_masked(root),
-            "prompts": str(write_prompt_file(root / "p.jsonl"))}  # fmt: skip
+    return {
+        "model": str(tiny_policy_dir(root)),
+        "masked": "masked:" + build_tiny_masked(root),
+        "prompts": str(write_prompt_file(root / "p.jsonl")),
+    }
 
 
 # ------------------------------------------------------------------ the samples a step decodes and scores
@@ -47,8 +51,20 @@ def test_the_tree_64_by_64_run_is_refused_in_under_5_seconds_naming_the_product_
     406 s and was killed by the kernel's OOM killer at 20.5 GB on a 23 GB machine."""
     out = tmp_path / "run"
     tic = time.perf_counter()
-    code, _, err = cli(capsys, "train", "--prompts", PROMPTS_DIR / "shapeworld_train.txt", "--algo", "tree",
-                       "--set", "branching.k=64", "--set", "branching.continuations=64", "--out", out)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "train",
+        "--prompts",
+        PROMPTS_DIR / "shapeworld_train.txt",
+        "--algo",
+        "tree",
+        "--set",
+        "branching.k=64",
+        "--set",
+        "branching.continuations=64",
+        "--out",
+        out,
+    )
     seconds = time.perf_counter() - tic
     line = error_line(err)
     assert code == 2 and seconds < 5, (code, seconds)
@@ -66,10 +82,30 @@ def test_from_the_shell_too_without_importing_torch(tmp_path):
 
     out = tmp_path / "run"
     tic = time.perf_counter()
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "t2i_gcpo.cli", "train", "--prompts",
-                           "prompts/shapeworld_train.txt", "--algo", "tree", "--set", "branching.k=64", "--set",
-                           "branching.continuations=64", "--out", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "t2i_gcpo.cli",
+            "train",
+            "--prompts",
+            "prompts/shapeworld_train.txt",
+            "--algo",
+            "tree",
+            "--set",
+            "branching.k=64",
+            "--set",
+            "branching.continuations=64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=60,
+    )
     seconds = time.perf_counter() - tic
     lines = [ln for ln in done.stderr.splitlines() if not ln.startswith("import time:")]
     assert done.returncode == 2 and len(lines) == 1 and "= 196,656 samples" in lines[0], done.stderr[-500:]
@@ -81,8 +117,19 @@ def test_from_the_shell_too_without_importing_torch(tmp_path):
 
 def test_k_of_tree_groups_is_bounded_by_the_decision_steps(tiny, tmp_path, capsys):
     """`branching.k=100000` was accepted; below the cap, k must still find k distinct points."""
-    base = ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--algo", "tree", "--out",
-            tmp_path / "run", "--set", "rollout.prompts_per_step=2"]  # fmt: skip
+    base = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--algo",
+        "tree",
+        "--out",
+        tmp_path / "run",
+        "--set",
+        "rollout.prompts_per_step=2",
+    ]
     code, _, err = cli(capsys, *base, "--set", "branching.k=100000")
     assert code == 2 and "(1 + 100000·2)" in error_line(err)
     code, _, err = cli(capsys, *base, "--set", "branching.k=16", "--set", "branching.continuations=1")
@@ -95,9 +142,15 @@ def test_the_cap_is_settable_and_counts_every_sample_a_step_scores(tiny):
     policy, masked = load_policy(tiny["model"]), load_policy(tiny["masked"])
     P8 = ["rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.cfg_scale=2"]
     cost = {}
-    for algo, model, extra in [("dapo", policy, ()), ("grpo", policy, ()), ("tree", policy, ("branching.k=3",)),
-                               ("vine", policy, ("branching.k=4",)), ("pods", policy, ()), ("knapsack", policy, ()),
-                               ("stepwise", masked, ())]:  # fmt: skip
+    for algo, model, extra in [
+        ("dapo", policy, ()),
+        ("grpo", policy, ()),
+        ("tree", policy, ("branching.k=3",)),
+        ("vine", policy, ("branching.k=4",)),
+        ("pods", policy, ()),
+        ("knapsack", policy, ()),
+        ("stepwise", masked, ()),
+    ]:
         cost[algo] = step_draws(load_config(algo, overrides=[*P8, *extra]), model)
     assert (cost["grpo"].groups, cost["grpo"].per_group) == (8, 4)  # P·G, no dynamic sampling
     assert (cost["dapo"].groups, cost["dapo"].per_group) == (12, 4)  # ⌊1.5·8⌋ groups at most
@@ -108,8 +161,10 @@ def test_the_cap_is_settable_and_counts_every_sample_a_step_scores(tiny):
     cfg = load_config("tree", overrides=[*P8, "branching.k=15", "branching.continuations=64"])
     with pytest.raises(UserError, match="= 46,128 samples.*'rollout.max_step_samples' = 16,384"):
         plan_run(cfg, policy, trackers=[])
-    cfg = load_config("tree", overrides=[*P8, "branching.k=15", "branching.continuations=64",
-                                         "rollout.max_step_samples=50000"])  # fmt: skip
+    cfg = load_config(
+        "tree",
+        overrides=[*P8, "branching.k=15", "branching.continuations=64", "rollout.max_step_samples=50000"],
+    )
     assert plan_run(cfg, policy, trackers=[]).cost.samples == 46_128
 
 
@@ -139,12 +194,27 @@ def test_knapsack_carries_the_fraction_of_a_group_it_cannot_draw():
 
 def test_a_knapsack_run_with_a_fractional_budget_resumes_bit_identically(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
-    common = ("rollout.prompts_per_step=1", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-              "sample_every=0", "eval_every=-1", "save_every=1", "rollout.draw_factor=1.5")  # fmt: skip
+    common = (
+        "rollout.prompts_per_step=1",
+        "rollout.group_size=4",
+        "rollout.cfg_scale=2",
+        "optim.lr=3e-3",
+        "sample_every=0",
+        "eval_every=-1",
+        "save_every=1",
+        "rollout.draw_factor=1.5",
+    )
 
     def flags(out, steps):
-        return dict(prompts=tiny["prompts"], model=tiny["model"], reward="train_fixtures:redness", out=str(out),
-                    steps=steps, seed=0, report_to="none")  # fmt: skip
+        return dict(
+            prompts=tiny["prompts"],
+            model=tiny["model"],
+            reward="train_fixtures:redness",
+            out=str(out),
+            steps=steps,
+            seed=0,
+            report_to="none",
+        )
 
     full, part = tmp_path / "full", tmp_path / "part"
     run(prepare(algo="knapsack", flags=flags(full, 2), overrides=common))
@@ -159,8 +229,10 @@ def test_a_knapsack_run_with_a_fractional_budget_resumes_bit_identically(tiny, t
         assert {k: v for k, v in a.items() if not k.startswith("time/")} == pytest.approx(
             {k: v for k, v in b.items() if not k.startswith("time/")}, rel=1e-6
         )
-    weights = [load_file(str(d / "checkpoints" / "step_000002" / "model" / "prior" / "model.safetensors"))
-               for d in (full, part)]  # fmt: skip
+    weights = [
+        load_file(str(d / "checkpoints" / "step_000002" / "model" / "prior" / "model.safetensors"))
+        for d in (full, part)
+    ]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), "resumed bit for bit"
 
 

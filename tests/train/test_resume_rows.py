@@ -16,16 +16,30 @@ from t2i_gcpo.train.run import ResumeOptions, prepare, run
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=1", "eval_every=-1")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+)
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A run of 2 steps, a checkpoint at each."""
     root = tmp_path_factory.mktemp("rows")
-    flags = dict(prompts=str(write_prompt_file(root / "p.jsonl")), model=str(tiny_policy_dir(root)),
-                 reward="train_fixtures:redness", out=str(root / "run"), steps=2, seed=0, report_to="none")  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(root / "p.jsonl")),
+        model=str(tiny_policy_dir(root)),
+        reward="train_fixtures:redness",
+        out=str(root / "run"),
+        steps=2,
+        seed=0,
+        report_to="none",
+    )
     with pytest.MonkeyPatch.context() as m:
         m.setattr(trainer_mod.Trainer, "_report", lambda self: None)
         run(prepare(algo="grpo", flags=flags, overrides=FAST))

@@ -63,13 +63,15 @@ def test_chunks_are_put_back_in_order(policy):
     policy, prompts, sampling = policy
     reward = ShapeWorldReward(grid=TINY_GRID)
     whole = sample_and_score(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)))
-    inline = sample_and_score_chunked(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)),
-                                      chunk=6, overlap=False)  # fmt: skip
+    inline = sample_and_score_chunked(
+        policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)), chunk=6, overlap=False
+    )
     assert torch.equal(whole.reward.scores, inline.reward.scores) and torch.equal(
         whole.outputs, inline.outputs
     )
-    parts = sample_and_score_chunked(policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)),
-                                        chunk=6)  # fmt: skip  # 2 groups a chunk: 2 + 2 + 1
+    parts = sample_and_score_chunked(
+        policy, reward, prompts, 3, sampling, group_generators(0, "train", range(5)), chunk=6
+    )  # 2 groups a chunk: 2 + 2 + 1
     assert torch.equal(whole.rollout.tokens, parts.rollout.tokens) and torch.equal(
         whole.outputs, parts.outputs
     )
@@ -124,23 +126,37 @@ def test_a_chunk_is_scored_while_the_next_one_samples(policy):
 
     policy, prompts, sampling = policy
     events = Events(policy)
-    scored = sample_and_score_chunked(events, FunctionReward(events.reward, name="waits"), prompts[:3], 2,
-                                         sampling, group_generators(0, "train", range(3)), chunk=2)  # fmt: skip
+    scored = sample_and_score_chunked(
+        events,
+        FunctionReward(events.reward, name="waits"),
+        prompts[:3],
+        2,
+        sampling,
+        group_generators(0, "train", range(3)),
+        chunk=2,
+    )
     assert (
         len(scored.reward.scores) == 6
     )  # each reward waited for the next chunk's rollout to start, and got it
 
 
 def test_without_overlap_the_same_waits_would_never_end(policy):
-    """The check above has teeth: scored after sampling, a chunk's reward waits in vain for the next rollout."""
+    """The check above has teeth: scored after sampling, a chunk's reward waits in vain for
+    the next rollout."""
     from t2i_gcpo.rewards.combine import FunctionReward
 
     policy, prompts, sampling = policy
     events = Events(policy)
     events.rollout_started[1].wait = lambda timeout: False  # what a 10 s wait would end with
     with pytest.raises(RewardError, match="did not sample while this one was scored"):
-        sample_and_score(events, FunctionReward(events.reward, name="waits"), prompts[:1], 2, sampling,
-                         group_generators(0, "train", range(1)))  # fmt: skip
+        sample_and_score(
+            events,
+            FunctionReward(events.reward, name="waits"),
+            prompts[:1],
+            2,
+            sampling,
+            group_generators(0, "train", range(1)),
+        )
 
 
 def test_a_failing_chunk_raises_its_reward_error(policy):
@@ -156,5 +172,12 @@ def test_a_failing_chunk_raises_its_reward_error(policy):
         return torch.zeros(len(prompts))
 
     with pytest.raises(RewardError, match="reward 'fails_second' failed: ValueError: the detector crashed"):
-        sample_and_score_chunked(policy, FunctionReward(fails_second), prompts[:3], 2, sampling,
-                                    group_generators(0, "train", range(3)), chunk=2)  # fmt: skip
+        sample_and_score_chunked(
+            policy,
+            FunctionReward(fails_second),
+            prompts[:3],
+            2,
+            sampling,
+            group_generators(0, "train", range(3)),
+            chunk=2,
+        )

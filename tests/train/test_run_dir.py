@@ -31,8 +31,14 @@ from repo_paths import TESTS
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "eval_every=-1")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "eval_every=-1",
+)
 
 # a reward that is slow (a step lasts long enough to be interrupted) or NaN when the test asks
 FLAKY = """
@@ -90,8 +96,14 @@ def setup(tiny, monkeypatch):
 
 
 def flags(tiny, out, steps):
-    return dict(prompts=tiny["prompts"], model=tiny["model"], reward="flakyfix:flaky", out=str(out), steps=steps,
-                seed=0)  # fmt: skip
+    return dict(
+        prompts=tiny["prompts"],
+        model=tiny["model"],
+        reward="flakyfix:flaky",
+        out=str(out),
+        steps=steps,
+        seed=0,
+    )
 
 
 def train(tiny, out, steps, extra=()):
@@ -99,8 +111,21 @@ def train(tiny, out, steps, extra=()):
 
 
 def cli_args(tiny, out, steps, extra=()):
-    args = ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--reward", "flakyfix:flaky",
-            "--out", str(out), "--steps", str(steps), "--seed", "0"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--reward",
+        "flakyfix:flaky",
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--seed",
+        "0",
+    ]
     for s in (*FAST, *extra):
         args += ["--set", s]
     return args
@@ -108,14 +133,23 @@ def cli_args(tiny, out, steps, extra=()):
 
 def subprocess_env(tiny, **extra) -> dict:
     path = os.pathsep.join([str(tiny["root"]), str(TESTS), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads()),
-            "PYTHONPATH": path, **extra}  # fmt: skip
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+        "PYTHONPATH": path,
+        **extra,
+    }
 
 
 def start_train(tiny, out, steps, extra=(), **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", *cli_args(tiny, out, steps, extra)],
-                            env=subprocess_env(tiny, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "t2i_gcpo.cli", *cli_args(tiny, out, steps, extra)],
+        env=subprocess_env(tiny, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, p: subprocess.Popen, seconds: float = 300) -> None:
@@ -155,20 +189,36 @@ def assert_same_run(a: Path, b: Path, step: int) -> None:
 
 
 def test_carried_groups_round_trip_through_safetensors_and_json(tmp_path):
-    rollout = Rollout(tokens=torch.arange(6).reshape(2, 3), mask=torch.ones(2, 3, dtype=torch.bool),
-                      step=torch.zeros(2, 3, dtype=torch.long), logp={"pos": torch.randn(2, 3, dtype=torch.bfloat16)},
-                      prompts=[PromptRecord("a", meta={"tag": "x", "include": [{"count": 1}]}), PromptRecord("b")],
-                      group_size=2, sampling=SamplingParams(temperature=0.5), max_len=7,
-                      state={"prompt_ids": [[1, 2], [3]], "remask": torch.ones(2, 1, 3)})  # fmt: skip
-    details = [{"strict": True, "partial": 0.1 + 0.2, "box": (1.5, 2.0), "grid": torch.eye(2).bool(), 3: None},
-               {"strict": False, "partial": float("nan"), "__odd": "x", "np": __import__("numpy").float32(0.25)}]  # fmt: skip
-    batch = Batch(rollout, torch.tensor([0.5, -0.5]), RewardOutput(torch.tensor([1.0, 0.0]), details),
-                  torch.rand(2, 3, 4, 4))  # fmt: skip
+    rollout = Rollout(
+        tokens=torch.arange(6).reshape(2, 3),
+        mask=torch.ones(2, 3, dtype=torch.bool),
+        step=torch.zeros(2, 3, dtype=torch.long),
+        logp={"pos": torch.randn(2, 3, dtype=torch.bfloat16)},
+        prompts=[PromptRecord("a", meta={"tag": "x", "include": [{"count": 1}]}), PromptRecord("b")],
+        group_size=2,
+        sampling=SamplingParams(temperature=0.5),
+        max_len=7,
+        state={"prompt_ids": [[1, 2], [3]], "remask": torch.ones(2, 1, 3)},
+    )
+    details = [
+        {"strict": True, "partial": 0.1 + 0.2, "box": (1.5, 2.0), "grid": torch.eye(2).bool(), 3: None},
+        {"strict": False, "partial": float("nan"), "__odd": "x", "np": __import__("numpy").float32(0.25)},
+    ]
+    batch = Batch(
+        rollout,
+        torch.tensor([0.5, -0.5]),
+        RewardOutput(torch.tensor([1.0, 0.0]), details),
+        torch.rand(2, 3, 4, 4),
+    )
     save_tree(tmp_path, "carry", [None, batch])
     none, back = load_tree(tmp_path, "carry", "the carried groups", carry_types())
     assert none is None and isinstance(back, Batch) and isinstance(back.rollout, Rollout)
-    for a, b in ((back.rollout.tokens, rollout.tokens), (back.rollout.logp["pos"], rollout.logp["pos"]),
-                 (back.outputs, batch.outputs), (back.rollout.state["remask"], rollout.state["remask"])):  # fmt: skip
+    for a, b in (
+        (back.rollout.tokens, rollout.tokens),
+        (back.rollout.logp["pos"], rollout.logp["pos"]),
+        (back.outputs, batch.outputs),
+        (back.rollout.state["remask"], rollout.state["remask"]),
+    ):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert back.rollout.prompts == rollout.prompts and back.rollout.sampling == rollout.sampling
     assert back.rollout.max_len == 7 and back.rollout.state["prompt_ids"] == [[1, 2], [3]]
@@ -207,8 +257,24 @@ def test_a_crafted_pickle_in_a_run_directory_never_runs(tiny, tmp_path, capsys):
     code, _, err = cli(capsys, "train", "--resume", run_dir, "--steps", 2, "--trust-run-code")
     line = error_line(err)
     assert code == 2 and "carry.pt is a pickle" in line and "delete it to resume" in line, line
-    code, _, err = cli(capsys, "compare", "--algos", "gcpo", "--seeds", 1, "--steps", 2, "--model", tiny["model"],
-                       "--prompts", tiny["prompts"], "--reward", "flakyfix:flaky", "--out", comparison)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "compare",
+        "--algos",
+        "gcpo",
+        "--seeds",
+        1,
+        "--steps",
+        2,
+        "--model",
+        tiny["model"],
+        "--prompts",
+        tiny["prompts"],
+        "--reward",
+        "flakyfix:flaky",
+        "--out",
+        comparison,
+    )
     assert code == 2 and "carry.pt is a pickle" in error_line(err)
     assert not marker.exists(), "the payload never ran"
 
@@ -248,8 +314,12 @@ def test_every_output_command_is_refused_while_another_holds_the_folder_and_a_de
     tiny, tmp_path, capsys
 ):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out), "t2i-gcpo sample --out somewhere"],
-                              env=subprocess_env(tiny), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out), "t2i-gcpo sample --out somewhere"],
+        env=subprocess_env(tiny),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         for args in (
@@ -362,8 +432,8 @@ def test_a_double_ctrl_c_in_step_1_stops_at_once_and_resumes_from_step_0(tiny, u
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert (
-        f"interrupted before the first checkpoint; start it again from step 0 with: t2i-gcpo train --resume {stopped}"
-        in out
+        f"interrupted before the first checkpoint; start it again from step 0 with: t2i-gcpo train "
+        f"--resume {stopped}" in out
     )
     assert latest_checkpoint(stopped) is None
     run(prepare(resume_options=TRUST, resume_dir=stopped))
@@ -424,8 +494,8 @@ def test_a_stop_signal_in_the_final_evaluation_prints_the_resume_line_and_writes
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert (
-        f"interrupted during the final evaluation: checkpoint at step 2; continue with: t2i-gcpo train --resume {out}"
-        in stdout
+        f"interrupted during the final evaluation: checkpoint at step 2; continue with: t2i-gcpo "
+        f"train --resume {out}" in stdout
     )
     assert (out / "report.html").is_file() and not (out / "eval.json").exists()
     run(prepare(resume_options=TRUST, resume_dir=out))

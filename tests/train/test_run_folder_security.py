@@ -34,8 +34,7 @@ def weights(inputs):
 
 def payload(marker: Path) -> str:
     """A credit scheme (or reward) whose import writes `marker`: what a crafted run folder could hold."""
-    return (f"open({str(marker)!r}, 'w').write('ran')\n"
-            "def f(inputs):\n    return inputs.mask.float()\n")  # fmt: skip
+    return f"open({str(marker)!r}, 'w').write('ran')\ndef f(inputs):\n    return inputs.mask.float()\n"
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +163,9 @@ def test_an_edited_prompt_file_is_refused_on_resume_unless_allowed(trained, tmp_
         line = error_line(err)
         assert code == 2 and f"{prompts} changed since the run started (its prompts file)" in line, line
         assert "--allow-changed-inputs" in line and not (run / "checkpoints" / "step_000002").exists()
-        code, _, err = cli(capsys, "train", "--resume", run, "--credit", spec, "--steps", "2",
-                           "--allow-changed-inputs")  # fmt: skip
+        code, _, err = cli(
+            capsys, "train", "--resume", run, "--credit", spec, "--steps", "2", "--allow-changed-inputs"
+        )
         assert code == 0 and (run / "checkpoints" / "step_000002").is_dir(), err
         code, out, err = cli(capsys, "train", "--resume", run, "--credit", spec, "--steps", "3")
         assert code == 0, err  # the new content was recorded: the next resume checks against it
@@ -186,8 +186,22 @@ def test_compare_resumes_its_runs_without_their_folders_code(trained, tmp_path, 
     (run / "eval.json").unlink(missing_ok=True)
     (run / "notes.py").write_text(payload(marker))
     edit_config(run, credit__scheme=str(run / "notes.py") + ":f")
-    code, _, err = cli(capsys, "compare", "--algos", "gcpo", "--seeds", 1, "--steps", 2, "--model", trained["model"],
-                       "--prompts", trained["prompts"], "--out", comparison)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "compare",
+        "--algos",
+        "gcpo",
+        "--seeds",
+        1,
+        "--steps",
+        2,
+        "--model",
+        trained["model"],
+        "--prompts",
+        trained["prompts"],
+        "--out",
+        comparison,
+    )
     line = error_line(err, ignore="%|")
     assert code == 2 and "names the credit scheme" in line and "a file inside the run folder" in line, line
     assert "--trust-run-code" not in line and f"remove {run} and run the same command again" in line, line
@@ -200,11 +214,23 @@ def test_compare_side_by_side_resumes_a_run_naming_only_its_own_code(tmp_path):
 
     named = named_code("mine.py:score", ("eval_every=5", "credit.scheme=my_credit.py:f"))
     assert train_command("gcpo", tmp_path, True, {}, 4, (), named) == [
-        "train", "--resume", str(tmp_path), "--steps", "4", "--credit", "my_credit.py:f", "--reward", "mine.py:score"
-    ]  # fmt: skip
+        "train",
+        "--resume",
+        str(tmp_path),
+        "--steps",
+        "4",
+        "--credit",
+        "my_credit.py:f",
+        "--reward",
+        "mine.py:score",
+    ]
     assert train_command("gcpo", tmp_path, True, {}, 4, (), named_code(None, ())) == [
-        "train", "--resume", str(tmp_path), "--steps", "4"
-    ]  # fmt: skip
+        "train",
+        "--resume",
+        str(tmp_path),
+        "--steps",
+        "4",
+    ]
 
 
 # --------------------------------------------------------------- 3. no write follows a link
@@ -280,8 +306,13 @@ def test_a_fifo_or_a_folder_as_the_lock_is_one_line_not_a_hang(trained, tmp_path
     run = fresh(trained, tmp_path)
     os.mkfifo(run / LOCK_NAME)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-m", "t2i_gcpo.cli", "train", "--resume", str(run), "--trust-run-code"],
-                       env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-m", "t2i_gcpo.cli", "train", "--resume", str(run), "--trust-run-code"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and f"{run / LOCK_NAME} is a FIFO" in error_line(p.stderr), p.stderr
     (run / LOCK_NAME).unlink()
     (run / LOCK_NAME).mkdir()

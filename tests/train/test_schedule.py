@@ -132,9 +132,18 @@ def test_config_keys_and_their_checks():
 
 # ------------------------------------------------------------------------------ a run, killed with -9
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=1", "eval_every=-1", "optim.lr_scheduler=cosine_with_min_lr",
-        "optim.warmup_steps=2", "optim.min_lr_rate=0.1"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=-1",
+    "optim.lr_scheduler=cosine_with_min_lr",
+    "optim.warmup_steps=2",
+    "optim.min_lr_rate=0.1",
+]
 
 SLOW_REWARD = """
 import os, time
@@ -165,20 +174,42 @@ def test_cosine_with_floor_resumes_bit_identically_after_kill_9(tmp_path, monkey
     full = tmp_path / "full"
     run(prepare(algo="gcpo", flags={**flags, "out": str(full)}, overrides=FAST))
     logged = [r["lr"] for r in rows(full)]
-    assert logged == lrs(OptimConfig(lr_scheduler="cosine_with_min_lr", warmup_steps=2, min_lr_rate=0.1),
-                         steps, lr=3e-3)  # fmt: skip
+    assert logged == lrs(
+        OptimConfig(lr_scheduler="cosine_with_min_lr", warmup_steps=2, min_lr_rate=0.1), steps, lr=3e-3
+    )
     assert logged[0] == 0.0 and logged[2] == pytest.approx(3e-3) and logged[-1] > 3e-4
 
     part = tmp_path / "part"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "T2I_TEST_SLOW_REWARD": "1",
-           "OMP_NUM_THREADS": str(torch.get_num_threads()),  # the same arithmetic as this process
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    args = ["--prompts", prompts, "--model", model, "--reward", "slowfix:slow_redness", "--out", str(part),
-            "--steps", str(steps), "--seed", "0"]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "T2I_TEST_SLOW_REWARD": "1",
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),  # the same arithmetic as this process
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--reward",
+        "slowfix:slow_redness",
+        "--out",
+        str(part),
+        "--steps",
+        str(steps),
+        "--seed",
+        "0",
+    ]
     for s in FAST:
         args += ["--set", s]
-    p = subprocess.Popen([sys.executable, "-m", "t2i_gcpo.cli", "train", *args], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "t2i_gcpo.cli", "train", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:
         if latest_checkpoint(part) is not None and int(latest_checkpoint(part).name[5:]) >= 3:
@@ -200,6 +231,8 @@ def test_cosine_with_floor_resumes_bit_identically_after_kill_9(tmp_path, monkey
         for k in x:
             if not k.startswith("time/"):
                 assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), (x["step"], k)
-    weights = [load_file(str(r / "checkpoints" / f"step_{steps:06d}" / "model" / "prior" / "model.safetensors"))
-               for r in (full, part)]  # fmt: skip
+    weights = [
+        load_file(str(r / "checkpoints" / f"step_{steps:06d}" / "model" / "prior" / "model.safetensors"))
+        for r in (full, part)
+    ]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), "bit-identical weights"

@@ -45,7 +45,8 @@ def test_gains_start_from_the_group_mean_of_the_first_prediction():
 
 def test_tokens_revealed_at_step_s_get_that_steps_standardised_gain():
     """G = 2, S = 3: r = [0, 1, 1] and [1, 0, 0] → gains [−½, 1, 0] and [½, −1, 0]; each step's gains are
-    centred across the group and divided by their std (√2/2 at step 0, √2 at step 1); step 2's are equal: 0."""
+    centred across the group and divided by their std (√2/2 at step 0, √2 at step 1); step
+    2's are equal: 0."""
     r = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     step = torch.tensor([[0, 1, 2, 1], [2, 0, 1, 1]])
     mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0]])  # the padded token gets nothing
@@ -120,8 +121,9 @@ def test_recorded_predictions_hold_the_revealed_tokens_and_end_on_the_sample(tin
     prompts = [PromptRecord(p) for p in PROMPTS[:2]]
     sampling = dataclasses.replace(policy.default_sampling(), steps=4)
     plain = policy.rollout(prompts, 3, sampling, group_generators(0, "t", [0, 1]))
-    rec = policy.rollout(prompts, 3, dataclasses.replace(sampling, record_predictions=True),
-                         group_generators(0, "t", [0, 1]))  # fmt: skip
+    rec = policy.rollout(
+        prompts, 3, dataclasses.replace(sampling, record_predictions=True), group_generators(0, "t", [0, 1])
+    )
     # recording changes nothing of the sample
     assert STEP_PREDICTIONS not in plain.state
     assert torch.equal(plain.tokens, rec.tokens) and torch.equal(plain.step, rec.step)
@@ -190,11 +192,18 @@ def test_the_collector_scores_every_prediction_and_counts_it_in_the_budget(tiny)
 
 
 def test_the_stepwise_rewards_equal_a_direct_scoring():
-    """`score_step_predictions` reuses the sample's own score for the last step and makes S − 1 calls (a policy
-    whose decode is the identity on the tokens, a reward that is their mean)."""
+    """`score_step_predictions` reuses the sample's own score for the last step and makes S − 1 calls (a
+    policy whose decode is the identity on the tokens, a reward that is their mean)."""
     x = torch.tensor([[[0, 2], [2, 2], [4, 4]], [[1, 1], [3, 1], [5, 1]]])  # [B=2, S=3, T=2]
-    ro = Rollout(tokens=x[:, -1], mask=torch.ones(2, 2), step=torch.zeros(2, 2).long(), logp={},
-                 prompts=[PromptRecord("a")] * 2, group_size=2, state={STEP_PREDICTIONS: x})  # fmt: skip
+    ro = Rollout(
+        tokens=x[:, -1],
+        mask=torch.ones(2, 2),
+        step=torch.zeros(2, 2).long(),
+        logp={},
+        prompts=[PromptRecord("a")] * 2,
+        group_size=2,
+        state={STEP_PREDICTIONS: x},
+    )
 
     class Identity(torch.nn.Module):
         def decode(self, rollout):
@@ -216,13 +225,36 @@ def test_the_stepwise_rewards_equal_a_direct_scoring():
 # ---------------------------------------------------------------------------- from the CLI
 
 # without dynamic sampling every step keeps its P = 2 groups of 4 and carries none: exact budget counts
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.steps=4", "advantage.dynamic_sampling=false",
-        "sample_every=2", "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.steps=4",
+    "advantage.dynamic_sampling=false",
+    "sample_every=2",
+    "save_every=2",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 
 
 def _train(capsys, model, prompts, out, reward=()):
-    args = ["train", "--prompts", prompts, "--model", model, "--algo", "stepwise", "--out", out,
-            "--steps", "2", "--seed", "0", *reward]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        prompts,
+        "--model",
+        model,
+        "--algo",
+        "stepwise",
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--seed",
+        "0",
+        *reward,
+    ]
     for kv in FAST:
         args += ["--set", kv]
     return cli(capsys, *args)
@@ -256,8 +288,9 @@ def test_train_stepwise_on_a_tiny_amused(tiny, tmp_path, capsys):
     prompts = tiny["root"] / "geneval.txt"
     prompts.write_text("a photo of a cat\na photo of two dogs\na photo of a red car\na photo of a bench\n")
     out = tmp_path / "run"
-    code, stdout, _ = _train(capsys, f"amused:{tiny['amused']}", str(prompts), out,
-                             ("--reward", "train_fixtures:redness"))  # fmt: skip
+    code, stdout, _ = _train(
+        capsys, f"amused:{tiny['amused']}", str(prompts), out, ("--reward", "train_fixtures:redness")
+    )
     _check_run(out, code, stdout)
 
 
@@ -273,8 +306,22 @@ def test_an_autoregressive_model_is_refused_before_its_run_directory(tmp_path, c
 
 def test_credit_maps_draw_each_samples_reward_trajectory(tiny, tmp_path, capsys):
     out = tmp_path / "maps"
-    code, stdout, _ = cli(capsys, "credit-map", "--model", f"masked:{tiny['masked']}", "--schemes", "stepwise,uniform",
-                          "--prompt", PROMPTS[0], "--group", "3", "--out", out, "--reward", "train_fixtures:redness")  # fmt: skip
+    code, stdout, _ = cli(
+        capsys,
+        "credit-map",
+        "--model",
+        f"masked:{tiny['masked']}",
+        "--schemes",
+        "stepwise,uniform",
+        "--prompt",
+        PROMPTS[0],
+        "--group",
+        "3",
+        "--out",
+        out,
+        "--reward",
+        "train_fixtures:redness",
+    )
     assert code == 0
     steps = load_policy(f"masked:{tiny['masked']}").default_sampling().steps
     assert f"stepwise: {3 * (steps - 1)} predictions over the reveal steps scored" in stdout
@@ -283,8 +330,18 @@ def test_credit_maps_draw_each_samples_reward_trajectory(tiny, tmp_path, capsys)
     assert "r(x̂_s) over the reveal steps" in page and page.count(" → ") >= 3 * (steps - 1)
     assert "predictions over the reveal steps" in page, "the figure of the predictions is in the page"
     # an autoregressive model has no reveal steps: refused in one line when the scheme is named
-    code, _, err = cli(capsys, "credit-map", "--model", "shapeworld", "--schemes", "stepwise", "--prompt",
-                       "a photo of a red circle", "--out", tmp_path / "ar")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "credit-map",
+        "--model",
+        "shapeworld",
+        "--schemes",
+        "stepwise",
+        "--prompt",
+        "a photo of a red circle",
+        "--out",
+        tmp_path / "ar",
+    )
     assert code == 2 and "needs a full prediction at every reveal step" in error_line(
         err, ignore="credit maps"
     )

@@ -52,8 +52,15 @@ def test_a_cli_step_trains_the_lm_toward_positive_advantages(tiny_lm, tmp_path, 
     weights = compute_weights(cfg.credit, ro, adv, base, base, "pos")
 
     def loss(logp):
-        return policy_loss(logp, ro.logp["pos"], adv, ro.mask, weights=weights,
-                           aggregation=cfg.loss.aggregation, max_len=ro.max_len)[0]  # fmt: skip
+        return policy_loss(
+            logp,
+            ro.logp["pos"],
+            adv,
+            ro.mask,
+            weights=weights,
+            aggregation=cfg.loss.aggregation,
+            max_len=ro.max_len,
+        )[0]
 
     assert loss(after) < loss(before)
     # positive-advantage samples gained log-prob relative to negative ones
@@ -70,8 +77,19 @@ def test_a_prompt_the_vocabulary_cannot_express_is_one_line(tiny_lm, tmp_path, c
     prompts = tmp_path / "p.txt"
     prompts.write_text("12+7*3=?\nwhat is 5 € 3\n")
     with pytest.raises(SystemExit) as e:
-        main(["train", "--prompts", str(prompts), "--model", f"text:{tiny_lm}", "--out", str(tmp_path / "r"),
-              "--steps", "1"])  # fmt: skip
+        main(
+            [
+                "train",
+                "--prompts",
+                str(prompts),
+                "--model",
+                f"text:{tiny_lm}",
+                "--out",
+                str(tmp_path / "r"),
+                "--steps",
+                "1",
+            ]
+        )
     assert e.value.code != 0
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.strip() and "Loading weights" not in x]  # transformers' bar
@@ -81,9 +99,25 @@ def test_a_prompt_the_vocabulary_cannot_express_is_one_line(tiny_lm, tmp_path, c
 
 def test_compare_on_a_text_model_tabulates_accuracy_and_step_lift(tiny_lm, tmp_path):
     out = tmp_path / "cmp"
-    args = ["compare", "--algos", "dapo,gcpo", "--seeds", "2", "--steps", "1", "--eval-every", "1",
-            "--model", f"text:{tiny_lm}", "--prompts", problems(tmp_path, ROWS), "--reward", REWARD,
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "compare",
+        "--algos",
+        "dapo,gcpo",
+        "--seeds",
+        "2",
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--model",
+        f"text:{tiny_lm}",
+        "--prompts",
+        problems(tmp_path, ROWS),
+        "--reward",
+        REWARD,
+        "--out",
+        str(out),
+    ]
     fast = [kv for kv in FAST if not kv.startswith("eval_every")]  # compare sets its own
     for kv in (
         *fast,
@@ -115,8 +149,25 @@ def test_compare_on_a_text_model_tabulates_accuracy_and_step_lift(tiny_lm, tmp_p
 def test_credit_map_on_text_writes_heatmaps_and_step_lift(tiny_lm, tmp_path, capsys):
     out = tmp_path / "maps"
     try:
-        main(["credit-map", "--model", f"text:{tiny_lm}", "--prompt", "12+7*3=?", "--prompt", "4*5-6=?",
-              "--schemes", "gcpo,uniform", "--group", "4", "--reward", REWARD, "--out", str(out)])  # fmt: skip
+        main(
+            [
+                "credit-map",
+                "--model",
+                f"text:{tiny_lm}",
+                "--prompt",
+                "12+7*3=?",
+                "--prompt",
+                "4*5-6=?",
+                "--schemes",
+                "gcpo,uniform",
+                "--group",
+                "4",
+                "--reward",
+                REWARD,
+                "--out",
+                str(out),
+            ]
+        )
     except SystemExit as e:
         assert e.code in (0, None), f"exit {e.code}"
     printed = capsys.readouterr().out

@@ -21,8 +21,16 @@ from t2i_gcpo.train.tracking import flat_config, installed, resolve_report_to
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=0",
-        "save_every=1", "eval_every=0", "eval_images_per_prompt=2", "optim.lr_scheduler=linear"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "sample_every=0",
+    "save_every=1",
+    "eval_every=0",
+    "eval_images_per_prompt=2",
+    "optim.lr_scheduler=linear",
+]
 
 
 def test_names_all_none_and_a_missing_package(monkeypatch, tmp_path):
@@ -46,8 +54,9 @@ def test_names_all_none_and_a_missing_package(monkeypatch, tmp_path):
     assert resolve_report_to("all") == ["tensorboard"]
     # through the CLI: before any model is loaded or folder written
     out = tmp_path / "run"
-    res = CliRunner().invoke(cli, ["train", "--prompts", "prompts/shapeworld_train.txt", "--report-to", "wandb",
-                                   "--out", str(out)])  # fmt: skip
+    res = CliRunner().invoke(
+        cli, ["train", "--prompts", "prompts/shapeworld_train.txt", "--report-to", "wandb", "--out", str(out)]
+    )
     assert isinstance(res.exception, UserError), res.output  # main() prints it as one 'error:' line, exit 2
     assert str(res.exception) == "report_to=wandb needs the wandb package: pip install 't2i-gcpo[wandb]'"
     assert not out.exists()
@@ -116,8 +125,15 @@ def test_every_tracker_logs_the_metric_names_and_values_of_metrics_jsonl(tmp_pat
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     trackers = ["tensorboard", "wandb", "mlflow"] + (["trackio"] if installed("trackio") else [])
     out = tmp_path / "run"
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="train_fixtures:redness", out=str(out), steps=2, seed=0, report_to=",".join(trackers))  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="train_fixtures:redness",
+        out=str(out),
+        steps=2,
+        seed=0,
+        report_to=",".join(trackers),
+    )
     overrides = (*FAST, f"eval_prompts={write_prompt_file(tmp_path / 'eval.jsonl', n=2)}")
     run(prepare(algo="gcpo", flags=flags, overrides=overrides))
 
@@ -137,7 +153,14 @@ def test_every_tracker_logs_the_metric_names_and_values_of_metrics_jsonl(tmp_pat
 def test_report_to_none_writes_metrics_jsonl_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod.Trainer, "_report", lambda self: None)
     out = tmp_path / "run"
-    flags = dict(prompts=str(write_prompt_file(tmp_path / "p.jsonl")), model=str(tiny_policy_dir(tmp_path)),
-                 reward="train_fixtures:redness", out=str(out), steps=1, seed=0, report_to="none")  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(tmp_path / "p.jsonl")),
+        model=str(tiny_policy_dir(tmp_path)),
+        reward="train_fixtures:redness",
+        out=str(out),
+        steps=1,
+        seed=0,
+        report_to="none",
+    )
     run(prepare(algo="gcpo", flags=flags, overrides=(*FAST[:-3], "eval_every=-1")))
     assert (out / "metrics.jsonl").is_file() and not (out / "tb").exists()

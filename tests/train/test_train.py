@@ -23,8 +23,17 @@ from train_fixtures import write_prompt_file
 # float32 whatever the machine ('auto' picks bf16 where native): the pinned metrics are float32 numbers
 # no sample grids, credit maps or report (matplotlib: ~1.4 s a run) where a test does not read them: the
 # every-algorithm test draws each scheme's, the plain resume test checks that drawing leaves the run unchanged
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "save_every=2",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+]
 DRAW = "sample_every=2"
 
 TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modules of ours
@@ -33,8 +42,11 @@ TRUST = ResumeOptions(trust_run_code=True)  # these runs' rewards are test modul
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return {"model": str(tiny_policy_dir(root)), "prompts": str(write_prompt_file(root / "p.jsonl")),
-            "masked": "masked:" + build_tiny_masked(root)}  # fmt: skip
+    return {
+        "model": str(tiny_policy_dir(root)),
+        "prompts": str(write_prompt_file(root / "p.jsonl")),
+        "masked": "masked:" + build_tiny_masked(root),
+    }
 
 
 def train(tiny, out, algo="gcpo", steps=3, extra=(), reward="train_fixtures:redness"):
@@ -61,7 +73,8 @@ def branches(algo: str) -> bool:
 
 
 def masked_only(algo: str) -> bool:
-    """Whether preset `algo`'s scheme needs what only masked models give (a prediction at every reveal step)."""
+    """Whether preset `algo`'s scheme needs what only masked models give (a prediction at
+    every reveal step)."""
     return needs_step_rewards(load_config(algo).credit.scheme)
 
 
@@ -144,7 +157,8 @@ def test_cli_errors_are_one_line_and_write_nothing(tiny, tmp_path):
     empty.write_text("")
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text(
-        '{"tag": "single_object", "prompt": "a photo of a circle", "include": [{"class": "circle", "count": 1}]}\n{oops\n'
+        '{"tag": "single_object", "prompt": "a photo of a circle", "include": [{"class": "circle", '
+        '"count": 1}]}\n{oops\n'
     )
     unknown = tmp_path / "unknown.txt"
     unknown.write_text("a photo of a zebra\n")
@@ -188,8 +202,13 @@ def test_cli_errors_are_one_line_and_write_nothing(tiny, tmp_path):
 def test_stage_credit_with_minibatches_uses_whole_groups(tiny, tmp_path):
     """STAGE compares each sample with its group: splitting a batch into minibatches must not split
     groups' comparisons (weights are computed once on the full batch)."""
-    rows = train(tiny, tmp_path / "stage", algo="dapo", steps=2,
-                 extra=("credit.scheme=stage", "optim.minibatches=4", "rollout.prompts_per_step=2"))  # fmt: skip
+    rows = train(
+        tiny,
+        tmp_path / "stage",
+        algo="dapo",
+        steps=2,
+        extra=("credit.scheme=stage", "optim.minibatches=4", "rollout.prompts_per_step=2"),
+    )
     assert all(math.isfinite(r["credit/weight_max"]) for r in rows if r["groups_kept"])
     assert any(r["credit/weight_max"] > 1 for r in rows if r["groups_kept"]), "STAGE credit is not uniform"
 
@@ -379,8 +398,13 @@ def test_balanced_minibatch_steps_change_the_update_and_the_split_alone_does_not
     base = ("optim.minibatches=2", "rollout.prompts_per_step=2")
     train(tiny, tmp_path / "seq", algo="dapo", steps=2, extra=base)
     train(tiny, tmp_path / "bal", algo="dapo", steps=2, extra=(*base, "optim.minibatch_split=balanced"))
-    train(tiny, tmp_path / "step", algo="dapo", steps=2,
-          extra=(*base, "optim.minibatch_split=balanced", "optim.step_per_minibatch=true"))  # fmt: skip
+    train(
+        tiny,
+        tmp_path / "step",
+        algo="dapo",
+        steps=2,
+        extra=(*base, "optim.minibatch_split=balanced", "optim.step_per_minibatch=true"),
+    )
     seq, bal, step = (params(tmp_path / name, 2) for name in ("seq", "bal", "step"))
     assert all(torch.allclose(seq[k], bal[k], atol=1e-6) for k in seq)
     assert any(not torch.allclose(seq[k], step[k], atol=1e-6) for k in seq)

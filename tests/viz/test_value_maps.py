@@ -73,11 +73,19 @@ def test_the_next_value_minus_a_tokens_value_is_its_segment_advantage():
 
 
 def _sample(value: bool) -> dict:
-    s = {"image": np.zeros((8, 8, 3), np.uint8), "reward": 1.0, "advantage": 0.5,
-         "weights": {"uniform": np.ones((2, 2))}}  # fmt: skip
+    s = {
+        "image": np.zeros((8, 8, 3), np.uint8),
+        "reward": 1.0,
+        "advantage": 0.5,
+        "weights": {"uniform": np.ones((2, 2))},
+    }
     if value:
-        s.update(value_grid=np.array([[0.5, 0.5], [2 / 3, 1.0]]), value_centre=0.5, value_path=[0.5, 2 / 3, 1.0],
-                 value_points=[2])  # fmt: skip
+        s.update(
+            value_grid=np.array([[0.5, 0.5], [2 / 3, 1.0]]),
+            value_centre=0.5,
+            value_path=[0.5, 2 / 3, 1.0],
+            value_points=[2],
+        )
     return s
 
 
@@ -119,8 +127,23 @@ def test_credit_map_branches_for_vine_and_draws_its_value_column(tmp_path):
 def test_credit_map_on_text_shades_each_token_by_its_value(tiny_lm, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "maps"
     try:
-        main(["credit-map", "--model", f"text:{tiny_lm}", "--prompt", "12+7*3=?", "--schemes", "uniform,vine",
-              "--group", "4", "--reward", REWARD, "--out", str(out)])  # fmt: skip
+        main(
+            [
+                "credit-map",
+                "--model",
+                f"text:{tiny_lm}",
+                "--prompt",
+                "12+7*3=?",
+                "--schemes",
+                "uniform,vine",
+                "--group",
+                "4",
+                "--reward",
+                REWARD,
+                "--out",
+                str(out),
+            ]
+        )
     except SystemExit as e:
         assert e.code in (0, None), f"exit {e.code}"
     assert "branching:" in capsys.readouterr().out
@@ -132,16 +155,31 @@ def test_credit_map_on_text_shades_each_token_by_its_value(tiny_lm, tmp_path, ca
 # ---------------------------------------------------------------- a vine run's report
 
 
-FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "sample_every=2",
-        "save_every=2", "eval_every=-1", "rollout.autocast=none", "optim.autocast=none",
-        "branching.k=4", "branching.continuations=2"]  # fmt: skip
+FAST = [
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "sample_every=2",
+    "save_every=2",
+    "eval_every=-1",
+    "rollout.autocast=none",
+    "optim.autocast=none",
+    "branching.k=4",
+    "branching.continuations=2",
+]
 
 
 def test_a_vine_run_draws_value_maps_and_its_report_shows_them(tmp_path):
     root = tmp_path / "tiny"
     root.mkdir()
-    flags = dict(prompts=str(write_prompt_file(root / "p.jsonl")), model=str(tiny_policy_dir(root)),
-                 reward="train_fixtures:redness", out=str(tmp_path / "run"), steps=2, seed=0)  # fmt: skip
+    flags = dict(
+        prompts=str(write_prompt_file(root / "p.jsonl")),
+        model=str(tiny_policy_dir(root)),
+        reward="train_fixtures:redness",
+        out=str(tmp_path / "run"),
+        steps=2,
+        seed=0,
+    )
     run(prepare(algo="vine", flags=flags, overrides=FAST))
     out = tmp_path / "run"
     assert (out / "value_maps" / "step_000002.png").is_file()

@@ -231,10 +231,16 @@ def test_write_credit_html_self_contained(tmp_path):
     assert [t.count("<tr>") for t in tables] == [4, 2]
     header = re.findall(r"<th>(.*?)</th>", tables[0])
     assert header == [
-        "#", "reward", "advantage",
-        "uniform: max w", "uniform: H/ln N", "uniform: lift",
-        "gcpo: max w", "gcpo: H/ln N", "gcpo: lift",
-    ]  # fmt: skip
+        "#",
+        "reward",
+        "advantage",
+        "uniform: max w",
+        "uniform: H/ln N",
+        "uniform: lift",
+        "gcpo: max w",
+        "gcpo: H/ln N",
+        "gcpo: lift",
+    ]
     first = re.findall(r"<td>(.*?)</td>", tables[0].split("</tr>")[1])
     assert first[3:6] == ["1.000", "1.000", "1.000"]  # uniform: max 1, entropy 1, lift 1
     assert float(first[8]) > 1.5  # gcpo-like focused weights lift credit onto the object

@@ -1,5 +1,5 @@
-"""Critical-token credit (Group Critical-token PO, zghhui/GCPO, ICLR 2026; docs/concepts/credit.md#critical-token):
-the registration; the maths is t2i_gcpo/core/critical.py."""
+"""Critical-token credit (Group Critical-token PO, zghhui/GCPO, ICLR 2026;
+docs/concepts/credit.md#critical-token): the registration; the maths is t2i_gcpo/core/critical.py."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def _check(options: dict[str, Any]) -> tuple[str, str] | None:
     "gcpo",
     needs=("contrast",),
     doc="GCPO (Guidance Contrastive Policy Optimization, arXiv 2605.29198): k3 divergence between the "
-    "positive and negative context at the sampled token, normalised per sequence (docs/concepts/credit.md#gcpo).",
+    "positive and negative context at the sampled token, normalised per sequence "
+    "(docs/concepts/credit.md#gcpo).",
     check=_check,
 )
 def gcpo(

@@ -21,12 +21,13 @@ Needs (the fields of `CreditInputs` they fill):
 - ``branches``  — tree (`core.tree.Tree`: points [B, K], rewards [B, K, M], exists [B, K, M]): the rewards
                   of M continuations sampled from each sample's branch points (the train step samples and
                   scores them only for a scheme that declares this; docs/concepts/tree_credit.md)
-- ``leaves``    — leaves (`core.tree.Leaves`: root [B], point [B]): the group is a prefix tree whose every leaf
-                  is a row of the batch — roots and their continuations, trained on (the train step samples
-                  them for a scheme that declares this; docs/concepts/tree_credit.md#tree-groups)
+- ``leaves``    — leaves (`core.tree.Leaves`: root [B], point [B]): the group is a prefix tree whose every
+                  leaf is a row of the batch — roots and their continuations, trained on (the train step
+                  samples them for a scheme that declares this; docs/concepts/tree_credit.md#tree-groups)
 - ``step_rewards`` — step_rewards [B, S] and group_size: r(x̂_s), the reward of the model's full prediction
                   after each of the S reveal steps of a masked model (the sampler records x̂_s and the train
-                  step scores them only for a scheme that declares this; docs/concepts/tree_credit.md#stepwise-rewards)
+                  step scores them only for a scheme that declares this;
+                  docs/concepts/tree_credit.md#stepwise-rewards)
 Always given: mask [B, T], tokens [B, T], step [B, T] (the step at which each token was decided) and
 layout (the (rows, cols) token grid of an image, or None for a sequence).
 
@@ -70,8 +71,8 @@ NEEDS = (
     "leaves",
     "step_rewards",
 )
-# the needs that read the rewards themselves (GDPO, advantage.reward_norm=per_reward, hands the shipped schemes
-# that declare one its decoupled rewards: docs/concepts/algorithms.md#gdpo-and-credit-schemes)
+# the needs that read the rewards themselves (GDPO, advantage.reward_norm=per_reward, hands the shipped
+# schemes that declare one its decoupled rewards: docs/concepts/algorithms.md#gdpo-and-credit-schemes)
 REWARD_NEEDS = frozenset({"rewards", "branches", "leaves", "step_rewards"})
 RETURNS = ("weights", "advantages")
 Chunks = Iterable["tuple[slice, Tensor]"]
@@ -160,8 +161,14 @@ CREDIT_SCHEMES: Registry[CreditScheme] = Registry(
 USER_SCHEMES: dict[str, CreditScheme] = {}  # user functions, keyed by their spec ("file.py:function")
 
 
-def scheme_from_function(name: str, fn: Callable[..., Tensor], needs: Iterable[str] = (), doc: str = "",
-                         check: Any = None, returns: str = "weights") -> CreditScheme:  # fmt: skip
+def scheme_from_function(
+    name: str,
+    fn: Callable[..., Tensor],
+    needs: Iterable[str] = (),
+    doc: str = "",
+    check: Any = None,
+    returns: str = "weights",
+) -> CreditScheme:
     """A `CreditScheme` for `fn`, its options read from its signature; CreditSchemeError for unknown
     needs or a function that cannot take the inputs."""
     needs = tuple(needs)
@@ -215,8 +222,14 @@ def option_types(fn: Callable, names: list[str]) -> dict[str, Any]:
     return hints
 
 
-def register_scheme(name: str, needs: tuple[str, ...] = (), doc: str = "", check: Any = None,
-                    returns: str = "weights", mass_preserving: bool = True) -> Callable:  # fmt: skip
+def register_scheme(
+    name: str,
+    needs: tuple[str, ...] = (),
+    doc: str = "",
+    check: Any = None,
+    returns: str = "weights",
+    mass_preserving: bool = True,
+) -> Callable:
     """Decorator: add `fn` to `CREDIT_SCHEMES` under `name`, with the inputs it needs (and, optionally,
     a `check` of its options together, see `CreditScheme`; `returns`: "weights" or "advantages";
     `mass_preserving`: whether its weights keep Σ_t m·w = N)."""
@@ -298,11 +311,12 @@ def pool_by_step(weights: Tensor, step: Tensor, mask: Tensor) -> Tensor:
     return torch.where(m, mean.gather(1, key), torch.zeros_like(w))
 
 
-def credit_weights(name: str, inputs: CreditInputs, options: dict[str, Any] | None = None,
-                   granularity: str = "token") -> Tensor:  # fmt: skip
-    """w [B, T] of scheme `name` (token advantages for a scheme that returns them): checks that its declared inputs are present and that it takes every
-    option given, checks what it returns (a [B, T] tensor, finite on valid tokens), and pools by step
-    when asked."""
+def credit_weights(
+    name: str, inputs: CreditInputs, options: dict[str, Any] | None = None, granularity: str = "token"
+) -> Tensor:
+    """w [B, T] of scheme `name` (token advantages for a scheme that returns them): checks that its declared
+    inputs are present and that it takes every option given, checks what it returns (a [B, T] tensor, finite
+    on valid tokens), and pools by step when asked."""
     import torch
 
     scheme = get_scheme(name)

@@ -20,16 +20,17 @@ from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
     needs=("step_rewards",),
     returns="advantages",
     doc="Stepwise rewards (masked models): the tokens revealed at step s get the gain r(x̂_s) − r(x̂_{s−1}) of "
-    "the model's full prediction, standardised across the group (docs/concepts/tree_credit.md#stepwise-rewards).",
+    "the model's full prediction, standardised across the group "
+    "(docs/concepts/tree_credit.md#stepwise-rewards).",
 )
 def stepwise(
     inp: CreditInputs,
     normalisation: Annotated[
         Literal["step", "group", "none"],
         Option(
-            "σ dividing the centred gains: 'step', their std across the group at each step (GRPO at matched steps); "
-            "'group', the std of the group's final rewards (a sample's step advantages sum to its GRPO advantage); "
-            "'none', no division."
+            "σ dividing the centred gains: 'step', their std across the group at each step (GRPO at matched "
+            "steps); 'group', the std of the group's final rewards (a sample's step advantages sum to its "
+            "GRPO advantage); 'none', no division."
         ),
     ] = "step",
 ) -> Tensor:

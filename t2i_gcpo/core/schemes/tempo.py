@@ -15,8 +15,8 @@ from t2i_gcpo.core.schemes.registry import CreditInputs, Option, register_scheme
     "tempo",
     needs=("rewards", "groups"),
     returns="advantages",
-    doc="TEMPO: the group as a prefix tree in decision order; token advantage A_i + δ_it, δ = V(node after) − "
-    "V(node before), 0 where the node does not branch (docs/concepts/tree_credit.md#tempo).",
+    doc="TEMPO: the group as a prefix tree in decision order; token advantage A_i + δ_it, δ = V(node "
+    "after) − V(node before), 0 where the node does not branch (docs/concepts/tree_credit.md#tempo).",
 )
 def tempo(
     inp: CreditInputs,

@@ -30,9 +30,9 @@ def vine(
     normalisation: Annotated[
         Literal["group", "roots", "none"],
         Option(
-            "'group': divide by the std of every reward scored for the prompt, continuations included; 'roots': "
-            "by the std of its G samples alone (DAPO's divisor, so the two compare at the same step size); "
-            "'none': raw values."
+            "'group': divide by the std of every reward scored for the prompt, continuations included; "
+            "'roots': by the std of its G samples alone (DAPO's divisor, so the two compare at the same "
+            "step size); 'none': raw values."
         ),
     ] = "group",
 ) -> Tensor:

@@ -62,8 +62,11 @@ def index_rows(rows: Iterable[Mapping[str, Any]], where: str) -> dict[str, tuple
     return out
 
 
-def key_mismatch(a: Mapping[str, tuple[str, float]], b: Mapping[str, tuple[str, float]],
-                 names: tuple[str, str] = ("A", "B")) -> str | None:  # fmt: skip
+def key_mismatch(
+    a: Mapping[str, tuple[str, float]],
+    b: Mapping[str, tuple[str, float]],
+    names: tuple[str, str] = ("A", "B"),
+) -> str | None:
     """Why the indexed rows `a` and `b` do not score the same items, in one line; None when they do (the
     same keys, each in the same category)."""
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
@@ -77,8 +80,9 @@ def key_mismatch(a: Mapping[str, tuple[str, float]], b: Mapping[str, tuple[str, 
     return None
 
 
-def _entry(pairs: Sequence[tuple[float, float]], weights: Sequence[tuple[float, Sequence[tuple[float, float]]]]
-           ) -> dict[str, Any]:  # fmt: skip
+def _entry(
+    pairs: Sequence[tuple[float, float]], weights: Sequence[tuple[float, Sequence[tuple[float, float]]]]
+) -> dict[str, Any]:
     """Before, after, change and both intervals of one cell: `pairs` its (before, after) items, `weights`
     the groups it combines ((1, pairs) for a plain mean; (1/C, pairs_c) per category for a mean of
     category means)."""
@@ -93,13 +97,22 @@ def _entry(pairs: Sequence[tuple[float, float]], weights: Sequence[tuple[float, 
     unpaired = linear_ci95(
         [*((w, [y for _, y in p]) for w, p in groups), *((-w, [x for x, _ in p]) for w, p in groups)]
     )
-    return {"before": before, "after": after, "change": change, "paired": [low, high],
-            "unpaired": list(unpaired[1:]), "prompts": sum(len(p) for _, p in groups)}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "change": change,
+        "paired": [low, high],
+        "unpaired": list(unpaired[1:]),
+        "prompts": sum(len(p) for _, p in groups),
+    }
 
 
-def paired_change(before: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, float]],
-                  after: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, float]],
-                  aggregate: str = "items", names: tuple[str, str] = ("A", "B")) -> dict[str, Any]:  # fmt: skip
+def paired_change(
+    before: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, float]],
+    after: Iterable[Mapping[str, Any]] | Mapping[str, tuple[str, float]],
+    aggregate: str = "items",
+    names: tuple[str, str] = ("A", "B"),
+) -> dict[str, Any]:
     """The paired change from `before` to `after` (result rows, or rows already `index_rows`-ed), per
     category and overall (module docstring): ``{"aggregate", "categories": {c: cell}, "overall": cell}``,
     each cell ``{"before", "after", "change", "paired": [low, high], "unpaired": [low, high], "n"}`` (nan
@@ -176,10 +189,12 @@ def format_change(result: Mapping[str, Any], names: tuple[str, str] = ("A", "B")
     ]
     for c, e in rows:
         unpaired = half_width(e["unpaired"])
-        lines.append(f"{c:<{w}} {_num(e['before']):>8} {_num(e['after']):>8}  "
-                     f"{cell(e['change'], *e['paired'], sign=True):>20}  "
-                     f"{'—' if math.isnan(unpaired) else f'{unpaired:.3f}':>10} {e.get('prompts', e['n']):>7} "
-                     f"{e['n']:>6}")  # fmt: skip
+        lines.append(
+            f"{c:<{w}} {_num(e['before']):>8} {_num(e['after']):>8}  "
+            f"{cell(e['change'], *e['paired'], sign=True):>20}  "
+            f"{'—' if math.isnan(unpaired) else f'{unpaired:.3f}':>10} {e.get('prompts', e['n']):>7} "
+            f"{e['n']:>6}"
+        )
     return "\n".join(lines)
 
 
@@ -281,13 +296,13 @@ def read_evaluation(path: str | Path) -> tuple[list[dict], dict[str, Any], str]:
         rows_path, protocol_path = steps[-1], p / "eval" / PROTOCOL_NAME
     else:
         raise UserError(
-            f"{p} is neither an evaluation's output folder (results.jsonl, protocol.json) nor a run directory "
-            "(eval/step_NNNNNN.jsonl)"
+            f"{p} is neither an evaluation's output folder (results.jsonl, protocol.json) nor a run "
+            f"directory (eval/step_NNNNNN.jsonl)"
         )
     if not protocol_path.is_file():
         raise UserError(
-            f"{protocol_path.parent}: no {PROTOCOL_NAME} beside {rows_path.name} (written by an older version): "
-            "score the images again (--score-only) to record it"
+            f"{protocol_path.parent}: no {PROTOCOL_NAME} beside {rows_path.name} (written by an older "
+            f"version): score the images again (--score-only) to record it"
         )
     return read_jsonl(rows_path), read_protocol(protocol_path), str(rows_path)
 
@@ -305,8 +320,14 @@ def compare_evaluations(a: str | Path, b: str | Path) -> dict[str, Any]:
         raise UserError(f"protocol_mismatch: {why} ({a} against {b}): not the same prompts, seeds and scorer")
     aggregate = proto_a.get("aggregate", "items")
     change = paired_change(index_rows(rows_a, read_a), index_rows(rows_b, read_b), aggregate)
-    return {"a": read_a, "b": read_b, "suite": proto_a["suite"], "label": _label(proto_a),
-            "models": [_model(proto_a), _model(proto_b)], "change": change}  # fmt: skip
+    return {
+        "a": read_a,
+        "b": read_b,
+        "suite": proto_a["suite"],
+        "label": _label(proto_a),
+        "models": [_model(proto_a), _model(proto_b)],
+        "change": change,
+    }
 
 
 def _model(protocol: Mapping[str, Any]) -> str | None:
@@ -323,10 +344,14 @@ def format_comparison(result: Mapping[str, Any]) -> str:
     """What `t2i-gcpo eval compare` prints: the suite, A and B, the table (`format_change`), a legend."""
     change = result["change"]
     how = "the mean of the categories" if change["aggregate"] == "categories" else "the mean over every item"
-    head = [f"{result['suite']}" + (f" ({result['label']})" if result.get("label") else ""),
-            f"A: {result['a']}" + (f"  (model {result['models'][0]})" if result["models"][0] else ""),
-            f"B: {result['b']}" + (f"  (model {result['models'][1]})" if result["models"][1] else "")]  # fmt: skip
-    legend = (f"change: B − A, the mean over the items (the same prompt and sample index on both sides) of "
-              f"the difference, with its Student-t 95 % interval; unpaired ±: half-width of the interval of "
-              f"the same difference taken as independent samples (Welch); overall: {how}.")  # fmt: skip
+    head = [
+        f"{result['suite']}" + (f" ({result['label']})" if result.get("label") else ""),
+        f"A: {result['a']}" + (f"  (model {result['models'][0]})" if result["models"][0] else ""),
+        f"B: {result['b']}" + (f"  (model {result['models'][1]})" if result["models"][1] else ""),
+    ]
+    legend = (
+        f"change: B − A, the mean over the items (the same prompt and sample index on both sides) of "
+        f"the difference, with its Student-t 95 % interval; unpaired ±: half-width of the interval of "
+        f"the same difference taken as independent samples (Welch); overall: {how}."
+    )
     return "\n".join([*head, "", format_change(change), "", legend])

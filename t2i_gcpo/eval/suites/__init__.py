@@ -1,12 +1,13 @@
 """The question-based benchmark suites a VLM judge scores (docs/evaluation/judge-suites.md): one file per
 suite, each a `Suite` — its data format (`read`), its question (`messages`), its score rule (`parse`)
 and its aggregation (`summarize`), from the benchmark's paper and reference code — added to `SUITES` (the
-registry config.EVAL_SUITES: t2i_gcpo/extensions.py) by `register_suite`. The driver (t2i_gcpo/eval/suites/driver.py, ``t2i-gcpo eval judge``) asks the judge one
-request per image, resumably, and writes the suite's results.
+registry config.EVAL_SUITES: t2i_gcpo/extensions.py) by `register_suite`. The driver
+(t2i_gcpo/eval/suites/driver.py, ``t2i-gcpo eval judge``) asks the judge one request per image, resumably, and
+writes the suite's results.
 
 `suites()` lists them (every module of this package but its machinery registers itself when first listed: a
-new suite is a new file and nothing else); `suites_help()` is what ``--help`` prints. The modules import nothing heavy
-(``--help`` reads them).
+new suite is a new file and nothing else); `suites_help()` is what ``--help`` prints. The modules import
+nothing heavy (``--help`` reads them).
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ class Suite:
     """A registered suite (module docstring).
 
     read(path) → [SuiteItem] (a file in the wrong format: one line naming the file and the field);
-    summarize(rows) → {"overall", "categories", …its own tables}, rows one per image (key, category, score, …).
-    A judge suite also has messages(item, image_url) → the chat messages of one request (the image as a data
-    URL); parse(answer, item) → {"score": float in [0, 1], …the fields it read}, raising `asking.BadAnswer` for
-    an answer it cannot read (asked again); reference_image(root, item, sample) → the image of the reference's
-    own folder layout (``--score-only``).
+    summarize(rows) → {"overall", "categories", …its own tables}, rows one per image (key, category, score,
+    …). A judge suite also has messages(item, image_url) → the chat messages of one request (the image as a
+    data URL); parse(answer, item) → {"score": float in [0, 1], …the fields it read}, raising
+    `asking.BadAnswer` for an answer it cannot read (asked again); reference_image(root, item, sample) → the
+    image of the reference's own folder layout (``--score-only``).
     """
 
     name: str

@@ -91,8 +91,10 @@ def read_answers(path: str | os.PathLike, repair: bool = False) -> dict[str, dic
             or not isinstance(row.get("id"), str)
             or not isinstance(row.get("fingerprint"), str)
         ):
-            raise UserError(f"{path}:{i + 1}: not an answer record t2i-gcpo wrote (no 'id' and 'fingerprint'); "
-                            "use another --out")  # fmt: skip
+            raise UserError(
+                f"{path}:{i + 1}: not an answer record t2i-gcpo wrote (no 'id' and 'fingerprint'); "
+                "use another --out"
+            )
         out[row["id"]] = row
     if torn and repair:
         write_file(path, "".join(lines[:-1]))
@@ -157,8 +159,10 @@ def answer_all(
             except Exception as e:  # a transport error, a timeout, an answer it cannot use: asked again
                 last = f"{type(e).__name__}: {e}"
         first = batch[0].id + (f" (and {len(batch) - 1} more)" if len(batch) > 1 else "")
-        raise UserError(f"{scorer}: question {first} has no usable answer after {retries + 1} tries: "
-                        f"{shorten(' '.join(last.split()), 200)}{kept_in}")  # fmt: skip
+        raise UserError(
+            f"{scorer}: question {first} has no usable answer after {retries + 1} tries: "
+            f"{shorten(' '.join(last.split()), 200)}{kept_in}"
+        )
 
     def record(batch: list[Question], answers: list[dict]) -> None:
         lines = []

@@ -1,7 +1,7 @@
 """GenEval 2 (Kamath et al. 2025, arXiv 2512.16853; docs/evaluation/geneval2.md): 800 compositional prompts,
 each with one VQA question per atom, scored by Soft-TIFA — the questions and per-image scores are
-t2i_gcpo/scoring/soft_tifa.py's; here the data file, the asking of every image's questions (resumable, through a
-local VLM or a judge) and the benchmark's numbers, from facebookresearch/GenEval2 evaluation.py and
+t2i_gcpo/scoring/soft_tifa.py's; here the data file, the asking of every image's questions (resumable, through
+a local VLM or a judge) and the benchmark's numbers, from facebookresearch/GenEval2 evaluation.py and
 soft_tifa_analysis.py (commit a6e82d2289e8d418f27f0adee77908b07060eea3), written anew.
 
 Data: the user's copy of ``geneval2_data.jsonl`` (CC BY-NC 4.0: not shipped), one object a line: ``prompt``,
@@ -10,10 +10,10 @@ count, position, verb per pair).
 
 A method's benchmark score is 100 × the mean of its image score over images (one per prompt in the reference).
 The analysis tables are the reference's: per skill, Soft-TIFA AM over every atom of that skill
-(100 Σ s / count); per atom count, the mean Soft-TIFA GM of the prompts with that many atoms. Scores are kept in
-[0, 1] in the files (summary.json, results.jsonl) and printed × 100 as the paper does. The atom questions give
-Soft-TIFA AM, GM and TIFA at once (one forward pass each): ``--method`` only chooses which is the headline and
-each row's ``score``; VQAScore asks its own question.
+(100 Σ s / count); per atom count, the mean Soft-TIFA GM of the prompts with that many atoms. Scores are kept
+in [0, 1] in the files (summary.json, results.jsonl) and printed × 100 as the paper does. The atom questions
+give Soft-TIFA AM, GM and TIFA at once (one forward pass each): ``--method`` only chooses which is the
+headline and each row's ``score``; VQAScore asks its own question.
 """
 
 from __future__ import annotations
@@ -88,9 +88,16 @@ def summarize(rows: Sequence[dict], method: str | None = None) -> dict[str, Any]
     categories = {f"atoms_{k}": sum(r["score"] for r in v) / len(v) for k, v in sorted(by_count.items())}
     mean, lo, hi, n = mean_ci95(_per_prompt(rows))
     summary: dict[str, Any] = {
-        "suite": SUITE, "method": method, "label": METHOD_LABELS[method], "overall": scores.get(method, mean),
-        "ci95": [lo, hi], "prompts": n, "images": len(rows), "categories": categories, "methods": scores,
-    }  # fmt: skip
+        "suite": SUITE,
+        "method": method,
+        "label": METHOD_LABELS[method],
+        "overall": scores.get(method, mean),
+        "ci95": [lo, hi],
+        "prompts": n,
+        "images": len(rows),
+        "categories": categories,
+        "methods": scores,
+    }
     if "soft_tifa_am" in methods:
         atoms: dict[str, list[float]] = {}
         for r in rows:
@@ -110,7 +117,8 @@ def summarize(rows: Sequence[dict], method: str | None = None) -> dict[str, Any]
 
 
 def _per_prompt(rows: Sequence[dict]) -> list[float]:
-    """Each prompt's mean image score (the interval is over prompts: a prompt's images are not independent)."""
+    """Each prompt's mean image score (the interval is over prompts: a prompt's images are
+    not independent)."""
     by_prompt: dict[str, list[float]] = {}
     for r in rows:
         by_prompt.setdefault(r["key"].split("/")[0], []).append(r["score"])
@@ -120,7 +128,10 @@ def _per_prompt(rows: Sequence[dict]) -> list[float]:
 def format_summary(summary: dict) -> str:
     """GenEval 2's tables, in percent as the paper prints them."""
     lines = [
-        f"GenEval 2 ({summary['prompts']} prompts, {summary['images']} images), scored by {summary.get('scorer', '?')}"
+        (
+            f"GenEval 2 ({summary['prompts']} prompts, {summary['images']} images), scored by "
+            f"{summary.get('scorer', '?')}"
+        )
     ]
     for m, v in summary["methods"].items():
         lines.append(f"  {METHOD_LABELS[m]:<14}{100 * v:7.2f}")
@@ -146,11 +157,15 @@ def format_summary(summary: dict) -> str:
 # ----------------------------------------------------------------------------- asking
 
 
-def questions_for(entries: Sequence[tuple[int, dict, Sequence[Any]]], method: str, scorer_fp: str,
-                  digest: Callable[[Any], str]) -> list:  # fmt: skip
+def questions_for(
+    entries: Sequence[tuple[int, dict, Sequence[Any]]],
+    method: str,
+    scorer_fp: str,
+    digest: Callable[[Any], str],
+) -> list:
     """Every question of every image: the atoms' (or, for VQAScore, the prompt's), each an `asking.Question`
-    whose payload is (image, text, answers) and whose id is ``<prompt>/<sample>#<atom>`` (``#p`` for VQAScore).
-    `digest(image)` names an image's content in the fingerprint; `scorer_fp` the scorer's."""
+    whose payload is (image, text, answers) and whose id is ``<prompt>/<sample>#<atom>`` (``#p`` for
+    VQAScore). `digest(image)` names an image's content in the fingerprint; `scorer_fp` the scorer's."""
     from t2i_gcpo.eval.suites.asking import Question, fingerprint
 
     out = []
@@ -200,8 +215,14 @@ def image_rows(
     for i, row, images in entries:
         for s, image in enumerate(images):
             key = f"{i:05d}/{s:04d}"
-            out: dict[str, Any] = {"key": key, "category": f"atoms_{row['atom_count']}", "score": None,
-                                   "prompt": row["prompt"], "atom_count": row["atom_count"], "skills": row["skills"]}  # fmt: skip
+            out: dict[str, Any] = {
+                "key": key,
+                "category": f"atoms_{row['atom_count']}",
+                "score": None,
+                "prompt": row["prompt"],
+                "atom_count": row["atom_count"],
+                "skills": row["skills"],
+            }
             if isinstance(image, (str, os.PathLike)):
                 out["image"] = str(image)
             if method == "vqascore":
@@ -220,10 +241,19 @@ def image_rows(
     return rows
 
 
-def score_entries(entries: Sequence[tuple[int, dict, Sequence[Any]]], scorer: Any, method: str, *,
-                  log: str | os.PathLike | None = None, within: str | os.PathLike | None = None,
-                  concurrency: int = 1, retries: int = 0, backoff: float = 1.0, progress: bool = True,
-                  digest: Callable[[Any], str] | None = None) -> list[dict]:  # fmt: skip
+def score_entries(
+    entries: Sequence[tuple[int, dict, Sequence[Any]]],
+    scorer: Any,
+    method: str,
+    *,
+    log: str | os.PathLike | None = None,
+    within: str | os.PathLike | None = None,
+    concurrency: int = 1,
+    retries: int = 0,
+    backoff: float = 1.0,
+    progress: bool = True,
+    digest: Callable[[Any], str] | None = None,
+) -> list[dict]:
     """Ask every question of `entries` ((prompt index, data row, images or image paths)) through `scorer`
     (a `LocalVLM` in batches of its batch_size, or a `JudgeClient` on `concurrency` threads), resumably
     into `log`, and return the results rows (`image_rows`)."""
@@ -235,19 +265,31 @@ def score_entries(entries: Sequence[tuple[int, dict, Sequence[Any]]], scorer: An
         digest = image_digest
     questions = questions_for(entries, method, fingerprint(scorer.record()), digest)
     local = scorer.kind == "vqa"
-    answers = answer_all(questions, ask_function(scorer, method), log, scorer=f"VQA {scorer.name}" if local else f"judge {scorer.name}",
-                         batch_size=scorer.batch_size if local else 1, concurrency=1 if local else concurrency,
-                         retries=0 if local else retries, backoff=backoff, within=within, desc="GenEval 2 ask",
-                         progress=progress)  # fmt: skip
+    answers = answer_all(
+        questions,
+        ask_function(scorer, method),
+        log,
+        scorer=f"VQA {scorer.name}" if local else f"judge {scorer.name}",
+        batch_size=scorer.batch_size if local else 1,
+        concurrency=1 if local else concurrency,
+        retries=0 if local else retries,
+        backoff=backoff,
+        within=within,
+        desc="GenEval 2 ask",
+        progress=progress,
+    )
     for a in answers.values():
         if method != "tifa" and a["probability"] is None:
-            raise UserError(f"{a['id']}: no probability was recorded for this answer (asked with --method tifa?); "
-                            "use --overwrite, or another --out")  # fmt: skip
+            raise UserError(
+                f"{a['id']}: no probability was recorded for this answer (asked with --method tifa?); "
+                "use --overwrite, or another --out"
+            )
     return image_rows(entries, answers, method)
 
 
 def read_items(path: Path) -> list:
-    """The data file as the suite registry reads a suite's prompts (eval.suites.SuiteItem, the row as data)."""
+    """The data file as the suite registry reads a suite's prompts (eval.suites.SuiteItem,
+    the row as data)."""
     from t2i_gcpo.eval.suites import SuiteItem
 
     return [
@@ -259,9 +301,17 @@ def read_items(path: Path) -> list:
 def _register() -> None:
     from t2i_gcpo.eval.suites import Suite, register_suite
 
-    register_suite(Suite("geneval2", "GenEval 2: compositional prompts, every atom asked of a VQA model (Soft-TIFA)",
-                         SOURCE, "your copy of GenEval 2's geneval2_data.jsonl (github.com/facebookresearch/GenEval2)",
-                         read_items, summarize, kind="vqa"))  # fmt: skip
+    register_suite(
+        Suite(
+            "geneval2",
+            "GenEval 2: compositional prompts, every atom asked of a VQA model (Soft-TIFA)",
+            SOURCE,
+            "your copy of GenEval 2's geneval2_data.jsonl (github.com/facebookresearch/GenEval2)",
+            read_items,
+            summarize,
+            kind="vqa",
+        )
+    )
 
 
 _register()

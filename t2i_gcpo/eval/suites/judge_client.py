@@ -1,7 +1,8 @@
 """A VLM judge behind an OpenAI-compatible chat API (vLLM, SGLang, a hosted model), as the evaluations ask it:
 for the probability of an answer's first token (GenEval 2's Soft-TIFA, VQAScore, TIFA), or for a text the
-judge suites parse (WISE, TIIF-Bench, UniGenBench++). Requests go through `t2i_gcpo.rewards.forms.judge.post_chat`,
-the HTTP call the ``judge:`` reward makes; retries and concurrency are `eval.suites.asking`'s.
+judge suites parse (WISE, TIIF-Bench, UniGenBench++). Requests go through
+`t2i_gcpo.rewards.forms.judge.post_chat`, the HTTP call the ``judge:`` reward makes; retries and concurrency
+are `eval.suites.asking`'s.
 
 Probabilities: one request per question, ``max_tokens: 1``, temperature 0, ``logprobs: true`` and
 ``top_logprobs: k`` (20 by default, vLLM's limit), the image (a base64 data URL) then the question in one
@@ -54,8 +55,15 @@ class JudgeClient:
 
     kind = "judge"
 
-    def __init__(self, url: str, *, model: str | None = None, timeout: float = 60.0, api_key: str | None = None,
-                 top_logprobs: int = TOP_LOGPROBS):  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        timeout: float = 60.0,
+        api_key: str | None = None,
+        top_logprobs: int = TOP_LOGPROBS,
+    ):
         from t2i_gcpo.rewards.forms.judge import chat_url
 
         self.base = url
@@ -92,8 +100,14 @@ class JudgeClient:
         return choice
 
     # ---------------------------------------------------------------- text
-    def chat(self, messages: list[dict], *, temperature: float = 0.0, max_tokens: int | None = None,
-             extra: dict | None = None) -> str:  # fmt: skip
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        temperature: float = 0.0,
+        max_tokens: int | None = None,
+        extra: dict | None = None,
+    ) -> str:
         """The judge's text answer to `messages`."""
         body: dict[str, Any] = {"messages": messages, "temperature": temperature, **(extra or {})}
         if max_tokens is not None:
@@ -112,8 +126,13 @@ class JudgeClient:
             {"type": "image_url", "image_url": {"url": image_url(image)}},
             {"type": "text", "text": question},
         ]
-        body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 1,
-                "logprobs": True, "top_logprobs": self.top_logprobs}  # fmt: skip
+        body = {
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": 1,
+            "logprobs": True,
+            "top_logprobs": self.top_logprobs,
+        }
         choice = self.choice(self.post(body))
         entries = (
             (choice.get("logprobs") or {}).get("content")
@@ -122,9 +141,11 @@ class JudgeClient:
         )
         if not entries:
             if need_probability:
-                raise UserError(f"judge {self.name} returns no log-probabilities: Soft-TIFA and VQAScore read the "
-                                "answer's probability (serve the model with vLLM or SGLang, which return them for "
-                                "logprobs=true), or use --method tifa")  # fmt: skip
+                raise UserError(
+                    f"judge {self.name} returns no log-probabilities: Soft-TIFA and VQAScore read the "
+                    "answer's probability (serve the model with vLLM or SGLang, which return them for "
+                    "logprobs=true), or use --method tifa"
+                )
             text = choice["message"].get("content")
             if not isinstance(text, str):
                 raise BadAnswer(f"the answer is not text: {shorten(repr(text), 60)}")
@@ -158,8 +179,13 @@ class JudgeClient:
             raise BadAnswer(f"the top log-probabilities sum to a probability of {total:.4f} > 1")
         return first["token"], table
 
-    def probabilities(self, images: Sequence[Any], questions: Sequence[str], answers: Sequence[Sequence[str]],
-                      need_probability: bool = True) -> list[tuple[float | None, str]]:  # fmt: skip
+    def probabilities(
+        self,
+        images: Sequence[Any],
+        questions: Sequence[str],
+        answers: Sequence[Sequence[str]],
+        need_probability: bool = True,
+    ) -> list[tuple[float | None, str]]:
         """(P(answers) as the module docstring defines it — None without log-probabilities —, the generated
         token) per question, one request each."""
         out = []

@@ -1,7 +1,8 @@
 """TIIF-Bench (Wei et al. 2025, "TIIF-Bench: How Does Your T2I Model Follow Your Instructions?", arXiv
 2506.02161): instruction-following prompts in 36 dimensions, each drawn from a short and a long description,
-each image asked the prompt's yes/no questions by a VLM judge. From A113N-W3I/TIIF-Bench eval/eval_with_vlm.py,
-eval/summary_results.py and eval/summary_dimension_results.py (commit 3aae7504d2546516eaec2fea82fde9ae445dfea3).
+each image asked the prompt's yes/no questions by a VLM judge. From A113N-W3I/TIIF-Bench
+eval/eval_with_vlm.py, eval/summary_results.py and eval/summary_dimension_results.py (commit
+3aae7504d2546516eaec2fea82fde9ae445dfea3).
 
 Data: the repository's evaluation-prompt folder (``data/testmini_eval_prompts`` or ``data/test_eval_prompts``:
 ``<dimension>_eval_prompts.jsonl``, lines {"type", "yn_question_list", "yn_answer_list"}) or one of its files;
@@ -42,22 +43,46 @@ GROUPS = {  # summary_dimension_results.py: the nine groups and their dimensions
     "Basic Attribute": ("shape+color", "color+texture", "texture+color", "shape+texture"),
     "Basic Relation": ("2d_spatial_relation", "3d_spatial_relation", "action+2d", "action+3d"),
     "Basic Reasoning": ("numeracy", "negation", "differentiation", "comparison"),
-    "Advanced Attribute+Relation": ("action+color", "action+texture", "color+2d", "color+3d", "shape+2d",
-                                    "shape+3d", "texture+2d", "texture+3d"),
-    "Advanced Attribute+Reasoning": ("numeracy+color", "numeracy+texture", "comparison+color",
-                                     "comparison+texture", "differentiation+color", "differentiation+texture",
-                                     "negation+color", "negation+texture"),
-    "Advanced Relation+Reasoning": ("numeracy+2d", "numeracy+3d", "comparison+2d", "comparison+3d",
-                                    "differentiation+2d", "differentiation+3d", "negation+2d", "negation+3d"),
+    "Advanced Attribute+Relation": (
+        "action+color",
+        "action+texture",
+        "color+2d",
+        "color+3d",
+        "shape+2d",
+        "shape+3d",
+        "texture+2d",
+        "texture+3d",
+    ),
+    "Advanced Attribute+Reasoning": (
+        "numeracy+color",
+        "numeracy+texture",
+        "comparison+color",
+        "comparison+texture",
+        "differentiation+color",
+        "differentiation+texture",
+        "negation+color",
+        "negation+texture",
+    ),
+    "Advanced Relation+Reasoning": (
+        "numeracy+2d",
+        "numeracy+3d",
+        "comparison+2d",
+        "comparison+3d",
+        "differentiation+2d",
+        "differentiation+3d",
+        "negation+2d",
+        "negation+3d",
+    ),
     "Advanced Text Generation": ("text",),
     "Advanced Style Control": ("style",),
     "Real World Complex": ("real_world",),
-}  # fmt: skip
+}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 # the reference's first template (eval_with_vlm.py raw_prompt); ##YNQuestions##: the questions, one a line
 TEMPLATE = (
     "\n"
-    "You are tasked with conducting a careful examination of the provided image. Based on the content of the image, please answer the following yes or no questions:\n"
+    "You are tasked with conducting a careful examination of the provided image. Based on the content of the "
+    "image, please answer the following yes or no questions:\n"
     "\n"
     "Questions:\n"
     "##YNQuestions##\n"
@@ -96,13 +121,15 @@ def _eval_files(path: Path) -> list[Path]:
         return files
     if not path.name.endswith("_eval_prompts.jsonl"):
         raise UserError(
-            f"{path}: expected TIIF-Bench's evaluation prompts, <dimension>_eval_prompts.jsonl (or their folder)"
+            f"{path}: expected TIIF-Bench's evaluation prompts, <dimension>_eval_prompts.jsonl "
+            f"(or their folder)"
         )
     return [path]
 
 
 def read(path: Path) -> list[SuiteItem]:
-    """Every (line, description) of the evaluation prompts at `path` with its drawn prompt (module docstring)."""
+    """Every (line, description) of the evaluation prompts at `path` with its drawn prompt
+    (module docstring)."""
     path = Path(path)
     items = []
     for eval_file in _eval_files(path):
@@ -118,7 +145,8 @@ def read(path: Path) -> list[SuiteItem]:
         )
         if len(questions) != len(prompts):
             raise UserError(
-                f"{eval_file} holds {len(questions)} lines, {prompt_file} {len(prompts)}: they must pair line by line"
+                f"{eval_file} holds {len(questions)} lines, {prompt_file} {len(prompts)}: they must "
+                f"pair line by line"
             )
         for idx, (q, p) in enumerate(zip(questions, prompts)):
             where = f"{eval_file}:{idx + 1}"
@@ -138,7 +166,8 @@ def read(path: Path) -> list[SuiteItem]:
                 )
             if p.get("type") != q["type"]:
                 raise UserError(
-                    f"{prompt_file}:{idx + 1}: field 'type' is {shorten(repr(p.get('type')), 40)}, its evaluation line's {q['type']!r}"
+                    f"{prompt_file}:{idx + 1}: field 'type' is {shorten(repr(p.get('type')), 40)}, its "
+                    f"evaluation line's {q['type']!r}"
                 )
             for desc in DESCRIPTIONS:
                 text = p.get(f"{desc}_description")
@@ -146,8 +175,14 @@ def read(path: Path) -> list[SuiteItem]:
                     raise UserError(
                         f"{prompt_file}:{idx + 1}: field '{desc}_description' must be a non-empty string"
                     )
-                items.append(SuiteItem(f"{q['type']}/{desc}/{idx}", text, str(q["type"]),
-                                       {"questions": qs, "answers": gts, "description": desc, "line": idx}))  # fmt: skip
+                items.append(
+                    SuiteItem(
+                        f"{q['type']}/{desc}/{idx}",
+                        text,
+                        str(q["type"]),
+                        {"questions": qs, "answers": gts, "description": desc, "line": idx},
+                    )
+                )
     return items
 
 
@@ -171,8 +206,13 @@ def parse(answer: str, item: SuiteItem) -> dict:
     if len(preds) != len(wanted):
         raise BadAnswer(f"{len(preds)} yes/no answers to {len(wanted)} questions in {shorten(answer, 60)!r}")
     correct = sum(gt.strip().lower() == pred for gt, pred in zip(wanted, preds))
-    return {"score": correct / len(wanted), "correct": correct, "questions": len(wanted), "predictions": preds,
-            "description": item.data["description"]}  # fmt: skip
+    return {
+        "score": correct / len(wanted),
+        "correct": correct,
+        "questions": len(wanted),
+        "predictions": preds,
+        "description": item.data["description"],
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -223,8 +263,19 @@ def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return folder / f"{line}.png"
 
 
-register_suite(Suite(
-    "tiif", "instruction following: yes/no questions per image, short and long prompts (TIIF-Bench)", SOURCE,
-    "TIIF-Bench's data/testmini_eval_prompts or data/test_eval_prompts folder (github.com/A113N-W3I/TIIF-Bench)",
-    read, summarize, messages=messages, parse=parse, reference_image=reference_image, images_per_prompt=1, temperature=0.0,
-))  # fmt: skip
+register_suite(
+    Suite(
+        "tiif",
+        "instruction following: yes/no questions per image, short and long prompts (TIIF-Bench)",
+        SOURCE,
+        "TIIF-Bench's data/testmini_eval_prompts or data/test_eval_prompts folder "
+        "(github.com/A113N-W3I/TIIF-Bench)",
+        read,
+        summarize,
+        messages=messages,
+        parse=parse,
+        reference_image=reference_image,
+        images_per_prompt=1,
+        temperature=0.0,
+    )
+)

@@ -1,22 +1,23 @@
 """UniGenBench++ (Wang et al. 2025, "UniGenBench++: A Unified Semantic Evaluation Benchmark for Text-to-Image
-Generation", arXiv 2510.18701): 600 prompts, each with 1–10 testpoints (10 primary dimensions, 27 sub-dimensions)
-a VLM judge scores 0/1 per image. From CodeGoat24/UniGenBench eval/src/eval_common.py (commit
+Generation", arXiv 2510.18701): 600 prompts, each with 1–10 testpoints (10 primary dimensions, 27
+sub-dimensions) a VLM judge scores 0/1 per image. From CodeGoat24/UniGenBench eval/src/eval_common.py (commit
 49d0bcebb0b9418d975d3957c2fee10f34811d14; its data and prompts CC BY 4.0, Tencent).
 
-Data: one of the repository's CSV files, ``data/test_prompts_en.csv`` (and ``_en_long``, ``_zh``, ``_zh_long``):
-columns ``index``, ``prompt_en`` (``prompt_zh``) and ``sub_dims_en`` (``sub_dims_zh``), a JSON object whose
-``Testpoints`` (``考点``) and ``Testpoint Description`` (``考点对应描述``) are the checkpoints and what each means
-in this prompt, ``Primary Categories`` (``一级垂类``) its theme (the rows' category). Question: the reference's
-template of the language, built as its ``build_system_prompt`` builds it (each checkpoint's definition from its
-table, each one's description in this prompt; the checkpoint list printed as a Python list), sent as one user
-message with the image first, as its vLLM client does for the UniGenBench evaluation model, temperature 0, at
-most 4096 tokens. Score rule: ``<analysis>[…]</analysis>`` and ``<score>[…]</score>`` read as literals, both
-lists of one entry per checkpoint, else asked again (the reference retries up to 10 times); each score must be
-0 or 1 (the reference counts any other value as 0: here it is a lie, asked again). An image scores the share of
-its checkpoints met. Aggregation: a checkpoint "Primary - Secondary" counts for its primary dimension (the text
-before the first "-") and for itself; a dimension's accuracy is its met checkpoints / its checkpoints over every
-image; ``overall`` is the mean of the primary dimensions' accuracies (the leaderboard's Overall).
-Reference layout for ``--score-only``: ``DIR/<index>_<image>.png``, 4 images per prompt.
+Data: one of the repository's CSV files, ``data/test_prompts_en.csv`` (and ``_en_long``, ``_zh``,
+``_zh_long``): columns ``index``, ``prompt_en`` (``prompt_zh``) and ``sub_dims_en`` (``sub_dims_zh``), a JSON
+object whose ``Testpoints`` (``考点``) and ``Testpoint Description`` (``考点对应描述``) are the checkpoints
+and what each means in this prompt, ``Primary Categories`` (``一级垂类``) its theme (the rows' category).
+Question: the reference's template of the language, built as its ``build_system_prompt`` builds it (each
+checkpoint's definition from its table, each one's description in this prompt; the checkpoint list printed as
+a Python list), sent as one user message with the image first, as its vLLM client does for the UniGenBench
+evaluation model, temperature 0, at most 4096 tokens. Score rule: ``<analysis>[…]</analysis>`` and
+``<score>[…]</score>`` read as literals, both lists of one entry per checkpoint, else asked again (the
+reference retries up to 10 times); each score must be 0 or 1 (the reference counts any other value as 0: here
+it is a lie, asked again). An image scores the share of its checkpoints met. Aggregation: a checkpoint
+"Primary - Secondary" counts for its primary dimension (the text before the first "-") and for itself; a
+dimension's accuracy is its met checkpoints / its checkpoints over every image; ``overall`` is the mean of the
+primary dimensions' accuracies (the leaderboard's Overall). Reference layout for ``--score-only``:
+``DIR/<index>_<image>.png``, 4 images per prompt.
 """
 
 from __future__ import annotations
@@ -30,34 +31,59 @@ from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
 from t2i_gcpo.eval.suites.asking import BadAnswer
 
 SOURCE = "CodeGoat24/UniGenBench eval/src/eval_common.py (49d0bce)"
-# the reference's checkpoint definitions (EXPLANATION_DICT_EN / _ZH) and templates (SYSTEM_PROMPT_EN_TEMPLATE / _ZH)
+# the reference's checkpoint definitions (EXPLANATION_DICT_EN / _ZH) and templates
+# (SYSTEM_PROMPT_EN_TEMPLATE / _ZH)
 EXPLANATIONS_EN = {
     "Relationship - Comparison": "Comparison of attributes between two entities",
     "Relationship - Composition": "An entity is composed of one or more other entities",
-    "Relationship - Inclusion": "A container contains an entity; the container can also be a plane, e.g., a snake in a painting on a wall",
+    "Relationship - Inclusion": (
+        "A container contains an entity; the container can also be a plane, e.g., a snake in a "
+        "painting on a wall"
+    ),
     "Relationship - Similarity": "Existence of similarities between different entities",
     "Compound - Imagination": "Things that are impossible in real life",
     "Compound - Feature Matching": "Different entities possess different types of attribute features",
-    "Attribute - Size": "Assessment of the subject's size, height, length, thickness, width, or tallness/shortness",
-    "Attribute - Expression": "Distinguishing expressions from facial actions; expressions must convey a clear emotion",
+    "Attribute - Size": (
+        "Assessment of the subject's size, height, length, thickness, width, or tallness/shortness"
+    ),
+    "Attribute - Expression": (
+        "Distinguishing expressions from facial actions; expressions must convey a clear emotion"
+    ),
     "Attribute - Quantity": "Focuses on the challenge of depicting three or more items accurately",
     "Attribute - Material": "Evaluation of different material types and textures",
     "Attribute - Color": "Assessment of different colors",
     "Attribute - Shape": "Assessment of different shapes",
-    "Entity Layout - Two-Dimensional Space": "Arrangement and positioning of entities in two-dimensional space",
-    "Entity Layout - Three-Dimensional Space": "Arrangement and positioning of entities in three-dimensional space",
-    "Action - Full-body (Character/Anthropomorphic)": "Full-body actions by characters or anthropomorphized entities, such as running, diving, breakdancing, swinging, or hanging upside down",
-    "Action - Hand (Character/Anthropomorphic)": "Focuses on hand structure—checking if fingers are missing, broken, or distorted",
+    "Entity Layout - Two-Dimensional Space": (
+        "Arrangement and positioning of entities in two-dimensional space"
+    ),
+    "Entity Layout - Three-Dimensional Space": (
+        "Arrangement and positioning of entities in three-dimensional space"
+    ),
+    "Action - Full-body (Character/Anthropomorphic)": (
+        "Full-body actions by characters or anthropomorphized entities, such as running, diving, "
+        "breakdancing, swinging, or hanging upside down"
+    ),
+    "Action - Hand (Character/Anthropomorphic)": (
+        "Focuses on hand structure—checking if fingers are missing, broken, or distorted"
+    ),
     "Action - Animal": "Actions performed by animals",
     "Action - Contact Interaction": "Physical interactions between entities",
-    "Action - Non-contact Interaction": "For example, two people making eye contact—testing if the model can accurately depict such interactions",
+    "Action - Non-contact Interaction": (
+        "For example, two people making eye contact—testing if the model can accurately depict "
+        "such interactions"
+    ),
     "Action - State": "A sustained state of an entity, typically expressed with a verb",
     "Grammar - Negation": "Tests the model's understanding of negation grammar",
     "Grammar - Pronoun Reference": "Tests if the model can resolve ambiguous pronoun references correctly",
     "Grammar - Consistency": "Evaluation of shared attributes among entities",
-    "World Knowledge": "Covers knowledge of celebrities, architecture, basic domain knowledge, and internet slang. Celebrities with modern copyright risk should be avoided",
+    "World Knowledge": (
+        "Covers knowledge of celebrities, architecture, basic domain knowledge, and internet slang. "
+        "Celebrities with modern copyright risk should be avoided"
+    ),
     "Style": "Art, painting, photography, design styles, and corresponding artist names",
-    "Text Generation": "The text content model needed to accurately generate without any omissions or extra words",
+    "Text Generation": (
+        "The text content model needed to accurately generate without any omissions or extra words"
+    ),
     "Logical Reasoning": "Requires the model to deeply understand the intent and perform reasoning",
 }
 EXPLANATIONS_ZH = {
@@ -89,15 +115,77 @@ EXPLANATIONS_ZH = {
     "逻辑推理": "需要模型深入理解意图并进行一定的推理",
     "文本生成": "考察模型能否准确生成不同语言，字体和长、短文字",
 }
-TEMPLATE_EN = "You are a precise and objective English-language image description system. I will provide you with a prompt for image generation, as well as the corresponding generated image. You will be given a set of evaluation criteria (checkpoints) and their explanations that define the relevance between the prompt and the image. You must evaluate whether the generated image fulfills the requirements implied by each checkpoint in the prompt.\n\n            For each image, follow the steps below in order:\n\n            1. The prompt for the generated image is: 「{prompt}」. You are to analyze the image content in detail from the angles specified in {testpoint}. Detailed definitions of these checkpoints are provided here: {explanation}. The specific description of each checkpoint in the context of the prompt is: {test_explanation}. You must analyze whether the image meets the requirements for each checkpoint individually.\n\n            2. Based on the above analysis, determine whether the generated image satisfies each checkpoint in terms of its visual alignment with the prompt. If the image meets the requirements of a checkpoint, assign a score of 1 to that checkpoint; otherwise, assign a score of 0.\n\n            Constraints:\n            - Only describe content that is directly visible; do not interpret, speculate, or infer any background story.\n            - Focus solely on visually verifiable details.\n            - Omit any uncertain or ambiguous elements.\n            - Even if mentioned in the input, do not describe abstract entities, emotions, or speculative ideas.\n\n            Please strictly follow the output format below:\n\n            <description>\n                <prompt>{prompt}</prompt>\n                <checkpoint>{testpoint}</checkpoint>\n                <analysis>A list using square brackets `[]`, where each element is a string of detailed analysis corresponding to one checkpoint, as required in Step 1. **Ensure the list length matches the number of checkpoints**. Each element should be a string representing the analysis for that specific checkpoint.</analysis>\n                <score>A list using square brackets `[]`, where each element is a binary score (0 or 1) corresponding to a checkpoint, as required in Step 2. **Ensure the list length matches the number of checkpoints**. Each element should be either 0 or 1, indicating whether the checkpoint was satisfied.</score>\n            </description>\n            "
-TEMPLATE_ZH = "你是一个精确且客观的中文图像描述系统。我会给你一段生成图像的提示词，以及对应的生成图像，同时对于生成图像与提示词之间相关性的考点及对应说明，你需要逐个考点来判断生成的图像是否遵从了提示词中所包含的对应考点要求。\n\n        针对每张图像，你需要按照顺序完成如下的任务：\n        1. 这张生成图像对应的提示词为「{prompt}」，你需要根据{testpoint}中的这些角度逐个对图像内容进行更进一步的详细分析，考点的详细说明如下：{explanation}，各个考点在这条prompt中对应的描述说明如下：{test_explanation}, 你需要根据考点逐一判断生成图像是否满足了考点对应的要求\n        2. 综合上述回答，你需要逐个考点判断生成的图像在考点关注维度上是否符合输入的prompt，如果满足要求则该考点得分为1，否则为0\n\n        约束条件：\n        - 仅描述直接可见的内容；不要进行解读、推测或暗示背景故事。\n        - 专注于能够确定性陈述的视觉细节。\n        - 省略不确定或不清晰的细节。\n        - 即使输入中存在，也不要描述抽象实体、情感或推测。\n\n        请严格遵循以下输出格式：\n\n        <description>\n            <prompt>{prompt}</prompt>\n            <checkpoint>{testpoint}</checkpoint>\n            <analysis>按照步骤1对于给定考点进行逐项详细分析，格式为一个方括号列表，**确保列表的长度与考点的数量相等**，每个元素为一个字符串，表示对于对应考点的分析</analysis>\n            <score>按照步骤2逐个对考点进行打分，格式为一个方括号列表，**确保列表的长度与考点的数量相等**，每个元素为0或者1，表示对应考点是否完成</score>\n        </description>\n        "
+TEMPLATE_EN = (
+    "You are a precise and objective English-language image description system. I will provide you with a "
+    "prompt for image generation, as well as the corresponding generated image. You will be given a set of "
+    "evaluation criteria (checkpoints) and their explanations that define the relevance between the prompt "
+    "and the image. You must evaluate whether the generated image fulfills the requirements implied by each "
+    "checkpoint in the prompt.\n\n            For each image, follow the steps below in order:\n\n"
+    "            1. The prompt for the generated image is: 「{prompt}」. You are to analyze the image "
+    "content in detail from the angles specified in {testpoint}. Detailed definitions of these checkpoints "
+    "are provided here: {explanation}. The specific description of each checkpoint in the context of the "
+    "prompt is: {test_explanation}. You must analyze whether the image meets the requirements for each "
+    "checkpoint individually.\n\n            2. Based on the above analysis, determine whether the generated "
+    "image satisfies each checkpoint in terms of its visual alignment with the prompt. If the image meets "
+    "the requirements of a checkpoint, assign a score of 1 to that checkpoint; otherwise, assign a score of "
+    "0.\n\n            Constraints:\n            - Only describe content that is directly visible; do not "
+    "interpret, speculate, or infer any background story.\n"
+    "            - Focus solely on visually verifiable details.\n"
+    "            - Omit any uncertain or ambiguous elements.\n"
+    "            - Even if mentioned in the input, do not describe abstract entities, emotions, or "
+    "speculative ideas.\n\n            Please strictly follow the output format below:\n\n"
+    "            <description>\n                <prompt>{prompt}</prompt>\n"
+    "                <checkpoint>{testpoint}</checkpoint>\n"
+    "                <analysis>A list using square brackets `[]`, where each element is a string of detailed "
+    "analysis corresponding to one checkpoint, as required in Step 1. **Ensure the list length matches the "
+    "number of checkpoints**. Each element should be a string representing the analysis for that specific "
+    "checkpoint.</analysis>\n                <score>A list using square brackets `[]`, where each element is "
+    "a binary score (0 or 1) corresponding to a checkpoint, as required in Step 2. **Ensure the list length "
+    "matches the number of checkpoints**. Each element should be either 0 or 1, indicating whether the "
+    "checkpoint was satisfied.</score>\n            </description>\n            "
+)
+TEMPLATE_ZH = (
+    "你是一个精确且客观的中文图像描述系统。我会给你一段生成图像的提示词，以及对应的生成图像，同时对于生成图像"
+    "与提示词之间相关性的考点及对应说明，你需要逐个考点来判断生成的图像是否遵从了提示词中所包含的对应考点要"
+    "求。\n\n        针对每张图像，你需要按照顺序完成如下的任务：\n"
+    "        1. 这张生成图像对应的提示词为「{prompt}」，你需要根据{testpoint}中的这些角度逐个对图像内容进行更"
+    "进一步的详细分析，考点的详细说明如下：{explanation}，各个考点在这条prompt中对应的描述说明如下："
+    "{test_explanation}, 你需要根据考点逐一判断生成图像是否满足了考点对应的要求\n"
+    "        2. 综合上述回答，你需要逐个考点判断生成的图像在考点关注维度上是否符合输入的prompt，如果满足要求"
+    "则该考点得分为1，否则为0\n\n        约束条件：\n        - "
+    "仅描述直接可见的内容；不要进行解读、推测或暗示背景故事。\n        - 专注于能够确定性陈述的视觉细节。\n"
+    "        - 省略不确定或不清晰的细节。\n        - 即使输入中存在，也不要描述抽象实体、情感或推测。\n\n"
+    "        请严格遵循以下输出格式：\n\n        <description>\n            <prompt>{prompt}</prompt>\n"
+    "            <checkpoint>{testpoint}</checkpoint>\n            "
+    "<analysis>按照步骤1对于给定考点进行逐项详细分析，格式为一个方括号列表，**确保列表的长度与考点的数量相等"
+    "**，每个元素为一个字符串，表示对于对应考点的分析</analysis>\n"
+    "            <score>按照步骤2逐个对考点进行打分，格式为一个方括号列表，**确保列表的长度与考点的数量相等"
+    "**，每个元素为0或者1，表示对应考点是否完成</score>\n        </description>\n        "
+)
 LANGUAGES = {  # column names, JSON keys and headers per language (the reference's LANG_CONFIGS)
-    "en": {"prompt": "prompt_en", "dims": "sub_dims_en", "points": "Testpoints", "descs": "Testpoint Description",
-           "theme": "Primary Categories", "explanations": EXPLANATIONS_EN, "template": TEMPLATE_EN,
-           "header": "Checkpoints Defination", "desc_header": "Checkpoints Description"},
-    "zh": {"prompt": "prompt_zh", "dims": "sub_dims_zh", "points": "考点", "descs": "考点对应描述", "theme": "一级垂类",
-           "explanations": EXPLANATIONS_ZH, "template": TEMPLATE_ZH, "header": "考点说明", "desc_header": "考点描述说明"},
-}  # fmt: skip
+    "en": {
+        "prompt": "prompt_en",
+        "dims": "sub_dims_en",
+        "points": "Testpoints",
+        "descs": "Testpoint Description",
+        "theme": "Primary Categories",
+        "explanations": EXPLANATIONS_EN,
+        "template": TEMPLATE_EN,
+        "header": "Checkpoints Defination",
+        "desc_header": "Checkpoints Description",
+    },
+    "zh": {
+        "prompt": "prompt_zh",
+        "dims": "sub_dims_zh",
+        "points": "考点",
+        "descs": "考点对应描述",
+        "theme": "一级垂类",
+        "explanations": EXPLANATIONS_ZH,
+        "template": TEMPLATE_ZH,
+        "header": "考点说明",
+        "desc_header": "考点描述说明",
+    },
+}
 
 
 def read(path: Path) -> list[SuiteItem]:
@@ -114,8 +202,10 @@ def read(path: Path) -> list[SuiteItem]:
     columns = reader.fieldnames or []
     lang = next((k for k, c in LANGUAGES.items() if c["prompt"] in columns and c["dims"] in columns), None)
     if "index" not in columns or lang is None:
-        raise UserError(f"{path}: expected UniGenBench's columns index, prompt_en, sub_dims_en (or prompt_zh, "
-                        f"sub_dims_zh), found {', '.join(columns) or 'none'}")  # fmt: skip
+        raise UserError(
+            f"{path}: expected UniGenBench's columns index, prompt_en, sub_dims_en (or prompt_zh, "
+            f"sub_dims_zh), found {', '.join(columns) or 'none'}"
+        )
     c = LANGUAGES[lang]
     items, seen = [], set()
     for n, row in enumerate(reader, start=2):  # line 1 is the header
@@ -146,16 +236,24 @@ def read(path: Path) -> list[SuiteItem]:
             or not all(isinstance(d, str) for d in descs)
         ):
             raise UserError(
-                f"{where}: field '{c['dims']}.{c['descs']}' must hold one description per checkpoint ({len(points)})"
+                f"{where}: field '{c['dims']}.{c['descs']}' must hold one description per "
+                f"checkpoint ({len(points)})"
             )
         unknown = [p for p in points if p not in c["explanations"]]
         if unknown:
             raise UserError(
-                f"{where}: field '{c['dims']}.{c['points']}': {unknown[0]!r} is not one of UniGenBench's checkpoints"
+                f"{where}: field '{c['dims']}.{c['points']}': {unknown[0]!r} is not one of "
+                f"UniGenBench's checkpoints"
             )
         theme = dims.get(c["theme"])
-        items.append(SuiteItem(index, prompt, theme if isinstance(theme, str) and theme else "all",
-                               {"testpoints": points, "descriptions": descs, "language": lang}))  # fmt: skip
+        items.append(
+            SuiteItem(
+                index,
+                prompt,
+                theme if isinstance(theme, str) and theme else "all",
+                {"testpoints": points, "descriptions": descs, "language": lang},
+            )
+        )
     if not items:
         raise UserError(f"{path} holds no prompts")
     return items
@@ -177,8 +275,15 @@ def question(item: SuiteItem) -> str:
 
 
 def messages(item: SuiteItem, image_url: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
-                                         {"type": "text", "text": question(item)}]}]  # fmt: skip
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": image_url}},
+                {"type": "text", "text": question(item)},
+            ],
+        }
+    ]
 
 
 def _literal_list(text: str, tag: str) -> list:
@@ -221,17 +326,31 @@ def summarize(rows: list[dict]) -> dict:
     themes: dict[str, list[float]] = {}
     for r in rows:
         themes.setdefault(r["category"], []).append(r["score"])
-    return {"overall": sum(dims.values()) / len(dims), "primary_dimensions": dims,
-            "sub_dimensions": {k: c / t for k, (c, t) in sorted(sub.items())},
-            "categories": {k: sum(v) / len(v) for k, v in sorted(themes.items())}}  # fmt: skip
+    return {
+        "overall": sum(dims.values()) / len(dims),
+        "primary_dimensions": dims,
+        "sub_dimensions": {k: c / t for k, (c, t) in sorted(sub.items())},
+        "categories": {k: sum(v) / len(v) for k, v in sorted(themes.items())},
+    }
 
 
 def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return Path(root) / f"{item.id}_{sample}.png"
 
 
-register_suite(Suite(
-    "unigenbench", "testpoints per prompt (style, attributes, relations, text, reasoning …) judged 0/1 (UniGenBench++)",
-    SOURCE, "one of UniGenBench's CSV files, e.g. data/test_prompts_en.csv (github.com/CodeGoat24/UniGenBench)",
-    read, summarize, messages=messages, parse=parse, reference_image=reference_image, images_per_prompt=4, temperature=0.0, max_tokens=4096,
-))  # fmt: skip
+register_suite(
+    Suite(
+        "unigenbench",
+        "testpoints per prompt (style, attributes, relations, text, reasoning …) judged 0/1 (UniGenBench++)",
+        SOURCE,
+        "one of UniGenBench's CSV files, e.g. data/test_prompts_en.csv (github.com/CodeGoat24/UniGenBench)",
+        read,
+        summarize,
+        messages=messages,
+        parse=parse,
+        reference_image=reference_image,
+        images_per_prompt=4,
+        temperature=0.0,
+        max_tokens=4096,
+    )
+)

@@ -28,11 +28,20 @@ from t2i_gcpo.eval.suites import Suite, SuiteItem, register_suite
 from t2i_gcpo.eval.suites.asking import BadAnswer
 
 SOURCE = "PKU-YuanGroup/WISE vllm_eval.py, calculate_verified.py (eb51174)"
-CATEGORIES = (("CULTURE", 1, 400), ("TIME", 401, 520), ("SPACE", 521, 640), ("BIOLOGY", 641, 760),
-              ("PHYSICS", 761, 880), ("CHEMISTRY", 881, 1000))  # fmt: skip
+CATEGORIES = (
+    ("CULTURE", 1, 400),
+    ("TIME", 401, 520),
+    ("SPACE", 521, 640),
+    ("BIOLOGY", 641, 760),
+    ("PHYSICS", 761, 880),
+    ("CHEMISTRY", 881, 1000),
+)
 WEIGHTS = {"CULTURE": 0.40, "TIME": 0.12, "SPACE": 0.12, "BIOLOGY": 0.12, "PHYSICS": 0.12, "CHEMISTRY": 0.12}
 FIELDS = ("Prompt", "Explanation", "Subcategory", "prompt_id")
-SYSTEM = "You are a professional text-to-image quality auditor. Evaluate the image strictly according to the protocol."
+SYSTEM = (
+    "You are a professional text-to-image quality auditor. Evaluate the image strictly according "
+    "to the protocol."
+)
 # the reference's user message, {prompt} and {explanation} filled in (vllm_eval.py build_evaluation_messages)
 TEMPLATE = """Please evaluate this generated image for the WISE benchmark and return ONLY one binary score.
 
@@ -115,7 +124,8 @@ def read(path: Path) -> list[SuiteItem]:
     data = read_json(path, follow=True)
     if not isinstance(data, list) or not data:
         raise UserError(
-            f"{path}: expected a JSON list of WISE prompts ({', '.join(FIELDS)}), e.g. data_verified/merge.json"
+            f"{path}: expected a JSON list of WISE prompts ({', '.join(FIELDS)}), e.g. "
+            f"data_verified/merge.json"
         )
     items, seen = [], set()
     for i, row in enumerate(data):
@@ -136,8 +146,14 @@ def read(path: Path) -> list[SuiteItem]:
         for key in ("Prompt", "Explanation", "Subcategory"):
             if not isinstance(row[key], str) or not row[key].strip():
                 raise UserError(f"{where}: field '{key}' must be a non-empty string")
-        items.append(SuiteItem(str(pid), row["Prompt"], category(pid),
-                               {"explanation": row["Explanation"], "subcategory": row["Subcategory"]}))  # fmt: skip
+        items.append(
+            SuiteItem(
+                str(pid),
+                row["Prompt"],
+                category(pid),
+                {"explanation": row["Explanation"], "subcategory": row["Subcategory"]},
+            )
+        )
     return items
 
 
@@ -173,11 +189,15 @@ def summarize(rows: list[dict]) -> dict:
         by.setdefault(r["category"], []).append(r["score"])
     categories = {name: sum(by[name]) / len(by[name]) for name, _, _ in CATEGORIES if name in by}
     weight = sum(WEIGHTS[c] for c in categories)
-    out = {"overall": sum(WEIGHTS[c] * v for c, v in categories.items()) / weight, "categories": categories,
-           "weights": {c: WEIGHTS[c] / weight for c in categories}}  # fmt: skip
+    out = {
+        "overall": sum(WEIGHTS[c] * v for c, v in categories.items()) / weight,
+        "categories": categories,
+        "weights": {c: WEIGHTS[c] / weight for c in categories},
+    }
     if len(categories) < len(CATEGORIES):
         out["note"] = (
-            f"{len(categories)} of {len(CATEGORIES)} categories: their weights renormalised (the reference reports no overall)"
+            f"{len(categories)} of {len(CATEGORIES)} categories: their weights renormalised (the reference "
+            f"reports no overall)"
         )
     return out
 
@@ -188,9 +208,20 @@ def reference_image(root: Path, item: SuiteItem, sample: int) -> Path:
     return Path(root) / f"{item.id}.png"
 
 
-register_suite(Suite(
-    "wise", "world-knowledge prompts judged 0/1 against their explanation (WISE_Verified)", SOURCE,
-    "WISE's data_verified/merge.json (github.com/PKU-YuanGroup/WISE)", read, summarize, messages=messages, parse=parse,
-    reference_image=reference_image, images_per_prompt=1, temperature=0.0, max_tokens=500,
-    extra={"chat_template_kwargs": {"enable_thinking": False}},
-))  # fmt: skip
+register_suite(
+    Suite(
+        "wise",
+        "world-knowledge prompts judged 0/1 against their explanation (WISE_Verified)",
+        SOURCE,
+        "WISE's data_verified/merge.json (github.com/PKU-YuanGroup/WISE)",
+        read,
+        summarize,
+        messages=messages,
+        parse=parse,
+        reference_image=reference_image,
+        images_per_prompt=1,
+        temperature=0.0,
+        max_tokens=500,
+        extra={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+)

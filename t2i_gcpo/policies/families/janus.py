@@ -18,6 +18,9 @@ def load(target: str, options: Any) -> Any:
 
     lora = {"r": options.lora_rank} if options.lora_rank else None
     return JanusPolicy.from_pretrained(
-        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
+        target,
+        dtype=options.dtype,
+        gradient_checkpointing=options.gradient_checkpointing,
+        lora=lora,
         max_rollout_batch=options.max_rollout_batch,
-    )  # fmt: skip
+    )

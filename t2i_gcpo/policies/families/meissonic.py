@@ -37,7 +37,11 @@ def load(target: str, options: Any) -> Any:
     from t2i_gcpo.policies.meissonic import MeissonicPolicy
 
     return MeissonicPolicy.from_pretrained(
-        target, options.dtype, options.estimator, options.remask_count,
-        gradient_checkpointing=options.gradient_checkpointing, lora_rank=options.lora_rank,
+        target,
+        options.dtype,
+        options.estimator,
+        options.remask_count,
+        gradient_checkpointing=options.gradient_checkpointing,
+        lora_rank=options.lora_rank,
         negative_prompt=options.negative_prompt,
-    )  # fmt: skip
+    )

@@ -21,7 +21,11 @@ def load(target: str, options: Any) -> Any:
 
     lora = {"r": options.lora_rank} if options.lora_rank else None
     return ShowoPolicy.from_pretrained(
-        target, dtype=options.dtype, gradient_checkpointing=options.gradient_checkpointing, lora=lora,
-        estimator=options.estimator, remask_count=options.remask_count,
+        target,
+        dtype=options.dtype,
+        gradient_checkpointing=options.gradient_checkpointing,
+        lora=lora,
+        estimator=options.estimator,
+        remask_count=options.remask_count,
         max_rollout_batch=options.max_rollout_batch,
-    )  # fmt: skip
+    )

@@ -46,14 +46,16 @@ DROPOUT = {1: 0.2, 3: 0.2, 5: 0.1}
     example="aesthetic:/models/ViT-L-14/open_clip_pytorch_model.bin,'/models/sac+logos+ava1-l14-linearMSE.pth'",
 )
 def load(
-    clip_ckpt: Annotated[str, Arg("OpenAI CLIP ViT-L/14 weights: a file or an open_clip local-dir folder", kind="local")],
+    clip_ckpt: Annotated[
+        str, Arg("OpenAI CLIP ViT-L/14 weights: a file or an open_clip local-dir folder", kind="local")
+    ],
     head: Annotated[str, Arg("the MLP head, sac+logos+ava1-l14-linearMSE.pth", kind="file")],
     *,
     clip_model: Annotated[str, Option("the open_clip architecture of CLIP_CKPT")] = "ViT-L-14",
     quick_gelu: Annotated[bool, Option("QuickGELU, as OpenAI's weights were trained")] = True,
     batch_size: Annotated[int, Option("images per forward pass", low=1, high=4096)] = 16,
     device: str = "cpu",
-) -> AestheticReward:  # fmt: skip
+) -> AestheticReward:
     from t2i_gcpo.rewards.forms.clip_score import load_open_clip
 
     model, _, _ = load_open_clip(clip_ckpt, clip_model, quick_gelu, device)
@@ -71,8 +73,10 @@ def load_head(path: str, embed_dim: int) -> torch.nn.Sequential:
     want = {f"layers.{i}.{p}" for i in LINEAR_LAYERS for p in ("weight", "bias")}
     if set(state) != want:
         extra = sorted(set(state) ^ want)[:1]
-        raise UserError(f"reward 'aesthetic': {path} is not an aesthetic predictor head (layers.0/2/4/6/7 "
-                        f"weight and bias; differs at {extra[0]})")  # fmt: skip
+        raise UserError(
+            f"reward 'aesthetic': {path} is not an aesthetic predictor head (layers.0/2/4/6/7 "
+            f"weight and bias; differs at {extra[0]})"
+        )
     layers: list[torch.nn.Module] = []
     for i in range(LINEAR_LAYERS[-1] + 1):
         if i in LINEAR_LAYERS:
@@ -82,9 +86,11 @@ def load_head(path: str, embed_dim: int) -> torch.nn.Sequential:
             layers.append(torch.nn.Dropout(DROPOUT[i]))
     mlp = torch.nn.Sequential(*layers)
     if mlp[0].in_features != embed_dim or mlp[-1].out_features != 1:
-        raise UserError(f"reward 'aesthetic': {path} takes {mlp[0].in_features}-d embeddings to "
-                        f"{mlp[-1].out_features} outputs; the CLIP model gives {embed_dim}-d (ViT-L/14: 768) and "
-                        "the head must give 1")  # fmt: skip
+        raise UserError(
+            f"reward 'aesthetic': {path} takes {mlp[0].in_features}-d embeddings to "
+            f"{mlp[-1].out_features} outputs; the CLIP model gives {embed_dim}-d (ViT-L/14: 768) and "
+            "the head must give 1"
+        )
     mlp.load_state_dict({k.removeprefix("layers."): v.float() for k, v in state.items()})
     return mlp.eval()
 

@@ -1,5 +1,5 @@
-"""The arithmetic reward (docs/worlds/arithmetic.md): answer correctness, an optional format bonus and DAPO's soft
-overlong penalty, on the completions of the text path.
+"""The arithmetic reward (docs/worlds/arithmetic.md): answer correctness, an optional format bonus and DAPO's
+soft overlong penalty, on the completions of the text path.
 
     r_i = correct_i + λ_fmt · format_i + overlong_i
 
@@ -48,16 +48,24 @@ EXAMPLE = "arithmetic:format=0.1,overlong=256/64"
 @register_reward(
     "arithmetic",
     scores="text",
-    doc="the arithmetic world's answer correctness (1/0), plus W × format reward, plus DAPO's overlong penalty",
+    doc=(
+        "the arithmetic world's answer correctness (1/0), plus W × format reward, plus DAPO's "
+        "overlong penalty"
+    ),
     weights="none",
     source="DAPO's soft overlong punishment, arXiv 2503.14476 §3.4; docs/worlds/arithmetic.md",
     licence="Apache-2.0 (this package)",
     usage=SPEC_FORM,
     example=EXAMPLE,
 )
-def load(*, format: Annotated[float, Option("λ_fmt: the weight of the format reward")] = 0.0,
-         overlong: Annotated[str | None, Option("L_MAX/L_CACHE: DAPO's soft overlong penalty (off when not given)")] = None,
-         tokenizer: Any = None) -> ArithmeticReward:  # fmt: skip
+def load(
+    *,
+    format: Annotated[float, Option("λ_fmt: the weight of the format reward")] = 0.0,
+    overlong: Annotated[
+        str | None, Option("L_MAX/L_CACHE: DAPO's soft overlong penalty (off when not given)")
+    ] = None,
+    tokenizer: Any = None,
+) -> ArithmeticReward:
     max_len = cache_len = None
     if overlong is not None:
         lmax, slash, lcache = overlong.partition("/")

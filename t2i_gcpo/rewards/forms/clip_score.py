@@ -34,7 +34,8 @@ DEFAULT_CLIP_MODEL = "ViT-L-14"
 
 
 def _split(rest: str) -> list[str]:
-    """'CKPT[:MODEL][,option=…]' → [CKPT, MODEL?, options…]; a path that exists as written wins over a ':' split."""
+    """'CKPT[:MODEL][,option=…]' → [CKPT, MODEL?, options…]; a path that exists as written wins
+    over a ':' split."""
     first, *others = split_outside_quotes(rest, ",")
     ckpt = first.strip()
     if Path(ckpt).expanduser().exists() or ":" not in ckpt:

@@ -1,4 +1,5 @@
-"""GenEval as an RL reward on real images (docs/evaluation/geneval.md#geneval-as-a-reward, the flow_grpo variant).
+"""GenEval as an RL reward on real images (docs/evaluation/geneval.md#geneval-as-a-reward,
+the flow_grpo variant).
 
 Per image: detect objects (Mask2Former, a local checkpoint), classify colours with CLIP, and score
 the prompt's GenEval metadata with the rules engine's partial-credit reward: per include clause
@@ -34,7 +35,10 @@ if TYPE_CHECKING:
 @register_reward(
     "geneval",
     scores="image",
-    doc="GenEval's partial credit against each prompt's GenEval metadata: Mask2Former detections, CLIP colours",
+    doc=(
+        "GenEval's partial credit against each prompt's GenEval metadata: Mask2Former "
+        "detections, CLIP colours"
+    ),
     weights="a transformers Mask2Former folder (facebook/mask2former-swin-small-coco-instance) and an "
     "open_clip checkpoint (OpenAI ViT-L-14)",
     source="GenEval's rules and flow_grpo's partial credit: docs/evaluation/geneval.md#geneval-as-a-reward",
@@ -46,10 +50,15 @@ def load(
     clip_ckpt: Annotated[str, Arg("open_clip weights for the colour classifier", kind="path")],
     model_name: Annotated[str, Arg("the open_clip architecture")] = "ViT-L-14",
     *,
-    variant: Annotated[Literal["spec", "flow_grpo"], Option(
-        "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write the flag flow_grpo)")] = "spec",
+    variant: Annotated[
+        Literal["spec", "flow_grpo"],
+        Option(
+            "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write "
+            "the flag flow_grpo)"
+        ),
+    ] = "spec",
     device: str = "cpu",
-) -> GenEvalReward:  # fmt: skip
+) -> GenEvalReward:
     return GenEvalReward.from_paths(detector_dir, clip_ckpt, model_name, device=device, variant=variant)
 
 
@@ -75,7 +84,8 @@ class GenEvalReward:
 
     @property
     def bounds(self) -> tuple[float, float] | None:
-        """The range every score lies in (rewards.combine.reward_bounds; geneval_rules.partial_credit_bounds)."""
+        """The range every score lies in (rewards.combine.reward_bounds;
+        geneval_rules.partial_credit_bounds)."""
         from t2i_gcpo.scoring.geneval_rules import partial_credit_bounds
 
         return partial_credit_bounds(self.score, self.variant)

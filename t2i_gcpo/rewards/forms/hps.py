@@ -45,15 +45,20 @@ SOURCE = "tgxs002/HPSv2 hpsv2/img_score.py (708ffb3) with its open_clip fork's t
     example="hps:/models/HPS_v2.1_compressed.pt",
 )
 def load(
-    checkpoint: Annotated[str, Arg("an HPSv2 checkpoint file (HPS_v2.1_compressed.pt)", kind="file", metavar="FILE")],
+    checkpoint: Annotated[
+        str, Arg("an HPSv2 checkpoint file (HPS_v2.1_compressed.pt)", kind="file", metavar="FILE")
+    ],
     *,
     arch: Annotated[str, Option("the checkpoint's open_clip architecture")] = "ViT-H-14",
-    antialias: Annotated[bool, Option("antialias the resize (torchvision ≥ 0.17, the default); false as before")] = True,
+    antialias: Annotated[
+        bool, Option("antialias the resize (torchvision ≥ 0.17, the default); false as before")
+    ] = True,
     batch_size: Annotated[int, Option("images per forward pass", low=1, high=4096)] = 16,
     device: str = "cpu",
-) -> HPSReward:  # fmt: skip
-    return HPSReward.from_checkpoint(checkpoint, arch=arch, antialias=antialias, batch_size=batch_size,
-                                     device=device)  # fmt: skip
+) -> HPSReward:
+    return HPSReward.from_checkpoint(
+        checkpoint, arch=arch, antialias=antialias, batch_size=batch_size, device=device
+    )
 
 
 class HPSReward:
@@ -69,8 +74,14 @@ class HPSReward:
         self.batch_size = int(batch_size)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: str, arch: str = "ViT-H-14", antialias: bool = True, batch_size: int = 16,
-                        device: str | torch.device = "cpu") -> HPSReward:  # fmt: skip
+    def from_checkpoint(
+        cls,
+        checkpoint: str,
+        arch: str = "ViT-H-14",
+        antialias: bool = True,
+        batch_size: int = 16,
+        device: str | torch.device = "cpu",
+    ) -> HPSReward:
         import open_clip
 
         from t2i_gcpo.rewards._common import load_strict, read_state_dict

@@ -56,11 +56,13 @@ if TYPE_CHECKING:
 SOURCE = "yifan123/flow_grpo flow_grpo/rewards.py unifiedreward_score_sglang (54809b5)"
 UNIFIEDREWARD = (
     "<image>\nYou are given a text caption and a generated image based on that caption. Your task is to "
-    "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this image "
-    "aligns with the provided caption. Consider the accuracy of depicted objects, their relationships, and "
-    "attributes as described in the caption.\n2. Overall Image Quality: Examine the visual quality of this "
-    "image, including clarity, detail preservation, color accuracy, and overall aesthetic appeal.\nBased on "
-    "the above criteria, assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:\n"
+    "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well "
+    "this image aligns with the provided caption. Consider the accuracy of depicted objects, their "
+    "relationships, and attributes as described in the caption.\n"
+    "2. Overall Image Quality: Examine the visual quality of this image, including clarity, detail "
+    "preservation, color accuracy, and overall aesthetic appeal.\n"
+    "Based on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\n"
     "Text Caption: [{prompt}]"
 )
 PATTERN = r"Final Score:\s*([1-5](?:\.\d+)?)"
@@ -77,31 +79,60 @@ PATTERN = r"Final Score:\s*([1-5](?:\.\d+)?)"
     example="judge:http://127.0.0.1:8000/v1,model=UnifiedReward-qwen-7b,concurrency=16",
 )
 def load(
-    url: Annotated[str, Arg("the server's OpenAI base URL (…/v1) or chat endpoint", kind="url", metavar="URL")],
+    url: Annotated[
+        str, Arg("the server's OpenAI base URL (…/v1) or chat endpoint", kind="url", metavar="URL")
+    ],
     *,
     model: Annotated[str | None, Option("the model name the server serves (null: its only one)")] = None,
-    template: Annotated[str, Option("the question, {prompt} the sample's prompt (quote it in a spec)")] = UNIFIEDREWARD,
+    template: Annotated[
+        str, Option("the question, {prompt} the sample's prompt (quote it in a spec)")
+    ] = UNIFIEDREWARD,
     pattern: Annotated[str, Option("a regular expression whose first group is the score")] = PATTERN,
     max_score: Annotated[float, Option("r = score / max_score", low=0, low_open=True)] = 5.0,
-    image_size: Annotated[int | None, Option("resize images to this square first (null: as sampled)", low=1)] = 512,
+    image_size: Annotated[
+        int | None, Option("resize images to this square first (null: as sampled)", low=1)
+    ] = 512,
     concurrency: Annotated[int, Option("requests in flight at most", low=1, high=1024)] = 8,
-    timeout: Annotated[float, Option("seconds one request may take, whole (connecting, sending, the answer)", low=0, low_open=True)] = 60.0,
+    timeout: Annotated[
+        float,
+        Option("seconds one request may take, whole (connecting, sending, the answer)", low=0, low_open=True),
+    ] = 60.0,
     retries: Annotated[int, Option("tries after the first for a failed request", low=0, high=100)] = 2,
     backoff: Annotated[float, Option("seconds before the first retry (doubling)", low=0)] = 1.0,
     max_tokens: Annotated[int | None, Option("the answer's token limit (null: the server's)", low=1)] = None,
     api_key_env: Annotated[str, Option("environment variable holding an API key, if any")] = "OPENAI_API_KEY",
-    proxy: Annotated[str | None, Option("an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's HTTPS_PROXY is not read)")] = None,
-    max_answer_mb: Annotated[float, Option("megabytes an answer may hold", low=0, low_open=True, high=1024)] = 4.0,
-) -> JudgeReward:  # fmt: skip
-    return JudgeReward(url, model=model, template=template, pattern=pattern, max_score=max_score,
-                       image_size=image_size, concurrency=concurrency, timeout=timeout, retries=retries,
-                       backoff=backoff, max_tokens=max_tokens, api_key=os.environ.get(api_key_env), proxy=proxy,
-                       max_answer_mb=max_answer_mb)  # fmt: skip
+    proxy: Annotated[
+        str | None,
+        Option(
+            "an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's "
+            "HTTPS_PROXY is not read)"
+        ),
+    ] = None,
+    max_answer_mb: Annotated[
+        float, Option("megabytes an answer may hold", low=0, low_open=True, high=1024)
+    ] = 4.0,
+) -> JudgeReward:
+    return JudgeReward(
+        url,
+        model=model,
+        template=template,
+        pattern=pattern,
+        max_score=max_score,
+        image_size=image_size,
+        concurrency=concurrency,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
+        max_tokens=max_tokens,
+        api_key=os.environ.get(api_key_env),
+        proxy=proxy,
+        max_answer_mb=max_answer_mb,
+    )
 
 
 def chat_url(url: str) -> str:
-    """The chat-completions endpoint of an OpenAI base URL (or the endpoint itself), its query string kept after
-    the path; a one-line UserError for a URL that is not http(s), holds credentials or a fragment."""
+    """The chat-completions endpoint of an OpenAI base URL (or the endpoint itself), its query string kept
+    after the path; a one-line UserError for a URL that is not http(s), holds credentials or a fragment."""
     parts = http_client.split_url(url, "reward 'judge'", "http://127.0.0.1:8000/v1")
     path = parts.path.rstrip("/")
     if not path.endswith("/chat/completions"):
@@ -132,14 +163,22 @@ class ChatCompletion(BaseModel):
 
 
 class JudgeFailure(ValueError):
-    """One chat request without a usable answer: no answer, an HTTP error or redirect, too large, malformed."""
+    """One chat request without a usable answer: no answer, an HTTP error or redirect, too
+    large, malformed."""
 
 
 ANSWER_BYTES = 4 << 20
 
 
-def post_chat(endpoint: str, body: dict, *, api_key: str | None = None, timeout: float = 60.0,
-              max_bytes: int = ANSWER_BYTES, proxy: str | None = None) -> ChatCompletion:  # fmt: skip
+def post_chat(
+    endpoint: str,
+    body: dict,
+    *,
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    max_bytes: int = ANSWER_BYTES,
+    proxy: str | None = None,
+) -> ChatCompletion:
     """POST the chat-completions request `body` to `endpoint` (a `chat_url`) once, with one deadline of
     `timeout` seconds and answers of at most `max_bytes` (http_client): the answer, checked; JudgeFailure
     naming what was wrong otherwise. `api_key` goes to `endpoint`'s server alone (no redirect is followed)."""
@@ -147,8 +186,15 @@ def post_chat(endpoint: str, body: dict, *, api_key: str | None = None, timeout:
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     try:
-        answer = http_client.request(endpoint, method="POST", body=json.dumps(body).encode(), headers=headers,
-                                     timeout=timeout, max_bytes=max_bytes, proxy=proxy)  # fmt: skip
+        answer = http_client.request(
+            endpoint,
+            method="POST",
+            body=json.dumps(body).encode(),
+            headers=headers,
+            timeout=timeout,
+            max_bytes=max_bytes,
+            proxy=proxy,
+        )
     except (http_client.NoAnswer, http_client.AnswerTooLarge) as e:
         raise JudgeFailure(str(e)) from None
     if 300 <= answer.status < 400:
@@ -172,15 +218,29 @@ def png_data_url(image: Any) -> str:
 
 
 class JudgeReward:
-    """r_i = s_i / max_score (module docstring); details: ``answer`` (cut to 200 characters), ``judge_score``."""
+    """r_i = s_i / max_score (module docstring); details: ``answer`` (cut to 200
+    characters), ``judge_score``."""
 
     name = "judge"
     probe = True  # score a dry sample before a run starts (rewards.combine.probes)
 
-    def __init__(self, url: str, model: str | None = None, template: str = UNIFIEDREWARD, pattern: str = PATTERN,
-                 max_score: float = 5.0, image_size: int | None = 512, concurrency: int = 8, timeout: float = 60.0,
-                 retries: int = 2, backoff: float = 1.0, max_tokens: int | None = None,
-                 api_key: str | None = None, proxy: str | None = None, max_answer_mb: float = 4.0):  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        template: str = UNIFIEDREWARD,
+        pattern: str = PATTERN,
+        max_score: float = 5.0,
+        image_size: int | None = 512,
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        retries: int = 2,
+        backoff: float = 1.0,
+        max_tokens: int | None = None,
+        api_key: str | None = None,
+        proxy: str | None = None,
+        max_answer_mb: float = 4.0,
+    ):
         self.url = chat_url(url)
         http_client.check_proxy(proxy, "reward 'judge'")
         self.proxy, self.max_answer = proxy, int(max_answer_mb * (1 << 20))
@@ -205,8 +265,10 @@ class JudgeReward:
 
     def body(self, image: Any, prompt: str) -> dict:
         """The chat-completions request for one image (module docstring)."""
-        content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}},
-                   {"type": "text", "text": self.template.replace("{prompt}", prompt)}]  # fmt: skip
+        content = [
+            {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+            {"type": "text", "text": self.template.replace("{prompt}", prompt)},
+        ]
         body: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "temperature": 0}
         if self.model is not None:
             body["model"] = self.model
@@ -216,11 +278,18 @@ class JudgeReward:
 
     def ask(self, body: dict) -> str:
         """One request: the answer's text; JudgeFailure for anything else."""
-        return post_chat(self.url, body, api_key=self.api_key, timeout=self.timeout, max_bytes=self.max_answer,
-                         proxy=self.proxy).text  # fmt: skip
+        return post_chat(
+            self.url,
+            body,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            max_bytes=self.max_answer,
+            proxy=self.proxy,
+        ).text
 
     def score(self, answer: str) -> float:
-        """The score the pattern reads in `answer`: a finite number in [0, max_score]; ValueError otherwise."""
+        """The score the pattern reads in `answer`: a finite number in [0, max_score];
+        ValueError otherwise."""
         m = self.pattern.search(answer)
         if m is None:
             raise ValueError(f"no score in the answer {shorten(answer, 60)!r}")

@@ -41,7 +41,10 @@ INSTALL = "pip install 't2i-gcpo[ocr]' (or pip install rapidocr-onnxruntime)"
 @register_reward(
     "ocr",
     scores="image",
-    doc="text rendering: 1 − (capped) edit distance between the image's OCR text and the prompt's quoted phrase",
+    doc=(
+        "text rendering: 1 − (capped) edit distance between the image's OCR text and the "
+        "prompt's quoted phrase"
+    ),
     weights="none to fetch: RapidOCR's PP-OCRv4 ONNX models ship in the rapidocr-onnxruntime wheel",
     source=SOURCE,
     licence="Apache-2.0 (RapidOCR and the PP-OCR models)",
@@ -49,10 +52,14 @@ INSTALL = "pip install 't2i-gcpo[ocr]' (or pip install rapidocr-onnxruntime)"
     requires=("rapidocr_onnxruntime",),
     install=INSTALL,
 )
-def load(*, text_score: Annotated[float, Option(
-             "the confidence a recognised line needs to count (PaddleOCR's drop_score)", low=0, high=1)] = 0.5,
-         threads: Annotated[int | None, Option("onnxruntime threads (null: its default)", low=1)] = None,
-         ) -> OcrReward:  # fmt: skip
+def load(
+    *,
+    text_score: Annotated[
+        float,
+        Option("the confidence a recognised line needs to count (PaddleOCR's drop_score)", low=0, high=1),
+    ] = 0.5,
+    threads: Annotated[int | None, Option("onnxruntime threads (null: its default)", low=1)] = None,
+) -> OcrReward:
     return OcrReward(text_score=text_score, threads=threads)
 
 
@@ -86,7 +93,8 @@ def text_reward(recognised: str, phrase: str) -> tuple[float, int]:
 
 
 class OcrReward:
-    """r_i = 1 − d_i / |t_i| (module docstring); details: ``text`` (what was read), ``target``, ``distance``."""
+    """r_i = 1 − d_i / |t_i| (module docstring); details: ``text`` (what was read),
+    ``target``, ``distance``."""
 
     name = "ocr"
     bounds = (0.0, 1.0)

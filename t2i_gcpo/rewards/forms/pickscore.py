@@ -45,14 +45,26 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
     example="pickscore:/models/PickScore_v1",
 )
 def load(
-    folder: Annotated[str, Arg("a PickScore_v1 folder (transformers CLIPModel)", kind="dir",
-                               metavar="DIR", needs=("config.json", WEIGHT_FILES))],
+    folder: Annotated[
+        str,
+        Arg(
+            "a PickScore_v1 folder (transformers CLIPModel)",
+            kind="dir",
+            metavar="DIR",
+            needs=("config.json", WEIGHT_FILES),
+        ),
+    ],
     *,
-    processor: Annotated[str | None, Option(
-        "a folder holding the CLIP processor files, when DIR has none (laion/CLIP-ViT-H-14-laion2B-s32B-b79K)")] = None,
+    processor: Annotated[
+        str | None,
+        Option(
+            "a folder holding the CLIP processor files, when DIR has none "
+            "(laion/CLIP-ViT-H-14-laion2B-s32B-b79K)"
+        ),
+    ] = None,
     batch_size: Annotated[int, Option("images per forward pass", low=1, high=4096)] = 16,
     device: str = "cpu",
-) -> PickScoreReward:  # fmt: skip
+) -> PickScoreReward:
     return PickScoreReward.from_pretrained(folder, processor=processor, batch_size=batch_size, device=device)
 
 
@@ -68,8 +80,13 @@ class PickScoreReward:
         self.batch_size = int(batch_size)
 
     @classmethod
-    def from_pretrained(cls, folder: str, processor: str | None = None, batch_size: int = 16,
-                        device: str | torch.device = "cpu") -> PickScoreReward:  # fmt: skip
+    def from_pretrained(
+        cls,
+        folder: str,
+        processor: str | None = None,
+        batch_size: int = 16,
+        device: str | torch.device = "cpu",
+    ) -> PickScoreReward:
         """The model in `folder`, its processor there or in `processor` (local files only)."""
         from pathlib import Path
 
@@ -111,8 +128,9 @@ class PickScoreReward:
             scale = self.model.logit_scale.exp().float()
             for part in chunks(len(pil), self.batch_size):
                 pix = self.pixel_values(pil[part]).to(self.device)
-                text = self.tokenizer(prompts[part], padding=True, truncation=True, max_length=77,
-                                      return_tensors="pt").to(self.device)  # fmt: skip
+                text = self.tokenizer(
+                    prompts[part], padding=True, truncation=True, max_length=77, return_tensors="pt"
+                ).to(self.device)
                 e_i = self.model.visual_projection(self.model.vision_model(pixel_values=pix).pooler_output)
                 e_t = self.model.text_projection(
                     self.model.text_model(

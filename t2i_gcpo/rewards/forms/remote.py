@@ -22,17 +22,48 @@ from t2i_gcpo.rewards.remote import RemoteReward, check_server
 def load(
     url: Annotated[str, Arg("the reward server's address, http://HOST:PORT", kind="url", metavar="URL")],
     *,
-    timeout: Annotated[float, Option("seconds one request may take, whole (connecting, sending, scoring, reading)", low=0, low_open=True)] = 300.0,
-    retries: Annotated[int, Option("tries after the first for a request without an answer", low=0, high=100)] = 2,
+    timeout: Annotated[
+        float,
+        Option(
+            "seconds one request may take, whole (connecting, sending, scoring, reading)",
+            low=0,
+            low_open=True,
+        ),
+    ] = 300.0,
+    retries: Annotated[
+        int, Option("tries after the first for a request without an answer", low=0, high=100)
+    ] = 2,
     backoff: Annotated[float, Option("seconds before the first retry (doubling)", low=0)] = 2.0,
-    batch_size: Annotated[int | None, Option("images per request (null: as many as the server takes)", low=1)] = None,
+    batch_size: Annotated[
+        int | None, Option("images per request (null: as many as the server takes)", low=1)
+    ] = None,
     concurrency: Annotated[int, Option("requests in flight at most", low=1, high=64)] = 2,
-    proxy: Annotated[str | None, Option("an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's HTTP_PROXY is not read)")] = None,
-    max_answer_mb: Annotated[float, Option("megabytes an answer may hold", low=0, low_open=True, high=4096)] = 64.0,
-    serves: Annotated[str | None, Option("the spec the server must serve (a run records it when it starts)")] = None,
+    proxy: Annotated[
+        str | None,
+        Option(
+            "an HTTP proxy to send the requests through, http://HOST:PORT (null: none; the environment's "
+            "HTTP_PROXY is not read)"
+        ),
+    ] = None,
+    max_answer_mb: Annotated[
+        float, Option("megabytes an answer may hold", low=0, low_open=True, high=4096)
+    ] = 64.0,
+    serves: Annotated[
+        str | None, Option("the spec the server must serve (a run records it when it starts)")
+    ] = None,
     version: Annotated[str | None, Option("the server's version when the run started (recorded)")] = None,
     grid: tuple[int, int] | None = None,
-) -> RemoteReward:  # fmt: skip
-    return RemoteReward(url, timeout=timeout, retries=retries, backoff=backoff, batch_size=batch_size,
-                        concurrency=concurrency, proxy=proxy, max_answer_mb=max_answer_mb, serves=serves,
-                        version=version, grid=grid)  # fmt: skip
+) -> RemoteReward:
+    return RemoteReward(
+        url,
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        proxy=proxy,
+        max_answer_mb=max_answer_mb,
+        serves=serves,
+        version=version,
+        grid=grid,
+    )

@@ -2,11 +2,12 @@
 
 Per image: detect objects from pixels (t2i_gcpo.worlds.shapeworld.detect), then score the prompt's
 GenEval metadata twice — the strict GenEval verdict (`evaluate_detections`: top-count per class,
-thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`, docs/evaluation/geneval.md#geneval-as-a-reward). The
-scalar reward is the partial credit by default, or the strict verdict as 0/1 with `mode="strict"`.
-The partial credit follows docs/evaluation/geneval.md#geneval-as-a-reward in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
-exactly (`variant="flow_grpo"`: over-counts go negative, a failed position scores 0 then 1); the
-reward spec `shapeworld:flow_grpo` picks the latter (t2i_gcpo/rewards/registry.py).
+thresholds 0.3 / 0.9) and the flow_grpo-style partial credit (`reward_detections`,
+docs/evaluation/geneval.md#geneval-as-a-reward). The scalar reward is the partial credit by default, or the
+strict verdict as 0/1 with `mode="strict"`. The partial credit follows
+docs/evaluation/geneval.md#geneval-as-a-reward in [0, 1] (`variant="spec"`, the default) or flow_grpo's code
+exactly (`variant="flow_grpo"`: over-counts go negative, a failed position scores 0 then 1); the reward spec
+`shapeworld:flow_grpo` picks the latter (t2i_gcpo/rewards/registry.py).
 
 The module imports numpy, torch and the world's detector where they are used: the registration below is
 read by ``--help`` without them.
@@ -33,9 +34,17 @@ if TYPE_CHECKING:
     licence="Apache-2.0 (this package)",
     example="shapeworld:flow_grpo",
 )
-def load(*, variant: Annotated[Literal["spec", "flow_grpo"], Option(
-             "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write the flag flow_grpo)")] = "spec",
-         grid: tuple[int, int] = (8, 8)) -> ShapeWorldReward:  # fmt: skip
+def load(
+    *,
+    variant: Annotated[
+        Literal["spec", "flow_grpo"],
+        Option(
+            "partial credit: 'spec' (in [0, 1]) or 'flow_grpo' (its code term for term; write "
+            "the flag flow_grpo)"
+        ),
+    ] = "spec",
+    grid: tuple[int, int] = (8, 8),
+) -> ShapeWorldReward:
     return ShapeWorldReward(grid=grid, variant=variant)
 
 
@@ -51,11 +60,12 @@ def to_uint8_images(images: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 class ShapeWorldReward:
-    """r_i = partial credit (docs/evaluation/geneval.md#geneval-as-a-reward) (default) or strict GenEval correctness of image i.
+    """r_i = partial credit (docs/evaluation/geneval.md#geneval-as-a-reward) (default) or strict GenEval
+    correctness of image i.
 
     details[i]: {"strict": bool (GenEval verdict), "partial": float (in `variant`),
-    "strict_exact": bool (the exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box", "score"}],
-    "object_grid": bool [rows, cols] — tokens (≥ 25 % covered) on detected objects of a prompt
+    "strict_exact": bool (the exact-count verdict), "tag", "reason", "detections": [{"cls", "color", "box",
+    "score"}], "object_grid": bool [rows, cols] — tokens (≥ 25 % covered) on detected objects of a prompt
     class, above the prompt's detection threshold}.
     """
 
@@ -76,7 +86,8 @@ class ShapeWorldReward:
 
     @property
     def bounds(self) -> tuple[float, float] | None:
-        """The range every score lies in (rewards.combine.reward_bounds; geneval_rules.partial_credit_bounds)."""
+        """The range every score lies in (rewards.combine.reward_bounds;
+        geneval_rules.partial_credit_bounds)."""
         from t2i_gcpo.scoring.geneval_rules import partial_credit_bounds
 
         return partial_credit_bounds(self.mode, self.variant)

@@ -36,14 +36,25 @@ SOURCE = "facebookresearch/GenEval2 evaluation.py soft_tifa (a6e82d2), on a tran
     example="soft_tifa:/models/Qwen3-VL-8B-Instruct",
 )
 def load(
-    folder: Annotated[str, Arg("a local VLM folder (AutoModelForImageTextToText with a chat template)", kind="dir",
-                               metavar="DIR", needs=("config.json",))],
+    folder: Annotated[
+        str,
+        Arg(
+            "a local VLM folder (AutoModelForImageTextToText with a chat template)",
+            kind="dir",
+            metavar="DIR",
+            needs=("config.json",),
+        ),
+    ],
     *,
-    mean: Annotated[Literal["gm", "am"], Option("over the atoms: geometric (the prompt-level score) or arithmetic")] = "gm",
-    dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Option("the VLM's dtype (auto: its checkpoint's)")] = "auto",
+    mean: Annotated[
+        Literal["gm", "am"], Option("over the atoms: geometric (the prompt-level score) or arithmetic")
+    ] = "gm",
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"], Option("the VLM's dtype (auto: its checkpoint's)")
+    ] = "auto",
     batch_size: Annotated[int, Option("questions per forward pass", low=1, high=4096)] = 8,
     device: str = "cpu",
-) -> SoftTifaReward:  # fmt: skip
+) -> SoftTifaReward:
     from t2i_gcpo.scoring.vlm import LocalVLM
 
     vlm = LocalVLM.from_pretrained(
@@ -63,8 +74,10 @@ def atoms_of(meta: dict, where: str) -> list:
             for p in pairs
         )
     ):
-        raise UserError(f"reward 'soft_tifa': {where} carries no atoms: its metadata needs GenEval 2's 'vqa_list' "
-                        "([question, answer] pairs; a .jsonl prompt file in GenEval 2's format, with task: prompts)")  # fmt: skip
+        raise UserError(
+            f"reward 'soft_tifa': {where} carries no atoms: its metadata needs GenEval 2's 'vqa_list' "
+            "([question, answer] pairs; a .jsonl prompt file in GenEval 2's format, with task: prompts)"
+        )
     return pairs
 
 

@@ -49,14 +49,21 @@ ANSWER = "yes"
     example="vqa:/models/blip-vqa-base",
 )
 def load(
-    folder: Annotated[str, Arg("a transformers BLIP VQA folder (BlipForQuestionAnswering)", kind="dir",
-                               metavar="DIR", needs=("config.json", ("model.safetensors", "pytorch_model.bin")))],
+    folder: Annotated[
+        str,
+        Arg(
+            "a transformers BLIP VQA folder (BlipForQuestionAnswering)",
+            kind="dir",
+            metavar="DIR",
+            needs=("config.json", ("model.safetensors", "pytorch_model.bin")),
+        ),
+    ],
     *,
     question: Annotated[str, Option("the question asked, {} the prompt")] = QUESTION,
     answer: Annotated[str, Option("the answer whose probability is the score")] = ANSWER,
     batch_size: Annotated[int, Option("images per forward pass", low=1, high=4096)] = 16,
     device: str = "cpu",
-) -> VQAReward:  # fmt: skip
+) -> VQAReward:
     return VQAReward.from_pretrained(
         folder, question=question, answer=answer, batch_size=batch_size, device=device
     )
@@ -65,9 +72,17 @@ def load(
 def load_blip_vqa(folder: str, device: str | torch.device = "cpu") -> tuple:
     """(BlipForQuestionAnswering, BlipImageProcessorPil, tokenizer) from a local folder; a one-line
     UserError for a folder that is not a BLIP VQA model."""
-    return load_processor_model("vqa", "BLIP VQA model", folder, "blip", "BlipForQuestionAnswering", "BlipImageProcessorPil",
-                                architecture="BlipForQuestionAnswering", expected="use e.g. Salesforce/blip-vqa-base",
-                                device=device)  # fmt: skip
+    return load_processor_model(
+        "vqa",
+        "BLIP VQA model",
+        folder,
+        "blip",
+        "BlipForQuestionAnswering",
+        "BlipImageProcessorPil",
+        architecture="BlipForQuestionAnswering",
+        expected="use e.g. Salesforce/blip-vqa-base",
+        device=device,
+    )
 
 
 class VQAReward:
@@ -76,8 +91,15 @@ class VQAReward:
     name = "vqa"
     bounds = (0.0, 1.0)
 
-    def __init__(self, model, image_processor, tokenizer, question: str = QUESTION, answer: str = ANSWER,
-                 batch_size: int = 16):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        image_processor,
+        tokenizer,
+        question: str = QUESTION,
+        answer: str = ANSWER,
+        batch_size: int = 16,
+    ):
         if "{}" not in question:
             raise UserError(
                 f"reward 'vqa': the question must hold {{}} where the prompt goes, got {question!r}"
@@ -92,8 +114,14 @@ class VQAReward:
         self.answer_ids = ids  # [n + 2]
 
     @classmethod
-    def from_pretrained(cls, folder: str, question: str = QUESTION, answer: str = ANSWER, batch_size: int = 16,
-                        device: str | torch.device = "cpu") -> VQAReward:  # fmt: skip
+    def from_pretrained(
+        cls,
+        folder: str,
+        question: str = QUESTION,
+        answer: str = ANSWER,
+        batch_size: int = 16,
+        device: str | torch.device = "cpu",
+    ) -> VQAReward:
         return cls(*load_blip_vqa(folder, device), question=question, answer=answer, batch_size=batch_size)
 
     @property
@@ -111,8 +139,9 @@ class VQAReward:
         pix = self.pixel_values(images).to(self.device)
         ids = question_ids.to(self.device)
         image_embeds = m.vision_model(pixel_values=pix)[0]  # [n, P, D]
-        question = m.text_encoder(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  encoder_hidden_states=image_embeds)[0]  # [n, T, D]  # fmt: skip
+        question = m.text_encoder(
+            input_ids=ids, attention_mask=torch.ones_like(ids), encoder_hidden_states=image_embeds
+        )[0]  # [n, T, D]
         answer = self.answer_ids.to(self.device).expand(len(images), -1)  # [n, L]
         logits = m.text_decoder(input_ids=answer, encoder_hidden_states=question).logits  # [n, L, V]
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, answer[:, 1:, None])[..., 0]

@@ -1,4 +1,5 @@
-"""Reading a model's completion: its answer, its rewards, and its first wrong step (docs/worlds/arithmetic.md).
+"""Reading a model's completion: its answer, its rewards, and its first wrong step
+(docs/worlds/arithmetic.md).
 
 A completion is read line by line ("\\n"). The *answer line* is the first line that starts with
 "####" (after optional spaces); the answer is the integer after it, or None when there is no such

@@ -1,4 +1,5 @@
-"""Arithmetic problems (docs/worlds/arithmetic.md): integer expressions over + - * and their correct reductions.
+"""Arithmetic problems (docs/worlds/arithmetic.md): integer expressions over + - * and
+their correct reductions.
 
 An expression is parsed into a tree with the usual precedence (* before + and -, both left
 associative), so "12-3+2*4" is ((12-3)+(2*4)). A reduction replaces one node whose two children

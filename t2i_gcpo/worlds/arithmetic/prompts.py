@@ -1,4 +1,5 @@
-"""What the tiny model reads: the prompt frame and GCPO's text negative contexts (docs/concepts/credit.md#gcpo, docs/worlds/arithmetic.md).
+"""What the tiny model reads: the prompt frame and GCPO's text negative contexts
+(docs/concepts/credit.md#gcpo, docs/worlds/arithmetic.md).
 
     Q: 12+7*3=?
     A:

@@ -1,4 +1,5 @@
-"""Worked solutions: one reduction per line in canonical order, then "#### <answer>" (docs/worlds/arithmetic.md).
+"""Worked solutions: one reduction per line in canonical order, then "#### <answer>"
+(docs/worlds/arithmetic.md).
 
     12+7*3=?   →   7*3=21
                    12+21=33
@@ -76,7 +77,8 @@ def noisy_solution(
     A slip adds a nonzero offset of at most `max_offset` (≥ 2) to the step's result; later steps
     use the wrong value. Two slips could cancel (+1 then -1); then the last slip takes another
     offset — at most one offset cancels when the operands are ≥ 1, since the rest of the reduction
-    is then injective in that value — or, failing that, is undone, so the answer is wrong iff some step slipped.
+    is then injective in that value — or, failing that, is undone, so the answer is wrong
+    iff some step slipped.
     """
     if not 0.0 <= p_wrong <= 1.0:
         raise ValueError(f"p_wrong must lie in [0, 1], got {p_wrong}")

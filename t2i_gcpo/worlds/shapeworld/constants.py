@@ -1,4 +1,5 @@
-"""ShapeWorld vocabulary (docs/worlds/shapeworld.md): shape classes, GenEval's 10 colours, the gray background.
+"""ShapeWorld vocabulary (docs/worlds/shapeworld.md): shape classes, GenEval's 10 colours,
+the gray background.
 
 Colour RGB values are chosen to be far apart from each other and from the background (minimum
 pairwise RGB distance ≥ 70), so a nearest-palette classifier survives VQ reconstruction noise.

@@ -1,8 +1,10 @@
-"""GenEval prompt text ↔ metadata (docs/evaluation/geneval.md schema), for ShapeWorld shapes or the 80 COCO classes.
+"""GenEval prompt text ↔ metadata (docs/evaluation/geneval.md schema), for ShapeWorld shapes or
+the 80 COCO classes.
 
 GenEval's six templates parse exactly as worded in its evaluation_metadata.jsonl; compositional prompts
 ("a photo of two red circles left of a square") parse into the same schema, scored by the same rules,
-and are tagged by what they test (`EXTENDED_TAGS`). Grammar and rules: docs/worlds/shapeworld.md#prompt-grammar.
+and are tagged by what they test (`EXTENDED_TAGS`). Grammar and rules:
+docs/worlds/shapeworld.md#prompt-grammar.
 """
 
 from __future__ import annotations
@@ -382,7 +384,8 @@ def metadata_conflict(metadata: dict, classes: list[str] | None = None) -> str |
 def validate_metadata(
     metadata: object, classes: list[str] | None = None, max_objects: int | None = None
 ) -> dict:
-    """Check one GenEval metadata record (docs/evaluation/geneval.md schema); return it or raise UserError (one line).
+    """Check one GenEval metadata record (docs/evaluation/geneval.md schema); return it or raise
+    UserError (one line).
 
     `classes=None` accepts any class name (GenEval's COCO names, ShapeWorld shapes, others). The tag
     is one of GenEval's six or of `EXTENDED_TAGS`. A record no image can satisfy is refused too: a

@@ -1,4 +1,5 @@
-"""ShapeWorld prompt sets in GenEval's schema (docs/worlds/shapeworld.md, docs/evaluation/geneval.md), and prompt-file reading/writing.
+"""ShapeWorld prompt sets in GenEval's schema (docs/worlds/shapeworld.md, docs/evaluation/geneval.md), and
+prompt-file reading/writing.
 
 With 5 shapes and 10 colours the unique prompts per tag are few for some tags (single_object 5,
 counting 15, two_object 20, colors 50, position 80, color_attr 2 000), so:
@@ -241,8 +242,8 @@ def read_prompt_file(
     prompt does not parse is taken as it is — the metadata is the ground truth (GenEval's own rows
     are authoritative, and real prompts may be free text). Tags and excludes are not compared.
     A row no image can satisfy is refused (`validate_metadata`; `max_objects`: the most objects a
-    scene holds). A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a bad
-    line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
+    scene holds). A UTF-8 byte-order mark is ignored. Raises UserError (one line, naming file and line) for a
+    bad line, and for an empty, missing or unreadable file; prompts are echoed cut to 80 characters.
     """
     path, lines = read_lines(path, "prompt file", {".txt": "prompts", ".jsonl": "GenEval metadata"})
     out: list[dict] = []

@@ -142,7 +142,8 @@ def render(objects: list[ShapeObject], size: int = 32) -> np.ndarray:
 
 
 def token_grid_mask(masks: list[np.ndarray], grid: tuple[int, int]) -> np.ndarray:
-    """[rows, cols] bool — tokens "on an object" for credit-lift scoring (docs/worlds/shapeworld.md#credit-lift).
+    """[rows, cols] bool — tokens "on an object" for credit-lift scoring
+    (docs/worlds/shapeworld.md#credit-lift).
 
     The union of `masks` is split into a rows×cols grid of pixel blocks (block edges at
     round(i·H/rows)); a token is on an object when ≥ 25 % of its block's pixels are object pixels.
@@ -203,7 +204,8 @@ def _geometry(size: int) -> tuple[float, float]:
 
 
 def sample_scene(metadata: dict, rng: np.random.Generator, size: int = 32) -> list[ShapeObject]:
-    """A random scene that satisfies GenEval `metadata` (docs/worlds/shapeworld.md, rules of docs/evaluation/geneval.md).
+    """A random scene that satisfies GenEval `metadata` (docs/worlds/shapeworld.md, rules of
+    docs/evaluation/geneval.md).
 
     Every include clause gets exactly `count` objects of its class (count 1 if absent), in its
     colour if one is required, else in a random colour; no other objects are added, so excludes

@@ -140,8 +140,15 @@ def test_a_scheme_registered_elsewhere_is_trainable_by_name(tmp_path):
         cfg.credit.scheme = "last_token_test"
         cfg.validate()
         policy, ro, adv = _tiny_batch(tmp_path, perturb=False)
-        _, weights = update(cfg, Batch(ro, adv, None, None), policy, None, None, torch.optim.SGD(policy.parameters(), lr=0.0),
-                            _Acc())  # fmt: skip
+        _, weights = update(
+            cfg,
+            Batch(ro, adv, None, None),
+            policy,
+            None,
+            None,
+            torch.optim.SGD(policy.parameters(), lr=0.0),
+            _Acc(),
+        )
         assert torch.equal(weights[:, -1], torch.full((len(ro),), 16.0)) and weights[:, :-1].sum() == 0
     finally:
         registry.remove("last_token_test")

@@ -20,8 +20,15 @@ from cli_helpers import cli, error_line
 from tiny_models import tiny_policy_dir
 from train_fixtures import write_prompt_file
 
-FAST = ("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.cfg_scale=2", "optim.lr=3e-3",
-        "sample_every=0", "eval_every=-1", "save_every=1")  # fmt: skip
+FAST = (
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.cfg_scale=2",
+    "optim.lr=3e-3",
+    "sample_every=0",
+    "eval_every=-1",
+    "save_every=1",
+)
 
 # the user's file, outside the package: constant credit `value` on every valid token (value=0: no credit,
 # so no policy gradient), and the contrast it was given, to check that its declared need was met
@@ -74,9 +81,25 @@ def no_report(monkeypatch):
 
 
 def train_args(tiny, out, steps, credit, *sets):
-    args = ["train", "--prompts", tiny["prompts"], "--model", tiny["model"], "--reward",
-            "train_fixtures:redness", "--algo", "dapo", "--credit", credit, "--out", str(out),
-            "--steps", str(steps), "--seed", "0"]  # fmt: skip
+    args = [
+        "train",
+        "--prompts",
+        tiny["prompts"],
+        "--model",
+        tiny["model"],
+        "--reward",
+        "train_fixtures:redness",
+        "--algo",
+        "dapo",
+        "--credit",
+        credit,
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--seed",
+        "0",
+    ]
     for s in (*FAST, "advantage.dynamic_sampling=false", *sets):
         args += ["--set", s]
     return args
@@ -205,8 +228,16 @@ def test_a_python_function_is_a_scheme_for_the_api(tiny, tmp_path):
     """`api.train(credit=fn)`: an importable function is recorded as module:function (resumable anywhere)."""
     from t2i_gcpo import api
 
-    result = api.train(tiny["model"], tiny["prompts"], "train_fixtures:redness", "dapo", out=tmp_path / "run",
-                       steps=1, credit=half_credit, overrides=[*FAST, "advantage.dynamic_sampling=false"])  # fmt: skip
+    result = api.train(
+        tiny["model"],
+        tiny["prompts"],
+        "train_fixtures:redness",
+        "dapo",
+        out=tmp_path / "run",
+        steps=1,
+        credit=half_credit,
+        overrides=[*FAST, "advantage.dynamic_sampling=false"],
+    )
     assert result.metrics[0]["credit/weight_max"] == 0.5
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["credit"]["scheme"] == (
         f"{__name__}:half_credit"
@@ -235,8 +266,20 @@ def test_every_preset_and_scheme_is_in_the_help(capsys):
 
 def test_credit_map_draws_a_scheme_from_a_file_beside_the_registered_ones(tiny, tmp_path, capsys):
     out = tmp_path / "maps"
-    code, text, err = cli(capsys, "credit-map", "--prompt", "a photo of a red circle", "--model", tiny["model"],
-                          "--schemes", f"{tiny['scheme']}:constant,uniform", "--group", 2, "--out", out)  # fmt: skip
+    code, text, err = cli(
+        capsys,
+        "credit-map",
+        "--prompt",
+        "a photo of a red circle",
+        "--model",
+        tiny["model"],
+        "--schemes",
+        f"{tiny['scheme']}:constant,uniform",
+        "--group",
+        2,
+        "--out",
+        out,
+    )
     assert code == 0, err
     html = (out / "credit_maps.html").read_text()
     assert "constant" in html and "uniform" in html

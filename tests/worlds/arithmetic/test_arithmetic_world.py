@@ -1,5 +1,5 @@
-"""Arithmetic world (docs/worlds/arithmetic.md): hand-computed solutions, splits, noisy pretraining text, answer
-and format rewards, DAPO's overlong penalty, first wrong steps as exact spans, the character
+"""Arithmetic world (docs/worlds/arithmetic.md): hand-computed solutions, splits, noisy pretraining text,
+answer and format rewards, DAPO's overlong penalty, first wrong steps as exact spans, the character
 tokenizer, the prompt frame with its negative contexts, and GSM8K-style problem files."""
 
 from __future__ import annotations

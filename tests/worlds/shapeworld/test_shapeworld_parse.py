@@ -146,8 +146,10 @@ def test_longest_prompt_words_is_the_longest_prompt_the_grammar_accepts():
 
     assert longest_prompt_words() == 26
     subjects = ", and ".join(f"a red {c}" for c in SHAPES[:4])  # the 2-word separator everywhere
-    for text in (f"a photo of {subjects} left of a red {SHAPES[4]}",
-                 f"a photo of {subjects}, and a red {SHAPES[4]}"):  # fmt: skip
+    for text in (
+        f"a photo of {subjects} left of a red {SHAPES[4]}",
+        f"a photo of {subjects}, and a red {SHAPES[4]}",
+    ):
         assert len(parse_prompt(text)["include"]) == 5
         assert len(words_of(text)) == longest_prompt_words()
     with pytest.raises(UserError, match="named twice"):  # a sixth phrase must repeat a class
@@ -158,5 +160,16 @@ def test_prompt_tokenizer_reads_a_comma_as_a_word():
     from t2i_gcpo.policies.prompt_tokenizer import words_of
 
     assert words_of("A photo of a circle,a square , and  a bar") == [
-        "a", "photo", "of", "a", "circle", ",", "a", "square", ",", "and", "a", "bar",
-    ]  # fmt: skip
+        "a",
+        "photo",
+        "of",
+        "a",
+        "circle",
+        ",",
+        "a",
+        "square",
+        ",",
+        "and",
+        "a",
+        "bar",
+    ]

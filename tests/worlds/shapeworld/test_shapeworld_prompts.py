@@ -1,4 +1,5 @@
-"""ShapeWorld prompt sets and prompt-file reading/writing (docs/worlds/shapeworld.md, docs/evaluation/geneval.md schema)."""
+"""ShapeWorld prompt sets and prompt-file reading/writing (docs/worlds/shapeworld.md,
+docs/evaluation/geneval.md schema)."""
 
 import json
 from collections import Counter
