@@ -14,8 +14,8 @@ noise on near-zero gradient entries. Measured here: gradient norms agree to ≤ 
 samples), weights 1e-4 of the largest weight and 1e-3 of the update's norm. A per-process normaliser
 (the bug this guards against) moved the text run's first grad norm by 1.1 %.
 
-Run as a module (`python -m test_distributed train …`, tests/ on PYTHONPATH) this file is the CLI
-with accelerate's FSDP allowed on CPU processes.
+Run as a module (`python -m test_distributed train …`, tests/train/ and tests/ on PYTHONPATH) this file is
+the CLI with accelerate's FSDP allowed on CPU processes.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def environment() -> dict[str, str]:
         "ACCELERATE_USE_CPU": "1",
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), str(TESTS), os.environ.get("PYTHONPATH", "")]
+        ),
     }
 
 
