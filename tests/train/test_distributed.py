@@ -95,27 +95,7 @@ def train(args: list[str], launch: list[str] | None = None) -> None:
     if launch is None:
         cmd = [sys.executable, "-m", "t2i_gcpo.cli", "train", *args]
     else:
-        module = "test_distributed" if launch == FSDP else "t2i_gcpo.cli"
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            *launch,
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            str(free_port()),
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "-m",
-            module,
-            "train",
-            *args,
-        ]
+        cmd = launch_command(args, launch)
     proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -308,24 +288,7 @@ def test_fsdp_config_on_cpu_processes_is_refused_not_trained_as_ddp(tmp_path):
     sets up MULTI_CPU (plain DDP); the trainer stops before any work, the main process saying so once."""
     model = tiny_policy_dir(tmp_path)
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *FSDP,
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--main_process_port",
-        str(free_port()),
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "-m",
-        "t2i_gcpo.cli",
-        "train",
+    args = [
         "--prompts",
         str(write_prompt_file(tmp_path / "p.jsonl")),
         "--model",
@@ -337,6 +300,7 @@ def test_fsdp_config_on_cpu_processes_is_refused_not_trained_as_ddp(tmp_path):
         "--out",
         str(out),
     ]
+    cmd = launch_command(args, FSDP, module="t2i_gcpo.cli")  # the real CLI: it must refuse
     proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
     ours = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
     assert proc.returncode != 0
@@ -348,8 +312,10 @@ def test_fsdp_config_on_cpu_processes_is_refused_not_trained_as_ddp(tmp_path):
     assert not out.exists()
 
 
-def launch_command(args: list[str], launch: list[str]) -> list[str]:
-    module = "test_distributed" if launch == FSDP else "t2i_gcpo.cli"
+def launch_command(args: list[str], launch: list[str], module: str | None = None) -> list[str]:
+    """`accelerate launch` of 2 processes running `module train ARGS` (default: this file's CLI under FSDP,
+    which allows FSDP on CPU processes, else t2i_gcpo.cli)."""
+    module = module or ("test_distributed" if launch == FSDP else "t2i_gcpo.cli")
     return [
         sys.executable,
         "-m",
