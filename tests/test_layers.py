@@ -30,7 +30,8 @@ LAYERS = {
     "t2i_gcpo.commands": 13,
     "t2i_gcpo.api": 12,  # the Python API: train, sample, evaluate, credit maps (the commands call it)
     "t2i_gcpo.analysis": 11,  # credit maps and credit lift outside training (the credit-map command's logic)
-    "t2i_gcpo.eval": 10,  # benchmark runners: GenEval generate+score folders, DPG, compare, layout
+    "t2i_gcpo.studies": 10,  # studies over training runs: compare (arms × seeds), the matched-budget study
+    "t2i_gcpo.eval": 9,  # benchmark runners: GenEval generate+score, DPG, CompBench, layout; train's peer
     # the question-based suites (GenEval 2, the judge suites) and their asking loop: below train, whose
     # held-out evaluation runs them too (eval_suite); tasks' peer (neither imports the other)
     "t2i_gcpo.eval.suites": 8,

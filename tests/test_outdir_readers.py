@@ -83,10 +83,10 @@ def deep_file(path: Path, text: str = DEEP) -> Path:
 
 
 def test_every_record_reader_refuses_deep_json_in_one_line(tmp_path):
-    from t2i_gcpo.eval import compare
     from t2i_gcpo.eval.layout import check_resumable, read_settings
     from t2i_gcpo.outdir import read_settings_record
     from t2i_gcpo.policies.registry import load_policy
+    from t2i_gcpo.studies import compare
     from t2i_gcpo.train.checkpoint import load_trainer_state
     from t2i_gcpo.train.input_files import read_record
     from t2i_gcpo.train.run_dir import truncate_metrics

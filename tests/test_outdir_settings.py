@@ -201,8 +201,8 @@ def test_eval_geneval_refuses_scores_of_another_source(tmp_path, capsys):
 
 def test_a_matched_comparison_resumes_whatever_the_order_of_set(tmp_path, monkeypatch):
     """budget.json's guard compared the --set options as a list: another order was "other settings"."""
-    import t2i_gcpo.eval.budget as B
-    from t2i_gcpo.eval.compare import plan_matches
+    import t2i_gcpo.studies.budget as B
+    from t2i_gcpo.studies.compare import plan_matches
 
     monkeypatch.setattr(B, "plan_match", lambda *a, **k: pytest.fail("probed again"))
     arm = {"of": "vine", "samples_per_step": 48.0, "set": "rollout.group_size=12"}

@@ -35,7 +35,7 @@ def runs_of(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def final_score(run: Path) -> float | None:
-    from t2i_gcpo.eval.compare import headline_key
+    from t2i_gcpo.studies.compare import headline_key
 
     data = json.loads((run / "eval.json").read_text())
     key = headline_key(data)
@@ -43,7 +43,7 @@ def final_score(run: Path) -> float | None:
 
 
 def run(ctx: Context) -> dict | None:
-    from t2i_gcpo.eval.compare import paired_differences, read_metrics
+    from t2i_gcpo.studies.compare import paired_differences, read_metrics
 
     if not ctx.compare_dir:
         return None  # nothing given: keep the earlier result

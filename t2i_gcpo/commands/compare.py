@@ -176,7 +176,7 @@ def compare_cmd(
     with the scores read at equal training time, and curves with bands."""
     from t2i_gcpo.commands.options import lock_out
     from t2i_gcpo.errors import UserError, check_writable_dir
-    from t2i_gcpo.eval.compare import check_baseline, format_table, match_units, run_comparison
+    from t2i_gcpo.studies.compare import check_baseline, format_table, match_units, run_comparison
     from t2i_gcpo.train.distributed import leave_process_group
 
     seed_list = parse_seeds(seeds)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import t2i_gcpo.eval.compare as compare_module
+import t2i_gcpo.studies.compare as compare_module
 import t2i_gcpo.train.run as run_module
 import t2i_gcpo.train.trainer as trainer_mod
 from t2i_gcpo.config import load_config
@@ -275,7 +275,7 @@ def test_compares_held_out_hint_plans(finished, tmp_path, capsys, no_training):
 
 
 def test_nothing_to_match_suggests_algorithms_that_plan(finished, tmp_path, capsys, no_training, monkeypatch):
-    import t2i_gcpo.eval.budget as budget
+    import t2i_gcpo.studies.budget as budget
 
     args = [
         "compare",

@@ -318,7 +318,7 @@ def test_compare_defaults_to_the_train_prompts_of_the_models_world(tmp_path):
 
 def test_the_baseline_is_dapo_when_compared_else_the_first_algorithm():
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.compare import check_baseline
+    from t2i_gcpo.studies.compare import check_baseline
 
     assert check_baseline(["grpo", "gcpo", "dapo"], None) == "dapo"
     assert check_baseline(["grpo", "gcpo"], None) == "grpo"
@@ -352,7 +352,7 @@ def fake_runs(out: Path) -> None:
 
 
 def test_paired_table_on_hand_written_runs(tmp_path):
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     result = summarise(tmp_path, ["grpo", "dapo", "gcpo"], [0, 3, 5])
@@ -403,7 +403,7 @@ def test_paired_table_on_hand_written_runs(tmp_path):
 
 
 def test_an_algorithm_with_fewer_seeds_is_paired_on_the_seeds_it_has(tmp_path):
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     seeds = {"grpo": [0, 3, 5], "dapo": [0, 3, 5], "gcpo": [3, 5]}
@@ -426,7 +426,7 @@ def welch_ci95(a: dict, b: dict):
 
 def test_summarise_rejects_a_baseline_it_was_not_given(tmp_path):
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     with pytest.raises(UserError, match="--baseline critical"):
@@ -436,7 +436,7 @@ def test_summarise_rejects_a_baseline_it_was_not_given(tmp_path):
 def test_comparison_json_is_strict_json_with_null_for_missing_values(tmp_path):
     """A value with no number (one seed: no interval; grpo never logs credit_lift here) is written as null,
     not bare NaN, and the table built from the file read back is the one built from the result itself."""
-    from t2i_gcpo.eval.compare import format_table, summarise
+    from t2i_gcpo.studies.compare import format_table, summarise
 
     fake_runs(tmp_path)
     for seed in (0, 3, 5):  # grpo's runs log no credit_lift: its training mean is NaN

@@ -210,7 +210,7 @@ def test_compare_resumes_its_runs_without_their_folders_code(trained, tmp_path, 
 
 def test_compare_side_by_side_resumes_a_run_naming_only_its_own_code(tmp_path):
     """--jobs N resumes each run as `t2i-gcpo train --resume`: with the code the comparison names."""
-    from t2i_gcpo.eval.compare import named_code, train_command
+    from t2i_gcpo.studies.compare import named_code, train_command
 
     named = named_code("mine.py:score", ("eval_every=5", "credit.scheme=my_credit.py:f"))
     assert train_command("gcpo", tmp_path, True, {}, 4, (), named) == [

@@ -202,7 +202,7 @@ def match_units(match: str, match_by: str, algos: list[str], baseline: str) -> l
     algorithms before anything is written: a one-line UserError for an unknown unit, a baseline that scores
     extra samples itself, or no algorithm to match."""
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval import budget as B
+    from t2i_gcpo.studies import budget as B
 
     if match_by not in B.MATCH_BY:
         raise UserError(f"--match-by must be one of {', '.join(B.MATCH_BY)}, got '{match_by}'")
@@ -237,7 +237,7 @@ def plan_matches(
     its first seed, two steps), as {matched name: {"of", "unit", "set", …}}; kept in out/budget.json so a
     resumed comparison trains the same arms without probing again."""
     from t2i_gcpo.errors import UserError
-    from t2i_gcpo.eval import budget as B
+    from t2i_gcpo.studies import budget as B
 
     units = [u.strip() for u in units.split(",")] if isinstance(units, str) else units
     arms = [a for a in algos if a != baseline and B.samples_extra(a)]
@@ -558,7 +558,7 @@ def budget_readings(
     """What each arm spent (samples, tokens, reward calls, training seconds: means over its seeds), the
     equal-time reading, and — for a comparison with matched arms (out/budget.json) — the equal-sample and
     equal-token ones."""
-    from t2i_gcpo.eval import budget as B
+    from t2i_gcpo.studies import budget as B
 
     spent = {a: [B.totals(rows) for rows in metric_rows[a]] for a in algos}
     readings: dict[str, Any] = {

@@ -1,5 +1,5 @@
 """`compare --match-budget samples`: the matched baseline arm, and the equal-sample and equal-time
-readings of a comparison (t2i_gcpo/eval/budget.py)."""
+readings of a comparison (t2i_gcpo/studies/budget.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from t2i_gcpo.cli import cli
-from t2i_gcpo.eval import budget as B
 from t2i_gcpo.resources import PROMPTS_DIR
+from t2i_gcpo.studies import budget as B
 
 from tiny_models import tiny_policy_dir
 
@@ -101,7 +101,7 @@ def fake_runs(out: Path) -> None:
 
 
 def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     result = summarise(tmp_path, list(RUNS), [0, 1])
@@ -126,7 +126,7 @@ def test_equal_sample_and_equal_time_readings_on_hand_written_runs(tmp_path):
 
 
 def test_an_arm_matched_by_tokens_is_read_at_equal_tokens(tmp_path):
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     (tmp_path / "budget.json").write_text(
@@ -144,7 +144,7 @@ def test_an_arm_matched_by_tokens_is_read_at_equal_tokens(tmp_path):
 def test_equal_samples_reads_the_bigger_spender_where_it_had_spent_the_others_total(tmp_path):
     """The matched arm drew twice the samples planned (dynamic sampling): the reading takes it at step 10,
     where it had scored what vine scored in its whole run."""
-    from t2i_gcpo.eval.compare import summarise
+    from t2i_gcpo.studies.compare import summarise
 
     fake_runs(tmp_path)
     for seed in (0, 1):
@@ -182,7 +182,7 @@ SAME_PLAN = {"unit": "samples", "samples_per_step": 144.0, "set": "rollout.group
 def test_matched_arms_with_the_same_setting_are_one_set_of_runs(tmp_path, monkeypatch):
     """pods and knapsack both matched by groups of 16: compare trains those runs once (only the first arm's
     folder exists here) and reads them under both names; a matched arm of another size is its own runs."""
-    from t2i_gcpo.eval import compare as C
+    from t2i_gcpo.studies import compare as C
     from t2i_gcpo.train import run as R
 
     write_runs(tmp_path, "dapo", (0.3, 0.4, 0.5), 64)
